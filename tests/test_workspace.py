@@ -1,0 +1,62 @@
+"""Cross-package checks of the workspace itself: the fixtures work and every package
+imports alone with a version and a typed public API."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ["toploc", "shardcast", "grpo", "verifiers", "prime_rl"]
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_package_has_version_all_and_py_typed(name):
+    module = importlib.import_module(name)
+    assert isinstance(module.__version__, str) and module.__version__.count(".") == 2
+    assert "__version__" in module.__all__
+    for exported in module.__all__:
+        assert hasattr(module, exported), f"{name}.__all__ names missing {exported!r}"
+    assert (Path(module.__file__).parent / "py.typed").exists()
+
+
+@pytest.mark.parametrize("name", ["shardcast", "verifiers"])
+def test_torch_free_packages_do_not_import_torch(name):
+    # shardcast and verifiers must work where torch is not installed.
+    code = f"import sys, {name}; assert 'torch' not in sys.modules, 'imported torch'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_libraries_never_import_each_other():
+    libraries = ["toploc", "shardcast", "grpo", "verifiers"]
+    for name in libraries:
+        src = ROOT / "packages" / name / "src"
+        for path in src.rglob("*.py"):
+            text = path.read_text()
+            for other in [*libraries, "prime_rl"]:
+                if other == name:
+                    continue
+                assert f"import {other}" not in text and f"from {other}" not in text, (
+                    f"{path} imports {other}"
+                )
+
+
+def test_tiny_lm_generates_with_tokenizer(tiny_lm, tiny_tokenizer):
+    batch = tiny_tokenizer(["1 + 2 =", "7 * 3 = 2"], return_tensors="pt", padding=True)
+    assert tiny_tokenizer.decode(batch["input_ids"][1], skip_special_tokens=True) == "7 * 3 = 2"
+    out = tiny_lm.generate(**batch, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert out.shape == (2, batch["input_ids"].shape[1] + 5)
+
+
+def test_tiny_lm_dir_round_trips(tiny_lm, tiny_lm_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loaded = AutoModelForCausalLM.from_pretrained(tiny_lm_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_lm_dir)
+    ids = tok("12+3", return_tensors="pt")["input_ids"]
+    torch.testing.assert_close(loaded(ids).logits, tiny_lm(ids).logits, rtol=0, atol=0)
