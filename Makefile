@@ -41,7 +41,7 @@ run: setup
 test: lint typecheck pytest
 
 lint: setup
-	$(PY) -m ruff check packages tests benchmarks examples
+	$(PY) -m ruff check .
 
 typecheck: setup
 	$(PY) -m mypy
