@@ -1,0 +1,133 @@
+"""Deterministic task assignment and sampling seeds: pure functions of public inputs.
+
+A worker must not be able to choose its prompts (it would pick easy ones) or its sampling
+randomness (it would re-roll until a completion is right). So both are derived from values the
+worker does not control, with a keyed hash that anyone can recompute:
+
+    task_ids(run_seed, worker_id, step, batch_index, num_tasks, prompts_per_batch)
+    sampling_seed(run_seed, worker_id, step, batch_index, task_id, group_index)
+
+The orchestrator hands out *leases* (worker_id, step, batch_index) and the validator recomputes
+both functions from the lease to check every submitted sample. The worker id is chosen by the
+orchestrator at registration, the step by the trainer, the batch index by the orchestrator's
+per-worker counter.
+
+Hash: BLAKE2b-64 (``hashlib.blake2b(digest_size=8)``) of the UTF-8 text
+``"prime-rl/<purpose>/<run_seed>/<worker_id>/<step>/<batch_index>/<...>"``, read as a big-endian
+unsigned 64-bit integer. Everything is documented in API.md so an external validator can
+reimplement it byte for byte.
+
+Pitfall: task ids are drawn *without replacement within one batch* by rejection of repeats (so a
+batch never holds the same prompt twice), but different batches may share tasks; with
+``prompts_per_batch > num_tasks`` there is no valid assignment and we raise ``AssignmentError``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+__all__ = [
+    "MAX_SEED",
+    "AssignmentError",
+    "hash64",
+    "sampling_seed",
+    "sampling_seeds",
+    "task_ids",
+]
+
+MAX_SEED = 2**63 - 1
+"""Sampling seeds are in [0, 2**63 - 1] so they fit a signed int64 parquet column and torch seeds."""
+
+_MAX_DRAWS_PER_TASK = 64
+
+
+class AssignmentError(ValueError):
+    """Raised for inputs that admit no assignment (e.g. more prompts per batch than tasks)."""
+
+
+def hash64(*parts: object) -> int:
+    """BLAKE2b-64 of ``"prime-rl/" + "/".join(str(p) for p in parts)`` as an unsigned big-endian int.
+
+    Pitfall: the parts are joined with "/" so worker ids must not contain "/" (the orchestrator's
+    ids never do); ints are formatted in decimal without sign padding.
+    """
+    text = "prime-rl/" + "/".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+def _check_common(run_seed: int, worker_id: str, step: int, batch_index: int) -> None:
+    if not isinstance(worker_id, str) or not worker_id or "/" in worker_id:
+        raise AssignmentError(f"worker_id must be a non-empty string without '/', got {worker_id!r}")
+    for name, value in (("run_seed", run_seed), ("step", step), ("batch_index", batch_index)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise AssignmentError(f"{name} must be a non-negative int, got {value!r}")
+
+
+def task_ids(
+    *,
+    run_seed: int,
+    worker_id: str,
+    step: int,
+    batch_index: int,
+    num_tasks: int,
+    prompts_per_batch: int,
+) -> tuple[int, ...]:
+    """The task ids (indices into the task set) of one lease, in order.
+
+    Draw ``k = 0, 1, 2, ...``: ``t_k = hash64("task", run_seed, worker_id, step, batch_index, k)
+    mod num_tasks``; keep ``t_k`` unless it is already in the batch; stop after
+    ``prompts_per_batch`` distinct ids. (The modulo bias is < num_tasks / 2**64.)
+
+    Returns a tuple of ``prompts_per_batch`` distinct ints in ``[0, num_tasks)``.
+    Raises ``AssignmentError`` on negative/invalid inputs or ``prompts_per_batch > num_tasks``.
+    """
+    _check_common(run_seed, worker_id, step, batch_index)
+    if num_tasks < 1 or prompts_per_batch < 1 or prompts_per_batch > num_tasks:
+        raise AssignmentError(
+            f"need 1 <= prompts_per_batch <= num_tasks, got prompts_per_batch={prompts_per_batch}, "
+            f"num_tasks={num_tasks}"
+        )
+    chosen: list[int] = []
+    seen: set[int] = set()
+    # Bounded loop: the expected number of draws is tiny unless prompts_per_batch ~ num_tasks;
+    # the bound is only a guard against pathological inputs.
+    for draw in range(_MAX_DRAWS_PER_TASK * prompts_per_batch + num_tasks):
+        task_id = hash64("task", run_seed, worker_id, step, batch_index, draw) % num_tasks
+        if task_id not in seen:
+            seen.add(task_id)
+            chosen.append(task_id)
+            if len(chosen) == prompts_per_batch:
+                return tuple(chosen)
+    raise AssignmentError(  # pragma: no cover - needs ~2**-64-probability hash collisions
+        f"could not draw {prompts_per_batch} distinct tasks out of {num_tasks}"
+    )
+
+
+def sampling_seed(
+    *, run_seed: int, worker_id: str, step: int, batch_index: int, task_id: int, group_index: int
+) -> int:
+    """The sampler seed of completion ``group_index`` of ``task_id`` in one lease.
+
+    ``hash64("sample", run_seed, worker_id, step, batch_index, task_id, group_index) & (2**63 - 1)``.
+    """
+    _check_common(run_seed, worker_id, step, batch_index)
+    if task_id < 0 or group_index < 0:
+        raise AssignmentError(f"task_id and group_index must be >= 0, got {task_id}, {group_index}")
+    return hash64("sample", run_seed, worker_id, step, batch_index, task_id, group_index) & MAX_SEED
+
+
+def sampling_seeds(
+    *, run_seed: int, worker_id: str, step: int, batch_index: int, task_id: int, group_size: int
+) -> tuple[int, ...]:
+    """``sampling_seed`` for ``group_index = 0 .. group_size - 1`` of one task."""
+    return tuple(
+        sampling_seed(
+            run_seed=run_seed,
+            worker_id=worker_id,
+            step=step,
+            batch_index=batch_index,
+            task_id=task_id,
+            group_index=group_index,
+        )
+        for group_index in range(group_size)
+    )
