@@ -1,0 +1,117 @@
+"""The origin: publishes files as versions and serves its data directory over HTTP."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from .layout import DataDir
+from .manifest import Manifest
+from .planning import DEFAULT_SHARD_SIZE
+from .publish import DEFAULT_GRACE_S, DEFAULT_KEEP, publish_file
+from .server import HttpServer
+from .signing import SigningKey
+
+log = logging.getLogger("shardcast.origin")
+
+
+class Origin:
+    """Publish checkpoints as numbered versions and serve them.
+
+    ::
+
+        with Origin("/srv/shardcast", port=8000) as origin:
+            manifest = origin.publish("model.safetensors")   # -> version 1, 2, ...
+
+    Args:
+        data_dir: served directory (layout in :mod:`shardcast.layout`).
+        host / port: bind address (default 127.0.0.1; ``0.0.0.0`` to serve the network;
+            port 0 picks a free port).
+        token: require ``Authorization: Bearer <token>`` on every request.
+        signing_key: sign every manifest (clients pin the matching key).
+        keep: versions kept listed (default 5); older ones are deleted ``grace_s`` (default
+            300 s) after they stop being listed, so in-flight downloads finish.
+        shard_size / encoding / delta: defaults for :meth:`publish`.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        token: str | None = None,
+        signing_key: SigningKey | None = None,
+        keep: int = DEFAULT_KEEP,
+        grace_s: float = DEFAULT_GRACE_S,
+        shard_size: int = DEFAULT_SHARD_SIZE,
+        encoding: str = "raw",
+        delta: bool = False,
+        rate_limit_bps: float | None = None,
+    ) -> None:
+        self.data_dir = DataDir(data_dir)
+        self.server = HttpServer(
+            self.data_dir, host=host, port=port, token=token, rate_limit_bps=rate_limit_bps
+        )
+        self.signing_key = signing_key
+        self.keep = keep
+        self.grace_s = grace_s
+        self.shard_size = shard_size
+        self.encoding = encoding
+        self.delta = delta
+        self._stop = threading.Event()
+        self._gc_thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def publish(
+        self, path: str | os.PathLike[str], *, version: int | None = None, **overrides: object
+    ) -> Manifest:
+        """Publish ``path`` as a new version (see :func:`shardcast.publish.publish_file`)."""
+        options: dict[str, object] = {
+            "shard_size": self.shard_size,
+            "encoding": self.encoding,
+            "delta": self.delta,
+            "signing_key": self.signing_key,
+            "keep": self.keep,
+            "grace_s": self.grace_s,
+        }
+        options.update(overrides)
+        return publish_file(self.data_dir, path, version=version, **options)  # type: ignore[arg-type]
+
+    def collect_garbage(self) -> list[int]:
+        """Delete retired versions whose grace period is over; returns their numbers."""
+        _, deleted = self.data_dir.update_index(keep=self.keep, grace_s=self.grace_s)
+        if deleted:
+            log.info("deleted expired versions %s", deleted)
+        return deleted
+
+    def start(self) -> Origin:
+        self.server.start()
+        self._stop.clear()
+        self._gc_thread = threading.Thread(target=self._gc_loop, name="shardcast-origin-gc", daemon=True)
+        self._gc_thread.start()
+        return self
+
+    def _gc_loop(self) -> None:
+        interval = max(0.5, min(30.0, self.grace_s / 4))
+        while not self._stop.wait(interval):
+            try:
+                self.collect_garbage()
+            except OSError as exc:
+                log.warning("garbage collection failed: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._gc_thread is not None:
+            self._gc_thread.join(timeout=5)
+        self.server.stop()
+
+    def __enter__(self) -> Origin:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,196 @@
+"""Publishing a file as a new version into an origin's data directory.
+
+Order of operations (what makes it safe for concurrent readers):
+
+1. Shards are written into a private directory ``.staging/v<N>-<random>/``, hashing each
+   shard and the whole file in the same pass (one read of the input).
+2. ``manifest.json`` is written last into that directory.
+3. The directory is renamed to ``v<N>`` (one atomic ``rename``): readers see either no
+   ``v<N>`` or a complete one.
+4. ``index.json`` is rewritten atomically, listing ``v<N>``; versions beyond the newest
+   ``keep`` are retired and deleted only after ``grace_s`` seconds.
+
+Publishing never touches other versions' files except by that delayed deletion.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from . import codec
+from .digest import digest_bytes, new_hasher
+from .errors import PublishError
+from .layout import MANIFEST_NAME, DataDir, IndexEntry, delta_name, shard_name
+from .manifest import (
+    MAX_FILE_SIZE,
+    DeltaInfo,
+    Manifest,
+    ShardInfo,
+    StoredInfo,
+    parse_manifest,
+    validate_file_name,
+)
+from .planning import DEFAULT_SHARD_SIZE, MAX_SHARDS, plan_shards
+from .signing import SigningKey, sign_manifest
+
+log = logging.getLogger("shardcast.publish")
+
+DEFAULT_KEEP = 5
+"""Versions kept listed (reference default ``max_distribution_folders = 5``)."""
+DEFAULT_GRACE_S = 300.0
+"""Seconds a retired version stays on disk so in-flight downloads can finish."""
+
+
+def next_version(data_dir: DataDir) -> int:
+    """1 + the largest version listed, retired or present on disk (1 for an empty dir)."""
+    index = data_dir.read_index()
+    seen = (
+        [e.version for e in index.versions] + [r.version for r in index.retired] + data_dir.local_versions()
+    )
+    return max(seen, default=0) + 1
+
+
+def read_local_manifest(data_dir: DataDir, version: int) -> Manifest:
+    return parse_manifest(data_dir.manifest_path(version).read_bytes())
+
+
+def read_decoded_shard(data_dir: DataDir, manifest: Manifest, index: int) -> bytes:
+    """Original bytes of one shard of a locally stored version (decoding full shards)."""
+    stored = data_dir.shard_path(manifest.version, index).read_bytes()
+    return codec.decode(stored, manifest.encoding, manifest.shards[index].size)
+
+
+def publish_file(
+    data_dir: DataDir | str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    *,
+    version: int | None = None,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    encoding: str = "raw",
+    delta: bool = False,
+    signing_key: SigningKey | None = None,
+    keep: int = DEFAULT_KEEP,
+    grace_s: float = DEFAULT_GRACE_S,
+    file_name: str | None = None,
+) -> Manifest:
+    """Publish ``path`` as version ``version`` (default: next free number) and return its manifest.
+
+    Args:
+        encoding: ``"raw"`` (default; zero-copy serving) or ``"zstd"``.
+        delta: also write ``xor-zstd`` delta shards against the newest listed version when it
+            has the same file size; clients holding that version download only the deltas.
+        signing_key: sign the manifest (see :mod:`shardcast.signing`).
+        keep / grace_s: retention (see :meth:`DataDir.update_index`).
+
+    Raises:
+        PublishError: missing/oversized input, version already present, bad arguments.
+    """
+    store = data_dir if isinstance(data_dir, DataDir) else DataDir(data_dir)
+    source = Path(path)
+    if not source.is_file():
+        raise PublishError(f"cannot publish {source}: not a regular file")
+    if encoding not in ("raw", "zstd"):
+        raise PublishError(f"unknown encoding {encoding!r}: use 'raw' or 'zstd'")
+    if keep < 1:
+        raise PublishError("keep must be >= 1")
+    name = validate_file_name(file_name or source.name)
+    size = source.stat().st_size
+    if size > MAX_FILE_SIZE or -(-size // max(shard_size, 1)) > MAX_SHARDS or shard_size < 1:
+        raise PublishError(
+            f"cannot publish {size} bytes with shard_size {shard_size}: too many shards or bad size"
+        )
+    started = time.monotonic()
+    with store.locked():
+        number = next_version(store) if version is None else version
+        if store.version_dir(number).exists():
+            raise PublishError(f"version {number} already exists in {store.root}")
+        base = _delta_base(store, size) if delta else None
+        staging = Path(tempfile.mkdtemp(dir=store.staging, prefix=f"v{number}-"))
+        try:
+            manifest = _write_shards(store, source, staging, number, name, size, shard_size, encoding, base)
+            if signing_key is not None:
+                manifest = sign_manifest(manifest, signing_key)
+            (staging / MANIFEST_NAME).write_bytes(manifest.to_json())
+            for child in [staging, *staging.iterdir()]:
+                os.chmod(child, 0o755 if child.is_dir() else 0o644)
+            os.rename(staging, store.version_dir(number))
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    _, deleted = store.update_index(add=IndexEntry(number, True), keep=keep, grace_s=grace_s)
+    log.info(
+        "published v%d: %s, %d bytes, %d shards, %s%s in %.2fs%s",
+        number,
+        name,
+        size,
+        manifest.num_shards,
+        encoding,
+        f" + delta vs v{base.version}" if base else "",
+        time.monotonic() - started,
+        f"; deleted expired {deleted}" if deleted else "",
+    )
+    return manifest
+
+
+def _delta_base(store: DataDir, size: int) -> Manifest | None:
+    latest = store.read_index().latest(complete_only=True)
+    if latest is None:
+        return None
+    try:
+        base = read_local_manifest(store, latest)
+    except (OSError, ValueError) as exc:
+        log.warning("no delta: cannot read base v%d manifest: %s", latest, exc)
+        return None
+    return base if base.file_size == size else None
+
+
+def _write_shards(
+    store: DataDir,
+    source: Path,
+    staging: Path,
+    number: int,
+    name: str,
+    size: int,
+    shard_size: int,
+    encoding: str,
+    base: Manifest | None,
+) -> Manifest:
+    whole = new_hasher()
+    shards: list[ShardInfo] = []
+    deltas: list[StoredInfo] = []
+    with open(source, "rb") as handle:
+        for span in plan_shards(size, shard_size):
+            data = handle.read(span.size)
+            if len(data) != span.size:
+                raise PublishError(
+                    f"{source} changed size while publishing (short read at shard {span.index})"
+                )
+            whole.update(data)
+            digest = digest_bytes(data)
+            stored = codec.encode(data, encoding)
+            stored_digest = digest if encoding == "raw" else digest_bytes(stored)
+            (staging / shard_name(span.index)).write_bytes(stored)
+            shards.append(ShardInfo(span.index, span.size, digest, len(stored), stored_digest))
+            if base is not None:
+                delta_bytes = codec.encode_delta(data, read_decoded_shard(store, base, span.index))
+                (staging / delta_name(span.index)).write_bytes(delta_bytes)
+                deltas.append(StoredInfo(len(delta_bytes), digest_bytes(delta_bytes)))
+        if handle.read(1):
+            raise PublishError(f"{source} grew while publishing")
+    delta = None if base is None else DeltaInfo(base.version, base.file_digest, "xor-zstd", tuple(deltas))
+    return Manifest(
+        version=number,
+        file_name=name,
+        file_size=size,
+        shard_size=shard_size,
+        file_digest=whole.hexdigest(),
+        created_at=time.time(),
+        encoding=encoding,
+        shards=tuple(shards),
+        delta=delta,
+    )

@@ -1,0 +1,352 @@
+"""The download engine shared by clients and relays: shards from many servers, verified.
+
+For each shard job the engine repeatedly
+
+1. picks the best server that has the version (:class:`~shardcast.servers.ServerPool`),
+2. GETs the stored shard, with ``Range: bytes=<have>-`` when part of it is already on
+   disk (resume after a dropped connection or a restart),
+3. streams it into the sink while hashing, and checks size and SHA-256 against the manifest.
+
+Failures are attributed: a connection error backs the server off; a digest mismatch
+penalises every server that contributed bytes to the shard and restarts the shard
+elsewhere; a 404 from a relay that is still mirroring ("partial") is not a failure, the
+shard is retried shortly (pipelining down the tree). Each shard gets at most
+``max_attempts`` failed attempts, and everything is bounded by the overall deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import aiohttp
+
+from .digest import new_hasher
+from .errors import DeadlineExceededError, IntegrityError, NoServerAvailableError, VersionGoneError
+from .remote import ServerError, VersionTracker
+from .servers import ServerPool
+
+CHUNK = 1 << 20
+NOT_YET_RETRY_S = 0.2
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """One stored object to download: ``url_path`` (no leading slash), expected size and digest."""
+
+    index: int
+    url_path: str
+    stored_size: int
+    stored_digest: str
+    delta: bool = False
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Progress of one transfer, passed to progress callbacks."""
+
+    version: int
+    shards_done: int
+    shards_total: int
+    bytes_done: int
+    bytes_total: int
+    bytes_per_s: float
+    elapsed_s: float
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+class ShardSink(Protocol):
+    """Where shard bytes go. Implemented by the client (output file) and the relay (data dir)."""
+
+    def is_done(self, job: ShardJob) -> bool: ...
+    def present(self, job: ShardJob) -> int: ...
+    def prefix_hasher(self, job: ShardJob, nbytes: int) -> hashlib._Hash: ...
+    def write(self, job: ShardJob, position: int, data: bytes) -> None: ...
+    def finish(self, job: ShardJob) -> None: ...
+    def reset(self, job: ShardJob) -> None: ...
+    def checkpoint(self) -> None: ...
+
+
+@dataclass
+class TransferStats:
+    bytes_downloaded: int = 0
+    bytes_resumed: int = 0
+    bad_shards: int = 0
+    failed_requests: int = 0
+
+
+class RateLimiter:
+    """Token bucket over all connections of one transfer (``bytes_per_s``)."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        self.rate = bytes_per_s
+        self.next_free = time.monotonic()
+
+    async def consume(self, nbytes: int) -> None:
+        now = time.monotonic()
+        self.next_free = max(self.next_free, now) + nbytes / self.rate
+        delay = self.next_free - now - 0.05
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+class _ShardMissing(Exception):
+    pass
+
+
+class _ShardCorrupt(Exception):
+    pass
+
+
+@dataclass
+class _JobState:
+    have: int = 0
+    hasher: hashlib._Hash = field(default_factory=new_hasher)
+    contributors: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Transfer:
+    """Download ``jobs`` into ``sink``. Create one per version and call :meth:`run`."""
+
+    session: aiohttp.ClientSession
+    pool: ServerPool
+    tracker: VersionTracker
+    sink: ShardSink
+    jobs: list[ShardJob]
+    deadline: float
+    concurrency: int = 8
+    max_attempts: int = 6
+    progress: ProgressCallback | None = None
+    rate_limiter: RateLimiter | None = None
+    stats: TransferStats = field(default_factory=TransferStats)
+
+    async def run(self) -> TransferStats:
+        self._slots = asyncio.Semaphore(self.concurrency)
+        self._not_yet: dict[tuple[int, bool, str], float] = {}
+        self._started = time.monotonic()
+        self._bytes_total = sum(job.stored_size for job in self.jobs)
+        self._bytes_done = 0
+        self._shards_done = 0
+        self._last_report = 0.0
+        self._changed = asyncio.Event()
+        pending = []
+        for job in self.jobs:
+            if self.sink.is_done(job):
+                self._shards_done += 1
+                self._bytes_done += job.stored_size
+                self.stats.bytes_resumed += job.stored_size
+            else:
+                pending.append(job)
+        tasks = [asyncio.create_task(self._run_job(job)) for job in pending]
+        checkpointer = asyncio.create_task(self._checkpoint_loop())
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            checkpointer.cancel()
+            await asyncio.gather(*tasks, checkpointer, return_exceptions=True)
+            self.sink.checkpoint()
+        self._report(force=True)
+        return self.stats
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            self.sink.checkpoint()
+
+    def _report(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.progress is None or (not force and now - self._last_report < 0.25):
+            return
+        self._last_report = now
+        elapsed = now - self._started
+        self.progress(
+            Progress(
+                version=self.tracker.manifest.version,
+                shards_done=self._shards_done,
+                shards_total=len(self.jobs),
+                bytes_done=self._bytes_done,
+                bytes_total=self._bytes_total,
+                bytes_per_s=self.stats.bytes_downloaded / elapsed if elapsed > 0 else 0.0,
+                elapsed_s=elapsed,
+            )
+        )
+
+    def _check_deadline(self, job: ShardJob) -> None:
+        if time.monotonic() > self.deadline:
+            errors = "; ".join(f"{r.url}: {r.last_error}" for r in self.pool.reports() if r.last_error)
+            raise DeadlineExceededError(
+                f"deadline passed with shard {job.index} of v{self.tracker.manifest.version} incomplete "
+                f"({self._shards_done}/{len(self.jobs)} shards done). Last server errors: {errors or 'none'}"
+            )
+
+    async def _run_job(self, job: ShardJob) -> None:
+        state = _JobState()
+        state.have = min(self.sink.present(job), job.stored_size)
+        if state.have:
+            state.hasher = self.sink.prefix_hasher(job, state.have)
+            self.stats.bytes_resumed += state.have
+            self._bytes_done += state.have
+        attempts = 0
+        failed_on: set[str] = set()
+        while True:
+            self._check_deadline(job)
+            async with self._slots:
+                server = await self._pick(job, failed_on)
+                if server is None:
+                    continue
+                pool_state = self.pool.states[server]
+                pool_state.in_flight += 1
+                started, before = time.monotonic(), state.have
+                try:
+                    await self._download(server, job, state)
+                    if state.hasher.hexdigest() != job.stored_digest:
+                        raise _ShardCorrupt(f"shard {job.index} digest mismatch")
+                    self.sink.finish(job)
+                except _ShardMissing:
+                    await self._on_missing(server, job)
+                    continue
+                except ServerError as exc:
+                    attempts += 1
+                    failed_on.add(server)
+                    self.stats.failed_requests += 1
+                    self.pool.record_failure(server, exc.reason, unreachable=exc.unreachable)
+                except (_ShardCorrupt, IntegrityError) as exc:
+                    attempts += 1
+                    failed_on.add(server)
+                    self.stats.bad_shards += 1
+                    for url in state.contributors or {server}:
+                        self.pool.record_bad_shard(url, f"corrupt shard {job.index}: {exc}")
+                    self._bytes_done -= state.have
+                    self.sink.reset(job)
+                    state = _JobState()
+                else:
+                    self.pool.record_success(server, state.have - before, time.monotonic() - started)
+                    self._shards_done += 1
+                    self._report(force=True)
+                    return
+                finally:
+                    pool_state.in_flight -= 1
+                    self._signal()
+            if attempts >= self.max_attempts:
+                raise NoServerAvailableError(
+                    f"shard {job.index} of v{self.tracker.manifest.version} failed {attempts} times; "
+                    f"last error: {self.pool.states[server].last_error}"
+                )
+
+    async def _pick(self, job: ShardJob, failed_on: set[str]) -> str | None:
+        """Choose a server or sleep briefly and return None (caller loops, checking the deadline)."""
+        now = time.monotonic()
+        statuses = self.tracker.status
+        have_it = {u for u in self.pool.urls if statuses.get(u) and statuses[u].state != "absent"}
+        allowed = {u for u in have_it if self._not_yet.get((job.index, job.delta, u), 0.0) <= now}
+        if failed_on and not (allowed - failed_on - self._dead(now)):
+            failed_on.clear()  # every candidate failed once: give them another chance
+        choice = self.pool.choose(allowed, exclude=failed_on)
+        if choice is not None:
+            return choice.url
+        await self._refresh_unknown(now)
+        if self.pool.usable() == [] or all(self.pool.states[u].dropped for u in self.pool.urls):
+            raise NoServerAvailableError(
+                "every server was dropped: "
+                + "; ".join(f"{r.url}: {r.last_error}" for r in self.pool.reports())
+            )
+        fresh_absent = [
+            u
+            for u in self.pool.urls
+            if statuses.get(u) and statuses[u].state == "absent" and now - statuses[u].checked_at < 5
+        ]
+        if len(fresh_absent) == len(self.pool.urls):
+            hint = " (retired by its origin)" if self.tracker.retired_upstream else ""
+            raise VersionGoneError(
+                f"version {self.tracker.manifest.version} is no longer listed by any server{hint}; "
+                f"{self._shards_done}/{len(self.jobs)} shards were done"
+            )
+        await self._wait_change(NOT_YET_RETRY_S)
+        return None
+
+    def _signal(self) -> None:
+        """Wake jobs waiting for a server slot (a request finished)."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_change(self, timeout: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+    def _dead(self, now: float) -> set[str]:
+        return {u for u, s in self.pool.states.items() if not s.alive(now)}
+
+    async def _refresh_unknown(self, now: float) -> None:
+        """Re-ask servers that do not (yet) offer the version, at most every 0.5 s each."""
+        for url in self.pool.urls:
+            status = self.tracker.status.get(url)
+            if (status is None or status.state == "absent") and self.pool.states[url].alive(now):
+                with contextlib.suppress(Exception):
+                    await self.tracker.refresh(url)
+
+    async def _on_missing(self, server: str, job: ShardJob) -> None:
+        try:
+            state = await self.tracker.refresh(server, force=True)
+        except Exception as exc:
+            self.pool.record_failure(server, f"index refresh failed: {exc}", unreachable=True)
+            return
+        if state == "partial":
+            self._not_yet[(job.index, job.delta, server)] = time.monotonic() + NOT_YET_RETRY_S
+        elif state == "complete":
+            self.pool.record_failure(server, f"404 for shard {job.index} of a version it lists as complete")
+
+    async def _download(self, server: str, job: ShardJob, state: _JobState) -> None:
+        url = f"{server}/{job.url_path}"
+        headers = {"Range": f"bytes={state.have}-"} if state.have else {}
+        if state.have >= job.stored_size:
+            return
+        try:
+            async with self.session.get(url, headers=headers) as response:
+                if response.status == 404:
+                    raise _ShardMissing()
+                if response.status == 200 and state.have:
+                    # Server ignored Range: start this shard over.
+                    self._bytes_done -= state.have
+                    self.sink.reset(job)
+                    state.have, state.hasher = 0, new_hasher()
+                elif response.status == 206:
+                    content_range = response.headers.get("Content-Range", "")
+                    if not content_range.startswith(f"bytes {state.have}-"):
+                        raise ServerError(server, f"bad Content-Range {content_range!r} for {url}")
+                elif response.status != 200:
+                    raise ServerError(
+                        server,
+                        f"HTTP {response.status} for {url}",
+                        status=response.status,
+                        unreachable=response.status in (401, 403, 429, 503),
+                    )
+                state.contributors.add(server)
+                async for chunk in response.content.iter_chunked(CHUNK):
+                    if state.have + len(chunk) > job.stored_size:
+                        raise _ShardCorrupt(
+                            f"shard {job.index} longer than the manifest's {job.stored_size} bytes"
+                        )
+                    self.sink.write(job, state.have, chunk)
+                    state.hasher.update(chunk)
+                    state.have += len(chunk)
+                    self._bytes_done += len(chunk)
+                    self.stats.bytes_downloaded += len(chunk)
+                    self._report()
+                    if self.rate_limiter is not None:
+                        await self.rate_limiter.consume(len(chunk))
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise ServerError(server, f"{type(exc).__name__} during {url}: {exc}", unreachable=True) from None
+        if state.have < job.stored_size:
+            raise ServerError(
+                server, f"{url} ended after {state.have} of {job.stored_size} bytes", unreachable=True
+            )
