@@ -1,0 +1,349 @@
+"""Named recipes: one object composing advantage estimator, objective, aggregation and regularisers.
+
+>>> loss_fn = Loss("dapo")
+>>> out = loss_fn(logprobs, old_logprobs, advantages, mask, num_tokens=global_tokens)  # doctest: +SKIP
+>>> out.loss.backward()  # doctest: +SKIP
+
+Per-token loss = w_IS · objective + kl_coef · KL − entropy_coef · H, then :func:`grpo.aggregate`.
+
+=============  ===============  ==================================  ====================  =================
+recipe         advantage        objective                           aggregation           regularisers
+=============  ===============  ==================================  ====================  =================
+``intellect2``  group_zscore    ppo_clip ε 0.2/0.2, δ = 4           constant (C = seq len) entropy 0.001
+``grpo``       group_zscore     ppo_clip ε 0.2/0.2                  seq_mean_token_mean   k3 KL β = 0.04
+``dr_grpo``    group_center     ppo_clip ε 0.2/0.2                  constant (C = max gen) none
+``dapo``       group_zscore     ppo_clip ε 0.2/0.28                 token_mean            none
+``gspo``       group_zscore     gspo ε 3e-4/4e-4                    seq_mean_token_mean   none
+``cispo``      group_zscore     cispo is_cap 5                      token_mean            none
+=============  ===============  ==================================  ====================  =================
+
+Sources: INTELLECT-2 (arXiv 2505.07291; prime-rl@4bb0ff01f ``train.py`` defaults), GRPO
+(DeepSeekMath arXiv 2402.03300 §4.1, β = 0.04), Dr.GRPO (arXiv 2503.20783), DAPO (arXiv
+2503.14476), GSPO (arXiv 2507.18071 v2 §5.1), CISPO (arXiv 2506.13585; ScaleRL cap 5).
+
+Micro-batching: call the loss once per micro-batch with the *global* normalisers of the
+optimiser step (``num_tokens`` for token_mean, ``num_seqs`` for the sequence modes,
+``constant`` for constant) and sum the results (or call ``backward`` on each); the
+accumulated gradient then equals the full-batch gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from grpo.advantages import group_center, group_zscore, rloo
+from grpo.aggregate import AGGREGATION_MODES, AggregationMode, aggregate
+from grpo.correction import Level, masked_is_weights, truncated_is_weights
+from grpo.errors import InvalidParameterError, as_bool_mask, check_2d, check_same_shape
+from grpo.objectives import (
+    LOG_RATIO_CLAMP,
+    ClipStats,
+    cispo,
+    clip_stats,
+    gspo,
+    ppo_clip,
+    sequence_mean_log_ratio,
+)
+from grpo.regularizers import KLEstimator, entropy_bonus, kl_k3, kl_penalty
+
+__all__ = ["RECIPES", "Loss", "LossConfig", "LossMetrics", "LossOutput"]
+
+AdvantageName = Literal["group_zscore", "group_center", "rloo"]
+ObjectiveName = Literal["ppo_clip", "gspo", "cispo"]
+ISCorrection = Literal["token_truncate", "sequence_truncate", "token_mask", "sequence_mask"]
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Every axis of a recipe as a flat, validated, immutable config."""
+
+    advantage: AdvantageName = "group_zscore"
+    """Advantage estimator used by :meth:`Loss.advantages`."""
+    std_eps: float = 1e-6
+    """ε of group_zscore (verl / INTELLECT-2 1e-6; TRL 1e-4)."""
+    objective: ObjectiveName = "ppo_clip"
+    """Per-token objective: ppo_clip, gspo or cispo."""
+    eps_low: float = 0.2
+    """Clip offset below 1 (ppo_clip, gspo)."""
+    eps_high: float = 0.2
+    """Clip offset above 1 (ppo_clip, gspo); DAPO clip-higher 0.28."""
+    delta: float | None = None
+    """INTELLECT-2 two-sided cap on the ratio (ppo_clip only); must exceed 1 + eps_high."""
+    is_cap: float = 5.0
+    """CISPO absolute cap on the detached IS weight."""
+    aggregation: AggregationMode = "token_mean"
+    """How per-token losses become a scalar (see :func:`grpo.aggregate`)."""
+    constant: float | None = None
+    """Per-sequence normaliser C for aggregation 'constant' (may be given per call instead)."""
+    kl_coef: float = 0.0
+    """β of the KL-to-reference term (needs ``ref_logprobs``)."""
+    kl_estimator: KLEstimator = "k3"
+    """KL estimator for the penalty: k1, k2 or k3."""
+    entropy_coef: float = 0.0
+    """α of the entropy bonus (needs ``entropy``)."""
+    is_correction: ISCorrection | None = None
+    """Trainer/inference mismatch correction applied when ``inference_logprobs`` are given."""
+    is_threshold: float = 2.0
+    """TIS cap (truncate modes) or the upper bound of the MIS band (mask modes)."""
+    is_low: float = 0.5
+    """Lower bound of the MIS band (mask modes)."""
+
+    def __post_init__(self) -> None:
+        if self.advantage not in _ADVANTAGES:
+            raise InvalidParameterError(
+                f"unknown advantage {self.advantage!r}; choose one of {sorted(_ADVANTAGES)}"
+            )
+        if self.objective not in ("ppo_clip", "gspo", "cispo"):
+            raise InvalidParameterError(
+                f"unknown objective {self.objective!r}; choose ppo_clip, gspo or cispo"
+            )
+        if self.aggregation not in AGGREGATION_MODES:
+            raise InvalidParameterError(
+                f"unknown aggregation {self.aggregation!r}; choose one of {AGGREGATION_MODES}"
+            )
+        if self.delta is not None and self.objective != "ppo_clip":
+            raise InvalidParameterError("delta applies to the ppo_clip objective only")
+        if self.is_correction not in (
+            None,
+            "token_truncate",
+            "sequence_truncate",
+            "token_mask",
+            "sequence_mask",
+        ):
+            raise InvalidParameterError(f"unknown is_correction {self.is_correction!r}")
+        if self.kl_coef < 0 or self.entropy_coef < 0:
+            raise InvalidParameterError("kl_coef and entropy_coef must be >= 0")
+        # Let the objective validate its own hyper-parameters now rather than at the first step.
+        probe = torch.zeros(1, 1, dtype=torch.float64)
+        self._objective(probe, probe, probe, None)
+
+    def _objective(
+        self, logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        if self.objective == "ppo_clip":
+            return ppo_clip(
+                logprobs, old, adv, mask, eps_low=self.eps_low, eps_high=self.eps_high, delta=self.delta
+            )
+        if self.objective == "gspo":
+            return gspo(logprobs, old, adv, mask, eps_low=self.eps_low, eps_high=self.eps_high)
+        return cispo(logprobs, old, adv, mask, is_cap=self.is_cap)
+
+
+_ADVANTAGES = {"group_zscore": group_zscore, "group_center": group_center, "rloo": rloo}
+
+RECIPES: Mapping[str, LossConfig] = {
+    "intellect2": LossConfig(delta=4.0, aggregation="constant", entropy_coef=0.001),
+    "grpo": LossConfig(aggregation="seq_mean_token_mean", kl_coef=0.04),
+    "dr_grpo": LossConfig(advantage="group_center", aggregation="constant"),
+    "dapo": LossConfig(eps_high=0.28, aggregation="token_mean"),
+    "gspo": LossConfig(objective="gspo", eps_low=3e-4, eps_high=4e-4, aggregation="seq_mean_token_mean"),
+    "cispo": LossConfig(objective="cispo", aggregation="token_mean"),
+}
+
+
+@dataclass(frozen=True)
+class LossMetrics:
+    """Detached diagnostics of one call, as masked means over its valid tokens.
+
+    ``kl``, ``entropy`` and ``mismatch_kl`` are None when their inputs were not given.
+    ``mismatch_kl`` is the k3 estimate of KL(μ ‖ π_old) between the inference engine μ
+    and the trainer's ℓ_old; ``is_masked_fraction`` is the share of valid tokens an MIS
+    correction zeroed.
+    """
+
+    clip_low_fraction: float
+    clip_high_fraction: float
+    delta_capped_fraction: float
+    mean_ratio: float
+    policy_loss: float
+    num_tokens: int
+    kl: float | None = None
+    entropy: float | None = None
+    mismatch_kl: float | None = None
+    is_masked_fraction: float | None = None
+
+    def as_dict(self) -> dict[str, float]:
+        """Metrics under TRL-style names, omitting the ones that were not computed."""
+        names = {
+            "clip_ratio/low_mean": self.clip_low_fraction,
+            "clip_ratio/high_mean": self.clip_high_fraction,
+            "clip_ratio/delta_mean": self.delta_capped_fraction,
+            "ratio/mean": self.mean_ratio,
+            "loss/policy": self.policy_loss,
+            "num_tokens": float(self.num_tokens),
+            "kl": self.kl,
+            "entropy": self.entropy,
+            "mismatch_kl": self.mismatch_kl,
+            "is_masked": self.is_masked_fraction,
+        }
+        return {k: float(v) for k, v in names.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """``loss``: 0-dim tensor to backpropagate; ``metrics``: detached :class:`LossMetrics`."""
+
+    loss: torch.Tensor
+    metrics: LossMetrics
+
+
+def _masked_mean(values: torch.Tensor, valid: torch.Tensor) -> float:
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    return float(torch.where(valid, values.detach(), zero).sum() / max(int(valid.sum()), 1))
+
+
+class Loss:
+    """A recipe's loss as a callable: ``Loss("intellect2", constant=seq_len)(ℓ, ℓ_old, Â, mask)``.
+
+    ``recipe`` names an entry of :data:`RECIPES` (or pass a :class:`LossConfig`); keyword
+    ``overrides`` replace single fields, e.g. ``Loss("dapo", kl_coef=0.001)``. The config is
+    frozen and validated at construction.
+    """
+
+    def __init__(self, recipe: str | LossConfig = "intellect2", **overrides: Any) -> None:
+        if isinstance(recipe, LossConfig):
+            base = recipe
+        elif recipe in RECIPES:
+            base = RECIPES[recipe]
+        else:
+            raise InvalidParameterError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(LossConfig)}
+        if unknown:
+            raise InvalidParameterError(f"unknown LossConfig fields {sorted(unknown)}")
+        self.config: LossConfig = dataclasses.replace(base, **overrides)
+
+    def __repr__(self) -> str:
+        return f"Loss({self.config!r})"
+
+    def advantages(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+        """The recipe's advantages ``[N]`` for rewards ``[N]`` in contiguous groups of ``group_size``."""
+        if self.config.advantage == "group_zscore":
+            return group_zscore(rewards, group_size, eps=self.config.std_eps)
+        return _ADVANTAGES[self.config.advantage](rewards, group_size)
+
+    def __call__(
+        self,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor | None,
+        *,
+        inference_logprobs: torch.Tensor | None = None,
+        ref_logprobs: torch.Tensor | None = None,
+        entropy: torch.Tensor | None = None,
+        num_tokens: float | None = None,
+        num_seqs: float | None = None,
+        constant: float | None = None,
+    ) -> LossOutput:
+        """Scalar loss and metrics for one (micro-)batch.
+
+        Shapes: ``logprobs``, ``old_logprobs``, ``mask``, ``inference_logprobs``,
+        ``ref_logprobs``, ``entropy`` ``[B, T]``; ``advantages`` ``[B]`` or ``[B, T]``.
+        ``num_tokens`` / ``num_seqs`` / ``constant`` are the aggregation normalisers
+        (global counts under micro-batching; local counts by default).
+        Pitfall: a recipe with ``entropy_coef`` > 0 (intellect2) needs ``entropy`` with
+        grad, and one with ``kl_coef`` > 0 (grpo) needs ``ref_logprobs``; missing inputs
+        raise rather than silently dropping the term.
+        """
+        cfg = self.config
+        check_2d("logprobs", logprobs)
+        check_same_shape(
+            "logprobs",
+            logprobs,
+            inference_logprobs=inference_logprobs,
+            ref_logprobs=ref_logprobs,
+            entropy=entropy,
+        )
+        valid = as_bool_mask(mask, logprobs)
+        if cfg.kl_coef > 0 and ref_logprobs is None:
+            raise InvalidParameterError(f"kl_coef={cfg.kl_coef} needs ref_logprobs (or pass kl_coef=0)")
+        if cfg.entropy_coef > 0 and entropy is None:
+            raise InvalidParameterError(
+                f"entropy_coef={cfg.entropy_coef} needs entropy= (e.g. logprobs_from_hidden(..., return_entropy=True)) "
+                "or entropy_coef=0"
+            )
+        policy = cfg._objective(logprobs, old_logprobs, advantages, valid)  # [B, T]
+        is_masked_fraction = None
+        mismatch_kl = None
+        if inference_logprobs is not None:
+            mismatch_kl = _masked_mean(kl_k3(old_logprobs.detach(), inference_logprobs, valid), valid)
+            if cfg.is_correction is not None:
+                level: Level = "token" if cfg.is_correction.startswith("token") else "sequence"
+                if cfg.is_correction.endswith("truncate"):
+                    weights = truncated_is_weights(
+                        old_logprobs, inference_logprobs, valid, cap=cfg.is_threshold, level=level
+                    )
+                else:
+                    weights = masked_is_weights(
+                        old_logprobs,
+                        inference_logprobs,
+                        valid,
+                        low=cfg.is_low,
+                        high=cfg.is_threshold,
+                        level=level,
+                    )
+                    is_masked_fraction = float(((weights == 0) & valid).sum()) / max(int(valid.sum()), 1)
+                policy = policy * weights
+        elif cfg.is_correction is not None:
+            raise InvalidParameterError(f"is_correction={cfg.is_correction!r} needs inference_logprobs")
+        per_token = policy
+        kl_value = None
+        if ref_logprobs is not None:
+            kl = kl_penalty(logprobs, ref_logprobs, valid, estimator=cfg.kl_estimator)
+            kl_value = _masked_mean(kl, valid)
+            if cfg.kl_coef > 0:
+                per_token = per_token + cfg.kl_coef * kl
+        entropy_value = None
+        if entropy is not None:
+            entropy_value = _masked_mean(entropy, valid)
+            if cfg.entropy_coef > 0:
+                per_token = per_token + entropy_bonus(entropy, valid, coef=cfg.entropy_coef)
+        norm = {
+            "num_tokens": num_tokens,
+            "num_seqs": num_seqs,
+            "constant": constant if constant is not None else cfg.constant,
+        }
+        loss = aggregate(per_token, valid, cfg.aggregation, **norm)
+        stats = self._clip_stats(logprobs, old_logprobs, advantages, valid)
+        metrics = LossMetrics(
+            clip_low_fraction=float(stats.low_fraction),
+            clip_high_fraction=float(stats.high_fraction),
+            delta_capped_fraction=float(stats.delta_fraction),
+            mean_ratio=float(stats.mean_ratio),
+            policy_loss=float(aggregate(policy.detach(), valid, cfg.aggregation, **norm)),
+            num_tokens=stats.num_tokens,
+            kl=kl_value,
+            entropy=entropy_value,
+            mismatch_kl=mismatch_kl,
+            is_masked_fraction=is_masked_fraction,
+        )
+        return LossOutput(loss=loss, metrics=metrics)
+
+    def _clip_stats(
+        self,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        valid: torch.Tensor,
+    ) -> ClipStats:
+        cfg = self.config
+        zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+        if cfg.objective == "gspo":
+            seq = sequence_mean_log_ratio(logprobs.detach(), old_logprobs, valid)
+            log_ratio = seq[:, None].expand_as(logprobs)
+        else:
+            log_ratio = torch.where(valid, logprobs.detach() - old_logprobs.detach(), zero)
+        ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        if cfg.objective == "cispo":  # CISPO never zeroes a token; "high" = IS weight capped at is_cap
+            count = int(valid.sum())
+            capped = ((ratio > cfg.is_cap) & valid).sum().to(ratio.dtype) / max(count, 1)
+            mean_ratio = torch.where(valid, ratio, zero).sum() / max(count, 1)
+            return ClipStats(zero, capped, zero, mean_ratio, count)
+        return clip_stats(
+            ratio, advantages, valid, eps_low=cfg.eps_low, eps_high=cfg.eps_high, delta=cfg.delta
+        )
