@@ -1,0 +1,172 @@
+"""Answer extraction from model completions: last `\\boxed{}` after `</think>`, with fallbacks.
+
+INTELLECT-2 (prime-rl @4bb0ff01f) took the content of the last `\\boxed{...}` after the first
+`</think>` and gave 0 to `\\fbox{}`, `\\boxed 5` and unclosed braces. We accept all three
+(an unclosed brace takes the rest of the text) and offer opt-in fallbacks.
+
+Pitfall: the `</think>` gate is ON for `extract_answer` by default only when
+`require_think_close=True`; reasoning models that never close the think block score 0 then.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+FALLBACKS = ("final_answer", "last_math", "last_number")
+
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+_FINAL = re.compile(r"(?i)(?:final\s+answer|the\s+answer)(?:\s+is)?\s*[:=：]?\s*([^\n]+)")
+_NUMBER = re.compile(r"(?<![\w.])[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d.,]*\d)")
+_MATH_SPANS = (
+    re.compile(r"\$\$(.+?)\$\$", re.DOTALL),
+    re.compile(r"\\\[(.+?)\\\]", re.DOTALL),
+    re.compile(r"\\\((.+?)\\\)", re.DOTALL),
+    re.compile(r"(?<![\\$])\$(?!\$)(.+?)(?<!\\)\$", re.DOTALL),
+)
+
+
+def match_brace(text: str, open_index: int) -> int:
+    """Index of the `}` closing the `{` at `open_index` (escaped `\\{`/`\\}` ignored), or -1."""
+    depth = 0
+    i = open_index
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return -1
+
+
+def boxed_contents(text: str) -> list[tuple[int, int, str]]:
+    """All `\\boxed`/`\\fbox` answers as (start, end, content), brace-matched, in order.
+
+    `\\boxed 5` takes the next token; an unclosed `\\boxed{` takes the rest of the text.
+    """
+    found = []
+    for m in _BOX.finditer(text):
+        i = m.end()
+        while i < len(text) and text[i] == " ":
+            i += 1
+        if i < len(text) and text[i] == "{":
+            close = match_brace(text, i)
+            end = close + 1 if close >= 0 else len(text)
+            content = text[i + 1 : close] if close >= 0 else text[i + 1 :]
+        else:
+            token = re.match(r"[^\s$]+", text[i:])
+            if token is None:
+                continue
+            end = i + token.end()
+            content = token.group(0)
+        found.append((m.start(), end, content.strip()))
+    return found
+
+
+def last_boxed(text: str, *, merge_adjacent: bool = False) -> str | None:
+    """Content of the last box; with `merge_adjacent`, `\\boxed{1}\\boxed{2}` gives "1,2"."""
+    boxes = boxed_contents(text)
+    if not boxes:
+        return None
+    if not merge_adjacent:
+        return boxes[-1][2]
+    group = [boxes[-1]]
+    for box in reversed(boxes[:-1]):
+        between = text[box[1] : group[0][0]]
+        if re.fullmatch(r"[\s,;$]*(?:and|or)?[\s,;$]*", between):
+            group.insert(0, box)
+        else:
+            break
+    return ",".join(b[2] for b in group)
+
+
+def last_math_span(text: str) -> str | None:
+    """Content of the last `$...$`, `$$...$$`, `\\[...\\]` or `\\(...\\)` span, or None."""
+    best: tuple[int, str] | None = None
+    for pattern in _MATH_SPANS:
+        for m in pattern.finditer(text):
+            if best is None or m.start() > best[0]:
+                best = (m.start(), m.group(1).strip())
+    return best[1] if best else None
+
+
+def final_answer_phrase(text: str) -> str | None:
+    """Text after the last "final answer is"/"the answer is", up to the end of the line."""
+    matches = list(_FINAL.finditer(text))
+    return matches[-1].group(1).strip() if matches else None
+
+
+def last_number(text: str) -> str | None:
+    """The last standalone number (`AZYUK2A` contains none), commas as thousands separators."""
+    matches = _NUMBER.findall(text)
+    return matches[-1] if matches else None
+
+
+def after_think(text: str, *, require_think_close: bool) -> str | None:
+    """Text after the first `</think>` (up to a second one); None if required and absent."""
+    if "</think>" not in text:
+        return None if require_think_close else text
+    return text.split("</think>")[1]
+
+
+def extract_answer(
+    completion: str,
+    *,
+    require_think_close: bool = False,
+    fallbacks: Sequence[str] = ("final_answer",),
+    max_chars: int = 50_000,
+) -> str | None:
+    """The answer a completion commits to, or None (fail closed).
+
+    Order: last `\\boxed{}`/`\\fbox{}` (brace-matched) in the answer section, then each named
+    fallback in turn: "final_answer" ("final answer is X"), "last_math" (last `$...$`),
+    "last_number". Completions longer than `max_chars` (50,000, as `verifiers`' MathRubric)
+    give None.
+
+    Args:
+        completion: generated text (for reasoning models, the text starts inside `<think>`).
+        require_think_close: INTELLECT-2's gate: without `</think>` there is no answer.
+        fallbacks: subset of `FALLBACKS`, tried in order when no box is present.
+    """
+    unknown = set(fallbacks) - set(FALLBACKS)
+    if unknown:
+        raise ValueError(f"unknown fallbacks {sorted(unknown)}; choose from {FALLBACKS}")
+    if not isinstance(completion, str) or len(completion) > max_chars:
+        return None
+    section = after_think(completion, require_think_close=require_think_close)
+    if section is None:
+        return None
+    boxed = last_boxed(section)
+    if boxed is not None:
+        return boxed or None
+    finders = {"final_answer": final_answer_phrase, "last_math": last_math_span, "last_number": last_number}
+    for name in fallbacks:
+        found = finders[name](section)
+        if found:
+            return found
+    return None
+
+
+def answer_span(text: str) -> str:
+    """The answer part of a gold/prediction string given to `is_equivalent`.
+
+    Bare answers pass through; texts are reduced to (adjacent) boxes, else the last math
+    span, else a "final answer" phrase, else the whole text.
+    """
+    text = text.replace("\\\\boxed", "\\boxed").replace("\\\\fbox", "\\fbox")
+    boxed = last_boxed(text, merge_adjacent=True)
+    if boxed is not None:
+        return boxed
+    final = final_answer_phrase(text)
+    if final is not None and "$" not in final:
+        return final
+    span = last_math_span(text)
+    if span is not None:
+        return span
+    return final if final is not None else text.replace("$", "").strip()

@@ -1,0 +1,268 @@
+"""LaTeX answer normalisation and conversion of LaTeX expressions to sympy source text.
+
+`normalize` is a pure string -> string cleanup (delimiters, spacing, font commands, units,
+`\\le` -> `<=`, ...). `to_sympy_source` converts one *expression* (no commas, relations or
+sets; `structure.py` splits those first) into Python/sympy syntax built only from an
+allow-list of names, so the result is safe to hand to `sympy.parse_expr`.
+
+Pitfall: `\\\\le` (a LaTeX line break glued to a command, common in escaped JSON) is read as
+`\\le`; matrices keep `\\\\` as their row separator because it is followed by a space/digit.
+"""
+
+from __future__ import annotations
+
+import re
+
+from verifiers.math.extract import match_brace
+
+
+class LatexError(ValueError):
+    """The text is not an expression this converter understands."""
+
+
+_FONT = re.compile(
+    r"\\(?:text|textnormal|textrm|textbf|textit|mathrm|mathbf|mathit|mathsf|mathtt|mbox|"
+    r"operatorname\*?|boldsymbol|bm|mathbb|mathcal|hbox)\s*\{"
+)
+_SPACING = re.compile(r"\\(?:[,;:!> ]|quad|qquad|displaystyle|textstyle|scriptstyle|hfill|nonumber)(?![a-zA-Z])")
+_SIZING = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)[lr]?(?![a-zA-Z])\s*\.?")
+_RELATIONS = (
+    (r"\\(?:leqslant|leq|le)(?![a-zA-Z])", "<="),
+    (r"\\(?:geqslant|geq|ge)(?![a-zA-Z])", ">="),
+    (r"\\(?:neq|ne)(?![a-zA-Z])", "!="),
+    (r"\\lt(?![a-zA-Z])", "<"),
+    (r"\\gt(?![a-zA-Z])", ">"),
+    (r"≤", "<="),
+    (r"≥", ">="),
+    (r"≠", "!="),
+)
+
+
+def _unwrap_font_commands(s: str) -> str:
+    while True:
+        m = _FONT.search(s)
+        if m is None:
+            return s
+        close = match_brace(s, m.end() - 1)
+        if close < 0:
+            return s[: m.start()] + s[m.end() :]
+        s = s[: m.start()] + s[m.end() : close] + s[close + 1 :]
+
+
+def normalize(text: str) -> str:
+    """Canonical spelling of an answer string (no parsing; idempotent on its output)."""
+    s = text.strip()
+    s = re.sub(r"\\\\(?=[a-zA-Z])", r"\\", s)  # "\\le" written with an escaped backslash
+    s = s.replace("$", "").replace("**", "")
+    s = re.sub(r",\\!\s*(?=\d{3})", "", s).replace("{,}", "")  # 32,\!349 and 32{,}349
+    s = _unwrap_font_commands(s)
+    s = _SIZING.sub("", s)
+    s = _SPACING.sub(" ", s).replace("~", " ")
+    s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
+    s = re.sub(r"\\[dt]binom(?![a-zA-Z])", r"\\binom", s)
+    s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![a-zA-Z])", "", s)
+    s = re.sub(r"\\%|％", "%", s)
+    s = re.sub(r"\s*(?:percent|pct)\b", "%", s)
+    s = s.replace("\\$", "")
+    for pattern, repl in _RELATIONS:
+        s = re.sub(pattern, repl, s)
+    s = re.sub(r"\\(?:pm)(?![a-zA-Z])|±", "±", s)
+    s = re.sub(r"\\mp(?![a-zA-Z])|∓", "∓", s)
+    s = re.sub(r"\\cup(?![a-zA-Z])|∪", " ∪ ", s)
+    s = re.sub(r"\\in(?![a-zA-Z])|∈", " ∈ ", s)
+    s = re.sub(r"\\(?:infty|infinity)(?![a-zA-Z])|∞", "\\\\infty", s)
+    s = re.sub(r"\s+", " ", s).strip()
+    s = re.sub(r"[\s.,;:]+$", "", s)
+    s = re.sub(r"^\\?\s*(?:therefore|thus|so|hence)\b[,:]?\s*", "", s, flags=re.I)
+    return s.strip()
+
+
+_UNIT = re.compile(r"^([^a-zA-Z\\]*\d)\s*((?:[a-zA-Z]{2,}|[a-zA-Z][²³23])[²³23]?(?:(?:\s+|\s*[/.]\s*)[a-zA-Z]+[²³23]?)*)$")
+
+
+def strip_units(s: str) -> str:
+    """`125 miles` -> `125`, `1,000.99m²` -> `1,000.99`; `5x` and `2\\pi` are left alone."""
+    m = _UNIT.match(s)
+    if m and not re.search(r"[a-zA-Z\\]", m.group(1)):
+        return m.group(1).strip()
+    return s
+
+
+# ---------------------------------------------------------------- LaTeX -> sympy source
+
+FUNCTIONS = {
+    "sin": "sin", "cos": "cos", "tan": "tan", "cot": "cot", "sec": "sec", "csc": "csc",
+    "arcsin": "asin", "arccos": "acos", "arctan": "atan", "sinh": "sinh", "cosh": "cosh",
+    "tanh": "tanh", "ln": "log", "log": "log", "exp": "exp", "lg": "log10",
+}  # fmt: skip
+GREEK = {
+    "alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "zeta", "eta", "theta",
+    "vartheta", "iota", "kappa", "lambda", "mu", "nu", "xi", "rho", "sigma", "tau",
+    "upsilon", "phi", "varphi", "chi", "psi", "omega", "Gamma", "Delta", "Theta", "Lambda",
+    "Xi", "Sigma", "Phi", "Psi", "Omega",
+}  # fmt: skip
+SAFE_NAMES = {
+    "sqrt", "root", "Abs", "factorial", "binomial", "pi", "oo", "E", "I", "log10",
+    "floor", "ceiling", *FUNCTIONS.values(),
+}  # fmt: skip
+_OPERATORS = {"cdot": "*", "times": "*", "div": "/", "ast": "*", "pi": " pi ", "infty": " oo "}
+
+
+class _Converter:
+    def __init__(self, text: str):
+        self.s = text
+        self.i = 0
+
+    def arg(self) -> str:
+        """One macro argument: a {group}, a \\command or a single character."""
+        s = self.s
+        while self.i < len(s) and s[self.i] == " ":
+            self.i += 1
+        if self.i >= len(s):
+            raise LatexError("missing argument")
+        c = s[self.i]
+        if c == "{":
+            close = match_brace(s, self.i)
+            if close < 0:
+                raise LatexError("unbalanced brace")
+            inner = s[self.i + 1 : close]
+            self.i = close + 1
+            return convert(inner)
+        if c == "\\":
+            m = re.match(r"\\([a-zA-Z]+)", s[self.i :])
+            if m is None:
+                raise LatexError("bad command")
+            self.i += m.end()
+            return convert(m.group(0))
+        self.i += 1
+        return convert(c)
+
+    def function_argument(self) -> str:
+        s = self.s
+        while self.i < len(s) and s[self.i] == " ":
+            self.i += 1
+        if self.i < len(s) and s[self.i] == "(":
+            depth, j = 0, self.i
+            while j < len(s):
+                depth += {"(": 1, ")": -1}.get(s[j], 0)
+                if depth == 0:
+                    break
+                j += 1
+            inner, self.i = s[self.i + 1 : j], j + 1
+            return convert(inner)
+        m = re.match(r"\s*(\\?[a-zA-Z]+|\d+(?:\.\d+)?|\{)", s[self.i :])
+        if m is None:
+            raise LatexError("function without argument")
+        if m.group(1) == "{":
+            return self.arg()
+        token = m.group(1)
+        self.i += m.end()
+        return convert(token)
+
+    def run(self) -> str:
+        out: list[str] = []
+        s = self.s
+        abs_open = False
+        while self.i < len(s):
+            c = s[self.i]
+            if c == "\\":
+                m = re.match(r"\\([a-zA-Z]+)", s[self.i :])
+                if m is None:
+                    if s.startswith("\\{", self.i) or s.startswith("\\}", self.i):
+                        raise LatexError("set braces inside an expression")
+                    raise LatexError(f"bad escape at {self.i}")
+                self.i += m.end()
+                out.append(self.command(m.group(1)))
+            elif c == "{":
+                out.append("(" + self.arg() + ")")
+            elif c == "^":
+                self.i += 1
+                out.append("**(" + self.arg() + ")")
+            elif c == "_":
+                self.i += 1
+                sub = re.sub(r"\W", "", self.arg())
+                if not out or not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", out[-1].strip()) or not sub:
+                    raise LatexError("subscript without a name")
+                out[-1] = f"{out[-1].strip()}_{sub}"
+            elif c == "|":
+                self.i += 1
+                out.append(")" if abs_open else " Abs(")
+                abs_open = not abs_open
+            elif c in "[]":
+                self.i += 1
+                out.append("(" if c == "[" else ")")
+            else:
+                self.i += 1
+                out.append(c)
+        if abs_open:
+            raise LatexError("unbalanced |")
+        return "".join(out)
+
+    def command(self, name: str) -> str:
+        if name == "frac":
+            num, den = self.arg(), self.arg()
+            return f"(({num})/({den}))"
+        if name == "binom":
+            n, k = self.arg(), self.arg()
+            return f"binomial({n},{k})"
+        if name == "sqrt":
+            index = None
+            if self.s.startswith("[", self.i):
+                close = self.s.find("]", self.i)
+                if close < 0:
+                    raise LatexError("unbalanced [")
+                index, self.i = convert(self.s[self.i + 1 : close]), close + 1
+            body = self.function_argument() if self.s.startswith("(", self.i) else self.arg()
+            return f"sqrt({body})" if index is None else f"root({body},{index})"
+        if name in FUNCTIONS:
+            power = ""
+            if self.s.startswith("^", self.i):
+                self.i += 1
+                power = self.arg()
+            base = None
+            if name == "log" and self.s.startswith("_", self.i):
+                self.i += 1
+                base = self.arg()
+            argument = self.function_argument()
+            call = f"{FUNCTIONS[name]}({argument})" if base is None else f"log({argument},{base})"
+            return f"({call}**({power}))" if power else call
+        if name in _OPERATORS:
+            return _OPERATORS[name]
+        if name in GREEK:
+            return f" {name} "
+        if name in ("mathrm", "text", "operatorname"):  # already unwrapped by normalize
+            return self.arg()
+        raise LatexError(f"unsupported command \\{name}")
+
+
+def convert(text: str) -> str:
+    """Raw conversion of a LaTeX expression to sympy syntax (not yet validated)."""
+    return _Converter(text).run()
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ALLOWED_CHARS = re.compile(r"^[A-Za-z0-9_+\-*/().,!\s]*$")
+
+
+def to_sympy_source(expr: str) -> str:
+    """Convert a normalised LaTeX/plain expression to sympy source, or raise `LatexError`.
+
+    Multi-letter words that are not known functions are split into letters (`abc` -> `a*b*c`,
+    math-verify's convention); single letters, `x_1`-style names and Greek names stay symbols.
+    """
+    src = convert(expr.replace("×", "*").replace("÷", "/").replace("−", "-").replace("·", "*"))
+    if not _ALLOWED_CHARS.match(src) or "__" in src:
+        raise LatexError(f"unexpected characters in {expr!r}")
+
+    def check(m: re.Match[str]) -> str:
+        name = m.group(0)
+        if name in SAFE_NAMES or name in GREEK or re.fullmatch(r"[A-Za-z](?:_[A-Za-z0-9]+)?", name):
+            return name
+        if re.fullmatch(r"[A-Za-z]+", name) and len(name) <= 4:
+            return "*".join(name)
+        raise LatexError(f"unknown word {name!r}")
+
+    src = _IDENT.sub(check, src)
+    if "." in re.sub(r"\d\.\d*|\.\d+|\d\.", "", src):
+        raise LatexError("attribute access in an expression")
+    return src
