@@ -1,0 +1,203 @@
+"""Build and verify proofs: the reference 0.1.x API, vectorised over all chunks.
+
+    build_proofs(activations, decode_batching_size=32, topk=128, skip_prefill=False) -> list[ProofPoly]
+    verify_proofs(activations, proofs, decode_batching_size=32, topk=128, skip_prefill=False)
+        -> list[VerificationResult]
+
+plus ``*_bytes`` and ``*_base64`` variants. Per chunk (see ``chunking``): select the
+top-k by (|value| desc, index asc), find the injective modulus m, interpolate
+f(idx mod m) = bf16 bits over GF(65497). Verification re-selects the verifier's
+top-k, evaluates f there and compares sign, exponent and mantissa.
+
+All chunks of equal size are processed in one batched call; there is no per-chunk
+Python loop. Nothing here changes global state (thread counts, OpenMP).
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+
+from toploc.chunking import Activations, ChunkGroup, num_chunks, split_chunks
+from toploc.errors import ProofFormatError
+from toploc.field import evaluate, find_injective_moduli, interpolate
+from toploc.results import VerificationResult
+from toploc.selection import check_finite, select_topk
+from toploc.wire import ProofPoly, decode_proofs, encode_proofs, strict_b64decode
+
+DEFAULT_DECODE_BATCHING_SIZE = 32
+DEFAULT_TOPK = 128
+
+
+def _select_all(groups: list[ChunkGroup], topk: int, method: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """Top-k of every chunk: ``(indices [C, k] int64, uint16 patterns [C, k] int64)`` on the host."""
+    indices, values = [], []
+    for group in groups:  # at most 3 groups: prefill, full decode chunks, short tail
+        check_finite(group.bits & 0x7FFF, "activations")
+        idx, val = select_topk(group.bits, topk, method=method)
+        indices.append(idx.cpu().numpy())
+        values.append(val.cpu().numpy().view(np.uint16).astype(np.int64))
+    if not indices:
+        empty = np.zeros((0, topk), dtype=np.int64)
+        return empty, empty
+    return np.concatenate(indices), np.concatenate(values)
+
+
+def commit(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``([C] moduli, [C, k] coefficients)`` committing to ``values`` at flat ``indices``.
+
+    ``values`` are uint16 bf16 patterns of finite numbers (< 0xFF80 < P, so no aliasing).
+    """
+    if indices.shape[0] == 0:
+        return np.zeros(0, np.int64), np.zeros(indices.shape, np.int64)
+    moduli = find_injective_moduli(indices)
+    return moduli, interpolate(indices % moduli[:, None], values)
+
+
+def build_proofs_bytes(
+    activations: Activations,
+    decode_batching_size: int = DEFAULT_DECODE_BATCHING_SIZE,
+    topk: int = DEFAULT_TOPK,
+    skip_prefill: bool = False,
+) -> list[bytes]:
+    """One ``2 + 2·topk``-byte proof per chunk (258 B for topk = 128).
+
+    Raises:
+        ActivationError: non-float dtype, NaN/Inf, wrong rank, ragged list, or a chunk
+            with fewer than ``topk`` elements. Never returns null proofs (defect 5).
+    """
+    groups = split_chunks(activations, decode_batching_size, skip_prefill)
+    indices, values = _select_all(groups, topk)
+    moduli, coeffs = commit(indices, values)
+    return encode_proofs(moduli, coeffs)
+
+
+def build_proofs(
+    activations: Activations,
+    decode_batching_size: int = DEFAULT_DECODE_BATCHING_SIZE,
+    topk: int = DEFAULT_TOPK,
+    skip_prefill: bool = False,
+) -> list[ProofPoly]:
+    """Like ``build_proofs_bytes`` but returns ``ProofPoly`` objects."""
+    groups = split_chunks(activations, decode_batching_size, skip_prefill)
+    moduli, coeffs = commit(*_select_all(groups, topk))
+    return [ProofPoly(int(m), tuple(int(c) for c in row)) for m, row in zip(moduli, coeffs, strict=True)]
+
+
+def build_proofs_base64(
+    activations: Activations,
+    decode_batching_size: int = DEFAULT_DECODE_BATCHING_SIZE,
+    topk: int = DEFAULT_TOPK,
+    skip_prefill: bool = False,
+) -> list[str]:
+    """Like ``build_proofs_bytes``, each proof as standard padded base64 (344 chars for k = 128)."""
+    proofs = build_proofs_bytes(activations, decode_batching_size, topk, skip_prefill)
+    return [base64.b64encode(p).decode("ascii") for p in proofs]
+
+
+def compare(committed: np.ndarray, values: np.ndarray) -> list[VerificationResult]:
+    """Compare committed patterns ``u`` with the verifier's patterns ``v``, both ``[C, k]`` int64.
+
+    exponent = (p & 0x7F80) >> 7, mantissa = p & 0x7F, sign = p >> 15 (16-bit p).
+    Mantissa errors and sign mismatches count only where exponents match; the median
+    is the upper median (element ⌊n/2⌋ of the sorted errors).
+    """
+    num_chunks_, k = values.shape
+    exp_u, exp_v = (committed & 0x7F80) >> 7, (values & 0x7F80) >> 7
+    sign_u, sign_v = (committed >> 15) & 1, (values >> 15) & 1
+    matched = exp_u == exp_v
+    mant_err = np.abs((committed & 0x7F) - (values & 0x7F))
+    n_matched = matched.sum(axis=1)
+    exp_mismatches = k - n_matched
+    sums = np.where(matched, mant_err, 0).sum(axis=1)
+    ordered = np.sort(np.where(matched, mant_err, 1 << 20), axis=1)
+    median = ordered[np.arange(num_chunks_), np.minimum(n_matched // 2, k - 1)]
+    sign_mismatches = (matched & (sign_u != sign_v)).sum(axis=1)
+    agreement = ((sign_u == sign_v) & (np.abs(exp_u - exp_v) <= 1)).sum(axis=1)
+    results = []
+    for c in range(num_chunks_):  # builds the small result objects only
+        n = int(n_matched[c])
+        results.append(
+            VerificationResult(
+                exp_mismatches=int(exp_mismatches[c]),
+                mant_err_mean=float(sums[c]) / n if n else float("inf"),
+                mant_err_median=float(median[c]) if n else float("inf"),
+                sign_mismatches=int(sign_mismatches[c]),
+                index_agreement=int(agreement[c]),
+                topk=k,
+            )
+        )
+    return results
+
+
+def _verify_parsed(
+    activations: Activations,
+    moduli: np.ndarray,
+    coeffs: np.ndarray,
+    decode_batching_size: int,
+    topk: int,
+    skip_prefill: bool,
+) -> list[VerificationResult]:
+    groups = split_chunks(activations, decode_batching_size, skip_prefill)
+    expected = num_chunks(groups)
+    if expected != len(moduli):
+        raise ProofFormatError(
+            f"got {len(moduli)} proofs for activations that make {expected} chunks "
+            f"(decode_batching_size={decode_batching_size}, skip_prefill={skip_prefill})"
+        )
+    indices, values = _select_all(groups, topk)
+    if expected == 0:
+        return []
+    committed = evaluate(coeffs, indices % moduli[:, None])
+    return compare(committed, values)
+
+
+def verify_proofs_bytes(
+    activations: Activations,
+    proofs: list[bytes],
+    decode_batching_size: int = DEFAULT_DECODE_BATCHING_SIZE,
+    topk: int = DEFAULT_TOPK,
+    skip_prefill: bool = False,
+) -> list[VerificationResult]:
+    """One ``VerificationResult`` per proof; judge them with ``Thresholds().check``.
+
+    Raises:
+        ProofFormatError: a malformed proof, or a proof count different from the
+            number of chunks the activations make.
+        ActivationError: as for ``build_proofs_bytes``.
+    """
+    if not isinstance(proofs, list | tuple):
+        raise ProofFormatError(f"proofs must be a list of bytes, got {type(proofs).__name__}")
+    moduli, coeffs = decode_proofs(list(proofs), topk=topk)
+    return _verify_parsed(activations, moduli, coeffs, decode_batching_size, topk, skip_prefill)
+
+
+def verify_proofs(
+    activations: Activations,
+    proofs: list[ProofPoly],
+    decode_batching_size: int = DEFAULT_DECODE_BATCHING_SIZE,
+    topk: int = DEFAULT_TOPK,
+    skip_prefill: bool = False,
+) -> list[VerificationResult]:
+    """Like ``verify_proofs_bytes`` for ``ProofPoly`` objects (each must have ``topk`` coefficients)."""
+    for position, proof in enumerate(proofs):
+        if not isinstance(proof, ProofPoly) or len(proof.coeffs) != topk:
+            raise ProofFormatError(f"proof {position} is not a ProofPoly with {topk} coefficients")
+    moduli = np.array([p.modulus for p in proofs], dtype=np.int64)
+    coeffs = np.array([p.coeffs for p in proofs], dtype=np.int64).reshape(len(proofs), topk)
+    return _verify_parsed(activations, moduli, coeffs, decode_batching_size, topk, skip_prefill)
+
+
+def verify_proofs_base64(
+    activations: Activations,
+    proofs: list[str],
+    decode_batching_size: int = DEFAULT_DECODE_BATCHING_SIZE,
+    topk: int = DEFAULT_TOPK,
+    skip_prefill: bool = False,
+) -> list[VerificationResult]:
+    """Like ``verify_proofs_bytes`` for canonical padded base64 strings."""
+    if not isinstance(proofs, list | tuple):
+        raise ProofFormatError(f"proofs must be a list of base64 strings, got {type(proofs).__name__}")
+    raw = [strict_b64decode(p) for p in proofs]
+    return verify_proofs_bytes(activations, raw, decode_batching_size, topk, skip_prefill)
