@@ -10,14 +10,18 @@ from toploc.proofs import (
     verify_proofs_bytes,
 )
 from toploc.results import Thresholds, Verdict, VerificationResult
+from toploc.sampling import SamplingCheck, check_sampling, gumbel_noise, sample_tokens
+from toploc.streaming import ProofBuilder, split_proofs
 from toploc.wire import ProofPoly
 
 __version__ = "0.2.0"
 
 __all__ = [
     "ActivationError",
+    "ProofBuilder",
     "ProofFormatError",
     "ProofPoly",
+    "SamplingCheck",
     "Thresholds",
     "Verdict",
     "VerificationResult",
@@ -25,6 +29,10 @@ __all__ = [
     "build_proofs",
     "build_proofs_base64",
     "build_proofs_bytes",
+    "check_sampling",
+    "gumbel_noise",
+    "sample_tokens",
+    "split_proofs",
     "verify_proofs",
     "verify_proofs_base64",
     "verify_proofs_bytes",
