@@ -1,0 +1,248 @@
+"""Sandbox-side test runner (stdlib only; its source is passed to `python -I -S -c`).
+
+Reads one JSON job on stdin: {"program", "mode": "stdio"|"call", "fn_name", "inputs",
+"timeout_s", "memory_mb", "max_output", "nproc", "fsize_mb", "nofile", "uid", "kill_all",
+"unshare_net"}. For each input it forks a child that sets its own rlimits and new session,
+then runs the program; the runner enforces the wall deadline and output cap, kills the
+child's whole process tree, and prints one JSON line per test. Expected outputs never
+reach this process: the host compares.
+"""
+
+import ctypes
+import json
+import os
+import resource
+import select
+import signal
+import sys
+import time
+import traceback
+
+# Wakes the runner's select() when a test child exits (see run_one).
+_WAKE_R, _WAKE_W = os.pipe()
+os.set_blocking(_WAKE_W, False)
+os.set_blocking(_WAKE_R, False)
+signal.signal(signal.SIGCHLD, lambda *_: None)
+signal.set_wakeup_fd(_WAKE_W)
+
+
+def _prctl_not_dumpable():
+    # Other processes of the same uid cannot open /proc/<runner>/fd/* (no forged results).
+    try:
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except Exception:
+        pass
+
+
+def _unshare_net():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(0x40000000) == 0:  # CLONE_NEWNET (root)
+            return True
+        return libc.unshare(0x10000000 | 0x40000000) == 0  # with CLONE_NEWUSER (unprivileged)
+    except Exception:
+        return False
+
+
+def _child(job, index, scratch, in_fd, out_w, err_w, res_w):
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setsid()
+    limits = [
+        (resource.RLIMIT_CPU, int(job["timeout_s"]) + 1),
+        (resource.RLIMIT_FSIZE, job["fsize_mb"] * 1024 * 1024),
+        (resource.RLIMIT_NOFILE, job["nofile"]),
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_NPROC, job["nproc"]),
+    ]
+    if job["memory_mb"] > 0:
+        limits.append((resource.RLIMIT_AS, job["memory_mb"] * 1024 * 1024))
+    for which, value in limits:
+        try:
+            resource.setrlimit(which, (value, value))
+        except (ValueError, OSError):
+            pass
+    os.dup2(in_fd, 0)
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.dup2(res_w, 3)
+    os.closerange(4, 1 << 16)
+    os.chdir(scratch)
+    sys.stdin = open(0, "r", closefd=False)
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", closefd=False)
+    code = 0
+    try:
+        namespace = {"__name__": "__main__" if job["mode"] == "stdio" else "solution"}
+        exec(compile(job["program"], "<solution>", "exec"), namespace)
+        if job["mode"] == "call":
+            name = job["fn_name"]
+            fn = namespace.get(name)
+            if fn is None and "Solution" in namespace:
+                fn = getattr(namespace["Solution"](), name)
+            if fn is None:
+                raise NameError(f"function {name!r} not defined")
+            result = fn(*job["inputs"][index])
+            payload = json.dumps(result, default=repr)
+            os.write(3, payload.encode())
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except MemoryError:
+        sys.stderr.write("MemoryError\n")
+        code = 137
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        pass
+    os._exit(code)
+
+
+def _kill_tree(pid, kill_all):
+    if kill_all:  # alone in a PID namespace: everything but us and init goes
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _drain(fd, buffers, caps, err_r, open_fds):
+    """Read one chunk from fd into its buffer; True if the output cap was exceeded."""
+    chunk = os.read(fd, 65536)
+    if not chunk:
+        open_fds.discard(fd)
+        return False
+    buf = buffers[fd]
+    buf += chunk
+    if fd == err_r:
+        del buf[: max(0, len(buf) - caps[fd])]
+        return False
+    return len(buf) > caps[fd]
+
+
+def run_one(job, index, scratch):
+    stdin_path = os.path.join(scratch, ".stdin")
+    if job["mode"] == "stdio":
+        with open(stdin_path, "w") as f:
+            f.write(job["inputs"][index])
+        in_fd = os.open(stdin_path, os.O_RDONLY)
+        os.unlink(stdin_path)
+    else:
+        in_fd = os.open(os.devnull, os.O_RDONLY)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    res_r, res_w = os.pipe()
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        for fd in (out_r, err_r, res_r, _WAKE_R, _WAKE_W):
+            os.close(fd)
+        _child(job, index, scratch, in_fd, out_w, err_w, res_w)
+    for fd in (in_fd, out_w, err_w, res_w):
+        os.close(fd)
+    buffers = {out_r: bytearray(), err_r: bytearray(), res_r: bytearray()}
+    caps = {out_r: job["max_output"], err_r: 4096, res_r: job["max_output"]}
+    open_fds = set(buffers)
+    status = None
+    exit_code = None
+    deadline = start + job["timeout_s"]
+    # Done when the child has exited (its pipes may be held open by a background process
+    # it spawned; that one is killed below) or when the deadline passes.
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            status = "timeout"
+            break
+        ready, _, _ = select.select([*open_fds, _WAKE_R], [], [], remaining)
+        for fd in ready:
+            if fd == _WAKE_R:
+                try:
+                    os.read(_WAKE_R, 4096)
+                except BlockingIOError:
+                    pass
+                continue
+            if _drain(fd, buffers, caps, err_r, open_fds):
+                status = "output_limit"
+        if status == "output_limit":
+            break
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        if done:
+            exit_code = os.waitstatus_to_exitcode(raw)
+            for fd in list(open_fds):  # whatever is already in the pipes
+                os.set_blocking(fd, False)
+                while fd in open_fds:
+                    try:
+                        if _drain(fd, buffers, caps, err_r, open_fds):
+                            status = "output_limit"
+                            break
+                    except BlockingIOError:
+                        break
+            break
+    _kill_tree(pid, job["kill_all"])
+    if exit_code is None:
+        try:
+            _, raw = os.waitpid(pid, 0)
+            exit_code = os.waitstatus_to_exitcode(raw)
+        except ChildProcessError:
+            exit_code = -9
+    _reap()
+    for fd in buffers:
+        os.close(fd)
+    stderr_tail = buffers[err_r].decode("utf-8", "replace")
+    if status is None:
+        if exit_code == -signal.SIGXCPU or exit_code == -signal.SIGKILL:
+            status = "timeout" if exit_code == -signal.SIGXCPU else "killed"
+        elif exit_code == 137 or "MemoryError" in stderr_tail:
+            status = "memory"
+        elif exit_code != 0:
+            status = "runtime_error"
+        else:
+            status = "ok"
+    return {
+        "index": index,
+        "status": status,
+        "exit_code": exit_code,
+        "stdout": buffers[out_r][: job["max_output"]].decode("utf-8", "replace"),
+        "result": buffers[res_r].decode("utf-8", "replace") if job["mode"] == "call" else None,
+        "stderr_tail": stderr_tail[-1000:],
+        "wall_s": time.monotonic() - start,
+    }
+
+
+def main():
+    job = json.loads(sys.stdin.buffer.read())
+    os.close(0)
+    net_isolated = _unshare_net() if job.get("unshare_net") else None
+    scratch = job.get("scratch") or "/tmp"
+    uid = job.get("uid")
+    if uid is not None and os.getuid() == 0:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    _prctl_not_dumpable()
+    out = sys.stdout
+    out.write(json.dumps({"ready": True, "uid": os.getuid(), "net_isolated": net_isolated}) + "\n")
+    out.flush()
+    for index in range(len(job["inputs"])):
+        out.write(json.dumps(run_one(job, index, scratch)) + "\n")
+        out.flush()
+
+
+main()

@@ -1,0 +1,248 @@
+"""Launch the test runner in a sandbox: bubblewrap when available, else an rlimit fallback.
+
+bubblewrap mode ("bwrap"): new PID, network, IPC and UTS namespaces; the host filesystem
+is NOT visible except the system directories needed to run Python (`/usr`, `/lib*`, `/bin`,
+`/etc/ld.so.cache`, the interpreter's prefix), all read-only; `/tmp` is a private, empty
+tmpfs (the scratch directory); the sandbox dies with its parent. When the host runs as
+root the runner drops to a per-run unprivileged uid (so RLIMIT_NPROC is enforced and
+concurrent sandboxes cannot signal each other). After every test the runner kills every
+process in the namespace except itself, so nothing outlives a test.
+
+Fallback mode ("rlimit"): the same runner without bubblewrap: rlimits per test, a new
+session per test killed as a group, a private scratch directory, a network namespace via
+unshare(2) when the kernel allows it, and (as root, when the interpreter is readable by
+others) an unprivileged uid. Weaker: the
+filesystem is visible (read-only only where permissions say so) and a process that leaves
+its session can outlive its test until the runner exits.
+
+Both modes run each test in a fresh fork of one runner per program (low overhead) and
+never execute untrusted code in the caller's process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from verifiers.errors import SandboxError
+
+RUNNER_SOURCE = (Path(__file__).with_name("_runner.py")).read_text()
+SANDBOX_KINDS = ("bwrap", "rlimit")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-test resource limits (defaults in parentheses).
+
+    Attributes:
+        timeout_s: wall-clock limit per test (5 s, INTELLECT-2's per-test value); CPU limit
+            is ceil(timeout_s) + 1 s.
+        memory_mb: address-space limit (512 MiB); 0 disables it.
+        max_output: bytes of stdout kept per test before it is killed (1 MiB).
+        nproc: processes/threads of the sandbox uid (64).
+        fsize_mb: largest file a test may write (16 MiB).
+        nofile: open file descriptors (64).
+    """
+
+    timeout_s: float = 5.0
+    memory_mb: int = 512
+    max_output: int = 1 << 20
+    nproc: int = 64
+    fsize_mb: int = 16
+    nofile: int = 64
+
+
+@cache
+def _python_in_sandbox() -> tuple[str, list[str]]:
+    """(path of the interpreter inside the sandbox, extra bwrap bind args)."""
+    real = os.path.realpath(sys.executable)
+    prefix = os.path.realpath(sys.base_prefix)
+    if real.startswith("/usr/"):
+        return real, []
+    if real.startswith(prefix + "/"):
+        return "/python" + real[len(prefix) :], ["--ro-bind", prefix, "/python"]
+    return real, ["--ro-bind", os.path.dirname(os.path.dirname(real)), os.path.dirname(os.path.dirname(real))]
+
+
+def _system_binds() -> list[str]:
+    args: list[str] = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64"):
+        path = f"/{name}"
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/alternatives"):
+        args += ["--ro-bind-try", path, path]
+    return args
+
+
+@cache
+def bwrap_available() -> bool:
+    """True iff `bwrap` exists and can start a sandbox with our flags on this machine."""
+    if shutil.which("bwrap") is None:
+        return False
+    try:
+        probe = subprocess.run(
+            [*_bwrap_command(), "-c", "print('ok')"], capture_output=True, timeout=30, text=True
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0 and probe.stdout.strip() == "ok"
+
+
+def _bwrap_command() -> list[str]:
+    python, binds = _python_in_sandbox()
+    root = os.getuid() == 0
+    args = ["bwrap", "--die-with-parent", "--new-session"]
+    if root:  # no user namespace: stay real root just long enough to drop to a random uid
+        args += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        args += ["--unshare-all"]
+    args += [*_system_binds(), *binds, "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+    args += ["--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp"]
+    args += ["--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1", python, "-I", "-S"]
+    return args
+
+
+@cache
+def _world_readable_python() -> bool:
+    path = os.path.realpath(sys.base_prefix)
+    while path != "/":
+        if not os.stat(path).st_mode & 0o001:
+            return False
+        path = os.path.dirname(path)
+    return True
+
+
+def default_sandbox() -> str:
+    """"bwrap" if usable here, else "rlimit"."""
+    return "bwrap" if bwrap_available() else "rlimit"
+
+
+@dataclass(frozen=True)
+class RawRun:
+    """What the runner reported: one dict per test that finished, plus how the run ended."""
+
+    tests: list[dict]
+    sandbox: str
+    runner_error: str | None
+
+
+def run_in_sandbox(
+    program: str,
+    mode: str,
+    inputs: list,
+    *,
+    fn_name: str | None = None,
+    limits: Limits = Limits(),
+    sandbox: str | None = None,
+) -> RawRun:
+    """Run `program` once per input inside the sandbox; expected outputs are not passed in."""
+    kind = sandbox or default_sandbox()
+    if kind not in SANDBOX_KINDS:
+        raise ValueError(f"sandbox must be one of {SANDBOX_KINDS}, got {kind!r}")
+    if kind == "bwrap" and not bwrap_available():
+        raise SandboxError("bubblewrap requested but `bwrap` is missing or cannot create namespaces here")
+    # As root, run tests under a fresh unprivileged uid (RLIMIT_NPROC is not enforced for
+    # root). The fallback can only do so if that uid can still read the interpreter.
+    droppable = kind == "bwrap" or _world_readable_python()
+    uid = random.randint(200_000, 260_000) if os.getuid() == 0 and droppable else None
+    scratch_dir = None
+    job = {
+        "program": program,
+        "mode": mode,
+        "fn_name": fn_name,
+        "inputs": inputs,
+        "timeout_s": limits.timeout_s,
+        "memory_mb": limits.memory_mb,
+        "max_output": limits.max_output,
+        "nproc": limits.nproc,
+        "fsize_mb": limits.fsize_mb,
+        "nofile": limits.nofile,
+        "uid": uid,
+        "kill_all": kind == "bwrap",
+        "unshare_net": kind == "rlimit",
+    }
+    if kind == "bwrap":
+        command = [*_bwrap_command(), "-c", RUNNER_SOURCE]
+    else:
+        scratch_dir = tempfile.mkdtemp(prefix="verifiers-scratch-")
+        os.chmod(scratch_dir, 0o700)
+        if uid is not None:
+            os.chown(scratch_dir, uid, uid)
+        job["scratch"] = scratch_dir
+        command = [sys.executable, "-I", "-S", "-c", RUNNER_SOURCE]
+    try:
+        return _drive(command, job, kind, len(inputs), limits)
+    finally:
+        if scratch_dir is not None:
+            shutil.rmtree(scratch_dir, ignore_errors=True)
+
+
+def _drive(command: list[str], job: dict, kind: str, n_tests: int, limits: Limits) -> RawRun:
+    deadline = time.monotonic() + 30.0 + n_tests * (limits.timeout_s + 1.0)
+    proc = subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        cwd=job.get("scratch") or "/",
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    tests: list[dict] = []
+    error = None
+    try:
+        try:
+            proc.stdin.write(json.dumps(job).encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        buffer = b""
+        fd = proc.stdout.fileno()
+        ready_seen = False
+        while len(tests) < n_tests:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                error = "sandbox exceeded its overall deadline"
+                break
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                error = "runner exited early (killed by the program?)"
+                break
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                message = json.loads(line)
+                if not ready_seen:
+                    ready_seen = True
+                    continue
+                tests.append(message)
+    finally:
+        try:
+            os.killpg(proc.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+        stderr = proc.stderr.read(4096) if error else b""
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
+    if error and not ready_seen:
+        error = f"sandbox failed to start: {stderr.decode('utf-8', 'replace').strip()[:500]}"
+    return RawRun(tests, kind, error)
