@@ -195,7 +195,7 @@ def parse_version_name(name: str | int) -> int:
     if isinstance(name, int):
         number = name
     else:
-        match = _VERSION_NAME.match(name) if isinstance(name, str) else None
+        match = _VERSION_NAME.fullmatch(name) if isinstance(name, str) else None
         if match is None:
             raise ManifestError(f"invalid version name {name!r}: expected 'v<N>' with N a positive integer")
         number = int(match.group(1))
@@ -206,7 +206,7 @@ def parse_version_name(name: str | int) -> int:
 
 def validate_file_name(name: object) -> str:
     """A plain base name (letters, digits, ``._+-``; no separators, not hidden, <= 255 chars)."""
-    if not isinstance(name, str) or not _FILE_NAME.match(name) or name in {".", ".."}:
+    if not isinstance(name, str) or not _FILE_NAME.fullmatch(name) or name in {".", ".."}:
         raise ManifestError(f"invalid file_name {name!r}: must be a plain file name without path components")
     return name
 
@@ -222,7 +222,7 @@ def _int(obj: dict[str, Any], key: str, low: int, high: int, where: str) -> int:
 
 def _hex(obj: dict[str, Any], key: str, where: str) -> str:
     value = obj.get(key)
-    if not isinstance(value, str) or not _HEX64.match(value):
+    if not isinstance(value, str) or not _HEX64.fullmatch(value):
         raise ManifestError(f"{where}: {key!r} must be 64 lowercase hex characters")
     return value
 

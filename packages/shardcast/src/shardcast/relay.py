@@ -67,6 +67,7 @@ class Relay:
         poll_interval_s: upstream polling period (default 2 s; the reference used 30 s).
         keep / grace_s: retention, as on the origin.
         concurrency / per_server_connections: download parallelism.
+        rate_limit_bps: optional per-response serving rate limit.
         deadline_s: give up on one version after this long (it is retried at the next poll,
             resuming what was already verified).
     """
@@ -88,12 +89,13 @@ class Relay:
         per_server_connections: int = 4,
         deadline_s: float = 3600.0,
         max_shards: int = MAX_SHARDS,
+        rate_limit_bps: float | None = None,
     ) -> None:
         if not upstreams:
             raise ValueError("Relay needs at least one upstream URL")
         self.upstreams = list(dict.fromkeys(normalise_url(u) for u in upstreams))
         self.data_dir = DataDir(data_dir)
-        self.server = HttpServer(self.data_dir, host=host, port=port, token=token)
+        self.server = HttpServer(self.data_dir, host=host, port=port, token=token, rate_limit_bps=rate_limit_bps)
         self.upstream_token = upstream_token
         self.verify_key = verify_key
         self.poll_interval_s = poll_interval_s

@@ -50,7 +50,7 @@ def make_app(
 
     async def serve(request: web.Request) -> web.StreamResponse:
         rel = request.match_info["tail"]
-        if not SERVED_PATH.match(rel):
+        if not SERVED_PATH.fullmatch(rel):
             raise web.HTTPNotFound()
         path = root / rel
         try:

@@ -152,15 +152,15 @@ def load_key(spec: str) -> HmacKey | Ed25519PublicKey | Ed25519PrivateKey:
     if kind == "hmac-file":
         with open(value, "rb") as handle:
             return HmacKey(handle.read().strip())
+    if kind not in ("ed25519-public", "ed25519-private"):
+        raise ValueError(
+            f"unknown key spec {kind[:20]!r}: use hmac:<secret>, hmac-file:<path>, "
+            "ed25519-public:<hex>, ed25519-private:<hex>"
+        )
     try:
         raw = bytes.fromhex(value)
     except ValueError:
-        raise ValueError(f"key spec {kind!r} needs 64 hex characters") from None
-    if kind == "ed25519-public" and len(raw) == 32:
-        return Ed25519PublicKey(raw)
-    if kind == "ed25519-private" and len(raw) == 32:
-        return Ed25519PrivateKey(raw)
-    raise ValueError(
-        f"unknown key spec {spec[:20]!r}...: use hmac:<secret>, hmac-file:<path>, "
-        "ed25519-public:<hex>, ed25519-private:<hex>"
-    )
+        raw = b""
+    if len(raw) != 32:
+        raise ValueError(f"key spec {kind!r} needs 64 hex characters (32 bytes)")
+    return Ed25519PublicKey(raw) if kind == "ed25519-public" else Ed25519PrivateKey(raw)
