@@ -335,7 +335,9 @@ class ClaimResponse(ApiModel):
     min_policy_version: NonNegInt
     samples: list[TrainSample] = Field(description="Whole groups, oldest first; empty unless ready.")
     reason: str = Field(description="Why not ready ('' when ready).")
-    available_samples: int = Field(description="Accepted, unclaimed, fresh, informative samples.")
+    available_samples: int = Field(
+        description="Not ready: accepted, unclaimed, fresh, informative samples; ready: len(samples)."
+    )
     pending_batches: int = Field(description="Batches still awaiting validation.")
     pending_samples: int = Field(description="Samples still awaiting validation.")
     stale_samples: int = Field(description="Accepted samples too old to train on (never used).")

@@ -1,0 +1,300 @@
+"""The orchestrator over real HTTP: assignment, durability, accounting, claims, hostile input."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from prime_rl.assignment import sampling_seeds, task_ids
+from prime_rl.client import ClientRequestError, OrchestratorClient
+from prime_rl.protocol import RolloutBatch, Verdict, VerdictRequest
+
+
+def _verdict_all(
+    client: OrchestratorClient, batch_id: str, n: int, *, accept: bool = True, adv: Any = None
+) -> None:
+    verdicts = [
+        Verdict(
+            sample_index=i,
+            accepted=accept,
+            reason="ok" if accept else "toploc_mismatch",
+            reward=float(i % 2 == 0),
+            advantage=(adv[i] if adv is not None else (1.0 if i % 2 == 0 else -1.0)),
+        )
+        for i in range(n)
+    ]
+    client.post_verdicts(VerdictRequest(batch_id=batch_id, verdicts=verdicts))
+
+
+def test_lease_is_the_documented_pure_function(client: OrchestratorClient, server: Any) -> None:
+    reg = client.register("honest")
+    lease = client.get_tasks(reg.worker_id)
+    assert lease.step == 0 and lease.batch_index == 0 and lease.reassigned_from is None
+    expected = task_ids(
+        run_seed=0, worker_id=reg.worker_id, step=0, batch_index=0, num_tasks=50, prompts_per_batch=2
+    )
+    assert [t.task_id for t in lease.tasks] == list(expected)
+    for task in lease.tasks:
+        assert task.prompt == server.ledger.tasks.prompt(task.task_id)
+        assert tuple(task.sampling_seeds) == sampling_seeds(
+            run_seed=0, worker_id=reg.worker_id, step=0, batch_index=0, task_id=task.task_id, group_size=2
+        )
+    # Asking for the same live lease again is idempotent; the next one has the next index.
+    assert client.get_tasks(reg.worker_id, batch_index=0) == lease
+    assert client.get_tasks(reg.worker_id).batch_index == 1
+    with pytest.raises(ClientRequestError) as error:
+        client.get_tasks(reg.worker_id, step=5)
+    assert error.value.status == 409
+
+
+def test_submit_is_idempotent_and_conflicting_resubmission_is_refused(
+    client: OrchestratorClient, batch_for: Any
+) -> None:
+    reg = client.register()
+    lease = client.get_tasks(reg.worker_id)
+    batch = batch_for(lease)
+    first = client.submit_rollouts(batch)
+    assert first.batch_id == f"{reg.worker_id}-s0-b0" and not first.duplicate and first.num_samples == 4
+    assert client.submit_rollouts(batch).duplicate
+    changed = batch.model_copy(update={"policy_version": 1})
+    with pytest.raises(ClientRequestError) as error:
+        client.submit_rollouts(changed)
+    assert error.value.status == 409
+    pending = client.pending()
+    assert pending.pending_batches == 1
+    stored = pending.batches[0]
+    assert stored.samples == list(batch.samples)  # exactly what was submitted, floats and proofs included
+    assert stored.lease is not None and stored.lease.task_ids == [t.task_id for t in lease.tasks]
+
+
+def test_auth_ban_and_accounting(client: OrchestratorClient, server: Any, batch_for: Any) -> None:
+    good = client.register("good")
+    good_token = client.worker_token
+    bad = client.register("bad")
+    bad_token = client.worker_token
+    client.worker_token = good_token
+    lease = client.get_tasks(good.worker_id)
+    # Another worker's token cannot submit for `good`.
+    client.worker_token = bad_token
+    with pytest.raises(ClientRequestError) as error:
+        client.submit_rollouts(batch_for(lease))
+    assert error.value.status == 401
+    client.worker_token = good_token
+    answer = client.submit_rollouts(batch_for(lease))
+    _verdict_all(client, answer.batch_id, 4)
+    client.worker_token = bad_token
+    bad_lease = client.get_tasks(bad.worker_id)
+    bad_answer = client.submit_rollouts(batch_for(bad_lease))
+    _verdict_all(client, bad_answer.batch_id, 4, accept=False)
+    client.ban(bad.worker_id, "failure rate 1.0 over 4 samples")
+    with pytest.raises(ClientRequestError) as error:
+        client.get_tasks(bad.worker_id)
+    assert error.value.status == 403 and error.value.error == "banned"
+    stats = {w.worker_id: w for w in client.workers().workers}
+    assert stats[good.worker_id].samples_accepted == 4 and stats[good.worker_id].samples_rejected == 0
+    assert stats[bad.worker_id].samples_rejected == 4
+    assert stats[bad.worker_id].rejected_reasons == {"toploc_mismatch": 4}
+    assert stats[bad.worker_id].banned and "failure rate" in stats[bad.worker_id].ban_reason
+
+
+def test_admin_token_protects_trusted_endpoints(server_factory: Any) -> None:
+    server = server_factory("--orchestrator.admin_token", "s3cret")
+    with OrchestratorClient(server.url, retries=0) as anonymous:
+        with pytest.raises(ClientRequestError) as error:
+            anonymous.claim(0, 1)
+        assert error.value.status == 401
+    with OrchestratorClient(server.url, retries=0, admin_token="s3cret") as admin:
+        assert not admin.claim(0, 1).ready
+
+
+def test_claims_are_exactly_once_versioned_and_survive_restart(
+    server_factory: Any, batch_for: Any, tmp_path: Any
+) -> None:
+    server = server_factory()
+    client = OrchestratorClient(server.url, retries=0)
+    reg = client.register()
+    answers = []
+    for version, advantages in ((0, None), (0, [0.0, 0.0, 0.0, 0.0]), (0, None)):
+        lease = client.get_tasks(reg.worker_id)
+        answers.append(client.submit_rollouts(batch_for(lease, version)))
+        if advantages is None:
+            _verdict_all(client, answers[-1].batch_id, 4)
+        else:
+            _verdict_all(client, answers[-1].batch_id, 4, adv=advantages)
+    waiting = client.claim(0, 100)
+    assert not waiting.ready and "need 100" in waiting.reason and waiting.zero_advantage_samples == 4
+    claim0 = client.claim(0, 5)
+    assert claim0.ready and len(claim0.samples) == 6  # whole groups of 2 until >= 5
+    assert claim0.zero_advantage_samples == 4
+    assert all(s.advantage != 0 for s in claim0.samples)
+    assert (
+        client.claim(0, 5).samples == claim0.samples
+    )  # a retry (or a restarted trainer) gets the same samples
+    with pytest.raises(ClientRequestError):
+        client.claim(1, 1)  # step 1 does not exist before step 0 is committed
+    assert client.commit(0, 1).step == 1
+    assert client.commit(0, 1).step == 1  # idempotent replay
+    assert client.status().policy_version == 1
+    # Step 1 (async_level 1 -> min version 0): one informative group of batch 3 is left.
+    assert client.claim(1, 3).available_samples == 2
+    # A version-1 batch for step 1, then restart the orchestrator and check nothing was lost.
+    lease = client.get_tasks(reg.worker_id)
+    stored = client.submit_rollouts(batch_for(lease, 1))
+    server.stop()
+    restarted = server_factory()
+    client = OrchestratorClient(restarted.url, retries=0, worker_token=client.worker_token)
+    assert client.status().step == 1
+    assert [b.batch_id for b in client.pending().batches] == [stored.batch_id]
+    assert client.claim(0, 5).samples == claim0.samples
+    _verdict_all(client, stored.batch_id, 4)
+    claim1 = client.claim(1, 6)
+    assert claim1.ready and len(claim1.samples) == 6
+    assert {s.batch_id for s in claim1.samples} == {answers[2].batch_id, stored.batch_id}
+    assert not {s.sample_id for s in claim1.samples} & {s.sample_id for s in claim0.samples}
+    assert client.commit(1, 2).step == 2
+    # Step 2 with async_level 1 needs version >= 1: accepted version-0 samples are stale, never claimed
+    # (the new batch and the all-zero-advantage batch of step 0).
+    lease = client.get_tasks(reg.worker_id)
+    old = client.submit_rollouts(batch_for(lease, 0))
+    _verdict_all(client, old.batch_id, 4)
+    late = client.claim(2, 1)
+    assert not late.ready and late.stale_samples == 8 and late.min_policy_version == 1
+
+
+def test_expired_lease_is_reassigned_to_another_worker(server_factory: Any, batch_for: Any) -> None:
+    server = server_factory("--orchestrator.task_timeout_s", "0.3")
+    dead = OrchestratorClient(server.url, retries=0)
+    live = OrchestratorClient(server.url, retries=0)
+    dead_reg = dead.register("dies")
+    abandoned = dead.get_tasks(dead_reg.worker_id)
+    live_reg = live.register("lives")
+    time.sleep(0.8)  # let the lease deadline pass (the expiry loop ticks every 75 ms here)
+    lease = live.get_tasks(live_reg.worker_id)
+    assert lease.reassigned_from is not None
+    assert lease.reassigned_from.worker_id == dead_reg.worker_id
+    assert [t.task_id for t in lease.tasks] == [t.task_id for t in abandoned.tasks]
+    stored = live.submit_rollouts(batch_for(lease))
+    record = live.pending().batches[0].lease
+    assert record is not None and record.source_worker_id == dead_reg.worker_id
+    assert stored.batch_id.startswith(live_reg.worker_id)
+    # The next lease is a fresh assignment again.
+    assert live.get_tasks(live_reg.worker_id).reassigned_from is None
+    stats = {w.worker_id: w for w in live.workers().workers}
+    assert stats[dead_reg.worker_id].leases_expired == 1
+
+
+def test_oversized_and_structurally_invalid_batches_get_4xx(server_factory: Any, batch_for: Any) -> None:
+    server = server_factory(
+        "--orchestrator.max_request_bytes", "4096", "--orchestrator.max_samples_per_batch", "3"
+    )
+    client = OrchestratorClient(server.url, retries=0)
+    reg = client.register()
+    lease = client.get_tasks(reg.worker_id)
+    batch = batch_for(lease)
+    with pytest.raises(ClientRequestError) as error:
+        client.submit_rollouts(batch)  # 4 samples > 3
+    assert error.value.status == 413
+    big = batch.model_copy(
+        update={"samples": [batch.samples[0].model_copy(update={"prompt_tokens": [1] * 3000})]}
+    )
+    with pytest.raises(ClientRequestError) as error:
+        client.submit_rollouts(big)
+    assert error.value.status == 413
+    headers = {"Authorization": f"Bearer {client.worker_token}", "Content-Type": "application/json"}
+    payload = json.loads(batch.model_dump_json())
+    payload["samples"] = payload["samples"][:1]
+    for mutate, code in [
+        (lambda p: p["samples"][0].update(proofs="not base64!"), 400),
+        (lambda p: p["samples"][0].update(inference_logprobs=[0.0]), 400),
+        (lambda p: p["samples"][0].update(group_index=7), 400),
+        (lambda p: p["samples"][0].update(task_id="3"), 400),
+        (lambda p: p.update(step=True), 400),
+        (lambda p: p.update(extra=1), 400),
+    ]:
+        body = json.loads(json.dumps(payload))
+        mutate(body)
+        answer = requests.post(server.url + "/rollouts", data=json.dumps(body), headers=headers, timeout=10)
+        assert answer.status_code == code, answer.text
+        assert set(answer.json()) == {"error", "message"}
+    nan = json.dumps(payload, separators=(",", ":")).replace('"reward":1.0', '"reward":NaN')
+    assert '"reward":NaN' in nan
+    assert requests.post(server.url + "/rollouts", data=nan, headers=headers, timeout=10).status_code == 400
+    stats = client.workers().workers[0]
+    assert stats.malformed_requests >= 8 and stats.batches_submitted == 0
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+_POSTS = [
+    "/rollouts",
+    "/workers/register",
+    "/workers/ban",
+    "/validator/verdicts",
+    "/trainer/claim",
+    "/trainer/commit",
+]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(_POSTS), body=_json_values | st.binary(max_size=200).map(lambda b: b"RAW" + b))
+def test_garbage_never_crashes_the_server(server: Any, path: str, body: Any) -> None:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    answer = requests.post(server.url + path, data=data, timeout=10)
+    if path == "/workers/register" and answer.status_code == 200:
+        return  # {} or {"name": "..."} is a valid registration
+    assert 400 <= answer.status_code < 500, answer.text
+    assert set(answer.json()) == {"error", "message"}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    query=st.dictionaries(
+        st.sampled_from(["worker_id", "step", "batch_index", "limit"]), st.text(max_size=30)
+    )
+)
+def test_garbage_queries_never_crash_the_server(server: Any, query: dict[str, str]) -> None:
+    for path in ("/tasks", "/validator/pending", "/status", "/nope"):
+        answer = requests.get(server.url + path, params=query, timeout=10)
+        assert answer.status_code < 500, answer.text
+    assert requests.get(server.url + "/health", timeout=10).json() == {"ok": True}
+
+
+def test_verdicts_must_cover_every_sample_once(client: OrchestratorClient, batch_for: Any) -> None:
+    reg = client.register()
+    answer = client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id)))
+    partial = [Verdict(sample_index=0, accepted=True, reason="ok", reward=1.0, advantage=1.0)]
+    with pytest.raises(ClientRequestError) as error:
+        client.post_verdicts(VerdictRequest(batch_id=answer.batch_id, verdicts=partial * 4))
+    assert error.value.status == 400
+    with pytest.raises(ClientRequestError) as error:
+        client.post_verdicts(VerdictRequest(batch_id="w9999-s0-b0", verdicts=partial))
+    assert error.value.status == 404
+    _verdict_all(client, answer.batch_id, 4)
+    _verdict_all(client, answer.batch_id, 4)  # identical repeat is fine
+    with pytest.raises(ClientRequestError) as error:
+        _verdict_all(client, answer.batch_id, 4, accept=False)
+    assert error.value.status == 409
+
+
+def test_unleased_batch_is_stored_without_lease(client: OrchestratorClient, batch_for: Any) -> None:
+    reg = client.register()
+    lease = client.get_tasks(reg.worker_id)
+    forged = batch_for(lease).model_copy(update={"batch_index": 2})
+    client.submit_rollouts(forged)
+    assert client.pending().batches[0].lease is None  # the validator rejects it as not assigned
+    far = batch_for(lease).model_copy(update={"batch_index": 50})
+    with pytest.raises(ClientRequestError) as error:
+        client.submit_rollouts(far)
+    assert error.value.status == 409
+    assert isinstance(forged, RolloutBatch)
