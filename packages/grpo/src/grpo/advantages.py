@@ -53,11 +53,12 @@ def group_zscore(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> t
     if group_size == 1:
         return torch.zeros_like(grouped).view(-1)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
-    # All-equal groups: force an exact 0 (mean() of identical floats can be off by an ulp).
-    equal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
-    centred = torch.where(equal, torch.zeros_like(centred), centred)
     std = grouped.std(dim=1, keepdim=True, correction=1)
-    return (centred / (std + eps)).view(-1)
+    # All-equal groups: an exact 0 (mean() of identical floats can be off by an ulp, and
+    # with eps = 0 the quotient would be 0/0).
+    equal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
+    zscore = centred / torch.where(equal, torch.ones_like(std), std + eps)
+    return torch.where(equal, torch.zeros_like(zscore), zscore).view(-1)
 
 
 def group_center(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

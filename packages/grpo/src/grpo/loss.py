@@ -271,7 +271,8 @@ class Loss:
         is_masked_fraction = None
         mismatch_kl = None
         if inference_logprobs is not None:
-            mismatch_kl = _masked_mean(kl_k3(old_logprobs.detach(), inference_logprobs, valid), valid)
+            # k3 with x = ℓ_old − ℓ^μ on tokens sampled from μ estimates KL(μ ‖ π_old).
+            mismatch_kl = _masked_mean(kl_k3(inference_logprobs.detach(), old_logprobs, valid), valid)
             if cfg.is_correction is not None:
                 level: Level = "token" if cfg.is_correction.startswith("token") else "sequence"
                 if cfg.is_correction.endswith("truncate"):

@@ -11,11 +11,12 @@ so per-token tensors (masks, advantages, old log-probs) are packed with :meth:`P
 and model outputs are unpacked with :meth:`PackedBatch.unpack`.
 
 Attention must not cross sequence boundaries. Pass :func:`block_causal_mask` (a 4D additive
-mask that Hugging Face models use as-is) as ``attention_mask``; alternatively recent
-``transformers`` detect packing from ``position_ids`` when ``attention_mask`` is None, and
-flash-attention varlen kernels take ``cu_seq_lens`` (:meth:`PackedBatch.cu_seqlens`).
-Pitfall: a plain 2D all-ones attention mask with packed rows silently lets tokens attend
-to the previous sequences.
+mask that Hugging Face models use as-is, eager and SDPA) as ``attention_mask`` together with
+``position_ids``; flash-attention varlen kernels take cumulative sequence starts instead
+(:meth:`PackedBatch.cu_seqlens`).
+Pitfall: ``position_ids`` alone are not enough: with transformers 5.23, eager/SDPA and
+``attention_mask=None`` the packed rows attend across sequences (checked on the tiny Llama:
+log-probs differ by ~0.5), and a 2D all-ones mask does the same.
 """
 
 from __future__ import annotations
