@@ -1,0 +1,142 @@
+"""Config loader: TOML + CLI overrides, unknown keys and wrong types are clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from prime_rl.config import (
+    ConfigError,
+    OrchestratorConfig,
+    RunConfig,
+    Section,
+    ShardcastConfig,
+    TasksConfig,
+    load_config,
+    parse_overrides,
+)
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return path
+
+
+def test_toml_and_overrides_compose(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        'run_dir = "runs/x"\n[orchestrator]\nport = 9100\nasync_level = 1\n[sampling]\nstop = ["\\n"]\n',
+    )
+    config = load_config(
+        path, ["--orchestrator.port", "9200", "--model.path=/tmp/m", "--tasks.ops", '["+", "-"]']
+    )
+    assert isinstance(config, RunConfig)
+    assert config.run_dir == "runs/x"
+    assert config.orchestrator.port == 9200  # the override wins
+    assert config.orchestrator.async_level == 1  # the file value stays
+    assert config.model.path == "/tmp/m"  # an unparsable TOML literal falls back to the bare string
+    assert config.tasks.ops == ["+", "-"]
+    assert config.sampling.stop == ["\n"]
+    assert config.orchestrator_data_dir == Path("runs/x/orchestrator")
+
+
+def test_defaults_load_without_a_file() -> None:
+    config = load_config(None)
+    assert config == RunConfig()
+    assert config.orchestrator.url == "http://127.0.0.1:8700"
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "needle"),
+    [
+        ("[orchestrator]\nportt = 1\n", [], "unknown key 'orchestrator.portt'"),
+        ("", ["--nosuch.key", "1"], "unknown key 'nosuch'"),
+        ("", ["--orchestrator.port", "x"], "orchestrator.port"),
+        ("", ["--orchestrator.async_level", "-1"], "orchestrator.async_level"),
+        ("", ["--tasks.prompt_template", "no placeholder"], "{prompt}"),
+        ("", ["--tasks.source", "jsonl"], "tasks.path is required"),
+        ("[model\n", [], "not valid TOML"),
+        ("", ["--sampling.temperature"], "has no value"),
+        ("", ["orchestrator.port", "1"], "expected an override"),
+        ("", ["--model.dtype", "float64"], "model.dtype"),
+    ],
+)
+def test_bad_configs_name_the_key(tmp_path: Path, text: str, overrides: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(_write(tmp_path, text), overrides)
+    assert needle in str(error.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_role_sections_are_composed() -> None:
+    """Every section of RunConfig is a frozen Section (role sections resolved from their modules)."""
+    config = RunConfig()
+    for name in RunConfig.model_fields:
+        value = getattr(config, name)
+        if isinstance(value, BaseModel):
+            assert isinstance(value, Section), name
+            assert value.model_config.get("extra") == "forbid", name
+
+
+def test_every_field_has_a_description() -> None:
+    models: list[type[BaseModel]] = [
+        RunConfig,
+        *[type(v) for v in RunConfig().__dict__.values() if isinstance(v, BaseModel)],
+    ]
+    for model in models:
+        for name, info in model.model_fields.items():
+            assert info.description, f"{model.__name__}.{name} has no description"
+
+
+def test_shardcast_servers_default_to_relays_then_origin() -> None:
+    config = ShardcastConfig(origin_port=9001, relay_ports=[9002, 9003])
+    assert config.client_servers == [
+        "http://127.0.0.1:9002",
+        "http://127.0.0.1:9003",
+        "http://127.0.0.1:9001",
+    ]
+    assert ShardcastConfig(servers=["http://a:1"]).client_servers == ["http://a:1"]
+    assert OrchestratorConfig(host="0.0.0.0", port=1).url == "http://127.0.0.1:1"
+
+
+def test_sections_are_immutable() -> None:
+    config = TasksConfig()
+    with pytest.raises(ValueError):
+        config.num_tasks = 3  # type: ignore[misc]
+
+
+_keys = st.from_regex(r"[a-z][a-z_]{0,8}(\.[a-z][a-z_]{0,8}){0,2}", fullmatch=True)
+_values = st.integers() | st.booleans() | st.text(alphabet="abcxyz/._-", min_size=1, max_size=12)
+
+
+@given(st.dictionaries(_keys, _values, max_size=5))
+def test_overrides_round_trip_scalars(pairs: dict[str, object]) -> None:
+    """parse_overrides(--k v) recovers v for ints, bools and bare strings (no key prefixes another)."""
+    keys = sorted(pairs)
+    if any(b.startswith(a + ".") for a in keys for b in keys if a != b):
+        return
+    tokens: list[str] = []
+    for key in keys:
+        value = pairs[key]
+        tokens += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    parsed = parse_overrides(tokens)
+    for key in keys:
+        node: object = parsed
+        for part in key.split("."):
+            assert isinstance(node, dict)
+            node = node[part]
+        value = pairs[key]
+        if (isinstance(value, str) and value in ("true", "false", "inf", "nan")) or (
+            isinstance(value, str) and value.lstrip("-").replace("_", "").isdigit()
+        ):
+            continue  # bare strings that are TOML literals parse as those literals, by design
+        assert node == value
