@@ -1,9 +1,9 @@
 """Code rewards: run untrusted Python against tests in a sandbox (bubblewrap or rlimits).
 
-    >>> from verifiers.code import run_tests
-    >>> r = run_tests("print(int(input()) * 2)", {"inputs": ["3\\n"], "outputs": ["6\\n"]})
-    >>> (r.passed, r.total)
-    (1, 1)
+>>> from verifiers.code import run_tests
+>>> r = run_tests("print(int(input()) * 2)", {"inputs": ["3\\n"], "outputs": ["6\\n"]})
+>>> (r.passed, r.total)
+(1, 1)
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ child's whole process tree, and prints one JSON line per test. Expected outputs 
 reach this process: the host compares.
 """
 
+import contextlib
 import ctypes
 import json
 import os
@@ -28,10 +29,8 @@ signal.set_wakeup_fd(_WAKE_W)
 
 def _prctl_not_dumpable():
     # Other processes of the same uid cannot open /proc/<runner>/fd/* (no forged results).
-    try:
+    with contextlib.suppress(Exception):
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    except Exception:
-        pass
 
 
 def _unshare_net():
@@ -58,22 +57,20 @@ def _child(job, index, scratch, in_fd, out_w, err_w, res_w):
     if job["memory_mb"] > 0:
         limits.append((resource.RLIMIT_AS, job["memory_mb"] * 1024 * 1024))
     for which, value in limits:
-        try:
+        with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(which, (value, value))
-        except (ValueError, OSError):
-            pass
     os.dup2(in_fd, 0)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
     os.dup2(res_w, 3)
     os.closerange(4, 1 << 16)
     os.chdir(scratch)
-    sys.stdin = open(0, "r", closefd=False)
-    sys.stdout = open(1, "w", closefd=False)
-    sys.stderr = open(2, "w", closefd=False)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 (lives until os._exit)
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
     code = 0
     try:
-        namespace = {"__name__": "__main__" if job["mode"] == "stdio" else "solution"}
+        namespace: dict = {"__name__": "__main__" if job["mode"] == "stdio" else "solution"}
         exec(compile(job["program"], "<solution>", "exec"), namespace)
         if job["mode"] == "call":
             name = job["fn_name"]
@@ -103,14 +100,10 @@ def _child(job, index, scratch, in_fd, out_w, err_w, res_w):
 
 def _kill_tree(pid, kill_all):
     if kill_all:  # alone in a PID namespace: everything but us and init goes
-        try:
+        with contextlib.suppress(OSError):
             os.kill(-1, signal.SIGKILL)
-        except OSError:
-            pass
-    try:
+    with contextlib.suppress(OSError):
         os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def _reap():
@@ -173,10 +166,8 @@ def run_one(job, index, scratch):
         ready, _, _ = select.select([*open_fds, _WAKE_R], [], [], remaining)
         for fd in ready:
             if fd == _WAKE_R:
-                try:
+                with contextlib.suppress(BlockingIOError):
                     os.read(_WAKE_R, 4096)
-                except BlockingIOError:
-                    pass
                 continue
             if _drain(fd, buffers, caps, err_r, open_fds):
                 status = "output_limit"

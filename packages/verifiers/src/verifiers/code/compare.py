@@ -73,13 +73,17 @@ def _values_match(a: object, b: object, rel_tol: float, abs_tol: float) -> bool:
     if isinstance(a, int | float) and isinstance(b, int | float):
         return math.isclose(a, b, rel_tol=rel_tol, abs_tol=abs_tol)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_values_match(x, y, rel_tol, abs_tol) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(
+            _values_match(x, y, rel_tol, abs_tol) for x, y in zip(a, b, strict=True)
+        )
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_values_match(a[k], b[k], rel_tol, abs_tol) for k in a)
     return a == b
 
 
-def results_match(result_json: str | None, expected: object, *, rel_tol: float = 1e-5, abs_tol: float = 1e-8) -> bool:
+def results_match(
+    result_json: str | None, expected: object, *, rel_tol: float = 1e-5, abs_tol: float = 1e-8
+) -> bool:
     """True iff the JSON-encoded return value equals `expected` (a decoded JSON value)."""
     if result_json is None or result_json == "":
         return False
@@ -89,4 +93,8 @@ def results_match(result_json: str | None, expected: object, *, rel_tol: float =
         return False
     if _values_match(result, expected, rel_tol, abs_tol):
         return True
-    return isinstance(expected, list) and len(expected) == 1 and _values_match(result, expected[0], rel_tol, abs_tol)
+    return (
+        isinstance(expected, list)
+        and len(expected) == 1
+        and _values_match(result, expected[0], rel_tol, abs_tol)
+    )

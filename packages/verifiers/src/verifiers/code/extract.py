@@ -7,7 +7,9 @@ import re
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 
 
-def extract_code(completion: str, *, language: str = "python", require_think_close: bool = False) -> str | None:
+def extract_code(
+    completion: str, *, language: str = "python", require_think_close: bool = False
+) -> str | None:
     """Body of the last ```python (or untagged) block after `</think>`, or None."""
     if require_think_close:
         if "</think>" not in completion:

@@ -103,14 +103,20 @@ def run_tests(
     return CodeResult(sum(o.passed for o in final), len(final), final, kind, error)
 
 
-def _judge(case: TestCase, report: dict, rel_tol: float, abs_tol: float, order_insensitive: bool) -> TestOutcome:
+def _judge(
+    case: TestCase, report: dict, rel_tol: float, abs_tol: float, order_insensitive: bool
+) -> TestOutcome:
     status = report["status"]
     if status == "ok":
         if case.fn_name:
             ok = results_match(report["result"], case.output, rel_tol=rel_tol, abs_tol=abs_tol)
         else:
             ok = outputs_match(
-                report["stdout"], str(case.output), rel_tol=rel_tol, abs_tol=abs_tol, order_insensitive=order_insensitive
+                report["stdout"],
+                str(case.output),
+                rel_tol=rel_tol,
+                abs_tol=abs_tol,
+                order_insensitive=order_insensitive,
             )
         status = "passed" if ok else "wrong_answer"
     return TestOutcome(status == "passed", status, report.get("wall_s", 0.0), report.get("stderr_tail", ""))

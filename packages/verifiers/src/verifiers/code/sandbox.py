@@ -21,6 +21,7 @@ never execute untrusted code in the caller's process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -110,7 +111,18 @@ def _bwrap_command() -> list[str]:
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         args += ["--unshare-all"]
-    args += [*_system_binds(), *binds, "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+    args += [
+        *_system_binds(),
+        *binds,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/tmp",
+    ]
     args += ["--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp"]
     args += ["--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1", python, "-I", "-S"]
     return args
@@ -127,7 +139,7 @@ def _world_readable_python() -> bool:
 
 
 def default_sandbox() -> str:
-    """"bwrap" if usable here, else "rlimit"."""
+    """ "bwrap" if usable here, else "rlimit"."""
     return "bwrap" if bwrap_available() else "rlimit"
 
 
@@ -235,10 +247,8 @@ def _drive(command: list[str], job: dict, kind: str, n_tests: int, limits: Limit
                     continue
                 tests.append(message)
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, 9)
-        except (ProcessLookupError, PermissionError):
-            pass
         stderr = proc.stderr.read(4096) if error else b""
         proc.wait()
         for stream in (proc.stdout, proc.stderr):

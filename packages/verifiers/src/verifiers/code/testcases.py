@@ -73,7 +73,10 @@ def parse_tests(tests: object) -> list[TestCase]:
             raise TaskFormatError(f"{len(inputs)} inputs but {len(outputs)} outputs")
         fn_name = tests.get("fn_name") or None
         if fn_name:
-            return [TestCase(_call_arguments(i), _call_output(o), fn_name) for i, o in zip(inputs, outputs, strict=True)]
+            return [
+                TestCase(_call_arguments(i), _call_output(o), fn_name)
+                for i, o in zip(inputs, outputs, strict=True)
+            ]
         return [TestCase(str(i), str(o)) for i, o in zip(inputs, outputs, strict=True)]
     if isinstance(tests, Iterable):
         cases = []
@@ -83,7 +86,9 @@ def parse_tests(tests: object) -> list[TestCase]:
             elif isinstance(item, Mapping) and "input" in item and "output" in item:
                 fn_name = item.get("fn_name") or None
                 if fn_name:
-                    cases.append(TestCase(_call_arguments(item["input"]), _call_output(item["output"]), fn_name))
+                    cases.append(
+                        TestCase(_call_arguments(item["input"]), _call_output(item["output"]), fn_name)
+                    )
                 else:
                     cases.append(TestCase(str(item["input"]), str(item["output"])))
             else:

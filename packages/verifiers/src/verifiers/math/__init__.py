@@ -1,10 +1,10 @@
 """Math answers: extraction from completions and equivalence checking with hard timeouts.
 
-    >>> from verifiers.math import extract_answer, is_equivalent
-    >>> extract_answer("<think>...</think> so $\\\\boxed{\\\\frac{1}{2}}$")
-    '\\\\frac{1}{2}'
-    >>> is_equivalent("0.5", "\\\\frac{1}{2}")
-    True
+>>> from verifiers.math import extract_answer, is_equivalent
+>>> extract_answer("<think>...</think> so $\\\\boxed{\\\\frac{1}{2}}$")
+'\\\\frac{1}{2}'
+>>> is_equivalent("0.5", "\\\\frac{1}{2}")
+True
 """
 
 from __future__ import annotations

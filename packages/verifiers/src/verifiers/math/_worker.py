@@ -28,7 +28,7 @@ def main() -> None:
         try:
             request = json.loads(line)
             opts = Options(**request.get("options", {}))
-            reply = {"equal": bool(equivalent(request["gold"], request["pred"], opts))}
+            reply: dict[str, object] = {"equal": bool(equivalent(request["gold"], request["pred"], opts))}
         except MemoryError:
             reply = {"equal": False, "error": "memory limit"}
         except Exception as exc:  # never let one bad input kill a warm worker

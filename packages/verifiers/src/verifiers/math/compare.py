@@ -265,8 +265,10 @@ def relation_as_interval(rel: st.Relation) -> st.Value | None:
     if len(rel.ops) == 1 and rel.ops[0] in ("<", "<=", ">", ">="):
         lhs, rhs = rel.terms
         op = rel.ops[0]
-        if isinstance(rhs, st.Atom) and st.is_variable(rhs.text) and not (
-            isinstance(lhs, st.Atom) and st.is_variable(lhs.text)
+        if (
+            isinstance(rhs, st.Atom)
+            and st.is_variable(rhs.text)
+            and not (isinstance(lhs, st.Atom) and st.is_variable(lhs.text))
         ):
             lhs, rhs = rhs, lhs
             op = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}[op]
@@ -367,7 +369,9 @@ def values_equal(g: st.Value, p: st.Value, opts: Options) -> bool:
         if [len(r) for r in g.rows] != [len(r) for r in p.rows]:
             return False
         return all(
-            values_equal(x, y, opts) for rg, rp in zip(g.rows, p.rows, strict=True) for x, y in zip(rg, rp, strict=True)
+            values_equal(x, y, opts)
+            for rg, rp in zip(g.rows, p.rows, strict=True)
+            for x, y in zip(rg, rp, strict=True)
         )
     if isinstance(g, st.Atom) and isinstance(p, st.Atom):
         try:
@@ -384,7 +388,11 @@ def _text_key(s: str) -> str:
 
 
 def _text_equal(g: st.Value, p: st.Value, opts: Options) -> bool:
-    if isinstance(g, st.Text | st.Atom) and isinstance(p, st.Text | st.Atom) and _text_key(g.text) == _text_key(p.text):
+    if (
+        isinstance(g, st.Text | st.Atom)
+        and isinstance(p, st.Text | st.Atom)
+        and _text_key(g.text) == _text_key(p.text)
+    ):
         return True
     if isinstance(g, st.Atom) and isinstance(p, st.Text):
         number = last_number(p.text)

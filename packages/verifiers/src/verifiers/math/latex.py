@@ -24,7 +24,9 @@ _FONT = re.compile(
     r"\\(?:text|textnormal|textrm|textbf|textit|mathrm|mathbf|mathit|mathsf|mathtt|mbox|"
     r"operatorname\*?|boldsymbol|bm|mathbb|mathcal|hbox)\s*\{"
 )
-_SPACING = re.compile(r"\\(?:[,;:!> ]|quad|qquad|displaystyle|textstyle|scriptstyle|hfill|nonumber)(?![a-zA-Z])")
+_SPACING = re.compile(
+    r"\\(?:[,;:!> ]|quad|qquad|displaystyle|textstyle|scriptstyle|hfill|nonumber)(?![a-zA-Z])"
+)
 _SIZING = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)[lr]?(?![a-zA-Z])\s*\.?")
 _RELATIONS = (
     (r"\\(?:leqslant|leq|le)(?![a-zA-Z])", "<="),
@@ -77,7 +79,9 @@ def normalize(text: str) -> str:
     return s.strip()
 
 
-_UNIT = re.compile(r"^([^a-zA-Z\\]*\d)\s*((?:[a-zA-Z]{2,}|[a-zA-Z][²³23])[²³23]?(?:(?:\s+|\s*[/.]\s*)[a-zA-Z]+[²³23]?)*)$")
+_UNIT = re.compile(
+    r"^([^a-zA-Z\\]*\d)\s*((?:[a-zA-Z]{2,}|[a-zA-Z][²³23])[²³23]?(?:(?:\s+|\s*[/.]\s*)[a-zA-Z]+[²³23]?)*)$"
+)
 
 
 def strip_units(s: str) -> str:

@@ -15,6 +15,7 @@ Pitfall: after `os.fork()` the child gets a fresh pool (workers belong to one pr
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -71,10 +72,8 @@ class _Worker:
         return self._read_line(time.monotonic() + timeout)
 
     def kill(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, 9)
-        except (ProcessLookupError, PermissionError):
-            pass
         self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:

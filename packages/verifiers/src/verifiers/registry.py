@@ -1,0 +1,85 @@
+"""Task type -> verifier registry and the single entry point `verify(task, completion)`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, overload
+
+from verifiers.errors import TaskFormatError, UnknownTaskTypeError
+from verifiers.task import Score, Task
+
+Verifier = Callable[[Task, str], Score]
+
+_REGISTRY: dict[str, Verifier] = {}
+_LOCK = threading.Lock()
+
+
+@overload
+def register_verifier(task_type: str, verifier: Verifier, *, replace: bool = False) -> Verifier: ...
+@overload
+def register_verifier(
+    task_type: str, verifier: None = None, *, replace: bool = False
+) -> Callable[[Verifier], Verifier]: ...
+def register_verifier(
+    task_type: str, verifier: Verifier | None = None, *, replace: bool = False
+) -> Verifier | Callable[[Verifier], Verifier]:
+    """Register `verifier(task, completion) -> Score` for `task_type` (one call, or a decorator).
+
+    Raises ValueError if the type is taken and `replace` is False.
+    """
+
+    def add(fn: Verifier) -> Verifier:
+        with _LOCK:
+            if task_type in _REGISTRY and not replace:
+                raise ValueError(f"a verifier for {task_type!r} is registered; pass replace=True to override")
+            _REGISTRY[task_type] = fn
+        return fn
+
+    return add(verifier) if verifier is not None else add
+
+
+def get_verifier(task_type: str) -> Verifier:
+    """The verifier for `task_type`; raises `UnknownTaskTypeError` listing the known types."""
+    try:
+        return _REGISTRY[task_type]
+    except KeyError:
+        raise UnknownTaskTypeError(
+            f"no verifier registered for task_type {task_type!r}; known: {sorted(_REGISTRY)}"
+        ) from None
+
+
+def registered_task_types() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def as_task(task: Task | Mapping[str, Any]) -> Task:
+    return task if isinstance(task, Task) else Task.from_row(task)
+
+
+def verify(task: Task | Mapping[str, Any], completion: str) -> Score:
+    """Score `completion` for `task` with the verifier registered for its `task_type`.
+
+    `task` may be a `Task` or a raw dataset row. Malformed tasks raise `TaskFormatError` and
+    unknown types `UnknownTaskTypeError`; any other exception inside a verifier becomes
+    `Score(0, failure="error")` so one bad item cannot stop a training step.
+    """
+    task = as_task(task)
+    verifier = get_verifier(task.task_type)
+    if not isinstance(completion, str):
+        raise TypeError(f"completion must be a str, got {type(completion).__name__}")
+    start = time.perf_counter()
+    try:
+        score = verifier(task, completion)
+    except TaskFormatError:
+        raise
+    except Exception as exc:
+        return Score(0.0, {"error": f"{type(exc).__name__}: {exc}"[:500]}, "error")
+    if not isinstance(score, Score):
+        raise TypeError(f"verifier for {task.task_type!r} returned {type(score).__name__}, not Score")
+    if "elapsed_s" not in score.details:
+        score = Score(
+            score.reward, {**score.details, "elapsed_s": time.perf_counter() - start}, score.failure
+        )
+    return score
