@@ -30,7 +30,10 @@ def test_index_round_trip(tmp_path: Path) -> None:
         {"format": "shardcast-index/1", "versions": [{"version": 1.5, "complete": True}]},
         {"format": "shardcast-index/1", "versions": [{"version": 1, "complete": "yes"}]},
         {"format": "shardcast-index/1", "versions": [{"version": 1, "complete": True}] * 2},
-        {"format": "shardcast-index/1", "versions": [{"version": i, "complete": True} for i in range(1, 2000)]},
+        {
+            "format": "shardcast-index/1",
+            "versions": [{"version": i, "complete": True} for i in range(1, 2000)],
+        },
         {"format": "other", "versions": []},
         [],
     ],
@@ -46,13 +49,25 @@ def test_index_garbage_never_crashes(data: bytes) -> None:
         parse_index(data)
 
 
-@pytest.mark.parametrize("path", ["index.json", "v1/manifest.json", "v12/shard_000000.bin", "v3/delta_000123.bin"])
+@pytest.mark.parametrize(
+    "path", ["index.json", "v1/manifest.json", "v12/shard_000000.bin", "v3/delta_000123.bin"]
+)
 def test_served_paths(path: str) -> None:
     assert SERVED_PATH.fullmatch(path)
 
 
 @pytest.mark.parametrize(
-    "path", ["", "/", ".staging/lock", "v1/../index.json", "v1/shard_1.bin", "v1/shard_000000.bin.part", "v1/", "../etc/passwd"]
+    "path",
+    [
+        "",
+        "/",
+        ".staging/lock",
+        "v1/../index.json",
+        "v1/shard_1.bin",
+        "v1/shard_000000.bin.part",
+        "v1/",
+        "../etc/passwd",
+    ],
 )
 def test_unserved_paths(path: str) -> None:
     assert not SERVED_PATH.fullmatch(path)

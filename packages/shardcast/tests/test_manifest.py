@@ -68,7 +68,10 @@ def test_delta_round_trip() -> None:
         ({"file_name": ".hidden"}, "file_name"),
         ({"file_name": "a\x00b"}, "file_name"),
         ({"file_size": 10**30}, "file_size"),
-        ({"file_size": 11}, "disagrees with the plan"),  # 11 bytes / 4: last shard would be 3 bytes, listed as 2
+        (
+            {"file_size": 11},
+            "disagrees with the plan",
+        ),  # 11 bytes / 4: last shard would be 3 bytes, listed as 2
         ({"file_size": 13}, "needs 4 shards"),  # 13 bytes / 4 = 4 shards, only 3 listed
         ({"shard_size": 0}, "shard_size"),
         ({"shard_size": 1, "file_size": 10**12}, "exceeds the limit"),
@@ -118,7 +121,9 @@ def test_arbitrary_bytes_never_crash(data: bytes) -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -137,7 +142,9 @@ def test_version_names_accepted(name: str | int) -> None:
     assert parse_version_name(name) >= 1
 
 
-@pytest.mark.parametrize("name", ["../v1", "v1/..", "v-1", "v", "", "v1.0", "V1", " v1", "v1\n", "v0", "x1", "v1234567890123"])
+@pytest.mark.parametrize(
+    "name", ["../v1", "v1/..", "v-1", "v", "", "v1.0", "V1", " v1", "v1\n", "v0", "x1", "v1234567890123"]
+)
 def test_version_names_rejected(name: str) -> None:
     with pytest.raises(ManifestError):
         parse_version_name(name)
@@ -149,7 +156,12 @@ def test_file_names_never_contain_separators(name: str) -> None:
         checked = validate_file_name(name)
     except ManifestError:
         return
-    assert "/" not in checked and "\\" not in checked and not checked.startswith(".") and checked not in {".", ".."}
+    assert (
+        "/" not in checked
+        and "\\" not in checked
+        and not checked.startswith(".")
+        and checked not in {".", ".."}
+    )
 
 
 def test_format_constant_is_written() -> None:

@@ -51,8 +51,12 @@ def _size(text: str) -> int:
 
 
 def _common(parser: argparse.ArgumentParser, *, key_help: str) -> None:
-    parser.add_argument("--token", default=os.environ.get("SHARDCAST_TOKEN"), help="bearer token (env SHARDCAST_TOKEN)")
-    parser.add_argument("--key", default=os.environ.get("SHARDCAST_KEY"), help=key_help + " (env SHARDCAST_KEY)")
+    parser.add_argument(
+        "--token", default=os.environ.get("SHARDCAST_TOKEN"), help="bearer token (env SHARDCAST_TOKEN)"
+    )
+    parser.add_argument(
+        "--key", default=os.environ.get("SHARDCAST_KEY"), help=key_help + " (env SHARDCAST_KEY)"
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -60,38 +64,67 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", required=True, help="directory served as static files")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free port)")
     parser.add_argument("--host", default="0.0.0.0", help="bind address (default 0.0.0.0)")
-    parser.add_argument("--keep", type=int, default=DEFAULT_KEEP, help=f"versions kept (default {DEFAULT_KEEP})")
     parser.add_argument(
-        "--grace", type=float, default=DEFAULT_GRACE_S, help=f"seconds before a retired version is deleted (default {DEFAULT_GRACE_S:g})"
+        "--keep", type=int, default=DEFAULT_KEEP, help=f"versions kept (default {DEFAULT_KEEP})"
     )
-    parser.add_argument("--rate-limit", type=_size, default=None, help="max bytes/s per shard response (default unlimited)")
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        help=f"seconds before a retired version is deleted (default {DEFAULT_GRACE_S:g})",
+    )
+    parser.add_argument(
+        "--rate-limit", type=_size, default=None, help="max bytes/s per shard response (default unlimited)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shardcast", description="Broadcast checkpoints through an HTTP relay tree.")
+    parser = argparse.ArgumentParser(
+        prog="shardcast", description="Broadcast checkpoints through an HTTP relay tree."
+    )
     parser.add_argument("--version", action="version", version=f"shardcast {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    origin = sub.add_parser("origin", help="serve a data directory (publish into it with `shardcast publish`)")
+    origin = sub.add_parser(
+        "origin", help="serve a data directory (publish into it with `shardcast publish`)"
+    )
     _serve_args(origin)
     _common(origin, key_help="unused by the server; kept for symmetry")
 
     publish = sub.add_parser("publish", help="publish FILE as the next version in DATA_DIR")
     publish.add_argument("file", help="file to publish (e.g. model.safetensors)")
-    publish.add_argument("--data-dir", required=True, help="origin data directory (a running origin serves it at once)")
-    publish.add_argument("--shard-size", type=_size, default=DEFAULT_SHARD_SIZE, help="bytes per shard (default 50M)")
-    publish.add_argument("--encoding", choices=["raw", "zstd"], default="raw", help="shard encoding (default raw)")
-    publish.add_argument("--delta", action="store_true", help="also write XOR+zstd deltas against the previous version")
-    publish.add_argument("--version-number", type=int, default=None, help="version number (default: next free)")
-    publish.add_argument("--keep", type=int, default=DEFAULT_KEEP, help=f"versions kept (default {DEFAULT_KEEP})")
-    publish.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds before a retired version is deleted")
+    publish.add_argument(
+        "--data-dir", required=True, help="origin data directory (a running origin serves it at once)"
+    )
+    publish.add_argument(
+        "--shard-size", type=_size, default=DEFAULT_SHARD_SIZE, help="bytes per shard (default 50M)"
+    )
+    publish.add_argument(
+        "--encoding", choices=["raw", "zstd"], default="raw", help="shard encoding (default raw)"
+    )
+    publish.add_argument(
+        "--delta", action="store_true", help="also write XOR+zstd deltas against the previous version"
+    )
+    publish.add_argument(
+        "--version-number", type=int, default=None, help="version number (default: next free)"
+    )
+    publish.add_argument(
+        "--keep", type=int, default=DEFAULT_KEEP, help=f"versions kept (default {DEFAULT_KEEP})"
+    )
+    publish.add_argument(
+        "--grace", type=float, default=DEFAULT_GRACE_S, help="seconds before a retired version is deleted"
+    )
     _common(publish, key_help="signing key: hmac:<secret>, hmac-file:<path> or ed25519-private:<hex>")
 
     relay = sub.add_parser("relay", help="mirror upstream servers and serve verified shards")
     relay.add_argument("--upstream", type=_urls, required=True, help="upstream URL[,URL...]")
     _serve_args(relay)
-    relay.add_argument("--upstream-token", default=os.environ.get("SHARDCAST_UPSTREAM_TOKEN"), help="token sent upstream")
-    relay.add_argument("--poll-interval", type=float, default=2.0, help="seconds between upstream polls (default 2)")
+    relay.add_argument(
+        "--upstream-token", default=os.environ.get("SHARDCAST_UPSTREAM_TOKEN"), help="token sent upstream"
+    )
+    relay.add_argument(
+        "--poll-interval", type=float, default=2.0, help="seconds between upstream polls (default 2)"
+    )
     _common(relay, key_help="pinned manifest key: hmac:<secret> or ed25519-public:<hex>")
 
     ls = sub.add_parser("ls", help="list versions offered by servers")
@@ -103,10 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--servers", type=_urls, required=True, help="server URL[,URL...]")
     fetch.add_argument("--version", dest="version_spec", default="latest", help="N, vN or latest (default)")
     fetch.add_argument("--output", required=True, help="destination file (replaced atomically when verified)")
-    fetch.add_argument("--deadline", type=float, default=3600.0, help="give up after this many seconds (default 3600)")
+    fetch.add_argument(
+        "--deadline", type=float, default=3600.0, help="give up after this many seconds (default 3600)"
+    )
     fetch.add_argument("--base", default=None, help="previous version's file, to download only deltas")
     fetch.add_argument("--concurrency", type=int, default=8, help="shards in flight (default 8)")
-    fetch.add_argument("--rate-limit", type=_size, default=None, help="max bytes/s over all connections (e.g. 100M)")
+    fetch.add_argument(
+        "--rate-limit", type=_size, default=None, help="max bytes/s over all connections (e.g. 100M)"
+    )
     fetch.add_argument("--no-progress", action="store_true", help="no progress bar")
     _common(fetch, key_help="pinned manifest key: hmac:<secret> or ed25519-public:<hex>")
 
@@ -164,7 +201,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "origin":
         origin = Origin(
-            args.data_dir, host=args.host, port=args.port, token=args.token, keep=args.keep, grace_s=args.grace,
+            args.data_dir,
+            host=args.host,
+            port=args.port,
+            token=args.token,
+            keep=args.keep,
+            grace_s=args.grace,
             rate_limit_bps=args.rate_limit,
         )
         with origin:
@@ -174,18 +216,37 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "publish":
         signing = load_key(args.key) if args.key else None
         if isinstance(signing, Ed25519PublicKey):
-            raise ShardcastError("publish needs a signing key (hmac:... or ed25519-private:...), not a public key")
+            raise ShardcastError(
+                "publish needs a signing key (hmac:... or ed25519-private:...), not a public key"
+            )
         manifest = publish_file(
-            args.data_dir, args.file, version=args.version_number, shard_size=args.shard_size, encoding=args.encoding,
-            delta=args.delta, signing_key=signing, keep=args.keep, grace_s=args.grace,
+            args.data_dir,
+            args.file,
+            version=args.version_number,
+            shard_size=args.shard_size,
+            encoding=args.encoding,
+            delta=args.delta,
+            signing_key=signing,
+            keep=args.keep,
+            grace_s=args.grace,
         )
-        print(f"v{manifest.version} {manifest.file_name} {manifest.file_size} bytes {manifest.num_shards} shards {manifest.file_digest}")
+        print(
+            f"v{manifest.version} {manifest.file_name} {manifest.file_size} bytes {manifest.num_shards} shards {manifest.file_digest}"
+        )
         return 0
     if args.command == "relay":
         relay = Relay(
-            args.upstream, args.data_dir, host=args.host, port=args.port, token=args.token,
-            upstream_token=args.upstream_token, verify_key=_verify_key(args.key), poll_interval_s=args.poll_interval,
-            keep=args.keep, grace_s=args.grace, rate_limit_bps=args.rate_limit,
+            args.upstream,
+            args.data_dir,
+            host=args.host,
+            port=args.port,
+            token=args.token,
+            upstream_token=args.upstream_token,
+            verify_key=_verify_key(args.key),
+            poll_interval_s=args.poll_interval,
+            keep=args.keep,
+            grace_s=args.grace,
+            rate_limit_bps=args.rate_limit,
         )
         with relay:
             print(f"relay serving {relay.data_dir.root} on {relay.url}", flush=True)
@@ -194,13 +255,22 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "ls":
         listing = Client(args.servers, token=args.token).list_versions()
         if args.json:
-            print(json.dumps({"versions": {str(k): v for k, v in sorted(listing.versions.items())},
-                              "complete": {str(k): v for k, v in sorted(listing.complete.items())},
-                              "errors": listing.errors}))
+            print(
+                json.dumps(
+                    {
+                        "versions": {str(k): v for k, v in sorted(listing.versions.items())},
+                        "complete": {str(k): v for k, v in sorted(listing.complete.items())},
+                        "errors": listing.errors,
+                    }
+                )
+            )
         else:
             for number in sorted(listing.versions):
                 complete = listing.complete.get(number, [])
-                print(f"v{number}\tcomplete on {len(complete)}/{len(listing.versions[number])} servers\t" + ",".join(listing.versions[number]))
+                print(
+                    f"v{number}\tcomplete on {len(complete)}/{len(listing.versions[number])} servers\t"
+                    + ",".join(listing.versions[number])
+                )
             for server, error in listing.errors.items():
                 print(f"unreachable {server}: {error}", file=sys.stderr)
         if not listing.versions and listing.errors and len(listing.errors) == len(args.servers):
@@ -208,19 +278,28 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "fetch":
         client = Client(
-            args.servers, token=args.token, verify_key=_verify_key(args.key), concurrency=args.concurrency,
+            args.servers,
+            token=args.token,
+            verify_key=_verify_key(args.key),
+            concurrency=args.concurrency,
             max_bytes_per_second=args.rate_limit,
         )
         bar = ProgressBar(not args.no_progress)
         started = time.monotonic()
         try:
-            result = client.fetch(args.version_spec, args.output, deadline_s=args.deadline, base=args.base, progress=bar)
+            result = client.fetch(
+                args.version_spec, args.output, deadline_s=args.deadline, base=args.base, progress=bar
+            )
         finally:
             bar.close()
         for report in result.servers:
             log.info(
-                "server %s: %d bytes, %d bad shards, success %.2f%s%s", report.url, report.bytes_served,
-                report.bad_shards, report.success_rate, ", dropped" if report.dropped else "",
+                "server %s: %d bytes, %d bad shards, success %.2f%s%s",
+                report.url,
+                report.bytes_served,
+                report.bad_shards,
+                report.success_rate,
+                ", dropped" if report.dropped else "",
                 f", last error: {report.last_error}" if report.last_error else "",
             )
         print(
@@ -237,7 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=getattr(logging, args.log_level, logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=getattr(logging, args.log_level, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
         return run(args)

@@ -191,7 +191,7 @@ class Client:
             listing = _listing(indexes, errors)
             if not indexes:
                 raise NoServerAvailableError(
-                    "no server reachable: " + "; ".join(f"{k}: {v}" for k, v in errors.items())
+                    "no server gave a usable index: " + "; ".join(f"{k}: {v}" for k, v in errors.items())
                 )
             number = _resolve(version, listing)
             manifest, source = await self._manifest(session, number, listing)
@@ -289,7 +289,7 @@ class Client:
     ) -> None:
         """Block, fetching each new newest version into ``output_dir/v<N>/<file>``; see :class:`Follower`."""
         follower = Follower(self, callback, Path(output_dir), poll_interval_s, keep, deadline_s, None)
-        follower._stop = stop or threading.Event()
+        follower._stop_event = stop or threading.Event()
         follower.run()
 
 
@@ -321,26 +321,26 @@ class Follower(threading.Thread):
         self.deadline_s = deadline_s
         self.on_error = on_error
         self.last: FetchResult | None = None
-        self._stop = threading.Event()
+        self._stop_event = threading.Event()
 
     def start(self) -> Follower:  # type: ignore[override]
         super().start()
         return self
 
     def stop(self, timeout: float | None = 10.0) -> None:
-        self._stop.set()
+        self._stop_event.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop_event.is_set():
             try:
                 self._poll_once()
             except (ShardcastError, OSError) as exc:
                 log.warning("follower: %s", exc)
                 if self.on_error is not None:
                     self.on_error(exc)
-            self._stop.wait(self.poll_interval_s)
+            self._stop_event.wait(self.poll_interval_s)
 
     def _poll_once(self) -> None:
         listing = self.client.list_versions()

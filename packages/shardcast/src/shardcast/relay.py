@@ -95,7 +95,9 @@ class Relay:
             raise ValueError("Relay needs at least one upstream URL")
         self.upstreams = list(dict.fromkeys(normalise_url(u) for u in upstreams))
         self.data_dir = DataDir(data_dir)
-        self.server = HttpServer(self.data_dir, host=host, port=port, token=token, rate_limit_bps=rate_limit_bps)
+        self.server = HttpServer(
+            self.data_dir, host=host, port=port, token=token, rate_limit_bps=rate_limit_bps
+        )
         self.upstream_token = upstream_token
         self.verify_key = verify_key
         self.poll_interval_s = poll_interval_s

@@ -148,7 +148,10 @@ class Transfer:
         tasks = [asyncio.create_task(self._run_job(job)) for job in pending]
         checkpointer = asyncio.create_task(self._checkpoint_loop())
         try:
-            await asyncio.gather(*tasks)
+            async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
+                await asyncio.gather(*tasks)
+        except TimeoutError:
+            raise DeadlineExceededError(self._deadline_message()) from None
         finally:
             for task in tasks:
                 task.cancel()
@@ -183,11 +186,15 @@ class Transfer:
 
     def _check_deadline(self, job: ShardJob) -> None:
         if time.monotonic() > self.deadline:
-            errors = "; ".join(f"{r.url}: {r.last_error}" for r in self.pool.reports() if r.last_error)
-            raise DeadlineExceededError(
-                f"deadline passed with shard {job.index} of v{self.tracker.manifest.version} incomplete "
-                f"({self._shards_done}/{len(self.jobs)} shards done). Last server errors: {errors or 'none'}"
-            )
+            raise DeadlineExceededError(self._deadline_message())
+
+    def _deadline_message(self) -> str:
+        errors = "; ".join(f"{r.url}: {r.last_error}" for r in self.pool.reports() if r.last_error)
+        return (
+            f"deadline passed with v{self.tracker.manifest.version} incomplete "
+            f"({self._shards_done}/{len(self.jobs)} shards done; partial data kept for resume). "
+            f"Last server errors: {errors or 'none'}"
+        )
 
     async def _run_job(self, job: ShardJob) -> None:
         state = _JobState()
