@@ -3,6 +3,7 @@ and pure-Python loop references equal to the vectorised code. All float64 on CPU
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Callable
@@ -96,7 +97,7 @@ def test_micro_batch_invariance_with_global_normalisers(shape, name, mode, data)
     bounds = [0, *[c for c in cuts if c < rows], rows]
     total = torch.zeros((), dtype=F64)
     grad_sum = torch.zeros_like(grad)
-    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+    for start, stop in itertools.pairwise(bounds):
         mb_lp = lp.detach()[start:stop].requires_grad_(True)
         mb_loss, mb_grad = loss_and_grad(
             name, mode, mb_lp, old[start:stop], adv[start:stop], mask[start:stop], **norm
@@ -209,7 +210,7 @@ def test_ppo_clip_loop_reference(shape, eps_low, eps_high, delta, mode) -> None:
 def test_delta_equals_verl_dual_clip(shape, c) -> None:
     # verl dual-clip: Â < 0 -> min(−Â·c, max(−r·Â, −clip(r)·Â)); Â >= 0 -> plain clip. Equal to ppo_clip(δ = c).
     seed, rows, cols = shape
-    lp, old, adv, mask = make_batch(seed, rows, cols, scale=1.5, per_token_adv=True)
+    lp, old, adv, _mask = make_batch(seed, rows, cols, scale=1.5, per_token_adv=True)
     ratio = torch.exp(lp - old)
     plain = torch.maximum(-ratio * adv, -ratio.clamp(0.8, 1.2) * adv)
     dual = torch.where(adv < 0, torch.minimum(-adv * c, plain), plain)
