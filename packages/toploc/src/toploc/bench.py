@@ -19,6 +19,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
@@ -65,14 +66,11 @@ def run(hidden_sizes: list[int], token_counts: list[int], repeats: int, naive_ma
             acts = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
             proofs = build_proofs_bytes(acts, 32, 128, True)
             per_1k = 1000.0 / tokens
-            b_min, b_med, b_cpu = _time(lambda a=acts: build_proofs_bytes(a, 32, 128, True), repeats)
-            v_min, v_med, v_cpu = _time(
-                lambda a=acts, p=proofs: verify_proofs_bytes(a, p, 32, 128, True), repeats
-            )
+            b_min, b_med, b_cpu = _time(partial(build_proofs_bytes, acts, 32, 128, True), repeats)
+            v_min, v_med, v_cpu = _time(partial(verify_proofs_bytes, acts, proofs, 32, 128, True), repeats)
             naive = speedup = "-"
             if tokens <= naive_max_tokens:
-                assert _naive_build(acts) == proofs or True  # equal except at boundary ties
-                n_min = _time(lambda a=acts: _naive_build(a), max(1, repeats // 2))[0]
+                n_min = _time(partial(_naive_build, acts), max(1, repeats // 2))[0]
                 naive, speedup = f"{n_min * 1e3 * per_1k:.1f}", f"{n_min / b_min:.1f}×"
             size = sum(len(p) for p in proofs) / tokens
             lines.append(
