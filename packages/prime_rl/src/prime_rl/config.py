@@ -87,6 +87,15 @@ class TasksConfig(Section):
     seed: int = Field(default=0, ge=0, description="Seed of the arithmetic generator.")
     ops: list[str] = Field(default_factory=lambda: ["+"], description="Arithmetic operators to draw from.")
     digits: int = Field(default=2, ge=1, le=18, description="Max digits per arithmetic operand.")
+    min_digits: int = Field(default=1, ge=1, le=18, description="Min digits per arithmetic operand.")
+    terms: int = Field(default=2, ge=2, le=8, description="Operands per arithmetic problem.")
+    match: Literal["first_integer", "last_integer", "boxed"] = Field(
+        default="first_integer", description="How the arithmetic verifier reads the answer in a completion."
+    )
+    arithmetic_template: str = Field(
+        default="What is {expression}? Answer with the number only.",
+        description="Text of one arithmetic task; '{expression}' is replaced by the problem (e.g. '3 + 4').",
+    )
     prompt_template: str = Field(
         default="{prompt}",
         description="Prompt text sent to the model; '{prompt}' is replaced by the task's prompt.",
@@ -96,6 +105,8 @@ class TasksConfig(Section):
     def _check(self) -> TasksConfig:
         if "{prompt}" not in self.prompt_template:
             raise ValueError("tasks.prompt_template must contain '{prompt}'")
+        if self.min_digits > self.digits:
+            raise ValueError("tasks.min_digits must be <= tasks.digits")
         if self.source != "arithmetic" and not self.path:
             raise ValueError(f"tasks.path is required for tasks.source = {self.source!r}")
         return self

@@ -8,7 +8,7 @@ prompt tokens differ ("a changed prompt").
 Sources (``tasks.source``):
   - ``arithmetic``: ``verifiers``' seeded arithmetic generator (``num_tasks``, ``seed``, ``ops``, ``digits``);
   - ``jsonl`` / ``parquet``: INTELLECT-2-schema rows ``{prompt, task_type, verification_info}``
-    (first ``num_tasks`` rows of ``path``).
+    (first ``num_tasks`` rows of ``path``, read by ``verifiers.load_tasks``).
 
 Prompt text = ``prompt_template`` with ``{prompt}`` replaced by the task's prompt (plain
 replacement, so other braces in a few-shot prefix need no escaping).
@@ -16,10 +16,7 @@ replacement, so other braces in a few-shot prefix need no escaping).
 
 from __future__ import annotations
 
-import inspect
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from prime_rl.config import TasksConfig
@@ -66,47 +63,20 @@ class TaskSet:
         return self.prompt_template.replace("{prompt}", str(raw))
 
 
-def _make_task(row: dict[str, Any]) -> Any:
-    import verifiers
-
-    verification_info = row.get("verification_info", {})
-    task_class: Any = getattr(verifiers, "Task")  # noqa: B009 - verifiers may predate Task
-    return task_class(prompt=row["prompt"], task_type=row["task_type"], verification_info=verification_info)
-
-
-def _read_rows(config: TasksConfig) -> list[dict[str, Any]]:
-    path = Path(config.path)
-    if not path.exists():
-        raise TaskSourceError(f"tasks.path {path} does not exist")
-    if config.source == "jsonl":
-        rows: list[dict[str, Any]] = []
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if len(rows) >= config.num_tasks:
-                    break
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as error:
-                        raise TaskSourceError(f"{path}:{number}: not JSON: {error}") from error
-        return rows
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path).slice(0, config.num_tasks).to_pylist()
-
-
 def _arithmetic(config: TasksConfig) -> list[Any]:
     import verifiers
 
-    generate = getattr(verifiers, "arithmetic_tasks", None) or getattr(verifiers, "generate_arithmetic", None)
-    if generate is None:
-        raise TaskSourceError("this verifiers version has no arithmetic task generator")
-    options: dict[str, Any] = {"seed": config.seed, "ops": tuple(config.ops), "digits": config.digits}
-    accepted = inspect.signature(generate).parameters
-    kwargs = {key: value for key, value in options.items() if key in accepted}
-    if "n" in accepted:
-        return list(generate(config.num_tasks, **kwargs))
-    return list(generate(num_tasks=config.num_tasks, **kwargs))
+    return list(
+        verifiers.arithmetic_tasks(
+            config.num_tasks,
+            seed=config.seed,
+            ops=tuple(config.ops),
+            digits=(config.min_digits, config.digits),
+            terms=config.terms,
+            match=config.match,
+            template=config.arithmetic_template,
+        )
+    )
 
 
 def load_tasks(config: TasksConfig) -> TaskSet:
@@ -114,9 +84,10 @@ def load_tasks(config: TasksConfig) -> TaskSet:
     if config.source == "arithmetic":
         tasks = _arithmetic(config)
     else:
-        rows = _read_rows(config)
-        for number, row in enumerate(rows):
-            if not isinstance(row, dict) or "prompt" not in row or "task_type" not in row:
-                raise TaskSourceError(f"{config.path}: row {number} lacks 'prompt'/'task_type'")
-        tasks = [_make_task(row) for row in rows]
+        import verifiers
+
+        try:
+            tasks = list(verifiers.load_tasks(config.path, limit=config.num_tasks))
+        except (OSError, ValueError) as error:
+            raise TaskSourceError(f"cannot read tasks from {config.path}: {error}") from error
     return TaskSet(tasks, config.prompt_template)
