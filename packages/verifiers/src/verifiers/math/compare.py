@@ -394,10 +394,11 @@ def _text_equal(g: st.Value, p: st.Value, opts: Options) -> bool:
         and _text_key(g.text) == _text_key(p.text)
     ):
         return True
-    if isinstance(g, st.Atom) and isinstance(p, st.Text):
+    # A sentence that states a number ("so it is 1,000.99 m²") matches that number.
+    if isinstance(g, st.Atom) and isinstance(p, st.Text) and st.is_prose(p.text):
         number = last_number(p.text)
         return number is not None and values_equal(g, st.Atom(number), opts)
-    if isinstance(p, st.Atom) and isinstance(g, st.Text):
+    if isinstance(p, st.Atom) and isinstance(g, st.Text) and st.is_prose(g.text):
         number = last_number(g.text)
         return number is not None and values_equal(st.Atom(number), p, opts)
     return False

@@ -25,7 +25,7 @@ _FONT = re.compile(
     r"operatorname\*?|boldsymbol|bm|mathbb|mathcal|hbox)\s*\{"
 )
 _SPACING = re.compile(
-    r"\\(?:[,;:!> ]|quad|qquad|displaystyle|textstyle|scriptstyle|hfill|nonumber)(?![a-zA-Z])"
+    r"(?<!\\)\\(?:[,;:!> ]|quad|qquad|displaystyle|textstyle|scriptstyle|hfill|nonumber)(?![a-zA-Z])"
 )
 _SIZING = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)[lr]?(?![a-zA-Z])\s*\.?")
 _RELATIONS = (

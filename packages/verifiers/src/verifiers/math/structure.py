@@ -226,6 +226,8 @@ def is_assignment(value: Value) -> bool:
 
 
 def _leaf(s: str) -> Value:
+    if re.fullmatch(r"[A-Za-z]{2,}", s):  # a word ("yes", "east") is text, not a product
+        return Text(s)
     unitless = strip_units(s)
     try:
         to_sympy_source(unitless.replace("%", ""))
