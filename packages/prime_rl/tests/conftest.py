@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,3 +110,168 @@ def batch_for() -> Any:
 def config_for(tmp_path: Path) -> Any:
     """``config_for(*overrides) -> RunConfig`` rooted in this test's tmp_path."""
     return lambda *overrides: make_config(tmp_path, *overrides)
+
+
+# ---------------------------------------------------------------- real-process harness (e2e, failures)
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (bound then released)."""
+    import socket
+
+    sockets, ports = [], []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sockets.append(sock)
+        ports.append(sock.getsockname()[1])
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def write_toml(path: Path, sections: dict[str, Any]) -> Path:
+    lines = [
+        f"{key} = {_toml_value(value)}" for key, value in sections.items() if not isinstance(value, dict)
+    ]
+    for name, section in sections.items():
+        if isinstance(section, dict):
+            lines.append(f"\n[{name}]")
+            lines += [f"{key} = {_toml_value(value)}" for key, value in section.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class ProcessHarness:
+    """Start ``prime-rl`` role processes of one run and always clean them up."""
+
+    def __init__(self, root: Path, config_path: Path) -> None:
+        self.root = root
+        self.config_path = config_path
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        (root / "out").mkdir(exist_ok=True)
+
+    def start(self, role: str, name: str, *extra: str) -> subprocess.Popen[bytes]:
+        output = open(self.root / "out" / f"{name}.out", "ab")  # noqa: SIM115 - owned by the child
+        env = dict(
+            os.environ, PYTHONUNBUFFERED="1", OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false"
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "prime_rl.cli",
+            role,
+            "--name",
+            name,
+            "--config",
+            str(self.config_path),
+            *extra,
+        ]
+        process = subprocess.Popen(
+            argv, stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        output.close()
+        self.processes[name] = process
+        return process
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        process = self.processes[name]
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, sig)
+            process.wait(30)
+
+    def output(self, name: str) -> str:
+        return (self.root / "out" / f"{name}.out").read_text(errors="replace")
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.processes)):
+            self.kill(name, signal.SIGTERM if self.processes[name].poll() is None else signal.SIGKILL)
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str, poll_s: float = 0.25) -> Any:
+    """Poll ``predicate()`` until truthy (returned) or fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def metrics_of(run_dir: Path, name: str) -> list[dict[str, Any]]:
+    from prime_rl.metrics import read_metrics
+
+    path = run_dir / "metrics" / f"{name}.jsonl"
+    return list(read_metrics(path)) if path.exists() else []
+
+
+@pytest.fixture
+def tiny_run(tmp_path: Path) -> Any:
+    """``make(**section_overrides) -> (config_path, run_dir)``: a tiny-model run config with free ports."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "support"))
+    from tiny_lm import save_tiny_lm
+
+    model_dir = save_tiny_lm(tmp_path / "model")
+
+    def make(**sections: dict[str, Any]) -> tuple[Path, Path]:
+        orchestrator_port, origin_port, relay_port = free_ports(3)
+        run_dir = tmp_path / "run"
+        config: dict[str, Any] = {
+            "run_dir": str(run_dir),
+            "model": {"path": str(model_dir), "dtype": "float32"},
+            "tasks": {"num_tasks": 64, "digits": 1, "seed": 0},
+            "sampling": {"group_size": 4, "temperature": 1.0, "max_new_tokens": 4},
+            "orchestrator": {
+                "port": orchestrator_port,
+                "async_level": 1,
+                "prompts_per_batch": 2,
+                "task_timeout_s": 60.0,
+            },
+            "shardcast": {"origin_port": origin_port, "relay_ports": [relay_port], "keep_versions": 5},
+            "trainer": {"total_steps": 3, "samples_per_step": 16, "filter_zero_advantage": False},
+            "workers": {"count": 2, "hostile": []},
+            "evaluator": {"enabled": False},
+        }
+        for name, values in sections.items():
+            config[name] = {**config.get(name, {}), **values}
+        return write_toml(tmp_path / "run.toml", config), run_dir
+
+    return make
+
+
+@pytest.fixture
+def harness_for(tmp_path: Path) -> Iterator[Any]:
+    """``harness_for(config_path) -> ProcessHarness``; every process is stopped at teardown."""
+    harnesses: list[ProcessHarness] = []
+
+    def make(config_path: Path) -> ProcessHarness:
+        harness = ProcessHarness(tmp_path, config_path)
+        harnesses.append(harness)
+        return harness
+
+    yield make
+    for harness in harnesses:
+        harness.stop_all()
+
+
+@pytest.fixture
+def helpers() -> Any:
+    """The module-level helpers above (importlib mode cannot import conftest from test modules)."""
+    import types
+
+    return types.SimpleNamespace(
+        wait_for=wait_for, metrics_of=metrics_of, free_ports=free_ports, write_toml=write_toml
+    )

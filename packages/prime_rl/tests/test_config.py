@@ -140,3 +140,55 @@ def test_overrides_round_trip_scalars(pairs: dict[str, object]) -> None:
         ):
             continue  # bare strings that are TOML literals parse as those literals, by design
         assert node == value
+
+
+def test_tasks_come_from_verifiers_and_apply_the_template(tmp_path: Path) -> None:
+    import verifiers
+    from prime_rl.tasks import TaskSet, TaskSourceError, load_tasks
+
+    config = TasksConfig(num_tasks=7, seed=3, prompt_template="Few-shot.\n{prompt}")
+    tasks = load_tasks(config)
+    expected = verifiers.arithmetic_tasks(7, seed=3, ops=("+",), digits=(1, 2))
+    assert len(tasks) == 7
+    assert [tasks.task(i) for i in range(7)] == expected
+    assert tasks.prompt(2) == "Few-shot.\n" + expected[2].prompt
+    path = tmp_path / "tasks.jsonl"
+    verifiers.save_tasks(expected, path)
+    from_file = load_tasks(TasksConfig(source="jsonl", path=str(path), num_tasks=5))
+    assert len(from_file) == 5 and from_file.prompt(4) == expected[4].prompt
+    with pytest.raises(TaskSourceError):
+        load_tasks(TasksConfig(source="jsonl", path=str(tmp_path / "missing.jsonl")))
+    with pytest.raises(IndexError):
+        tasks.task(7)
+    with pytest.raises(TaskSourceError):
+        TaskSet([])
+
+
+def test_cli_prints_config_and_rejects_bad_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from prime_rl.cli import main
+
+    assert main(["orchestrator", "--print-config", "--orchestrator.port", "9123"]) == 0
+    assert json.loads(capsys.readouterr().out)["orchestrator"]["port"] == 9123
+    assert main(["orchestrator", "--orchestrator.nope", "1"]) == 2
+    assert "unknown key 'orchestrator.nope'" in capsys.readouterr().err
+
+
+def test_run_plans_every_process() -> None:
+    from prime_rl.run import plan_children
+
+    config = load_config(None, ["--shardcast.relay_ports", "[9002, 9003]"])
+    names = [spec.name for spec in plan_children(config)]
+    assert names[:5] == [
+        "orchestrator",
+        "shardcast-origin",
+        "shardcast-relay-0",
+        "shardcast-relay-1",
+        "trainer",
+    ]
+    assert "validator" in names
+    workers = config.workers
+    honest = int(getattr(workers, "count", 1))
+    assert sum(name.startswith("worker-") for name in names) == honest
+    assert sum(name.startswith("hostile-") for name in names) == len(getattr(workers, "hostile", []) or [])
