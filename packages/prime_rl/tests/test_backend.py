@@ -11,8 +11,8 @@ from prime_rl.backend import (
     HFBackend,
     SamplingParams,
     build_proofs,
+    check_sampled,
     proof_size,
-    split_proofs,
     token_logprobs,
     verify_proofs,
 )
@@ -50,14 +50,16 @@ def test_greedy_matches_hf_generate(backend):
         assert completion.prompt_tokens == tuple(prompt)
 
 
-def test_batched_left_padding_equals_one_by_one(backend):
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_batched_left_padding_equals_one_by_one(backend, temperature):
+    # Seeded sampling is keyed by (seed, position), so batch composition and padding cannot matter.
     prompts = encode(backend, PROMPTS)
-    params = SamplingParams(temperature=0.0, max_new_tokens=40)
+    params = SamplingParams(temperature=temperature, max_new_tokens=40)
     batched = backend.generate(prompts, [1, 2, 3, 4], params)
     for i, prompt in enumerate(prompts):
         alone = backend.generate([prompt], [i + 1], params)[0]
         assert alone.completion_tokens == batched[i].completion_tokens
-        assert alone.proofs == batched[i].proofs or len(alone.proofs) == len(batched[i].proofs)
+        assert len(alone.proofs) == len(batched[i].proofs)
         torch.testing.assert_close(
             torch.tensor(alone.logprobs), torch.tensor(batched[i].logprobs), rtol=0, atol=1e-4
         )
@@ -143,9 +145,30 @@ def test_bf16_backend_generates_and_proves():
         assert all(toploc.Thresholds().check(r).passed for r in verify_proofs(p.hidden, completion.proofs))
 
 
-def test_split_proofs_rejects_bad_lengths():
-    rows = torch.randn(40, 64)
-    data = build_proofs(rows)
-    assert len(split_proofs(data, 64)) == 2
-    with pytest.raises(ValueError):
-        split_proofs(data[:-1], 64)
+def test_proof_builder_equals_batch_proofs(backend):
+    # The streaming builder in the decode loop must give the proofs of the stacked rows.
+    prompts = encode(backend, PROMPTS)
+    out = backend.generate(prompts, [5, 6, 7, 8], SamplingParams(temperature=1.0, max_new_tokens=40))
+    pre = backend.prefill([c.prompt_tokens for c in out], [c.completion_tokens for c in out])
+    for completion, p in zip(out, pre, strict=True):
+        rebuilt = build_proofs(p.hidden)
+        assert len(rebuilt) == len(completion.proofs)
+        assert all(toploc.Thresholds().check(r).passed for r in verify_proofs(p.hidden, completion.proofs))
+    with pytest.raises(toploc.ProofFormatError):
+        verify_proofs(pre[0].hidden, out[0].proofs[:-1])
+
+
+def test_sampling_is_reproducible_from_prefill_logits(backend):
+    prompts = encode(backend, PROMPTS)
+    seeds = [11, 12, 13, 14]
+    out = backend.generate(prompts, seeds, SamplingParams(temperature=1.0, max_new_tokens=30))
+    pre = backend.prefill([c.prompt_tokens for c in out], [c.completion_tokens for c in out])
+    for completion, p in zip(out, pre, strict=True):
+        tokens = torch.tensor(completion.completion_tokens)
+        assert check_sampled(p.logits, tokens, completion.seed, 1.0, tolerance=0.25, max_mismatches=0).passed
+        torch.testing.assert_close(
+            token_logprobs(p.logits, tokens, 1.0), torch.tensor(completion.logprobs), rtol=0, atol=1e-4
+        )
+        # The same tokens claimed under another seed are (almost surely) not what the sampler draws.
+        other = check_sampled(p.logits, tokens, completion.seed + 1, 1.0, tolerance=0.25, max_mismatches=0)
+        assert not other.passed or len(tokens) == 1

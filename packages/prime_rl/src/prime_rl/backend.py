@@ -4,11 +4,13 @@ A backend turns prompt token ids into completions for an inference worker, and r
 states and logits by one prefill for the validator. Every backend must honour the same contract,
 because the validator re-derives everything a worker claims:
 
-* **Sampling** uses toploc's seeded sampler (Gumbel-max with noise keyed by ``(seed, position)``):
-  the token at completion position ``t`` of a sequence with seed ``s`` is
-  ``argmax_v(logits_t[v] / T + g(s, t, v))``. Given the same logits anyone can redraw it, so a
-  completion that was not sampled from the claimed policy fails the validator's sampling check.
-  ``temperature == 0`` is greedy (``argmax``, no noise).
+* **Sampling** uses toploc's seeded Gumbel-max sampler: the token at completion position ``t`` of
+  a sample with (lease-assigned) seed ``s`` is ``toploc.sample_tokens(logits_t, seed=SAMPLER_SEED,
+  sequence_ids=[s], positions=[t], temperature=T)``, i.e. ``argmax_v(logits_t[v] / T + g(0, s, t, v))``.
+  Keying the noise by the per-sample seed as toploc's *sequence id* lets one call draw a whole
+  batch. Given the same logits anyone can redraw it (``toploc.check_sampling``), so a completion
+  that was not sampled from the claimed policy fails the validator's sampling check.
+  ``temperature == 0`` is greedy.
 * **Hidden states** are the final hidden states (after the final norm, i.e. the input of
   ``lm_head``) at the positions whose logits sampled each completion token: row ``t`` is the state
   at absolute position ``len(prompt) + t - 1``. There is one row per completion token and no
@@ -122,12 +124,8 @@ def proof_size(topk: int) -> int:
     return 2 + 2 * topk
 
 
-def split_proofs(data: bytes, topk: int) -> list[bytes]:
-    """Cut concatenated proofs into single proofs; ``ValueError`` if the length does not divide."""
-    size = proof_size(topk)
-    if len(data) % size:
-        raise ValueError(f"{len(data)} proof bytes are not a multiple of the proof size {size}")
-    return [data[i : i + size] for i in range(0, len(data), size)]
+SAMPLER_SEED = 0
+"""toploc sampler ``seed``; the per-sample seed is passed as the sampler's ``sequence_id``."""
 
 
 def build_proofs(hidden_rows: torch.Tensor) -> bytes:
@@ -146,7 +144,11 @@ def verify_proofs(hidden_rows: torch.Tensor, data: bytes) -> list[Any]:
     """
     topk = proof_topk(hidden_rows.shape[-1])
     return toploc.verify_proofs_bytes(
-        hidden_rows, split_proofs(data, topk), decode_batching_size=PROOF_CHUNK, topk=topk, skip_prefill=True
+        hidden_rows,
+        toploc.split_proofs(data, topk),
+        decode_batching_size=PROOF_CHUNK,
+        topk=topk,
+        skip_prefill=True,
     )
 
 
@@ -154,14 +156,37 @@ class GenerationError(RuntimeError):
     """The backend cannot serve the request (empty prompt, context too long, ...)."""
 
 
-def sample_next(logits: torch.Tensor, seeds: Sequence[int], positions: Sequence[int], temperature: float):
+def sample_next(logits: torch.Tensor, seeds: torch.Tensor, position: int, temperature: float) -> torch.Tensor:
     """Draw one token per row with toploc's seeded sampler (greedy when ``temperature == 0``).
 
-    ``logits``: ``[B, V]`` fp32; ``positions``: completion position of each row. Returns ``[B]`` int64.
+    ``logits``: ``[B, V]``; ``seeds``: ``[B]`` int64 per-sample seeds; ``position``: the completion
+    position of every row. Returns ``[B]`` int64 on the logits' device.
     """
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    return toploc.sample_tokens(logits, seeds=list(seeds), positions=list(positions), temperature=temperature)
+    positions = torch.full_like(seeds, position)
+    return toploc.sample_tokens(logits, SAMPLER_SEED, seeds, positions, temperature=temperature)
+
+
+def check_sampled(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    seed: int,
+    temperature: float,
+    *,
+    tolerance: float,
+    max_mismatches: int,
+) -> Any:
+    """toploc's ``SamplingCheck`` of completion ``tokens [n]`` against recomputed ``logits [n, V]``."""
+    positions = torch.arange(tokens.numel())
+    return toploc.check_sampling(
+        logits,
+        tokens,
+        SAMPLER_SEED,
+        seed,
+        positions,
+        temperature,
+        tolerance=tolerance,
+        max_mismatches=max_mismatches,
+    )
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -252,20 +277,21 @@ class HFBackend:
             input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
         ).last_hidden_state[:, -1]
         next_position = positions[:, -1] + 1
+        seed_tensor = torch.tensor([int(x) for x in seeds], dtype=torch.long, device=self.device)
+        builder = toploc.ProofBuilder(batch, hidden.shape[-1], PROOF_CHUNK, proof_topk(hidden.shape[-1]))
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
-        rows: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         finish: list[FinishReason | None] = [None] * batch
         for step in range(params.max_new_tokens):
             logits = self._lm_head(hidden).float()
-            sampled = sample_next(logits, seeds, [step] * batch, params.temperature)
+            sampled = sample_next(logits, seed_tensor, step, params.temperature)
             sampled_logp = token_logprobs(logits, sampled, params.temperature).tolist()
+            builder.add(hidden, active_mask=[f is None for f in finish])
             for i, token in enumerate(sampled.tolist()):
                 if finish[i] is not None:
                     continue
                 tokens[i].append(token)
                 logprobs[i].append(sampled_logp[i])
-                rows[i].append(hidden[i])
                 if token in self.eos_token_ids:
                     finish[i] = "eos"
                 elif params.stop and self._stopped_by_string(tokens[i], params.stop):
@@ -281,15 +307,15 @@ class HFBackend:
                 use_cache=True,
             ).last_hidden_state[:, -1]
             next_position = next_position + 1
+        proofs = builder.finish()
         results = []
         for i in range(batch):
-            proofs = build_proofs(torch.stack(rows[i]).cpu())
             results.append(
                 Completion(
                     prompt_tokens=tuple(int(t) for t in prompts[i]),
                     completion_tokens=tuple(tokens[i]),
                     logprobs=tuple(logprobs[i]),
-                    proofs=proofs,
+                    proofs=proofs[i],
                     seed=int(seeds[i]),
                     finish_reason=finish[i] or "length",
                     text=str(self.tokenizer.decode(tokens[i], skip_special_tokens=True)),

@@ -1,0 +1,282 @@
+"""Validator checks: honest batches accepted, each hostile behaviour rejected with its reason."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tiny_lm import make_tiny_lm, make_tiny_tokenizer
+
+from prime_rl import assignment
+from prime_rl.backend import HFBackend
+from prime_rl.hostile import BEHAVIOURS, HostileWorker
+from prime_rl.protocol import LeaseRecord, LeaseTask, PendingBatch, RolloutBatch, TaskLease
+from prime_rl.validation import Checks, Reason, validate_batch
+from prime_rl.validator import WorkerLedger
+
+RUN_SEED = 7
+NUM_TASKS = 12
+GROUP = 4
+PER_BATCH = 2
+MAX_NEW = 6
+TOKENIZER = make_tiny_tokenizer()
+
+
+class Tasks:
+    """Arithmetic prompts; reward = share of digit characters (varies even for a random model)."""
+
+    num_tasks = NUM_TASKS
+
+    def prompt(self, task_id: int) -> str:
+        return f"{task_id}+{task_id * 3}="
+
+    def prompt_tokens(self, task_id: int) -> list[int]:
+        return TOKENIZER(self.prompt(task_id))["input_ids"]
+
+    def score(self, task_id: int, completion: str) -> float:
+        return sum(ch.isdigit() for ch in completion) / max(len(completion), 1)
+
+
+TASKS = Tasks()
+CHECKS = Checks(
+    run_seed=RUN_SEED,
+    prompts_per_batch=PER_BATCH,
+    async_level=1,
+    group_size=GROUP,
+    temperature=1.0,
+    max_new_tokens=MAX_NEW,
+    vocab_size=100,
+    eos_token_ids=frozenset({2}),
+)
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return HFBackend("unused", model=make_tiny_lm(), tokenizer=TOKENIZER)
+
+
+def lease_for(worker_id: str, step: int, batch_index: int) -> tuple[TaskLease, LeaseRecord]:
+    ids = assignment.task_ids(
+        run_seed=RUN_SEED,
+        worker_id=worker_id,
+        step=step,
+        batch_index=batch_index,
+        num_tasks=NUM_TASKS,
+        prompts_per_batch=PER_BATCH,
+    )
+    tasks = [
+        LeaseTask(
+            task_id=t,
+            prompt=TASKS.prompt(t),
+            sampling_seeds=list(
+                assignment.sampling_seeds(
+                    run_seed=RUN_SEED,
+                    worker_id=worker_id,
+                    step=step,
+                    batch_index=batch_index,
+                    task_id=t,
+                    group_size=GROUP,
+                )
+            ),
+        )
+        for t in ids
+    ]
+    now = time.time()
+    lease = TaskLease(
+        worker_id=worker_id,
+        step=step,
+        batch_index=batch_index,
+        min_policy_version=max(0, step - 1),
+        deadline=now + 60,
+        group_size=GROUP,
+        temperature=1.0,
+        max_new_tokens=MAX_NEW,
+        stop=[],
+        tasks=tasks,
+    )
+    record = LeaseRecord(
+        worker_id=worker_id,
+        step=step,
+        batch_index=batch_index,
+        task_ids=list(ids),
+        issued_at=now,
+        deadline=now + 60,
+        source_worker_id=worker_id,
+        source_step=step,
+        source_batch_index=batch_index,
+    )
+    return lease, record
+
+
+def pending(batch: RolloutBatch, record: LeaseRecord | None) -> PendingBatch:
+    return PendingBatch(
+        batch_id=f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}",
+        worker_id=batch.worker_id,
+        step=batch.step,
+        batch_index=batch.batch_index,
+        policy_version=batch.policy_version,
+        received_at=time.time(),
+        lease=record,
+        samples=batch.samples,
+    )
+
+
+def worker(behaviour: str) -> HostileWorker:
+    encode = lambda text: TOKENIZER(text)["input_ids"]  # noqa: E731
+    return HostileWorker(behaviour, encode, TASKS.score, TASKS.prompt_tokens, RUN_SEED, NUM_TASKS)
+
+
+def decode(tokens):
+    return TOKENIZER.decode(list(tokens), skip_special_tokens=True)
+
+
+def verdicts_for(batch, record, backend, **kwargs):
+    return validate_batch(
+        pending(batch, record),
+        tasks=TASKS,
+        backend_for=lambda v: backend if v == backend.policy_version else None,
+        decode=decode,
+        checks=kwargs.pop("checks", CHECKS),
+        **kwargs,
+    )
+
+
+def test_honest_batch_is_accepted_with_recomputed_rewards(backend):
+    lease, record = lease_for("honest-1", 0, 0)
+    batch = worker("honest").answer(lease, backend)
+    assert len(batch.samples) == GROUP * PER_BATCH
+    verdicts = verdicts_for(batch, record, backend)
+    assert [v.reason for v in verdicts] == [Reason.ACCEPTED] * len(verdicts)
+    for v, s in zip(verdicts, batch.samples, strict=True):
+        assert (
+            v.accepted
+            and v.reward == pytest.approx(s.reward, abs=0)
+            and v.advantage == pytest.approx(s.advantage, abs=1e-9)
+        )
+
+
+EXPECTED = {
+    "other_weights": {Reason.PROOF_FAILED},
+    "changed_prompt": {Reason.PROMPT_MISMATCH},
+    "fabricated_completion": {Reason.SAMPLING_FAILED},
+    "inflated_rewards": {Reason.REWARD_MISMATCH},
+    "unassigned_tasks": {Reason.UNASSIGNED_TASK},
+    "garbage": {Reason.MALFORMED_PROOF, Reason.PROOF_FAILED},
+}
+
+
+@pytest.mark.parametrize("behaviour", sorted(EXPECTED))
+def test_hostile_behaviour_is_rejected_with_its_reason(backend, behaviour):
+    lease, record = lease_for(f"bad-{behaviour.replace('_', '-')}", 0, 1)
+    batch = worker(behaviour).answer(lease, backend)
+    verdicts = verdicts_for(batch, record, backend)
+    assert not any(v.accepted for v in verdicts)
+    reasons = {v.reason for v in verdicts}
+    assert reasons & EXPECTED[behaviour], (behaviour, [(v.reason, v.detail) for v in verdicts])
+    assert reasons <= EXPECTED[behaviour] | {Reason.GROUP_REJECTED}
+
+
+def test_stale_policy_is_rejected(backend):
+    # Lease of step 3 answered with version 0 while async_level = 1: 0 < 3 - 1.
+    lease, record = lease_for("stale", 3, 0)
+    batch = worker("stale_policy").answer(lease, backend)
+    assert batch.policy_version == 0
+    verdicts = verdicts_for(batch, record, backend)
+    assert {v.reason for v in verdicts} == {Reason.STALE_POLICY}
+
+
+def test_future_and_unknown_versions_and_missing_lease(backend):
+    lease, record = lease_for("w", 0, 0)
+    batch = worker("honest").answer(lease, backend)
+    future = batch.model_copy(update={"policy_version": 5})
+    assert {v.reason for v in verdicts_for(future, record, backend)} == {Reason.FUTURE_POLICY}
+    none_backend = validate_batch(
+        pending(batch, record), tasks=TASKS, backend_for=lambda v: None, decode=decode, checks=CHECKS
+    )
+    assert {v.reason for v in none_backend} == {Reason.UNKNOWN_POLICY}
+    assert {v.reason for v in verdicts_for(batch, None, backend)} == {Reason.UNASSIGNED_TASK}
+
+
+def test_seed_temperature_logprobs_and_group_checks(backend):
+    lease, record = lease_for("w2", 0, 0)
+    batch = worker("honest").answer(lease, backend)
+
+    def tamper(index, **update):
+        samples = list(batch.samples)
+        samples[index] = samples[index].model_copy(update=update)
+        return batch.model_copy(update={"samples": samples})
+
+    cases = [
+        (tamper(0, sampling_seed=batch.samples[0].sampling_seed + 1), Reason.SEED_MISMATCH),
+        (tamper(0, temperature=0.7), Reason.SAMPLING_PARAMS_MISMATCH),
+        (
+            tamper(0, inference_logprobs=[x - 1.0 for x in batch.samples[0].inference_logprobs]),
+            Reason.LOGPROBS_MISMATCH,
+        ),
+        (tamper(0, advantage=batch.samples[0].advantage + 0.5), Reason.ADVANTAGE_MISMATCH),
+        (tamper(0, completion_tokens=[101] * len(batch.samples[0].completion_tokens)), Reason.MALFORMED),
+        (batch.model_copy(update={"samples": batch.samples[1:]}), Reason.GROUP_INCOMPLETE),
+    ]
+    for tampered, reason in cases:
+        verdicts = verdicts_for(tampered, record, backend)
+        assert verdicts[0].reason == reason, (reason, verdicts[0])
+        assert not any(v.accepted for v in verdicts[: GROUP - (reason == Reason.GROUP_INCOMPLETE)])
+        # The other task's group is untouched and still accepted.
+        assert all(v.accepted for v in verdicts[-GROUP:]), [v.reason for v in verdicts]
+
+
+def test_early_eos_and_truncation_are_bad_termination(backend):
+    lease, record = lease_for("w3", 0, 0)
+    batch = worker("honest").answer(lease, backend)
+    s = batch.samples[0]
+    cut = s.model_copy(
+        update={
+            "completion_tokens": s.completion_tokens[:-1] or [5],
+            "inference_logprobs": s.inference_logprobs[:-1] or [0.0],
+        }
+    )
+    if s.completion_tokens[-1] != 2 and len(s.completion_tokens) > 1:
+        tampered = batch.model_copy(update={"samples": [cut, *batch.samples[1:]]})
+        assert verdicts_for(tampered, record, backend)[0].reason == Reason.BAD_TERMINATION
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    proofs=st.binary(max_size=600),
+    tokens=st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=MAX_NEW + 2),
+    logprobs=st.floats(-1e6, 1e6, allow_nan=False),
+)
+def test_validator_never_crashes_on_hostile_samples(backend, proofs, tokens, logprobs):
+    lease, record = lease_for("fuzz", 0, 0)
+    batch = HONEST_CACHE.setdefault("batch", worker("honest").answer(lease, backend))
+    s = batch.samples[0].model_copy(
+        update={
+            "proofs": base64.b64encode(proofs).decode(),
+            "completion_tokens": tokens,
+            "inference_logprobs": [logprobs] * len(tokens),
+        }
+    )
+    verdicts = verdicts_for(batch.model_copy(update={"samples": [s, *batch.samples[1:]]}), record, backend)
+    assert len(verdicts) == len(batch.samples)
+    assert not verdicts[0].accepted and verdicts[0].reason != Reason.INTERNAL_ERROR
+
+
+HONEST_CACHE: dict[str, RolloutBatch] = {}
+
+
+def test_ledger_bans_over_threshold():
+    ledger = WorkerLedger(ban_failure_rate=0.5, ban_min_samples=10)
+    assert ledger.record("good", accepted=9, rejected=1) is None
+    assert ledger.record("bad", accepted=2, rejected=3) is None  # too few samples to judge
+    reason = ledger.record("bad", accepted=0, rejected=5)
+    assert reason is not None and "8/10" in reason
+    assert ledger.record("bad", accepted=0, rejected=5) is None  # banned once
+
+
+def test_every_behaviour_name_is_known():
+    assert "honest" in BEHAVIOURS
+    with pytest.raises(ValueError):
+        worker("nope")
