@@ -1,0 +1,268 @@
+"""The held-out evaluator: greedy accuracy of each policy version on a fixed seeded problem set.
+
+``prime-rl evaluator --config run.toml`` follows the policy versions the trainer publishes through
+shardcast (like a worker, but trusted and read-only) and, at version 0 (the initial weights at
+``model.path``), every ``evaluator.every`` versions and at the final version
+(``trainer.total_steps``), generates one greedy completion per held-out problem and scores it with
+the same ``verifiers`` reward the workers use. One metrics record per evaluation::
+
+    {"event": "eval", "policy_version": 4, "accuracy": 0.42, "num_correct": 27, "num_problems": 64,
+     "mean_completion_tokens": 3.1, "seconds": 6.2}
+
+Held-out set: the ``[tasks]`` generator (same ops, digits and prompt template) re-seeded with
+``evaluator.seed``; any problem whose prompt also occurs in the training task set is dropped, so
+accuracy measures generalisation, not memorisation of training prompts. Greedy decoding
+(temperature 0) makes the number a deterministic function of the weights.
+
+Pitfall: with ``shardcast.keep_versions`` smaller than the trainer's lead, an exact version can be
+gone by the time the evaluator asks; it then evaluates the oldest newer version still offered and
+records that version, so plots stay truthful (they may skip a point, never mislabel one).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+
+from prime_rl.config import Section, TasksConfig
+
+if TYPE_CHECKING:
+    from prime_rl.config import RunConfig
+    from prime_rl.tasks import TaskSet
+
+__all__ = [
+    "EvalResult",
+    "EvaluatorConfig",
+    "EvaluatorError",
+    "evaluate",
+    "heldout_task_set",
+    "main",
+    "versions_to_evaluate",
+]
+
+log = logging.getLogger(__name__)
+
+
+class EvaluatorConfig(Section):
+    """[evaluator]: held-out greedy accuracy, before training and every few policy versions."""
+
+    enabled: bool = Field(True, description="Start the evaluator with `prime-rl run`.")
+    every: int = Field(2, ge=1, description="Evaluate every N policy versions (plus version 0 and the last).")
+    num_problems: int = Field(64, ge=1, description="Held-out problems (fixed, seeded).")
+    seed: int = Field(1_000_003, ge=0, description="Seed of the held-out set (distinct from tasks.seed).")
+    max_new_tokens: int = Field(0, ge=0, description="Completion limit (0 = sampling.max_new_tokens).")
+    batch_size: int = Field(64, ge=1, description="Problems per greedy generation batch.")
+    num_threads: int = Field(1, ge=1, description="torch.set_num_threads for this process.")
+    poll_interval_s: float = Field(1.0, gt=0, description="Seconds between checks for a new policy version.")
+    version_timeout_s: float = Field(
+        3600.0, gt=0, description="Give up if the next version to evaluate does not appear within this time."
+    )
+
+
+class EvaluatorError(RuntimeError):
+    """The held-out set cannot be built or a policy version never appeared."""
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Greedy accuracy of one policy version on the held-out set.
+
+    ``accuracy`` = mean reward over problems (rewards are 0/1 for arithmetic, so this is the
+    fraction solved); ``num_correct`` counts rewards == 1; ``examples`` are the first few
+    ``(prompt tail, completion)`` pairs, for people reading the metrics.
+    """
+
+    policy_version: int
+    accuracy: float
+    num_correct: int
+    num_problems: int
+    mean_completion_tokens: float
+    seconds: float
+    examples: tuple[tuple[str, str], ...] = ()
+
+
+def versions_to_evaluate(total_steps: int, every: int) -> list[int]:
+    """``[0, every, 2*every, ..., total_steps]`` (the final version always included).
+
+    >>> versions_to_evaluate(7, 3)
+    [0, 3, 6, 7]
+    """
+    if total_steps < 0 or every < 1:
+        raise ValueError(f"need total_steps >= 0 and every >= 1, got {total_steps}, {every}")
+    versions = list(range(0, total_steps + 1, every))
+    if versions[-1] != total_steps:
+        versions.append(total_steps)
+    return versions
+
+
+def _prompt_of(task: Any) -> str:
+    return str(task.prompt if hasattr(task, "prompt") else task["prompt"])
+
+
+def heldout_task_set(
+    tasks: TasksConfig, num_problems: int, seed: int, *, training: TaskSet | None = None
+) -> TaskSet:
+    """The fixed held-out problems: the ``[tasks]`` generator re-seeded, training prompts removed.
+
+    Only ``source = "arithmetic"`` can be re-seeded; file sources use their rows after the first
+    ``tasks.num_tasks`` (the training slice), which must exist.
+    """
+    from prime_rl.tasks import TaskSet, load_tasks
+
+    train = training if training is not None else load_tasks(tasks)
+    seen = {_prompt_of(train.task(i)) for i in range(len(train))}
+    if tasks.source == "arithmetic":
+        # Draw extra candidates so that dropping training prompts still leaves num_problems.
+        candidates = load_tasks(tasks.model_copy(update={"seed": seed, "num_tasks": 4 * num_problems + 16}))
+        pool = [candidates.task(i) for i in range(len(candidates))]
+    else:
+        everything = load_tasks(tasks.model_copy(update={"num_tasks": tasks.num_tasks + num_problems}))
+        pool = [everything.task(i) for i in range(tasks.num_tasks, len(everything))]
+    chosen: list[Any] = []
+    prompts: set[str] = set()
+    for task in pool:
+        prompt = _prompt_of(task)
+        if prompt in seen or prompt in prompts:
+            continue
+        prompts.add(prompt)
+        chosen.append(task)
+        if len(chosen) == num_problems:
+            return TaskSet(chosen, tasks.prompt_template)
+    raise EvaluatorError(
+        f"only {len(chosen)} held-out problems disjoint from the {len(train)} training tasks; "
+        "lower evaluator.num_problems or widen tasks.digits/ops"
+    )
+
+
+def _verifiers_reward(task: Any, completion: str) -> float:
+    import verifiers
+
+    return float(verifiers.verify(task, completion).reward)
+
+
+def evaluate(
+    backend: Any,
+    task_set: TaskSet,
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+    batch_size: int = 64,
+    score: Callable[[Any, str], float] = _verifiers_reward,
+    num_examples: int = 4,
+) -> EvalResult:
+    """Greedy-decode every held-out prompt with ``backend`` and score it.
+
+    Args:
+        backend: a :class:`prime_rl.backend.GenerationBackend` (its ``policy_version`` is reported).
+        task_set: the held-out problems (prompts already carry the template).
+        max_new_tokens / stop: as the workers' sampling (temperature is 0 here).
+        score: ``(task, completion_text) -> reward in [0, 1]``; default ``verifiers.verify``.
+        num_examples: how many (prompt tail, completion) pairs to keep in the result.
+    """
+    from prime_rl.backend import SamplingParams
+    from prime_rl.tasks import encode_prompt
+
+    started = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop=tuple(stop))
+    rewards: list[float] = []
+    lengths: list[int] = []
+    examples: list[tuple[str, str]] = []
+    for start in range(0, len(task_set), batch_size):
+        ids = range(start, min(start + batch_size, len(task_set)))
+        prompts = [encode_prompt(backend.tokenizer, task_set.prompt(i)) for i in ids]
+        completions = backend.generate(prompts, [0] * len(prompts), params)
+        for task_id, completion in zip(ids, completions, strict=True):
+            rewards.append(score(task_set.task(task_id), completion.text))
+            lengths.append(len(completion.completion_tokens))
+            if len(examples) < num_examples:
+                examples.append((task_set.prompt(task_id)[-40:], completion.text))
+    return EvalResult(
+        policy_version=int(backend.policy_version),
+        accuracy=sum(rewards) / len(rewards),
+        num_correct=sum(reward >= 1.0 for reward in rewards),
+        num_problems=len(rewards),
+        mean_completion_tokens=sum(lengths) / len(lengths),
+        seconds=time.perf_counter() - started,
+        examples=tuple(examples),
+    )
+
+
+def _await_version(client: Any, wanted: int, cfg: EvaluatorConfig) -> int:
+    """Block until shardcast offers a complete version >= ``wanted``; return the smallest such."""
+    deadline = time.monotonic() + cfg.version_timeout_s
+    while True:
+        import shardcast
+
+        try:
+            complete = client.list_versions().complete
+        except (shardcast.ShardcastError, OSError) as error:  # servers may not be up yet: keep polling
+            log.debug("listing versions failed: %s", error)
+            complete = {}
+        ready = sorted(version for version in complete if version >= wanted)
+        if ready:
+            return ready[0]
+        if time.monotonic() > deadline:
+            raise EvaluatorError(
+                f"policy version {wanted} did not appear within {cfg.version_timeout_s:.0f}s"
+            )
+        time.sleep(cfg.poll_interval_s)
+
+
+def main(config: RunConfig, name: str = "evaluator") -> int:
+    """Process entry of ``prime-rl evaluator``: evaluate versions until the final one; returns 0."""
+    import torch
+
+    import shardcast
+    from prime_rl.backend import HFBackend
+    from prime_rl.metrics import init_process
+    from prime_rl.tasks import load_tasks
+
+    cfg: EvaluatorConfig = config.evaluator
+    metrics = init_process("evaluator", name, config.run_dir)
+    torch.set_num_threads(cfg.num_threads)
+    training = load_tasks(config.tasks)
+    heldout = heldout_task_set(config.tasks, cfg.num_problems, cfg.seed, training=training)
+    backend = HFBackend(config.model.path, dtype=config.model.dtype, max_batch_size=cfg.batch_size)
+    max_new_tokens = cfg.max_new_tokens or config.sampling.max_new_tokens
+    client = shardcast.Client(config.shardcast.client_servers)
+    weights_dir = Path(config.run_dir) / "evaluator"
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    total_steps = int(config.trainer.total_steps)
+    log.info(
+        "held-out set: %d problems (seed %d); evaluating versions %s",
+        len(heldout),
+        cfg.seed,
+        versions_to_evaluate(total_steps, cfg.every),
+    )
+    for wanted in versions_to_evaluate(total_steps, cfg.every):
+        if wanted <= backend.policy_version and wanted != 0:
+            continue  # an earlier wait already delivered a newer version
+        if wanted > 0:
+            waited = time.perf_counter()
+            version = _await_version(client, wanted, cfg)
+            fetched = client.fetch(version, weights_dir / "model.safetensors")
+            backend.load_weights(fetched.path, version)
+            metrics.log("weights_loaded", policy_version=version, wait_s=time.perf_counter() - waited)
+        result = evaluate(
+            backend,
+            heldout,
+            max_new_tokens=max_new_tokens,
+            stop=config.sampling.stop,
+            batch_size=cfg.batch_size,
+        )
+        metrics.log("eval", **result.__dict__)
+        log.info(
+            "policy version %d: held-out accuracy %.3f (%d/%d) in %.1fs",
+            result.policy_version,
+            result.accuracy,
+            result.num_correct,
+            result.num_problems,
+            result.seconds,
+        )
+    return 0
