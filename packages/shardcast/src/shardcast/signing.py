@@ -25,14 +25,18 @@ from .manifest import Manifest, Signature
 
 
 class SigningKey(Protocol):
-    key_id: str
+    @property
+    def key_id(self) -> str: ...
 
     def sign(self, payload: bytes) -> Signature: ...
 
 
 class VerifyKey(Protocol):
-    key_id: str
-    scheme: str
+    @property
+    def key_id(self) -> str: ...
+
+    @property
+    def scheme(self) -> str: ...
 
     def verify(self, payload: bytes, signature: Signature) -> bool: ...
 

@@ -96,6 +96,7 @@ class OutputSink:
         self.identity = manifest.identity()
         self.done: set[tuple[int, bool]] = set()
         self.partial: dict[int, int] = {}
+        output.parent.mkdir(parents=True, exist_ok=True)
         self._load_journal()
         flags = os.O_RDWR | os.O_CREAT
         self.fd = os.open(self.tmp, flags, 0o644)

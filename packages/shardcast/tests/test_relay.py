@@ -1,0 +1,97 @@
+"""Relays on loopback: pipelined chains, verification, hostile upstreams, upstream loss."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import requests
+from shardcast_testlib import make_manifest  # type: ignore[import-not-found]
+
+from conftest import files_equal, wait_until, write_random  # type: ignore[import-not-found]
+from shardcast import Client, Origin
+from shardcast.layout import DataDir, Index, IndexEntry
+from shardcast.server import HttpServer
+
+
+def test_chain_pipelines_and_delivers(origin_factory, relay_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # 4 MB in 64 KiB shards, origin limited to 100 kB/s per response: the first relay needs
+    # several seconds, so the second relay can only serve early shards by pipelining.
+    origin = origin_factory(rate_limit_bps=100_000)
+    model = write_random(tmp_path / "model.bin", 4_000_000, seed=11)
+    first = relay_factory([origin.url], "r1")
+    second = relay_factory([first.url], "r2")
+    origin.publish(model)
+    observed = []
+
+    def second_serves_while_first_incomplete() -> bool:
+        if requests.get(f"{second.url}/v1/shard_000000.bin", timeout=10).status_code != 200:
+            return False
+        entry = first.local_index().entry(1)  # read *after* the relay-2 GET succeeded
+        observed.append(entry)
+        return True
+
+    wait_until(second_serves_while_first_incomplete, timeout=60, what="relay 2 serving shard 0")
+    assert observed[-1] is not None and not observed[-1].complete, (
+        "relay 2 only served after relay 1 had everything"
+    )
+    result = Client([second.url]).fetch(1, tmp_path / "out.bin", deadline_s=120)
+    assert files_equal(result.path, model)
+    wait_until(lambda: first.local_index().latest(complete_only=True) == 1, what="relay 1 complete")
+
+
+def test_relay_never_serves_unverified_shards(tmp_path: Path, payload: Path, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    with Origin(tmp_path / "a", port=0, shard_size=64 * 1024) as bad_origin:
+        manifest = bad_origin.publish(payload)
+        shutil.copytree(tmp_path / "a", tmp_path / "b")  # an identical, healthy second origin
+        shard3 = bad_origin.data_dir.shard_path(1, 3)
+        shard3.write_bytes(b"\x00" + shard3.read_bytes()[1:])
+        relay = relay_factory([bad_origin.url], "r")
+        wait_until(
+            lambda: relay.data_dir.shard_path(1, manifest.num_shards - 1).exists(),
+            what="other shards mirrored",
+        )
+        assert requests.get(f"{relay.url}/v1/shard_000003.bin").status_code == 404
+        assert not relay.local_index().entry(1).complete  # type: ignore[union-attr]
+        relay.stop()
+        with Origin(tmp_path / "b", port=0) as good_origin:
+            healed = relay_factory([bad_origin.url, good_origin.url], "r")  # same dir: resumes, re-verifies
+            wait_until(lambda: healed.local_index().latest(complete_only=True) == 1, what="relay complete")
+            assert (
+                healed.data_dir.shard_path(1, 3).read_bytes() == payload.read_bytes()[3 * 65536 : 4 * 65536]
+            )
+
+
+def test_relay_rejects_hostile_upstream_and_writes_nothing_outside(tmp_path: Path, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    hostile = DataDir(tmp_path / "hostile")
+    hostile.write_index(Index((IndexEntry(1, True), IndexEntry(2, True))))
+    for version, change in (
+        (1, {"file_name": "../../../escaped"}),
+        (2, {"file_size": 10**15, "shard_size": 1}),
+    ):
+        obj = json.loads(make_manifest(version=version).to_json())
+        obj.update(change)
+        hostile.version_dir(version).mkdir()
+        hostile.manifest_path(version).write_text(json.dumps(obj))
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    with HttpServer(hostile) as server:
+        relay = relay_factory([server.url], "relay")
+        wait_until(lambda: "file_name" in relay.last_error or "exceeds" in relay.last_error, what="rejection")
+        wait_until(lambda: "file_name" in relay.last_error, what="v1 rejection")
+    after = sorted(str(p) for p in tmp_path.rglob("*"))
+    new = [p for p in after if p not in before]
+    assert all(p.startswith(str(tmp_path / "relay")) for p in new), new
+    assert relay.local_index().versions == ()
+
+
+def test_relay_serves_what_it_has_when_upstream_dies(tmp_path: Path, payload: Path, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    origin = Origin(tmp_path / "o", port=0, shard_size=64 * 1024).start()
+    origin.publish(payload)
+    relay = relay_factory([origin.url], "r")
+    wait_until(lambda: relay.local_index().latest(complete_only=True) == 1, what="mirrored")
+    origin.stop()
+    wait_until(lambda: relay._upstream_ok.get(origin.url) is False, what="relay noticed upstream loss")
+    result = Client([relay.url, origin.url]).fetch("latest", tmp_path / "out.bin", deadline_s=60)
+    assert files_equal(result.path, payload)
+    assert relay.local_index().latest(complete_only=True) == 1
