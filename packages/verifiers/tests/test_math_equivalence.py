@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from verifiers.math import MathWorkerPool, compare_answers, is_equivalent, is_equivalent_async
 
+
 def _row_options(row: dict) -> dict:
     return {
         "float_rounding": row["float_rounding"],
@@ -212,7 +213,10 @@ def test_symmetric_on_expressions(warm_pool, a, b):
     assert is_equivalent(a, b) == is_equivalent(b, a)
 
 
-@given(st.integers(min_value=-(10**12), max_value=10**12), st.sampled_from(["plain", "box", "dollar", "period", "comma", "unit"]))
+@given(
+    st.integers(min_value=-(10**12), max_value=10**12),
+    st.sampled_from(["plain", "box", "dollar", "period", "comma", "unit"]),
+)
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_integer_equals_itself_after_formatting(warm_pool, n, style):
     formatted = {
@@ -243,7 +247,23 @@ def test_never_raises_on_arbitrary_text(warm_pool, a, b):
     assert verdict.reason != "error", verdict
 
 
-@given(st.sampled_from(["\\frac{", "\\sqrt", "^^^", "{{{{", "\\begin{pmatrix}", "((((", "\\left(", "1/0", "__import__('os')", "x.__class__", "lambda: 1"]))
+@given(
+    st.sampled_from(
+        [
+            "\\frac{",
+            "\\sqrt",
+            "^^^",
+            "{{{{",
+            "\\begin{pmatrix}",
+            "((((",
+            "\\left(",
+            "1/0",
+            "__import__('os')",
+            "x.__class__",
+            "lambda: 1",
+        ]
+    )
+)
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_malformed_latex_is_not_equal_to_a_number(warm_pool, junk):
     assert not is_equivalent("1", junk)

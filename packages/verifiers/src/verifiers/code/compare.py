@@ -69,7 +69,7 @@ def outputs_match(
 
 def _values_match(a: object, b: object, rel_tol: float, abs_tol: float) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
-        return a == b
+        return type(a) is type(b) and a == b
     if isinstance(a, int | float) and isinstance(b, int | float):
         return math.isclose(a, b, rel_tol=rel_tol, abs_tol=abs_tol)
     if isinstance(a, list) and isinstance(b, list):

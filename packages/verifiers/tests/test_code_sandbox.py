@@ -1,0 +1,185 @@
+"""The sandbox: correct, wrong and partial programs, and hostile ones scored 0 with the host intact."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from verifiers.code import bwrap_available, run_tests
+
+SANDBOXES = [
+    pytest.param("bwrap", marks=pytest.mark.skipif(not bwrap_available(), reason="bubblewrap unusable here")),
+    "rlimit",
+]
+DOUBLE = {"inputs": ["3\n", "5\n", "0\n"], "outputs": ["6\n", "10\n", "0\n"]}
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_correct_wrong_partial_stdio(sandbox):
+    ok = run_tests("print(int(input()) * 2)", DOUBLE, sandbox=sandbox)
+    assert (ok.passed, ok.total, ok.sandbox) == (3, 3, sandbox) and ok.all_passed
+    wrong = run_tests("print(int(input()) + 2)", DOUBLE, sandbox=sandbox)
+    assert wrong.passed == 0 and [o.status for o in wrong.outcomes] == ["wrong_answer"] * 3
+    partial = run_tests("n = int(input())\nprint(n * 2 if n < 4 else n)", DOUBLE, sandbox=sandbox)
+    assert (partial.passed, partial.fraction, partial.all_passed) == (2, 2 / 3, False)
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_function_call_tests(sandbox):
+    tests = {
+        "inputs": ["1\n2", "[1, 2]\n[3]", "5\n5"],
+        "outputs": ["3", "[[1, 2, 3]]", "11"],
+        "fn_name": "add",
+    }
+    result = run_tests(
+        "class Solution:\n    def add(self, a, b):\n        return a + b", tests, sandbox=sandbox
+    )
+    assert [o.status for o in result.outcomes] == ["passed", "passed", "wrong_answer"]
+    plain = run_tests("def add(a, b):\n    return a + b", tests, sandbox=sandbox)
+    assert plain.passed == 2
+    missing = run_tests("def other(a, b):\n    return 0", tests, sandbox=sandbox)
+    assert missing.passed == 0 and missing.outcomes[0].status == "runtime_error"
+
+
+def test_tests_are_isolated_from_each_other():
+    # Each test runs in a fresh fork: state written by one test is invisible to the next.
+    program = "import os\nprint(os.path.exists('marker'))\nopen('marker', 'w').write('x')"
+    result = run_tests(program, {"inputs": ["", ""], "outputs": ["False", "False"]})
+    assert result.passed in (1, 2)  # the scratch dir is shared per program; the process is not
+    state = run_tests(
+        "x = globals().setdefault('n', 0) + 1\nglobals()['n'] = x\nprint(x)",
+        {"inputs": ["", ""], "outputs": ["1", "1"]},
+    )
+    assert state.passed == 2
+
+
+def test_language_and_empty_tests():
+    with pytest.raises(ValueError, match="only 'python'"):
+        run_tests("int main(){}", DOUBLE, language="cpp")
+    assert run_tests("print(1)", {"inputs": [], "outputs": []}).total == 0
+
+
+# ------------------------------------------------------------------ hostile programs
+
+ONE = {"inputs": ["1\n"], "outputs": ["1\n"]}
+HOSTILE = {
+    "infinite_loop": "while True:\n    pass",
+    "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+    "memory_bomb": "x = []\nwhile True:\n    x.append(bytearray(50 * 1024 * 1024))",
+    "huge_output": "import sys\nwhile True:\n    sys.stdout.write('1' * 65536)",
+    "exit_before_tests": "import os\nos._exit(0)",
+    "kill_parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint(1)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_hostile_program_scores_zero(sandbox, name):
+    if sandbox == "rlimit" and name == "fork_bomb" and os.getuid() == 0 and not _fallback_drops_uid():
+        pytest.skip("fallback as root without a readable interpreter cannot enforce RLIMIT_NPROC")
+    result = run_tests(HOSTILE[name], ONE, timeout_per_test=1.0, memory_mb=256, sandbox=sandbox)
+    assert result.passed == 0
+    assert result.outcomes[0].status in {
+        "timeout",
+        "memory",
+        "output_limit",
+        "wrong_answer",
+        "not_run",
+        "killed",
+    }
+    # the host can still fork and run a sandbox afterwards
+    assert run_tests("print(1)", ONE, sandbox=sandbox).passed == 1
+
+
+def _fallback_drops_uid() -> bool:
+    from verifiers.code.sandbox import _world_readable_python
+
+    return _world_readable_python()
+
+
+@pytest.mark.skipif(not bwrap_available(), reason="bubblewrap unusable here")
+def test_write_outside_scratch_is_impossible(tmp_path):
+    target = tmp_path / f"escape-{uuid.uuid4().hex}"
+    program = (
+        "import os\n"
+        f"for path in [{str(target)!r}, '/usr/escape', '/tmp/../escape', os.path.expanduser('~/escape')]:\n"
+        "    try:\n        open(path, 'w').write('x')\n    except OSError:\n        pass\n"
+        "open('scratch-ok', 'w').write('fine')\nprint(open('scratch-ok').read())"
+    )
+    result = run_tests(program, {"inputs": [""], "outputs": ["fine"]}, sandbox="bwrap")
+    assert result.passed == 1  # the scratch dir is writable
+    assert not target.exists() and not Path("/usr/escape").exists() and not Path("/escape").exists()
+
+
+@pytest.mark.skipif(not bwrap_available(), reason="bubblewrap unusable here")
+def test_network_is_unreachable():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
+    try:
+        result = run_tests(program, {"inputs": [""], "outputs": ["connected"]}, sandbox="bwrap")
+        assert result.passed == 0 and result.outcomes[0].status == "runtime_error"
+        with pytest.raises(TimeoutError):
+            server.accept()  # nothing reached the host's loopback
+    finally:
+        server.close()
+
+
+@pytest.mark.skipif(not bwrap_available(), reason="bubblewrap unusable here")
+def test_expected_outputs_cannot_be_read():
+    secret = uuid.uuid4().hex
+    program = (
+        "import os, gc\nfound = []\n"
+        "for root in ['/tmp', os.getcwd(), '/work', '/root', '/home', '/proc/1', '/proc/self']:\n"
+        "    for dirpath, dirs, files in os.walk(root):\n"
+        "        dirs[:] = [d for d in dirs if d not in ('task', 'net', 'sys')][:20]\n"
+        "        for f in files[:200]:\n"
+        "            path = os.path.join(dirpath, f)\n"
+        "            if os.path.islink(path) or not os.path.isfile(path):\n"
+        "                continue\n"
+        "            try:\n"
+        "                data = open(path, 'rb').read(1 << 20)\n"
+        "            except Exception:\n                continue\n"
+        f"            i = data.find(b'{secret[:8]}')\n"
+        "            if i >= 0:\n                found.append(data[i:i + 32].decode(errors='ignore'))\n"
+        "for obj in gc.get_objects():\n"
+        f"    if isinstance(obj, str) and obj.startswith('{secret[:8]}') and len(obj) == 32:\n"
+        "        found.append(obj)\n"
+        "print(found[0] if found else 'nothing')"
+    )
+    # the program itself contains only the first 8 characters; the answer is the full secret
+    result = run_tests(program, {"inputs": [""], "outputs": [secret]}, timeout_per_test=10.0, sandbox="bwrap")
+    assert result.passed == 0 and result.outcomes[0].status in ("wrong_answer", "timeout")
+
+
+@pytest.mark.skipif(not bwrap_available(), reason="bubblewrap unusable here")
+def test_background_process_does_not_outlive_the_test():
+    tag = uuid.uuid4().hex
+    program = (
+        "import subprocess\n"
+        f"subprocess.Popen(['/bin/sh', '-c', 'sleep 30 # {tag}'], start_new_session=True,"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\nprint('spawned')"
+    )
+    result = run_tests(program, {"inputs": [""], "outputs": ["not this"]}, sandbox="bwrap")
+    assert result.passed == 0 and result.outcomes[0].status == "wrong_answer"
+    survivors = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if tag.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                survivors.append(pid)
+        except OSError:
+            pass
+    assert survivors == []
+
+
+def test_file_size_limit():
+    program = "f = open('big', 'wb')\nwhile True:\n    f.write(bytes(1 << 20))"
+    result = run_tests(program, ONE, timeout_per_test=5.0)
+    assert result.passed == 0 and "File too large" in result.outcomes[0].stderr_tail
