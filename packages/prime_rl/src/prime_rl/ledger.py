@@ -256,6 +256,7 @@ class Ledger:
         if worker is not None:
             self.store.append_event({"event": "malformed", "worker_id": worker_id, "time": self.clock()})
             worker.malformed += 1
+            self.metrics.log("malformed", worker_id=worker_id)
 
     def ban(self, request: BanRequest) -> BanResponse:
         worker = self.workers.get(request.worker_id)

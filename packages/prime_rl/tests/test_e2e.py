@@ -1,0 +1,142 @@
+"""Acceptance: `prime-rl run` with the tiny random model, 2 honest workers and 1 hostile worker.
+
+Everything is a real process (orchestrator, shardcast origin + relay, trainer, validator, workers)
+talking over loopback; the checks read what the run left on disk: the orchestrator's store
+(verdicts and per-step claims) and every process's metrics JSONL.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prime_rl.store import RolloutStore
+
+pytestmark = pytest.mark.slow
+
+ASYNC_LEVEL = 1
+STEPS = 3
+# Reasons the validator may give a hostile sample: the behaviour's own reason, or group_rejected for the
+# rest of a group one of whose members failed (see prime_rl.hostile).
+EXPECTED_REASONS = {
+    "other_weights": {"toploc_mismatch"},
+    "changed_prompt": {"wrong_prompt"},
+    "fabricated_completion": {"sampling_mismatch"},
+    "inflated_rewards": {"reward_mismatch"},
+    "stale_policy": {"stale_policy"},
+    "unassigned_tasks": {"not_assigned"},
+    "garbage": {"malformed_proof", "toploc_mismatch"},
+}
+
+
+def _hostile_behaviour() -> str:
+    from prime_rl import hostile
+
+    return "mixed" if "mixed" in hostile.BEHAVIOURS else "other_weights"
+
+
+def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
+    behaviour = _hostile_behaviour()
+    config_path, run_dir = tiny_run(
+        orchestrator={"async_level": ASYNC_LEVEL},
+        trainer={"total_steps": STEPS},
+        workers={"count": 2, "hostile": [behaviour]},
+    )
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+    result = subprocess.run(
+        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    logs = _tails(run_dir)
+    assert result.returncode == 0, f"run failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{logs}"
+
+    names = {
+        e["worker_id"]: e["worker_name"]
+        for e in helpers.metrics_of(run_dir, "orchestrator")
+        if e["event"] == "register"
+    }
+    assert sorted(names.values()) == ["hostile-0", "worker-0", "worker-1"], names
+    store = RolloutStore(run_dir / "orchestrator")
+    verdicts = store.all_verdicts()
+    batches = {record.batch_id: record for record in store.batch_records()}
+
+    # 1. Every hostile sample rejected with the reason of its attack; every honest sample accepted.
+    expected_by_batch = _expected_reasons(run_dir, helpers, behaviour)
+    # Without a per-batch record, a single-attack worker must give its attack's reason.
+    default_reasons = EXPECTED_REASONS.get(behaviour, set().union(*EXPECTED_REASONS.values()))
+    per_worker: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for batch_id, record in batches.items():
+        name = names[record.meta["worker_id"]]
+        for verdict in verdicts.get(batch_id, []):
+            per_worker[name]["accepted" if verdict.accepted else "rejected"] += 1
+            if name.startswith("hostile"):
+                allowed = expected_by_batch.get(batch_id, default_reasons) | {"group_rejected"}
+                assert not verdict.accepted and verdict.reason in allowed, (batch_id, verdict)
+            else:
+                assert verdict.accepted, (name, batch_id, verdict)
+    assert per_worker["worker-0"]["accepted"] > 0 and per_worker["worker-1"]["accepted"] > 0, dict(per_worker)
+    hostile_seen = per_worker["hostile-0"]["rejected"] + _malformed(helpers, run_dir, names)
+    assert hostile_seen > 0, "the hostile worker never got anything to the validator"
+
+    # 2. Weights reached the workers through shardcast (origin -> relay -> workers).
+    relay_versions = {
+        e["policy_version"]
+        for e in helpers.metrics_of(run_dir, "shardcast-relay-0")
+        if e["event"] == "version_available"
+    }
+    assert {1, 2} <= relay_versions, relay_versions
+    for worker in ("worker-0", "worker-1"):
+        loaded = [e for e in helpers.metrics_of(run_dir, worker) if e["event"] == "weights_loaded"]
+        from_shardcast = {e["policy_version"] for e in loaded if e.get("source") == "shardcast"}
+        assert from_shardcast and max(from_shardcast) >= 1, (worker, loaded)
+
+    # 3. The trainer trained STEPS versions, each on accepted samples no older than async_level.
+    claims = {claim.step: claim for claim in store.claims()}
+    assert sorted(claims) == list(range(STEPS))
+    for step, claim in claims.items():
+        assert claim.meta["min_policy_version"] == max(0, step - ASYNC_LEVEL)
+        for sample_id in claim.sample_ids:
+            batch_id, index = sample_id.rsplit("/", 1)
+            assert batches[batch_id].meta["policy_version"] >= step - ASYNC_LEVEL, sample_id
+            assert verdicts[batch_id][int(index)].accepted, sample_id
+            assert not names[batches[batch_id].meta["worker_id"]].startswith("hostile")
+    every = [s for claim in claims.values() for s in claim.sample_ids]
+    assert len(every) == len(set(every)), "a sample was claimed for two steps"
+    commits = [e for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "commit"]
+    assert [e["step"] for e in commits] == list(range(STEPS))
+
+    # 4. The metrics files show it: the run's progress lines and the trainer's and validator's events.
+    progress = [e for e in helpers.metrics_of(run_dir, "run") if e["event"] == "progress"]
+    assert progress and progress[-1]["step"] == STEPS
+    assert any(e["event"] == "commit" for e in helpers.metrics_of(run_dir, "trainer"))
+    assert helpers.metrics_of(run_dir, "validator")
+
+
+def _expected_reasons(run_dir: Path, helpers: Any, behaviour: str) -> dict[str, set[str]]:
+    """batch_id -> reasons allowed for the hostile worker's batch (from its own metrics, else its behaviour)."""
+    result = {}
+    for event in helpers.metrics_of(run_dir, "hostile-0"):
+        if event["event"] == "batch_submitted" and "batch_id" in event:
+            reason = event.get("expected_reason")
+            attack = event.get("behaviour", behaviour)
+            result[event["batch_id"]] = (
+                {reason} if isinstance(reason, str) else EXPECTED_REASONS.get(attack, set())
+            )
+    return result
+
+
+def _malformed(helpers: Any, run_dir: Path, names: dict[str, str]) -> int:
+    return sum(1 for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "malformed")
+
+
+def _tails(run_dir: Path) -> str:
+    parts = []
+    for path in sorted((run_dir / "logs").glob("*.out")):
+        parts.append(f"--- {path.name}\n" + path.read_text(errors="replace")[-1500:])
+    return "\n".join(parts)
