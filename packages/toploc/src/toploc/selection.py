@@ -10,7 +10,7 @@ which is a total order, so prover and verifier pick the same set on every device
 and torch version. For finite bf16, |value| orders exactly like the 15-bit
 pattern ``bits & 0x7FFF``, so all comparisons are on integers.
 
-Two exact implementations, equal by construction and by test:
+Three exact implementations, equal by construction and by test:
 
 * ``_select_by_keys``: one ``torch.topk`` over int64 keys ``(abs_bits << 32) | (2^32-1-index)``.
   No host synchronisation, so it suits CUDA streams; memory 8 bytes per element.
@@ -19,6 +19,8 @@ Two exact implementations, equal by construction and by test:
   largest element, since those k maxima are k distinct elements), then a stable
   sort of the few candidates with ``abs_bits >= t``. Memory-bound: about 4 passes
   over the chunk instead of a full top-k.
+* ``native.select`` (CPU default where a C compiler exists): the same threshold idea in C,
+  2 passes (block maxima with the NaN/Inf check, then candidates of the top blocks).
 
 Pitfall: reference 0.1.6 used ``torch.topk`` on bf16 with unspecified tie order; in
 87/100 random chunks the 128th and 129th |values| tie, and the reference may pick a
@@ -27,8 +29,10 @@ different index there (one exponent mismatch per disagreement, see reference §5
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from toploc import native
 from toploc.errors import ActivationError
 
 ABS_MASK = 0x7FFF
@@ -55,7 +59,9 @@ def select_topk(bits: torch.Tensor, k: int, *, method: str = "auto") -> tuple[to
     Args:
         bits: ``[C, n]`` int16 bf16 bit patterns, finite (call ``check_finite`` first).
         k: number of elements per chunk, 1 <= k <= n.
-        method: ``"auto"`` (threshold on CPU, keys on other devices), ``"keys"`` or ``"threshold"``.
+        method: ``"auto"`` (native C kernel on CPU if it compiled, else threshold; keys on
+            other devices), ``"native"``, ``"keys"`` or ``"threshold"``. The native kernel
+            also raises ``ActivationError`` on NaN/Inf; the others expect ``check_finite`` first.
     Returns:
         ``(indices [C, k] int64, values [C, k] int16)`` on ``bits.device``, each row sorted
         by (|value| desc, index asc).
@@ -64,7 +70,10 @@ def select_topk(bits: torch.Tensor, k: int, *, method: str = "auto") -> tuple[to
     if not 1 <= k <= n:
         raise ActivationError(f"topk={k} needs 1 <= topk <= elements per chunk ({n})")
     if method == "auto":
-        method = "threshold" if bits.device.type == "cpu" else "keys"
+        method = ("native" if native.available() else "threshold") if bits.device.type == "cpu" else "keys"
+    if method == "native":
+        idx, val = native.select(bits.numpy().view(np.uint16), k)  # also rejects NaN/Inf
+        return torch.from_numpy(idx), torch.from_numpy(val.view(np.int16))
     if method == "threshold" and n % _BLOCK == 0 and n // _BLOCK >= k:
         indices = _select_by_threshold(bits, k)
     else:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from toploc import native
 from toploc.chunking import to_bf16_bits
 from toploc.errors import ActivationError
 from toploc.proofs import commit
@@ -112,8 +113,18 @@ class ProofBuilder:
         assert self._buffer is not None
         seq = torch.from_numpy(sequences).to(self._buffer.device)
         chunk = self._buffer[seq, :length].reshape(len(sequences), length * self.hidden_size)
-        nonfinite = ((chunk & 0x7FFF) >= NONFINITE_ABS).any()  # checked in finish(): no sync here
-        indices, values = select_topk(chunk, self.topk)
+        if chunk.device.type == "cpu" and native.available():
+            try:  # the native kernel rejects NaN/Inf while selecting
+                indices, values = select_topk(chunk, self.topk, method="native")
+                nonfinite = torch.tensor(False)
+            except ActivationError as exc:
+                if "NaN" not in str(exc):
+                    raise
+                indices, values = select_topk(chunk.zero_(), self.topk, method="native")
+                nonfinite = torch.tensor(True)
+        else:
+            nonfinite = ((chunk & 0x7FFF) >= NONFINITE_ABS).any()  # checked in finish(): no sync here
+            indices, values = select_topk(chunk, self.topk)
         self._selected.append((sequences.copy(), self._chunks[sequences].copy(), indices, values, nonfinite))
         self._chunks[sequences] += 1
         self._fill[sequences] = 0

@@ -1,0 +1,160 @@
+"""Optional C kernels for the CPU path, compiled on first use and loaded with ctypes.
+
+``toploc_cpu.c`` is plain C99 + pthreads: no torch or Python headers, so nothing is bound
+to a torch ABI and the package imports with any torch. On first use it is compiled with
+the system C compiler (``$CC``, else ``cc``) into ``$TOPLOC_CACHE_DIR`` (default
+``~/.cache/toploc``), keyed by a hash of the source and compiler flags. Where no compiler
+exists, or ``TOPLOC_NATIVE=0``, ``available()`` is False and callers use the numpy/torch
+path, which gives identical results (tested).
+
+ctypes releases the GIL for the duration of every call. Work is split over
+``TOPLOC_THREADS`` pthreads (default: ``min(4, os.cpu_count())``), created per call;
+no global thread settings (torch, OpenMP) are read or changed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from toploc.errors import ActivationError
+
+_SOURCE = Path(__file__).with_name("toploc_cpu.c")
+_FLAGS = ["-O3", "-std=c99", "-shared", "-fPIC", "-pthread"]
+_LOCK = threading.Lock()
+_LIB: ctypes.CDLL | None = None
+_TRIED = False
+
+_I64P = np.ctypeslib.ndpointer(dtype=np.int64, flags="C_CONTIGUOUS")
+_U16P = np.ctypeslib.ndpointer(dtype=np.uint16, flags="C_CONTIGUOUS")
+_ERRORS = {
+    1: "activations contain NaN or Inf",
+    2: "invalid arguments",
+    3: "out of memory",
+    4: "no injective modulus",
+}
+
+
+def _threads() -> int:
+    return max(1, int(os.environ.get("TOPLOC_THREADS", min(4, os.cpu_count() or 1))))
+
+
+def _compile() -> ctypes.CDLL | None:
+    source = _SOURCE.read_bytes()
+    compiler = os.environ.get("CC", "cc")
+    digest = hashlib.sha256(source + " ".join([compiler, *_FLAGS]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("TOPLOC_CACHE_DIR", Path.home() / ".cache" / "toploc"))
+    target = cache / f"toploc_cpu_{digest}.so"
+    if not target.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            built = Path(tmp) / target.name
+            done = subprocess.run(
+                [compiler, *_FLAGS, str(_SOURCE), "-o", str(built)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            if done.returncode != 0:
+                return None
+            os.replace(built, target)  # atomic: concurrent builders race harmlessly
+    lib = ctypes.CDLL(str(target))
+    lib.toploc_select.argtypes = [
+        _U16P,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        _I64P,
+        _U16P,
+        ctypes.c_int,
+    ]
+    lib.toploc_commit.argtypes = [_I64P, _U16P, ctypes.c_int64, ctypes.c_int64, _I64P, _I64P, ctypes.c_int]
+    lib.toploc_evaluate.argtypes = [
+        _I64P, _I64P, _I64P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int,
+    ]  # fmt: skip
+    for function in (lib.toploc_select, lib.toploc_commit, lib.toploc_evaluate):
+        function.restype = ctypes.c_int
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None where they cannot be built or are disabled."""
+    global _LIB, _TRIED
+    if os.environ.get("TOPLOC_NATIVE", "1") == "0":
+        return None
+    with _LOCK:
+        if not _TRIED:
+            _TRIED = True
+            try:
+                _LIB = _compile()
+            except (OSError, subprocess.SubprocessError):
+                _LIB = None
+    return _LIB
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def _check(status: int) -> None:
+    if status == 1:
+        raise ActivationError("activations contain NaN or Inf; TOPLOC commits to finite bf16 values only")
+    if status:
+        raise ValueError(f"toploc native kernel failed: {_ERRORS.get(status, status)}")
+
+
+def select(bits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Native ``select_topk`` on ``[C, n]`` uint16 patterns → (int64 ``[C, k]``, uint16 ``[C, k]``)."""
+    lib = library()
+    assert lib is not None
+    bits = np.ascontiguousarray(bits, dtype=np.uint16)
+    chunks, n = bits.shape
+    indices = np.empty((chunks, k), dtype=np.int64)
+    values = np.empty((chunks, k), dtype=np.uint16)
+    _check(lib.toploc_select(bits, chunks, n, k, indices, values, _threads()))
+    return indices, values
+
+
+def commit(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Native modulus search + interpolation: ``([C] moduli, [C, k] coefficients)``."""
+    lib = library()
+    assert lib is not None
+    indices = np.ascontiguousarray(indices, dtype=np.int64)
+    chunks, k = indices.shape
+    moduli = np.empty(chunks, dtype=np.int64)
+    coeffs = np.empty((chunks, k), dtype=np.int64)
+    _check(
+        lib.toploc_commit(
+            indices, np.ascontiguousarray(values, dtype=np.uint16), chunks, k, moduli, coeffs, _threads()
+        )
+    )
+    return moduli, coeffs
+
+
+def evaluate(coeffs: np.ndarray, moduli: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """Native ``f_c(indices[c, j] mod m_c)`` → ``[C, n]`` int64."""
+    lib = library()
+    assert lib is not None
+    coeffs = np.ascontiguousarray(coeffs, dtype=np.int64)
+    indices = np.ascontiguousarray(indices, dtype=np.int64)
+    chunks, k = coeffs.shape
+    out = np.empty(indices.shape, dtype=np.int64)
+    status = lib.toploc_evaluate(
+        coeffs,
+        np.ascontiguousarray(moduli, dtype=np.int64),
+        indices,
+        chunks,
+        k,
+        indices.shape[1],
+        out,
+        _threads(),
+    )
+    _check(status)
+    return out
