@@ -192,3 +192,32 @@ def test_run_plans_every_process() -> None:
     honest = int(getattr(workers, "count", 1))
     assert sum(name.startswith("worker-") for name in names) == honest
     assert sum(name.startswith("hostile-") for name in names) == len(getattr(workers, "hostile", []) or [])
+
+
+def test_difficulty_filter_and_length_budgets(tmp_path: Path) -> None:
+    import verifiers
+    from prime_rl.tasks import load_tasks
+
+    rows = [
+        verifiers.Task(
+            prompt=f"q{i}",
+            task_type="verifiable_math",
+            verification_info={"ground_truth": "1"},
+            solve_rate=rate,
+        )
+        for i, rate in enumerate([0.0, 0.1, 0.5, 0.8, 0.9, None])
+    ]
+    path = tmp_path / "tasks.jsonl"
+    verifiers.save_tasks(rows, path)
+    config = TasksConfig(
+        source="jsonl", path=str(path), difficulty_key="solve_rate_qwen_r1_distill_7b",
+        min_pass_rate=0.1, max_pass_rate=0.8, length_reward="exact", target_lengths=[2000, 4000],
+    )  # fmt: skip
+    tasks = load_tasks(config)
+    assert [tasks.task(i).prompt for i in range(len(tasks))] == ["q1", "q2", "q3", "q5"]
+    for task_id in range(len(tasks)):
+        target = tasks.target_length(task_id)
+        assert target in (2000, 4000)
+        assert tasks.prompt(task_id).endswith(f" Think for {target} tokens before giving a response.")
+        assert target == load_tasks(config).target_length(task_id)  # seeded: every process agrees
+    assert load_tasks(TasksConfig(source="jsonl", path=str(path))).target_length(0) is None

@@ -101,10 +101,32 @@ class TasksConfig(Section):
         description="Prompt text sent to the model; '{prompt}' is replaced by the task's prompt.",
     )
 
+    difficulty_key: str = Field(
+        default="",
+        description="Row field with a pass rate for the offline difficulty filter ('' = no filter).",
+    )
+    min_pass_rate: float = Field(default=0.0, ge=0, le=1, description="Keep tasks with pass rate >= this.")
+    max_pass_rate: float = Field(default=1.0, ge=0, le=1, description="Keep tasks with pass rate <= this.")
+    length_reward: Literal["none", "exact", "max", "clip"] = Field(
+        default="none",
+        description="Length reward mode toward a per-prompt thinking budget (verifiers.length).",
+    )
+    length_alpha: float = Field(
+        default=3e-4, ge=0, description="Length reward slope per token (INTELLECT-2: 3e-4)."
+    )
+    target_lengths: list[int] = Field(
+        default_factory=lambda: [2000, 4000, 6000, 8000, 10000],
+        description="Thinking budgets T; one drawn per task, seeded by (tasks.seed, task id).",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> TasksConfig:
         if "{prompt}" not in self.prompt_template:
             raise ValueError("tasks.prompt_template must contain '{prompt}'")
+        if self.min_pass_rate > self.max_pass_rate:
+            raise ValueError("tasks.min_pass_rate must be <= tasks.max_pass_rate")
+        if self.length_reward != "none" and (not self.target_lengths or min(self.target_lengths) <= 0):
+            raise ValueError("tasks.target_lengths must be non-empty positive token counts")
         if self.min_digits > self.digits:
             raise ValueError("tasks.min_digits must be <= tasks.digits")
         if self.source != "arithmetic" and not self.path:
