@@ -145,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate-limit", type=_size, default=None, help="max bytes/s over all connections (e.g. 100M)"
     )
     fetch.add_argument("--no-progress", action="store_true", help="no progress bar")
+    fetch.add_argument("--fsync", action="store_true", help="flush the file to disk before placing it")
     _common(fetch, key_help="pinned manifest key: hmac:<secret> or ed25519-public:<hex>")
 
     keygen = sub.add_parser("keygen", help="print a new Ed25519 key pair as key specs (needs cryptography)")

@@ -151,12 +151,16 @@ class Client:
         base: str | os.PathLike[str] | None = None,
         progress: ProgressCallback | None = None,
         verify_whole_file: bool = True,
+        fsync: bool = False,
     ) -> FetchResult:
         """Download ``version`` (an int, ``"v7"``, or ``"latest"``) to ``output``.
 
         ``output`` defaults to the manifest's file name in the current directory. ``base``
         is the previous version's file; when the manifest carries a delta against exactly
         that file (checked by digest) only the delta shards are downloaded.
+        ``verify_whole_file`` (default on) also checks the whole-file digest, hashed while
+        shards arrive; ``fsync`` (default off) flushes the file to disk before the rename
+        (power-loss durability at the cost of a full writeback).
 
         Raises:
             VersionNotFoundError, VersionGoneError, NoServerAvailableError,
@@ -170,6 +174,7 @@ class Client:
                 base=base,
                 progress=progress,
                 verify_whole_file=verify_whole_file,
+                fsync=fsync,
             )
         )
 
@@ -182,6 +187,7 @@ class Client:
         base: str | os.PathLike[str] | None = None,
         progress: ProgressCallback | None = None,
         verify_whole_file: bool = True,
+        fsync: bool = False,
         base_digest: str | None = None,
     ) -> FetchResult:
         started = time.monotonic()
@@ -227,7 +233,7 @@ class Client:
             )
             try:
                 stats = await transfer.run()
-                await asyncio.to_thread(sink.finalize, verify_whole_file)
+                await asyncio.to_thread(sink.finalize, verify_whole_file, fsync)
             finally:
                 sink.close()
         seconds = time.monotonic() - started

@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import codec
@@ -163,23 +164,35 @@ def _write_shards(
     whole = new_hasher()
     shards: list[ShardInfo] = []
     deltas: list[StoredInfo] = []
-    with open(source, "rb") as handle:
+
+    def store_shard(index: int, data: bytes) -> tuple[ShardInfo, StoredInfo | None]:
+        digest = digest_bytes(data)
+        stored = codec.encode(data, encoding)
+        stored_digest = digest if encoding == "raw" else digest_bytes(stored)
+        (staging / shard_name(index)).write_bytes(stored)
+        delta_info = None
+        if base is not None:
+            delta_bytes = codec.encode_delta(data, read_decoded_shard(store, base, index))
+            (staging / delta_name(index)).write_bytes(delta_bytes)
+            delta_info = StoredInfo(len(delta_bytes), digest_bytes(delta_bytes))
+        return ShardInfo(index, len(data), digest, len(stored), stored_digest), delta_info
+
+    # The whole-file hash (sequential by nature) runs on this thread while a worker hashes,
+    # encodes and writes the same shard: hashlib and file I/O release the GIL, so the two
+    # passes overlap on two cores.
+    with open(source, "rb") as handle, ThreadPoolExecutor(1, thread_name_prefix="shardcast-publish") as pool:
         for span in plan_shards(size, shard_size):
             data = handle.read(span.size)
             if len(data) != span.size:
                 raise PublishError(
                     f"{source} changed size while publishing (short read at shard {span.index})"
                 )
+            job = pool.submit(store_shard, span.index, data)
             whole.update(data)
-            digest = digest_bytes(data)
-            stored = codec.encode(data, encoding)
-            stored_digest = digest if encoding == "raw" else digest_bytes(stored)
-            (staging / shard_name(span.index)).write_bytes(stored)
-            shards.append(ShardInfo(span.index, span.size, digest, len(stored), stored_digest))
-            if base is not None:
-                delta_bytes = codec.encode_delta(data, read_decoded_shard(store, base, span.index))
-                (staging / delta_name(span.index)).write_bytes(delta_bytes)
-                deltas.append(StoredInfo(len(delta_bytes), digest_bytes(delta_bytes)))
+            shard_info, delta_info = job.result()
+            shards.append(shard_info)
+            if delta_info is not None:
+                deltas.append(delta_info)
         if handle.read(1):
             raise PublishError(f"{source} grew while publishing")
     delta = None if base is None else DeltaInfo(base.version, base.file_digest, "xor-zstd", tuple(deltas))

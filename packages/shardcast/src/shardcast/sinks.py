@@ -19,7 +19,9 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import shutil
+import threading
 from pathlib import Path
 from typing import BinaryIO
 
@@ -76,6 +78,70 @@ class _PartFiles:
         self.handles.clear()
 
 
+class _PrefixHasher:
+    """Hash the output file's verified prefix in a background thread while shards arrive.
+
+    Shards complete out of order; whenever shards ``0..k`` are all done, their bytes are
+    read back (from the page cache, normally) and fed to the whole-file hasher, so the
+    final whole-file check costs only the last few shards instead of a second pass.
+    """
+
+    def __init__(self, path: Path, manifest: Manifest) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.hasher = new_hasher()
+        self.next_index = 0
+        self.done: set[int] = set()
+        self.lock = threading.Lock()
+        self.queue: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._work, name="shardcast-prefix-hash", daemon=True)
+        self.thread.start()
+
+    def mark_done(self, index: int) -> None:
+        with self.lock:
+            self.done.add(index)
+            while self.next_index in self.done:
+                span = shard_span(self.next_index, self.manifest.file_size, self.manifest.shard_size)
+                self.queue.put((span.offset, span.size))
+                self.next_index += 1
+
+    def _work(self) -> None:
+        try:
+            # Unbuffered positional reads: a buffered reader could serve stale read-ahead bytes
+            # of a region that was still being written when it was first read.
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                while (item := self.queue.get()) is not None:
+                    position, remaining = item
+                    while remaining:
+                        chunk = os.pread(fd, min(remaining, 8 << 20), position)
+                        if not chunk:
+                            raise OSError(f"{self.path} is shorter than expected")
+                        self.hasher.update(chunk)
+                        remaining -= len(chunk)
+                        position += len(chunk)
+            finally:
+                os.close(fd)
+        except BaseException as exc:
+            self.error = exc
+            while self.queue.get() is not None:
+                pass
+
+    def hexdigest(self) -> str:
+        """Wait for the queued work and return the digest of the prefix hashed so far."""
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.hasher.hexdigest()
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join()
+
+
 class OutputSink:
     """Assemble ``manifest``'s file at ``output`` (see module docstring).
 
@@ -103,6 +169,9 @@ class OutputSink:
         if os.fstat(self.fd).st_size != manifest.file_size:
             os.ftruncate(self.fd, manifest.file_size)
         self._dirty = False
+        self._prefix = _PrefixHasher(self.tmp, manifest)
+        for index, _ in sorted(self.done):
+            self._prefix.mark_done(index)
 
     def _load_journal(self) -> None:
         try:
@@ -178,6 +247,7 @@ class OutputSink:
             self.parts.reset(job)
         self.partial.pop(job.index, None)
         self.done.add((job.index, job.delta))
+        self._prefix.mark_done(job.index)
         self._dirty = True
         self.checkpoint()
 
@@ -203,25 +273,37 @@ class OutputSink:
         os.replace(tmp, self.journal)
         self._dirty = False
 
-    def finalize(self, verify_whole_file: bool = True) -> None:
-        """Check the whole-file digest, then atomically move the file into place."""
-        os.fsync(self.fd)
-        self.close()
+    def finalize(self, verify_whole_file: bool = True, fsync: bool = False) -> None:
+        """Check the whole-file digest, then atomically move the file into place.
+
+        Pitfall: without ``fsync`` the rename is atomic for other processes and survives a
+        crash of this process, but not necessarily a power loss (the data may still be in
+        the page cache when the rename is persisted). ``fsync=True`` costs a full writeback.
+        """
+        if fsync:
+            os.fsync(self.fd)
         if verify_whole_file:
-            hasher = new_hasher()
-            update_from_file(hasher, self.tmp)
-            if hasher.hexdigest() != self.manifest.file_digest:
+            digest = self._prefix.hexdigest()
+            if self._prefix.next_index != self.manifest.num_shards or digest != self.manifest.file_digest:
+                self.close()
                 self._discard_files()
                 raise IntegrityError(
                     f"v{self.manifest.version}: whole-file digest mismatch after assembly; partial output removed"
                 )
+        self.close()
         os.replace(self.tmp, self.output)
-        for path in (self.journal,):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        if fsync:
+            directory = os.open(self.output.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        with contextlib.suppress(FileNotFoundError):
+            self.journal.unlink()
         shutil.rmtree(self.parts.directory, ignore_errors=True)
 
     def close(self) -> None:
+        self._prefix.stop()
         self.parts.close_all()
         if self.fd >= 0:
             os.close(self.fd)
