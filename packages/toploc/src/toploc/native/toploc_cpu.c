@@ -16,9 +16,17 @@
 #define P 65497u
 #define ABS_MASK 0x7FFFu
 #define NONFINITE 0x7F80u
-#define BLOCK 32
+#define BLOCK 64
 #define IDX_BITS 48
 #define IDX_MASK ((((uint64_t)1) << IDX_BITS) - 1)
+
+/* x86-64: an AVX2 clone plus the baseline, picked at load time (GCC/Clang ifunc), so the
+   library stays portable across machines that share a cache directory */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(TOPLOC_NO_CLONES)
+#define MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#else
+#define MULTIVERSION
+#endif
 
 enum { OK = 0, ERR_NONFINITE = 1, ERR_ARGS = 2, ERR_NOMEM = 3, ERR_NOMODULUS = 4 };
 
@@ -113,7 +121,7 @@ static uint32_t kth_largest(const uint16_t *values, int64_t count, int64_t k) {
     return ((uint32_t)bucket << 7) | (uint32_t)rest;
 }
 
-static void select_range(void *arg, int64_t first, int64_t last, int *status) {
+MULTIVERSION static void select_range(void *arg, int64_t first, int64_t last, int *status) {
     select_ctx *ctx = (select_ctx *)arg;
     const int64_t n = ctx->n, k = ctx->k;
     const int64_t blocks = (n + BLOCK - 1) / BLOCK;
@@ -186,7 +194,7 @@ typedef struct {
     int64_t *out_mod, *out_coeffs;
 } commit_ctx;
 
-static void commit_range(void *arg, int64_t first, int64_t last, int *status) {
+MULTIVERSION static void commit_range(void *arg, int64_t first, int64_t last, int *status) {
     commit_ctx *ctx = (commit_ctx *)arg;
     const int64_t k = ctx->k;
     uint32_t *stamp = (uint32_t *)calloc(P, sizeof(uint32_t));
@@ -260,7 +268,7 @@ typedef struct {
     int64_t *out;
 } eval_ctx;
 
-static void eval_range(void *arg, int64_t first, int64_t last, int *status) {
+MULTIVERSION static void eval_range(void *arg, int64_t first, int64_t last, int *status) {
     eval_ctx *ctx = (eval_ctx *)arg;
     const int64_t n = ctx->n, k = ctx->k;
     uint32_t *work = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)(2 * n + 2));
