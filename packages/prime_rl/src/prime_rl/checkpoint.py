@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,12 @@ class TrainerState:
     total_tokens: int = 0
 
 
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
 def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return dist.get_rank() if _distributed() else 0
 
 
 def _barrier() -> None:
@@ -95,7 +100,11 @@ def save_checkpoint(
         shutil.rmtree(target)  # an incomplete leftover of a crash, or a re-run of the same step
     _barrier()
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(target))
+    dcp.save(
+        {"model": model_state, "optimizer": optim_state},
+        checkpoint_id=str(target),
+        no_dist=not _distributed(),
+    )
     _barrier()
     if _rank() == 0:
         payload = {
@@ -130,7 +139,9 @@ def load_checkpoint(
     model_state, optim_state = get_state_dict(model, optimizer)
     bundle: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
     try:
-        dcp.load(bundle, checkpoint_id=str(source))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(bundle, checkpoint_id=str(source), no_dist=not _distributed())
     except Exception as exc:  # DCP raises a variety of types for mismatched plans
         raise CheckpointError(f"cannot load {source} into this model: {exc}") from exc
     set_state_dict(model, optimizer, model_state_dict=bundle["model"], optim_state_dict=bundle["optimizer"])

@@ -1,0 +1,274 @@
+"""The untrusted inference worker process: follow the policy, answer task leases, submit rollouts.
+
+Loop (``prime-rl worker --config FILE [--workers.behaviour NAME]``):
+
+1. register with the orchestrator (``POST /workers/register``);
+2. a background :class:`~prime_rl.policy_store.VersionFollower` downloads every new policy
+   version through shardcast while generation continues; between batches the worker hot-reloads
+   the newest downloaded version in place (``HFBackend.load_weights``);
+3. ``GET /tasks`` -> a lease; if the held version is below the lease's ``min_policy_version``
+   (``step - async_level``) the worker first waits for a newer version, so it never generates with
+   a policy older than the async bound;
+4. generate ``group_size`` completions per prompt with the lease's seeds (toploc's verifiable
+   sampler, proofs built during decoding), score them with ``verifiers`` for its own logs, compute
+   the group advantages and ``POST /rollouts``.
+
+``behaviour`` selects a hostile behaviour from :mod:`prime_rl.hostile` (for tests and red-team
+runs); ``"mixed"`` cycles through all of them, one per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import requests
+import torch
+from pydantic import Field
+
+from prime_rl.backend import HFBackend
+from prime_rl.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
+from prime_rl.config import Section
+from prime_rl.hostile import BEHAVIOURS, HostileWorker, garbage_body
+from prime_rl.metrics import get_metrics, init_process
+from prime_rl.policy_store import PolicyStore, PolicyUnavailable, VersionFollower
+from prime_rl.protocol import RolloutBatch, TaskLease
+from prime_rl.taskbook import task_book
+
+if TYPE_CHECKING:
+    from prime_rl.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+MIXED_CYCLE = (
+    "other_weights",
+    "changed_prompt",
+    "fabricated_completion",
+    "inflated_rewards",
+    "unassigned_tasks",
+    "garbage",
+    "stale_policy",
+)
+"""Order in which the ``mixed`` behaviour cycles (``stale_policy`` = claims a too-old version)."""
+
+
+class WorkerConfig(Section):
+    """[workers]: how many workers ``run`` starts and how each one generates."""
+
+    count: int = Field(2, ge=0, description="Honest worker processes `prime-rl run` starts.")
+    hostile: list[str] = Field(
+        default_factory=list,
+        description="One extra hostile worker per entry (behaviour names, see hostile.py).",
+    )
+    behaviour: str = Field(
+        "honest", description="What this worker process does: 'honest', a hostile name, or 'mixed'."
+    )
+    name: str = Field("", description="Registration label (default: the process name).")
+    batch_size: int = Field(64, ge=1, description="Max sequences per generation batch.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Generation device.")
+    num_threads: int = Field(1, ge=1, description="torch.set_num_threads for this process.")
+    cache_dir: str = Field("", description="Downloaded policies (default <run_dir>/<name>/policies).")
+    weights_poll_s: float = Field(1.0, gt=0, description="Seconds between polls for a new policy version.")
+    poll_interval_s: float = Field(
+        0.5, gt=0, description="Seconds to wait when the orchestrator has no work."
+    )
+    max_batches: int = Field(
+        0, ge=0, description="Exit after this many submitted batches (0 = run until stopped)."
+    )
+
+
+class Worker:
+    """State of one worker process (see the module docstring)."""
+
+    def __init__(self, config: RunConfig, name: str) -> None:
+        self.run = config
+        self.cfg: WorkerConfig = config.workers
+        if self.cfg.behaviour not in (*BEHAVIOURS, "mixed"):
+            raise ValueError(
+                f"unknown workers.behaviour {self.cfg.behaviour!r}; choose from {(*BEHAVIOURS, 'mixed')}"
+            )
+        self.name = name
+        device = (
+            "cuda"
+            if self.cfg.device == "cuda" or (self.cfg.device == "auto" and torch.cuda.is_available())
+            else "cpu"
+        )
+        self.backend = HFBackend(
+            config.model.path, dtype=config.model.dtype, device=device, max_batch_size=self.cfg.batch_size
+        )
+        cache = Path(self.cfg.cache_dir or Path(config.run_dir) / name / "policies")
+        self.store = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
+        self.follower = VersionFollower(self.store, poll_s=self.cfg.weights_poll_s)
+        self.tasks = task_book(config, self.backend.tokenizer)
+        self.client = OrchestratorClient(config.orchestrator.url)
+        self.worker_id = ""
+        self.submitted = 0
+        self.stop_event = threading.Event()
+
+    def behaviour_for(self, batch_number: int) -> str:
+        if self.cfg.behaviour != "mixed":
+            return self.cfg.behaviour
+        return MIXED_CYCLE[batch_number % len(MIXED_CYCLE)]
+
+    def hostile(self, behaviour: str) -> HostileWorker:
+        return HostileWorker(
+            "honest" if behaviour == "stale_policy" and self.cfg.behaviour == "mixed" else behaviour,
+            self.tasks.encode,
+            self.tasks.score,
+            self.tasks.prompt_tokens,
+            self.run.orchestrator.seed,
+            self.tasks.num_tasks,
+        )
+
+    # -- weights ------------------------------------------------------------------------------
+    def reload_newest(self) -> None:
+        """Swap in the newest downloaded version (between batches: generation never sees a mix)."""
+        newest = self.follower.newest_local
+        if newest > self.backend.policy_version:
+            started = time.monotonic()
+            self.backend.load_weights(self.store.path(newest), newest)
+            log.info("loaded policy v%d", newest)
+            get_metrics().log(
+                "weights_loaded",
+                policy_version=newest,
+                source="shardcast",
+                seconds=time.monotonic() - started,
+            )
+
+    def wait_for_version(self, minimum: int) -> None:
+        """Block until a version >= ``minimum`` is loaded (the async-level gate)."""
+        if self.backend.policy_version >= minimum:
+            return
+        started = time.monotonic()
+        log.info("waiting for policy >= v%d (holding v%d)", minimum, self.backend.policy_version)
+        while not self.stop_event.is_set():
+            try:
+                newest = max(minimum, self.store.newest_available())
+                path = self.store.ensure(newest)
+            except PolicyUnavailable as exc:
+                log.debug("policy not ready: %s", exc)
+                self.stop_event.wait(self.cfg.weights_poll_s)
+                continue
+            self.backend.load_weights(path, newest)
+            get_metrics().log("weights_wait", policy_version=newest, waited_s=time.monotonic() - started)
+            get_metrics().log("weights_loaded", policy_version=newest, source="shardcast")
+            return
+
+    # -- one batch ----------------------------------------------------------------------------
+    def answer(self, lease: TaskLease, behaviour: str) -> RolloutBatch:
+        batch = self.hostile(behaviour).answer(lease, self.backend)
+        if behaviour == "stale_policy" and self.cfg.behaviour == "mixed":
+            # Claim a version older than the lease allows (the generation itself was current).
+            batch = batch.model_copy(update={"policy_version": max(0, lease.min_policy_version - 1)})
+        return batch
+
+    def one_batch(self) -> bool:
+        """Fetch, answer and submit one lease; False if there was no work to do."""
+        behaviour = self.behaviour_for(self.submitted)
+        status = self.client.status()
+        if behaviour == "stale_policy" and self.cfg.behaviour == "mixed" and status.min_policy_version == 0:
+            behaviour = "inflated_rewards"  # no version is too old yet at this step
+        stale = behaviour == "stale_policy"
+        if stale and status.min_policy_version == 0:
+            self.stop_event.wait(
+                self.cfg.poll_interval_s
+            )  # cannot be stale yet: wait for the step to advance
+            return False
+        if not stale or self.cfg.behaviour == "mixed":
+            self.reload_newest()
+        lease = self.client.get_tasks(self.worker_id)
+        if not stale or self.cfg.behaviour == "mixed":
+            self.wait_for_version(lease.min_policy_version)
+        started = time.monotonic()
+        batch = self.answer(lease, behaviour)
+        seconds = time.monotonic() - started
+        if behaviour == "garbage":
+            self._post_garbage()
+        self.client.submit_rollouts(batch)
+        self.submitted += 1
+        tokens = sum(len(s.completion_tokens) for s in batch.samples)
+        rewards = [s.reward for s in batch.samples]
+        fields = {
+            "step": lease.step,
+            "batch_index": lease.batch_index,
+            "policy_version": batch.policy_version,
+            "samples": len(batch.samples),
+            "completion_tokens": tokens,
+            "generate_s": seconds,
+            "tokens_per_s": tokens / max(seconds, 1e-9),
+            "reward_mean": sum(rewards) / len(rewards),
+            "behaviour": behaviour,
+        }
+        get_metrics().log("batch_submitted", **fields)
+        get_metrics().log("rollouts", **fields)
+        log.info(
+            "submitted step %d batch %d (v%d, %s): %d samples, %.1f tok/s, mean reward %.3f",
+            lease.step,
+            lease.batch_index,
+            batch.policy_version,
+            behaviour,
+            len(batch.samples),
+            fields["tokens_per_s"],
+            fields["reward_mean"],
+        )
+        return True
+
+    def _post_garbage(self) -> None:
+        try:
+            answer = requests.post(
+                self.run.orchestrator.url + "/rollouts",
+                data=garbage_body(),
+                headers={
+                    "Authorization": f"Bearer {self.client.worker_token}",
+                    "Content-Type": "application/json",
+                },
+                timeout=30,
+            )
+            log.info("garbage body answered HTTP %d", answer.status_code)
+        except requests.RequestException as exc:
+            log.info("garbage body failed: %s", exc)
+
+    def run_loop(self) -> int:
+        self.client.wait_until_up()
+        self.worker_id = self.client.register(self.cfg.name or self.name).worker_id
+        log.info("registered as %s (behaviour %s)", self.worker_id, self.cfg.behaviour)
+        get_metrics().log("registered", worker_id=self.worker_id, behaviour=self.cfg.behaviour)
+        if self.cfg.behaviour != "stale_policy":
+            self.follower.start()
+        while not self.stop_event.is_set() and (
+            not self.cfg.max_batches or self.submitted < self.cfg.max_batches
+        ):
+            try:
+                if not self.one_batch():
+                    continue
+            except ClientRequestError as exc:
+                if exc.status == 403:
+                    log.info("banned by the orchestrator: %s", exc.message)
+                    get_metrics().log("banned", worker_id=self.worker_id, message=exc.message)
+                    return 0
+                log.warning("request refused: %s", exc)
+                self.stop_event.wait(self.cfg.poll_interval_s)
+            except OrchestratorUnavailable as exc:
+                log.warning("orchestrator unavailable: %s", exc)
+                self.stop_event.wait(self.cfg.poll_interval_s)
+        return 0
+
+    def close(self) -> None:
+        self.follower.stop()
+        self.client.close()
+
+
+def main(config: RunConfig, name: str = "worker") -> int:
+    """Entry point of ``prime-rl worker``."""
+    torch.set_num_threads(config.workers.num_threads)
+    init_process("worker", name, config.run_dir)
+    worker = Worker(config, name)
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop_event.set())
+    try:
+        return worker.run_loop()
+    finally:
+        worker.close()
