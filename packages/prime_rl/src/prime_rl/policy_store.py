@@ -111,10 +111,10 @@ class VersionFollower(threading.Thread):
         self.store = store
         self.poll_s = poll_s
         self.newest_local = 0
-        self._stop = threading.Event()
+        self._stop_event = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop_event.is_set():
             newest = self.store.newest_available()
             if newest > self.newest_local:
                 try:
@@ -122,9 +122,9 @@ class VersionFollower(threading.Thread):
                     self.newest_local = newest
                 except PolicyUnavailable as exc:
                     log.warning("follower: %s", exc)
-            self._stop.wait(self.poll_s)
+            self._stop_event.wait(self.poll_s)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stop_event.set()
         if self.is_alive() and threading.current_thread() is not self:
-            self.join(timeout=10)
+            self.join(timeout=2)  # a daemon thread: a download in flight is simply abandoned

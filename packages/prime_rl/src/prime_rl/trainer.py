@@ -27,6 +27,7 @@ prime_rl.cli trainer --config FILE`` (FSDP2; rank 0 talks to the orchestrator an
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -338,6 +339,7 @@ class Trainer:
                 min_policy_version=max(0, self.step - self.run.orchestrator.async_level),
                 sample_versions=versions,
                 min_sample_version=min(versions),
+                max_sample_version=max(versions),
                 reward_mean=sum(s.reward for s in samples) / len(samples),
                 loss=self._last_loss,
             )
@@ -371,9 +373,17 @@ def main(config: RunConfig, name: str = "trainer") -> int:
         "trainer", name if rank == 0 else f"{name}-rank{rank}", config.run_dir if rank == 0 else None
     )
     trainer = Trainer(config)
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         trainer.run_loop()
+    except SystemExit as stop:
+        log.info("stopping at step %d (%s); resume continues from the last checkpoint", trainer.step, stop)
     finally:
         trainer.close()
         distributed.shutdown_distributed()
     return 0
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    """SIGTERM: stop now; an incomplete checkpoint has no COMPLETE marker and is ignored on resume."""
+    raise SystemExit(f"signal {signum}")

@@ -14,6 +14,7 @@ worker submits can crash the loop: ``validate_batch`` turns every surprise into 
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -251,11 +252,19 @@ def main(config: RunConfig, name: str = "validator") -> int:
     torch.set_num_threads(config.validator.num_threads)
     init_process("validator", name, config.run_dir)
     validator = Validator(config)
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         validator.run_loop()
+    except SystemExit as stop:
+        log.info("stopping (%s)", stop)
     finally:
         validator.close()
     return 0
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    """SIGTERM: leave at once; an unposted batch stays pending and is judged again after a restart."""
+    raise SystemExit(f"signal {signum}")
 
 
 __all__ = ["Reason", "Validator", "ValidatorConfig", "WorkerLedger", "checks_from", "main", "to_wire"]

@@ -44,6 +44,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+EXPECTED_REASONS: dict[str, tuple[str, ...]] = {
+    "honest": ("ok",),
+    "other_weights": ("toploc_mismatch",),
+    "changed_prompt": ("wrong_prompt",),
+    "fabricated_completion": ("sampling_mismatch",),
+    "inflated_rewards": ("reward_mismatch",),
+    "stale_policy": ("stale_policy",),
+    "unassigned_tasks": ("not_assigned",),
+    "garbage": ("malformed_proof", "toploc_mismatch"),
+}
+"""Verdict reasons each behaviour's samples must get (besides ``group_rejected`` for group mates)."""
+
 MIXED_CYCLE = (
     "other_weights",
     "changed_prompt",
@@ -188,11 +200,13 @@ class Worker:
         seconds = time.monotonic() - started
         if behaviour == "garbage":
             self._post_garbage()
-        self.client.submit_rollouts(batch)
+        answer = self.client.submit_rollouts(batch)
         self.submitted += 1
         tokens = sum(len(s.completion_tokens) for s in batch.samples)
         rewards = [s.reward for s in batch.samples]
         fields = {
+            "batch_id": answer.batch_id,
+            "expected_reason": "|".join(EXPECTED_REASONS[behaviour]),
             "step": lease.step,
             "batch_index": lease.batch_index,
             "policy_version": batch.policy_version,
@@ -237,6 +251,7 @@ class Worker:
         self.worker_id = self.client.register(self.cfg.name or self.name).worker_id
         log.info("registered as %s (behaviour %s)", self.worker_id, self.cfg.behaviour)
         get_metrics().log("registered", worker_id=self.worker_id, behaviour=self.cfg.behaviour)
+        get_metrics().log("weights_loaded", policy_version=0, source="initial")
         if self.cfg.behaviour != "stale_policy":
             self.follower.start()
         while not self.stop_event.is_set() and (
@@ -267,8 +282,16 @@ def main(config: RunConfig, name: str = "worker") -> int:
     torch.set_num_threads(config.workers.num_threads)
     init_process("worker", name, config.run_dir)
     worker = Worker(config, name)
-    signal.signal(signal.SIGTERM, lambda *_: worker.stop_event.set())
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         return worker.run_loop()
+    except SystemExit as stop:
+        log.info("stopping (%s)", stop)
+        return 0
     finally:
         worker.close()
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    """SIGTERM: leave at once. Nothing a worker holds needs saving (submissions are atomic)."""
+    raise SystemExit(f"signal {signum}")
