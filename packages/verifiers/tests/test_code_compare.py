@@ -38,11 +38,13 @@ def test_order_insensitive_option():
 
 def test_results_match_json_values():
     assert results_match("[1, 2]", [1, 2])
+    assert results_match("(1, 2)", [1, 2])  # tuples come back as lists
     assert results_match("3", [3])  # INTELLECT-2 wraps call outputs in a list
     assert results_match("0.30000000000000004", 0.3)
-    assert not results_match("true", 1)  # bool is not int
+    assert not results_match("True", 1)  # bool is not int
+    assert not results_match("__import__('os')", 1)  # parsed, never evaluated
     assert not results_match(None, 1)
-    assert not results_match("not json", 1)
+    assert not results_match("not a literal", 1)
 
 
 @given(st.lists(st.integers(), max_size=20))

@@ -5,14 +5,15 @@ line and trailing blank lines; otherwise token by token, where numeric tokens ma
 by `rel_tol`/`abs_tol` (INTELLECT-2 used numpy.allclose's 1e-5/1e-8). With
 `order_insensitive=True` the lines are compared as multisets.
 
-`results_match` (function-call tests): the JSON result equals the expected JSON value,
-numbers compared with the same tolerances, tuples as lists; a one-element expected list
-also matches its element (INTELLECT-2 stored call outputs wrapped in a list).
+`results_match` (function-call tests): the returned value (sent back as its Python `repr`
+and read with `ast.literal_eval`, never evaluated) equals the expected JSON value, numbers
+compared with the same tolerances, tuples as lists; a one-element expected list also
+matches its element (INTELLECT-2 stored call outputs wrapped in a list).
 """
 
 from __future__ import annotations
 
-import json
+import ast
 import math
 
 
@@ -81,15 +82,26 @@ def _values_match(a: object, b: object, rel_tol: float, abs_tol: float) -> bool:
     return a == b
 
 
+MAX_RESULT_CHARS = 1 << 20
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def results_match(
-    result_json: str | None, expected: object, *, rel_tol: float = 1e-5, abs_tol: float = 1e-8
+    result_repr: str | None, expected: object, *, rel_tol: float = 1e-5, abs_tol: float = 1e-8
 ) -> bool:
-    """True iff the JSON-encoded return value equals `expected` (a decoded JSON value)."""
-    if result_json is None or result_json == "":
+    """True iff the returned value (its `repr`) equals `expected` (a decoded JSON value)."""
+    if not result_repr or len(result_repr) > MAX_RESULT_CHARS:
         return False
     try:
-        result = json.loads(result_json)
-    except ValueError:
+        result = _plain(ast.literal_eval(result_repr))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return False
     if _values_match(result, expected, rel_tol, abs_tol):
         return True

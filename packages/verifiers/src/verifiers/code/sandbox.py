@@ -16,13 +16,17 @@ filesystem is visible (read-only only where permissions say so) and a process th
 its session can outlive its test until the runner exits.
 
 Both modes run each test in a fresh fork of one runner per program (low overhead) and
-never execute untrusted code in the caller's process.
+never execute untrusted code in the caller's process. To keep interpreter and namespace
+startup off the critical path, `SPARES` runners per mode are started ahead of time; each
+runs exactly one program and is then discarded (no state is shared between programs).
 """
 
 from __future__ import annotations
 
+import ast
+import atexit
 import contextlib
-import json
+import marshal
 import os
 import random
 import select
@@ -30,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from functools import cache
@@ -39,6 +44,7 @@ from verifiers.errors import SandboxError
 
 RUNNER_SOURCE = (Path(__file__).with_name("_runner.py")).read_text()
 SANDBOX_KINDS = ("bwrap", "rlimit")
+SPARES = 2  # pre-started runners per mode (each serves one program, then exits)
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,14 @@ def default_sandbox() -> str:
     return "bwrap" if bwrap_available() else "rlimit"
 
 
+def _parse_report(line: bytes) -> dict:
+    """One runner line (`repr` of a dict of plain values), parsed without evaluating code."""
+    value = ast.literal_eval(line.decode("utf-8", "replace"))
+    if not isinstance(value, dict):
+        raise SandboxError(f"malformed runner report: {line[:200]!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class RawRun:
     """What the runner reported: one dict per test that finished, plus how the run ended."""
@@ -187,39 +201,95 @@ def run_in_sandbox(
         "kill_all": kind == "bwrap",
         "unshare_net": kind == "rlimit",
     }
-    if kind == "bwrap":
-        command = [*_bwrap_command(), "-c", RUNNER_SOURCE]
-    else:
+    if kind == "rlimit":
         scratch_dir = tempfile.mkdtemp(prefix="verifiers-scratch-")
         os.chmod(scratch_dir, 0o700)
         if uid is not None:
             os.chown(scratch_dir, uid, uid)
         job["scratch"] = scratch_dir
-        command = [sys.executable, "-I", "-S", "-c", RUNNER_SOURCE]
     try:
-        return _drive(command, job, kind, len(inputs), limits)
+        return _drive(_SPARES.take(kind), job, kind, len(inputs), limits)
     finally:
         if scratch_dir is not None:
             shutil.rmtree(scratch_dir, ignore_errors=True)
 
 
-def _drive(command: list[str], job: dict, kind: str, n_tests: int, limits: Limits) -> RawRun:
-    deadline = time.monotonic() + 30.0 + n_tests * (limits.timeout_s + 1.0)
-    proc = subprocess.Popen(
+def _start_runner(kind: str) -> subprocess.Popen:
+    if kind == "bwrap":
+        command = [*_bwrap_command(), "-c", RUNNER_SOURCE]
+    else:
+        command = [sys.executable, "-I", "-S", "-c", RUNNER_SOURCE]
+    return subprocess.Popen(
         command,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-        cwd=job.get("scratch") or "/",
+        cwd="/",
     )
+
+
+class _SparePool:
+    """Runners started ahead of time; `take` hands one out and refills in the background."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spares: dict[str, list[subprocess.Popen]] = {}
+        self._pid = os.getpid()
+
+    def take(self, kind: str) -> subprocess.Popen:
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the spares belong to the parent
+                self._spares, self._pid = {}, os.getpid()
+            spares = self._spares.setdefault(kind, [])
+            proc = None
+            while spares and proc is None:
+                candidate = spares.pop()
+                if candidate.poll() is None:
+                    proc = candidate
+                else:
+                    _discard(candidate)
+        threading.Thread(target=self._refill, args=(kind,), daemon=True).start()
+        return proc if proc is not None else _start_runner(kind)
+
+    def _refill(self, kind: str) -> None:
+        with self._lock:
+            missing = SPARES - len(self._spares.get(kind, []))
+        for _ in range(max(0, missing)):
+            proc = _start_runner(kind)
+            with self._lock:
+                self._spares.setdefault(kind, []).append(proc)
+
+    def close(self) -> None:
+        with self._lock:
+            spares, self._spares = self._spares, {}
+        for procs in spares.values():
+            for proc in procs:
+                _discard(proc)
+
+
+def _discard(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, 9)
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+_SPARES = _SparePool()
+atexit.register(_SPARES.close)
+
+
+def _drive(proc: subprocess.Popen, job: dict, kind: str, n_tests: int, limits: Limits) -> RawRun:
+    deadline = time.monotonic() + 30.0 + n_tests * (limits.timeout_s + 1.0)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     tests: list[dict] = []
     error = None
     try:
         try:
-            proc.stdin.write(json.dumps(job).encode())
+            proc.stdin.write(marshal.dumps(job))
             proc.stdin.close()
         except BrokenPipeError:
             pass
@@ -241,7 +311,7 @@ def _drive(command: list[str], job: dict, kind: str, n_tests: int, limits: Limit
             buffer += chunk
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
-                message = json.loads(line)
+                message = _parse_report(line)
                 if not ready_seen:
                     ready_seen = True
                     continue
