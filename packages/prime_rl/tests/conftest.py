@@ -184,19 +184,25 @@ class ProcessHarness:
         self.processes[name] = process
         return process
 
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+    def kill(self, name: str, sig: int = signal.SIGKILL, wait_s: float = 10.0) -> None:
+        """Send ``sig`` to the process group of ``name`` and reap it (SIGKILL if it outlives ``wait_s``)."""
         process = self.processes[name]
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, sig)
-            process.wait(30)
+            try:
+                process.wait(wait_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(30)
 
     def output(self, name: str) -> str:
         return (self.root / "out" / f"{name}.out").read_text(errors="replace")
 
     def stop_all(self) -> None:
         for name in reversed(list(self.processes)):
-            self.kill(name, signal.SIGTERM if self.processes[name].poll() is None else signal.SIGKILL)
+            self.kill(name, signal.SIGTERM)
 
 
 def wait_for(predicate: Any, timeout_s: float, what: str, poll_s: float = 0.25) -> Any:

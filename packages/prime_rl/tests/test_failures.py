@@ -194,3 +194,102 @@ def test_worker_killed_mid_batch_tasks_are_reassigned(tiny_run: Any, harness_for
         "worker-1 to keep submitting",
     )
     assert harness.processes["worker-1"].poll() is None, harness.output("worker-1")[-2000:]
+
+
+def _start_core(harness: Any, config_path: Path, *, validator: bool, trainer_name: str = "trainer") -> None:
+    harness.start("orchestrator", "orchestrator")
+    OrchestratorClient(load_config(config_path).orchestrator.url).wait_until_up(90)
+    harness.start("origin", "shardcast-origin")
+    harness.start("trainer", trainer_name, "--trainer.serve_origin", "false")
+    if validator:
+        harness.start("validator", "validator")
+    harness.start("worker", "worker-0")
+
+
+def _events(run_dir: Path, helpers: Any, name: str, kind: str) -> list[dict[str, Any]]:
+    return [e for e in helpers.metrics_of(run_dir, name) if e["event"] == kind]
+
+
+def _exited(harness: Any, name: str) -> bool:
+    return harness.processes[name].poll() is not None
+
+
+def test_trainer_killed_resumes_without_losing_or_reusing_rollouts(
+    tiny_run: Any, harness_for: Any, helpers: Any
+) -> None:
+    """SIGKILL the trainer after its first commit; the restarted one finishes with every claim used once."""
+    config_path, run_dir = tiny_run(
+        shardcast={"relay_ports": []},
+        trainer={"total_steps": 3, "samples_per_step": 8, "checkpoint_every": 2},
+        workers={"count": 1},
+    )
+    harness = harness_for(config_path)
+    _start_core(harness, config_path, validator=True)
+    helpers.wait_for(
+        lambda: _events(run_dir, helpers, "orchestrator", "commit") or _exited(harness, "trainer"),
+        150,
+        "the first commit",
+    )
+    harness.kill("trainer", signal.SIGKILL)
+    assert harness.processes["trainer"].returncode == -signal.SIGKILL, harness.output("trainer")[-3000:]
+    killed_at = len(_events(run_dir, helpers, "orchestrator", "commit"))
+    harness.start("trainer", "trainer-restarted", "--trainer.serve_origin", "false")
+    helpers.wait_for(lambda: _exited(harness, "trainer-restarted"), 170, "the restarted trainer to finish")
+    assert harness.processes["trainer-restarted"].returncode == 0, harness.output("trainer-restarted")[-3000:]
+
+    store = RolloutStore(run_dir / "orchestrator")
+    claims = {claim.step: claim.sample_ids for claim in store.claims()}
+    assert sorted(claims) == [0, 1, 2]
+    every = [sample for samples in claims.values() for sample in samples]
+    assert len(every) == len(set(every)), "an accepted rollout was claimed for two steps"
+    verdicts = store.all_verdicts()
+    for sample_id in every:
+        batch_id, index = sample_id.rsplit("/", 1)
+        assert verdicts[batch_id][int(index)].accepted
+    # Whatever each trainer incarnation trained a step on is exactly that step's claim (a replay reuses it).
+    trained = _events(run_dir, helpers, "trainer", "commit") + _events(
+        run_dir, helpers, "trainer-restarted", "commit"
+    )
+    assert {e["step"] for e in trained} == {0, 1, 2}
+    for event in trained:
+        assert tuple(event["samples"]) == claims[event["step"]], event["step"]
+    assert [e["step"] for e in _events(run_dir, helpers, "orchestrator", "commit")] == [0, 1, 2]
+    assert killed_at >= 1
+    assert _events(run_dir, helpers, "trainer-restarted", "resumed") or any(
+        e["step"] < killed_at for e in _events(run_dir, helpers, "trainer-restarted", "commit")
+    ), "the restarted trainer neither resumed from a checkpoint nor replayed a committed step"
+
+
+def test_validator_behind_trainer_waits_and_never_trains_unvalidated(
+    tiny_run: Any, harness_for: Any, helpers: Any
+) -> None:
+    """No validator: the trainer logs why it waits and claims nothing; start it and the step completes."""
+    config_path, run_dir = tiny_run(
+        shardcast={"relay_ports": []},
+        trainer={"total_steps": 1, "samples_per_step": 8, "wait_log_every_s": 1.0},
+        workers={"count": 1},
+    )
+    harness = harness_for(config_path)
+    _start_core(harness, config_path, validator=False)
+    stored = lambda: len(_events(run_dir, helpers, "orchestrator", "batch_stored"))  # noqa: E731
+    helpers.wait_for(lambda: stored() >= 3, 150, "3 stored batches (24 samples > 8 needed)")
+    log_path = run_dir / "logs" / "trainer.log"
+    helpers.wait_for(
+        lambda: log_path.exists() and "await validation" in log_path.read_text(),
+        60,
+        "the trainer's waiting log line",
+    )
+    assert "0 fresh accepted samples" in log_path.read_text()
+    store = RolloutStore(run_dir / "orchestrator")
+    assert store.claims() == [] and not store.all_verdicts()
+    assert not _events(run_dir, helpers, "trainer", "commit")
+    harness.start("validator", "validator")
+    helpers.wait_for(
+        lambda: _exited(harness, "trainer"), 150, "the trainer to finish once validation caught up"
+    )
+    assert harness.processes["trainer"].returncode == 0, harness.output("trainer")[-3000:]
+    (claim,) = store.claims()
+    verdicts = store.all_verdicts()
+    for sample_id in claim.sample_ids:
+        batch_id, index = sample_id.rsplit("/", 1)
+        assert verdicts[batch_id][int(index)].accepted, sample_id
