@@ -12,7 +12,9 @@ top-k, evaluates f there and compares sign, exponent and mantissa.
 All chunks of equal size are processed in one batched call; there is no per-chunk
 Python loop. On CPU the C kernels of ``toploc.native`` run where they compiled (GIL
 released), else the numpy/torch functions of ``selection`` and ``field``; results are
-identical. Nothing here changes global state (thread counts, OpenMP).
+identical. On CUDA the fused kernels of ``toploc.cuda`` run where nvcc compiled them,
+else selection runs on the device (``torch.topk`` on int64 keys) and the rest on the host.
+Nothing here changes global state (thread counts, OpenMP).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from __future__ import annotations
 import base64
 
 import numpy as np
+import torch
 
-from toploc import native
+from toploc import cuda, native
 from toploc.chunking import Activations, ChunkGroup, num_chunks, split_chunks
 from toploc.errors import ProofFormatError
 from toploc.field import evaluate, find_injective_moduli, interpolate
@@ -33,19 +36,55 @@ DEFAULT_DECODE_BATCHING_SIZE = 32
 DEFAULT_TOPK = 128
 
 
-def _select_all(groups: list[ChunkGroup], topk: int, method: str = "auto") -> tuple[np.ndarray, np.ndarray]:
-    """Top-k of every chunk: ``(indices [C, k] int64, uint16 patterns [C, k] int64)`` on the host."""
-    indices, values = [], []
+def _select_group(group: ChunkGroup, topk: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k of a group's chunks: ``(indices [C, k] int64, uint16 patterns [C, k] int64)`` on the host."""
+    if not (group.bits.device.type == "cpu" and native.available()):
+        check_finite(group.bits & 0x7FFF, "activations")  # the native kernel checks as it selects
+    idx, val = select_topk(group.bits, topk)
+    return idx.cpu().numpy(), val.cpu().numpy().view(np.uint16).astype(np.int64)
+
+
+def _commit_groups(groups: list[ChunkGroup], topk: int) -> tuple[np.ndarray, np.ndarray]:
+    """``([C] moduli, [C, k] coefficients)`` for every chunk, in proof order."""
+    moduli, coeffs = [np.zeros(0, np.int64)], [np.zeros((0, topk), np.int64)]
     for group in groups:  # at most 3 groups: prefill, full decode chunks, short tail
-        if not (group.bits.device.type == "cpu" and native.available()):
-            check_finite(group.bits & 0x7FFF, "activations")  # the native kernel checks as it selects
-        idx, val = select_topk(group.bits, topk, method=method)
-        indices.append(idx.cpu().numpy())
-        values.append(val.cpu().numpy().view(np.uint16).astype(np.int64))
-    if not indices:
-        empty = np.zeros((0, topk), dtype=np.int64)
-        return empty, empty
-    return np.concatenate(indices), np.concatenate(values)
+        if cuda.available(group.bits, topk):
+            *_, group_moduli, group_coeffs, flags = cuda.select_commit(group.bits, topk)
+            cuda.raise_on_flags(flags)
+            moduli.append(group_moduli.cpu().numpy())
+            coeffs.append(group_coeffs.cpu().numpy())
+        else:
+            group_moduli_np, group_coeffs_np = commit(*_select_group(group, topk))
+            moduli.append(group_moduli_np)
+            coeffs.append(group_coeffs_np)
+    return np.concatenate(moduli), np.concatenate(coeffs)
+
+
+def _evaluate_groups(
+    groups: list[ChunkGroup], moduli: np.ndarray, coeffs: np.ndarray, topk: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(committed, values)``, both ``[C, k]`` int64: f_c at the verifier's top-k, and its own patterns."""
+    committed, values = [np.zeros((0, topk), np.int64)], [np.zeros((0, topk), np.int64)]
+    first = 0
+    for group in groups:
+        last = first + group.bits.shape[0]
+        group_moduli, group_coeffs = moduli[first:last], coeffs[first:last]
+        if cuda.available(group.bits, topk):
+            _, val, evaluated, flags = cuda.select_evaluate(
+                group.bits, topk, torch.from_numpy(group_moduli), torch.from_numpy(group_coeffs)
+            )
+            cuda.raise_on_flags(flags)
+            committed.append(evaluated.cpu().numpy())
+            values.append(val.cpu().numpy().view(np.uint16).astype(np.int64))
+        else:
+            idx, val_np = _select_group(group, topk)
+            if native.available():
+                committed.append(native.evaluate(group_coeffs, group_moduli, idx))
+            else:
+                committed.append(evaluate(group_coeffs, idx % group_moduli[:, None]))
+            values.append(val_np)
+        first = last
+    return np.concatenate(committed), np.concatenate(values)
 
 
 def commit(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -74,9 +113,7 @@ def build_proofs_bytes(
             with fewer than ``topk`` elements. Never returns null proofs (defect 5).
     """
     groups = split_chunks(activations, decode_batching_size, skip_prefill)
-    indices, values = _select_all(groups, topk)
-    moduli, coeffs = commit(indices, values)
-    return encode_proofs(moduli, coeffs)
+    return encode_proofs(*_commit_groups(groups, topk))
 
 
 def build_proofs(
@@ -87,7 +124,7 @@ def build_proofs(
 ) -> list[ProofPoly]:
     """Like ``build_proofs_bytes`` but returns ``ProofPoly`` objects."""
     groups = split_chunks(activations, decode_batching_size, skip_prefill)
-    moduli, coeffs = commit(*_select_all(groups, topk))
+    moduli, coeffs = _commit_groups(groups, topk)
     return [ProofPoly(int(m), tuple(int(c) for c in row)) for m, row in zip(moduli, coeffs, strict=True)]
 
 
@@ -152,14 +189,9 @@ def _verify_parsed(
             f"got {len(moduli)} proofs for activations that make {expected} chunks "
             f"(decode_batching_size={decode_batching_size}, skip_prefill={skip_prefill})"
         )
-    indices, values = _select_all(groups, topk)
     if expected == 0:
         return []
-    if native.available():
-        committed = native.evaluate(coeffs, moduli, indices)
-    else:
-        committed = evaluate(coeffs, indices % moduli[:, None])
-    return compare(committed, values)
+    return compare(*_evaluate_groups(groups, moduli, coeffs, topk))
 
 
 def verify_proofs_bytes(

@@ -20,11 +20,12 @@ copied to the host on every call (a sync, though HF's generate loop syncs each s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from toploc import native
+from toploc import cuda, native
 from toploc.chunking import to_bf16_bits
 from toploc.errors import ActivationError
 from toploc.proofs import commit
@@ -54,7 +55,7 @@ class ProofBuilder:
         self._buffer: torch.Tensor | None = None
         self._fill = np.zeros(num_sequences, dtype=np.int64)  # rows in each sequence's open chunk
         self._chunks = np.zeros(num_sequences, dtype=np.int64)  # closed chunks per sequence
-        self._selected: list[tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._closed: list[_Closed] = []
         self._finished = False
 
     @property
@@ -109,11 +110,15 @@ class ProofBuilder:
             self._close(full, self.decode_batching_size)
 
     def _close(self, sequences: np.ndarray, length: int) -> None:
-        """Select the top-k of the open chunks of ``sequences`` (each ``length`` rows) and reset them."""
+        """Select (and on CUDA also commit) the open chunks of ``sequences`` (``length`` rows each); reset them."""
         assert self._buffer is not None
         seq = torch.from_numpy(sequences).to(self._buffer.device)
         chunk = self._buffer[seq, :length].reshape(len(sequences), length * self.hidden_size)
-        if chunk.device.type == "cpu" and native.available():
+        positions = self._chunks[sequences].copy()
+        if cuda.available(chunk, self.topk):  # fused kernel, asynchronous: flags are read in finish()
+            *_, moduli, coeffs, flags = cuda.select_commit(chunk, self.topk)
+            self._closed.append(_Closed(sequences.copy(), positions, None, None, moduli, coeffs, flags != 0))
+        elif chunk.device.type == "cpu" and native.available():
             try:  # the native kernel rejects NaN/Inf while selecting
                 indices, values = select_topk(chunk, self.topk, method="native")
                 nonfinite = torch.tensor(False)
@@ -122,10 +127,11 @@ class ProofBuilder:
                     raise
                 indices, values = select_topk(chunk.zero_(), self.topk, method="native")
                 nonfinite = torch.tensor(True)
+            self._closed.append(_Closed(sequences.copy(), positions, indices, values, None, None, nonfinite))
         else:
             nonfinite = ((chunk & 0x7FFF) >= NONFINITE_ABS).any()  # checked in finish(): no sync here
             indices, values = select_topk(chunk, self.topk)
-        self._selected.append((sequences.copy(), self._chunks[sequences].copy(), indices, values, nonfinite))
+            self._closed.append(_Closed(sequences.copy(), positions, indices, values, None, None, nonfinite))
         self._chunks[sequences] += 1
         self._fill[sequences] = 0
 
@@ -141,19 +147,43 @@ class ProofBuilder:
         self._finished = True
         for length in sorted(set(self._fill[self._fill > 0].tolist())):
             self._close(np.flatnonzero(self._fill == length), int(length))
-        if not self._selected:
+        if not self._closed:
             return [b""] * self.num_sequences
-        if any(bool(flag) for *_, flag in self._selected):
+        if any(bool(closed.bad.any()) for closed in self._closed):
             raise ActivationError("hidden rows contain NaN or Inf; TOPLOC commits to finite bf16 values only")
-        sequences = np.concatenate([s for s, *_ in self._selected])
-        positions = np.concatenate([p for _, p, *_ in self._selected])
-        indices = torch.cat([i.cpu() for *_, i, _, _ in self._selected]).numpy()
-        values = torch.cat([v.cpu() for *_, v, _ in self._selected]).numpy().view(np.uint16).astype(np.int64)
-        proofs = encode_proofs(*commit(indices, values))
+        moduli, coeffs = [], []
+        for closed in self._closed:
+            if closed.moduli is not None and closed.coeffs is not None:
+                moduli.append(closed.moduli.cpu().numpy())
+                coeffs.append(closed.coeffs.cpu().numpy())
+        selected = [c for c in self._closed if c.indices is not None and c.values is not None]
+        if selected:  # one vectorised host commit for every chunk selected without the CUDA kernel
+            indices = torch.cat([c.indices.cpu() for c in selected if c.indices is not None]).numpy()
+            values = torch.cat([c.values.cpu() for c in selected if c.values is not None]).numpy()
+            host_moduli, host_coeffs = commit(indices, values.view(np.uint16).astype(np.int64))
+            moduli.append(host_moduli)
+            coeffs.append(host_coeffs)
+        order = [c for c in self._closed if c.moduli is not None] + selected
+        proofs = encode_proofs(np.concatenate(moduli), np.concatenate(coeffs))
+        sequences = np.concatenate([c.sequences for c in order]).tolist()
+        positions = np.concatenate([c.positions for c in order]).tolist()
         per_sequence: list[list[tuple[int, bytes]]] = [[] for _ in range(self.num_sequences)]
-        for s, p, proof in zip(sequences.tolist(), positions.tolist(), proofs, strict=True):
+        for s, p, proof in zip(sequences, positions, proofs, strict=True):
             per_sequence[s].append((p, proof))
         return [b"".join(proof for _, proof in sorted(items)) for items in per_sequence]
+
+
+@dataclass(frozen=True)
+class _Closed:
+    """Chunks closed together: host ``sequences``/``positions`` and device results (selection or commitment)."""
+
+    sequences: np.ndarray
+    positions: np.ndarray
+    indices: torch.Tensor | None
+    values: torch.Tensor | None
+    moduli: torch.Tensor | None
+    coeffs: torch.Tensor | None
+    bad: torch.Tensor  # NaN/Inf (or kernel failure) per chunk or overall, read once in finish()
 
 
 def split_proofs(data: bytes, topk: int = 128) -> list[bytes]:

@@ -1,0 +1,180 @@
+"""CUDA kernels (``toploc_cuda.cu``): fused select + commit for provers, select + evaluate for verifiers.
+
+Compiled on first use with ``nvcc`` (``$CUDA_HOME/bin/nvcc`` or on ``PATH``) for the current
+device's architecture into ``$TOPLOC_CACHE_DIR`` (default ``~/.cache/toploc``), and loaded
+with ctypes: the kernels take raw device pointers and torch's current CUDA stream, so no
+compiled code is bound to a torch ABI. ``available()`` is False without a CUDA device, without
+nvcc, when compilation fails, or with ``TOPLOC_CUDA=0``; callers then use the torch path
+(selection by int64 keys with ``torch.topk`` on the device, interpolation on the host).
+
+Status: the .cu file compiles with nvcc 13 (sm_80/sm_90) in CI-less development, but it has
+NOT been run on a GPU yet; the CUDA tests skip without a device.
+
+One thread block per chunk (k <= 1024, chunk size < 2^31; otherwise the torch path runs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from toploc.errors import ActivationError
+from toploc.field import INVERSE_SIGNED, P
+
+_SOURCE = Path(__file__).with_name("toploc_cuda.cu")
+_LOCK = threading.Lock()
+_LIBS: dict[str, ctypes.CDLL | None] = {}
+_INVERSE: dict[torch.device, torch.Tensor] = {}
+MAX_K = 1024
+
+
+def _nvcc() -> str | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and (Path(home) / "bin" / "nvcc").exists():
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+def compile_library(arch: str, nvcc: str | None = None) -> Path | None:
+    """Compile the kernels for ``arch`` (e.g. ``"sm_90"``); returns the .so path or None."""
+    nvcc = nvcc or _nvcc()
+    if nvcc is None:
+        return None
+    flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-arch={arch}"]
+    source = _SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("TOPLOC_CACHE_DIR", Path.home() / ".cache" / "toploc"))
+    target = cache / f"toploc_cuda_{arch}_{digest}.so"
+    if not target.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            built = Path(tmp) / target.name
+            done = subprocess.run(
+                [nvcc, *flags, str(_SOURCE), "-o", str(built)], capture_output=True, timeout=600
+            )
+            if done.returncode != 0:
+                return None
+            os.replace(built, target)
+    return target
+
+
+def _library(device: torch.device) -> ctypes.CDLL | None:
+    major, minor = torch.cuda.get_device_capability(device)
+    arch = f"sm_{major}{minor}"
+    with _LOCK:
+        if arch not in _LIBS:
+            try:
+                path = compile_library(arch)
+                lib = ctypes.CDLL(str(path)) if path else None
+            except (OSError, subprocess.SubprocessError):
+                lib = None
+            if lib is not None:
+                lib.toploc_cuda_select_commit.argtypes = [
+                    ctypes.c_void_p,
+                    ctypes.c_int64,
+                    ctypes.c_int64,
+                    ctypes.c_int64,
+                ]
+                lib.toploc_cuda_select_commit.argtypes += [ctypes.c_void_p] * 7
+                lib.toploc_cuda_select_evaluate.argtypes = [
+                    ctypes.c_void_p,
+                    ctypes.c_int64,
+                    ctypes.c_int64,
+                    ctypes.c_int64,
+                ]
+                lib.toploc_cuda_select_evaluate.argtypes += [ctypes.c_void_p] * 7
+                lib.toploc_cuda_select_commit.restype = ctypes.c_int
+                lib.toploc_cuda_select_evaluate.restype = ctypes.c_int
+            _LIBS[arch] = lib
+    return _LIBS[arch]
+
+
+def available(bits: torch.Tensor | None = None, k: int = 128) -> bool:
+    """Whether the kernels can run for ``bits`` ``[C, n]`` (a CUDA tensor) and ``k``."""
+    if os.environ.get("TOPLOC_CUDA", "1") == "0" or not torch.cuda.is_available():
+        return False
+    if bits is None:
+        return _library(torch.device("cuda", torch.cuda.current_device())) is not None
+    if bits.device.type != "cuda" or not 1 <= k <= min(MAX_K, bits.shape[1]) or bits.shape[1] >= 2**31:
+        return False
+    return _library(bits.device) is not None
+
+
+def _inverse(device: torch.device) -> torch.Tensor:
+    if device not in _INVERSE:
+        table = INVERSE_SIGNED[P:].astype(np.int32)  # a^-1 mod P for a in [0, P)
+        _INVERSE[device] = torch.from_numpy(table).to(device)
+    return _INVERSE[device]
+
+
+def _stream(device: torch.device) -> int:
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def select_commit(
+    bits: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prover kernel on ``[C, n]`` int16 CUDA bits → device tensors
+    ``(indices [C, k] int64, values [C, k] int16, moduli [C] int64, coeffs [C, k] int64, flags [C] int32)``.
+
+    Asynchronous on the current stream; ``flags`` is 1 for NaN/Inf, 2 for no modulus (check with ``raise_on_flags``).
+    """
+    bits = bits.contiguous()
+    lib = _library(bits.device)
+    assert lib is not None
+    chunks, n = bits.shape
+    device = bits.device
+    idx = torch.empty((chunks, k), dtype=torch.int64, device=device)
+    val = torch.empty((chunks, k), dtype=torch.int16, device=device)
+    mod = torch.empty(chunks, dtype=torch.int64, device=device)
+    coeffs = torch.empty((chunks, k), dtype=torch.int64, device=device)
+    flags = torch.zeros(chunks, dtype=torch.int32, device=device)
+    status = lib.toploc_cuda_select_commit(
+        bits.data_ptr(), chunks, n, k, _inverse(bits.device).data_ptr(), idx.data_ptr(), val.data_ptr(),
+        mod.data_ptr(), coeffs.data_ptr(), flags.data_ptr(), _stream(bits.device),
+    )  # fmt: skip
+    if status:
+        raise RuntimeError(f"toploc CUDA kernel launch failed (status {status})")
+    return idx, val, mod, coeffs, flags
+
+
+def select_evaluate(
+    bits: torch.Tensor, k: int, moduli: torch.Tensor, coeffs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Verifier kernel → device tensors ``(indices, values, committed [C, k] int64, flags [C])``."""
+    bits = bits.contiguous()
+    lib = _library(bits.device)
+    assert lib is not None
+    chunks, n = bits.shape
+    device = bits.device
+    moduli = moduli.to(bits.device, torch.int64).contiguous()
+    coeffs = coeffs.to(bits.device, torch.int64).contiguous()
+    idx = torch.empty((chunks, k), dtype=torch.int64, device=device)
+    val = torch.empty((chunks, k), dtype=torch.int16, device=device)
+    committed = torch.empty((chunks, k), dtype=torch.int64, device=device)
+    flags = torch.zeros(chunks, dtype=torch.int32, device=device)
+    status = lib.toploc_cuda_select_evaluate(
+        bits.data_ptr(), chunks, n, k, moduli.data_ptr(), coeffs.data_ptr(), idx.data_ptr(), val.data_ptr(),
+        committed.data_ptr(), flags.data_ptr(), _stream(bits.device),
+    )  # fmt: skip
+    if status:
+        raise RuntimeError(f"toploc CUDA kernel launch failed (status {status})")
+    return idx, val, committed, flags
+
+
+def raise_on_flags(flags: torch.Tensor) -> None:
+    """Host check of kernel flags (synchronises): ``ActivationError`` for NaN/Inf."""
+    values = flags.cpu()
+    if bool((values == 1).any()):
+        raise ActivationError("activations contain NaN or Inf; TOPLOC commits to finite bf16 values only")
+    if bool((values != 0).any()):
+        raise ValueError("toploc CUDA kernel found no injective modulus")
