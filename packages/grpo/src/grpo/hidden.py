@@ -28,14 +28,18 @@ class LogprobsAndEntropy:
     entropy: torch.Tensor
 
 
-def _tile_logits(hidden_rows: torch.Tensor, weight_cols: torch.Tensor, temperature: float) -> torch.Tensor:
-    z = hidden_rows @ weight_cols.T  # [rows, cols], matmul in the input dtype
-    z = z.to(torch.promote_types(z.dtype, torch.float32))  # softmax math in fp32 (fp64 stays fp64)
-    return z / temperature if temperature != 1.0 else z
+def _tile_logits(hidden_rows: torch.Tensor, weight_cols: torch.Tensor) -> torch.Tensor:
+    """A fresh ``[rows, cols]`` logits tile in the softmax dtype (fp32, or fp64 for fp64 inputs)."""
+    z = hidden_rows @ weight_cols.T  # matmul in the input dtype, like the model's lm_head
+    return z.to(torch.promote_types(z.dtype, torch.float32))
 
 
 class _HiddenStats(torch.autograd.Function):
-    """(hidden [N, H], weight [V, H], tokens [N]) -> (log p(token) [N], entropy [N]), fp32."""
+    """(hidden [N, H], weight [V, H], tokens [N]) -> (log p(token) [N], entropy [N]), fp32.
+
+    The temperature is folded into the hidden rows (z = (h/T)·Wᵀ), which saves one pass over
+    every tile; ∂/∂h then picks up the 1/T once per row chunk.
+    """
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -56,6 +60,7 @@ class _HiddenStats(torch.autograd.Function):
         expected_z = torch.zeros(rows, dtype=math_dtype, device=dev)
         for r0 in range(0, rows, row_chunk_size):
             h = hidden[r0 : r0 + row_chunk_size]
+            h = h / temperature if temperature != 1.0 else h
             tok = tokens[r0 : r0 + row_chunk_size]
             n = h.shape[0]
             running_max = torch.full((n,), float("-inf"), dtype=math_dtype, device=dev)
@@ -63,17 +68,19 @@ class _HiddenStats(torch.autograd.Function):
             running_zsum = torch.zeros(n, dtype=math_dtype, device=dev)
             target = torch.zeros(n, dtype=math_dtype, device=dev)
             for v0 in range(0, vocab, chunk_size):
-                z = _tile_logits(h, weight[v0 : v0 + chunk_size], temperature)  # [n, c]
-                new_max = torch.maximum(running_max, z.amax(dim=-1))
-                rescale = torch.exp(running_max - new_max)
-                e = torch.exp(z - new_max[:, None])
-                running_sum = running_sum * rescale + e.sum(dim=-1)
-                if want_entropy:
-                    running_zsum = running_zsum * rescale + (e * z).sum(dim=-1)
-                running_max = new_max
+                z = _tile_logits(h, weight[v0 : v0 + chunk_size])  # [n, c]
                 inside = (tok >= v0) & (tok < v0 + z.shape[1])
                 local = (tok - v0).clamp(0, z.shape[1] - 1)
                 target = torch.where(inside, z.gather(-1, local[:, None])[:, 0], target)
+                new_max = torch.maximum(running_max, z.amax(dim=-1))
+                rescale = torch.exp(running_max - new_max)
+                if want_entropy:
+                    e = torch.exp(z - new_max[:, None])
+                    running_zsum = running_zsum * rescale + (e * z).sum(dim=-1)
+                else:
+                    e = z.sub_(new_max[:, None]).exp_()  # z is not needed any more: reuse it
+                running_sum = running_sum * rescale + e.sum(dim=-1)
+                running_max = new_max
             lse = running_max + torch.log(running_sum)
             logsumexp[r0 : r0 + n] = lse
             token_logit[r0 : r0 + n] = target
@@ -95,17 +102,19 @@ class _HiddenStats(torch.autograd.Function):
         if (grad_logprob is None and grad_entropy is None) or not (need_hidden or need_weight):
             return None, None, None, None, None, None, None
         grad_hidden = torch.zeros_like(hidden) if need_hidden else None
-        # fp32 accumulator for low-precision weights: the sum runs over every row chunk.
-        grad_weight = (
-            torch.zeros(
-                weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32), device=weight.device
+        # Low-precision weights accumulate in fp32 (the sum runs over every row chunk); fp32/fp64
+        # weights are written in place by the GEMMs (out= / addmm_), with no extra pass.
+        acc_dtype = torch.promote_types(weight.dtype, torch.float32)
+        in_place = acc_dtype == weight.dtype
+        grad_weight = None
+        if need_weight:
+            grad_weight = (torch.empty if in_place else torch.zeros)(
+                weight.shape, dtype=acc_dtype, device=weight.device
             )
-            if need_weight
-            else None
-        )
         rows, vocab = hidden.shape[0], weight.shape[0]
         for r0 in range(0, rows, row_chunk_size):
             h = hidden[r0 : r0 + row_chunk_size]
+            h = h / temperature if temperature != 1.0 else h
             n = h.shape[0]
             tok = tokens[r0 : r0 + n]
             lse = logsumexp[r0 : r0 + n, None]
@@ -113,21 +122,31 @@ class _HiddenStats(torch.autograd.Function):
             g_h = grad_entropy[r0 : r0 + n].to(lse.dtype)[:, None] if grad_entropy is not None else None
             for v0 in range(0, vocab, chunk_size):
                 w = weight[v0 : v0 + chunk_size]
-                z = _tile_logits(h, w, temperature)
-                probs = torch.exp(z - lse)  # [n, c]
-                grad_z = torch.zeros_like(z)
+                z = _tile_logits(h, w)  # [n, c]
+                centred = z - expected_z[r0 : r0 + n, None] if g_h is not None else None
+                probs = z.sub_(lse).exp_()  # softmax, in place
                 if g_lp is not None:
-                    grad_z -= probs * g_lp  # d log p_k / dz = onehot(k) − p
+                    grad_z = probs * (-g_lp)  # d log p_k / dz = onehot(k) − p
                     inside = (tok >= v0) & (tok < v0 + z.shape[1])
                     local = (tok - v0).clamp(0, z.shape[1] - 1)
                     grad_z.scatter_add_(-1, local[:, None], torch.where(inside[:, None], g_lp, 0.0))
-                if g_h is not None:
-                    grad_z -= probs * (z - expected_z[r0 : r0 + n, None]) * g_h  # dH/dz = −p(z − E z)
-                grad_z = (grad_z / temperature if temperature != 1.0 else grad_z).to(hidden.dtype)
+                else:
+                    grad_z = torch.zeros_like(probs)
+                if centred is not None and g_h is not None:
+                    grad_z.sub_(centred.mul_(probs).mul_(g_h))  # dH/dz = −p ⊙ (z − E z)
+                grad_z = grad_z.to(hidden.dtype)
                 if grad_hidden is not None:
-                    grad_hidden[r0 : r0 + n] += grad_z @ w
+                    grad_hidden[r0 : r0 + n].addmm_(grad_z, w)
                 if grad_weight is not None:
-                    grad_weight[v0 : v0 + chunk_size] += grad_z.T @ h
+                    rows_of_w = grad_weight[v0 : v0 + chunk_size]
+                    if not in_place:
+                        rows_of_w += (grad_z.T @ h).to(acc_dtype)
+                    elif r0 == 0:
+                        torch.mm(grad_z.T, h, out=rows_of_w)
+                    else:
+                        rows_of_w.addmm_(grad_z.T, h)
+            if grad_hidden is not None and temperature != 1.0:
+                grad_hidden[r0 : r0 + n] /= temperature
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None, None
