@@ -212,6 +212,8 @@ class ShardcastConfig(Section):
 
 
 # Role sections: (module, class name). Resolved lazily so importing config never imports torch.
+# A light ``prime_rl.<role>_config`` module, when it exists, is preferred over the role module
+# itself, so processes that do not run the role (orchestrator, shardcast, run) skip importing torch.
 _ROLE_SECTIONS: dict[str, tuple[str, str]] = {
     "trainer": ("prime_rl.trainer", "TrainerConfig"),
     "validator": ("prime_rl.validator", "ValidatorConfig"),
@@ -229,18 +231,25 @@ def _placeholder(class_name: str, module: str) -> type[BaseModel]:
     )
 
 
+def _import_optional(module_name: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name != module_name:
+            raise
+        return None
+
+
 def _section_class(key: str) -> type[BaseModel]:
     if key not in _resolved:
         module_name, class_name = _ROLE_SECTIONS[key]
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name != module_name:
-                raise
-            _resolved[key] = _placeholder(class_name, module_name)
-        else:
-            section = getattr(module, class_name, None)
-            _resolved[key] = section if section is not None else _placeholder(class_name, module_name)
+        section = None
+        for candidate in (f"{module_name}_config", module_name):
+            module = _import_optional(candidate)
+            section = getattr(module, class_name, None) if module is not None else None
+            if section is not None:
+                break
+        _resolved[key] = section if section is not None else _placeholder(class_name, module_name)
     return _resolved[key]
 
 
