@@ -12,8 +12,12 @@ from toploc.wire import ProofPoly, strict_b64decode
 
 def _load(proof: str) -> bytes:
     """PROOF is a file path (raw bytes, or base64 text), a hex string, or a base64 string."""
-    path = Path(proof)
-    if path.is_file():
+    try:
+        is_file = Path(proof).is_file()
+    except OSError:  # e.g. a 516-character hex proof is too long to be a file name
+        is_file = False
+    if is_file:
+        path = Path(proof)
         data = path.read_bytes()
         try:
             return strict_b64decode(data.strip())
