@@ -70,9 +70,7 @@ def ensure_math_verify() -> Path:
         return python
     print(f"installing math-verify 0.9.0 into {MV_VENV} ...", file=sys.stderr)
     subprocess.run([sys.executable, "-m", "venv", str(MV_VENV)], check=True)
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "math-verify[antlr4_13_2]==0.9.0"], check=True
-    )
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "math-verify[antlr4_13_2]==0.9.0"], check=True)
     return python
 
 
@@ -146,7 +144,9 @@ def sandbox_overhead(repeats: int) -> dict:
         assert run_tests(program, one).passed == 1
         single.append(time.perf_counter() - t)
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-I", "-S", "-c", program], input="7\n", capture_output=True, text=True)
+        subprocess.run(
+            [sys.executable, "-I", "-S", "-c", program], input="7\n", capture_output=True, text=True
+        )
         naive.append(time.perf_counter() - t)
     return {"per_test": per_test, "single": single, "naive": naive, "sandbox": result.sandbox}
 

@@ -18,12 +18,8 @@ import select
 import sys
 import time
 
-# Wakes the runner's select() when a test child exits (see run_one).
-_WAKE_R, _WAKE_W = os.pipe()
-os.set_blocking(_WAKE_W, False)
-os.set_blocking(_WAKE_R, False)
-signal.signal(signal.SIGCHLD, lambda *_: None)
-signal.set_wakeup_fd(_WAKE_W)
+# Wakes the runner's select() when a test child exits (set up in main, see run_one).
+_WAKE_R = _WAKE_W = -1
 
 
 def _prctl_not_dumpable():
@@ -249,6 +245,12 @@ def run_one(job, index, scratch):
 
 
 def main():
+    global _WAKE_R, _WAKE_W
+    _WAKE_R, _WAKE_W = os.pipe()
+    os.set_blocking(_WAKE_W, False)
+    os.set_blocking(_WAKE_R, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(_WAKE_W)
     job = marshal.loads(sys.stdin.buffer.read())
     os.close(0)
     net_isolated = _unshare_net() if job.get("unshare_net") else None
@@ -268,4 +270,5 @@ def main():
         out.flush()
 
 
-main()
+if __name__ == "__main__":  # run as `python -c <this source>`
+    main()

@@ -1,207 +1,24 @@
-"""Equivalence of two parsed answers (runs inside a worker process; imports sympy).
+"""Structural equivalence of two parsed answers (runs inside a worker process).
 
-Decision order for two expressions: identical text; exact plain numbers (`numbers.py`);
-sympy values: exact rationals compare exactly, other constants by a 60-digit evaluation
-with relative tolerance 1e-45 (so `1/2004!` != `1/2006!`), expressions with symbols by
-evaluation at three fixed irrational-free positive points (an identity test; positive
-points mean `\\sqrt{1/n}` == `1/\\sqrt{n}`). Relations compare `lhs - rhs` up to a constant
-factor (positive for inequalities). Sets/lists match as multisets, tuples in order.
+Relations compare `lhs - rhs` up to a constant factor (positive for inequalities); chains
+`a < x < b` become intervals. Sets and multi-answers match as multisets, tuples in order,
+a 2-tuple `(a, b)` may stand for an open interval. Expressions go to `expressions.py`.
 
 Direction matters (math-verify's convention): a *gold* inequality is compared with a
 predicted interval/set, but a gold set is compared with a predicted inequality only when
 `allow_set_relation_comp=True`.
-
-Pitfall: inputs whose evaluation would be astronomically large (`2^{10^9}`, `(10^8)!`) are
-compared structurally, unevaluated; the worker's memory limit and kill-on-timeout backstop
-anything this estimate misses.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
 import re
-from dataclasses import dataclass
-from fractions import Fraction
 
 import sympy
-from sympy.parsing.sympy_parser import (
-    factorial_notation,
-    implicit_multiplication,
-    parse_expr,
-    rationalize,
-    standard_transformations,
-)
 
 from verifiers.math import structure as st
+from verifiers.math.expressions import POINTS, Options, atoms_equal, close, evaluate, rename, to_sympy
 from verifiers.math.extract import answer_span, last_number
-from verifiers.math.latex import LatexError, normalize, to_sympy_source
-from verifiers.math.numbers import Number, decimal_matches, numbers_equal, parse_number
-
-_TRANSFORMS = (*standard_transformations, implicit_multiplication, rationalize, factorial_notation)
-_POINTS = (
-    sympy.Rational(1373, 1000),
-    sympy.Rational(2719, 1000),
-    sympy.Rational(631, 1000),
-    sympy.Rational(4127, 1000),
-)
-MAX_BITS = 200_000
-
-
-@dataclass(frozen=True)
-class Options:
-    """Comparison settings (math-verify's names and defaults)."""
-
-    float_rounding: int = 6
-    strict: bool = True
-    allow_set_relation_comp: bool = False
-
-
-def _local_names(src: str) -> dict[str, object]:
-    names: dict[str, object] = {}
-    for name in set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", src)):
-        if name in ("e",):
-            names[name] = sympy.E
-        elif name == "i":
-            names[name] = sympy.I
-        elif name not in to_sympy_names():
-            names[name] = sympy.Symbol(name)
-    return names
-
-
-@functools.cache
-def to_sympy_names() -> frozenset[str]:
-    from verifiers.math.latex import SAFE_NAMES
-
-    return frozenset(SAFE_NAMES)
-
-
-def _too_big(expr: sympy.Basic) -> bool:
-    for node in sympy.preorder_traversal(expr):
-        if isinstance(node, sympy.Pow):
-            base, exp = node.args
-            if exp.is_number and base.is_number:
-                try:
-                    e = abs(sympy.N(exp, 8))
-                    b = abs(sympy.N(base, 8))
-                    if e.is_finite and b.is_finite and b > 1 and e * sympy.log(b, 2) > MAX_BITS:
-                        return True
-                except (TypeError, ValueError, ZeroDivisionError):
-                    return True
-        elif isinstance(node, sympy.factorial | sympy.binomial):
-            arg = node.args[0]
-            if arg.is_number and abs(sympy.N(arg, 8)) > 20_000:
-                return True
-    return False
-
-
-@functools.lru_cache(maxsize=4096)
-def to_sympy(text: str) -> tuple[sympy.Basic, bool]:
-    """(expression, too_big) for a normalised expression; raises LatexError if unparseable."""
-    src = to_sympy_source(text.replace("%", ""))
-    names = _local_names(src)
-    try:
-        lazy = parse_expr(src, local_dict=names, transformations=_TRANSFORMS, evaluate=False)
-        if _too_big(lazy):
-            return lazy, True
-        expr = parse_expr(src, local_dict=names, transformations=_TRANSFORMS)
-    except (SyntaxError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
-        raise LatexError(f"sympy could not parse {text!r}: {exc}") from exc
-    if not isinstance(expr, sympy.Basic):
-        raise LatexError(f"{text!r} is not an expression")
-    return expr, False
-
-
-def _rename(pred: sympy.Basic, gold: sympy.Basic) -> sympy.Basic:
-    gold_syms = sorted(gold.free_symbols, key=str)
-    pred_syms = sorted(pred.free_symbols, key=str)
-    if len(gold_syms) != len(pred_syms) or gold_syms == pred_syms:
-        return pred
-    return pred.xreplace(dict(zip(pred_syms, gold_syms, strict=True)))
-
-
-def _evaluate(expr: sympy.Basic, point: dict, digits: int = 40) -> sympy.Basic | None:
-    value = sympy.N(expr.xreplace(point), digits)
-    if not value.is_number or value.has(sympy.zoo, sympy.nan, sympy.oo, -sympy.oo):
-        return None
-    return value
-
-
-def _close(a: sympy.Basic, b: sympy.Basic, tol: float) -> bool:
-    return bool(abs(a - b) <= tol * max(1, abs(a), abs(b)))
-
-
-def _constants_equal(a: sympy.Basic, b: sympy.Basic) -> bool:
-    if a == b:
-        return True
-    if a.is_Rational and b.is_Rational:
-        return False
-    if a.has(sympy.oo, -sympy.oo, sympy.zoo) or b.has(sympy.oo, -sympy.oo, sympy.zoo):
-        return bool(sympy.simplify(a - b) == 0) if a.is_finite == b.is_finite else False
-    va, vb = sympy.N(a, 60), sympy.N(b, 60)
-    if not (va.is_number and vb.is_number):
-        return bool(sympy.simplify(a - b) == 0)
-    scale = max(abs(va), abs(vb))
-    return bool(abs(va - vb) <= sympy.Float("1e-45", 60) * scale) or bool(va == vb == 0)
-
-
-def _identity(a: sympy.Basic, b: sympy.Basic) -> bool:
-    """a == b as functions of their symbols (random-point identity test, then simplify)."""
-    symbols = sorted(a.free_symbols | b.free_symbols, key=str)
-    checked = 0
-    for shift in range(len(_POINTS)):
-        point = {s: _POINTS[(k + shift) % len(_POINTS)] + k for k, s in enumerate(symbols)}
-        va, vb = _evaluate(a, point), _evaluate(b, point)
-        if va is None or vb is None:
-            continue
-        if not _close(va, vb, 1e-25):
-            return False
-        checked += 1
-    if checked >= 2:
-        return True
-    return bool(sympy.simplify(a - b) == 0)
-
-
-def _decimal_vs_expression(literal: Number, expr: sympy.Basic, opts: Options) -> bool:
-    if literal.decimals is None or expr.free_symbols:
-        return False
-    value = sympy.N(expr, literal.decimals + 30)
-    if not value.is_real:
-        return False
-    exact = Fraction(str(sympy.Float(value, literal.decimals + 30)))
-    return decimal_matches(literal, exact, opts.float_rounding)
-
-
-def atoms_equal(a: str, b: str, opts: Options) -> bool:
-    """Equivalence of two expression strings (gold `a`, prediction `b`)."""
-    if a == b:
-        return True
-    na, nb = parse_number(a), parse_number(b)
-    if na is not None and nb is not None:
-        return numbers_equal(na, nb, float_rounding=opts.float_rounding)
-    letters = [re.fullmatch(r"\(?([A-Za-z])\)?", t.strip()) for t in (a, b)]
-    if letters[0] and letters[1]:
-        la, lb = letters[0].group(1), letters[1].group(1)
-        return la == lb or (la.isupper() and la.lower() == lb.lower() and la in "ABCDEFGHIJ")
-    ea, big_a = to_sympy(a)
-    eb, big_b = to_sympy(b)
-    if big_a or big_b:
-        return sympy.srepr(ea) == sympy.srepr(eb)
-    if not opts.strict:
-        eb = _rename(eb, ea)
-    for literal, other in ((na, eb), (nb, ea)):
-        if literal is not None and _decimal_vs_expression(literal, other, opts):
-            return True
-    candidates_a = [ea, ea / 100] if "%" in a else [ea]
-    candidates_b = [eb, eb / 100] if "%" in b else [eb]
-    for x, y in itertools.product(candidates_a, candidates_b):
-        if not x.free_symbols and not y.free_symbols:
-            if _constants_equal(x, y):
-                return True
-        elif _identity(x, y):
-            return True
-    return False
-
+from verifiers.math.latex import LatexError, normalize
 
 # ------------------------------------------------------------------ relations
 
@@ -231,14 +48,14 @@ def relations_equal(a: st.Relation, b: st.Relation, opts: Options) -> bool:
         return all(values_equal(x, y, opts) for x, y in zip(a.terms, b.terms, strict=True)) and a.ops == b.ops
     (op_a, ea), (op_b, eb) = da, db
     if not opts.strict:
-        eb = _rename(eb, ea)
+        eb = rename(eb, ea)
     if op_a != op_b and {op_a, op_b} != {"<", ">"}:
         return False
     symbols = sorted(ea.free_symbols | eb.free_symbols, key=str)
     ratios = []
-    for shift in range(len(_POINTS)):
-        point = {s: _POINTS[(k + shift) % len(_POINTS)] + k for k, s in enumerate(symbols)}
-        va, vb = _evaluate(ea, point), _evaluate(eb, point)
+    for shift in range(len(POINTS)):
+        point = {s: POINTS[(k + shift) % len(POINTS)] + k for k, s in enumerate(symbols)}
+        va, vb = evaluate(ea, point), evaluate(eb, point)
         if va is None or vb is None:
             continue
         if abs(vb) < 1e-30:
@@ -249,7 +66,7 @@ def relations_equal(a: st.Relation, b: st.Relation, opts: Options) -> bool:
     if len(ratios) < 2:
         return bool(sympy.simplify(ea - eb) == 0)
     first = ratios[0]
-    if abs(first) < 1e-30 or not all(_close(r, first, 1e-20) for r in ratios):
+    if abs(first) < 1e-30 or not all(close(r, first, 1e-20) for r in ratios):
         return False
     return op_a in ("=", "!=") or bool(first > 0)
 
