@@ -36,7 +36,7 @@ class Tasks:
     def prompt_tokens(self, task_id: int) -> list[int]:
         return TOKENIZER(self.prompt(task_id))["input_ids"]
 
-    def score(self, task_id: int, completion: str) -> float:
+    def score(self, task_id: int, completion: str, num_tokens: int) -> float:
         return sum(ch.isdigit() for ch in completion) / max(len(completion), 1)
 
 

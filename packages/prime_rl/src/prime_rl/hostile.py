@@ -67,14 +67,14 @@ BEHAVIOURS = (
 class HostileWorker:
     """Builds rollout batches for one behaviour (``"honest"`` = the real worker's answer).
 
-    ``encode(text)`` tokenises a prompt, ``score(task_id, text)`` is the worker's reward,
+    ``encode(text)`` tokenises a prompt, ``score(task_id, text, num_tokens)`` is the worker's reward,
     ``prompt_tokens(task_id)`` gives any task's prompt (for unassigned tasks), ``run_seed`` and
     ``num_tasks`` are the run's (public) assignment inputs.
     """
 
     behaviour: str
     encode: Callable[[str], Sequence[int]]
-    score: Callable[[int, str], float]
+    score: Callable[[int, str, int], float]
     prompt_tokens: Callable[[int], Sequence[int]]
     run_seed: int
     num_tasks: int
@@ -154,7 +154,7 @@ class HostileWorker:
                         text=text,
                     )
                 )
-            rewards = [float(self.score(task.task_id, c.text)) for c in completions]
+            rewards = [float(self.score(task.task_id, c.text, len(c.completion_tokens))) for c in completions]
             samples += to_samples(
                 task.task_id, completions, rewards, group_advantages(rewards), params.temperature
             )

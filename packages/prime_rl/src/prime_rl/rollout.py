@@ -90,10 +90,10 @@ def build_batch(
     backend: GenerationBackend,
     *,
     encode: Callable[[str], Sequence[int]],
-    score: Callable[[int, str], float],
+    score: Callable[[int, str, int], float],
     plan: Sequence[PlannedTask] | None = None,
 ) -> tuple[RolloutBatch, list[float]]:
-    """The honest answer to ``lease``: generate, score with ``score(task_id, text)``, z-score.
+    """The honest answer to ``lease``: generate, score with ``score(task_id, text, num_tokens)``, z-score.
 
     Returns the batch and the rewards (for the worker's own logs).
     """
@@ -102,7 +102,7 @@ def build_batch(
     samples: list[RolloutSample] = []
     rewards_all: list[float] = []
     for task, completions in zip(plan, generate_groups(backend, plan, params), strict=True):
-        rewards = [float(score(task.task_id, c.text)) for c in completions]
+        rewards = [float(score(task.task_id, c.text, len(c.completion_tokens))) for c in completions]
         advantages = group_advantages(rewards)
         samples.extend(to_samples(task.task_id, completions, rewards, advantages, params.temperature))
         rewards_all.extend(rewards)

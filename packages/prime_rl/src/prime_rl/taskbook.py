@@ -20,9 +20,13 @@ if TYPE_CHECKING:
 class RunTasks:
     """``TaskBook`` over a ``TaskSet``; ``score`` defaults to ``verifiers.verify``."""
 
-    def __init__(self, task_set: TaskSet, tokenizer: Any) -> None:
+    def __init__(
+        self, task_set: TaskSet, tokenizer: Any, *, length_mode: str = "exact", length_alpha: float = 0.0003
+    ) -> None:
         self.task_set = task_set
         self.tokenizer = tokenizer
+        self.length_mode = length_mode
+        self.length_alpha = length_alpha
         self.prompt_tokens = lru_cache(maxsize=4096)(self._prompt_tokens)  # type: ignore[method-assign]
 
     @property
@@ -38,12 +42,25 @@ class RunTasks:
     def encode(self, text: str) -> list[int]:
         return encode_prompt(self.tokenizer, text)
 
-    def score(self, task_id: int, completion: str) -> float:
+    def score(self, task_id: int, completion: str, num_tokens: int) -> float:
+        """``verifiers.verify`` reward, plus the INTELLECT-2 length term when ``[tasks] length_reward`` is set."""
         import verifiers
 
-        return float(verifiers.verify(self.task_set.task(task_id), completion).reward)
+        reward = float(verifiers.verify(self.task_set.task(task_id), completion).reward)
+        target = self.task_set.target_length(task_id) if hasattr(self.task_set, "target_length") else None
+        if target is None:
+            return reward
+        return float(
+            verifiers.length_reward(reward, num_tokens, target, self.length_mode, alpha=self.length_alpha)
+        )
 
 
 def task_book(config: RunConfig, tokenizer: Any) -> RunTasks:
     """The run's tasks (``[tasks]``) with this model's tokenizer."""
-    return RunTasks(load_tasks(config.tasks), tokenizer)
+    mode = config.tasks.length_reward
+    return RunTasks(
+        load_tasks(config.tasks),
+        tokenizer,
+        length_mode=mode if mode != "none" else "exact",
+        length_alpha=config.tasks.length_alpha,
+    )

@@ -6,7 +6,8 @@ first failure as its :class:`Reason`:
 
 1. lease and version: the batch answers a lease whose task ids are recomputed with
    ``assignment.task_ids`` from its source (``not_assigned`` otherwise); the policy version is
-   ``>= max(step, submitted_step) - async_level`` (``stale_policy``) and not newer than the step
+   ``>= step - async_level`` of the lease (``stale_policy``) and not newer than the newest
+   committed version (``future_policy``; default: the lease step)
    (``future_policy``) and available (``unknown_policy``);
 2. per sample: the task belongs to the lease (``not_assigned``); prompt tokens equal the tokenised
    task prompt (``wrong_prompt``); temperature is the run's (``wrong_sampling_params``); the seed
@@ -97,8 +98,8 @@ class TaskBook(Protocol):
         """The token ids a worker must feed for this task (template applied, tokenised)."""
         ...
 
-    def score(self, task_id: int, completion: str) -> float:
-        """The reward of ``completion`` for this task, computed with ``verifiers``."""
+    def score(self, task_id: int, completion: str, num_tokens: int) -> float:
+        """The reward of ``completion`` (``num_tokens`` tokens) for this task, computed with ``verifiers``."""
         ...
 
 
@@ -176,16 +177,17 @@ def validate_batch(
     backend_for: Callable[[int], GenerationBackend | None],
     decode: Callable[[Sequence[int]], str],
     checks: Checks,
-    submitted_step: int | None = None,
+    newest_version: int | None = None,
 ) -> list[SampleVerdict]:
     """Verdicts for every sample of one batch, in submission order; never raises on hostile content.
 
     ``backend_for(version)`` returns a backend holding that policy version (None: unavailable);
-    ``submitted_step`` is the orchestrator's step when the batch arrived (None: the batch's step).
+    ``newest_version`` is the newest committed policy version (None: the lease's step). A worker may
+    answer a step-``s`` lease with a newer version committed meanwhile; that is fresher, not wrong.
     """
     pending = [_Pending(i, s) for i, s in enumerate(batch.samples)]
     try:
-        _batch_checks(batch, pending, tasks, checks, submitted_step)
+        _batch_checks(batch, pending, tasks, checks, newest_version)
         for p in pending:
             if p.alive:
                 _sample_checks(batch, p, tasks, decode, checks)
@@ -209,17 +211,18 @@ def validate_batch(
 
 
 def _batch_checks(
-    batch: PendingBatch, pending: list[_Pending], tasks: TaskBook, checks: Checks, submitted_step: int | None
+    batch: PendingBatch, pending: list[_Pending], tasks: TaskBook, checks: Checks, newest_version: int | None
 ) -> None:
-    reference = max(batch.step, submitted_step if submitted_step is not None else batch.step)
+    reference = batch.step
+    newest = max(batch.step, newest_version) if newest_version is not None else batch.step
     version = batch.policy_version
     if version < reference - checks.async_level:
         why = f"policy {version} < step {reference} - async_level {checks.async_level}"
         for p in pending:
             p.reject(Reason.STALE_POLICY, why)
-    if version > reference:
+    if version > newest:
         for p in pending:
-            p.reject(Reason.FUTURE_POLICY, f"policy {version} is newer than step {reference}")
+            p.reject(Reason.FUTURE_POLICY, f"policy {version} is newer than the newest version {newest}")
     lease = batch.lease
     problem = ""
     if lease is None:
@@ -339,7 +342,11 @@ def _reward_checks(
         if not p.alive:
             continue
         try:
-            p.reward = float(tasks.score(p.sample.task_id, decode(p.sample.completion_tokens)))
+            p.reward = float(
+                tasks.score(
+                    p.sample.task_id, decode(p.sample.completion_tokens), len(p.sample.completion_tokens)
+                )
+            )
         except Exception as exc:  # a verifier bug must not take the validator down
             p.reject(Reason.INTERNAL_ERROR, f"reward computation failed: {exc!r:.200}")
             continue

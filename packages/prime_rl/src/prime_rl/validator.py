@@ -183,10 +183,14 @@ class Validator:
     def judge(self, batch: PendingBatch, newest_version: int) -> bool:
         """Validate and post one batch; False if it must be retried later."""
         started = time.monotonic()
-        resolve = (lambda v: None) if batch.policy_version > newest_version else self.backend_for
         try:
             verdicts = validate_batch(
-                batch, tasks=self.tasks, backend_for=resolve, decode=self.decode, checks=self.checks
+                batch,
+                tasks=self.tasks,
+                backend_for=self.backend_for,
+                decode=self.decode,
+                checks=self.checks,
+                newest_version=newest_version,
             )
         except RetryLater as exc:
             log.warning("batch %s: %s; retrying later", batch.batch_id, exc)

@@ -137,10 +137,14 @@ class Worker:
         )
 
     # -- weights ------------------------------------------------------------------------------
-    def reload_newest(self) -> None:
-        """Swap in the newest downloaded version (between batches: generation never sees a mix)."""
-        newest = self.follower.newest_local
-        if newest > self.backend.policy_version:
+    def reload_newest(self, limit: int) -> None:
+        """Swap in the newest downloaded version ``<= limit`` (between batches, so no batch mixes versions).
+
+        ``limit`` is the orchestrator's committed version: shardcast may already hold the next version
+        while the trainer has not committed it, and a version newer than the committed one is rejected.
+        """
+        newest = min(self.follower.newest_local, limit)
+        if newest > self.backend.policy_version and self.store.path(newest).is_file():
             started = time.monotonic()
             self.backend.load_weights(self.store.path(newest), newest)
             log.info("loaded policy v%d", newest)
@@ -159,7 +163,7 @@ class Worker:
         log.info("waiting for policy >= v%d (holding v%d)", minimum, self.backend.policy_version)
         while not self.stop_event.is_set():
             try:
-                newest = max(minimum, self.store.newest_available())
+                newest = max(minimum, min(self.store.newest_available(), self.client.status().policy_version))
                 path = self.store.ensure(newest)
             except PolicyUnavailable as exc:
                 log.debug("policy not ready: %s", exc)
@@ -191,7 +195,7 @@ class Worker:
             )  # cannot be stale yet: wait for the step to advance
             return False
         if not stale or self.cfg.behaviour == "mixed":
-            self.reload_newest()
+            self.reload_newest(status.policy_version)
         lease = self.client.get_tasks(self.worker_id)
         if not stale or self.cfg.behaviour == "mixed":
             self.wait_for_version(lease.min_policy_version)

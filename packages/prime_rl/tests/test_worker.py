@@ -1,0 +1,93 @@
+"""Worker: registers, follows policy versions through shardcast, answers leases; the validator accepts it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import torch
+from tiny_lm import make_tiny_lm
+
+import shardcast
+from prime_rl.client import OrchestratorClient
+from prime_rl.config import load_config
+from prime_rl.orchestrator import OrchestratorServer
+from prime_rl.tasks import load_tasks
+from prime_rl.validation import Reason, validate_batch
+from prime_rl.validator import checks_from
+from prime_rl.weights import save_policy
+from prime_rl.worker import EXPECTED_REASONS, MIXED_CYCLE, Worker
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_worker_follows_shardcast_versions_and_is_accepted(tmp_path, tiny_lm_dir):
+    port, origin_port = free_port(), free_port()
+    config = load_config(
+        None,
+        [
+            "--run_dir", str(tmp_path / "run"), "--model.path", str(tiny_lm_dir),
+            "--tasks.num_tasks", "20", "--orchestrator.port", str(port),
+            "--orchestrator.prompts_per_batch", "2", "--orchestrator.async_level", "1",
+            "--sampling.group_size", "3", "--sampling.max_new_tokens", "5",
+            "--shardcast.origin_port", str(origin_port), "--shardcast.relay_ports", "[]",
+            "--workers.max_batches", "2", "--workers.weights_poll_s", "0.1",
+        ],
+    )  # fmt: skip
+    tasks = load_tasks(config.tasks)
+    new_weights = make_tiny_lm(seed=5)
+    policy = save_policy(new_weights.state_dict(), tmp_path / "v1" / "model.safetensors")
+    with (
+        OrchestratorServer(config, tasks) as server,
+        shardcast.Origin(tmp_path / "origin", port=origin_port) as origin,
+        OrchestratorClient(server.url) as admin,
+    ):
+        worker = Worker(config, "worker-0")
+        parameters = list(worker.backend.model.parameters())
+        origin.publish(policy, version=1)  # published while the worker is starting: picked up by the follower
+        runner = threading.Thread(target=worker.run_loop)
+        runner.start()
+        runner.join(timeout=200)
+        assert not runner.is_alive()
+        deadline = time.monotonic() + 60
+        while worker.follower.newest_local < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        worker.close()
+        assert worker.submitted == 2
+        # Hot reload happened in place (same parameter objects now hold v1's values), via shardcast.
+        assert worker.follower.newest_local == 1
+        worker.reload_newest(limit=0)  # not committed by the orchestrator yet: stays on v0
+        assert worker.backend.policy_version == 0
+        worker.reload_newest(limit=1)
+        assert worker.backend.policy_version == 1
+        assert list(worker.backend.model.parameters()) == parameters
+        for name, value in new_weights.state_dict().items():
+            assert torch.equal(worker.backend.model.state_dict()[name], value)
+        # Every submitted sample passes the validator's checks with the claimed version's weights.
+        pending = admin.pending(8).batches
+        assert len(pending) == 2
+        versions = {0: tiny_lm_dir, 1: policy}
+        checks = checks_from(config, 100, worker.backend.eos_token_ids)
+        for batch in pending:
+            backend = worker.backend
+            if batch.policy_version == 0:
+                backend.load_weights(worker.store.path(0), 0)
+            else:
+                backend.load_weights(versions[1], 1)
+            verdicts = validate_batch(
+                batch, tasks=worker.tasks, backend_for=lambda v, b=backend: b if v == b.policy_version else None,
+                decode=lambda t: worker.backend.tokenizer.decode(list(t), skip_special_tokens=True), checks=checks,
+            )  # fmt: skip
+            assert {v.reason for v in verdicts} == {Reason.ACCEPTED}, [(v.reason, v.detail) for v in verdicts]
+            assert len(batch.samples) == 2 * 3
+
+
+def test_mixed_cycle_behaviours_have_expected_reasons():
+    assert set(MIXED_CYCLE) <= set(EXPECTED_REASONS)
+    assert EXPECTED_REASONS["honest"] == ("ok",)
+    assert all(all(r in {x.value for x in Reason} for r in reasons) for reasons in EXPECTED_REASONS.values())
