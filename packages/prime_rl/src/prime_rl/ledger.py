@@ -151,6 +151,10 @@ class Ledger:
         self.claims: dict[int, tuple[str, ...]] = {}
         self.committed: set[int] = set()
         self._worker_counter = 0
+        if self.orch.prompts_per_batch > len(tasks):
+            raise ValueError(
+                f"orchestrator.prompts_per_batch ({self.orch.prompts_per_batch}) exceeds the task set ({len(tasks)} tasks)"
+            )
         self._load()
 
     # ------------------------------------------------------------------ recovery
