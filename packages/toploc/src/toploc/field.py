@@ -89,27 +89,38 @@ def interpolate(x: I64, y: I64) -> I64:
         ``[C, k]`` int64 in [0, P): c_0..c_{k-1} with f(x) = Σ c_i x^i (mod P).
     Method: Newton divided differences d_j = f[x_0..x_j] (in place, one table inverse
     per pair), then the Newton form Σ d_j Π_{i<j}(x - x_i) expanded by Horner's rule
-    on polynomials.
+    on polynomials. Work buffers are preallocated: numpy temporaries of this size cost
+    more than the arithmetic.
     """
-    x = np.asarray(x, dtype=np.int64)
+    x = np.ascontiguousarray(x, dtype=np.int64)
     dd = np.asarray(y, dtype=np.int64) % P
     num_rows, k = x.shape
-    dd = dd.copy()
+    numer = np.empty((num_rows, k), dtype=np.int64)
+    inverse = np.empty((num_rows, k), dtype=np.int64)
     for j in range(1, k):
+        width = k - j
+        diff, inv = numer[:, :width], inverse[:, :width]
         # dd[:, i] <- (dd[:, i] - dd[:, i-1]) / (x[:, i] - x[:, i-j]) for i >= j
-        numer = dd[:, j:] - dd[:, j - 1 : -1]
-        inv = INVERSE_SIGNED[x[:, j:] - x[:, : k - j] + P]
-        dd[:, j:] = numer % P * inv % P
+        np.subtract(dd[:, j:], dd[:, j - 1 : -1], out=diff)
+        diff += P  # in (0, 2P): the product below stays < 2^33
+        np.subtract(x[:, j:], x[:, :width], out=inv)
+        inv += P  # INVERSE_SIGNED is indexed by a signed difference + P
+        inv[...] = INVERSE_SIGNED[inv]
+        diff *= inv
+        np.remainder(diff, P, out=dd[:, j:])
     # Expand Newton form: f = d_0 + (x - x_0)(d_1 + (x - x_1)(d_2 + ...)).
+    negative_x = P - x
     coeffs = np.zeros((num_rows, k), dtype=np.int64)
+    scratch = np.zeros((num_rows, k), dtype=np.int64)
     coeffs[:, 0] = dd[:, k - 1]
-    for j in range(k - 2, -1, -1):
-        # coeffs <- coeffs * (x - x_j) + d_j; degree grows by one each step.
-        shifted = np.zeros_like(coeffs)
-        shifted[:, 1:] = coeffs[:, :-1]
-        shifted -= coeffs * x[:, j : j + 1] % P
-        shifted[:, 0] += dd[:, j]
-        coeffs = shifted % P
+    for degree, j in enumerate(range(k - 2, -1, -1)):
+        # new[i] = old[i-1] + (P - x_j)·old[i] (+ d_j at i = 0); only degree + 2 terms are non-zero
+        width = degree + 2
+        np.multiply(coeffs[:, :width], negative_x[:, j : j + 1], out=scratch[:, :width])
+        scratch[:, 1:width] += coeffs[:, : width - 1]
+        scratch[:, 0] += dd[:, j]
+        np.remainder(scratch[:, :width], P, out=scratch[:, :width])
+        coeffs, scratch = scratch, coeffs
     return coeffs
 
 
@@ -126,5 +137,7 @@ def evaluate(coeffs: I64, x: I64) -> I64:
     x = np.asarray(x, dtype=np.int64)
     result = np.zeros(x.shape, dtype=np.int64)
     for i in range(coeffs.shape[1] - 1, -1, -1):
-        result = (result * x + coeffs[:, i : i + 1]) % P
+        np.multiply(result, x, out=result)
+        result += coeffs[:, i : i + 1]
+        np.remainder(result, P, out=result)
     return result
