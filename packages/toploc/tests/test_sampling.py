@@ -86,3 +86,14 @@ def test_check_accepts_honest_and_rejects_forged_tokens() -> None:
     nan_logits = logits.clone()
     nan_logits[0] = math.nan
     assert check_sampling(nan_logits, tokens, 99, 4, positions, 1.0).mismatch_positions == (0,)
+
+
+def test_row_blocking_does_not_change_results(monkeypatch) -> None:
+    from toploc import sampling
+
+    logits = torch.randn(37, 50, generator=torch.Generator().manual_seed(3))
+    seq, pos = torch.arange(37) % 5, torch.arange(37)
+    expected = sample_tokens(logits, 3, seq, pos, 0.7)
+    monkeypatch.setattr(sampling, "_BLOCK_ELEMENTS", 100)  # 2 rows per block
+    assert torch.equal(sample_tokens(logits, 3, seq, pos, 0.7), expected)
+    assert check_sampling(logits[:9], expected[:9], 3, 0, torch.arange(9), 0.7).num_tokens == 9

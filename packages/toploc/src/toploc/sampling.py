@@ -88,13 +88,46 @@ def _scores(
     logits: torch.Tensor, seed: int, sequence_ids: torch.Tensor, positions: torch.Tensor, temperature: float
 ) -> torch.Tensor:
     """Scores in logit units: ``logits + T·g`` (argmax-equivalent to ``logits/T + g``)."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
     scores = logits.detach().to(torch.float64)
     if temperature == 0:
         return scores
     noise = gumbel_noise(seed, sequence_ids, positions, logits.shape[-1], device=logits.device)
     return scores + temperature * noise
+
+
+#: Rows per block so that the int64/float64 temporaries stay near 2^24 elements (128 MiB each).
+_BLOCK_ELEMENTS = 1 << 24
+
+
+def _best_and_claimed(
+    logits: torch.Tensor,
+    seed: int,
+    sequence_ids: torch.Tensor,
+    positions: torch.Tensor,
+    temperature: float,
+    tokens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Per row: (argmax token, best score, score of ``tokens``), computed in row blocks."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    rows = max(1, _BLOCK_ELEMENTS // max(1, logits.shape[1]))
+    best_tokens, best_scores, claimed = [], [], []
+    for start in range(0, logits.shape[0], rows):
+        block = slice(start, start + rows)
+        scores = _scores(logits[block], seed, sequence_ids[block], positions[block], temperature)
+        best = scores.max(dim=-1)
+        best_tokens.append(best.indices)
+        best_scores.append(best.values)
+        if tokens is not None:
+            claimed.append(scores.gather(1, tokens[block, None])[:, 0])
+    if not best_tokens:
+        empty = torch.zeros(0, dtype=torch.float64, device=logits.device)
+        return (
+            torch.zeros(0, dtype=torch.int64, device=logits.device),
+            empty,
+            empty if tokens is not None else None,
+        )
+    return torch.cat(best_tokens), torch.cat(best_scores), torch.cat(claimed) if tokens is not None else None
 
 
 def sample_tokens(
@@ -119,7 +152,7 @@ def sample_tokens(
     pos = torch.as_tensor(positions, device=logits.device).reshape(-1)
     if logits.dim() != 2 or seq.numel() != logits.shape[0] or pos.numel() != logits.shape[0]:
         raise ValueError("logits must be [B, V] with B sequence_ids and B positions")
-    return _scores(logits, seed, seq, pos, temperature).argmax(dim=-1)
+    return _best_and_claimed(logits, seed, seq, pos, temperature)[0]
 
 
 @dataclass(frozen=True)
@@ -172,10 +205,11 @@ def check_sampling(
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= logits.shape[1]):
         raise ValueError(f"tokens must lie in [0, {logits.shape[1]})")
     sequence_ids = torch.full_like(positions, sequence_id, dtype=torch.int64)
-    scores = _scores(logits, seed, sequence_ids, positions, temperature)
-    best = scores.max(dim=-1)
-    claimed = scores.gather(1, tokens[:, None])[:, 0]
-    margin = torch.nan_to_num(best.values - claimed, nan=float("inf"))
+    best_tokens, best_scores, claimed = _best_and_claimed(
+        logits, seed, sequence_ids, positions, temperature, tokens
+    )
+    assert claimed is not None
+    margin = torch.nan_to_num(best_scores - claimed, nan=float("inf"))
     bad = torch.nonzero(margin > tolerance).flatten().tolist()
     return SamplingCheck(
         passed=len(bad) <= max_mismatches,
@@ -183,5 +217,5 @@ def check_sampling(
         num_mismatches=len(bad),
         mismatch_positions=tuple(int(i) for i in bad),
         max_margin=float(margin.max()) if margin.numel() else 0.0,
-        exact_matches=int((best.indices == tokens).sum()),
+        exact_matches=int((best_tokens == tokens).sum()),
     )
