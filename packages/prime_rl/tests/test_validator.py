@@ -12,7 +12,7 @@ from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 
 from prime_rl import assignment
 from prime_rl.backend import HFBackend
-from prime_rl.hostile import BEHAVIOURS, HostileWorker
+from prime_rl.hostile import BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 from prime_rl.protocol import LeaseRecord, LeaseTask, PendingBatch, RolloutBatch, TaskLease
 from prime_rl.validation import Checks, Reason, validate_batch
 from prime_rl.validator import WorkerLedger
@@ -243,7 +243,7 @@ def test_early_eos_and_truncation_are_bad_termination(backend):
         assert verdicts_for(tampered, record, backend)[0].reason == Reason.BAD_TERMINATION
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     proofs=st.binary(max_size=600),
     tokens=st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=MAX_NEW + 2),
@@ -280,3 +280,16 @@ def test_every_behaviour_name_is_known():
     assert "honest" in BEHAVIOURS
     with pytest.raises(ValueError):
         worker("nope")
+
+
+def test_mixed_behaviour_cycles_and_every_batch_is_rejected_as_announced(backend):
+    mixed = worker("mixed")
+    seen = set()
+    for batch_index in range(len(MIXED_CYCLE)):
+        lease, record = lease_for("mixed", 0, batch_index)
+        kind = mixed.resolve(lease)
+        seen.add(kind)
+        verdicts = verdicts_for(mixed.answer(lease, backend), record, backend)
+        allowed = set(EXPECTED_REASONS[kind]) | {"group_rejected"}
+        assert {str(v.reason) for v in verdicts} <= allowed and not any(v.accepted for v in verdicts), kind
+    assert seen == set(MIXED_CYCLE) - {"stale_policy"}  # stale needs min_policy_version > 0

@@ -17,6 +17,10 @@ name                       what it does                                         
 ``unassigned_tasks``       answers tasks that are not in its lease               ``not_assigned``
 ``garbage``                posts garbage bytes (answered 400) and submits        ``malformed_proof``
                            random proof bytes                                    or ``toploc_mismatch``
+``mixed``                  one of the above per batch (``MIXED_CYCLE`` by batch  the chosen one's
+                           index); its ``stale_policy`` claims version
+                           ``min_policy_version - 1`` (inflated rewards while
+                           that would be negative)
 =========================  ====================================================  ======================
 
 Other members of a rejected sample's group get ``group_rejected``.
@@ -60,7 +64,31 @@ BEHAVIOURS = (
     "stale_policy",
     "unassigned_tasks",
     "garbage",
+    "mixed",
 )
+
+MIXED_CYCLE = (
+    "other_weights",
+    "changed_prompt",
+    "fabricated_completion",
+    "inflated_rewards",
+    "unassigned_tasks",
+    "garbage",
+    "stale_policy",
+)
+"""The order in which ``mixed`` cycles through the attacks (by lease batch index)."""
+
+EXPECTED_REASONS: dict[str, tuple[str, ...]] = {
+    "honest": ("ok",),
+    "other_weights": ("toploc_mismatch",),
+    "changed_prompt": ("wrong_prompt",),
+    "fabricated_completion": ("sampling_mismatch",),
+    "inflated_rewards": ("reward_mismatch",),
+    "stale_policy": ("stale_policy",),
+    "unassigned_tasks": ("not_assigned",),
+    "garbage": ("malformed_proof", "toploc_mismatch"),
+}
+"""Verdict reasons each behaviour's samples must get (group mates of a rejected sample: ``group_rejected``)."""
 
 
 @dataclass
@@ -88,9 +116,22 @@ class HostileWorker:
     def follows_new_weights(self) -> bool:
         return self.behaviour != "stale_policy"
 
+    def resolve(self, lease: TaskLease) -> str:
+        """The concrete behaviour used for ``lease`` (``mixed`` picks one by batch index)."""
+        if self.behaviour != "mixed":
+            return self.behaviour
+        kind = MIXED_CYCLE[lease.batch_index % len(MIXED_CYCLE)]
+        if kind == "stale_policy" and lease.min_policy_version == 0:
+            return "inflated_rewards"  # no version is too old yet
+        return kind
+
     def answer(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
         """The batch this behaviour submits for ``lease``."""
-        kind = self.behaviour
+        kind = self.resolve(lease)
+        if kind == "stale_policy" and self.behaviour == "mixed":
+            # Generated with current weights, but claims a version older than the lease allows.
+            batch = build_batch(lease, backend, encode=self.encode, score=self.score)[0]
+            return batch.model_copy(update={"policy_version": lease.min_policy_version - 1})
         if kind in ("honest", "stale_policy"):
             return build_batch(lease, backend, encode=self.encode, score=self.score)[0]
         if kind == "other_weights":

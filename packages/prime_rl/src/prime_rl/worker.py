@@ -14,7 +14,7 @@ Loop (``prime-rl worker --config FILE [--workers.behaviour NAME]``):
    the group advantages and ``POST /rollouts``.
 
 ``behaviour`` selects a hostile behaviour from :mod:`prime_rl.hostile` (for tests and red-team
-runs); ``"mixed"`` cycles through all of them, one per batch.
+runs); ``"mixed"`` cycles through all of them, one per batch (``hostile.MIXED_CYCLE``).
 """
 
 from __future__ import annotations
@@ -33,39 +33,15 @@ from pydantic import Field
 from prime_rl.backend import HFBackend
 from prime_rl.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
 from prime_rl.config import Section
-from prime_rl.hostile import BEHAVIOURS, HostileWorker, garbage_body
+from prime_rl.hostile import BEHAVIOURS, EXPECTED_REASONS, HostileWorker, garbage_body
 from prime_rl.metrics import get_metrics, init_process
 from prime_rl.policy_store import PolicyStore, PolicyUnavailable, VersionFollower
-from prime_rl.protocol import RolloutBatch, TaskLease
 from prime_rl.taskbook import task_book
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
 
 log = logging.getLogger(__name__)
-
-EXPECTED_REASONS: dict[str, tuple[str, ...]] = {
-    "honest": ("ok",),
-    "other_weights": ("toploc_mismatch",),
-    "changed_prompt": ("wrong_prompt",),
-    "fabricated_completion": ("sampling_mismatch",),
-    "inflated_rewards": ("reward_mismatch",),
-    "stale_policy": ("stale_policy",),
-    "unassigned_tasks": ("not_assigned",),
-    "garbage": ("malformed_proof", "toploc_mismatch"),
-}
-"""Verdict reasons each behaviour's samples must get (besides ``group_rejected`` for group mates)."""
-
-MIXED_CYCLE = (
-    "other_weights",
-    "changed_prompt",
-    "fabricated_completion",
-    "inflated_rewards",
-    "unassigned_tasks",
-    "garbage",
-    "stale_policy",
-)
-"""Order in which the ``mixed`` behaviour cycles (``stale_policy`` = claims a too-old version)."""
 
 
 class WorkerConfig(Section):
@@ -99,10 +75,8 @@ class Worker:
     def __init__(self, config: RunConfig, name: str) -> None:
         self.run = config
         self.cfg: WorkerConfig = config.workers
-        if self.cfg.behaviour not in (*BEHAVIOURS, "mixed"):
-            raise ValueError(
-                f"unknown workers.behaviour {self.cfg.behaviour!r}; choose from {(*BEHAVIOURS, 'mixed')}"
-            )
+        if self.cfg.behaviour not in BEHAVIOURS:
+            raise ValueError(f"unknown workers.behaviour {self.cfg.behaviour!r}; choose from {BEHAVIOURS}")
         self.name = name
         device = (
             "cuda"
@@ -120,19 +94,12 @@ class Worker:
         self.worker_id = ""
         self.submitted = 0
         self.stop_event = threading.Event()
-
-    def behaviour_for(self, batch_number: int) -> str:
-        if self.cfg.behaviour != "mixed":
-            return self.cfg.behaviour
-        return MIXED_CYCLE[batch_number % len(MIXED_CYCLE)]
-
-    def hostile(self, behaviour: str) -> HostileWorker:
-        return HostileWorker(
-            "honest" if behaviour == "stale_policy" and self.cfg.behaviour == "mixed" else behaviour,
+        self.hostile = HostileWorker(
+            self.cfg.behaviour,
             self.tasks.encode,
             self.tasks.score,
             self.tasks.prompt_tokens,
-            self.run.orchestrator.seed,
+            config.orchestrator.seed,
             self.tasks.num_tasks,
         )
 
@@ -175,32 +142,23 @@ class Worker:
             return
 
     # -- one batch ----------------------------------------------------------------------------
-    def answer(self, lease: TaskLease, behaviour: str) -> RolloutBatch:
-        batch = self.hostile(behaviour).answer(lease, self.backend)
-        if behaviour == "stale_policy" and self.cfg.behaviour == "mixed":
-            # Claim a version older than the lease allows (the generation itself was current).
-            batch = batch.model_copy(update={"policy_version": max(0, lease.min_policy_version - 1)})
-        return batch
-
     def one_batch(self) -> bool:
         """Fetch, answer and submit one lease; False if there was no work to do."""
-        behaviour = self.behaviour_for(self.submitted)
         status = self.client.status()
-        if behaviour == "stale_policy" and self.cfg.behaviour == "mixed" and status.min_policy_version == 0:
-            behaviour = "inflated_rewards"  # no version is too old yet at this step
-        stale = behaviour == "stale_policy"
-        if stale and status.min_policy_version == 0:
+        stale_worker = self.cfg.behaviour == "stale_policy"
+        if stale_worker and status.min_policy_version == 0:
             self.stop_event.wait(
                 self.cfg.poll_interval_s
             )  # cannot be stale yet: wait for the step to advance
             return False
-        if not stale or self.cfg.behaviour == "mixed":
+        if not stale_worker:
             self.reload_newest(status.policy_version)
         lease = self.client.get_tasks(self.worker_id)
-        if not stale or self.cfg.behaviour == "mixed":
+        if not stale_worker:
             self.wait_for_version(lease.min_policy_version)
+        behaviour = self.hostile.resolve(lease)
         started = time.monotonic()
-        batch = self.answer(lease, behaviour)
+        batch = self.hostile.answer(lease, self.backend)
         seconds = time.monotonic() - started
         if behaviour == "garbage":
             self._post_garbage()
