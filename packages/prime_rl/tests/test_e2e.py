@@ -125,9 +125,11 @@ def _expected_reasons(run_dir: Path, helpers: Any, behaviour: str) -> dict[str, 
         if event["event"] == "batch_submitted" and "batch_id" in event:
             reason = event.get("expected_reason")
             attack = event.get("behaviour", behaviour)
-            result[event["batch_id"]] = (
-                {reason} if isinstance(reason, str) else EXPECTED_REASONS.get(attack, set())
+            # "a|b" lists the alternatives a behaviour may produce (prime_rl.worker.EXPECTED_REASONS).
+            allowed = (
+                set(reason.split("|")) if isinstance(reason, str) else EXPECTED_REASONS.get(attack, set())
             )
+            result[event["batch_id"]] = allowed
     return result
 
 
