@@ -47,6 +47,8 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
         orchestrator={"async_level": ASYNC_LEVEL},
         trainer={"total_steps": STEPS},
         workers={"count": 2, "hostile": [behaviour]},
+        # Ban only after a full cycle of the mixed attacks (7 batches of 8 samples) has been judged.
+        validator={"ban_min_samples": 56},
     )
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
     result = subprocess.run(
@@ -83,6 +85,11 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
     assert per_worker["worker-0"]["accepted"] > 0 and per_worker["worker-1"]["accepted"] > 0, dict(per_worker)
     hostile_seen = per_worker["hostile-0"]["rejected"] + _malformed(helpers, run_dir, names)
     assert hostile_seen > 0, "the hostile worker never got anything to the validator"
+    hostile_batches = {b for b, r in batches.items() if names[r.meta["worker_id"]] == "hostile-0"}
+    if behaviour == "mixed":
+        assert hostile_batches <= set(expected_by_batch), "a hostile batch without its announced attack"
+        reasons = {v.reason for b in hostile_batches for v in verdicts.get(b, [])} - {"group_rejected"}
+        assert len(reasons) >= 4, f"the mixed hostile worker exercised too few attacks: {reasons}"
 
     # 2. Weights reached the workers through shardcast (origin -> relay -> workers).
     relay_versions = {

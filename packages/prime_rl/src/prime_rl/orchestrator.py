@@ -297,7 +297,9 @@ class OrchestratorServer:
         self._loop.close()
 
     async def _start(self) -> None:
-        self._runner = web.AppRunner(build_app(self.ledger, self.config), access_log=None)
+        self._runner = web.AppRunner(
+            build_app(self.ledger, self.config), access_log=None, shutdown_timeout=2.0
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.orchestrator.host, self.config.orchestrator.port)
         await site.start()
@@ -321,7 +323,7 @@ class OrchestratorServer:
 async def _serve(config: RunConfig, tasks: Any) -> None:
     store = RolloutStore(config.orchestrator_data_dir)
     ledger = Ledger(config, tasks, store, metrics=get_metrics())
-    runner = web.AppRunner(build_app(ledger, config), access_log=None)
+    runner = web.AppRunner(build_app(ledger, config), access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, config.orchestrator.host, config.orchestrator.port)
     await site.start()
