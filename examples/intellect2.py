@@ -42,26 +42,19 @@ from prime_rl.report import ProgressTracker, write_report
 from prime_rl.run import Supervisor, plan_children
 
 
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex((host, port)) != 0
-
-
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 
 
-def local_overrides(config: RunConfig) -> list[str]:
-    """A fresh run directory per run, and free ports if the configured ones are taken."""
+def local_overrides(config: RunConfig, keep_ports: bool) -> list[str]:
+    """A fresh run directory per run and, unless asked not to, free ports for the local services
+    (the configured ones may be taken by another run on this machine)."""
     overrides = ["--run_dir", f"{config.run_dir}-{time.strftime('%Y%m%d-%H%M%S')}"]
-    if not port_is_free("127.0.0.1", config.orchestrator.port):
-        overrides += ["--orchestrator.port", str(free_port())]
-    if not port_is_free("127.0.0.1", config.shardcast.origin_port):
-        overrides += ["--shardcast.origin_port", str(free_port())]
-    relays = [p if port_is_free("127.0.0.1", p) else free_port() for p in config.shardcast.relay_ports]
-    if relays != config.shardcast.relay_ports:
+    if not keep_ports:
+        relays = [free_port() for _ in config.shardcast.relay_ports]
+        overrides += ["--orchestrator.port", str(free_port()), "--shardcast.origin_port", str(free_port())]
         overrides += ["--shardcast.relay_ports", str(relays)]
     return overrides
 
@@ -84,6 +77,7 @@ class RecipeSupervisor(Supervisor):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="configs/tiny-cpu.toml", help="run configuration (TOML)")
+    parser.add_argument("--keep-ports", action="store_true", help="use the configured ports, not free ones")
     args, overrides = parser.parse_known_args()
     config = load_config(args.config, overrides)
     started = time.monotonic()
@@ -97,7 +91,7 @@ def main() -> int:
         model_dir = prepare_model(dtype=config.model.dtype)
         print(f"model: {model_dir} (ready in {time.monotonic() - started:.0f}s)")
         overrides += ["--model.path", str(model_dir)]
-    overrides += local_overrides(load_config(args.config, overrides))
+    overrides += local_overrides(load_config(args.config, overrides), args.keep_ports)
     config = load_config(args.config, overrides)
 
     print("processes: " + ", ".join(child.name for child in plan_children(config)))
