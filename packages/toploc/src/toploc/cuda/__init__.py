@@ -11,6 +11,9 @@ Status: the .cu file compiles with nvcc 13 (sm_80/sm_90) in CI-less development,
 NOT been run on a GPU yet; the CUDA tests skip without a device.
 
 One thread block per chunk (k <= 1024, chunk size < 2^31; otherwise the torch path runs).
+Safety net: after loading, both kernels are run once on random and tie-heavy chunks and
+compared with the torch/host path; on any disagreement they are disabled with a
+``RuntimeWarning`` and the torch path is used.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -94,8 +98,52 @@ def _library(device: torch.device) -> ctypes.CDLL | None:
                 lib.toploc_cuda_select_evaluate.argtypes += [ctypes.c_void_p] * 7
                 lib.toploc_cuda_select_commit.restype = ctypes.c_int
                 lib.toploc_cuda_select_evaluate.restype = ctypes.c_int
+            if lib is not None and not _passes_self_test(lib, device):
+                warnings.warn(
+                    "toploc CUDA kernels disagree with the reference path on this device; using the torch path",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                lib = None
             _LIBS[arch] = lib
     return _LIBS[arch]
+
+
+def _passes_self_test(lib: ctypes.CDLL, device: torch.device) -> bool:
+    try:
+        return _self_test(lib, device)
+    except (RuntimeError, ValueError):  # a CUDA error is a failed self-test, not a crash
+        return False
+
+
+def _self_test(lib: ctypes.CDLL, device: torch.device) -> bool:
+    """Run both kernels once against the torch/host path (random and tie-heavy chunks)."""
+    from toploc.proofs import commit
+    from toploc.selection import select_topk
+
+    g = torch.Generator().manual_seed(0)
+    chunks = torch.cat(
+        [torch.randn(2, 4096, generator=g), torch.randint(-2, 3, (2, 4096), generator=g).float()]
+    )
+    bits = chunks.to(torch.bfloat16).view(torch.int16)
+    for k in (128, 5):
+        idx, val = select_topk(bits, k, method="keys")
+        moduli, coeffs = commit(idx.numpy(), val.numpy().view(np.uint16).astype(np.int64))
+        g_idx, g_val, g_mod, g_coeffs, flags = _launch_commit(lib, bits.to(device), k)
+        _, _, committed, eval_flags = _launch_evaluate(
+            lib, bits.to(device), k, torch.from_numpy(moduli), torch.from_numpy(coeffs)
+        )
+        if not (
+            torch.equal(g_idx.cpu(), idx)
+            and torch.equal(g_val.cpu(), val)
+            and np.array_equal(g_mod.cpu().numpy(), moduli)
+            and np.array_equal(g_coeffs.cpu().numpy(), coeffs)
+            and np.array_equal(committed.cpu().numpy(), val.numpy().view(np.uint16).astype(np.int64))
+            and not bool(flags.any())
+            and not bool(eval_flags.any())
+        ):
+            return False
+    return True
 
 
 def available(bits: torch.Tensor | None = None, k: int = 128) -> bool:
@@ -128,9 +176,15 @@ def select_commit(
 
     Asynchronous on the current stream; ``flags`` is 1 for NaN/Inf, 2 for no modulus (check with ``raise_on_flags``).
     """
-    bits = bits.contiguous()
     lib = _library(bits.device)
     assert lib is not None
+    return _launch_commit(lib, bits, k)
+
+
+def _launch_commit(
+    lib: ctypes.CDLL, bits: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    bits = bits.contiguous()
     chunks, n = bits.shape
     device = bits.device
     idx = torch.empty((chunks, k), dtype=torch.int64, device=device)
@@ -151,9 +205,15 @@ def select_evaluate(
     bits: torch.Tensor, k: int, moduli: torch.Tensor, coeffs: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verifier kernel → device tensors ``(indices, values, committed [C, k] int64, flags [C])``."""
-    bits = bits.contiguous()
     lib = _library(bits.device)
     assert lib is not None
+    return _launch_evaluate(lib, bits, k, moduli, coeffs)
+
+
+def _launch_evaluate(
+    lib: ctypes.CDLL, bits: torch.Tensor, k: int, moduli: torch.Tensor, coeffs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    bits = bits.contiguous()
     chunks, n = bits.shape
     device = bits.device
     moduli = moduli.to(bits.device, torch.int64).contiguous()

@@ -15,32 +15,36 @@
 
 #define P 65497u
 #define THREADS 256
+#define ITEMS 8
 #define WARPS (THREADS / 32)
 #define MAX_K 1024
 #define BITMAP_WORDS ((P + 31) / 32)
 
 enum { FLAG_NONFINITE = 1, FLAG_NO_MODULUS = 2 };
 
-// Exclusive block-wide prefix sum of a 0/1 flag; every thread of the block must call it.
-__device__ int block_scan(int flag, int *total, int *warp_sums) {
+// Exclusive block-wide prefix sum of a non-negative int; every thread of the block must call it.
+__device__ int block_scan(int value, int *total, int *warp_sums) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const unsigned ballot = __ballot_sync(0xffffffffu, flag);
-    const int prefix = __popc(ballot & ((1u << lane) - 1u));
-    if (lane == 0) warp_sums[warp] = __popc(ballot);
+    int v = value;
+    for (int offset = 1; offset < 32; offset <<= 1) {  // inclusive scan within the warp
+        const int u = __shfl_up_sync(0xffffffffu, v, offset);
+        if (lane >= offset) v += u;
+    }
+    if (lane == 31) warp_sums[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        int v = lane < WARPS ? warp_sums[lane] : 0;
+        int w = lane < WARPS ? warp_sums[lane] : 0;
         for (int offset = 1; offset < 32; offset <<= 1) {
-            const int u = __shfl_up_sync(0xffffffffu, v, offset);
-            if (lane >= offset) v += u;
+            const int u = __shfl_up_sync(0xffffffffu, w, offset);
+            if (lane >= offset) w += u;
         }
-        if (lane < WARPS) warp_sums[lane] = v;  // inclusive sums
+        if (lane < WARPS) warp_sums[lane] = w;  // inclusive sums of warp totals
     }
     __syncthreads();
     const int base = warp ? warp_sums[warp - 1] : 0;
     *total = warp_sums[WARPS - 1];
     __syncthreads();  // warp_sums is reused by the next call
-    return base + prefix;
+    return base + v - value;
 }
 
 // Top-k of one chunk into keys[0..k2) sorted descending, key = |v| << 32 | (2^32 - 1 - index).
@@ -90,19 +94,37 @@ __device__ bool select_chunk(const uint16_t *row, int n, int k, int k2, unsigned
     const unsigned threshold = (unsigned)s_threshold;
     const int greater = s_greater, need_equal = k - greater;
     int taken_greater = 0, taken_equal = 0;
-    for (int start = 0; start < n; start += THREADS) {  // uniform trip count: scans need every thread
-        const int i = start + tid;
-        const unsigned a = i < n ? (row[i] & 0x7FFFu) : 0u;
-        const int is_greater = i < n && a > threshold;
-        const int is_equal = i < n && a == threshold;
-        int total_greater, total_equal;
-        const int pos_greater = taken_greater + block_scan(is_greater, &total_greater, warp_sums);
-        const int pos_equal = taken_equal + block_scan(is_equal, &total_equal, warp_sums);
-        const unsigned long long key = ((unsigned long long)a << 32) | (0xFFFFFFFFull - (unsigned)i);
-        if (is_greater) keys[pos_greater] = key;
-        if (is_equal && pos_equal < need_equal) keys[greater + pos_equal] = key;
-        taken_greater += total_greater;
-        taken_equal += total_equal;
+    // Ordered collection: each thread owns ITEMS consecutive elements of a tile; one scan of
+    // packed counts (greater << 16 | equal; at most THREADS * ITEMS = 2048 per tile) gives
+    // every element its rank in index order, so output is deterministic.
+    for (int start = 0; start < n; start += THREADS * ITEMS) {  // uniform trip count
+        const int first = start + tid * ITEMS;
+        int count_greater = 0, count_equal = 0;
+        for (int item = 0; item < ITEMS; item++) {
+            const int i = first + item;
+            if (i < n) {
+                const unsigned a = row[i] & 0x7FFFu;
+                count_greater += a > threshold;
+                count_equal += a == threshold;
+            }
+        }
+        if (!__syncthreads_or(count_greater | count_equal)) continue;  // tile without candidates
+        int total;
+        const int packed = block_scan((count_greater << 16) | count_equal, &total, warp_sums);
+        int pos_greater = taken_greater + (packed >> 16), pos_equal = taken_equal + (packed & 0xFFFF);
+        for (int item = 0; item < ITEMS; item++) {
+            const int i = first + item;
+            if (i >= n) break;
+            const unsigned a = row[i] & 0x7FFFu;
+            const unsigned long long key = ((unsigned long long)a << 32) | (0xFFFFFFFFull - (unsigned)i);
+            if (a > threshold) keys[pos_greater++] = key;
+            if (a == threshold) {
+                if (pos_equal < need_equal) keys[greater + pos_equal] = key;
+                pos_equal++;
+            }
+        }
+        taken_greater += total >> 16;
+        taken_equal += total & 0xFFFF;
     }
     for (int j = k + tid; j < k2; j += THREADS) keys[j] = 0ull;  // padding sorts last
     __syncthreads();
