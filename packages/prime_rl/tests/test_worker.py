@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 
+import pytest
 import torch
 from tiny_lm import make_tiny_lm
 
@@ -14,6 +15,7 @@ from prime_rl.client import OrchestratorClient
 from prime_rl.config import load_config
 from prime_rl.hostile import EXPECTED_REASONS, MIXED_CYCLE
 from prime_rl.orchestrator import OrchestratorServer
+from prime_rl.policy_store import PolicyUnavailable
 from prime_rl.tasks import load_tasks
 from prime_rl.validation import Reason, validate_batch
 from prime_rl.validator import checks_from
@@ -62,6 +64,9 @@ def test_worker_follows_shardcast_versions_and_is_accepted(tmp_path, tiny_lm_dir
         assert worker.submitted == 2
         # Hot reload happened in place (same parameter objects now hold v1's values), via shardcast.
         assert worker.follower.newest_local == 1
+        with pytest.raises(PolicyUnavailable) as missing:
+            worker.store.ensure(7)  # never published: a permanent failure (the validator says unknown_policy)
+        assert missing.value.permanent
         worker.reload_newest(limit=0)  # not committed by the orchestrator yet: stays on v0
         assert worker.backend.policy_version == 0
         worker.reload_newest(limit=1)

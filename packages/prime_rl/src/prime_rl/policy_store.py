@@ -84,8 +84,10 @@ class PolicyStore:
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
                 result = self.client.fetch(version, target, deadline_s=self.deadline_s)
-            except shardcast.VersionNotFoundError as exc:
-                raise PolicyUnavailable(version, f"not published: {exc}", permanent=False) from exc
+            except (shardcast.VersionNotFoundError, shardcast.VersionGoneError) as exc:
+                # Versions are published before the orchestrator announces them, so a version no
+                # server lists was never published or has been retired: asking again cannot help.
+                raise PolicyUnavailable(version, f"not available: {exc}", permanent=True) from exc
             except (shardcast.ShardcastError, OSError) as exc:
                 raise PolicyUnavailable(version, str(exc), permanent=False) from exc
             log.info(
