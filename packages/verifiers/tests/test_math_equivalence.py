@@ -313,3 +313,20 @@ def test_private_pool_with_memory_cap():
         assert compare_answers("1", SLOW, timeout=0.2, pool=pool).reason == "timeout"
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "\\boxed{" * 3000,  # unclosed boxes: brace matching must stay linear
+        "1," * 10000,  # last-number scan must stay linear
+        "\\pm" * 5000,  # each \pm doubles the candidates: capped
+        "(" * 20000,
+        "{" * 10000 + "}" * 9999,
+        "\\frac" * 5000,
+        "%" * 20000,
+    ],
+)
+def test_hostile_long_inputs_are_decided_not_timed_out(warm_pool, hostile):
+    verdict = compare_answers("1", hostile, timeout=20.0)
+    assert verdict.reason not in ("timeout", "error") and verdict.equal is False, verdict

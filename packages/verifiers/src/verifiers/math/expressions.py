@@ -92,8 +92,10 @@ def to_sympy(text: str) -> tuple[sympy.Basic, bool]:
         if _too_big(lazy):
             return lazy, True
         expr = parse_expr(src, local_dict=names, transformations=_TRANSFORMS)
-    except (SyntaxError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
-        raise LatexError(f"sympy could not parse {text!r}: {exc}") from exc
+    except MemoryError:
+        raise
+    except Exception as exc:  # sympy's parser raises TokenError, IndexError, ... on junk
+        raise LatexError(f"sympy could not parse {text[:200]!r}: {type(exc).__name__}") from exc
     if not isinstance(expr, sympy.Basic):
         raise LatexError(f"{text!r} is not an expression")
     return expr, False

@@ -17,7 +17,7 @@ FALLBACKS = ("final_answer", "last_math", "last_number")
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 _FINAL = re.compile(r"(?i)(?:final\s+answer|the\s+answer)(?:\s+is)?\s*[:=：]?\s*([^\n]+)")
-_NUMBER = re.compile(r"(?<![\w.])[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d.,]*\d)")
+_NUMBER = re.compile(r"(?<![\w.])[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\d|[.,]\d)")
 _MATH_SPANS = (
     re.compile(r"\$\$(.+?)\$\$", re.DOTALL),
     re.compile(r"\\\[(.+?)\\\]", re.DOTALL),
@@ -45,18 +45,42 @@ def match_brace(text: str, open_index: int) -> int:
     return -1
 
 
+def brace_pairs(text: str) -> dict[int, int]:
+    """Index of every `{` -> index of its matching `}` (-1 if unclosed), in one O(n) pass."""
+    pairs: dict[int, int] = {}
+    stack: list[int] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            stack.append(i)
+        elif c == "}" and stack:
+            pairs[stack.pop()] = i
+        i += 1
+    for open_index in stack:
+        pairs[open_index] = -1
+    return pairs
+
+
 def boxed_contents(text: str) -> list[tuple[int, int, str]]:
     """All `\\boxed`/`\\fbox` answers as (start, end, content), brace-matched, in order.
 
     `\\boxed 5` takes the next token; an unclosed `\\boxed{` takes the rest of the text.
+    Linear time: brace pairs are computed once (`\\boxed{` x 10^4 stays fast).
     """
     found = []
+    pairs: dict[int, int] | None = None
     for m in _BOX.finditer(text):
         i = m.end()
         while i < len(text) and text[i] == " ":
             i += 1
         if i < len(text) and text[i] == "{":
-            close = match_brace(text, i)
+            if pairs is None:
+                pairs = brace_pairs(text)
+            close = pairs.get(i, -1)
             end = close + 1 if close >= 0 else len(text)
             content = text[i + 1 : close] if close >= 0 else text[i + 1 :]
         else:
@@ -78,6 +102,8 @@ def last_boxed(text: str, *, merge_adjacent: bool = False) -> str | None:
         return boxes[-1][2]
     group = [boxes[-1]]
     for box in reversed(boxes[:-1]):
+        if box[1] > group[0][0]:  # nested or unclosed: not a separate adjacent answer
+            break
         between = text[box[1] : group[0][0]]
         if re.fullmatch(r"[\s,;$]*(?:and|or)?[\s,;$]*", between):
             group.insert(0, box)

@@ -85,6 +85,9 @@ _MATRIX = re.compile(
     re.DOTALL,
 )
 MAX_ITEMS = 64
+MAX_PARSE_CHARS = 4000  # longer "answers" are compared as text (bounds the quadratic splits)
+MAX_DEPTH = 40
+MAX_PLUS_MINUS = 4  # each \pm doubles the candidates
 
 
 def _depths(s: str) -> list[int]:
@@ -160,7 +163,10 @@ def is_prose(s: str) -> bool:
 def parse(s: str) -> Value:
     """Structure of one normalised answer string (never raises on any input)."""
     s = s.strip()
-    if not s or is_prose(s):
+    if not s or len(s) > MAX_PARSE_CHARS or is_prose(s):
+        return Text(s)
+    depths = _depths(s)
+    if max(depths, default=0) > MAX_DEPTH or min(depths, default=0) < 0:
         return Text(s)
     parts = [p for p in split_top(s, ";") if p.strip()]
     if len(parts) > 1:
@@ -168,7 +174,9 @@ def parse(s: str) -> Value:
     parts = [p for p in split_top(s, _CONNECTOR) if p.strip()]
     if len(parts) > 1:
         return Seq("multi", tuple(parse(p) for p in parts[:MAX_ITEMS]))
-    pm = [i for i, c in enumerate(s) if c in "±∓" and _depths(s)[i] == 0]
+    pm = [i for i, c in enumerate(s) if c in "±∓" and depths[i] == 0]
+    if len(pm) > MAX_PLUS_MINUS:
+        return Text(s)
     if pm:
         i = pm[0]
         plus, minus = s[:i] + "+" + s[i + 1 :], s[:i] + "-" + s[i + 1 :]
