@@ -242,3 +242,39 @@ def test_trainer_trains_publishes_commits_and_resumes(tmp_path, tiny_lm_dir):
         assert client.status().step == 2
         assert (run / "policies" / "v2" / "model.safetensors").is_file()
         admin.close()
+
+
+def test_is_correction_inference_old_logprobs_and_kl_reference():
+    # Recomputed old log-probs (ratio 1) with fake inference log-probs of -1 per token: the engine
+    # mismatch is large, so the mismatch KL is logged and the token-truncated IS weight π_old/μ is
+    # active. The grpo recipe's KL term needs reference log-probs (an identical frozen copy here).
+    samples = random_samples(8)
+    micro = make_micro_batches(samples, 32)
+    model = make_tiny_lm().train()
+    reference = make_tiny_lm().eval()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    refs = old_logprobs_for(reference, micro, 1.0, CPU)
+    old = old_logprobs_for(model, micro, 1.0, CPU)
+    loss_fn = grpo.Loss("grpo", is_correction="token_truncate", is_threshold=2.0)
+    metrics = train_minibatch(
+        model, opt, micro, old, loss_fn, temperature=1.0, constant=None, max_grad_norm=1e9, device=CPU,
+        ref_logprobs=refs,
+    )  # fmt: skip
+    assert metrics.mismatch_kl is not None and metrics.mismatch_kl > 0.1
+    assert metrics.mean_ratio == pytest.approx(1.0, abs=1e-6)
+    assert metrics.grad_norm > 0 and all(torch.isfinite(p.grad).all() for p in model.parameters())
+    # old = the inference log-probs (no recompute): the ratio itself is π/μ, far from 1.
+    direct = train_minibatch(
+        model,
+        opt,
+        micro,
+        None,
+        grpo.Loss("dapo"),
+        temperature=1.0,
+        constant=None,
+        max_grad_norm=1e9,
+        device=CPU,
+    )
+    assert direct.mean_ratio < 0.5 and direct.mismatch_kl == 0.0
+    with pytest.raises(ValueError):
+        load_config(None, ["--trainer.old_logprobs", "inference", "--trainer.is_correction", "token_mask"])

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from transformers import AutoModelForCausalLM
 
 import grpo
@@ -107,6 +107,15 @@ class TrainerConfig(Section):
     num_threads: int = Field(1, ge=1, description="torch.set_num_threads for this process.")
     poll_interval_s: float = Field(0.5, gt=0, description="Seconds between claim attempts while waiting.")
     wait_log_every_s: float = Field(10.0, gt=0, description="Seconds between 'waiting for data' log lines.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerConfig:
+        if self.is_correction is not None and self.old_logprobs == "inference":
+            raise ValueError(
+                "trainer.is_correction weights by π_old/μ, which is 1 when old_logprobs = 'inference'; "
+                "use old_logprobs = 'recompute' with it, or drop is_correction"
+            )
+        return self
 
 
 def _device(cfg: TrainerConfig) -> torch.device:
