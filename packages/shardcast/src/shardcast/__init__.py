@@ -7,32 +7,58 @@
     with Origin("/srv/origin", port=8000) as origin:
         origin.publish("model.safetensors")                    # version 1
     Client(["http://origin:8000"]).fetch("latest", "model.safetensors")
+
+Names are imported lazily (PEP 562), so ``shardcast publish`` and manifest tools start
+without loading aiohttp.
 """
 
-from .client import Client, FetchResult, Follower, VersionListing
-from .errors import (
-    DeadlineExceededError,
-    IntegrityError,
-    ManifestError,
-    NoServerAvailableError,
-    PublishError,
-    ShardcastError,
-    SignatureError,
-    VersionGoneError,
-    VersionNotFoundError,
-)
-from .layout import DataDir, Index, IndexEntry, parse_index
-from .manifest import DeltaInfo, Manifest, ShardInfo, Signature, parse_manifest, parse_version_name
-from .origin import Origin
-from .planning import DEFAULT_SHARD_SIZE, ShardSpan, plan_shards
-from .publish import publish_file
-from .relay import Relay
-from .server import HttpServer
-from .servers import ServerReport
-from .signing import Ed25519PrivateKey, Ed25519PublicKey, HmacKey, load_key, sign_manifest, verify_manifest
-from .transfer import Progress
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.4.0"
+
+_EXPORTS = {
+    "Client": "client",
+    "FetchResult": "client",
+    "Follower": "client",
+    "VersionListing": "client",
+    "DeadlineExceededError": "errors",
+    "IntegrityError": "errors",
+    "ManifestError": "errors",
+    "NoServerAvailableError": "errors",
+    "PublishError": "errors",
+    "ShardcastError": "errors",
+    "SignatureError": "errors",
+    "VersionGoneError": "errors",
+    "VersionNotFoundError": "errors",
+    "DataDir": "layout",
+    "Index": "layout",
+    "IndexEntry": "layout",
+    "parse_index": "layout",
+    "DeltaInfo": "manifest",
+    "Manifest": "manifest",
+    "ShardInfo": "manifest",
+    "Signature": "manifest",
+    "parse_manifest": "manifest",
+    "parse_version_name": "manifest",
+    "Origin": "origin",
+    "DEFAULT_SHARD_SIZE": "planning",
+    "ShardSpan": "planning",
+    "plan_shards": "planning",
+    "publish_file": "publish",
+    "Relay": "relay",
+    "HttpServer": "server",
+    "ServerReport": "servers",
+    "Ed25519PrivateKey": "signing",
+    "Ed25519PublicKey": "signing",
+    "HmacKey": "signing",
+    "load_key": "signing",
+    "sign_manifest": "signing",
+    "verify_manifest": "signing",
+    "Progress": "transfer",
+}
 
 __all__ = [
     "DEFAULT_SHARD_SIZE",
@@ -75,3 +101,48 @@ __all__ = [
     "sign_manifest",
     "verify_manifest",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardcast' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:
+    from .client import Client, FetchResult, Follower, VersionListing
+    from .errors import (
+        DeadlineExceededError,
+        IntegrityError,
+        ManifestError,
+        NoServerAvailableError,
+        PublishError,
+        ShardcastError,
+        SignatureError,
+        VersionGoneError,
+        VersionNotFoundError,
+    )
+    from .layout import DataDir, Index, IndexEntry, parse_index
+    from .manifest import DeltaInfo, Manifest, ShardInfo, Signature, parse_manifest, parse_version_name
+    from .origin import Origin
+    from .planning import DEFAULT_SHARD_SIZE, ShardSpan, plan_shards
+    from .publish import publish_file
+    from .relay import Relay
+    from .server import HttpServer
+    from .servers import ServerReport
+    from .signing import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+        HmacKey,
+        load_key,
+        sign_manifest,
+        verify_manifest,
+    )
+    from .transfer import Progress

@@ -17,16 +17,19 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from . import __version__
-from .client import Client
 from .errors import ShardcastError
-from .origin import Origin
 from .planning import DEFAULT_SHARD_SIZE
 from .publish import DEFAULT_GRACE_S, DEFAULT_KEEP, publish_file
-from .relay import Relay
 from .signing import Ed25519PrivateKey, Ed25519PublicKey, HmacKey, load_key
-from .transfer import Progress
+
+if TYPE_CHECKING:
+    from .transfer import Progress
+
+# Servers and the client import aiohttp (slow to import): they are imported in run() only
+# by the commands that need them, so `shardcast publish` starts fast.
 
 log = logging.getLogger("shardcast")
 
@@ -201,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"ed25519-public:{private.public_key().public_bytes.hex()}")
         return 0
     if args.command == "origin":
+        from .origin import Origin
+
         origin = Origin(
             args.data_dir,
             host=args.host,
@@ -236,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     if args.command == "relay":
+        from .relay import Relay
+
         relay = Relay(
             args.upstream,
             args.data_dir,
@@ -254,6 +261,8 @@ def run(args: argparse.Namespace) -> int:
             _wait_for_signal()
         return 0
     if args.command == "ls":
+        from .client import Client
+
         listing = Client(args.servers, token=args.token).list_versions()
         if args.json:
             print(
@@ -278,6 +287,8 @@ def run(args: argparse.Namespace) -> int:
             raise ShardcastError("no server reachable")
         return 0
     if args.command == "fetch":
+        from .client import Client
+
         client = Client(
             args.servers,
             token=args.token,
