@@ -189,6 +189,9 @@ def test_advantages_follow_the_recipe() -> None:
         (lambda: grpo.Loss("dapo", aggregation="mean"), "unknown aggregation"),
         (lambda: grpo.Loss("dapo", eps_low=1.5), "eps_low"),
         (lambda: grpo.Loss("cispo", is_cap=-1.0), "is_floor < is_cap"),
+        (lambda: grpo.Loss("dapo", is_correction="token_mask", is_low=3.0), "low < high"),
+        (lambda: grpo.Loss("dapo", is_correction="sequence_truncate", is_threshold=0.0), "cap"),
+        (lambda: grpo.Loss("dapo", is_correction="bogus"), "is_correction"),
     ],
 )
 def test_bad_configs_raise_at_construction(make, message: str) -> None:

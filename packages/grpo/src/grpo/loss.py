@@ -121,6 +121,10 @@ class LossConfig:
         # Let the objective validate its own hyper-parameters now rather than at the first step.
         probe = torch.zeros(1, 1, dtype=torch.float64)
         self._objective(probe, probe, probe, None)
+        if self.is_correction is not None and self.is_correction.endswith("truncate"):
+            truncated_is_weights(probe, probe, cap=self.is_threshold)
+        elif self.is_correction is not None:
+            masked_is_weights(probe, probe, low=self.is_low, high=self.is_threshold)
 
     def _objective(
         self, logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor | None
