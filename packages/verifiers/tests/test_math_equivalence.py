@@ -116,7 +116,25 @@ CASES = {
         ("1, 2", "1, 2, 3", False),
         ("1331 and 1728", "1728", False),
         ("x=1 or x=2", "1, 2", True),
-        ("\\{1, 2\\}", "\\{1, 1, 2\\}", False),
+        ("\\{1, 2\\}", "\\{1, 1, 2\\}", True),  # set semantics: duplicates collapse
+        ("\\{1, 2\\}", "\\{1, 2, 3\\}", False),
+    ],
+    "assignments": [
+        ("a_3 = 2, a_{37} = 19", "a_{37} = 19, a_3 = 2", True),  # matched by name
+        ("a_3 = 2, a_{37} = 19", "a_{37} = 2, a_3 = 19", False),
+        ("p=5, q=2", "(5, 2)", True),  # by position against a tuple
+        ("(p,q)=(3,2)", "(3,2)", True),
+        ("AB=4, CD=5", "4, 5", True),
+        ("x = 11", "x = 5+5+1 = 7 = 11", True),  # a chain states its last value
+        ("x = 1/3", "x = 1/3 \\approx 0.33", True),  # the approximation is commentary
+        ("(0;-2;6)", "(0, -2, 6)", True),
+    ],
+    "texts": [
+        ("1,2,3", "$1$ and $2$ and $3$", True),
+        ("34", "Final Answer: The largest $n$ is 34.", True),
+        ("-2, 1", "\\(\\boxed{1}\\) and \\(\\boxed{-2}\\).", True),
+        ("9", "Answer $ \n 9 \n $", False),  # an inline span does not cross lines
+        ("0.111", "0,111", True),
     ],
     "plus_minus": [
         ("\\pm 3", "3, -3", True),

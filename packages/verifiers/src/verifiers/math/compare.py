@@ -100,18 +100,33 @@ def relation_as_interval(rel: st.Relation) -> st.Value | None:
 # ------------------------------------------------------------------ structure
 
 
-def _multiset_equal(a: tuple, b: tuple, opts: Options) -> bool:
-    if len(a) != len(b):
-        return False
-    unused = list(b)
-    for item in a:
-        for j, other in enumerate(unused):
-            if values_equal(item, other, opts):
-                del unused[j]
-                break
-        else:
-            return False
-    return True
+def _same_elements(a: tuple, b: tuple, opts: Options) -> bool:
+    """Set semantics: every item of each side equals some item of the other (duplicates and
+    order do not matter; a strict subset does not match)."""
+    if not a or not b:
+        return len(a) == len(b)
+    return all(any(values_equal(x, y, opts) for y in b) for x in a) and all(
+        any(values_equal(x, y, opts) for x in a) for y in b
+    )
+
+
+def _name_key(value: st.Value) -> str:
+    text = value.text if isinstance(value, st.Atom | st.Text) else repr(value)
+    return re.sub(r"[\s{}]", "", text)
+
+
+def _assignments_equal(g: st.Seq, p: st.Seq, opts: Options) -> bool:
+    """`a_3 = 2, a_{37} = 19` vs `a_{37} = 19, a_3 = 2` by name; else the values in order."""
+    if g.kind == "assign" and p.kind == "assign":
+        by_name_g = {_name_key(r.terms[0]): r.terms[-1] for r in g.items}  # type: ignore[union-attr]
+        by_name_p = {_name_key(r.terms[0]): r.terms[-1] for r in p.items}  # type: ignore[union-attr]
+        if len(by_name_g) == len(g.items) and by_name_g.keys() == by_name_p.keys():
+            return all(values_equal(by_name_g[k], by_name_p[k], opts) for k in by_name_g)
+    other_kind = p.kind if g.kind == "assign" else g.kind
+    kind = "tuple" if other_kind == "assign" else other_kind
+    values_g = st.Seq(kind, tuple(r.terms[-1] for r in g.items) if g.kind == "assign" else g.items)  # type: ignore[union-attr]
+    values_p = st.Seq(kind, tuple(r.terms[-1] for r in p.items) if p.kind == "assign" else p.items)  # type: ignore[union-attr]
+    return values_equal(values_g, values_p, opts)
 
 
 def _as_interval(v: st.Value) -> st.Interval | None:
@@ -161,6 +176,8 @@ def values_equal(g: st.Value, p: st.Value, opts: Options) -> bool:
     if isinstance(g, st.Relation) or isinstance(p, st.Relation):
         return False
     if isinstance(g, st.Seq) and isinstance(p, st.Seq):
+        if "assign" in (g.kind, p.kind):
+            return _assignments_equal(g, p, opts)
         if g.kind == "tuple" and p.kind == "tuple":
             return len(g.items) == len(p.items) and all(
                 values_equal(x, y, opts) for x, y in zip(g.items, p.items, strict=True)
@@ -169,7 +186,7 @@ def values_equal(g: st.Value, p: st.Value, opts: Options) -> bool:
             return len(g.items) == len(p.items) == 2 and all(
                 values_equal(x, y, opts) for x, y in zip(g.items, p.items, strict=True)
             )
-        return _multiset_equal(g.items, p.items, opts)
+        return _same_elements(g.items, p.items, opts)
     if isinstance(g, st.Interval) or isinstance(p, st.Interval):
         ig, ip = _as_interval(g), _as_interval(p)
         if ig is None or ip is None:
@@ -181,7 +198,7 @@ def values_equal(g: st.Value, p: st.Value, opts: Options) -> bool:
             and values_equal(ig.hi, ip.hi, opts)
         )
     if isinstance(g, st.Union) and isinstance(p, st.Union):
-        return _multiset_equal(g.parts, p.parts, opts)
+        return _same_elements(g.parts, p.parts, opts)
     if isinstance(g, st.Matrix) and isinstance(p, st.Matrix):
         if [len(r) for r in g.rows] != [len(r) for r in p.rows]:
             return False

@@ -21,9 +21,17 @@ _NUMBER = re.compile(r"(?<![\w.])[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\d|
 _MATH_SPANS = (
     re.compile(r"\$\$(.+?)\$\$", re.DOTALL),
     re.compile(r"\\\[(.+?)\\\]", re.DOTALL),
-    re.compile(r"\\\((.+?)\\\)", re.DOTALL),
-    re.compile(r"(?<![\\$])\$(?!\$)(.+?)(?<!\\)\$", re.DOTALL),
+    re.compile(r"\\\(([^\n]+?)\\\)"),  # inline spans stay on one line
+    re.compile(r"(?<![\\$])\$(?!\$)([^\n$]+?)(?<!\\)\$"),
 )
+
+
+# What may sit between two boxes that state one multi-part answer:
+# "\\boxed{1}\\boxed{2}", "\\boxed{1}, \\boxed{2}", "\\(\\boxed{1}\\) and \\(\\boxed{2}\\)",
+# "\\boxed{1} \\quad \\text{and} \\quad \\boxed{2}".
+_SEP = r"(?:\s|[,;$.]|\\[()\[\]]|\\q?quad|\\[,;: ]|\\text\{\s*(?:and|or|,)?\s*\})*"
+_BOX_JOINER = re.compile(rf"{_SEP}(?:(?:and|or){_SEP})?")
+_SPAN_JOINER = re.compile(r"\s*(?:,|;|and|or|,\s*and|,\s*or)\s*")
 
 
 def match_brace(text: str, open_index: int) -> int:
@@ -105,7 +113,7 @@ def last_boxed(text: str, *, merge_adjacent: bool = False) -> str | None:
         if box[1] > group[0][0]:  # nested or unclosed: not a separate adjacent answer
             break
         between = text[box[1] : group[0][0]]
-        if re.fullmatch(r"[\s,;$]*(?:and|or)?[\s,;$]*", between):
+        if _BOX_JOINER.fullmatch(between):
             group.insert(0, box)
         else:
             break
@@ -179,20 +187,48 @@ def extract_answer(
     return None
 
 
+def joined_math_spans(text: str) -> str | None:
+    """`$1$ and $2$ and $3$` -> "1,2,3" when the text is only math spans and connectors."""
+    stripped = text.strip().rstrip(".")
+    pieces = re.split(r"(?<![\\$])\$(?!\$)([^\n$]+?)(?<!\\)\$", stripped)
+    spans, between = pieces[1::2], pieces[0::2]
+    if len(spans) < 2 or between[0].strip() or between[-1].strip():
+        return None
+    if not all(_SPAN_JOINER.fullmatch(b) for b in between[1:-1]):
+        return None
+    return ",".join(span.strip() for span in spans)
+
+
+def _final_phrase_answer(phrase: str) -> str:
+    """Answer inside a "final answer" phrase: its first math span, or a trailing number."""
+    phrase = re.sub(r"(?i)^the\s+final\s+answer\s+is\s*:?\s*", "", phrase).strip()
+    span = last_math_span(phrase)
+    if span is None:
+        return re.sub(r"\.\s+I hope.*$", "", phrase).strip()
+    if phrase.startswith(("$", "\\(", "\\[")):
+        first = min((m for pattern in _MATH_SPANS for m in pattern.finditer(phrase)), key=lambda m: m.start())
+        return first.group(1).strip()
+    trailing = re.search(r"(?:is|=|:)\s*([+-]?\d[\d,]*(?:\.\d+)?)\s*\.?\s*$", phrase)
+    return trailing.group(1) if trailing else span
+
+
 def answer_span(text: str) -> str:
     """The answer part of a gold/prediction string given to `is_equivalent`.
 
-    Bare answers pass through; texts are reduced to (adjacent) boxes, else the last math
-    span, else a "final answer" phrase, else the whole text.
+    Bare answers pass through; texts are reduced to (adjacent) boxes, else a "final answer"
+    phrase, else math spans joined by "and"/commas, else the last math span, else the text.
     """
     text = text.replace("\\\\boxed", "\\boxed").replace("\\\\fbox", "\\fbox")
     boxed = last_boxed(text, merge_adjacent=True)
     if boxed is not None:
         return boxed
     final = final_answer_phrase(text)
-    if final is not None and "$" not in final:
-        return final
+    if final is not None:
+        return _final_phrase_answer(final)
+    joined = joined_math_spans(text)
+    if joined is not None:
+        return joined
     span = last_math_span(text)
     if span is not None:
         return span
-    return final if final is not None else text.replace("$", "").strip()
+    return text.replace("$", "").strip()

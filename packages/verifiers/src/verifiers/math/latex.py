@@ -25,7 +25,7 @@ _FONT = re.compile(
     r"operatorname\*?|boldsymbol|bm|mathbb|mathcal|hbox)\s*\{"
 )
 _SPACING = re.compile(
-    r"(?<!\\)\\(?:[,;:!> ]|quad|qquad|displaystyle|textstyle|scriptstyle|hfill|nonumber)(?![a-zA-Z])"
+    r"(?<!\\)\\(?:[,;:!> ]|(?:quad|qquad|displaystyle|textstyle|scriptstyle|hfill|nonumber)(?![a-zA-Z]))"
 )
 _SIZING = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)[lr]?(?![a-zA-Z])\s*\.?")
 _RELATIONS = (
@@ -56,9 +56,11 @@ def normalize(text: str) -> str:
     s = text.strip()
     s = re.sub(r"\\\\(?=[a-zA-Z])", r"\\", s)  # "\\le" written with an escaped backslash
     s = s.replace("$", "").replace("**", "")
-    s = re.sub(r",\\!\s*(?=\d{3})", "", s).replace("{,}", "")  # 32,\!349 and 32{,}349
+    s = re.sub(r",\\!\s*(?=\d{3})", "", s)  # 32,\!349
+    s = re.sub(r"(?<!\\)\{\s*,\s*\}\s*", "", s)  # 32{,}349 and 14 {, }916
     s = _unwrap_font_commands(s)
     s = _SIZING.sub("", s)
+    s = re.sub(r"\\q?quad", " ", s)  # also "\quadx" (seen in datasets)
     s = _SPACING.sub(" ", s).replace("~", " ")
     s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
     s = re.sub(r"\\[dt]binom(?![a-zA-Z])", r"\\binom", s)
@@ -66,6 +68,9 @@ def normalize(text: str) -> str:
     s = re.sub(r"\\%|％", "%", s)
     s = re.sub(r"\s*(?:percent|pct)\b", "%", s)
     s = s.replace("\\$", "")
+    # "x = 1/3 \approx 0.33": the approximation is commentary; a lone "x \approx 11" states x = 11
+    s = re.sub(r"\\approx(?![a-zA-Z])|≈", "≈", s)
+    s = re.sub(r"(=[^≈]*)≈.*$", r"\1", s) if re.search(r"=[^≈]*≈", s) else s.replace("≈", "=")
     for pattern, repl in _RELATIONS:
         s = re.sub(pattern, repl, s)
     s = re.sub(r"\\(?:pm)(?![a-zA-Z])|±", "±", s)
@@ -84,10 +89,18 @@ _UNIT = re.compile(
 )
 
 
+_TRAILING_WORDS = re.compile(r"^(.*[\d}])\s+((?:[a-zA-Z]{2,}\s*)+)$")
+_NOT_UNITS = {"and", "or", "sin", "cos", "tan", "log", "ln", "exp", "pi"}
+
+
 def strip_units(s: str) -> str:
-    """`125 miles` -> `125`, `1,000.99m²` -> `1,000.99`; `5x` and `2\\pi` are left alone."""
+    """`125 miles` -> `125`, `1,000.99m²` -> `1,000.99`, `\\frac{1}{3} meters` -> `\\frac{1}{3}`;
+    `5x` and `2\\pi` are left alone."""
     m = _UNIT.match(s)
     if m and not re.search(r"[a-zA-Z\\]", m.group(1)):
+        return m.group(1).strip()
+    m = _TRAILING_WORDS.match(s)
+    if m and not set(m.group(2).lower().split()) & _NOT_UNITS:
         return m.group(1).strip()
     return s
 

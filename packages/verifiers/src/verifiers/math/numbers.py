@@ -21,7 +21,7 @@ MAX_DIGITS = 400
 MAX_EXPONENT = 400
 
 _SIGN = r"[+-]?"
-_THOUSANDS = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?"
+_THOUSANDS = r"(?:[1-9]\d{0,2}|0)(?:,\d{3})+(?:\.\d+)?"
 _DECIMAL = r"(?:\d+\.?\d*|\.\d+)"
 _INT = re.compile(r"^[+-]?\d+$")
 _SCI = re.compile(
@@ -65,10 +65,12 @@ def _clean(text: str) -> tuple[str, bool]:
 def _decimal(s: str) -> tuple[Fraction, int | None] | None:
     if len(s) > MAX_DIGITS:
         return None
-    if re.fullmatch(rf"{_SIGN}{_THOUSANDS}", s):
+    if re.fullmatch(rf"{_SIGN}{_THOUSANDS}", s) and not re.match(r"[+-]?0,", s):
         s = s.replace(",", "")
     m = re.fullmatch(r"([+-]?)(\d+),(\d+)", s)
-    if m and (m.group(2).startswith("0") or len(m.group(2)) >= 4) and len(m.group(3)) != 3:
+    if m and (
+        m.group(2) == "0" or ((m.group(2).startswith("0") or len(m.group(2)) >= 4) and len(m.group(3)) != 3)
+    ):
         s = f"{m.group(1)}{m.group(2)}.{m.group(3)}"  # decimal comma: 1000,99
     if not re.fullmatch(rf"{_SIGN}{_DECIMAL}", s):
         return None

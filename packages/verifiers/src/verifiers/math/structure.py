@@ -33,7 +33,8 @@ class Text:
 
 @dataclass(frozen=True)
 class Seq:
-    """`kind` is "multi" (bare list, unordered), "set" (`\\{..\\}`) or "tuple" (`(..)`, ordered)."""
+    """`kind` is "multi" (bare list, unordered), "set" (`\\{..\\}`), "tuple" (`(..)`, ordered)
+    or "assign" (`p=5, q=2`: items are the assignments, compared by name or in order)."""
 
     kind: str
     items: tuple[Value, ...]
@@ -141,12 +142,21 @@ def _enclosed(s: str, opener: int = 1) -> bool:
 
 
 def is_variable(text: str) -> bool:
-    """`x`, `F_n`, `f(x)`, `\\alpha`: a name that can be assigned (lhs of `x = 3`)."""
-    return bool(_VARIABLE.match(text)) and not re.search(r"\d", text.split("(")[0].split("_")[0])
+    """A name that can be assigned (lhs of `x = 3`): `x`, `F_n`, `f(x)`, `\\alpha`, `(p, q)`,
+    `|AB|`, `A:B`, `\\frac{NO}{BO}`. Anything with digits or `+`/`-` outside subscripts
+    (`7`, `2x + z`, `x^2`) is an expression, so `7 = 11a+c` stays an equation."""
+    if _VARIABLE.match(text) and not re.search(r"\d", text.split("(")[0].split("_")[0]):
+        return True
+    bare = re.sub(r"_\{[^{}]*\}|_[A-Za-z0-9]", "", text)
+    bare = re.sub(r"\\(?:frac|text|mathrm|alpha|beta|gamma|theta|phi|angle)", "", bare)
+    return bool(re.search(r"[A-Za-z]", bare)) and not re.search(r"[\d+\-^=<>]", bare)
 
 
 def _items(inner: str) -> list[Value]:
-    return [parse(part) for part in split_top(inner, ",")]
+    parts = split_top(inner, ",")
+    if len(parts) == 1:
+        parts = split_top(inner, ";")  # (0;-2;6): semicolon as the coordinate separator
+    return [parse(part) for part in parts]
 
 
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
@@ -156,7 +166,8 @@ _NOT_PROSE = {"and", "or", "sqrt", "frac", "sin", "cos", "tan", "log", "ln", "ex
 def is_prose(s: str) -> bool:
     """Two or more plain words (not commands, not "and"/"or"): a sentence, not an answer."""
     s = re.sub(r"\\(?:begin|end)\{[^}]*\}(?:\{[^}]*\})?", " ", s)
-    words = [w for w in _WORD.findall(s) if w.lower() not in _NOT_PROSE]
+    # all-capital words are point/segment names (AB, CD), not prose
+    words = [w for w in _WORD.findall(s) if w.lower() not in _NOT_PROSE and not w.isupper()]
     return len(words) >= 2
 
 
@@ -188,7 +199,7 @@ def parse(s: str) -> Value:
         values = [parse(p) for p in parts[:MAX_ITEMS]]
         assignments = [v for v in values if isinstance(v, Relation) and _is_assignment(v)]
         if len(assignments) == len(values):
-            return Seq("tuple", tuple(v.terms[-1] for v in assignments))
+            return Seq("assign", tuple(assignments))
         if assignments and values[0] is assignments[0] and len(assignments) == 1:
             first = assignments[0]
             rhs = Seq("multi", (first.terms[-1], *values[1:]))
@@ -202,6 +213,8 @@ def parse(s: str) -> Value:
         return Member(parts[0].strip(), parse(parts[1]))
     terms, ops = _split_relations(s)
     if ops and all(t.strip() for t in terms):
+        if len(ops) > 1 and all(op == "=" for op in ops):
+            terms, ops = [terms[0], terms[-1]], ["="]  # x = 5+5+1 = 11 states x = 11
         return Relation(tuple(parse(t) for t in terms[:MAX_ITEMS]), tuple(ops[: MAX_ITEMS - 1]))
     matrix = _MATRIX.match(s)
     if matrix:
@@ -224,8 +237,14 @@ def parse(s: str) -> Value:
     return _leaf(s)
 
 
+def _is_name(value: Value) -> bool:
+    if isinstance(value, Atom | Text):
+        return is_variable(value.text)
+    return isinstance(value, Seq) and value.kind == "tuple" and all(_is_name(v) for v in value.items)
+
+
 def _is_assignment(rel: Relation) -> bool:
-    return rel.ops == ("=",) and isinstance(rel.terms[0], Atom) and is_variable(rel.terms[0].text)
+    return rel.ops == ("=",) and _is_name(rel.terms[0])
 
 
 def is_assignment(value: Value) -> bool:
