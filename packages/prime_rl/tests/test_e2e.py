@@ -8,6 +8,7 @@ talking over loopback; the checks read what the run left on disk: the orchestrat
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections import defaultdict
@@ -149,3 +150,74 @@ def _tails(run_dir: Path) -> str:
     for path in sorted((run_dir / "logs").glob("*.out")):
         parts.append(f"--- {path.name}\n" + path.read_text(errors="replace")[-1500:])
     return "\n".join(parts)
+
+
+def _run_process(config_path: Path) -> subprocess.Popen[str]:
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+    return subprocess.Popen(
+        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+
+
+def _stop_run(run: subprocess.Popen[str]) -> None:
+    """Stop a supervisor that is still running the polite way (it stops its children), then the hard way."""
+    if run.poll() is None:
+        run.send_signal(signal.SIGTERM)
+        try:
+            run.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.communicate()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its dead parent) counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_run_ctrl_c_stops_every_child(tiny_run: Any, helpers: Any) -> None:
+    """SIGINT to `prime-rl run` while its children start up: every child is gone afterwards, exit 130."""
+    config_path, run_dir = tiny_run(workers={"count": 0, "hostile": []})
+    run = _run_process(config_path)
+    try:
+        started = helpers.wait_for(
+            lambda: (
+                (e := [x for x in helpers.metrics_of(run_dir, "run") if x["event"] == "child_started"])
+                and len(e) == 5
+                and e
+            ),
+            180,
+            "orchestrator, origin, relay, trainer and validator to start",
+        )
+        run.send_signal(signal.SIGINT)
+        output, _ = run.communicate(timeout=60)
+    finally:
+        _stop_run(run)
+    assert run.returncode == 128 + signal.SIGINT, output[-3000:]
+    assert not [e["child"] for e in started if _alive(e["pid"])]
+    shutdown = [e for e in helpers.metrics_of(run_dir, "run") if e["event"] == "shutdown"]
+    assert shutdown and shutdown[-1]["code"] == 130
+
+
+def test_run_fails_when_a_child_fails(tiny_run: Any, helpers: Any, tmp_path: Path) -> None:
+    """A child that cannot start (no model at model.path) makes `prime-rl run` stop everything and exit 1."""
+    config_path, run_dir = tiny_run(
+        model={"path": str(tmp_path / "no-such-model")}, workers={"count": 0, "hostile": []}
+    )
+    run = _run_process(config_path)
+    try:
+        output, _ = run.communicate(timeout=240)
+    finally:
+        _stop_run(run)
+    assert run.returncode == 1, output[-3000:]
+    assert "failed with exit code" in output
+    started = [e for e in helpers.metrics_of(run_dir, "run") if e["event"] == "child_started"]
+    assert started and not [e["child"] for e in started if _alive(e["pid"])]
