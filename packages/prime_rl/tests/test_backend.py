@@ -172,3 +172,19 @@ def test_sampling_is_reproducible_from_prefill_logits(backend):
         # The same tokens claimed under another seed are (almost surely) not what the sampler draws.
         other = check_sampled(p.logits, tokens, completion.seed + 1, 1.0, tolerance=0.25, max_mismatches=0)
         assert not other.passed or len(tokens) == 1
+
+
+def test_shared_prompt_prefill_equals_separate_generation(backend):
+    # A group repeats its prompt: the backend prefills it once and copies the KV cache per row.
+    prompts = encode(backend, PROMPTS[:2])
+    grouped = [prompts[0]] * 3 + [prompts[1]] * 3
+    seeds = [21, 22, 23, 24, 25, 26]
+    params = SamplingParams(temperature=1.0, max_new_tokens=24)
+    batched = backend.generate(grouped, seeds, params)
+    for prompt, seed, completion in zip(grouped, seeds, batched, strict=True):
+        alone = backend.generate([prompt], [seed], params)[0]
+        assert alone.completion_tokens == completion.completion_tokens
+        torch.testing.assert_close(
+            torch.tensor(alone.logprobs), torch.tensor(completion.logprobs), rtol=0, atol=1e-4
+        )
+    assert len({c.completion_tokens for c in batched[:3]}) > 1  # different seeds, different samples

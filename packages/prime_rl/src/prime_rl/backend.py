@@ -270,12 +270,20 @@ class HFBackend:
         if any(len(p) == 0 for p in prompts):
             raise GenerationError("every prompt needs at least one token")
         batch = len(prompts)
-        ids, mask = self._left_pad(prompts)
+        # Prefill each distinct prompt once (a GRPO group repeats its prompt group_size times), then
+        # give every row a copy of its prompt's KV cache: the decode steps see identical inputs.
+        distinct: dict[tuple[int, ...], int] = {}
+        row_of = [distinct.setdefault(tuple(int(t) for t in p), len(distinct)) for p in prompts]
+        ids, mask = self._left_pad(list(distinct))
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         hidden = self._decoder(
             input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
         ).last_hidden_state[:, -1]
+        if len(distinct) < batch:
+            index = torch.tensor(row_of, dtype=torch.long, device=self.device)
+            cache.reorder_cache(index)
+            hidden, mask, positions = hidden[index], mask[index], positions[index]
         next_position = positions[:, -1] + 1
         seed_tensor = torch.tensor([int(x) for x in seeds], dtype=torch.long, device=self.device)
         builder = toploc.ProofBuilder(batch, hidden.shape[-1], PROOF_CHUNK, proof_topk(hidden.shape[-1]))
