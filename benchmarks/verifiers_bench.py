@@ -12,6 +12,8 @@ One table, everything measured in this run on this machine:
   unsandboxed `subprocess.run(python -c program)` per test.
 - verify_batch throughput on 1,000 verifiable_math items with max_workers=2 (pool of 2), and
   math-verify's sequential parse+verify on the same pairs.
+- agreement with math-verify's own regression suites (tests/test_all.py, test_numina_cases.py,
+  test_open_thoughts.py from its 0.9.0 sdist), every `compare_strings` case, both checkers.
 """
 
 from __future__ import annotations
@@ -61,6 +63,92 @@ for gold, completion in pairs:
 batch_s = time.perf_counter() - t
 print(json.dumps({"correct": correct, "n": len(rows), "median_s": statistics.median(lat), "batch_s": batch_s}))
 """
+
+
+SUITES = ("test_all.py", "test_numina_cases.py", "test_open_thoughts.py")
+SUITE_SCRIPT = r"""
+import importlib.util, json, sys, types
+root, use_ours = sys.argv[1], sys.argv[2] == "ours"
+sys.path.insert(0, root)
+
+
+class Mark:
+    def __init__(self, name, args):
+        self.name, self.args = name, args
+
+
+class MarkGenerator:  # records @pytest.mark.<name>(...) like pytest does, without pytest
+    def __getattr__(self, name):
+        def decorator(*args, **kwargs):
+            def wrap(fn):
+                fn.pytestmark = [*getattr(fn, "pytestmark", []), Mark(name, args)]
+                return fn
+            return wrap
+        return decorator
+
+
+fake_pytest = types.ModuleType("pytest")
+fake_pytest.mark = MarkGenerator()
+fake_pytest.param = lambda *values, **kwargs: values
+sys.modules["pytest"] = fake_pytest
+if use_ours:
+    from verifiers.math import is_equivalent
+    fake = types.ModuleType("math_verify")
+    for n in ["ExprExtractionConfig", "LatexExtractionConfig", "StringExtractionConfig", "parse", "verify"]:
+        setattr(fake, n, lambda *a, **k: None)
+    grader = types.ModuleType("math_verify.grader")
+    grader.sympy_expr_eq = lambda *a, **k: None
+    sys.modules["math_verify"], sys.modules["math_verify.grader"] = fake, grader
+
+    def ours(gold, pred, match_types=("latex", "expr"), precision=6, strict=True, allow_set_relation_comp=False):
+        return int(is_equivalent(gold, pred, float_rounding=precision, strict=strict,
+                                 allow_set_relation_comp=allow_set_relation_comp, timeout=10))
+passed = total = 0
+for name in sys.argv[3:]:
+    spec = importlib.util.spec_from_file_location("tests." + name[:-3], f"{root}/tests/{name}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if use_ours and hasattr(module, "compare_strings"):
+        module.compare_strings = ours
+    for attr in dir(module):
+        fn = getattr(module, attr)
+        if not attr.startswith("test_") or "compare_strings" not in getattr(fn, "__code__", compile("", "", "exec")).co_names:
+            continue
+        for mark in [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"][:1]:
+            names = [a.strip() for a in mark.args[0].split(",")]
+            for case in mark.args[1]:
+                values = case.values if hasattr(case, "values") else case
+                total += 1
+                try:
+                    fn(**dict(zip(names, values)))
+                    passed += 1
+                except AssertionError:
+                    pass
+print(json.dumps({"passed": passed, "total": total}))
+"""
+
+
+def upstream_suites(mv_python: Path) -> tuple[dict, dict]:
+    """(ours, math-verify) on the compare_strings cases of math-verify's own test files."""
+    root = MV_VENV / "sdist" / "math_verify-0.9.0"
+    if not (root / "tests").exists():
+        (MV_VENV / "sdist").mkdir(exist_ok=True)
+        subprocess.run(
+            [str(mv_python), "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
+             "-d", str(MV_VENV / "sdist"), "math-verify==0.9.0"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        subprocess.run(["tar", "xzf", "math_verify-0.9.0.tar.gz"], cwd=MV_VENV / "sdist", check=True)
+    results = []
+    for python, who in ((sys.executable, "ours"), (str(mv_python), "theirs")):
+        with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+            f.write(SUITE_SCRIPT)
+        out = subprocess.run(
+            [python, f.name, str(root), who, *SUITES], capture_output=True, text=True, check=True
+        )
+        os.unlink(f.name)
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return results[0], results[1]
 
 
 def ensure_math_verify() -> Path:
@@ -181,6 +269,7 @@ def main() -> None:
     mean_reward = sum(s.reward for s in scores) / len(scores)
 
     sb = sandbox_overhead(args.sandbox_repeats)
+    suite_ours, suite_theirs = upstream_suites(mv_python)
 
     def ms(values: list[float]) -> str:
         return f"{1000 * min(values):.1f} / {1000 * statistics.median(values):.1f}"
@@ -198,6 +287,8 @@ def main() -> None:
          str(statistics.median(our_lat) <= 0.5 * statistics.median(their_lat))),
         (f"sandbox ms per test run, 10 tests ({sb['sandbox']})", ms(sb["per_test"]), f"{ms(sb['naive'])} (naive subprocess, no sandbox)",
          "<= 30 ms median", str(statistics.median(sb["per_test"]) <= 0.030)),
+        ("math-verify's own suites (256 compare cases)", f"{suite_ours['passed']}/{suite_ours['total']}",
+         f"{suite_theirs['passed']}/{suite_theirs['total']} (math-verify 0.9.0)", "", ""),
         ("sandbox ms, 1-test program startup->result", ms(sb["single"]), "", "", ""),
         (f"verify_batch items/s, {args.batch} math, 2 workers", f"{args.batch / batch_s:.0f}",
          f"{args.batch / their_batch:.0f} (math-verify, 1 thread)", "", f"mean reward {mean_reward:.2f}"),
