@@ -282,7 +282,7 @@ class HFBackend:
         ).last_hidden_state[:, -1]
         if len(distinct) < batch:
             index = torch.tensor(row_of, dtype=torch.long, device=self.device)
-            cache.reorder_cache(index)
+            cache.reorder_cache(index)  # type: ignore[arg-type]
             hidden, mask, positions = hidden[index], mask[index], positions[index]
         next_position = positions[:, -1] + 1
         seed_tensor = torch.tensor([int(x) for x in seeds], dtype=torch.long, device=self.device)
