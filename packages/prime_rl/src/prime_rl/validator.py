@@ -19,58 +19,24 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
-from pydantic import Field
 
 import toploc
 from prime_rl.backend import HFBackend
 from prime_rl.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
-from prime_rl.config import Section
 from prime_rl.metrics import get_metrics, init_process
 from prime_rl.policy_store import PolicyStore, PolicyUnavailable
 from prime_rl.protocol import PendingBatch, Verdict, VerdictRequest
 from prime_rl.taskbook import task_book
 from prime_rl.validation import Checks, GenerationBackend, Reason, RetryLater, SampleVerdict, validate_batch
+from prime_rl.validator_config import ValidatorConfig
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
 
 log = logging.getLogger(__name__)
-
-
-class ValidatorConfig(Section):
-    """[validator]: proof/sampling tolerances, banning, polling."""
-
-    exp_mismatches_per_128: float = Field(
-        38.0, ge=0, description="toploc: allowed exponent mismatches per 128 values."
-    )
-    max_mant_err_mean: float = Field(
-        10.0, ge=0, description="toploc: allowed mean mantissa error (bf16 ULPs)."
-    )
-    max_mant_err_median: float = Field(8.0, ge=0, description="toploc: allowed median mantissa error.")
-    sign_mismatches_per_128: float = Field(8.0, ge=0, description="toploc: allowed sign mismatches per 128.")
-    sampling_tolerance: float = Field(
-        0.25, ge=0, description="Logit margin a sampled token may fall short by."
-    )
-    sampling_max_mismatch_fraction: float = Field(
-        0.0, ge=0, le=1, description="Share of tokens allowed beyond the sampling tolerance."
-    )
-    logprob_atol: float = Field(0.05, gt=0, description="Max mean |claimed - recomputed| inference log-prob.")
-    reward_atol: float = Field(1e-6, ge=0, description="Tolerance on the claimed reward.")
-    advantage_atol: float = Field(1e-4, ge=0, description="Tolerance on the claimed advantage.")
-    ban_failure_rate: float = Field(
-        0.5, gt=0, le=1, description="Ban a worker once this share of its samples fails."
-    )
-    ban_min_samples: int = Field(16, ge=1, description="Samples seen before a worker can be banned.")
-    batches_per_poll: int = Field(8, ge=1, le=256, description="Pending batches fetched per poll.")
-    poll_interval_s: float = Field(0.5, gt=0, description="Seconds between polls when nothing is pending.")
-    max_batch_size: int = Field(64, ge=1, description="Sequences per prefill batch.")
-    cache_dir: str = Field("", description="Policy cache (default <run_dir>/validator/policies).")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the prefill model.")
-    num_threads: int = Field(1, ge=1, description="torch.set_num_threads for this process.")
-    max_batches: int = Field(0, ge=0, description="Stop after this many batches (0 = run until killed).")
 
 
 @dataclass

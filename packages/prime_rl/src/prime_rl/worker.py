@@ -24,49 +24,23 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import requests
 import torch
-from pydantic import Field
 
 from prime_rl.backend import HFBackend
 from prime_rl.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
-from prime_rl.config import Section
 from prime_rl.hostile import BEHAVIOURS, EXPECTED_REASONS, HostileWorker, garbage_body
 from prime_rl.metrics import get_metrics, init_process
 from prime_rl.policy_store import PolicyStore, PolicyUnavailable, VersionFollower
 from prime_rl.taskbook import task_book
+from prime_rl.worker_config import WorkerConfig
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
 
 log = logging.getLogger(__name__)
-
-
-class WorkerConfig(Section):
-    """[workers]: how many workers ``run`` starts and how each one generates."""
-
-    count: int = Field(2, ge=0, description="Honest worker processes `prime-rl run` starts.")
-    hostile: list[str] = Field(
-        default_factory=list,
-        description="One extra hostile worker per entry (behaviour names, see hostile.py).",
-    )
-    behaviour: str = Field(
-        "honest", description="What this worker process does: 'honest', a hostile name, or 'mixed'."
-    )
-    name: str = Field("", description="Registration label (default: the process name).")
-    batch_size: int = Field(64, ge=1, description="Max sequences per generation batch.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Generation device.")
-    num_threads: int = Field(1, ge=1, description="torch.set_num_threads for this process.")
-    cache_dir: str = Field("", description="Downloaded policies (default <run_dir>/<name>/policies).")
-    weights_poll_s: float = Field(1.0, gt=0, description="Seconds between polls for a new policy version.")
-    poll_interval_s: float = Field(
-        0.5, gt=0, description="Seconds to wait when the orchestrator has no work."
-    )
-    max_batches: int = Field(
-        0, ge=0, description="Exit after this many submitted batches (0 = run until stopped)."
-    )
 
 
 class Worker:
