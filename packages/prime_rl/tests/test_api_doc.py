@@ -85,3 +85,11 @@ def test_every_endpoint_is_served_and_validates_its_body(server: Any) -> None:
         wrong = requests.get(server.url + path, timeout=10)
         assert wrong.status_code == 405 and wrong.json()["error"] == "method_not_allowed"
     assert requests.get(server.url + "/no/such/path", timeout=10).json()["error"] == "not_found"
+
+
+def test_every_verdict_reason_is_documented() -> None:
+    from prime_rl.validation import Reason
+
+    section = API_MD[API_MD.index("### What the validator checks") : API_MD.index("## Endpoints")]
+    documented = set(re.findall(r"`([a-z_]+)`", section))
+    assert {reason.value for reason in Reason} - {"ok"} <= documented
