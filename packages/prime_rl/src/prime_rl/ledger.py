@@ -15,17 +15,16 @@ written; ``step`` only grows; every sample handed to the trainer for step ``s`` 
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import secrets
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from prime_rl.assignment import sampling_seeds, task_ids
+from prime_rl.claims import ClaimSelection, select_claim
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
 from prime_rl.protocol import (
@@ -42,7 +41,6 @@ from prime_rl.protocol import (
     PendingResponse,
     RegisterResponse,
     RolloutBatch,
-    RolloutSample,
     StatusResponse,
     SubmitResponse,
     TaskLease,
@@ -52,6 +50,7 @@ from prime_rl.protocol import (
     WorkersResponse,
     WorkerStats,
 )
+from prime_rl.records import ProofEncodingError, batch_rows, rollout_samples, train_samples
 from prime_rl.store import RolloutStore, StoredVerdict
 
 __all__ = ["MAX_OPEN_LEASES", "ApiFailure", "Ledger", "TaskPrompts"]
@@ -119,6 +118,10 @@ class _Batch:
     @property
     def worker_id(self) -> str:
         return str(self.meta["worker_id"])
+
+    @property
+    def seq(self) -> int:
+        return int(self.meta["seq"])
 
     @property
     def policy_version(self) -> int:
@@ -493,7 +496,6 @@ class Ledger:
             raise ApiFailure(
                 413, "too_large", f"{len(batch.samples)} samples > max {orch.max_samples_per_batch}"
             )
-        proofs: list[bytes] = []
         for index, sample in enumerate(batch.samples):
             tokens = len(sample.prompt_tokens) + len(sample.completion_tokens)
             if tokens > orch.max_tokens_per_sample:
@@ -504,12 +506,10 @@ class Ledger:
                 raise ApiFailure(
                     400, "bad_request", f"sample {index}: group_index {sample.group_index} >= group_size"
                 )
-            try:
-                proofs.append(base64.b64decode(sample.proofs, validate=True))
-            except (binascii.Error, ValueError) as error:
-                raise ApiFailure(
-                    400, "bad_request", f"sample {index}: proofs is not base64: {error}"
-                ) from None
+        try:
+            rows = batch_rows(batch)
+        except ProofEncodingError as error:
+            raise ApiFailure(400, "bad_request", str(error)) from None
         if batch.batch_index >= worker.next_batch_index + MAX_OPEN_LEASES:
             raise ApiFailure(409, "conflict", f"batch_index {batch.batch_index} was never leased to you")
         batch_id = f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}"
@@ -533,19 +533,6 @@ class Ledger:
             "lease": lease.model_dump() if lease else None,
         }
         samples = batch.samples
-        rows: dict[str, Sequence[Any]] = {
-            "sample_index": list(range(len(samples))),
-            "task_id": [s.task_id for s in samples],
-            "group_index": [s.group_index for s in samples],
-            "prompt_tokens": [s.prompt_tokens for s in samples],
-            "completion_tokens": [s.completion_tokens for s in samples],
-            "sampling_seed": [s.sampling_seed for s in samples],
-            "temperature": [s.temperature for s in samples],
-            "reward": [s.reward for s in samples],
-            "advantage": [s.advantage for s in samples],
-            "proofs": proofs,
-            "inference_logprobs": [s.inference_logprobs for s in samples],
-        }
         self.store.write_batch(batch_id, meta, rows)
         self.batches[batch_id] = _Batch(batch_id, meta, tuple(s.task_id for s in samples), lease)
         if held is not None and lease is not None:
@@ -569,21 +556,7 @@ class Ledger:
         answer = []
         for batch in waiting[:limit]:
             meta, table = self.store.read_batch(batch.batch_id)
-            samples = [
-                RolloutSample.model_construct(
-                    task_id=row["task_id"],
-                    group_index=row["group_index"],
-                    prompt_tokens=row["prompt_tokens"],
-                    completion_tokens=row["completion_tokens"],
-                    sampling_seed=row["sampling_seed"],
-                    temperature=row["temperature"],
-                    reward=row["reward"],
-                    advantage=row["advantage"],
-                    proofs=base64.b64encode(row["proofs"]).decode("ascii"),
-                    inference_logprobs=row["inference_logprobs"],
-                )
-                for row in table.to_pylist()
-            ]
+            samples = rollout_samples(table)
             answer.append(
                 PendingBatch(
                     batch_id=batch.batch_id,
@@ -644,37 +617,22 @@ class Ledger:
     def claim(self, request: ClaimRequest) -> ClaimResponse:
         min_version = max(0, request.step - self.orch.async_level)
         if request.step in self.claims:
-            return self._claim_answer(request.step, min_version, self.claims[request.step], {})
+            return self._claim_answer(request.step, min_version, self.claims[request.step], None)
         if request.step != self.step:
             raise ApiFailure(
                 409, "conflict", f"step {request.step} is not the current step {self.step} and has no claim"
             )
-        groups: list[list[str]] = []
-        counts = Counter[str]()
-        for batch in sorted(self.batches.values(), key=lambda b: b.meta["seq"]):
-            if batch.verdicts is None:
-                counts["pending_batches"] += 1
-                counts["pending_samples"] += len(batch.task_ids)
-                continue
-            by_task: dict[int, list[int]] = {}
-            for verdict in batch.verdicts:
-                if verdict.accepted and verdict.sample_index not in batch.claimed:
-                    by_task.setdefault(batch.task_ids[verdict.sample_index], []).append(verdict.sample_index)
-            for members in by_task.values():
-                if batch.policy_version < min_version:
-                    counts["stale"] += len(members)
-                elif request.filter_zero_advantage and all(
-                    batch.verdicts[i].advantage == 0.0 for i in members
-                ):
-                    counts["zero"] += len(members)
-                else:
-                    groups.append([f"{batch.batch_id}/{i}" for i in members])
-        available = sum(len(group) for group in groups)
-        if available < request.min_samples:
+        selection = select_claim(
+            self.batches.values(),
+            min_policy_version=min_version,
+            min_samples=request.min_samples,
+            filter_zero_advantage=request.filter_zero_advantage,
+        )
+        if not selection.ready:
             reason = (
-                f"{available} fresh accepted samples available (policy_version >= {min_version}), need "
-                f"{request.min_samples}; {counts['pending_batches']} batches ({counts['pending_samples']} samples) "
-                "await validation"
+                f"{selection.available} fresh accepted samples available (policy_version >= {min_version}), "
+                f"need {request.min_samples}; {selection.pending_batches} batches ({selection.pending_samples} "
+                "samples) await validation"
             )
             return ClaimResponse(
                 ready=False,
@@ -682,21 +640,17 @@ class Ledger:
                 min_policy_version=min_version,
                 samples=[],
                 reason=reason,
-                available_samples=available,
-                pending_batches=counts["pending_batches"],
-                pending_samples=counts["pending_samples"],
-                stale_samples=counts["stale"],
-                zero_advantage_samples=counts["zero"],
+                available_samples=selection.available,
+                pending_batches=selection.pending_batches,
+                pending_samples=selection.pending_samples,
+                stale_samples=selection.stale,
+                zero_advantage_samples=selection.zero_advantage,
             )
-        chosen: list[str] = []
-        for group in groups:
-            if len(chosen) >= request.min_samples:
-                break
-            chosen.extend(group)
+        chosen = selection.sample_ids
         self.store.write_claim(
             request.step, {"min_policy_version": min_version, "time": self.clock()}, chosen
         )
-        self.claims[request.step] = tuple(chosen)
+        self.claims[request.step] = chosen
         for sample_id in chosen:
             batch_id, index = sample_id.rsplit("/", 1)
             self.batches[batch_id].claimed.add(int(index))
@@ -705,13 +659,13 @@ class Ledger:
             step=request.step,
             samples=len(chosen),
             min_policy_version=min_version,
-            stale_samples=counts["stale"],
-            zero_advantage_samples=counts["zero"],
+            stale_samples=selection.stale,
+            zero_advantage_samples=selection.zero_advantage,
         )
-        return self._claim_answer(request.step, min_version, tuple(chosen), counts)
+        return self._claim_answer(request.step, min_version, chosen, selection)
 
     def _claim_answer(
-        self, step: int, min_version: int, sample_ids: tuple[str, ...], counts: dict[str, int]
+        self, step: int, min_version: int, sample_ids: tuple[str, ...], selection: ClaimSelection | None
     ) -> ClaimResponse:
         wanted: dict[str, set[int]] = {}
         for sample_id in sample_ids:
@@ -722,24 +676,8 @@ class Ledger:
             batch = self.batches[batch_id]
             assert batch.verdicts is not None  # claims only ever hold verdicted samples
             meta, table = self.store.read_batch(batch_id)
-            for row in table.to_pylist():
-                index = row["sample_index"]
-                if index in indices:
-                    verdict = batch.verdicts[index]
-                    rows[f"{batch_id}/{index}"] = TrainSample.model_construct(
-                        sample_id=f"{batch_id}/{index}",
-                        batch_id=batch_id,
-                        worker_id=meta["worker_id"],
-                        task_id=row["task_id"],
-                        group_index=row["group_index"],
-                        policy_version=meta["policy_version"],
-                        prompt_tokens=row["prompt_tokens"],
-                        completion_tokens=row["completion_tokens"],
-                        inference_logprobs=row["inference_logprobs"],
-                        temperature=row["temperature"],
-                        reward=verdict.reward,
-                        advantage=verdict.advantage,
-                    )
+            for position, sample in train_samples(batch_id, meta, table, batch.verdicts, indices).items():
+                rows[f"{batch_id}/{position}"] = sample
         return ClaimResponse(
             ready=True,
             step=step,
@@ -747,10 +685,10 @@ class Ledger:
             samples=[rows[s] for s in sample_ids],
             reason="",
             available_samples=len(sample_ids),
-            pending_batches=counts.get("pending_batches", 0),
-            pending_samples=counts.get("pending_samples", 0),
-            stale_samples=counts.get("stale", 0),
-            zero_advantage_samples=counts.get("zero", 0),
+            pending_batches=selection.pending_batches if selection else 0,
+            pending_samples=selection.pending_samples if selection else 0,
+            stale_samples=selection.stale if selection else 0,
+            zero_advantage_samples=selection.zero_advantage if selection else 0,
         )
 
     def commit(self, request: CommitRequest) -> CommitResponse:
