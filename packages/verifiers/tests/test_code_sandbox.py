@@ -45,11 +45,12 @@ def test_function_call_tests(sandbox):
     assert missing.passed == 0 and missing.outcomes[0].status == "runtime_error"
 
 
-def test_tests_are_isolated_from_each_other():
-    # Each test runs in a fresh fork: state written by one test is invisible to the next.
-    program = "import os\nprint(os.path.exists('marker'))\nopen('marker', 'w').write('x')"
-    result = run_tests(program, {"inputs": ["", ""], "outputs": ["False", "False"]})
-    assert result.passed in (1, 2)  # the scratch dir is shared per program; the process is not
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_tests_are_isolated_from_each_other(sandbox):
+    # Each test runs in a fresh fork in its own empty directory: nothing carries over.
+    program = "import os\nprint(os.listdir('.'))\nopen('marker', 'w').write('x')"
+    result = run_tests(program, {"inputs": ["", ""], "outputs": ["[]", "[]"]}, sandbox=sandbox)
+    assert result.passed == 2
     state = run_tests(
         "x = globals().setdefault('n', 0) + 1\nglobals()['n'] = x\nprint(x)",
         {"inputs": ["", ""], "outputs": ["1", "1"]},

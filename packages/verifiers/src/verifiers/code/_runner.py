@@ -153,8 +153,34 @@ def _drain(fd, buffers, caps, err_r, open_fds):
     return len(buf) > caps[fd]
 
 
-def run_one(job, index, scratch):
-    stdin_path = os.path.join(scratch, ".stdin")
+def _remove_tree(path):
+    """rm -rf without importing shutil (the test's processes are already dead)."""
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            try:  # noqa: SIM105
+                os.unlink(os.path.join(root, name))
+            except OSError:
+                pass
+        for name in dirs:
+            full = os.path.join(root, name)
+            try:
+                if os.path.islink(full):
+                    os.unlink(full)
+                else:
+                    os.rmdir(full)
+            except OSError:
+                pass
+    try:  # noqa: SIM105
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def run_one(job, index, base_scratch):
+    # every test gets its own empty working directory, removed afterwards
+    scratch = os.path.join(base_scratch, f"test-{index}")
+    os.mkdir(scratch, 0o700)
+    stdin_path = os.path.join(base_scratch, f".stdin-{index}")
     if job["mode"] == "stdio":
         with open(stdin_path, "w") as f:
             f.write(job["inputs"][index])
@@ -221,6 +247,7 @@ def run_one(job, index, scratch):
     _reap()
     if job["kill_all"]:
         _wait_namespace_empty()
+    _remove_tree(scratch)
     for fd in buffers:
         os.close(fd)
     stderr_tail = buffers[err_r].decode("utf-8", "replace")

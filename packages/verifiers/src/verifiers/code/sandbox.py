@@ -3,7 +3,7 @@
 bubblewrap mode ("bwrap"): new PID, network, IPC and UTS namespaces; the host filesystem
 is NOT visible except the system directories needed to run Python (`/usr`, `/lib*`, `/bin`,
 `/etc/ld.so.cache`, the interpreter's prefix), all read-only; `/tmp` is a private, empty
-tmpfs (the scratch directory); the sandbox dies with its parent. When the host runs as
+tmpfs holding one fresh working directory per test (removed after it); the sandbox dies with its parent. When the host runs as
 root the runner drops to a per-run unprivileged uid (so RLIMIT_NPROC is enforced and
 concurrent sandboxes cannot signal each other). After every test the runner kills every
 process in the namespace except itself, so nothing outlives a test.
