@@ -505,3 +505,57 @@ def test_select_claim_oracle() -> None:
     batches[0].claimed = {0, 1}
     again = select_claim(batches, min_policy_version=1, min_samples=1, filter_zero_advantage=True)
     assert again.sample_ids == ("b2/0", "b2/2")
+
+
+def test_backpressure_refuses_leases_while_enough_is_buffered(server_factory: Any, batch_for: Any) -> None:
+    from prime_rl.client import OrchestratorBusy
+
+    server = server_factory("--orchestrator.max_buffered_samples", "6")
+    client = OrchestratorClient(server.url, retries=0)
+    reg = client.register()
+    lease = client.get_tasks(reg.worker_id)  # 4 samples in an open lease
+    first = client.submit_rollouts(batch_for(lease))  # 4 awaiting validation
+    client.get_tasks(reg.worker_id)  # 8 buffered now
+    with pytest.raises(OrchestratorBusy):
+        client.get_tasks(reg.worker_id)
+    answer = requests.get(
+        server.url + "/tasks",
+        params={"worker_id": reg.worker_id},
+        headers={"Authorization": f"Bearer {client.worker_token}"},
+        timeout=10,
+    )
+    assert (
+        answer.status_code == 429
+        and answer.json()["error"] == "busy"
+        and answer.headers["Retry-After"] == "1"
+    )
+    # Consumption frees room: validate + claim the first batch.
+    _verdict_all(client, first.batch_id, 4)
+    assert client.claim(0, 4).ready
+    assert client.get_tasks(reg.worker_id).batch_index == 2
+
+
+def test_batches_too_old_to_train_on_expire_instead_of_being_validated(
+    client: OrchestratorClient, batch_for: Any
+) -> None:
+    """async_level 1: a v0 batch leased at step 0 still unvalidated at step 2 is never handed to the validator."""
+    reg = client.register()
+    a = client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id), 0))
+    late = client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id), 0))
+    _verdict_all(client, a.batch_id, 4)
+    client.claim(0, 4)
+    client.commit(0, 1)
+    assert {b.batch_id for b in client.pending().batches} == {late.batch_id}  # still usable at step 1
+    c = client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id), 1))
+    fresh = client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id), 1))
+    pending = client.pending()
+    # Freshest policy first, then submission order.
+    assert [b.batch_id for b in pending.batches] == [c.batch_id, fresh.batch_id, late.batch_id]
+    _verdict_all(client, c.batch_id, 4)
+    client.claim(1, 4)
+    client.commit(1, 2)
+    pending = client.pending()  # step 2 needs version >= 1: `late` (v0) expires
+    assert [b.batch_id for b in pending.batches] == [fresh.batch_id]
+    stats = client.workers().workers[0]
+    assert (stats.samples_expired, stats.samples_rejected, stats.samples_pending) == (4, 0, 4)
+    assert stats.rejected_reasons == {}

@@ -1,7 +1,8 @@
 """The one HTTP client for the orchestrator API (used by worker, validator, trainer, evaluator).
 
-Every call has a per-request timeout and bounded retries with exponential backoff on connection
-errors, timeouts and 5xx/429 answers; a 4xx answer is the caller's fault and raises at once
+Every call has a per-request timeout and bounded retries with exponential backoff (at least the
+server's ``Retry-After``) on connection errors, timeouts and 5xx/429 answers (``OrchestratorBusy``
+when the last answer was 429 ``busy``, else ``OrchestratorUnavailable``); a 4xx answer is the caller's fault and raises at once
 (``ClientRequestError`` with the server's message). Every request the client retries is
 idempotent on the server (see API.md), so a retry after a lost answer is safe.
 
@@ -46,6 +47,7 @@ from prime_rl.protocol import (
 __all__ = [
     "ApiError",
     "ClientRequestError",
+    "OrchestratorBusy",
     "OrchestratorClient",
     "OrchestratorUnavailable",
 ]
@@ -75,6 +77,10 @@ class ClientRequestError(ApiError):
 
 class OrchestratorUnavailable(ApiError):
     """No usable answer after every retry (connection refused, timeouts, 5xx, unparsable body)."""
+
+
+class OrchestratorBusy(OrchestratorUnavailable):
+    """The orchestrator kept answering 429 ``busy`` (lease backpressure): sleep and ask again later."""
 
 
 class OrchestratorClient:
@@ -139,20 +145,29 @@ class OrchestratorClient:
             headers["Authorization"] = f"Bearer {token}"
         attempts = 1 + (self.retries if retries is None else retries)
         last_problem = ""
+        retry_after = 0.0
+        busy = False
         for attempt in range(attempts):
             if attempt:
-                time.sleep(min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)))
+                backoff = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+                time.sleep(max(backoff, retry_after))
             try:
                 response = self._session.request(
                     method, url, data=data, params=params, headers=headers, timeout=self.timeout_s
                 )
             except requests.RequestException as error:
-                last_problem = f"{type(error).__name__}: {error}"
+                last_problem, busy, retry_after = f"{type(error).__name__}: {error}", False, 0.0
                 log.debug("%s %s failed (attempt %d/%d): %s", method, path, attempt + 1, attempts, error)
                 continue
             if response.status_code in _RETRY_STATUS:
                 last_problem = f"HTTP {response.status_code}: {response.text[:200]}"
+                busy = response.status_code == 429
+                try:
+                    retry_after = min(self.max_backoff_s, float(response.headers.get("Retry-After", 0)))
+                except ValueError:
+                    retry_after = 0.0
                 continue
+            busy = False
             if 400 <= response.status_code < 500:
                 error_code, message = "http_error", response.text[:500]
                 try:
@@ -170,7 +185,8 @@ class OrchestratorClient:
             except ValidationError as error:
                 last_problem = f"unparsable answer: {error}"
                 continue
-        raise OrchestratorUnavailable(f"{method} {url}: no answer after {attempts} attempts ({last_problem})")
+        error_type = OrchestratorBusy if busy else OrchestratorUnavailable
+        raise error_type(f"{method} {url}: no answer after {attempts} attempts ({last_problem})")
 
     # ------------------------------------------------------------- public endpoints
 

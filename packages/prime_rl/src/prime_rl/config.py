@@ -166,6 +166,11 @@ class OrchestratorConfig(Section):
         default="",
         description="Bearer token required on validator/trainer endpoints ('' = no check; trusted LAN only).",
     )
+    max_buffered_samples: int = Field(
+        default=0,
+        ge=0,
+        description="Refuse new leases (429 busy) while this many usable samples are buffered (0 = no limit).",
+    )
     max_request_bytes: int = Field(default=64 * 2**20, ge=1024, description="Largest accepted request body.")
     max_samples_per_batch: int = Field(default=4096, ge=1, description="Largest accepted rollout batch.")
     max_tokens_per_sample: int = Field(

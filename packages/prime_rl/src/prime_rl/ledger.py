@@ -53,7 +53,10 @@ from prime_rl.protocol import (
 from prime_rl.records import ProofEncodingError, batch_rows, rollout_samples, train_samples
 from prime_rl.store import RolloutStore, StoredVerdict
 
-__all__ = ["MAX_OPEN_LEASES", "ApiFailure", "Ledger", "TaskPrompts"]
+__all__ = ["EXPIRED", "MAX_OPEN_LEASES", "ApiFailure", "Ledger", "TaskPrompts"]
+
+EXPIRED = "expired"
+"""Verdict reason the orchestrator itself gives batches that became too old to train on before validation."""
 
 MAX_OPEN_LEASES = 4
 """Unanswered, unexpired leases one worker may hold (bounds task hoarding and unleased submissions)."""
@@ -293,6 +296,9 @@ class Ledger:
                 count["pending"] += len(batch.task_ids)
                 continue
             for verdict in batch.verdicts:
+                if verdict.reason == EXPIRED:
+                    count["expired"] += 1
+                    continue
                 count["accepted" if verdict.accepted else "rejected"] += 1
                 if not verdict.accepted:
                     stats[batch.worker_id][verdict.reason] += 1
@@ -312,6 +318,7 @@ class Ledger:
                     samples_accepted=counts[w.worker_id]["accepted"],
                     samples_rejected=counts[w.worker_id]["rejected"],
                     samples_pending=counts[w.worker_id]["pending"],
+                    samples_expired=counts[w.worker_id]["expired"],
                     malformed_requests=w.malformed,
                     rejected_reasons=dict(stats[w.worker_id]),
                 )
@@ -346,6 +353,21 @@ class Ledger:
             pending_batches=pending,
             time=self.clock(),
         )
+
+    def buffered_samples(self) -> int:
+        """Samples that may still be trained on: in open leases, awaiting validation, or accepted and fresh."""
+        per_lease = self.orch.prompts_per_batch * self.config.sampling.group_size
+        total = per_lease * sum(
+            1 for lease in self.leases.values() if not lease.answered and not lease.expired
+        )
+        for batch in self.batches.values():
+            if batch.policy_version < self.min_policy_version:
+                continue
+            if batch.verdicts is None:
+                total += len(batch.task_ids)
+            else:
+                total += sum(1 for v in batch.verdicts if v.accepted and v.sample_index not in batch.claimed)
+        return total
 
     def expire_leases(self) -> int:
         """Mark unanswered leases past their deadline expired and queue their tasks for reassignment."""
@@ -398,6 +420,9 @@ class Ledger:
         )
         if open_leases >= MAX_OPEN_LEASES:
             raise ApiFailure(409, "conflict", f"{open_leases} unanswered leases open; submit them first")
+        limit = self.orch.max_buffered_samples
+        if limit and (buffered := self.buffered_samples()) >= limit:
+            raise ApiFailure(429, "busy", f"{buffered} samples already buffered (limit {limit}); retry later")
         now = self.clock()
         index = worker.next_batch_index
         while self.reassign_queue and self.reassign_queue[0].answered:  # answered late: nothing to redo
@@ -550,9 +575,31 @@ class Ledger:
 
     # ------------------------------------------------------------------ validator
 
+    def _expire_useless_batches(self) -> None:
+        """Verdict ``expired`` on unvalidated batches no step can use any more (not the worker's fault).
+
+        A batch that was fresh for its own lease (``policy_version >= step - async_level``) but is
+        older than ``current step - async_level`` can never be trained on; validating it would only
+        burn validator time. A batch stale for its own lease is left to the validator (``stale_policy``).
+        """
+        level = self.orch.async_level
+        for batch in self.batches.values():
+            if batch.verdicts is not None:
+                continue
+            version, lease_step = batch.policy_version, int(batch.meta["step"])
+            if lease_step - level <= version < self.step - level:
+                verdicts = [StoredVerdict(i, False, EXPIRED, 0.0, 0.0) for i in range(len(batch.task_ids))]
+                self.store.write_verdicts(batch.batch_id, verdicts)
+                batch.verdicts = verdicts
+                self.metrics.log(
+                    "expired", batch_id=batch.batch_id, worker_id=batch.worker_id, policy_version=version
+                )
+
     def pending(self, limit: int) -> PendingResponse:
+        self._expire_useless_batches()
         waiting = [batch for batch in self.batches.values() if batch.verdicts is None]
-        waiting.sort(key=lambda batch: batch.meta["seq"])
+        # Freshest policy first (usable for the most steps), then submission order.
+        waiting.sort(key=lambda batch: (-batch.policy_version, batch.seq))
         answer = []
         for batch in waiting[:limit]:
             meta, table = self.store.read_batch(batch.batch_id)
@@ -622,6 +669,7 @@ class Ledger:
             raise ApiFailure(
                 409, "conflict", f"step {request.step} is not the current step {self.step} and has no claim"
             )
+        self._expire_useless_batches()
         selection = select_claim(
             self.batches.values(),
             min_policy_version=min_version,

@@ -60,7 +60,8 @@ _MAX_QUERY_INT = 2**62
 
 
 def _error(status: int, error: str, message: str) -> web.Response:
-    return web.json_response({"error": error, "message": message}, status=status)
+    headers = {"Retry-After": "1"} if status in (429, 503) else None
+    return web.json_response({"error": error, "message": message}, status=status, headers=headers)
 
 
 def _model_response(model: BaseModel) -> web.Response:

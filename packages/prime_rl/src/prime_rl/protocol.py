@@ -229,6 +229,7 @@ class WorkerStats(ApiModel):
     samples_accepted: int
     samples_rejected: int
     samples_pending: int
+    samples_expired: int
     malformed_requests: int
     rejected_reasons: dict[str, int]
 
