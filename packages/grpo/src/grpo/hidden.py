@@ -28,10 +28,19 @@ class LogprobsAndEntropy:
     entropy: torch.Tensor
 
 
-def _tile_logits(hidden_rows: torch.Tensor, weight_cols: torch.Tensor) -> torch.Tensor:
-    """A fresh ``[rows, cols]`` logits tile in the softmax dtype (fp32, or fp64 for fp64 inputs)."""
-    z = hidden_rows @ weight_cols.T  # matmul in the input dtype, like the model's lm_head
-    return z.to(torch.promote_types(z.dtype, torch.float32))
+def _tile_logits(hidden_rows: torch.Tensor, weight_cols: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+    """The ``[rows, cols]`` logits tile h·Wᵀ in the softmax dtype, written into ``buffer``.
+
+    Reusing one flat buffer per row chunk avoids a fresh multi-MiB allocation (and its page
+    faults) for every tile. The matmul runs in the input dtype, like the model's lm_head.
+    """
+    rows, cols = hidden_rows.shape[0], weight_cols.shape[0]
+    out = buffer[: rows * cols].view(rows, cols)
+    if hidden_rows.dtype == out.dtype:
+        torch.mm(hidden_rows, weight_cols.T, out=out)
+    else:
+        out.copy_(hidden_rows @ weight_cols.T)
+    return out
 
 
 class _HiddenStats(torch.autograd.Function):
@@ -58,6 +67,9 @@ class _HiddenStats(torch.autograd.Function):
         logsumexp = torch.empty(rows, dtype=math_dtype, device=dev)
         token_logit = torch.empty(rows, dtype=math_dtype, device=dev)
         expected_z = torch.zeros(rows, dtype=math_dtype, device=dev)
+        tile_elements = min(rows, row_chunk_size) * min(vocab, chunk_size)
+        z_buffer = torch.empty(tile_elements, dtype=math_dtype, device=dev)
+        e_buffer = torch.empty(tile_elements, dtype=math_dtype, device=dev) if want_entropy else None
         for r0 in range(0, rows, row_chunk_size):
             h = hidden[r0 : r0 + row_chunk_size]
             h = h / temperature if temperature != 1.0 else h
@@ -68,18 +80,18 @@ class _HiddenStats(torch.autograd.Function):
             running_zsum = torch.zeros(n, dtype=math_dtype, device=dev)
             target = torch.zeros(n, dtype=math_dtype, device=dev)
             for v0 in range(0, vocab, chunk_size):
-                z = _tile_logits(h, weight[v0 : v0 + chunk_size])  # [n, c]
+                z = _tile_logits(h, weight[v0 : v0 + chunk_size], z_buffer)  # [n, c]
                 inside = (tok >= v0) & (tok < v0 + z.shape[1])
                 local = (tok - v0).clamp(0, z.shape[1] - 1)
                 target = torch.where(inside, z.gather(-1, local[:, None])[:, 0], target)
                 new_max = torch.maximum(running_max, z.amax(dim=-1))
                 rescale = torch.exp(running_max - new_max)
-                if want_entropy:
-                    e = torch.exp(z - new_max[:, None])
-                    running_zsum = running_zsum * rescale + (e * z).sum(dim=-1)
+                if e_buffer is not None:
+                    e = torch.sub(z, new_max[:, None], out=e_buffer[: z.numel()].view_as(z)).exp_()
+                    running_sum = running_sum * rescale + e.sum(dim=-1)
+                    running_zsum = running_zsum * rescale + e.mul_(z).sum(dim=-1)
                 else:
-                    e = z.sub_(new_max[:, None]).exp_()  # z is not needed any more: reuse it
-                running_sum = running_sum * rescale + e.sum(dim=-1)
+                    running_sum = running_sum * rescale + z.sub_(new_max[:, None]).exp_().sum(dim=-1)
                 running_max = new_max
             lse = running_max + torch.log(running_sum)
             logsumexp[r0 : r0 + n] = lse
@@ -112,6 +124,9 @@ class _HiddenStats(torch.autograd.Function):
                 weight.shape, dtype=acc_dtype, device=weight.device
             )
         rows, vocab = hidden.shape[0], weight.shape[0]
+        tile_elements = min(rows, row_chunk_size) * min(vocab, chunk_size)
+        z_buffer = torch.empty(tile_elements, dtype=logsumexp.dtype, device=hidden.device)
+        c_buffer = torch.empty_like(z_buffer) if grad_entropy is not None else None
         for r0 in range(0, rows, row_chunk_size):
             h = hidden[r0 : r0 + row_chunk_size]
             h = h / temperature if temperature != 1.0 else h
@@ -122,18 +137,24 @@ class _HiddenStats(torch.autograd.Function):
             g_h = grad_entropy[r0 : r0 + n].to(lse.dtype)[:, None] if grad_entropy is not None else None
             for v0 in range(0, vocab, chunk_size):
                 w = weight[v0 : v0 + chunk_size]
-                z = _tile_logits(h, w)  # [n, c]
-                centred = z - expected_z[r0 : r0 + n, None] if g_h is not None else None
-                probs = z.sub_(lse).exp_()  # softmax, in place
+                z = _tile_logits(h, w, z_buffer)  # [n, c]
+                centred = None
+                if c_buffer is not None:
+                    centred = torch.sub(
+                        z, expected_z[r0 : r0 + n, None], out=c_buffer[: z.numel()].view_as(z)
+                    )
+                grad_z = z.sub_(lse).exp_()  # softmax p, in place
+                if centred is not None and g_h is not None:
+                    centred.mul_(grad_z).mul_(g_h)  # g_H ⊙ p ⊙ (z − E z); dH/dz = −p ⊙ (z − E z)
                 if g_lp is not None:
-                    grad_z = probs * (-g_lp)  # d log p_k / dz = onehot(k) − p
+                    grad_z.mul_(-g_lp)  # d log p_k / dz = onehot(k) − p
                     inside = (tok >= v0) & (tok < v0 + z.shape[1])
                     local = (tok - v0).clamp(0, z.shape[1] - 1)
                     grad_z.scatter_add_(-1, local[:, None], torch.where(inside[:, None], g_lp, 0.0))
                 else:
-                    grad_z = torch.zeros_like(probs)
-                if centred is not None and g_h is not None:
-                    grad_z.sub_(centred.mul_(probs).mul_(g_h))  # dH/dz = −p ⊙ (z − E z)
+                    grad_z.zero_()
+                if centred is not None:
+                    grad_z.sub_(centred)
                 grad_z = grad_z.to(hidden.dtype)
                 if grad_hidden is not None:
                     grad_hidden[r0 : r0 + n].addmm_(grad_z, w)
