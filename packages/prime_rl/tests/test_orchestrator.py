@@ -559,3 +559,9 @@ def test_batches_too_old_to_train_on_expire_instead_of_being_validated(
     stats = client.workers().workers[0]
     assert (stats.samples_expired, stats.samples_rejected, stats.samples_pending) == (4, 0, 4)
     assert stats.rejected_reasons == {}
+    # A validator that was already judging `late` may still post its verdicts; they replace `expired`
+    # (accounting), but the samples stay too old for any claim.
+    _verdict_all(client, late.batch_id, 4)
+    assert client.workers().workers[0].samples_expired == 0
+    _verdict_all(client, fresh.batch_id, 4)
+    assert {s.batch_id for s in client.claim(2, 4).samples} == {fresh.batch_id}

@@ -639,7 +639,10 @@ class Ledger:
             key=lambda v: v.sample_index,
         )
         accepted = sum(v.accepted for v in verdicts)
-        if batch.verdicts is not None:
+        expired_here = batch.verdicts is not None and all(v.reason == EXPIRED for v in batch.verdicts)
+        if batch.verdicts is not None and not expired_here:
+            # (A batch the orchestrator expired while a validator was judging it takes the validator's
+            # verdicts instead: its samples stay unusable (too old) but the accounting is the validator's.)
             if batch.verdicts != verdicts:
                 raise ApiFailure(409, "conflict", f"batch {request.batch_id} already has different verdicts")
         else:
