@@ -4,8 +4,12 @@ The LM head z = h·Wᵀ / T is applied tile by tile (rows × vocabulary columns)
 pass keeps an online log-sum-exp per row (running max m, Σ e^(z−m), Σ e^(z−m)·z), so the
 output needs one pass over W. The backward pass recomputes each tile's logits and
 accumulates ∂/∂h = G·W and ∂/∂W = Gᵀ·h, where G is the tile's gradient w.r.t. the logits.
-Peak extra memory is a few tiles plus the weight gradient, instead of several full
-``[N, V]`` tensors; the price is one extra matmul (the recompute) in backward.
+Peak extra memory is one or two reused tiles plus the weight gradient, instead of several
+full ``[N, V]`` tensors. The price is one extra matmul: forward + backward run four
+``[N, H] × [H, V]``-sized GEMMs where the naive path runs three, so in the GEMM-bound regime
+the time ratio tends to 4/3, partly offset by the naive path's multi-GiB memory traffic.
+The upstream gradient of an RL loss is unknown during the forward pass, so the gradient
+cannot be precomputed there (as fused cross-entropy kernels do).
 """
 
 from __future__ import annotations
@@ -219,8 +223,10 @@ def logprobs_from_hidden(
     ``hidden`` and ``lm_head_weight`` and equal those of the naive full-logits computation.
 
     ``chunk_size`` = vocabulary columns per tile (default 8192), ``row_chunk_size`` = rows
-    per tile (default 4096); peak extra memory ≈ 4 fp32 tiles + the weight gradient
-    (fp32 while accumulating). Defaults keep a tile at 128 MiB and the GEMMs efficient.
+    per tile (default 4096); one tile buffer (two with entropy) is reused for the whole pass,
+    so peak extra memory ≈ 1–2 fp32 tiles + the weight gradient (fp32 while accumulating for
+    bf16 weights). The defaults cap a tile at 128 MiB (64 MiB at 2048 rows) and keep the
+    GEMMs large enough to be efficient.
 
     Pitfall: pass the hidden states *after* the final norm and shift them yourself
     (``hidden[:, :-1]`` predicts ``input_ids[:, 1:]``); T must be the sampling temperature.
