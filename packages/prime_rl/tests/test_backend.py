@@ -54,7 +54,7 @@ def test_greedy_matches_hf_generate(backend):
 def test_batched_left_padding_equals_one_by_one(backend, temperature):
     # Seeded sampling is keyed by (seed, position), so batch composition and padding cannot matter.
     prompts = encode(backend, PROMPTS)
-    params = SamplingParams(temperature=temperature, max_new_tokens=40)
+    params = SamplingParams(temperature=temperature, max_new_tokens=34)
     batched = backend.generate(prompts, [1, 2, 3, 4], params)
     for i, prompt in enumerate(prompts):
         alone = backend.generate([prompt], [i + 1], params)[0]
@@ -188,3 +188,18 @@ def test_shared_prompt_prefill_equals_separate_generation(backend):
             torch.tensor(alone.logprobs), torch.tensor(completion.logprobs), rtol=0, atol=1e-4
         )
     assert len({c.completion_tokens for c in batched[:3]}) > 1  # different seeds, different samples
+
+
+def test_prefill_equals_single_unpadded_forward(backend):
+    # Oracle: each (prompt, completion) alone through the decoder in one forward pass. The backend
+    # shares prompt prefixes across rows and pads; the rows must agree to fp32 rounding.
+    prompts = encode(backend, ["12+7=", "12+7=", "3+4=", "100+250="])
+    completions = [[20, 21, 22], [23], [24, 25, 26, 27, 28], [29, 30]]
+    rows = backend.prefill(prompts, completions)
+    for prompt, completion, got in zip(prompts, completions, rows, strict=True):
+        ids = torch.tensor([list(prompt) + completion])
+        with torch.no_grad():
+            hidden = backend.model.get_decoder()(input_ids=ids).last_hidden_state[0]
+        expected = hidden[len(prompt) - 1 : len(prompt) + len(completion) - 1]
+        torch.testing.assert_close(got.hidden, expected, rtol=0, atol=1e-5)
+        torch.testing.assert_close(got.logits, backend.model.lm_head(expected).float(), rtol=0, atol=1e-4)

@@ -341,18 +341,49 @@ class HFBackend:
         out: list[Prefill] = []
         for start in range(0, len(prompts), self.max_batch_size):
             chunk = range(start, min(start + self.max_batch_size, len(prompts)))
-            seqs = [list(prompts[i]) + list(completions[i]) for i in chunk]
             if any(len(prompts[i]) == 0 or len(completions[i]) == 0 for i in chunk):
                 raise GenerationError("prefill needs a non-empty prompt and completion")
-            ids, mask = self._left_pad(seqs)
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            hidden = self._decoder(
-                input_ids=ids, attention_mask=mask, position_ids=positions
-            ).last_hidden_state
-            width = ids.shape[1]
-            for row, i in enumerate(chunk):
-                n = len(completions[i])
-                # Row t of the completion was sampled from the state one position earlier.
-                h = hidden[row, width - n - 1 : width - 1]
-                out.append(Prefill(hidden=h.clone(), logits=self._lm_head(h).float()))
+            out.extend(self._prefill_chunk([prompts[i] for i in chunk], [completions[i] for i in chunk]))
+        return out
+
+    def _prefill_chunk(
+        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+    ) -> list[Prefill]:
+        """Two forward passes: each distinct prompt once (left padded, KV cache copied to its rows),
+        then every completion at once (right padded after the prompt). Same hidden states as one
+        prefill of prompt + completion, up to float rounding, and far fewer prompt tokens per group."""
+        batch = len(prompts)
+        distinct: dict[tuple[int, ...], int] = {}
+        row_of = [distinct.setdefault(tuple(int(t) for t in p), len(distinct)) for p in prompts]
+        ids, mask = self._left_pad(list(distinct))
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        last = self._decoder(
+            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        ).last_hidden_state[:, -1]
+        index = torch.tensor(row_of, dtype=torch.long, device=self.device)
+        if len(distinct) < batch:
+            cache.reorder_cache(index)  # type: ignore[arg-type]
+        last, mask, positions = last[index], mask[index], positions[index]
+        width = max(len(c) for c in completions)
+        comp_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
+        comp_mask = torch.zeros((batch, width), dtype=torch.long)
+        for row, completion in enumerate(completions):
+            comp_ids[row, : len(completion)] = torch.tensor(list(completion), dtype=torch.long)
+            comp_mask[row, : len(completion)] = 1
+        comp_positions = positions[:, -1:] + 1 + torch.arange(width, device=self.device)[None]
+        hidden = self._decoder(
+            input_ids=comp_ids.to(self.device),
+            attention_mask=torch.cat([mask, comp_mask.to(self.device)], dim=1),
+            position_ids=comp_positions,
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state
+        # Completion token t was sampled from the state one position earlier: the prompt's last
+        # state for t = 0, then the completion's own states.
+        rows = torch.cat([last[:, None], hidden[:, :-1]], dim=1)
+        out = []
+        for row, completion in enumerate(completions):
+            h = rows[row, : len(completion)]
+            out.append(Prefill(hidden=h.clone(), logits=self._lm_head(h).float()))
         return out
