@@ -226,7 +226,7 @@ class HostileWorker:
 
 def _edit(tokens: tuple[int, ...]) -> tuple[int, ...]:
     """The prompt with its first token changed (a different question, same length)."""
-    return (tokens[0] + 1 if tokens[0] + 1 < 100 else tokens[0] - 1, *tokens[1:])
+    return (tokens[0] - 1 if tokens[0] > 0 else 1, *tokens[1:])
 
 
 def _pad_to_end(tokens: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
