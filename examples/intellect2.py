@@ -102,6 +102,8 @@ def main() -> int:
         code = supervisor.run()
     except KeyboardInterrupt:
         code = 130
+    except SystemExit as stop:  # SIGTERM
+        code = int(stop.code or 143)
     finally:
         supervisor.stop_all()
         metrics.log("shutdown", code=code)

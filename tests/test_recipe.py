@@ -373,8 +373,17 @@ def _write_synthetic_run(run_dir: Path) -> None:
     for version, accuracy in [(0, 0.125), (3, 0.5)]:
         evaluator.log("eval", policy_version=version, accuracy=accuracy, num_correct=0, num_problems=64)
     worker = MetricsWriter(run_dir / "metrics" / "worker-0.jsonl", role="worker", name="worker-0")
-    worker.log("rollouts", completion_tokens=300, generate_s=10.0)
-    worker.log("rollouts", completion_tokens=100, generate_s=10.0)
+    worker.log("rollouts", completion_tokens=300, generate_s=10.0, policy_version=0, reward_mean=0.25)
+    worker.log("rollouts", completion_tokens=100, generate_s=10.0, policy_version=2, reward_mean=0.5)
+    hostile = MetricsWriter(run_dir / "metrics" / "hostile-0.jsonl", role="worker", name="hostile-0")
+    hostile.log(
+        "rollouts",
+        completion_tokens=0,
+        generate_s=0.0,
+        policy_version=2,
+        reward_mean=1.0,
+        behaviour="inflated_rewards",
+    )
     worker.log("weights_wait", waited_s=1.5)
     run = MetricsWriter(run_dir / "metrics" / "run.jsonl", role="run", name="run")
     workers = {
@@ -388,7 +397,7 @@ def _write_synthetic_run(run_dir: Path) -> None:
         },
     }
     run.log("progress", step=3, workers=workers)
-    for writer in (trainer, evaluator, worker, run):
+    for writer in (trainer, evaluator, worker, hostile, run):
         writer.close()
     with (run_dir / "metrics" / "trainer.jsonl").open("a") as handle:
         handle.write('{"event": "train", "step": 9, "reward_me')  # a torn line of a killed process
@@ -404,6 +413,7 @@ def test_summarize_run_reads_every_metrics_file(tmp_path: Path):
     assert summary.accuracy_by_version == {0: 0.125, 3: 0.5}
     assert summary.trainer_wait_s == 6.0 and summary.worker_wait_s == 1.5
     assert summary.tokens_per_s == 20.0  # 400 tokens / 20 s of generation
+    assert summary.sampled_reward_by_version == {0: 0.25, 2: 0.5}  # the hostile claim is left out
     assert [(w.name, w.accepted, w.rejected, w.banned) for w in summary.workers] == [
         ("hostile-0", 0, 32, True),
         ("worker-0", 96, 0, False),
@@ -419,6 +429,7 @@ def test_write_report_makes_png_and_summary(tmp_path: Path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert (tmp_path / "summary.txt").read_text().strip() == text
     assert "0.125 at v0 -> 0.500 at v3 (+0.375)" in text
+    assert "rollout reward (honest workers): 0.250 with v0 -> 0.500 with v2" in text
     assert "hostile-0: 0 accepted, 32 rejected (toploc_mismatch: 32) BANNED" in text
     assert str(tmp_path / "report.png") in text
     assert summary.files["plot"] == tmp_path / "report.png"
