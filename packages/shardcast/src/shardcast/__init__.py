@@ -22,7 +22,7 @@ __version__ = "0.4.0"
 _EXPORTS = {
     "Client": "client",
     "FetchResult": "client",
-    "Follower": "client",
+    "Follower": "follower",
     "VersionListing": "client",
     "DeadlineExceededError": "errors",
     "IntegrityError": "errors",
@@ -117,7 +117,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .client import Client, FetchResult, Follower, VersionListing
+    from .client import Client, FetchResult, VersionListing
     from .errors import (
         DeadlineExceededError,
         IntegrityError,
@@ -129,6 +129,7 @@ if TYPE_CHECKING:
         VersionGoneError,
         VersionNotFoundError,
     )
+    from .follower import Follower
     from .layout import DataDir, Index, IndexEntry, parse_index
     from .manifest import DeltaInfo, Manifest, ShardInfo, Signature, parse_manifest, parse_version_name
     from .origin import Origin

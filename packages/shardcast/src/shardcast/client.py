@@ -15,7 +15,6 @@ Synchronous methods run a private event loop (``asyncio.run``); inside async cod
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import threading
@@ -23,11 +22,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 
 from .digest import digest_file
-from .errors import NoServerAvailableError, ShardcastError, VersionNotFoundError
+from .errors import NoServerAvailableError, VersionNotFoundError
 from .layout import Index, shard_url_path
 from .manifest import Manifest
 from .planning import MAX_SHARDS
@@ -36,6 +36,9 @@ from .servers import ServerPool, ServerReport
 from .signing import VerifyKey
 from .sinks import OutputSink
 from .transfer import ProgressCallback, RateLimiter, ShardJob, Transfer
+
+if TYPE_CHECKING:
+    from .follower import Follower
 
 log = logging.getLogger("shardcast.client")
 
@@ -280,7 +283,9 @@ class Client:
         deadline_s: float = DEFAULT_DEADLINE_S,
         on_error: Callable[[Exception], None] | None = None,
     ) -> Follower:
-        """A :class:`Follower` thread (call ``.start()``, later ``.stop()``)."""
+        """A :class:`~shardcast.follower.Follower` thread (call ``.start()``, later ``.stop()``)."""
+        from .follower import Follower
+
         return Follower(self, callback, Path(output_dir), poll_interval_s, keep, deadline_s, on_error)
 
     def follow(
@@ -294,94 +299,11 @@ class Client:
         stop: threading.Event | None = None,
     ) -> None:
         """Block, fetching each new newest version into ``output_dir/v<N>/<file>``; see :class:`Follower`."""
+        from .follower import Follower
+
         follower = Follower(self, callback, Path(output_dir), poll_interval_s, keep, deadline_s, None)
         follower._stop_event = stop or threading.Event()
         follower.run()
-
-
-class Follower(threading.Thread):
-    """Background thread that fetches every new newest version and calls ``callback``.
-
-    Each version lands in ``output_dir/v<N>/<file_name>`` (atomically); the previous
-    version is passed as delta base; only the newest ``keep`` version directories are kept.
-    Errors are logged (and passed to ``on_error``) and retried at the next poll; the
-    callback runs on this thread, after the file is complete and verified.
-    """
-
-    def __init__(
-        self,
-        client: Client,
-        callback: Callable[[FetchResult], None],
-        output_dir: Path,
-        poll_interval_s: float,
-        keep: int,
-        deadline_s: float,
-        on_error: Callable[[Exception], None] | None,
-    ) -> None:
-        super().__init__(name="shardcast-follower", daemon=True)
-        self.client = client
-        self.callback = callback
-        self.output_dir = output_dir
-        self.poll_interval_s = poll_interval_s
-        self.keep = max(1, keep)
-        self.deadline_s = deadline_s
-        self.on_error = on_error
-        self.last: FetchResult | None = None
-        self._stop_event = threading.Event()
-
-    def start(self) -> Follower:  # type: ignore[override]
-        super().start()
-        return self
-
-    def stop(self, timeout: float | None = 10.0) -> None:
-        self._stop_event.set()
-        if self.is_alive() and threading.current_thread() is not self:
-            self.join(timeout)
-
-    def run(self) -> None:
-        while not self._stop_event.is_set():
-            try:
-                self._poll_once()
-            except (ShardcastError, OSError) as exc:
-                log.warning("follower: %s", exc)
-                if self.on_error is not None:
-                    self.on_error(exc)
-            self._stop_event.wait(self.poll_interval_s)
-
-    def _poll_once(self) -> None:
-        listing = self.client.list_versions()
-        latest = listing.latest()
-        if latest is None or (self.last is not None and latest <= self.last.version):
-            return
-        output = self.output_dir / f"v{latest}" / "_incoming"
-        output.parent.mkdir(parents=True, exist_ok=True)
-        base = self.last
-        result = asyncio.run(
-            self.client.afetch(
-                latest,
-                output,
-                deadline_s=self.deadline_s,
-                base=base.path if base else None,
-                base_digest=base.manifest.file_digest if base else None,
-            )
-        )
-        final = result.path.with_name(result.manifest.file_name)
-        os.replace(result.path, final)
-        result = dataclasses.replace(result, path=final)
-        self.last = result
-        self._prune()
-        self.callback(result)
-
-    def _prune(self) -> None:
-        import shutil
-
-        versions = sorted(
-            int(p.name[1:])
-            for p in self.output_dir.iterdir()
-            if p.is_dir() and p.name[1:].isdigit() and p.name[0] == "v"
-        )
-        for number in versions[: max(0, len(versions) - self.keep)]:
-            shutil.rmtree(self.output_dir / f"v{number}", ignore_errors=True)
 
 
 def _listing(indexes: dict[str, Index], errors: dict[str, str]) -> VersionListing:

@@ -51,7 +51,10 @@ def make_session(
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=connections_per_host, enable_cleanup_closed=True)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=read_timeout_s)
-    return aiohttp.ClientSession(headers=headers, connector=connector, timeout=timeout, auto_decompress=False)
+    # A 1 MiB read buffer (aiohttp's default is 64 KiB) cuts per-chunk Python overhead 16x.
+    return aiohttp.ClientSession(
+        headers=headers, connector=connector, timeout=timeout, auto_decompress=False, read_bufsize=1 << 20
+    )
 
 
 async def get_bytes(session: aiohttp.ClientSession, url: str, max_bytes: int, *, server: str) -> bytes | None:
