@@ -149,8 +149,9 @@ def test_worker_killed_mid_batch_tasks_are_reassigned(tiny_run: Any, harness_for
     victim = ids["worker-0"]
     # Freeze the victim, and kill it only once it provably holds a lease it has not answered.
     process = harness.processes["worker-0"]
-    for _ in range(600):
+    for _ in range(200):
         process.send_signal(signal.SIGSTOP)
+        time.sleep(1.0)  # a submission already on the wire completes server-side meanwhile
         lease = _open_lease_of(run_dir, helpers, victim)
         if lease is not None:
             harness.kill("worker-0", signal.SIGKILL)

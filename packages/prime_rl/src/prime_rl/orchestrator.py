@@ -213,6 +213,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(405, "method_not_allowed", f"{request.method} is not allowed on {request.path}")
     except web.HTTPException as error:
         return _error(error.status, "bad_request" if error.status < 500 else "internal", error.reason or "")
+    except ConnectionResetError:
+        log.info("client went away during %s %s", request.method, request.path)
+        return _error(400, "bad_request", "connection lost while reading the request")
     except StoreError as error:
         log.error("store failure on %s %s: %s", request.method, request.path, error)
         return _error(503, "unavailable", f"could not persist the request: {error}")
