@@ -9,8 +9,9 @@ start as soon as a relay lists the version. Reported per system:
   client has the verified file at its destination (end to end through both relay hops);
 - peak RSS (MB, VmHWM) of the origin (max of server and publisher), largest relay, largest client.
 
-"limit" rows: a plain read of the file (page cache) and one `curl` of the whole file from a
-sendfile server to disk: one copy, with no sharding, hashing or relaying.
+"limit" rows: a plain read of the file (page cache); one `curl` of the whole file from a
+sendfile server to disk (one copy, no sharding, hashing or relaying); and N+2 concurrent
+curls (one copy per relay and client, the disk-write floor of the whole topology).
 
 The reference is pip-installed into a temporary venv (needs PyPI, `wget`; it pulls `blake3`).
 Its clients need the `data1.bin` probe file on every server, provisioned here as its
@@ -391,7 +392,8 @@ def run_reference(venv: Path, work: Path, source: Path, clients: int, shard_size
 # ---- limit -------------------------------------------------------------------------------
 
 
-def run_limits(work: Path, source: Path) -> tuple[float, float]:
+def run_limits(work: Path, source: Path, copies: int) -> tuple[float, float, float]:
+    """(plain read s, one curl to disk s, ``copies`` concurrent curls to disk s)."""
     t0 = time.monotonic()
     with open(source, "rb") as handle:
         while handle.read(8 << 20):
@@ -417,9 +419,19 @@ def run_limits(work: Path, source: Path) -> tuple[float, float]:
         t0 = time.monotonic()
         subprocess.run(["curl", "-s", "-o", str(work / "curl.bin"), f"{url}/v1/shard_000000.bin"], check=True)
         curl_s = time.monotonic() - t0
+        # The topology writes one copy per relay and per client: that many concurrent copies
+        # from one sendfile server is the floor for "all done" on this machine's disk.
+        t0 = time.monotonic()
+        curls = [
+            subprocess.Popen(["curl", "-s", "-o", str(work / f"curl{i}.bin"), f"{url}/v1/shard_000000.bin"])
+            for i in range(copies)
+        ]
+        for proc in curls:
+            proc.wait()
+        many_s = time.monotonic() - t0
     finally:
         stop(server)
-    return read_s, curl_s
+    return read_s, curl_s, many_s
 
 
 # ---- table -------------------------------------------------------------------------------
@@ -466,7 +478,7 @@ def main_transfer(args: argparse.Namespace) -> None:
     source = base / "model.bin"
     write_random_file(source, args.size)
     results: dict[str, list[Run]] = {"ours": [], f"reference {REF_VERSION}": []}
-    limits: list[tuple[float, float]] = []
+    limits: list[tuple[float, float, float]] = []
     venv = None if args.skip_reference else reference_venv(base)
     try:
         for repeat in range(args.repeat):
@@ -478,7 +490,7 @@ def main_transfer(args: argparse.Namespace) -> None:
                 work = base / f"{name.split()[0]}{repeat}"
                 work.mkdir()
                 if runner is None:
-                    limits.append(run_limits(work, source))
+                    limits.append(run_limits(work, source, args.clients + 2))
                 elif runner is run_ours:
                     results[name].append(run_ours(work, source, args.clients, args.shard_size, args.timeout))
                 elif venv is not None:
@@ -500,8 +512,11 @@ def main_transfer(args: argparse.Namespace) -> None:
     )
     print(header)
     print("-" * len(header))
-    print(f"{'limit: plain read':<22}{'':>11}{fmt([r for r, _ in limits]):>14}")
-    print(f"{'limit: 1 curl to disk':<22}{'':>11}{fmt([c for _, c in limits]):>14}")
+    print(f"{'limit: plain read':<22}{'':>11}{fmt([r for r, _, _ in limits]):>14}")
+    print(f"{'limit: 1 curl to disk':<22}{'':>11}{fmt([c for _, c, _ in limits]):>14}")
+    print(
+        f"{f'limit: {args.clients + 2} curls to disk':<22}{'':>11}{'':>14}{fmt([m for _, _, m in limits]):>12}"
+    )
     for name, runs in results.items():
         if not runs:
             print(
