@@ -80,20 +80,28 @@ class _LogitsStats(torch.autograd.Function):
         for start in range(0, rows, step):
             stop = min(start + step, rows)
             z = _scaled_fp32(logits[start:stop], temperature)
-            probs = torch.exp(z - logsumexp[start:stop, None])  # [n, V]
-            grad_z = torch.zeros_like(z)
-            if grad_logprob is not None and tokens is not None:
-                g = grad_logprob[start:stop].to(z.dtype)
-                # d log p_k / dz = onehot(k) − p
-                grad_z -= probs * g[:, None]
-                grad_z.scatter_add_(-1, tokens[start:stop, None], g[:, None])
+            out = grad_logits[start:stop]
+            lse = logsumexp[start:stop, None]
+            # Work directly in the gradient's rows when the dtypes agree: no temporaries.
+            grad_z = torch.sub(z, lse, out=out) if out.dtype == z.dtype else z - lse
+            probs = grad_z.exp_()  # [n, V] softmax; becomes the gradient in place below
+            centred = None
             if grad_entropy is not None:
-                g = grad_entropy[start:stop].to(z.dtype)
                 # dH/dz = −p ⊙ (z − E_p[z])
-                grad_z -= probs * (z - expected_z[start:stop, None]) * g[:, None]
+                centred = (z - expected_z[start:stop, None]).mul_(probs)
+                centred.mul_(grad_entropy[start:stop].to(z.dtype)[:, None])
+            if grad_logprob is not None and tokens is not None:
+                g = grad_logprob[start:stop].to(z.dtype)[:, None]
+                # d log p_k / dz = onehot(k) − p
+                grad_z.mul_(-g).scatter_add_(-1, tokens[start:stop, None], g)
+            else:
+                grad_z.zero_()
+            if centred is not None:
+                grad_z.sub_(centred)
             if temperature != 1.0:
-                grad_z /= temperature
-            grad_logits[start:stop] = grad_z
+                grad_z.div_(temperature)
+            if grad_z.data_ptr() != out.data_ptr():
+                out.copy_(grad_z)
         return grad_logits, None, None, None
 
 
