@@ -128,11 +128,10 @@ def measure_memory(group: str, variant: str) -> dict[str, float]:
 
 
 def measure_time(group: str, repeats: int) -> dict[str, list[float]]:
-    """Child process: alternate naive and ours ``repeats`` times (after one warm-up each), so
+    """Child process: alternate naive and ours ``repeats`` times (after a small warm-up), so
     drifting machine load hits both alike."""
     naive, ours = build(group)
-    naive()
-    ours()
+    warm_up()
     times: dict[str, list[float]] = {"naive": [], "ours": []}
     for _ in range(repeats):
         for name, op in (("naive", naive), ("ours", ours)):
@@ -179,14 +178,14 @@ def main() -> None:
         f"grpo benchmark (CPU): torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}; V={VOCAB}; selective: fp32 logits "
         f"[{LOGIT_ROWS}, {VOCAB}] = {logits_mib:.0f} MiB; hidden: T={SEQ}, H={HIDDEN}, fp32, W = "
-        f"{VOCAB * HIDDEN * 4 / 2**20:.0f} MiB; time: {args.repeats} alternating repeats after a warm-up"
+        f"{VOCAB * HIDDEN * 4 / 2**20:.0f} MiB; time: {args.repeats} alternating repeats"
     )
     header = (
         f"{'case':30} {'variant':7} {'peak extra MiB':>14} {'mem/naive':>9} {'min s':>8} {'median s':>9} "
         f"{'time/naive':>10}  targets"
     )
     print(header)
-    print("-" * len(header))
+    print("-" * len(header), flush=True)
     for title, group, mem_target, time_target in CASES:
         if args.only and args.only not in group:
             continue
@@ -210,7 +209,8 @@ def main() -> None:
                 f"{title:30} {'grpo' if ours else 'naive':7} {memory[variant]:14.1f} "
                 f"{(f'{mem_ratio:.3f}' if ours else '1'):>9} {min(times[variant]):8.3f} "
                 f"{statistics.median(times[variant]):9.3f} {(f'{time_ratio:.3f}' if ours else '1'):>10}  "
-                f"{'; '.join(verdicts) if ours else ''}"
+                f"{'; '.join(verdicts) if ours else ''}",
+                flush=True,
             )
 
 
