@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import socket
 import time
 
 import pytest
@@ -12,10 +13,14 @@ from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 
 from prime_rl import assignment
 from prime_rl.backend import HFBackend
+from prime_rl.client import OrchestratorClient
+from prime_rl.config import load_config
 from prime_rl.hostile import BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
+from prime_rl.orchestrator import OrchestratorServer
 from prime_rl.protocol import LeaseRecord, LeaseTask, PendingBatch, RolloutBatch, TaskLease
+from prime_rl.tasks import load_tasks
 from prime_rl.validation import Checks, Reason, validate_batch
-from prime_rl.validator import WorkerLedger
+from prime_rl.validator import Validator, WorkerLedger
 
 RUN_SEED = 7
 NUM_TASKS = 12
@@ -293,3 +298,39 @@ def test_mixed_behaviour_cycles_and_every_batch_is_rejected_as_announced(backend
         allowed = set(EXPECTED_REASONS[kind]) | {"group_rejected"}
         assert {str(v.reason) for v in verdicts} <= allowed and not any(v.accepted for v in verdicts), kind
     assert seen == set(MIXED_CYCLE) - {"stale_policy"}  # stale needs min_policy_version > 0
+
+
+def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir):
+    # The process loop against a real orchestrator: one honest and one cheating worker.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = load_config(
+        None,
+        [
+            "--run_dir", str(tmp_path), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "20",
+            "--orchestrator.port", str(port), "--orchestrator.prompts_per_batch", "2",
+            "--sampling.group_size", "2", "--sampling.max_new_tokens", "4",
+            "--validator.max_batches", "2", "--validator.ban_min_samples", "4",
+        ],
+    )  # fmt: skip
+    with OrchestratorServer(config, load_tasks(config.tasks)) as server:
+        validator = Validator(config)
+        ids = {}
+        for behaviour in ("honest", "inflated_rewards"):
+            with OrchestratorClient(server.url) as client:
+                ids[behaviour] = client.register(behaviour).worker_id
+                lease = client.get_tasks(ids[behaviour])
+                cheat = HostileWorker(
+                    behaviour, validator.tasks.encode, validator.tasks.score, validator.tasks.prompt_tokens,
+                    config.orchestrator.seed, validator.tasks.num_tasks,
+                )  # fmt: skip
+                client.submit_rollouts(cheat.answer(lease, validator.backend))
+        validator.run_loop()
+        validator.close()
+        with OrchestratorClient(server.url) as client:
+            stats = {w.worker_id: w for w in client.workers().workers}
+    honest, bad = stats[ids["honest"]], stats[ids["inflated_rewards"]]
+    assert (honest.samples_accepted, honest.samples_rejected, honest.banned) == (4, 0, False)
+    assert (bad.samples_accepted, bad.samples_rejected, bad.banned) == (0, 4, True)
+    assert set(bad.rejected_reasons) <= {"reward_mismatch", "group_rejected"}
