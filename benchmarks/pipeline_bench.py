@@ -7,8 +7,11 @@ repeat, and reads the run's metrics files:
 - wall-clock from the trainer process's start to its last commit (the supervisor's own start-up
   of the other processes is excluded: it is the same for every level);
 - trainer waiting for data: sum of the trainer's `batch.waited_s` (idle until enough accepted samples);
-- workers waiting for weights: sum over workers of `weights_wait.waited_s` (idle until the policy
-  version `step - async_level` arrives through shardcast).
+- workers waiting for weights: sum over workers of `weights_wait.waited_s` (blocked until the policy
+  version `step - async_level` arrives through shardcast);
+- worker idle: per worker, the wall-clock minus its generation time (`rollouts.generate_s`), averaged
+  over workers -- all the time a worker is not generating (waiting for weights, for a lease the
+  orchestrator cannot issue yet, or for HTTP round trips).
 
 With async_level 0 every step is strictly sequential (generate -> validate -> train -> broadcast ->
 reload); with 1 or 2, workers generate step s+1 with an older policy while the trainer computes step s.
@@ -76,16 +79,24 @@ def run_once(
     commits = [r["time"] for r in trainer if r.get("event") == "commit"]
     trainer_started = min(r["time"] for r in trainer if r.get("event") == "start")
     worker_wait = 0.0
-    for path in metrics.glob("worker-*.jsonl"):
-        worker_wait += sum(
-            r.get("waited_s", 0.0) for r in read_metrics(path) if r.get("event") == "weights_wait"
+    idle = []
+    end = max(commits)
+    for path in sorted(metrics.glob("worker-*.jsonl")):
+        records = list(read_metrics(path))
+        worker_wait += sum(r.get("waited_s", 0.0) for r in records if r.get("event") == "weights_wait")
+        busy = sum(
+            r.get("generate_s", 0.0)
+            for r in records
+            if r.get("event") == "rollouts" and trainer_started <= r["time"] <= end
         )
+        idle.append(end - trainer_started - busy)
     trainer_wait = sum(r.get("waited_s", 0.0) for r in trainer if r.get("event") == "batch")
     return {
         "wall_s": max(commits) - trainer_started,
         "total_s": time.time() - started,
         "trainer_wait_s": trainer_wait,
         "worker_wait_s": worker_wait,
+        "worker_idle_s": sum(idle) / max(len(idle), 1),
         "steps": float(len(commits)),
     }
 
@@ -122,8 +133,10 @@ def main() -> None:
         print(
             f"| {level} | {min(wall):.1f} / {statistics.median(wall):.1f} | "
             f"{statistics.median(r['trainer_wait_s'] for r in runs):.1f} | "
-            f"{statistics.median(r['worker_wait_s'] for r in runs):.1f} |"
+            f"{statistics.median(r['worker_wait_s'] for r in runs):.1f} | "
+            f"{statistics.median(r['worker_idle_s'] for r in runs):.1f} |"
         )
+    print("(waiting/idle columns: medians over repeats)")
 
 
 if __name__ == "__main__":
