@@ -107,9 +107,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    parser.add_argument("--hidden", type=int, default=256, help="hidden size of the tiny Llama")
+    parser.add_argument("--layers", type=int, default=4, help="layers of the tiny Llama")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp:
-        model_dir = save_tiny_lm(Path(tmp) / "tiny-lm")
+        model_dir = save_tiny_lm(Path(tmp) / "tiny-lm", hidden_size=args.hidden, num_layers=args.layers)
         results: dict[int, list[dict[str, float]]] = {level: [] for level in args.levels}
         for repeat in range(args.repeats):
             for level in args.levels:  # interleaved so machine noise hits every level alike
