@@ -124,12 +124,14 @@ def main() -> None:
                     + ", ".join(f"{k} {v:.1f}" for k, v in result.items())
                 )
     print(
-        f"\npipeline: {args.steps} policy steps, tiny Llama (CPU), 2 honest workers, {args.repeats} repeats"
+        f"\npipeline: {args.steps} policy steps, tiny Llama (hidden {args.hidden}, {args.layers} layers, CPU), "
+        f"2 honest workers, {args.repeats} repeats"
     )
     print(
-        "| async_level | wall-clock s (min / median) | trainer waiting for data s (median) | workers waiting for weights s (median) |"
+        "| async_level | wall-clock s (min / median) | trainer waiting for data s | "
+        "workers waiting for weights s | worker idle s (mean per worker) |"
     )
-    print("|---|---|---|---|")
+    print("|---|---|---|---|---|")
     for level, runs in results.items():
         wall = [r["wall_s"] for r in runs]
         print(
