@@ -40,7 +40,7 @@ import shardcast
 from prime_rl import distributed
 from prime_rl.batching import make_micro_batches, split_minibatches
 from prime_rl.checkpoint import TrainerState, latest_step, load_checkpoint, save_checkpoint
-from prime_rl.client import OrchestratorClient
+from prime_rl.client import OrchestratorClient, OrchestratorUnavailable
 from prime_rl.metrics import get_metrics, init_process
 from prime_rl.optimization import old_logprobs_for, rank_share, train_minibatch, warmup_lambda
 from prime_rl.protocol import TrainSample
@@ -124,7 +124,7 @@ class Trainer:
         get_metrics().log("resumed", step=state.step)
         if self.is_main and self.step > 0:
             self._publish(self.step)  # the version may have been lost with a crashed origin
-            self.client.commit(self.step - 1, self.step)
+            self._commit(self.step - 1, self.step)
 
     def start_origin(self) -> None:
         if self.is_main and self.cfg.serve_origin:
@@ -144,9 +144,16 @@ class Trainer:
         if self.is_main:
             started = next_log = time.monotonic()
             while True:
-                claim = self.client.claim(
-                    self.step, self.cfg.samples_per_step, filter_zero_advantage=self.cfg.filter_zero_advantage
-                )
+                try:
+                    claim = self.client.claim(
+                        self.step,
+                        self.cfg.samples_per_step,
+                        filter_zero_advantage=self.cfg.filter_zero_advantage,
+                    )
+                except OrchestratorUnavailable as exc:
+                    log.warning("step %d: orchestrator unavailable (%s); retrying", self.step, exc)
+                    time.sleep(self.cfg.poll_interval_s)
+                    continue
                 if claim.ready:
                     samples = list(claim.samples)
                     break
@@ -287,11 +294,21 @@ class Trainer:
                 reward_mean=sum(s.reward for s in samples) / len(samples),
                 loss=self._last_loss,
             )
-            self.client.commit(self.step, version)
+            self._commit(self.step, version)
             get_metrics().log(
                 "commit", step=self.step, policy_version=version, samples=[s.sample_id for s in samples]
             )
         self.step = version
+
+    def _commit(self, step: int, version: int) -> None:
+        """``POST /trainer/commit``, retried while the orchestrator is down (it is idempotent)."""
+        while True:
+            try:
+                self.client.commit(step, version)
+                return
+            except OrchestratorUnavailable as exc:
+                log.warning("commit of step %d: orchestrator unavailable (%s); retrying", step, exc)
+                time.sleep(self.cfg.poll_interval_s)
 
     def run_loop(self) -> None:
         self.start_origin()

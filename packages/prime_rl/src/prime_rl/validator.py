@@ -130,6 +130,7 @@ class Validator:
         self.client = OrchestratorClient(config.orchestrator.url, admin_token=config.orchestrator.admin_token)
         self.ledger = WorkerLedger(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
         self.done = 0
+        self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
 
     def decode(self, tokens: Sequence[int]) -> str:
         return str(self.backend.tokenizer.decode(list(tokens), skip_special_tokens=True))
@@ -161,7 +162,18 @@ class Validator:
         except RetryLater as exc:
             log.warning("batch %s: %s; retrying later", batch.batch_id, exc)
             return False
-        self.client.post_verdicts(VerdictRequest(batch_id=batch.batch_id, verdicts=to_wire(verdicts)))
+        try:
+            self.client.post_verdicts(VerdictRequest(batch_id=batch.batch_id, verdicts=to_wire(verdicts)))
+        except ClientRequestError as exc:  # e.g. the orchestrator already settled the batch: skip it
+            log.warning("verdicts for %s refused: %s", batch.batch_id, exc)
+            get_metrics().log(
+                "verdict_refused", batch_id=batch.batch_id, status=exc.status, message=exc.message
+            )
+            self.refused.add(batch.batch_id)
+            return True
+        except OrchestratorUnavailable as exc:  # judged again on the next poll
+            log.warning("cannot post verdicts for %s: %s", batch.batch_id, exc)
+            return False
         accepted = sum(v.accepted for v in verdicts)
         rejected = len(verdicts) - accepted
         reasons: dict[str, int] = {}
@@ -192,7 +204,7 @@ class Validator:
         if ban is not None:
             try:
                 self.client.ban(batch.worker_id, ban)
-            except ClientRequestError as exc:
+            except (ClientRequestError, OrchestratorUnavailable) as exc:
                 log.warning("ban of %s refused: %s", batch.worker_id, exc)
             log.info("banned worker %s: %s", batch.worker_id, ban)
             get_metrics().log("ban", worker_id=batch.worker_id, reason=ban)
@@ -203,13 +215,15 @@ class Validator:
         while not self.cfg.max_batches or self.done < self.cfg.max_batches:
             try:
                 pending = self.client.pending(self.cfg.batches_per_poll)
-            except OrchestratorUnavailable as exc:
-                log.warning("orchestrator unavailable: %s", exc)
+            except (OrchestratorUnavailable, ClientRequestError) as exc:
+                log.warning("cannot fetch pending batches: %s", exc)
                 time.sleep(self.cfg.poll_interval_s)
                 continue
             progressed = False
-            for batch in sorted(pending.batches, key=lambda b: (b.policy_version, b.received_at)):
-                progressed |= self.judge(batch, pending.policy_version)
+            # The orchestrator hands out the freshest policy versions first; keep its order.
+            for batch in pending.batches:
+                if batch.batch_id not in self.refused:
+                    progressed |= self.judge(batch, pending.policy_version)
             if not progressed:
                 time.sleep(self.cfg.poll_interval_s)
 

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 import requests
 import torch
 
-from prime_rl.backend import HFBackend
+import toploc
+from prime_rl.backend import GenerationError, HFBackend
 from prime_rl.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
 from prime_rl.hostile import BEHAVIOURS, EXPECTED_REASONS, HostileWorker, garbage_body
 from prime_rl.metrics import get_metrics, init_process
@@ -205,6 +206,10 @@ class Worker:
                 self.stop_event.wait(self.cfg.poll_interval_s)
             except OrchestratorUnavailable as exc:
                 log.warning("orchestrator unavailable: %s", exc)
+                self.stop_event.wait(self.cfg.poll_interval_s)
+            except (GenerationError, toploc.ActivationError) as exc:  # e.g. NaN hidden states: skip the lease
+                log.exception("generation failed: %s", exc)
+                get_metrics().log("error", kind=type(exc).__name__, message=str(exc)[:500])
                 self.stop_event.wait(self.cfg.poll_interval_s)
         return 0
 
