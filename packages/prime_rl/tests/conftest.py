@@ -201,8 +201,19 @@ class ProcessHarness:
         return (self.root / "out" / f"{name}.out").read_text(errors="replace")
 
     def stop_all(self) -> None:
-        for name in reversed(list(self.processes)):
-            self.kill(name, signal.SIGTERM)
+        """SIGTERM every live process at once, then reap them all (SIGKILL whatever outlives 10 s)."""
+        live = [p for p in self.processes.values() if p.poll() is None]
+        for process in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10.0
+        for process in live:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(30)
 
 
 def wait_for(predicate: Any, timeout_s: float, what: str, poll_s: float = 0.25) -> Any:
