@@ -510,12 +510,11 @@ def test_select_claim_oracle() -> None:
 def test_backpressure_refuses_leases_while_enough_is_buffered(server_factory: Any, batch_for: Any) -> None:
     from prime_rl.client import OrchestratorBusy
 
-    server = server_factory("--orchestrator.max_buffered_samples", "6")
+    server = server_factory("--orchestrator.max_buffered_samples", "6", "--trainer.samples_per_step", "2")
     client = OrchestratorClient(server.url, retries=0)
     reg = client.register()
-    lease = client.get_tasks(reg.worker_id)  # 4 samples in an open lease
-    first = client.submit_rollouts(batch_for(lease))  # 4 awaiting validation
-    client.get_tasks(reg.worker_id)  # 8 buffered now
+    first = client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id)))  # 4 awaiting validation
+    second = client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id)))  # 8 buffered
     with pytest.raises(OrchestratorBusy):
         client.get_tasks(reg.worker_id)
     answer = requests.get(
@@ -529,10 +528,28 @@ def test_backpressure_refuses_leases_while_enough_is_buffered(server_factory: An
         and answer.json()["error"] == "busy"
         and answer.headers["Retry-After"] == "1"
     )
-    # Consumption frees room: validate + claim the first batch.
-    _verdict_all(client, first.batch_id, 4)
-    assert client.claim(0, 4).ready
-    assert client.get_tasks(reg.worker_id).batch_index == 2
+    # Accepted samples the trainer would never claim (all-zero advantages, filtered) free their room:
+    # counting them would deadlock (nothing claimable, no new leases).
+    _verdict_all(client, first.batch_id, 4, adv=[0.0] * 4)
+    lease = client.get_tasks(reg.worker_id)
+    with pytest.raises(OrchestratorBusy):  # 4 awaiting validation + 4 in the open lease
+        client.get_tasks(reg.worker_id)
+    # Informative accepted samples do count until the trainer claims them.
+    _verdict_all(client, second.batch_id, 4)
+    client.submit_rollouts(batch_for(lease))
+    with pytest.raises(OrchestratorBusy):
+        client.get_tasks(reg.worker_id)
+    assert len(client.claim(0, 4).samples) == 4  # both informative groups consumed: 4 pending remain
+    assert client.get_tasks(reg.worker_id).batch_index == 3
+
+
+def test_backpressure_limit_below_one_step_is_refused(config_for: Any) -> None:
+    from prime_rl.ledger import Ledger
+    from prime_rl.store import RolloutStore
+
+    config = config_for("--orchestrator.max_buffered_samples", "10", "--trainer.samples_per_step", "16")
+    with pytest.raises(ValueError, match="max_buffered_samples"):
+        Ledger(config, [0] * 10, RolloutStore(config.orchestrator_data_dir))
 
 
 def test_batches_too_old_to_train_on_expire_instead_of_being_validated(

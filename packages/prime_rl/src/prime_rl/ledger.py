@@ -161,6 +161,15 @@ class Ledger:
             raise ValueError(
                 f"orchestrator.prompts_per_batch ({self.orch.prompts_per_batch}) exceeds the task set ({len(tasks)} tasks)"
             )
+        limit = self.orch.max_buffered_samples
+        needed = int(getattr(config.trainer, "samples_per_step", 0)) + self.orch.prompts_per_batch * (
+            config.sampling.group_size
+        )
+        if limit and limit < needed:
+            raise ValueError(
+                f"orchestrator.max_buffered_samples ({limit}) must be at least trainer.samples_per_step + one "
+                f"lease ({needed}); 2x that is a good value"
+            )
         self._load()
 
     # ------------------------------------------------------------------ recovery
@@ -355,19 +364,23 @@ class Ledger:
         )
 
     def buffered_samples(self) -> int:
-        """Samples that may still be trained on: in open leases, awaiting validation, or accepted and fresh."""
+        """Samples that may still reach the trainer: open leases, fresh batches awaiting validation, and
+        accepted samples the next claim could take (fresh, unclaimed, informative if the trainer
+        filters zero-advantage groups). Rejected, stale and uninformative samples do not count, so a
+        full buffer always drains (pitfall: counting them deadlocked backpressure)."""
         per_lease = self.orch.prompts_per_batch * self.config.sampling.group_size
         total = per_lease * sum(
             1 for lease in self.leases.values() if not lease.answered and not lease.expired
         )
-        for batch in self.batches.values():
-            if batch.policy_version < self.min_policy_version:
-                continue
-            if batch.verdicts is None:
-                total += len(batch.task_ids)
-            else:
-                total += sum(1 for v in batch.verdicts if v.accepted and v.sample_index not in batch.claimed)
-        return total
+        fresh = [b for b in self.batches.values() if b.policy_version >= self.min_policy_version]
+        total += sum(len(b.task_ids) for b in fresh if b.verdicts is None)
+        claimable = select_claim(
+            fresh,
+            min_policy_version=self.min_policy_version,
+            min_samples=1 << 62,
+            filter_zero_advantage=bool(getattr(self.config.trainer, "filter_zero_advantage", True)),
+        )
+        return total + claimable.available
 
     def expire_leases(self) -> int:
         """Mark unanswered leases past their deadline expired and queue their tasks for reassignment."""
