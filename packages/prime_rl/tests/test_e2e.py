@@ -45,7 +45,8 @@ def _hostile_behaviour() -> str:
 def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
     behaviour = _hostile_behaviour()
     config_path, run_dir = tiny_run(
-        orchestrator={"async_level": ASYNC_LEVEL},
+        # Backpressure keeps the (fast) workers from flooding the store with batches no step needs.
+        orchestrator={"async_level": ASYNC_LEVEL, "max_buffered_samples": 64},
         trainer={"total_steps": STEPS},
         workers={"count": 2, "hostile": [behaviour]},
         # Ban only after a full cycle of the mixed attacks (7 batches of 8 samples) has been judged.
