@@ -429,7 +429,7 @@ def test_write_report_makes_png_and_summary(tmp_path: Path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert (tmp_path / "summary.txt").read_text().strip() == text
     assert "0.125 at v0 -> 0.500 at v3 (+0.375)" in text
-    assert "rollout reward (honest workers): 0.250 with v0 -> 0.500 with v2" in text
+    assert "rollout reward of honest workers by policy version: v0: 0.250  v2: 0.500" in text
     assert "hostile-0: 0 accepted, 32 rejected (toploc_mismatch: 32) BANNED" in text
     assert str(tmp_path / "report.png") in text
     assert summary.files["plot"] == tmp_path / "report.png"

@@ -236,10 +236,8 @@ def render_summary(summary: RunSummary) -> str:
         lines.append(f"  per version: {trail}")
     sampled = summary.sampled_reward_by_version
     if sampled:
-        first, last = min(sampled), max(sampled)
-        lines.append(
-            f"rollout reward (honest workers): {sampled[first]:.3f} with v{first} -> {sampled[last]:.3f} with v{last}"
-        )
+        trail = "  ".join(f"v{v}: {r:.3f}" for v, r in sampled.items())
+        lines.append(f"rollout reward of honest workers by policy version: {trail}")
     for worker in summary.workers:
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(worker.reasons.items()))
         lines.append(
