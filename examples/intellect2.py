@@ -39,7 +39,7 @@ from prime_rl.config import RunConfig, load_config
 from prime_rl.metrics import init_process
 from prime_rl.model_source import prepare_model, read_provenance
 from prime_rl.report import ProgressTracker, write_report
-from prime_rl.run import Supervisor, plan_children
+from prime_rl.run import Supervisor, plan_children, remove_weight_copies
 
 
 def free_port() -> int:
@@ -79,6 +79,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="configs/tiny-cpu.toml", help="run configuration (TOML)")
     parser.add_argument("--keep-ports", action="store_true", help="use the configured ports, not free ones")
+    parser.add_argument(
+        "--keep-weights",
+        action="store_true",
+        help="keep every process's policy copies (~20 GB), not just the last",
+    )
     args, overrides = parser.parse_known_args()
     config = load_config(args.config, overrides)
 
@@ -109,6 +114,11 @@ def main() -> int:
         metrics.log("shutdown", code=code)
         _, text = write_report(config.run_dir)
         print(f"\n{text}\ntotal wall time {time.monotonic() - started:.0f}s (exit code {code})")
+        if code == 0 and not args.keep_weights:
+            freed = remove_weight_copies(config)
+            print(
+                f"removed {freed / 2**30:.1f} GiB of per-process weight copies (final policy and checkpoints kept)"
+            )
     return code
 
 

@@ -1,0 +1,48 @@
+"""remove_weight_copies: a finished run keeps its final policy, checkpoints, logs and metrics only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prime_rl.config import load_config
+from prime_rl.run import remove_weight_copies
+
+
+def _write(path: Path, size: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\0" * size)
+    return path
+
+
+def test_removes_every_transient_weight_copy_and_keeps_the_rest(tmp_path):
+    config = load_config(None, ["--run_dir", str(tmp_path)])
+    transient = [
+        tmp_path / "worker-0/policies/v0/model.safetensors",
+        tmp_path / "worker-1/policies/v3/model.safetensors",
+        tmp_path / "hostile-0/policies/v2/model.safetensors",
+        tmp_path / "validator/policies/v1/model.safetensors",
+        tmp_path / "shardcast/origin/v3/shard_000000.bin",
+        tmp_path / "shardcast/relay-0/v3/manifest.json",
+        tmp_path / "policies/v1/model.safetensors",
+        tmp_path / "policies/v2/model.safetensors",
+    ]
+    kept = [
+        tmp_path / "policies/v3/model.safetensors",  # the trainer's newest policy
+        tmp_path / "checkpoints/step_3/COMPLETE",
+        tmp_path / "metrics/trainer.jsonl",
+        tmp_path / "logs/worker-0.log",
+        tmp_path / "report.png",
+    ]
+    for index, path in enumerate(transient):
+        _write(path, 100 + index)
+    for path in kept:
+        _write(path, 7)
+
+    freed = remove_weight_copies(config)
+
+    # 100 + 101 + ... + 107 bytes: the eight transient files above.
+    assert freed == sum(range(100, 108))
+    assert [p for p in transient if p.exists()] == []
+    assert all(p.exists() for p in kept)
+    assert not (tmp_path / "shardcast").exists()
+    assert remove_weight_copies(config) == 0  # idempotent
