@@ -249,6 +249,29 @@ class HFBackend:
             out.extend(self._generate_batch(prompts[start:stop], seeds[start:stop], params))
         return out
 
+    def _prefill_prompts(
+        self, prompts: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
+        """Prefill each distinct prompt once and give every row a copy of its prompt's KV cache.
+
+        A GRPO group repeats its prompt ``group_size`` times; the rows after this see identical
+        inputs to a per-row prefill. Returns, per row: the last prompt position's final hidden
+        state ``[B, H]``, the left-padded attention mask and position ids ``[B, P]``, and the cache.
+        """
+        distinct: dict[tuple[int, ...], int] = {}
+        row_of = [distinct.setdefault(tuple(int(t) for t in p), len(distinct)) for p in prompts]
+        ids, mask = self._left_pad(list(distinct))
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        last = self._decoder(
+            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        ).last_hidden_state[:, -1]
+        if len(distinct) < len(prompts):
+            index = torch.tensor(row_of, dtype=torch.long, device=self.device)
+            cache.reorder_cache(index)  # type: ignore[arg-type]
+            last, mask, positions = last[index], mask[index], positions[index]
+        return last, mask, positions, cache
+
     def _left_pad(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
@@ -270,20 +293,7 @@ class HFBackend:
         if any(len(p) == 0 for p in prompts):
             raise GenerationError("every prompt needs at least one token")
         batch = len(prompts)
-        # Prefill each distinct prompt once (a GRPO group repeats its prompt group_size times), then
-        # give every row a copy of its prompt's KV cache: the decode steps see identical inputs.
-        distinct: dict[tuple[int, ...], int] = {}
-        row_of = [distinct.setdefault(tuple(int(t) for t in p), len(distinct)) for p in prompts]
-        ids, mask = self._left_pad(list(distinct))
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        hidden = self._decoder(
-            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
-        ).last_hidden_state[:, -1]
-        if len(distinct) < batch:
-            index = torch.tensor(row_of, dtype=torch.long, device=self.device)
-            cache.reorder_cache(index)  # type: ignore[arg-type]
-            hidden, mask, positions = hidden[index], mask[index], positions[index]
+        hidden, mask, positions, cache = self._prefill_prompts(prompts)
         next_position = positions[:, -1] + 1
         seed_tensor = torch.tensor([int(x) for x in seeds], dtype=torch.long, device=self.device)
         builder = toploc.ProofBuilder(batch, hidden.shape[-1], PROOF_CHUNK, proof_topk(hidden.shape[-1]))
@@ -353,18 +363,7 @@ class HFBackend:
         then every completion at once (right padded after the prompt). Same hidden states as one
         prefill of prompt + completion, up to float rounding, and far fewer prompt tokens per group."""
         batch = len(prompts)
-        distinct: dict[tuple[int, ...], int] = {}
-        row_of = [distinct.setdefault(tuple(int(t) for t in p), len(distinct)) for p in prompts]
-        ids, mask = self._left_pad(list(distinct))
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        last = self._decoder(
-            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
-        ).last_hidden_state[:, -1]
-        index = torch.tensor(row_of, dtype=torch.long, device=self.device)
-        if len(distinct) < batch:
-            cache.reorder_cache(index)  # type: ignore[arg-type]
-        last, mask, positions = last[index], mask[index], positions[index]
+        last, mask, positions, cache = self._prefill_prompts(prompts)
         width = max(len(c) for c in completions)
         comp_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
         comp_mask = torch.zeros((batch, width), dtype=torch.long)
