@@ -99,13 +99,17 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
         reasons = {v.reason for b in hostile_batches for v in verdicts.get(b, [])} - {"group_rejected"}
         assert len(reasons) >= 4, f"the mixed hostile worker exercised too few attacks: {reasons}"
 
-    # 2. Weights reached the workers through shardcast (origin -> relay -> workers).
-    relay_versions = {
-        e["policy_version"]
-        for e in helpers.metrics_of(run_dir, "shardcast-relay-0")
-        if e["event"] == "version_available"
-    }
-    assert {1, 2} <= relay_versions, relay_versions
+    # 2. Weights reached the workers through shardcast (origin -> relay -> workers). The origin
+    # has every version the trainer published before its last step; the relay mirrors newest
+    # first and never goes back, so on a slow machine it may skip an old version, but what it
+    # serves is a version the origin had.
+    def available(process: str) -> set[int]:
+        events = helpers.metrics_of(run_dir, process)
+        return {e["policy_version"] for e in events if e["event"] == "version_available"}
+
+    origin_versions, relay_versions = available("shardcast-origin"), available("shardcast-relay-0")
+    assert set(range(1, STEPS)) <= origin_versions, origin_versions
+    assert relay_versions and relay_versions <= origin_versions | {STEPS}, (relay_versions, origin_versions)
     for worker in ("worker-0", "worker-1"):
         loaded = [e for e in helpers.metrics_of(run_dir, worker) if e["event"] == "weights_loaded"]
         from_shardcast = {e["policy_version"] for e in loaded if e.get("source") == "shardcast"}
