@@ -1,0 +1,122 @@
+"""The INTELLECT-2 recipe's end-of-run report and live progress lines, read from the metrics
+files every process writes (including a torn last line of a killed process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def _write_synthetic_run(run_dir: Path) -> None:
+    from prime_rl.metrics import MetricsWriter
+
+    trainer = MetricsWriter(run_dir / "metrics" / "trainer.jsonl", role="trainer", name="trainer")
+    for step, rewards in enumerate([[0.25, 0.35], [0.5], [0.75]]):
+        trainer.log("batch", step=step, waited_s=2.0, samples=32)
+        for k, reward in enumerate(rewards):
+            trainer.log("train", step=step, optimizer_step=k, reward_mean=reward, num_tokens=100)
+        trainer.log("commit", step=step, policy_version=step + 1)
+    evaluator = MetricsWriter(run_dir / "metrics" / "evaluator.jsonl", role="evaluator", name="evaluator")
+    for version, accuracy in [(0, 0.125), (3, 0.5)]:
+        evaluator.log("eval", policy_version=version, accuracy=accuracy, num_correct=0, num_problems=64)
+    worker = MetricsWriter(run_dir / "metrics" / "worker-0.jsonl", role="worker", name="worker-0")
+    worker.log("rollouts", completion_tokens=300, generate_s=10.0, policy_version=0, reward_mean=0.25)
+    worker.log("rollouts", completion_tokens=100, generate_s=10.0, policy_version=2, reward_mean=0.5)
+    hostile = MetricsWriter(run_dir / "metrics" / "hostile-0.jsonl", role="worker", name="hostile-0")
+    hostile.log(
+        "rollouts",
+        completion_tokens=0,
+        generate_s=0.0,
+        policy_version=2,
+        reward_mean=1.0,
+        behaviour="inflated_rewards",
+    )
+    worker.log("weights_wait", waited_s=1.5)
+    run = MetricsWriter(run_dir / "metrics" / "run.jsonl", role="run", name="run")
+    workers = {
+        "w0": {"name": "worker-0", "accepted": 96, "rejected": 0, "reasons": {}, "banned": False},
+        "w9": {
+            "name": "hostile-0",
+            "accepted": 0,
+            "rejected": 32,
+            "reasons": {"toploc_mismatch": 32},
+            "banned": True,
+        },
+    }
+    run.log("progress", step=3, workers=workers)
+    for writer in (trainer, evaluator, worker, hostile, run):
+        writer.close()
+    with (run_dir / "metrics" / "trainer.jsonl").open("a") as handle:
+        handle.write('{"event": "train", "step": 9, "reward_me')  # a torn line of a killed process
+
+
+def test_summarize_run_reads_every_metrics_file(tmp_path: Path):
+    from prime_rl.report import summarize_run
+
+    _write_synthetic_run(tmp_path)
+    summary = summarize_run(tmp_path)
+    assert summary.steps_done == 3
+    assert summary.reward_by_step == {0: pytest.approx(0.30), 1: 0.5, 2: 0.75}  # (0.25 + 0.35) / 2
+    assert summary.accuracy_by_version == {0: 0.125, 3: 0.5}
+    assert summary.trainer_wait_s == 6.0 and summary.worker_wait_s == 1.5
+    assert summary.tokens_per_s == 20.0  # 400 tokens / 20 s of generation
+    assert summary.sampled_reward_by_version == {0: 0.25, 2: 0.5}  # the hostile claim is left out
+    assert [(w.name, w.accepted, w.rejected, w.banned) for w in summary.workers] == [
+        ("hostile-0", 0, 32, True),
+        ("worker-0", 96, 0, False),
+    ]
+
+
+def test_write_report_makes_png_and_summary(tmp_path: Path):
+    from prime_rl.report import write_report
+
+    _write_synthetic_run(tmp_path)
+    summary, text = write_report(tmp_path)
+    png = (tmp_path / "report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert (tmp_path / "summary.txt").read_text().strip() == text
+    assert "0.125 at v0 -> 0.500 at v3 (+0.375)" in text
+    assert "rollout reward of honest workers by policy version: v0: 0.250  v2: 0.500" in text
+    assert "hostile-0: 0 accepted, 32 rejected (toploc_mismatch: 32) BANNED" in text
+    assert str(tmp_path / "report.png") in text
+    assert summary.files["plot"] == tmp_path / "report.png"
+
+
+def test_report_of_an_empty_run_does_not_crash(tmp_path: Path):
+    from prime_rl.report import render_summary, summarize_run, write_report
+
+    (tmp_path / "metrics").mkdir()
+    summary = summarize_run(tmp_path)
+    assert summary.steps_done == 0 and summary.accuracy_by_version == {} and summary.workers == ()
+    assert "0 policy steps" in render_summary(summary)
+    write_report(tmp_path)
+    assert (tmp_path / "report.png").stat().st_size > 0
+
+
+def test_progress_tracker_emits_one_line_per_committed_step(tmp_path: Path):
+    from prime_rl.metrics import MetricsWriter
+    from prime_rl.report import ProgressTracker
+
+    tracker = ProgressTracker(tmp_path, total_steps=12)
+    (tmp_path / "metrics").mkdir()
+    assert tracker.lines() == []
+    trainer = MetricsWriter(tmp_path / "metrics" / "trainer.jsonl", role="trainer", name="trainer")
+    run = MetricsWriter(tmp_path / "metrics" / "run.jsonl", role="run", name="run")
+    run.log("progress", workers={"a": {"name": "worker-0", "accepted": 32, "rejected": 0}})
+    trainer.log("batch", step=0, waited_s=4.0)
+    trainer.log("train", step=0, reward_mean=0.25)
+    assert tracker.lines() == []  # step 0 not committed yet
+    trainer.log("commit", step=0, policy_version=1)
+    (line,) = tracker.lines()
+    assert line.startswith("step 1/12 | reward 0.25 | worker-0 +32 -0 | - tok/s | waited: trainer 4s")
+    trainer.log("train", step=1, reward_mean=0.5)
+    trainer.log("commit", step=1, policy_version=2)
+    trainer.log("train", step=2, reward_mean=0.75)
+    trainer.log("commit", step=2, policy_version=3)
+    lines = tracker.lines()
+    assert [line.split(" | ")[:2] for line in lines] == [
+        ["step 2/12", "reward 0.50"],
+        ["step 3/12", "reward 0.75"],
+    ]
+    assert tracker.lines() == []
