@@ -108,6 +108,19 @@ def test_logprobs_from_hidden_frozen_head_and_bf16() -> None:
     assert grad.dtype == torch.bfloat16 and torch.isfinite(grad.float()).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_logprobs_from_hidden_with_no_rows_gives_zero_gradients(dtype: torch.dtype) -> None:
+    # An all-padding micro-batch selects no completion positions; its backward must still give
+    # exact zeros (it once returned an uninitialised buffer as the weight gradient).
+    hidden = torch.randn(0, 8, dtype=dtype, requires_grad=True)
+    weight = torch.randn(20, 8, dtype=dtype, requires_grad=True)
+    out = grpo.logprobs_from_hidden(hidden, weight, torch.zeros(0, dtype=torch.long), return_entropy=True)
+    assert out.logprobs.shape == out.entropy.shape == (0,)
+    (out.logprobs.sum() + out.entropy.sum()).backward()
+    assert hidden.grad is not None and hidden.grad.shape == (0, 8)
+    assert weight.grad is not None and torch.equal(weight.grad, torch.zeros_like(weight))
+
+
 def test_logprobs_from_hidden_on_tiny_lm_equals_model_logits(tiny_lm) -> None:
     # The real use: final-norm hidden states of a causal LM and its lm_head.
     ids = torch.randint(3, tiny_lm.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))

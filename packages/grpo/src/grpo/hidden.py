@@ -121,7 +121,8 @@ class _HiddenStats(torch.autograd.Function):
         # Low-precision weights accumulate in fp32 (the sum runs over every row chunk); fp32/fp64
         # weights are written in place by the GEMMs (out= / addmm_), with no extra pass.
         acc_dtype = torch.promote_types(weight.dtype, torch.float32)
-        in_place = acc_dtype == weight.dtype
+        # With zero rows the GEMM loop never runs: an `empty` buffer would return garbage.
+        in_place = acc_dtype == weight.dtype and hidden.shape[0] > 0
         grad_weight = None
         if need_weight:
             grad_weight = (torch.empty if in_place else torch.zeros)(
