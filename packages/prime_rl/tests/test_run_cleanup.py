@@ -46,3 +46,16 @@ def test_removes_every_transient_weight_copy_and_keeps_the_rest(tmp_path):
     assert all(p.exists() for p in kept)
     assert not (tmp_path / "shardcast").exists()
     assert remove_weight_copies(config) == 0  # idempotent
+
+
+def test_keeps_the_numerically_newest_trainer_policy_and_ignores_other_entries(tmp_path):
+    config = load_config(None, ["--run_dir", str(tmp_path)])
+    removed = [tmp_path / f"policies/v{v}/model.safetensors" for v in (1, 2, 9)]
+    newest = tmp_path / "policies/v10/model.safetensors"  # "v10" < "v9" as strings
+    others = [tmp_path / "policies/v01/model.safetensors", tmp_path / "policies/notes.txt"]
+    for path in [*removed, newest, *others]:
+        _write(path, 10)
+
+    assert remove_weight_copies(config) == 30
+    assert [p for p in removed if p.exists()] == []
+    assert newest.exists() and all(p.exists() for p in others)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 import shardcast
+from prime_rl.policy_dirs import version_dir, version_dirs
 from prime_rl.weights import POLICY_FILENAME, save_policy
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class PolicyStore:
             save_policy(initial_state, initial)
 
     def path(self, version: int) -> Path:
-        return self.cache_dir / f"v{version}" / POLICY_FILENAME
+        return version_dir(self.cache_dir, version) / POLICY_FILENAME
 
     def newest_available(self) -> int:
         """Newest version the servers list (0 if none or unreachable)."""
@@ -73,6 +74,8 @@ class PolicyStore:
 
     def ensure(self, version: int) -> Path:
         """The local file of ``version``, downloading it if needed (raises :class:`PolicyUnavailable`)."""
+        if version < 0:
+            raise PolicyUnavailable(version, "policy versions are >= 0", permanent=True)
         target = self.path(version)
         if target.is_file():
             return target
@@ -97,12 +100,11 @@ class PolicyStore:
         return target
 
     def _prune(self, newest: int) -> None:
-        versions = sorted(
-            int(p.name[1:]) for p in self.cache_dir.glob("v*") if p.name[1:].isdigit() and int(p.name[1:]) > 0
-        )
-        for old in versions[: max(0, len(versions) - self.keep)]:
-            if old != newest:
-                shutil.rmtree(self.cache_dir / f"v{old}", ignore_errors=True)
+        # Version 0 (the initial model) is never pruned: it is written once, not fetched again.
+        fetched = [(version, path) for version, path in version_dirs(self.cache_dir).items() if version > 0]
+        for version, path in fetched[: max(0, len(fetched) - self.keep)]:
+            if version != newest:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 class VersionFollower(threading.Thread):

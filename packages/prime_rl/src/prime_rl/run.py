@@ -34,6 +34,7 @@ from typing import IO, Any
 from prime_rl.client import ApiError, OrchestratorClient
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter, init_process
+from prime_rl.policy_dirs import version_dirs
 
 __all__ = ["STOP_GRACE_S", "ChildSpec", "Supervisor", "main", "plan_children", "remove_weight_copies"]
 
@@ -262,9 +263,7 @@ def remove_weight_copies(config: RunConfig) -> int:
     run_dir = Path(config.run_dir)
     doomed = [config.shardcast_data_dir]
     doomed += [cache for cache in run_dir.glob("*/policies") if cache.is_dir()]
-    trainer_versions = sorted(
-        (p for p in (run_dir / "policies").glob("v*") if p.name[1:].isdigit()), key=lambda p: int(p.name[1:])
-    )
+    trainer_versions = list(version_dirs(run_dir / "policies").values())  # ascending by version
     doomed += trainer_versions[:-1]
     freed = 0
     for path in doomed:
