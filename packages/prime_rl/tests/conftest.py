@@ -19,7 +19,7 @@ import pytest
 from prime_rl.client import OrchestratorClient
 from prime_rl.config import RunConfig, load_config
 from prime_rl.orchestrator import OrchestratorServer
-from prime_rl.protocol import RolloutBatch, RolloutSample, TaskLease
+from prime_rl.protocol import RolloutBatch, RolloutSample, TaskLease, TrainSample
 from prime_rl.tasks import TaskSet
 
 PROMPTS = [f"Question: {a} + {b} =\nAnswer:" for a in range(10) for b in range(5)]
@@ -298,3 +298,30 @@ def helpers() -> Any:
     return types.SimpleNamespace(
         wait_for=wait_for, metrics_of=metrics_of, free_ports=free_ports, write_toml=write_toml
     )
+
+
+def _random_samples(count: int, group_size: int = 4, seed: int = 0) -> list[TrainSample]:
+    import torch  # here: the control-plane tests never need it
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(count):
+        prompt = torch.randint(3, 100, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist()
+        completion = torch.randint(
+            3, 100, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g
+        ).tolist()
+        out.append(
+            TrainSample(
+                sample_id=f"b/{i}", batch_id="b", worker_id="w", task_id=i // group_size,
+                group_index=i % group_size, policy_version=0, prompt_tokens=prompt, completion_tokens=completion,
+                inference_logprobs=[-1.0] * len(completion), temperature=1.0, reward=float(i % 2),
+                advantage=float((-1) ** i) * (1 + i / 10),
+            )
+        )  # fmt: skip
+    return out
+
+
+@pytest.fixture
+def random_samples() -> Any:
+    """``make(count, group_size=4, seed=0) -> list[TrainSample]``: short random prompts and completions."""
+    return _random_samples

@@ -17,31 +17,12 @@ from prime_rl.client import OrchestratorClient
 from prime_rl.config import load_config
 from prime_rl.optimization import old_logprobs_for, train_minibatch, warmup_lambda
 from prime_rl.orchestrator import OrchestratorServer
-from prime_rl.protocol import RolloutBatch, RolloutSample, TrainSample, Verdict, VerdictRequest
+from prime_rl.protocol import RolloutBatch, RolloutSample, Verdict, VerdictRequest
 from prime_rl.tasks import TaskSet
 from prime_rl.trainer import Trainer, build_loss
 from prime_rl.weights import load_policy_into
 
 CPU = torch.device("cpu")
-
-
-def random_samples(count: int, group_size: int = 4, seed: int = 0) -> list[TrainSample]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(count):
-        prompt = torch.randint(3, 100, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist()
-        completion = torch.randint(
-            3, 100, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g
-        ).tolist()
-        out.append(
-            TrainSample(
-                sample_id=f"b/{i}", batch_id="b", worker_id="w", task_id=i // group_size,
-                group_index=i % group_size, policy_version=0, prompt_tokens=prompt, completion_tokens=completion,
-                inference_logprobs=[-1.0] * len(completion), temperature=1.0, reward=float(i % 2),
-                advantage=float((-1) ** i) * (1 + i / 10),
-            )
-        )  # fmt: skip
-    return out
 
 
 def naive_intellect2_loss(model, samples, constant):
@@ -63,7 +44,7 @@ def naive_intellect2_loss(model, samples, constant):
 
 
 @pytest.mark.parametrize("micro_batch_tokens", [10_000, 24, 12])
-def test_packed_step_equals_naive_oracle(micro_batch_tokens):
+def test_packed_step_equals_naive_oracle(micro_batch_tokens, random_samples):
     samples = random_samples(8)
     model = make_tiny_lm().train()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -91,7 +72,7 @@ def test_packed_step_equals_naive_oracle(micro_batch_tokens):
     assert metrics.mean_ratio == pytest.approx(1.0, abs=1e-6) and metrics.num_sequences == 8
 
 
-def test_split_minibatches_keeps_groups_whole():
+def test_split_minibatches_keeps_groups_whole(random_samples):
     samples = random_samples(12, group_size=4)
     parts = split_minibatches(samples, 2, 4)
     assert [len(p) for p in parts] == [8, 4]
@@ -112,7 +93,7 @@ def test_loss_overrides_and_bad_recipe():
         build_loss(load_config(None, ["--trainer.recipe", "nope"]).trainer)
 
 
-def test_checkpoint_roundtrip_resumes_identically(tmp_path):
+def test_checkpoint_roundtrip_resumes_identically(tmp_path, random_samples):
     samples = random_samples(8)
     micro = make_micro_batches(samples, 64)
 
@@ -244,7 +225,7 @@ def test_trainer_trains_publishes_commits_and_resumes(tmp_path, tiny_lm_dir):
         admin.close()
 
 
-def test_is_correction_inference_old_logprobs_and_kl_reference():
+def test_is_correction_inference_old_logprobs_and_kl_reference(random_samples):
     # Recomputed old log-probs (ratio 1) with fake inference log-probs of -1 per token: the engine
     # mismatch is large, so the mismatch KL is logged and the token-truncated IS weight π_old/μ is
     # active. The grpo recipe's KL term needs reference log-probs (an identical frozen copy here).

@@ -10,7 +10,9 @@ in one process and under FSDP2 data parallelism:
   ``num_seqs``, and ``constant`` for the constant-normaliser recipes), so the sum of micro-batch
   gradients equals the full-batch gradient (grpo.md pitfall 9), and multiplied by ``W`` because
   FSDP averages gradients over ranks;
-* gradient norm clipping uses the global norm (FSDP's DTensor norm).
+* gradient norm clipping uses the global norm (FSDP's DTensor norm);
+* the forward builds no ``[L, V]`` logits by default: completion log-probs come from the
+  chunked LM head (:mod:`prime_rl.policy_forward`); ``fused_lm_head=False`` builds them.
 
 Old log-probs: ``old_logprobs_for`` recomputes them with the current weights before the first
 update of a policy version (INTELLECT-2), or the caller passes the inference engine's log-probs
@@ -27,7 +29,8 @@ import torch
 
 import grpo
 from prime_rl import distributed
-from prime_rl.batching import MicroBatch, completion_entropy, completion_logprobs, empty_micro_batch
+from prime_rl.batching import MicroBatch, empty_micro_batch
+from prime_rl.policy_forward import completion_forward
 
 
 @dataclass(frozen=True)
@@ -63,23 +66,19 @@ def rank_share(micro_batches: Sequence[MicroBatch]) -> list[MicroBatch]:
     return mine + [empty_micro_batch() for _ in range(per_rank - len(mine))]
 
 
-def forward_logits(model: torch.nn.Module, micro: MicroBatch, device: torch.device) -> torch.Tensor:
-    """Packed forward pass -> logits ``[1, L, V]`` (the root module is called, as FSDP2 requires)."""
-    out = model(
-        input_ids=micro.input_ids.to(device),
-        position_ids=micro.position_ids.to(device),
-        attention_mask=micro.attention_mask.to(device),
-    )
-    return out.logits
-
-
 @torch.no_grad()
 def old_logprobs_for(
-    model: torch.nn.Module, micro_batches: Sequence[MicroBatch], temperature: float, device: torch.device
+    model: torch.nn.Module,
+    micro_batches: Sequence[MicroBatch],
+    temperature: float,
+    device: torch.device,
+    *,
+    fused_lm_head: bool = True,
 ) -> list[torch.Tensor]:
     """Current-policy log-probs ``[n, C_max]`` for each of *this rank's* micro-batches (no grad)."""
     return [
-        completion_logprobs(forward_logits(model, m, device), m, temperature).cpu() for m in micro_batches
+        completion_forward(model, m, device, temperature, fused=fused_lm_head).logprobs.cpu()
+        for m in micro_batches
     ]
 
 
@@ -95,6 +94,7 @@ def train_minibatch(
     max_grad_norm: float,
     device: torch.device,
     ref_logprobs: Sequence[torch.Tensor] | None = None,
+    fused_lm_head: bool = True,
 ) -> StepMetrics:
     """One optimizer step on ``micro_batches`` (this rank's share, see :func:`rank_share`).
 
@@ -108,9 +108,10 @@ def train_minibatch(
     optimizer.zero_grad(set_to_none=True)
     sums = torch.zeros(8, dtype=torch.float64)  # loss, low, high, delta, ratio, mismatch, entropy, tokens
     for i, micro in enumerate(micro_batches):
-        logits = forward_logits(model, micro, device)
-        logprobs = completion_logprobs(logits, micro, temperature)
-        entropy = completion_entropy(logits, micro, temperature) if cfg.entropy_coef > 0 else None
+        forward = completion_forward(
+            model, micro, device, temperature, entropy=cfg.entropy_coef > 0, fused=fused_lm_head
+        )
+        logprobs, entropy = forward.logprobs, forward.entropy
         mask = micro.mask.to(device)
         inference = micro.inference_logprobs.to(device)
         old = old_logprobs[i].to(device) if old_logprobs is not None else inference

@@ -199,16 +199,22 @@ class Trainer:
         temperature = self.run.sampling.temperature
         constant = self.cfg.constant or float(self.run.sampling.max_new_tokens)
         group_size = self.run.sampling.group_size
+        fused = self.cfg.fused_lm_head
         minibatches = split_minibatches(samples, self.cfg.optimizer_steps_per_version, group_size)
         shares = [rank_share(make_micro_batches(mb, self.cfg.micro_batch_tokens)) for mb in minibatches]
         olds = None
         if self.cfg.old_logprobs == "recompute":  # all before the first update: π_old = policy s
             self.model.eval()
-            olds = [old_logprobs_for(self.model, share, temperature, self.device) for share in shares]
+            olds = [
+                old_logprobs_for(self.model, share, temperature, self.device, fused_lm_head=fused)
+                for share in shares
+            ]
             self.model.train()
         for k, share in enumerate(shares):
             refs = (
-                old_logprobs_for(self.reference, share, temperature, self.device) if self.reference else None
+                old_logprobs_for(self.reference, share, temperature, self.device, fused_lm_head=fused)
+                if self.reference
+                else None
             )
             metrics = train_minibatch(
                 self.model,
@@ -221,6 +227,7 @@ class Trainer:
                 max_grad_norm=self.cfg.max_grad_norm,
                 device=self.device,
                 ref_logprobs=refs,
+                fused_lm_head=fused,
             )
             self.scheduler.step()
             self._last_loss = metrics.loss

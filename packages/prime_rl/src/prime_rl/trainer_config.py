@@ -44,6 +44,11 @@ class TrainerConfig(Section):
         1, ge=1, description="Optimizer steps per policy version (INTELLECT-2: 8)."
     )
     micro_batch_tokens: int = Field(2048, ge=16, description="Max tokens per packed micro-batch row.")
+    fused_lm_head: bool = Field(
+        True,
+        description="Completion log-probs from the chunked LM head (no [L, V] logits; same gradients). "
+        "Models that post-process logits (soft-capping, logit scale) always use full logits.",
+    )
     total_steps: int = Field(
         10, ge=0, description="Policy versions to train; the trainer exits after the last."
     )
