@@ -1,0 +1,162 @@
+"""The ledger as a state machine: random interleavings of every operation, with crashes in between."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from prime_rl.ledger import ApiFailure, Ledger
+from prime_rl.protocol import ClaimRequest, CommitRequest, RolloutBatch
+from prime_rl.store import RolloutStore
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    """Random interleavings of every ledger operation, with crashes (rebuild from disk) in between.
+
+    Invariants: a sample is claimed for at most one step; claimed samples are accepted and no
+    older than async_level; a rebuilt ledger answers exactly like the one that crashed.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        import tempfile
+
+        from prime_rl.config import load_config
+        from prime_rl.tasks import TaskSet
+
+        self.tmp = tempfile.TemporaryDirectory()
+        self.config = load_config(
+            None,
+            [
+                "--run_dir", self.tmp.name,
+                "--orchestrator.prompts_per_batch", "2",
+                "--orchestrator.async_level", "1",
+                "--orchestrator.task_timeout_s", "30",
+                "--sampling.group_size", "2",
+            ],
+        )  # fmt: skip
+        self.tasks = TaskSet([{"prompt": f"q{i}"} for i in range(6)])
+        self.now = 1000.0
+        self.ledger = self._open()
+        self.workers: list[Any] = []
+        self.leases: list[Any] = []
+
+    def _open(self) -> Ledger:
+        return Ledger(self.config, self.tasks, RolloutStore(self.tmp.name + "/orch"), clock=lambda: self.now)
+
+    def teardown(self) -> None:
+        self.tmp.cleanup()
+
+    @rule()
+    def register(self) -> None:
+        reg = self.ledger.register("w")
+        self.workers.append(self.ledger.workers[reg.worker_id])
+
+    @precondition(lambda self: self.workers)
+    @rule(data=st.data())
+    def lease(self, data: Any) -> None:
+        worker = data.draw(st.sampled_from(self.workers))
+        worker = self.ledger.workers[worker.worker_id]
+        try:
+            self.leases.append(self.ledger.lease(worker, None, None))
+        except ApiFailure as failure:
+            assert failure.status == 409
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data(), version_back=st.integers(0, 2))
+    def submit(self, data: Any, version_back: int) -> None:
+        import base64
+
+        from prime_rl.protocol import RolloutSample
+
+        lease = data.draw(st.sampled_from(self.leases))
+        version = max(0, self.ledger.step - version_back)
+        worker = self.ledger.workers[lease.worker_id]
+        samples = [
+            RolloutSample(
+                task_id=task.task_id, group_index=g, prompt_tokens=[1], completion_tokens=[2], sampling_seed=seed,
+                temperature=1.0, reward=0.0, advantage=0.0, proofs=base64.b64encode(b"p").decode(),
+                inference_logprobs=[-1.0],
+            )
+            for task in lease.tasks
+            for g, seed in enumerate(task.sampling_seeds)
+        ]  # fmt: skip
+        batch = RolloutBatch(
+            worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index, policy_version=version,
+            samples=samples,
+        )  # fmt: skip
+        try:
+            self.ledger.submit(worker, batch)
+        except ApiFailure as failure:
+            assert failure.status == 409  # the same lease answered with another version
+
+    @rule(data=st.data())
+    def verdicts(self, data: Any) -> None:
+        from prime_rl.protocol import Verdict, VerdictRequest
+
+        waiting = [b for b in self.ledger.batches.values() if b.verdicts is None]
+        if not waiting:
+            return
+        batch = data.draw(st.sampled_from(waiting))
+        flags = data.draw(st.lists(st.booleans(), min_size=len(batch.task_ids), max_size=len(batch.task_ids)))
+        advs = data.draw(
+            st.lists(st.sampled_from([0.0, 1.0, -1.0]), min_size=len(flags), max_size=len(flags))
+        )
+        verdicts = [
+            Verdict(sample_index=i, accepted=ok, reason="ok" if ok else "bad", reward=0.0, advantage=a)
+            for i, (ok, a) in enumerate(zip(flags, advs, strict=True))
+        ]
+        self.ledger.record_verdicts(VerdictRequest(batch_id=batch.batch_id, verdicts=verdicts))
+
+    @rule(n=st.integers(1, 12), filter_zero=st.booleans(), back=st.integers(0, 1))
+    def claim_and_commit(self, n: int, filter_zero: bool, back: int) -> None:
+        step = max(0, self.ledger.step - back)
+        try:
+            answer = self.ledger.claim(
+                ClaimRequest(step=step, min_samples=n, filter_zero_advantage=filter_zero)
+            )
+        except ApiFailure as failure:
+            assert failure.status == 409
+            return
+        if answer.ready and step == self.ledger.step:
+            self.ledger.commit(CommitRequest(step=step, policy_version=step + 1))
+
+    @rule(seconds=st.floats(0, 100))
+    def time_passes(self, seconds: float) -> None:
+        self.now += seconds
+        self.ledger.expire_leases()
+
+    @rule()
+    def crash_and_restart(self) -> None:
+        before = (
+            self.ledger.status().model_dump(exclude={"time"}),
+            self.ledger.workers_view(),
+            dict(self.ledger.claims),
+        )
+        self.ledger = self._open()
+        after = (
+            self.ledger.status().model_dump(exclude={"time"}),
+            self.ledger.workers_view(),
+            dict(self.ledger.claims),
+        )
+        assert before == after
+
+    @invariant()
+    def claims_are_exactly_once_accepted_and_fresh(self) -> None:
+        seen: set[str] = set()
+        for step, sample_ids in self.ledger.claims.items():
+            for sample_id in sample_ids:
+                assert sample_id not in seen
+                seen.add(sample_id)
+                batch_id, index = sample_id.rsplit("/", 1)
+                batch = self.ledger.batches[batch_id]
+                assert batch.verdicts is not None and batch.verdicts[int(index)].accepted
+                assert batch.policy_version >= step - self.config.orchestrator.async_level
+        assert all(step in self.ledger.claims for step in range(self.ledger.step))
+
+
+LedgerMachine.TestCase.settings = settings(max_examples=20, stateful_step_count=25, deadline=None)
+test_ledger_state_machine = LedgerMachine.TestCase
