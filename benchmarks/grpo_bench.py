@@ -39,7 +39,7 @@ SEQ = 2048
 HIDDEN = 896
 
 
-def _status_kib(field: str) -> int:
+def status_kib(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -47,7 +47,7 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def _reset_peak() -> bool:
+def reset_peak() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -124,10 +124,10 @@ def measure_memory(group: str, variant: str) -> dict[str, float]:
     op = naive if variant == "naive" else ours
     warm_up()
     gc.collect()
-    before = _status_kib("VmRSS")
-    exact = _reset_peak()
+    before = status_kib("VmRSS")
+    exact = reset_peak()
     op()
-    peak = _status_kib("VmHWM") if exact else _status_kib("VmPeak")
+    peak = status_kib("VmHWM") if exact else status_kib("VmPeak")
     return {"peak_extra_mib": (peak - before) / 1024}
 
 

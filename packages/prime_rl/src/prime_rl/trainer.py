@@ -43,6 +43,7 @@ from prime_rl.checkpoint import TrainerState, latest_step, load_checkpoint, save
 from prime_rl.client import OrchestratorClient, OrchestratorUnavailable
 from prime_rl.metrics import get_metrics, init_process
 from prime_rl.optimization import old_logprobs_for, rank_share, train_minibatch, warmup_lambda
+from prime_rl.policy_dirs import version_dir
 from prime_rl.protocol import TrainSample
 from prime_rl.trainer_config import TrainerConfig
 from prime_rl.weights import POLICY_FILENAME, save_policy
@@ -256,7 +257,7 @@ class Trainer:
             )
 
     def _policy_path(self, version: int) -> Path:
-        return self.policy_dir / f"v{version}" / POLICY_FILENAME
+        return version_dir(self.policy_dir, version) / POLICY_FILENAME
 
     def _publish(self, version: int) -> None:
         """Write and publish ``version`` (rank 0 writes; every rank joins the gather)."""
