@@ -2,7 +2,7 @@
 
 Reads one marshal-encoded job on stdin: {"program", "mode": "stdio"|"call", "fn_name",
 "inputs", "timeout_s", "memory_mb", "max_output", "nproc", "fsize_mb", "nofile", "uid",
-"kill_all", "unshare_net"} and prints one `repr(dict)` line per test (the host reads it
+"kill_all", "isolate", "scratch"} and prints one `repr(dict)` line per test (the host reads it
 with `ast.literal_eval`). Only builtin/C modules are imported (no json, enum, traceback),
 which keeps interpreter startup to a few milliseconds. For each input it forks a child that sets its own rlimits and new session,
 then runs the program; the runner enforces the wall deadline and output cap, kills the
@@ -33,22 +33,112 @@ def _prctl_not_dumpable():
         pass
 
 
-def _unshare_net():
+def _die(message):
+    """Refuse to run anything: the host sees EOF before "ready" and reports this line."""
+    os.write(2, ("sandbox runner: " + message + "\n").encode())
+    os._exit(70)
+
+
+def _drop_privileges(uid):
+    """root -> `uid` for good (groups, gid, then uid), verified; aborts the runner otherwise."""
+    try:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)  # also clears the dumpable flag and every capability
+    except OSError as exc:
+        _die("cannot drop root privileges: " + str(exc))
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid) or os.getgroups():
+        _die("privileges were not fully dropped")
+    try:
+        os.setuid(0)
+    except OSError:
+        return
+    _die("setuid(0) succeeded after dropping privileges")
+
+
+def _no_new_privs():
+    """PR_SET_NO_NEW_PRIVS: execve can never gain privileges again (setuid binaries, caps)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None).prctl(38, 1, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+_NEWNS, _NEWUTS, _NEWIPC, _NEWUSER, _NEWNET = 0x20000, 0x4000000, 0x8000000, 0x10000000, 0x40000000
+_RDONLY, _NOSUID, _NODEV, _NOEXEC, _REMOUNT, _BIND, _REC, _PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+_KEEP = {b"nosuid": _NOSUID, b"nodev": _NODEV, b"noexec": _NOEXEC, b"noatime": 1024, b"nodiratime": 2048}
+_KEEP[b"relatime"] = 1 << 21
+
+
+def _unescape(path):
+    """mountinfo escapes space, tab, newline and backslash as \\ooo (octal)."""
+    out = bytearray()
+    i = 0
+    while i < len(path):
+        if path[i] == 92 and path[i + 1 : i + 4].isdigit():
+            out.append(int(path[i + 1 : i + 4], 8))
+            i += 4
+        else:
+            out.append(path[i])
+            i += 1
+    return bytes(out)
+
+
+def _readonly_except(libc, scratch):
+    """In a fresh mount namespace: every mount read-only except a bind mount of `scratch`.
+
+    Existing nosuid/nodev/noexec/atime flags are kept (nosuid is added). True iff every
+    remount succeeded. Nothing here is visible outside this runner's mount namespace.
+    """
+    target = scratch.encode()
+    if libc.mount(None, b"/", None, _REC | _PRIVATE, None) != 0:
+        return False
+    if libc.mount(target, target, None, _BIND, None) != 0:
+        return False
+    with open("/proc/self/mountinfo", "rb") as f:
+        lines = f.read().splitlines()
+    ok = True
+    for line in lines:
+        fields = line.split(b" ")
+        point, options = _unescape(fields[4]), fields[5].split(b",")
+        if point == target or b"ro" in options:
+            continue
+        flags = _REMOUNT | _BIND | _RDONLY | _NOSUID
+        for name in options:
+            flags |= _KEEP.get(name, 0)
+        if libc.mount(None, point, None, flags, None) != 0:
+            ok = False
+    return ok
+
+
+def _isolate(scratch):
+    """Fallback isolation without bubblewrap: (network isolated, filesystem read-only).
+
+    As root: new network, mount, IPC and UTS namespaces, then `_readonly_except(scratch)`.
+    Not root: a network namespace inside a new user namespace where the kernel allows it.
+    """
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(0x40000000) == 0:  # CLONE_NEWNET (root)
-            return True
-        return libc.unshare(0x10000000 | 0x40000000) == 0  # with CLONE_NEWUSER (unprivileged)
+        libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
+        if os.getuid() != 0:
+            return libc.unshare(_NEWUSER | _NEWNET) == 0, False
+        if libc.unshare(_NEWNET | _NEWNS | _NEWIPC | _NEWUTS) == 0:
+            return True, _readonly_except(libc, scratch)
+        return libc.unshare(_NEWNET) == 0, False
     except Exception:
-        return False
+        return False, False
 
 
 def _child(job, index, scratch, in_fd, out_w, err_w, res_w):
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setsid()
+    if job["uid"] is not None and 0 in os.getresuid():  # never run untrusted code as root
+        os._exit(70)
     limits = [
         (resource.RLIMIT_CPU, int(job["timeout_s"]) + 1),
         (resource.RLIMIT_FSIZE, job["fsize_mb"] * 1024 * 1024),
@@ -280,17 +370,20 @@ def main():
     signal.set_wakeup_fd(_WAKE_W)
     job = marshal.loads(sys.stdin.buffer.read())
     os.close(0)
-    net_isolated = _unshare_net() if job.get("unshare_net") else None
     scratch = job.get("scratch") or "/tmp"
+    net_isolated = fs_readonly = None
+    if job.get("isolate"):  # the rlimit fallback (bubblewrap already did all of this)
+        net_isolated, fs_readonly = _isolate(scratch)
     uid = job.get("uid")
-    if uid is not None and os.getuid() == 0:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)  # also clears the dumpable flag
+    if uid is not None:
+        _drop_privileges(uid)
     else:
         _prctl_not_dumpable()
+    no_new_privs = _no_new_privs() if job.get("isolate") else None
     out = sys.stdout
-    out.write(repr({"ready": True, "uid": os.getuid(), "net_isolated": net_isolated}) + "\n")
+    ready = {"ready": True, "uid": os.getuid(), "net_isolated": net_isolated, "fs_readonly": fs_readonly}
+    ready["no_new_privs"] = no_new_privs
+    out.write(repr(ready) + "\n")
     out.flush()
     for index in range(len(job["inputs"])):
         out.write(repr(run_one(job, index, scratch)) + "\n")

@@ -28,7 +28,6 @@ import atexit
 import contextlib
 import marshal
 import os
-import random
 import select
 import shutil
 import subprocess
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from verifiers.code.privileges import fallback_python, fresh_uid
 from verifiers.errors import SandboxError
 
 RUNNER_SOURCE = (Path(__file__).with_name("_runner.py")).read_text()
@@ -134,16 +134,6 @@ def _bwrap_command() -> list[str]:
     return args
 
 
-@cache
-def _world_readable_python() -> bool:
-    path = os.path.realpath(sys.base_prefix)
-    while path != "/":
-        if not os.stat(path).st_mode & 0o001:
-            return False
-        path = os.path.dirname(path)
-    return True
-
-
 def default_sandbox() -> str:
     """ "bwrap" if usable here, else "rlimit"."""
     return "bwrap" if bwrap_available() else "rlimit"
@@ -181,11 +171,11 @@ def run_in_sandbox(
         raise ValueError(f"sandbox must be one of {SANDBOX_KINDS}, got {kind!r}")
     if kind == "bwrap" and not bwrap_available():
         raise SandboxError("bubblewrap requested but `bwrap` is missing or cannot create namespaces here")
-    # As root, run tests under a fresh unprivileged uid (RLIMIT_NPROC is not enforced for
-    # root). The fallback can only do so if that uid can still read the interpreter.
-    droppable = kind == "bwrap" or _world_readable_python()
-    uid = random.randint(200_000, 260_000) if os.getuid() == 0 and droppable else None
-    scratch_dir = None
+    # As root, tests run under a fresh unprivileged uid (RLIMIT_NPROC is not enforced for
+    # root). The fallback refuses to run at all when it cannot drop privileges.
+    if kind == "rlimit" and fallback_python().path is None:
+        return RawRun([], kind, fallback_python().reason)
+    uid = fresh_uid() if os.getuid() == 0 else None
     job = {
         "program": program,
         "mode": mode,
@@ -199,10 +189,11 @@ def run_in_sandbox(
         "nofile": limits.nofile,
         "uid": uid,
         "kill_all": kind == "bwrap",
-        "unshare_net": kind == "rlimit",
+        "isolate": kind == "rlimit",
     }
+    scratch_dir = None
     if kind == "rlimit":
-        scratch_dir = tempfile.mkdtemp(prefix="verifiers-scratch-")
+        scratch_dir = os.path.realpath(tempfile.mkdtemp(prefix="verifiers-scratch-"))
         os.chmod(scratch_dir, 0o700)
         if uid is not None:
             os.chown(scratch_dir, uid, uid)
@@ -218,7 +209,10 @@ def _start_runner(kind: str) -> subprocess.Popen:
     if kind == "bwrap":
         command = [*_bwrap_command(), "-c", RUNNER_SOURCE]
     else:
-        command = [sys.executable, "-I", "-S", "-c", RUNNER_SOURCE]
+        python = fallback_python().path
+        if python is None:  # run_in_sandbox never asks for one then
+            raise SandboxError(fallback_python().reason)
+        command = [python, "-I", "-S", "-c", RUNNER_SOURCE]
     return subprocess.Popen(
         command,
         stdin=subprocess.PIPE,
@@ -296,7 +290,7 @@ def _drive(proc: subprocess.Popen, job: dict, kind: str, n_tests: int, limits: L
         buffer = b""
         fd = proc.stdout.fileno()
         ready_seen = False
-        while len(tests) < n_tests:
+        while len(tests) < n_tests and error is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 error = "sandbox exceeded its overall deadline"
@@ -314,6 +308,9 @@ def _drive(proc: subprocess.Popen, job: dict, kind: str, n_tests: int, limits: L
                 message = _parse_report(line)
                 if not ready_seen:
                     ready_seen = True
+                    if job["uid"] is not None and message.get("uid") != job["uid"]:
+                        error = f"runner did not drop privileges (uid {message.get('uid')})"
+                        break
                     continue
                 tests.append(message)
     finally:
