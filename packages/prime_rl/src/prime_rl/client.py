@@ -1,8 +1,9 @@
 """The one HTTP client for the orchestrator API (used by worker, validator, trainer, evaluator).
 
 Every call has a per-request timeout and bounded retries with exponential backoff (at least the
-server's ``Retry-After``) on connection errors, timeouts and 5xx/429 answers (``OrchestratorBusy``
-when the last answer was 429 ``busy``, else ``OrchestratorUnavailable``); a 4xx answer is the caller's fault and raises at once
+server's ``Retry-After``, honoured up to ``max_retry_after_s``) on connection errors, timeouts and
+5xx/429 answers (``OrchestratorBusy`` when the last answer was a 429 (``busy`` lease backpressure
+or ``rate_limited`` registration), else ``OrchestratorUnavailable``); a 4xx answer is the caller's fault and raises at once
 (``ClientRequestError`` with the server's message). Every request the client retries is
 idempotent on the server (see API.md), so a retry after a lost answer is safe.
 
@@ -19,7 +20,9 @@ Pitfall: a ``requests.Session`` is not safe to share between threads; use one cl
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import requests
@@ -80,7 +83,8 @@ class OrchestratorUnavailable(ApiError):
 
 
 class OrchestratorBusy(OrchestratorUnavailable):
-    """The orchestrator kept answering 429 ``busy`` (lease backpressure): sleep and ask again later."""
+    """The orchestrator kept answering 429 (``busy``: lease backpressure; ``rate_limited``: too many
+    registrations from this address): sleep and ask again later."""
 
 
 class OrchestratorClient:
@@ -91,8 +95,11 @@ class OrchestratorClient:
         timeout_s: per-request timeout (connect and read), default 30.
         retries: retries after the first attempt on transient failures, default 5.
         backoff_s: first backoff, doubled per retry up to ``max_backoff_s`` (default 0.25 -> 4 s).
+        max_retry_after_s: longest server ``Retry-After`` honoured before a retry (default 60 s).
         admin_token: bearer token for the trusted endpoints (validator/trainer/ban).
         worker_token: bearer token of a registered worker (set by ``register``).
+        registration_token: bearer token ``register`` sends (``orchestrator.registration_token``).
+        sleep: how the client waits between attempts (default ``time.sleep``; tests inject one).
     """
 
     def __init__(
@@ -103,16 +110,22 @@ class OrchestratorClient:
         retries: int = 5,
         backoff_s: float = 0.25,
         max_backoff_s: float = 4.0,
+        max_retry_after_s: float = 60.0,
         admin_token: str = "",
         worker_token: str = "",
+        registration_token: str = "",
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        self.max_retry_after_s = max_retry_after_s
         self.admin_token = admin_token
         self.worker_token = worker_token
+        self.registration_token = registration_token
+        self.sleep = sleep
         self._session = requests.Session()
 
     def close(self) -> None:
@@ -150,7 +163,7 @@ class OrchestratorClient:
         for attempt in range(attempts):
             if attempt:
                 backoff = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
-                time.sleep(max(backoff, retry_after))
+                self.sleep(max(backoff, retry_after))
             try:
                 response = self._session.request(
                     method, url, data=data, params=params, headers=headers, timeout=self.timeout_s
@@ -162,10 +175,7 @@ class OrchestratorClient:
             if response.status_code in _RETRY_STATUS:
                 last_problem = f"HTTP {response.status_code}: {response.text[:200]}"
                 busy = response.status_code == 429
-                try:
-                    retry_after = min(self.max_backoff_s, float(response.headers.get("Retry-After", 0)))
-                except ValueError:
-                    retry_after = 0.0
+                retry_after = self._retry_after(response)
                 continue
             busy = False
             if 400 <= response.status_code < 500:
@@ -188,6 +198,15 @@ class OrchestratorClient:
         error_type = OrchestratorBusy if busy else OrchestratorUnavailable
         raise error_type(f"{method} {url}: no answer after {attempts} attempts ({last_problem})")
 
+    def _retry_after(self, response: requests.Response) -> float:
+        """The answer's ``Retry-After`` seconds, clipped to [0, max_retry_after_s] (0 if absent or
+        unparsable; an HTTP-date form is not used by the orchestrator and counts as absent)."""
+        try:
+            seconds = float(response.headers.get("Retry-After", 0))
+        except ValueError:
+            return 0.0
+        return min(self.max_retry_after_s, seconds) if math.isfinite(seconds) and seconds > 0 else 0.0
+
     # ------------------------------------------------------------- public endpoints
 
     def status(self) -> StatusResponse:
@@ -206,8 +225,16 @@ class OrchestratorClient:
                 time.sleep(poll_s)
 
     def register(self, name: str = "") -> RegisterResponse:
-        """POST /workers/register; remembers the returned token for /tasks and /rollouts."""
-        answer = self.request("POST", "/workers/register", RegisterResponse, body=RegisterRequest(name=name))
+        """POST /workers/register (with ``registration_token`` if set); remembers the returned token
+        for /tasks and /rollouts. A 429 ``rate_limited`` or 503 ``worker_limit`` answer is retried
+        after its ``Retry-After`` like any 429/5xx; registering twice makes two workers."""
+        answer = self.request(
+            "POST",
+            "/workers/register",
+            RegisterResponse,
+            body=RegisterRequest(name=name),
+            token=self.registration_token,
+        )
         self.worker_token = answer.token
         return answer
 

@@ -166,6 +166,23 @@ class OrchestratorConfig(Section):
         default="",
         description="Bearer token required on validator/trainer endpoints ('' = no check; trusted LAN only).",
     )
+    registration_token: str = Field(
+        default="",
+        description="Bearer token POST /workers/register requires ('' = anyone may register, like admin_token).",
+    )
+    register_rate_per_minute: float = Field(
+        default=30.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Registrations per minute one client address may sustain (429 beyond; 0 = no limit). "
+        "30 lets a few restarting workers through; a registration flood fills the worker table slowly.",
+    )
+    register_burst: int = Field(
+        default=30, ge=1, description="Registrations one client address may make at once (token bucket size)."
+    )
+    max_workers: int = Field(
+        default=10_000, ge=1, description="Registered, unbanned workers at most (503 worker_limit beyond)."
+    )
     max_buffered_samples: int = Field(
         default=0,
         ge=0,

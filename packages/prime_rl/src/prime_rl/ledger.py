@@ -58,6 +58,9 @@ __all__ = ["EXPIRED", "MAX_OPEN_LEASES", "ApiFailure", "Ledger", "TaskPrompts"]
 MAX_OPEN_LEASES = 4
 """Unanswered, unexpired leases one worker may hold (bounds task hoarding and unleased submissions)."""
 
+WORKER_LIMIT_RETRY_S = 60.0
+"""``Retry-After`` of a registration refused because ``orchestrator.max_workers`` is reached."""
+
 
 class Ledger:
     """All orchestrator state and rules (see module docstring).
@@ -123,6 +126,17 @@ class Ledger:
     # ------------------------------------------------------------------ workers
 
     def register(self, name: str) -> RegisterResponse:
+        """A new worker id and token; ApiFailure 503 ``worker_limit`` once ``orchestrator.max_workers``
+        registered workers are not banned (bans free room; so does nothing else)."""
+        active, limit = self.workers.active_count(), self.orch.max_workers
+        if active >= limit:
+            raise ApiFailure(
+                503,
+                "worker_limit",
+                f"{active} registered workers are not banned (orchestrator.max_workers = {limit}); "
+                "registration reopens when workers are banned",
+                retry_after_s=WORKER_LIMIT_RETRY_S,
+            )
         worker, token = self.workers.register(name)
         return RegisterResponse(worker_id=worker.worker_id, token=token)
 

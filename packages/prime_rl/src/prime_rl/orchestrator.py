@@ -6,6 +6,12 @@ one lock in a worker thread (the ledger fsyncs, which must not stall the event l
 ``ApiFailure`` becomes its JSON error; any other exception becomes a logged 500; the service
 never dies on a request. A background task expires leases every second.
 
+Registration is open to untrusted clients, so ``POST /workers/register`` is rate limited per
+client address (token buckets of rate_limit.py: ``orchestrator.register_rate_per_minute`` and
+``register_burst``; 429 ``rate_limited`` with ``Retry-After``), needs
+``orchestrator.registration_token`` when one is set (401 otherwise), and the ledger caps the
+unbanned workers at ``orchestrator.max_workers`` (503 ``worker_limit``).
+
 Run it with ``prime-rl orchestrator --config FILE`` or embed ``OrchestratorServer`` (tests do).
 """
 
@@ -14,8 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import secrets
 import signal
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -33,6 +42,7 @@ from prime_rl.protocol import (
     RolloutBatch,
     VerdictRequest,
 )
+from prime_rl.rate_limit import TokenBuckets, client_key
 from prime_rl.store import RolloutStore, StoreError
 
 __all__ = ["ROUTES", "OrchestratorServer", "build_app", "main"]
@@ -59,8 +69,10 @@ ROUTES: dict[tuple[str, str], type[BaseModel] | None] = {
 _MAX_QUERY_INT = 2**62
 
 
-def _error(status: int, error: str, message: str) -> web.Response:
-    headers = {"Retry-After": "1"} if status in (429, 503) else None
+def _error(status: int, error: str, message: str, retry_after_s: float | None = None) -> web.Response:
+    headers = None
+    if status in (429, 503):  # Retry-After is whole seconds (RFC 9110); never 0, which invites a spin
+        headers = {"Retry-After": str(max(1, math.ceil(retry_after_s or 1.0)))}
     return web.json_response({"error": error, "message": message}, status=status, headers=headers)
 
 
@@ -91,10 +103,22 @@ def _bearer(request: web.Request) -> str:
     return header[7:].strip() if header.startswith("Bearer ") else ""
 
 
+def _require_token(request: web.Request, expected: str, what: str) -> None:
+    """ApiFailure 401 unless ``expected`` is empty or the request carries it as its bearer token."""
+    if expected and not secrets.compare_digest(_bearer(request).encode(), expected.encode()):
+        raise ApiFailure(401, "unauthorized", f"this endpoint needs the {what} (Authorization: Bearer ...)")
+
+
 class _Api:
-    def __init__(self, ledger: Ledger, admin_token: str) -> None:
+    def __init__(self, ledger: Ledger, config: RunConfig, registration_clock: Callable[[], float]) -> None:
+        orch = config.orchestrator
         self.ledger = ledger
-        self.admin_token = admin_token
+        self.admin_token = orch.admin_token
+        self.registration_token = orch.registration_token
+        # Only touched on the event loop thread (no await between check and spend): needs no lock.
+        self.registrations = TokenBuckets(
+            orch.register_rate_per_minute, orch.register_burst, clock=registration_clock
+        )
         self.lock = asyncio.Lock()
 
     async def call(self, function: Callable[..., Any], *args: Any) -> Any:
@@ -109,9 +133,20 @@ class _Api:
             raise ApiFailure(400, "bad_request", _validation_message(error)) from None
 
     def require_admin(self, request: web.Request) -> None:
-        if self.admin_token and _bearer(request) != self.admin_token:
+        _require_token(request, self.admin_token, "admin token")
+
+    def admit_registration(self, request: web.Request) -> None:
+        """ApiFailure 429 ``rate_limited`` when the client's address is over its registration rate."""
+        key = client_key(request.remote)
+        admission = self.registrations.admit(key)
+        if not admission.allowed:
+            log.debug("registration from %s rate limited", key)
             raise ApiFailure(
-                401, "unauthorized", "this endpoint needs the admin token (Authorization: Bearer ...)"
+                429,
+                "rate_limited",
+                f"too many registrations from {key} (orchestrator.register_rate_per_minute); "
+                f"retry in {admission.retry_after_s:.1f} s",
+                retry_after_s=admission.retry_after_s,
             )
 
     # -------------------------------------------------------------- handlers
@@ -123,6 +158,8 @@ class _Api:
         return _model_response(await self.call(self.ledger.status))
 
     async def register(self, request: web.Request) -> web.Response:
+        self.admit_registration(request)  # first: wrong tokens and bad bodies count against the rate too
+        _require_token(request, self.registration_token, "registration token")
         body = await self.body(request, RegisterRequest)
         return _model_response(await self.call(self.ledger.register, body.name))
 
@@ -204,7 +241,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiFailure as failure:
-        return _error(failure.status, failure.error, failure.message)
+        return _error(failure.status, failure.error, failure.message, failure.retry_after_s)
     except web.HTTPRequestEntityTooLarge as error:
         return _error(413, "too_large", f"request body over the limit: {error.text}")
     except web.HTTPNotFound:
@@ -224,9 +261,14 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(500, "internal", "internal error (logged); the request may be retried")
 
 
-def build_app(ledger: Ledger, config: RunConfig) -> web.Application:
-    """The aiohttp application serving ``ledger`` (with the lease-expiry background task)."""
-    api = _Api(ledger, config.orchestrator.admin_token)
+def build_app(
+    ledger: Ledger, config: RunConfig, *, registration_clock: Callable[[], float] = time.monotonic
+) -> web.Application:
+    """The aiohttp application serving ``ledger`` (with the lease-expiry background task).
+
+    ``registration_clock``: monotonic seconds for the registration rate limit (tests inject one).
+    """
+    api = _Api(ledger, config, registration_clock)
     app = web.Application(middlewares=[_errors], client_max_size=config.orchestrator.max_request_bytes)
     handlers: dict[tuple[str, str], Handler] = {
         ("GET", "/health"): api.health,
@@ -269,10 +311,19 @@ class OrchestratorServer:
     """Run the orchestrator in a background thread (for tests and embedding).
 
     ``with OrchestratorServer(config, tasks) as server: server.url``; port 0 picks a free port.
+    ``registration_clock`` drives the registration rate limit (default ``time.monotonic``).
     """
 
-    def __init__(self, config: RunConfig, tasks: Any, *, metrics: MetricsWriter | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        tasks: Any,
+        *,
+        metrics: MetricsWriter | None = None,
+        registration_clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
+        self.registration_clock = registration_clock
         self.store = RolloutStore(config.orchestrator_data_dir)
         self.ledger = Ledger(config, tasks, self.store, metrics=metrics)
         self._thread: threading.Thread | None = None
@@ -302,7 +353,9 @@ class OrchestratorServer:
 
     async def _start(self) -> None:
         self._runner = web.AppRunner(
-            build_app(self.ledger, self.config), access_log=None, shutdown_timeout=2.0
+            build_app(self.ledger, self.config, registration_clock=self.registration_clock),
+            access_log=None,
+            shutdown_timeout=2.0,
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.orchestrator.host, self.config.orchestrator.port)
