@@ -160,3 +160,32 @@ class LedgerMachine(RuleBasedStateMachine):
 
 LedgerMachine.TestCase.settings = settings(max_examples=20, stateful_step_count=25, deadline=None)
 test_ledger_state_machine = LedgerMachine.TestCase
+
+
+def test_restart_keeps_expired_leases_queued_for_reassignment(config_for: Any) -> None:
+    """A lease that expired before a crash is reissued (same tasks, named source) after the rebuild,
+    and only once: after a second rebuild the next lease is a fresh assignment."""
+    from prime_rl.tasks import TaskSet
+
+    config = config_for("--orchestrator.task_timeout_s", "10")
+    tasks = TaskSet([{"prompt": f"q{i}"} for i in range(6)])
+    now = [0.0]
+
+    def open_ledger() -> Ledger:
+        return Ledger(config, tasks, RolloutStore(config.orchestrator_data_dir), clock=lambda: now[0])
+
+    ledger = open_ledger()
+    dead = ledger.workers[ledger.register("dies").worker_id]
+    abandoned = ledger.lease(dead, None, None)
+    now[0] = 11.0
+    assert ledger.expire_leases() == 1
+    ledger = open_ledger()
+    live = ledger.workers[ledger.register("lives").worker_id]
+    reissued = ledger.lease(live, None, None)
+    assert reissued.reassigned_from is not None and reissued.reassigned_from.worker_id == dead.worker_id
+    assert [t.task_id for t in reissued.tasks] == [t.task_id for t in abandoned.tasks]
+    ledger = open_ledger()
+    assert ledger.lease(ledger.workers[live.worker_id], None, None).reassigned_from is None
+    stats = {w.worker_id: w for w in ledger.workers_view().workers}
+    assert (stats[dead.worker_id].leases_issued, stats[dead.worker_id].leases_expired) == (1, 1)
+    assert stats[live.worker_id].leases_issued == 2
