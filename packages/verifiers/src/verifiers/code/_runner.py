@@ -57,11 +57,15 @@ def _drop_privileges(uid):
 
 
 def _no_new_privs():
-    """PR_SET_NO_NEW_PRIVS: execve can never gain privileges again (setuid binaries, caps)."""
+    """PR_SET_NO_NEW_PRIVS (execve can never gain privileges again: setuid binaries, file
+    caps) and PR_SET_CHILD_SUBREAPER (orphans of a test are re-parented to us and reaped,
+    so `_wait_uid_empty` never waits on zombies). True iff no_new_privs is set."""
     try:
         import ctypes
 
-        return ctypes.CDLL(None).prctl(38, 1, 0, 0, 0) == 0
+        libc = ctypes.CDLL(None)
+        libc.prctl(36, 1, 0, 0, 0)
+        return libc.prctl(38, 1, 0, 0, 0) == 0
     except Exception:
         return False
 
@@ -192,7 +196,14 @@ def _child(job, index, scratch, in_fd, out_w, err_w, res_w):
 
 
 def _kill_tree(pid, kill_all):
-    if kill_all:  # alone in a PID namespace: everything but us and init goes
+    """SIGKILL the test's session; with `kill_all`, every process we may signal.
+
+    kill_all "namespace" (bubblewrap): alone in a PID namespace, everything but us and init.
+    kill_all "uid" (fallback as root): every process of our fresh uid, i.e. of this run,
+    including ones that left the session. kill(-1) never signals the caller itself; as root
+    it would signal the whole host, so it is never sent as uid 0.
+    """
+    if kill_all == "namespace" or (kill_all == "uid" and os.getuid() != 0):
         try:  # noqa: SIM105
             os.kill(-1, signal.SIGKILL)
         except OSError:
@@ -216,6 +227,25 @@ def _wait_namespace_empty(limit_s=2.0):
             os.kill(-1, signal.SIGKILL)
         except OSError:
             pass
+        time.sleep(0.001)
+
+
+def _wait_uid_empty(limit_s=2.0):
+    """Until we have no child left. As child subreaper we inherit every orphan of the test,
+    so this means every process of the run is dead and reaped. (kill(-1) cannot tell:
+    outside a PID namespace it counts processes it may not signal and never says ESRCH.)"""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            return
+        if os.getuid() != 0:
+            try:  # noqa: SIM105
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass
         time.sleep(0.001)
 
 
@@ -335,8 +365,10 @@ def run_one(job, index, base_scratch):
         except ChildProcessError:
             exit_code = -9
     _reap()
-    if job["kill_all"]:
+    if job["kill_all"] == "namespace":
         _wait_namespace_empty()
+    elif job["kill_all"] == "uid":
+        _wait_uid_empty()
     _remove_tree(scratch)
     for fd in buffers:
         os.close(fd)

@@ -188,7 +188,8 @@ def run_in_sandbox(
         "fsize_mb": limits.fsize_mb,
         "nofile": limits.nofile,
         "uid": uid,
-        "kill_all": kind == "bwrap",
+        # after each test: the whole PID namespace, or (fallback as root) the fresh uid
+        "kill_all": "namespace" if kind == "bwrap" else ("uid" if uid is not None else None),
         "isolate": kind == "rlimit",
     }
     scratch_dir = None

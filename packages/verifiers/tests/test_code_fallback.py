@@ -1,0 +1,217 @@
+"""The rlimit fallback as root: hostile probes are contained without bubblewrap.
+
+Every probe runs with `sandbox="rlimit"` and reports what it managed to do; the host then
+checks its own state too. These tests need root (only then does the fallback drop to a
+fresh uid and build namespaces); `test_refuses_*` runs everywhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import socket
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from verifiers.code import run_tests
+from verifiers.code import sandbox as sandbox_module
+from verifiers.code.privileges import UID_RANGE, FallbackPython, _starts_unprivileged, fallback_python
+
+ROOT = os.getuid() == 0
+as_root = pytest.mark.skipif(not ROOT, reason="the fallback drops privileges only when the host runs as root")
+needs_fallback = pytest.mark.skipif(
+    fallback_python().path is None,
+    reason="rlimit fallback refuses to run here (root, no unprivileged interpreter)",
+)
+
+
+def _run(program: str, expected: str, **kwargs):
+    return run_tests(program, {"inputs": [""], "outputs": [expected]}, sandbox="rlimit", **kwargs)
+
+
+def _assert_passed(result) -> None:
+    outcome = result.outcomes[0]
+    assert result.passed == 1, (outcome.status, outcome.stderr_tail, result.error)
+
+
+@pytest.fixture
+def public_dir():
+    """A fresh directory in /tmp that others may search (0755); pytest's tmp_path is 0700."""
+    path = Path(tempfile.mkdtemp(prefix="verifiers-probe-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.fixture
+def open_dir(public_dir):
+    """A world-writable (0777, no sticky bit) directory holding a file root owns."""
+    public_dir.chmod(0o777)
+    (public_dir / "victim").write_text("intact")
+    return public_dir
+
+
+@as_root
+@needs_fallback
+def test_runs_as_a_fresh_uid_that_cannot_regain_root():
+    program = (
+        "import os\n"
+        "uid = os.getuid()\n"
+        f"print({UID_RANGE[0]} <= uid < {UID_RANGE[1]}, os.getresuid() == (uid,) * 3, os.getresgid() == (uid,) * 3)\n"
+        "print(os.getgroups(), [l.split()[1] for l in open('/proc/self/status') if l.startswith('NoNewPrivs')])\n"
+        "try:\n    os.setuid(0)\n    print('became root')\nexcept PermissionError:\n    print('stays unprivileged')\n"
+        "open('scratch-file', 'w').write('fine')\nprint(open('scratch-file').read())"
+    )
+    _assert_passed(_run(program, "True True True\n[] ['1']\nstays unprivileged\nfine"))
+
+
+@as_root
+@needs_fallback
+def test_clean_environment_and_no_inherited_fds():
+    leaked = os.open(os.devnull, os.O_RDONLY)  # not inheritable, but make sure nothing leaks
+    os.set_inheritable(leaked, True)
+    try:
+        program = (
+            "import os\nprint(sorted(os.environ))\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))"
+        )
+        # 0-2 stdio, 3 the call-mode result pipe, 4 the directory being listed
+        _assert_passed(_run(program, "['LANG', 'PATH']\n[0, 1, 2, 3, 4]"))
+    finally:
+        os.close(leaked)
+
+
+@as_root
+@needs_fallback
+def test_writes_outside_scratch_are_contained(tmp_path, open_dir):
+    tag = uuid.uuid4().hex
+    targets = [
+        str(tmp_path / f"escape-{tag}"),  # root-owned 0700 directory
+        str(open_dir / f"escape-{tag}"),  # world-writable directory
+        f"/tmp/escape-{tag}",  # world-writable, sticky
+        f"/var/tmp/escape-{tag}",
+        f"/dev/shm/escape-{tag}",
+        f"/usr/escape-{tag}",
+        f"/escape-{tag}",
+    ]
+    program = (
+        "import os\nescaped = []\n"
+        f"for path in {targets!r}:\n"
+        "    try:\n        open(path, 'w').write('x')\n        escaped.append(path)\n    except OSError:\n        pass\n"
+        "for action in (lambda: os.remove(VICTIM), lambda: os.rename(VICTIM, VICTIM + '2'),\n"
+        "               lambda: open(VICTIM, 'w').write('overwritten')):\n"
+        "    try:\n        action()\n        escaped.append('victim')\n    except OSError:\n        pass\n"
+        "open('in-scratch', 'w').write('ok')\nprint(escaped, open('in-scratch').read())"
+    ).replace("VICTIM", repr(str(open_dir / "victim")))
+    _assert_passed(_run(program, "[] ok"))
+    assert [t for t in targets if Path(t).exists()] == []
+    assert sorted(p.name for p in open_dir.iterdir()) == ["victim"]
+    assert (open_dir / "victim").read_text() == "intact"
+
+
+@as_root
+@needs_fallback
+def test_root_only_file_cannot_be_read(public_dir):
+    (public_dir / "secret").write_text(uuid.uuid4().hex)
+    (public_dir / "secret").chmod(0o600)
+    (public_dir / "public").write_text("public")
+    (public_dir / "public").chmod(0o644)
+    program = (
+        "def read(path):\n    try:\n        return open(path).read()\n"
+        "    except PermissionError:\n        return 'denied'\n"
+        f"print(read({str(public_dir / 'public')!r}), read({str(public_dir / 'secret')!r}))"
+    )
+    # the world-readable neighbour proves the path is reachable: only the mode stops it
+    _assert_passed(_run(program, "public denied"))
+
+
+@as_root
+@needs_fallback
+def test_fork_bomb_hits_rlimit_nproc():
+    program = (
+        "import os, time\nforks = 0\n"
+        "try:\n    while forks < 1000:\n"
+        "        if os.fork() == 0:\n            time.sleep(60)\n            os._exit(0)\n"
+        "        forks += 1\n"
+        "except OSError as exc:\n    print('limited', forks < 64, exc.errno)"
+    )
+    # RLIMIT_NPROC=64 counts every process of the fresh uid (runner, test, its forks): EAGAIN
+    # well before 64 forks. As uid 0 the limit would be ignored and all 1000 forks succeed.
+    _assert_passed(_run(program, "limited True 11", timeout_per_test=10.0))
+    assert run_tests("print(1)", {"inputs": [""], "outputs": ["1"]}, sandbox="rlimit").passed == 1
+
+
+def _kernel_allows_netns() -> bool:
+    pid = os.fork()
+    if pid == 0:  # try in a throwaway child: unshare would move this process otherwise
+        os._exit(0 if ctypes.CDLL(None).unshare(0x40000000) == 0 else 1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+@as_root
+@needs_fallback
+@pytest.mark.skipif(
+    ROOT and not _kernel_allows_netns(), reason="this kernel refuses unshare(CLONE_NEWNET) to root"
+)
+def test_loopback_listener_is_unreachable():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    program = (
+        "import socket\n"
+        f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('connected')\n"
+        "except OSError as exc:\n    print('blocked', type(exc).__name__)"
+    )
+    try:
+        result = _run(program, "blocked OSError")  # ENETUNREACH: the namespace's lo is down
+        _assert_passed(result)
+        with pytest.raises(TimeoutError):
+            server.accept()  # nothing reached the host's loopback
+    finally:
+        server.close()
+
+
+@as_root
+@needs_fallback
+@pytest.mark.parametrize("mode", [0o700, 0o755])
+def test_interpreter_probe_sees_what_the_dropped_uid_sees(public_dir, mode):
+    # a venv under a root-only directory (pyenv in /root) is exactly the 0o700 case
+    folder = public_dir / "prefix"
+    folder.mkdir()
+    os.symlink(str(fallback_python().path), folder / "python3")
+    folder.chmod(mode)
+    assert _starts_unprivileged(str(folder / "python3")) is (mode == 0o755)
+
+
+def test_refuses_to_run_as_root_without_an_unprivileged_interpreter(monkeypatch):
+    reason = "rlimit fallback refuses to run untrusted code as root: test"
+    monkeypatch.setattr(sandbox_module, "fallback_python", lambda: FallbackPython(None, True, reason))
+    result = run_tests("print(1)", {"inputs": ["", ""], "outputs": ["1", "1"]}, sandbox="rlimit")
+    assert (result.passed, result.sandbox, result.error) == (0, "rlimit", reason)
+    assert [o.status for o in result.outcomes] == ["not_run", "not_run"]
+
+
+@as_root
+@needs_fallback
+def test_background_process_dies_with_its_test():
+    tag = uuid.uuid4().hex
+    program = (
+        "import subprocess\n"
+        f"subprocess.Popen(['/bin/sh', '-c', 'sleep 30 # {tag}'], start_new_session=True,"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\nprint('spawned')"
+    )
+    # it leaves the test's session; the runner kills every process of the run's fresh uid
+    _assert_passed(_run(program, "spawned"))
+    survivors = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if tag.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                survivors.append(pid)
+        except OSError:
+            pass
+    assert survivors == []
