@@ -40,6 +40,7 @@ def test_worker_follows_shardcast_versions_and_is_accepted(tmp_path, tiny_lm_dir
             "--sampling.group_size", "3", "--sampling.max_new_tokens", "5",
             "--shardcast.origin_port", str(origin_port), "--shardcast.relay_ports", "[]",
             "--workers.max_batches", "2", "--workers.weights_poll_s", "0.1",
+            "--orchestrator.registration_token", "s3cret",  # the worker must present it to register
         ],
     )  # fmt: skip
     tasks = load_tasks(config.tasks)

@@ -65,7 +65,9 @@ class Worker:
         self.store = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
         self.follower = VersionFollower(self.store, poll_s=self.cfg.weights_poll_s)
         self.tasks = task_book(config, self.backend.tokenizer)
-        self.client = OrchestratorClient(config.orchestrator.url)
+        self.client = OrchestratorClient(
+            config.orchestrator.url, registration_token=config.orchestrator.registration_token
+        )
         self.worker_id = ""
         self.submitted = 0
         self.stop_event = threading.Event()
