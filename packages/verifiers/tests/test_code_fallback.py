@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from verifiers.code import run_tests
+from verifiers.code import bwrap_available, run_tests
 from verifiers.code import sandbox as sandbox_module
 from verifiers.code.privileges import UID_RANGE, FallbackPython, _starts_unprivileged, fallback_python
 
@@ -215,3 +215,16 @@ def test_background_process_dies_with_its_test():
         except OSError:
             pass
     assert survivors == []
+
+
+@as_root
+@needs_fallback
+@pytest.mark.parametrize("sandbox", ["rlimit", "bwrap"])
+def test_a_drop_that_leaves_root_is_refused(monkeypatch, sandbox):
+    if sandbox == "bwrap" and not bwrap_available():
+        pytest.skip("bubblewrap unusable here")
+    # "dropping" to uid 0 succeeds as a call but must fail the runner's verification
+    monkeypatch.setattr(sandbox_module, "fresh_uid", lambda: 0)
+    result = run_tests("print(1)", {"inputs": [""], "outputs": ["1"]}, sandbox=sandbox)
+    assert (result.passed, result.outcomes[0].status) == (0, "not_run")
+    assert result.error is not None and "setuid(0) succeeded after dropping privileges" in result.error

@@ -9,11 +9,15 @@ concurrent sandboxes cannot signal each other). After every test the runner kill
 process in the namespace except itself, so nothing outlives a test.
 
 Fallback mode ("rlimit"): the same runner without bubblewrap: rlimits per test, a new
-session per test killed as a group, a private scratch directory, a network namespace via
-unshare(2) when the kernel allows it, and (as root, when the interpreter is readable by
-others) an unprivileged uid. Weaker: the
-filesystem is visible (read-only only where permissions say so) and a process that leaves
-its session can outlive its test until the runner exits.
+session per test killed as a group, a private scratch directory, a clean environment and
+no inherited fds, PR_SET_NO_NEW_PRIVS. As root it also drops to `fresh_uid()` (verified;
+it refuses to run, scoring 0, when no interpreter is usable by that uid, see
+`privileges.fallback_python`) inside new network, mount, IPC and UTS namespaces where every
+mount is read-only except the scratch directory; after every test it kills every process
+of that uid. Weaker than bubblewrap: the host filesystem and process list stay visible
+(readable where permissions allow), and as non-root nothing is dropped: the test runs as
+the caller's uid (network namespace only where unprivileged user namespaces are allowed),
+so files the caller may write are writable and background processes can outlive a test.
 
 Both modes run each test in a fresh fork of one runner per program (low overhead) and
 never execute untrusted code in the caller's process. To keep interpreter and namespace
