@@ -228,3 +228,29 @@ def test_a_drop_that_leaves_root_is_refused(monkeypatch, sandbox):
     result = run_tests("print(1)", {"inputs": [""], "outputs": ["1"]}, sandbox=sandbox)
     assert (result.passed, result.outcomes[0].status) == (0, "not_run")
     assert result.error is not None and "setuid(0) succeeded after dropping privileges" in result.error
+
+
+@as_root
+@needs_fallback
+@pytest.mark.skipif(
+    ROOT and not _kernel_allows_netns(), reason="this kernel refuses unshare(CLONE_NEWNET) to root"
+)
+def test_runner_reports_full_isolation(caplog):
+    raw = sandbox_module.run_in_sandbox("print(1)", "stdio", [""], sandbox="rlimit")
+    assert raw.runner_error is None and len(raw.tests) == 1
+    uid = raw.isolation.pop("uid")
+    assert UID_RANGE[0] <= uid < UID_RANGE[1]
+    assert raw.isolation == {"net_isolated": True, "fs_readonly": True, "no_new_privs": True}
+    assert "rlimit sandbox as root runs without" not in caplog.text
+
+
+@as_root
+def test_weak_root_fallback_is_logged_once(caplog, monkeypatch):
+    monkeypatch.setattr(sandbox_module, "_WARNED", set())
+    weak = {"uid": 200_001, "net_isolated": True, "fs_readonly": False, "no_new_privs": True}
+    for _ in range(2):
+        sandbox_module._warn_if_weak("rlimit", weak)
+    sandbox_module._warn_if_weak("bwrap", {"uid": 200_001})
+    assert [r.getMessage() for r in caplog.records] == [
+        "rlimit sandbox as root runs without fs_readonly (kernel refused); use bubblewrap"
+    ]

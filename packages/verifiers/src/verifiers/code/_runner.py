@@ -76,20 +76,6 @@ _KEEP = {b"nosuid": _NOSUID, b"nodev": _NODEV, b"noexec": _NOEXEC, b"noatime": 1
 _KEEP[b"relatime"] = 1 << 21
 
 
-def _unescape(path):
-    """mountinfo escapes space, tab, newline and backslash as \\ooo (octal)."""
-    out = bytearray()
-    i = 0
-    while i < len(path):
-        if path[i] == 92 and path[i + 1 : i + 4].isdigit():
-            out.append(int(path[i + 1 : i + 4], 8))
-            i += 4
-        else:
-            out.append(path[i])
-            i += 1
-    return bytes(out)
-
-
 def _readonly_except(libc, scratch):
     """In a fresh mount namespace: every mount read-only except a bind mount of `scratch`.
 
@@ -106,7 +92,9 @@ def _readonly_except(libc, scratch):
     ok = True
     for line in lines:
         fields = line.split(b" ")
-        point, options = _unescape(fields[4]), fields[5].split(b",")
+        # mountinfo escapes space, tab, newline and backslash as \\ooo (octal)
+        point = fields[4].decode("unicode_escape").encode("latin-1")
+        options = fields[5].split(b",")
         if point == target or b"ro" in options:
             continue
         flags = _REMOUNT | _BIND | _RDONLY | _NOSUID

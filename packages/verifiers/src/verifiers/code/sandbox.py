@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import atexit
 import contextlib
+import logging
 import marshal
 import os
 import select
@@ -39,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -153,11 +154,17 @@ def _parse_report(line: bytes) -> dict:
 
 @dataclass(frozen=True)
 class RawRun:
-    """What the runner reported: one dict per test that finished, plus how the run ended."""
+    """What the runner reported: one dict per test that finished, plus how the run ended.
+
+    `isolation` is the runner's start report: {"uid", "net_isolated", "fs_readonly",
+    "no_new_privs"} (the last three None under bwrap, which does all of it itself), or {}
+    when the runner never started.
+    """
 
     tests: list[dict]
     sandbox: str
     runner_error: str | None
+    isolation: dict = field(default_factory=dict)
 
 
 def run_in_sandbox(
@@ -286,6 +293,7 @@ def _drive(proc: subprocess.Popen, job: dict, kind: str, n_tests: int, limits: L
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     tests: list[dict] = []
     error = None
+    isolation: dict = {}
     try:
         try:
             proc.stdin.write(marshal.dumps(job))
@@ -313,6 +321,8 @@ def _drive(proc: subprocess.Popen, job: dict, kind: str, n_tests: int, limits: L
                 message = _parse_report(line)
                 if not ready_seen:
                     ready_seen = True
+                    isolation = {k: v for k, v in message.items() if k != "ready"}
+                    _warn_if_weak(kind, isolation)
                     if job["uid"] is not None and message.get("uid") != job["uid"]:
                         error = f"runner did not drop privileges (uid {message.get('uid')})"
                         break
@@ -327,4 +337,18 @@ def _drive(proc: subprocess.Popen, job: dict, kind: str, n_tests: int, limits: L
             stream.close()
     if error and not ready_seen:
         error = f"sandbox failed to start: {stderr.decode('utf-8', 'replace').strip()[:500]}"
-    return RawRun(tests, kind, error)
+    return RawRun(tests, kind, error, isolation)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_if_weak(kind: str, isolation: dict) -> None:
+    """Log once per kind of gap when the root fallback could not build its namespaces."""
+    if kind != "rlimit" or os.getuid() != 0:
+        return
+    missing = [k for k in ("net_isolated", "fs_readonly", "no_new_privs") if not isolation.get(k)]
+    message = f"rlimit sandbox as root runs without {', '.join(missing)} (kernel refused); use bubblewrap"
+    if missing and message not in _WARNED:
+        _WARNED.add(message)
+        logging.getLogger("verifiers.code").warning(message)
