@@ -151,11 +151,17 @@ def _kernel_allows_netns() -> bool:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
 
+def _linux_at_least(major: int, minor: int) -> bool:
+    numbers = os.uname().release.split("-")[0].split(".")
+    return (int(numbers[0]), int(numbers[1])) >= (major, minor)
+
+
+NO_NETNS = ROOT and not _kernel_allows_netns()
+
+
 @as_root
 @needs_fallback
-@pytest.mark.skipif(
-    ROOT and not _kernel_allows_netns(), reason="this kernel refuses unshare(CLONE_NEWNET) to root"
-)
+@pytest.mark.skipif(NO_NETNS, reason="this kernel refuses unshare(CLONE_NEWNET) to root")
 def test_loopback_listener_is_unreachable():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -232,25 +238,42 @@ def test_a_drop_that_leaves_root_is_refused(monkeypatch, sandbox):
 
 @as_root
 @needs_fallback
-@pytest.mark.skipif(
-    ROOT and not _kernel_allows_netns(), reason="this kernel refuses unshare(CLONE_NEWNET) to root"
-)
+@pytest.mark.skipif(NO_NETNS, reason="this kernel refuses unshare(CLONE_NEWNET) to root")
 def test_runner_reports_full_isolation(caplog):
     raw = sandbox_module.run_in_sandbox("print(1)", "stdio", [""], sandbox="rlimit")
     assert raw.runner_error is None and len(raw.tests) == 1
     uid = raw.isolation.pop("uid")
     assert UID_RANGE[0] <= uid < UID_RANGE[1]
-    assert raw.isolation == {"net_isolated": True, "fs_readonly": True, "no_new_privs": True}
+    expected = {"net_isolated": True, "fs_readonly": True, "proc_private": True, "no_new_privs": True}
+    assert raw.isolation == expected
     assert "rlimit sandbox as root runs without" not in caplog.text
 
 
 @as_root
 def test_weak_root_fallback_is_logged_once(caplog, monkeypatch):
     monkeypatch.setattr(sandbox_module, "_WARNED", set())
-    weak = {"uid": 200_001, "net_isolated": True, "fs_readonly": False, "no_new_privs": True}
+    weak = {
+        "uid": 200_001,
+        "net_isolated": True,
+        "fs_readonly": False,
+        "proc_private": True,
+        "no_new_privs": True,
+    }
     for _ in range(2):
         sandbox_module._warn_if_weak("rlimit", weak)
     sandbox_module._warn_if_weak("bwrap", {"uid": 200_001})
     assert [r.getMessage() for r in caplog.records] == [
         "rlimit sandbox as root runs without fs_readonly (kernel refused); use bubblewrap"
     ]
+
+
+@as_root
+@needs_fallback
+@pytest.mark.skipif(not _linux_at_least(5, 8), reason="Linux < 5.8: proc mounts share the host's options")
+def test_host_processes_are_invisible():
+    program = (
+        "import os\npids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+        f"print(pids == [str(os.getpid())], {str(os.getpid())!r} in pids)"
+    )
+    # hidepid=invisible: only processes it may ptrace, i.e. itself (the runner is not dumpable)
+    _assert_passed(_run(program, "True False"))

@@ -105,24 +105,44 @@ def _readonly_except(libc, scratch):
     return ok
 
 
-def _isolate(scratch):
-    """Fallback isolation without bubblewrap: (network isolated, filesystem read-only).
+def _private_proc(libc):
+    """A new procfs instance on /proc with hidepid=invisible: our uid sees only its own
+    processes. Only on Linux >= 5.8, where each proc mount has its own options (before,
+    the options belong to the PID namespace's one superblock and would change the host's)."""
+    release = os.uname().release.split(".")
+    try:
+        if (int(release[0]), int(release[1].split("-")[0])) < (5, 8):
+            return False
+    except (IndexError, ValueError):
+        return False
+    flags = _NOSUID | _NODEV | _NOEXEC
+    return libc.mount(b"proc", b"/proc", b"proc", flags, b"hidepid=invisible") == 0
 
-    As root: new network, mount, IPC and UTS namespaces, then `_readonly_except(scratch)`.
-    Not root: a network namespace inside a new user namespace where the kernel allows it.
+
+def _isolate(scratch):
+    """Fallback isolation without bubblewrap: {"net_isolated", "fs_readonly", "proc_private"}.
+
+    As root: new network, mount, IPC and UTS namespaces, then `_readonly_except(scratch)`
+    and `_private_proc`. Not root: a network namespace inside a new user namespace where
+    the kernel allows it.
     """
+    report = {"net_isolated": False, "fs_readonly": False, "proc_private": False}
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
         if os.getuid() != 0:
-            return libc.unshare(_NEWUSER | _NEWNET) == 0, False
-        if libc.unshare(_NEWNET | _NEWNS | _NEWIPC | _NEWUTS) == 0:
-            return True, _readonly_except(libc, scratch)
-        return libc.unshare(_NEWNET) == 0, False
+            report["net_isolated"] = libc.unshare(_NEWUSER | _NEWNET) == 0
+        elif libc.unshare(_NEWNET | _NEWNS | _NEWIPC | _NEWUTS) == 0:
+            report["net_isolated"] = True
+            report["fs_readonly"] = _readonly_except(libc, scratch)
+            report["proc_private"] = _private_proc(libc)
+        else:
+            report["net_isolated"] = libc.unshare(_NEWNET) == 0
     except Exception:
-        return False, False
+        pass
+    return report
 
 
 def _child(job, index, scratch, in_fd, out_w, err_w, res_w):
@@ -391,18 +411,17 @@ def main():
     job = marshal.loads(sys.stdin.buffer.read())
     os.close(0)
     scratch = job.get("scratch") or "/tmp"
-    net_isolated = fs_readonly = None
+    ready = {"ready": True, "net_isolated": None, "fs_readonly": None, "proc_private": None}
     if job.get("isolate"):  # the rlimit fallback (bubblewrap already did all of this)
-        net_isolated, fs_readonly = _isolate(scratch)
+        ready.update(_isolate(scratch))
     uid = job.get("uid")
     if uid is not None:
         _drop_privileges(uid)
     else:
         _prctl_not_dumpable()
-    no_new_privs = _no_new_privs() if job.get("isolate") else None
+    ready["no_new_privs"] = _no_new_privs() if job.get("isolate") else None
+    ready["uid"] = os.getuid()
     out = sys.stdout
-    ready = {"ready": True, "uid": os.getuid(), "net_isolated": net_isolated, "fs_readonly": fs_readonly}
-    ready["no_new_privs"] = no_new_privs
     out.write(repr(ready) + "\n")
     out.flush()
     for index in range(len(job["inputs"])):

@@ -13,9 +13,9 @@ session per test killed as a group, a private scratch directory, a clean environ
 no inherited fds, PR_SET_NO_NEW_PRIVS. As root it also drops to `fresh_uid()` (verified;
 it refuses to run, scoring 0, when no interpreter is usable by that uid, see
 `privileges.fallback_python`) inside new network, mount, IPC and UTS namespaces where every
-mount is read-only except the scratch directory; after every test it kills every process
-of that uid. Weaker than bubblewrap: the host filesystem and process list stay visible
-(readable where permissions allow), and as non-root nothing is dropped: the test runs as
+mount is read-only except the scratch directory and /proc shows only the run's own
+processes (Linux >= 5.8); after every test it kills every process of that uid. Weaker
+than bubblewrap: the host filesystem stays visible (readable where permissions allow), and as non-root nothing is dropped: the test runs as
 the caller's uid (network namespace only where unprivileged user namespaces are allowed),
 so files the caller may write are writable and background processes can outlive a test.
 
@@ -157,8 +157,8 @@ class RawRun:
     """What the runner reported: one dict per test that finished, plus how the run ended.
 
     `isolation` is the runner's start report: {"uid", "net_isolated", "fs_readonly",
-    "no_new_privs"} (the last three None under bwrap, which does all of it itself), or {}
-    when the runner never started.
+    "proc_private", "no_new_privs"} (all but uid None under bwrap, which does all of it
+    itself), or {} when the runner never started.
     """
 
     tests: list[dict]
@@ -347,7 +347,9 @@ def _warn_if_weak(kind: str, isolation: dict) -> None:
     """Log once per kind of gap when the root fallback could not build its namespaces."""
     if kind != "rlimit" or os.getuid() != 0:
         return
-    missing = [k for k in ("net_isolated", "fs_readonly", "no_new_privs") if not isolation.get(k)]
+    missing = [
+        k for k in ("net_isolated", "fs_readonly", "proc_private", "no_new_privs") if not isolation.get(k)
+    ]
     message = f"rlimit sandbox as root runs without {', '.join(missing)} (kernel refused); use bubblewrap"
     if missing and message not in _WARNED:
         _WARNED.add(message)
