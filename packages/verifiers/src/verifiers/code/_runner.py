@@ -411,7 +411,7 @@ def main():
     job = marshal.loads(sys.stdin.buffer.read())
     os.close(0)
     scratch = job.get("scratch") or "/tmp"
-    ready = {"ready": True, "net_isolated": None, "fs_readonly": None, "proc_private": None}
+    ready: dict = {"ready": True, "net_isolated": None, "fs_readonly": None, "proc_private": None}
     if job.get("isolate"):  # the rlimit fallback (bubblewrap already did all of this)
         ready.update(_isolate(scratch))
     uid = job.get("uid")
