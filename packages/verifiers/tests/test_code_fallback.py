@@ -277,3 +277,41 @@ def test_host_processes_are_invisible():
     )
     # hidepid=invisible: only processes it may ptrace, i.e. itself (the runner is not dumpable)
     _assert_passed(_run(program, "True False"))
+
+
+@as_root
+@needs_fallback
+def test_killing_the_runner_does_not_leave_processes_behind():
+    tag = uuid.uuid4().hex
+    program = (
+        "import os, signal, subprocess\n"
+        f"subprocess.Popen(['/bin/sh', '-c', 'sleep 30 # {tag}'], start_new_session=True,"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "os.kill(os.getppid(), signal.SIGKILL)"
+    )
+    # the runner dies before it can clean up; the host then kills every process of the uid
+    result = _run(program, "")
+    assert (result.passed, result.outcomes[0].status) == (0, "not_run")
+    assert result.error == "runner exited early (killed by the program?)"
+    assert _processes_tagged(tag) == []
+
+
+def _processes_tagged(tag: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if tag.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("uid", [0, -1, UID_RANGE[0] - 1, UID_RANGE[1]])
+def test_kill_uid_never_runs_outside_the_sandbox_range(monkeypatch, uid):
+    # kill(-1) as root would signal every process on the machine
+    def forbidden(*args, **kwargs):
+        raise AssertionError(f"helper started for uid {uid}")
+
+    monkeypatch.setattr(sandbox_module.subprocess, "run", forbidden)
+    sandbox_module._kill_uid(uid)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from verifiers.code.privileges import fallback_python, fresh_uid
+from verifiers.code.privileges import UID_RANGE, fallback_python, fresh_uid
 from verifiers.errors import SandboxError
 
 RUNNER_SOURCE = (Path(__file__).with_name("_runner.py")).read_text()
@@ -210,11 +210,43 @@ def run_in_sandbox(
         if uid is not None:
             os.chown(scratch_dir, uid, uid)
         job["scratch"] = scratch_dir
+    clean = False
     try:
-        return _drive(_SPARES.take(kind), job, kind, len(inputs), limits)
+        raw = _drive(_SPARES.take(kind), job, kind, len(inputs), limits)
+        clean = raw.runner_error is None
+        return raw
     finally:
+        if kind == "rlimit" and uid is not None and not clean:
+            _kill_uid(uid)  # the runner died before its own per-test cleanup
         if scratch_dir is not None:
             shutil.rmtree(scratch_dir, ignore_errors=True)
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of `uid` from a helper that runs as `uid`.
+
+    Only the rlimit fallback needs it: its tests are not in a PID namespace, so a program
+    that kills its runner would leave its background processes running under the fresh uid.
+    Pitfall: kill(-1) as root signals every process on the machine, so this refuses any
+    uid outside `UID_RANGE` and the helper re-checks that it is not root before killing.
+    """
+    if not UID_RANGE[0] <= uid < UID_RANGE[1]:
+        return
+    python = fallback_python().path
+    if python is None:
+        return
+    script = "import os\nif 0 not in os.getresuid():\n    os.kill(-1, 9)"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            [python, "-I", "-S", "-c", script],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+            timeout=30,
+            capture_output=True,
+        )
 
 
 def _start_runner(kind: str) -> subprocess.Popen:
