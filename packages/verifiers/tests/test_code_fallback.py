@@ -29,6 +29,25 @@ needs_fallback = pytest.mark.skipif(
 )
 
 
+def _kernel_allows_unshare(flags: int) -> bool:
+    pid = os.fork()
+    if pid == 0:  # try in a throwaway child: unshare would move this process otherwise
+        os._exit(0 if ctypes.CDLL(None).unshare(flags) == 0 else 1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def _linux_at_least(major: int, minor: int) -> bool:
+    numbers = os.uname().release.split("-")[0].split(".")
+    return (int(numbers[0]), int(numbers[1])) >= (major, minor)
+
+
+# Containers with a strict seccomp profile refuse these to root; the fallback then logs that it
+# is weak (tested below) and the probes that need the namespace are skipped, not failed.
+NO_NETNS = ROOT and not _kernel_allows_unshare(0x40000000)  # CLONE_NEWNET
+NO_MOUNTNS = ROOT and not _kernel_allows_unshare(0x00020000)  # CLONE_NEWNS
+needs_mountns = pytest.mark.skipif(NO_MOUNTNS, reason="this kernel refuses unshare(CLONE_NEWNS) to root")
+
+
 def _run(program: str, expected: str, **kwargs):
     return run_tests(program, {"inputs": [""], "outputs": [expected]}, sandbox="rlimit", **kwargs)
 
@@ -86,6 +105,7 @@ def test_clean_environment_and_no_inherited_fds():
 
 @as_root
 @needs_fallback
+@needs_mountns
 def test_writes_outside_scratch_are_contained(tmp_path, open_dir):
     tag = uuid.uuid4().hex
     targets = [
@@ -142,21 +162,6 @@ def test_fork_bomb_hits_rlimit_nproc():
     # well before 64 forks. As uid 0 the limit would be ignored and all 1000 forks succeed.
     _assert_passed(_run(program, "limited True 11", timeout_per_test=10.0))
     assert run_tests("print(1)", {"inputs": [""], "outputs": ["1"]}, sandbox="rlimit").passed == 1
-
-
-def _kernel_allows_netns() -> bool:
-    pid = os.fork()
-    if pid == 0:  # try in a throwaway child: unshare would move this process otherwise
-        os._exit(0 if ctypes.CDLL(None).unshare(0x40000000) == 0 else 1)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-
-
-def _linux_at_least(major: int, minor: int) -> bool:
-    numbers = os.uname().release.split("-")[0].split(".")
-    return (int(numbers[0]), int(numbers[1])) >= (major, minor)
-
-
-NO_NETNS = ROOT and not _kernel_allows_netns()
 
 
 @as_root
@@ -239,6 +244,7 @@ def test_a_drop_that_leaves_root_is_refused(monkeypatch, sandbox):
 @as_root
 @needs_fallback
 @pytest.mark.skipif(NO_NETNS, reason="this kernel refuses unshare(CLONE_NEWNET) to root")
+@needs_mountns
 def test_runner_reports_full_isolation(caplog):
     raw = sandbox_module.run_in_sandbox("print(1)", "stdio", [""], sandbox="rlimit")
     assert raw.runner_error is None and len(raw.tests) == 1
@@ -269,6 +275,7 @@ def test_weak_root_fallback_is_logged_once(caplog, monkeypatch):
 
 @as_root
 @needs_fallback
+@needs_mountns
 @pytest.mark.skipif(not _linux_at_least(5, 8), reason="Linux < 5.8: proc mounts share the host's options")
 def test_host_processes_are_invisible():
     program = (
