@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,20 @@ def warm_pool():
     pool = default_pool()
     pool.warm()
     return pool
+
+
+def _processes_tagged(tag: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if tag.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            pass  # exited meanwhile, or not ours to read
+    return found
+
+
+@pytest.fixture
+def processes_tagged():
+    """``find(tag) -> [pid, ...]``: live processes whose command line contains ``tag``."""
+    return _processes_tagged

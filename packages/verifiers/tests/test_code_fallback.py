@@ -209,7 +209,7 @@ def test_refuses_to_run_as_root_without_an_unprivileged_interpreter(monkeypatch)
 
 @as_root
 @needs_fallback
-def test_background_process_dies_with_its_test():
+def test_background_process_dies_with_its_test(processes_tagged):
     tag = uuid.uuid4().hex
     program = (
         "import subprocess\n"
@@ -218,14 +218,7 @@ def test_background_process_dies_with_its_test():
     )
     # it leaves the test's session; the runner kills every process of the run's fresh uid
     _assert_passed(_run(program, "spawned"))
-    survivors = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if tag.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                survivors.append(pid)
-        except OSError:
-            pass
-    assert survivors == []
+    assert processes_tagged(tag) == []
 
 
 @as_root
@@ -288,7 +281,7 @@ def test_host_processes_are_invisible():
 
 @as_root
 @needs_fallback
-def test_killing_the_runner_does_not_leave_processes_behind():
+def test_killing_the_runner_does_not_leave_processes_behind(processes_tagged):
     tag = uuid.uuid4().hex
     program = (
         "import os, signal, subprocess\n"
@@ -300,18 +293,7 @@ def test_killing_the_runner_does_not_leave_processes_behind():
     result = _run(program, "")
     assert (result.passed, result.outcomes[0].status) == (0, "not_run")
     assert result.error == "runner exited early (killed by the program?)"
-    assert _processes_tagged(tag) == []
-
-
-def _processes_tagged(tag: str) -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if tag.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            pass
-    return found
+    assert processes_tagged(tag) == []
 
 
 @pytest.mark.parametrize("uid", [0, -1, UID_RANGE[0] - 1, UID_RANGE[1]])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import uuid
 from pathlib import Path
@@ -155,7 +154,7 @@ def test_expected_outputs_cannot_be_read(sandbox):
 
 
 @pytest.mark.skipif(not bwrap_available(), reason="bubblewrap unusable here")
-def test_background_process_does_not_outlive_the_test():
+def test_background_process_does_not_outlive_the_test(processes_tagged):
     tag = uuid.uuid4().hex
     program = (
         "import subprocess\n"
@@ -164,14 +163,7 @@ def test_background_process_does_not_outlive_the_test():
     )
     result = run_tests(program, {"inputs": [""], "outputs": ["not this"]}, sandbox="bwrap")
     assert result.passed == 0 and result.outcomes[0].status == "wrong_answer"
-    survivors = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if tag.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                survivors.append(pid)
-        except OSError:
-            pass
-    assert survivors == []
+    assert processes_tagged(tag) == []
 
 
 def test_file_size_limit():
