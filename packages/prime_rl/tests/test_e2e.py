@@ -22,7 +22,8 @@ from prime_rl.store import RolloutStore
 pytestmark = pytest.mark.slow
 
 ASYNC_LEVEL = 1
-STEPS = 3
+STEPS = 3  # at least this many policy versions are trained
+MAX_STEPS = 12  # the run is stopped (Ctrl-C) once every acceptance condition has been observed
 # Reasons the validator may give a hostile sample: the behaviour's own reason, or group_rejected for the
 # rest of a group one of whose members failed (see prime_rl.hostile).
 EXPECTED_REASONS = {
@@ -47,18 +48,27 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
     config_path, run_dir = tiny_run(
         # Backpressure keeps the (fast) workers from flooding the store with batches no step needs.
         orchestrator={"async_level": ASYNC_LEVEL, "max_buffered_samples": 64},
-        trainer={"total_steps": STEPS},
+        trainer={"total_steps": MAX_STEPS},
         workers={"count": 2, "hostile": [behaviour]},
         # Ban only after a full cycle of the mixed attacks (7 batches of 8 samples) has been judged.
         validator={"ban_min_samples": 56},
     )
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
-    result = subprocess.run(
-        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
-        capture_output=True, text=True, timeout=240, env=env,
-    )  # fmt: skip
+    # On a loaded machine a slow worker may take part late: rather than a fixed number of steps,
+    # the run goes on until STEPS versions are trained and every process has done its part.
+    run = _run_process(config_path)
+    try:
+        helpers.wait_for(
+            lambda: run.poll() is not None or _acceptance_observed(run_dir, helpers),
+            200,
+            "every part to take part",
+        )
+        if run.poll() is None:
+            run.send_signal(signal.SIGINT)
+        output, _ = run.communicate(timeout=90)
+    finally:
+        _stop_run(run)
     logs = _tails(run_dir)
-    assert result.returncode == 0, f"run failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{logs}"
+    assert run.returncode in (0, 128 + signal.SIGINT), f"run failed:\n{output[-3000:]}\n{logs}"
 
     names = {
         e["worker_id"]: e["worker_name"]
@@ -122,15 +132,21 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
 
     origin_versions, relay_versions = available("shardcast-origin"), available("shardcast-relay-0")
     assert set(range(1, STEPS)) <= origin_versions, origin_versions
-    assert relay_versions and relay_versions <= origin_versions | {STEPS}, (relay_versions, origin_versions)
+    published = {
+        e["policy_version"] for e in helpers.metrics_of(run_dir, "trainer") if e["event"] == "published"
+    }
+    assert relay_versions and relay_versions <= origin_versions | published, (relay_versions, origin_versions)
     for worker in ("worker-0", "worker-1"):
         loaded = [e for e in helpers.metrics_of(run_dir, worker) if e["event"] == "weights_loaded"]
         from_shardcast = {e["policy_version"] for e in loaded if e.get("source") == "shardcast"}
         assert from_shardcast and max(from_shardcast) >= 1, (worker, loaded)
 
-    # 3. The trainer trained STEPS versions, each on accepted samples no older than async_level.
+    # 3. The trainer trained >= STEPS versions, each on accepted samples no older than async_level
+    # (a step claimed when the run was stopped may lack its commit).
     claims = {claim.step: claim for claim in store.claims()}
-    assert sorted(claims) == list(range(STEPS))
+    commits = [e for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "commit"]
+    assert [e["step"] for e in commits] == list(range(len(commits))) and len(commits) >= STEPS
+    assert sorted(claims) == list(range(len(claims))) and len(claims) - len(commits) in (0, 1)
     for step, claim in claims.items():
         assert claim.meta["min_policy_version"] == max(0, step - ASYNC_LEVEL)
         for sample_id in claim.sample_ids:
@@ -140,14 +156,41 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
             assert not names[batches[batch_id].meta["worker_id"]].startswith("hostile")
     every = [s for claim in claims.values() for s in claim.sample_ids]
     assert len(every) == len(set(every)), "a sample was claimed for two steps"
-    commits = [e for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "commit"]
-    assert [e["step"] for e in commits] == list(range(STEPS))
 
     # 4. The metrics files show it: the run's progress lines and the trainer's and validator's events.
     progress = [e for e in helpers.metrics_of(run_dir, "run") if e["event"] == "progress"]
-    assert progress and progress[-1]["step"] == STEPS
+    assert progress and progress[-1]["step"] >= STEPS
     assert any(e["event"] == "commit" for e in helpers.metrics_of(run_dir, "trainer"))
     assert helpers.metrics_of(run_dir, "validator")
+
+
+def _acceptance_observed(run_dir: Path, helpers: Any) -> bool:
+    """STEPS commits (also on the run's progress line), accepted samples from both honest workers, a
+    judged hostile batch, and shardcast versions on the relay and in both honest workers (read from
+    the metrics files)."""
+    events = helpers.metrics_of(run_dir, "orchestrator")
+    names = {e["worker_id"]: e["worker_name"] for e in events if e["event"] == "register"}
+    accepted, rejected = defaultdict(int), defaultdict(int)
+    for e in events:
+        if e["event"] == "verdicts":
+            accepted[names.get(e["worker_id"], "")] += e["accepted"]
+            rejected[names.get(e["worker_id"], "")] += e["rejected"]
+    hostile_judged = rejected["hostile-0"] > 0 or any(e["event"] == "malformed" for e in events)
+    return (
+        sum(1 for e in events if e["event"] == "commit") >= STEPS
+        and any(e["event"] == "progress" and e["step"] >= STEPS for e in helpers.metrics_of(run_dir, "run"))
+        and accepted["worker-0"] > 0
+        and accepted["worker-1"] > 0
+        and hostile_judged
+        and any(e["event"] == "version_available" for e in helpers.metrics_of(run_dir, "shardcast-relay-0"))
+        and all(
+            any(
+                e["event"] == "weights_loaded" and e.get("source") == "shardcast"
+                for e in helpers.metrics_of(run_dir, w)
+            )
+            for w in ("worker-0", "worker-1")
+        )
+    )
 
 
 def _expected_reasons(run_dir: Path, helpers: Any, behaviour: str) -> dict[str, set[str]]:
