@@ -123,18 +123,34 @@ def empty_micro_batch(pad_token_id: int = 0) -> MicroBatch:
     )
 
 
-def gather_completions(per_position: torch.Tensor, micro: MicroBatch) -> torch.Tensor:
-    """``[1, L]`` per-position values (position ``j`` predicts token ``j + 1``) -> ``[n, C_max]``.
+def completion_positions(micro: MicroBatch) -> torch.Tensor:
+    """Row positions ``[N]`` whose output predicts a completion token, sequence by sequence.
+
+    Position ``j`` predicts token ``j + 1``; ``N`` = ``micro.num_loss_tokens``, in the row-major
+    order of ``micro.mask``'s True entries.
+    """
+    positions = [
+        place.offset + prompt - 1 + t
+        for place, prompt, length in zip(
+            micro.placements, micro.prompt_lengths, micro.completion_lengths, strict=True
+        )
+        for t in range(length)
+    ]
+    return torch.tensor(positions, dtype=torch.long)
+
+
+def scatter_completions(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Completion values in :func:`completion_positions` order ``[N]`` -> ``[n, C_max]``.
 
     Off-mask entries are 0 (not NaN), and the result keeps the autograd graph.
     """
-    width = micro.mask.shape[1]
-    rows = []
-    for place, p, c in zip(micro.placements, micro.prompt_lengths, micro.completion_lengths, strict=True):
-        start = place.offset + p - 1
-        values = per_position[0, start : start + c]
-        rows.append(torch.nn.functional.pad(values, (0, width - c)))
-    return torch.stack(rows)
+    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
+
+
+def gather_completions(per_position: torch.Tensor, micro: MicroBatch) -> torch.Tensor:
+    """``[1, L]`` per-position values (position ``j`` predicts token ``j + 1``) -> ``[n, C_max]``."""
+    index = completion_positions(micro).to(per_position.device)
+    return scatter_completions(per_position[0, index], micro.mask.to(per_position.device))
 
 
 def completion_logprobs(logits: torch.Tensor, micro: MicroBatch, temperature: float) -> torch.Tensor:

@@ -24,7 +24,13 @@ from dataclasses import dataclass
 import torch
 
 import grpo
-from prime_rl.batching import MicroBatch, completion_entropy, completion_logprobs
+from prime_rl.batching import (
+    MicroBatch,
+    completion_entropy,
+    completion_logprobs,
+    completion_positions,
+    scatter_completions,
+)
 
 __all__ = ["CompletionOutputs", "completion_forward", "supports_fused_head"]
 
@@ -83,24 +89,6 @@ class _CompletionHead(torch.nn.Module):
         return torch.stack([out.logprobs, out.entropy], dim=-1)
 
 
-def _completion_index(micro: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions ``[N]`` whose hidden state predicts a completion token, and those tokens ``[N]``."""
-    positions = [
-        place.offset + prompt - 1 + t
-        for place, prompt, length in zip(
-            micro.placements, micro.prompt_lengths, micro.completion_lengths, strict=True
-        )
-        for t in range(length)
-    ]
-    index = torch.tensor(positions, dtype=torch.long)
-    return index, micro.input_ids[0, index + 1]
-
-
-def _unflatten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Completion values in sequence order ``[N]`` -> ``[n, C_max]`` (0 off-mask, keeps the graph)."""
-    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
-
-
 def completion_forward(
     model: torch.nn.Module,
     micro: MicroBatch,
@@ -127,7 +115,8 @@ def completion_forward(
             logprobs=completion_logprobs(logits, micro, temperature),
             entropy=completion_entropy(logits, micro, temperature) if entropy else None,
         )
-    positions, targets = _completion_index(micro)
+    positions = completion_positions(micro)
+    targets = micro.input_ids[0, positions + 1]
     model.lm_head = _CompletionHead(head, positions.to(device), targets.to(device), temperature, entropy)
     try:
         values = model(**inputs).logits
@@ -135,6 +124,6 @@ def completion_forward(
         model.lm_head = head
     mask = micro.mask.to(device)
     return CompletionOutputs(
-        logprobs=_unflatten(values[:, 0], mask),
-        entropy=_unflatten(values[:, 1], mask) if entropy else None,
+        logprobs=scatter_completions(values[:, 0], mask),
+        entropy=scatter_completions(values[:, 1], mask) if entropy else None,
     )
