@@ -15,7 +15,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from prime_rl.model_source import prepare_model
+from prime_rl.launch.demo_model import prepare_model
 
 FEW_SHOT = (
     "Question: 3 + 4 =\nAnswer: 7\n\nQuestion: 12 + 5 =\nAnswer: 17\n\nQuestion: 40 + 21 =\nAnswer: 61\n\n"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from prime_rl.store import RolloutStore
+from prime_rl.orchestrator.store import RolloutStore
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ ASYNC_LEVEL = 1
 STEPS = 3  # at least this many policy versions are trained
 MAX_STEPS = 12  # the run is stopped (Ctrl-C) once every acceptance condition has been observed
 # Reasons the validator may give a hostile sample: the behaviour's own reason, or group_rejected for the
-# rest of a group one of whose members failed (see prime_rl.hostile).
+# rest of a group one of whose members failed (see prime_rl.worker.hostile).
 EXPECTED_REASONS = {
     "other_weights": {"toploc_mismatch"},
     "changed_prompt": {"wrong_prompt"},
@@ -38,8 +38,7 @@ EXPECTED_REASONS = {
 
 
 def _hostile_behaviour() -> str:
-    from prime_rl import hostile
-
+    from prime_rl.worker import hostile
     return "mixed" if "mixed" in hostile.BEHAVIOURS else "other_weights"
 
 
@@ -108,7 +107,7 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
         # Each batch was rejected for its own announced attack (checked above); here: the worker
         # really cycles (attack = MIXED_CYCLE[batch_index]), and the validator judged several kinds.
         # How many hostile batches get judged before the run ends depends on the machine's load.
-        from prime_rl.hostile import MIXED_CYCLE
+        from prime_rl.worker.hostile import MIXED_CYCLE
 
         assert hostile_batches <= set(expected_by_batch), "a hostile batch without its announced attack"
         submitted = [e for e in helpers.metrics_of(run_dir, "hostile-0") if e["event"] == "batch_submitted"]
@@ -200,7 +199,7 @@ def _expected_reasons(run_dir: Path, helpers: Any, behaviour: str) -> dict[str, 
         if event["event"] == "batch_submitted" and "batch_id" in event:
             reason = event.get("expected_reason")
             attack = event.get("behaviour", behaviour)
-            # "a|b" lists the alternatives a behaviour may produce (prime_rl.worker.EXPECTED_REASONS).
+            # "a|b" lists the alternatives a behaviour may produce (prime_rl.worker.process.EXPECTED_REASONS).
             allowed = (
                 set(reason.split("|")) if isinstance(reason, str) else EXPECTED_REASONS.get(attack, set())
             )

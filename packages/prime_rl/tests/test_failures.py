@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from prime_rl.client import ApiError, OrchestratorClient
+from prime_rl.api.client import ApiError, OrchestratorClient
+from prime_rl.api.protocol import RolloutBatch, RolloutSample, TaskLease
 from prime_rl.config import load_config
-from prime_rl.protocol import RolloutBatch, RolloutSample, TaskLease
-from prime_rl.store import RolloutStore
+from prime_rl.orchestrator.store import RolloutStore
 
 pytestmark = pytest.mark.slow
 

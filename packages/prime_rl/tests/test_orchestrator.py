@@ -11,9 +11,9 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prime_rl.assignment import sampling_seeds, task_ids
-from prime_rl.client import ClientRequestError, OrchestratorClient
-from prime_rl.protocol import RolloutBatch
+from prime_rl.api.assignment import sampling_seeds, task_ids
+from prime_rl.api.client import ClientRequestError, OrchestratorClient
+from prime_rl.api.protocol import RolloutBatch
 
 
 def test_lease_is_the_documented_pure_function(client: OrchestratorClient, server: Any) -> None:

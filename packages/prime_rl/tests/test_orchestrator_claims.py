@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import requests
 
-from prime_rl.client import ClientRequestError, OrchestratorClient
-from prime_rl.protocol import Verdict, VerdictRequest
+from prime_rl.api.client import ClientRequestError, OrchestratorClient
+from prime_rl.api.protocol import Verdict, VerdictRequest
 
 
 def _verdict_all(
@@ -132,8 +132,8 @@ def test_select_claim_oracle() -> None:
     """Hand-built batches: b0 stale (v0), b1 pending, b2 one informative + one all-zero group, b3 informative."""
     from dataclasses import dataclass, field
 
-    from prime_rl.claims import select_claim
-    from prime_rl.store import StoredVerdict
+    from prime_rl.orchestrator.claims import select_claim
+    from prime_rl.orchestrator.store import StoredVerdict
 
     @dataclass
     class B:
@@ -178,7 +178,7 @@ def test_select_claim_oracle() -> None:
 
 
 def test_backpressure_refuses_leases_while_enough_is_buffered(server_factory: Any, batch_for: Any) -> None:
-    from prime_rl.client import OrchestratorBusy
+    from prime_rl.api.client import OrchestratorBusy
 
     server = server_factory("--orchestrator.max_buffered_samples", "6", "--trainer.samples_per_step", "2")
     client = OrchestratorClient(server.url, retries=0)
@@ -214,8 +214,8 @@ def test_backpressure_refuses_leases_while_enough_is_buffered(server_factory: An
 
 
 def test_backpressure_limit_below_one_step_is_refused(config_for: Any) -> None:
-    from prime_rl.ledger import Ledger
-    from prime_rl.store import RolloutStore
+    from prime_rl.orchestrator.ledger import Ledger
+    from prime_rl.orchestrator.store import RolloutStore
 
     config = config_for("--orchestrator.max_buffered_samples", "10", "--trainer.samples_per_step", "16")
     with pytest.raises(ValueError, match="max_buffered_samples"):

@@ -8,9 +8,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from prime_rl.ledger import ApiFailure, Ledger
-from prime_rl.protocol import ClaimRequest, CommitRequest, RolloutBatch
-from prime_rl.store import RolloutStore
+from prime_rl.api.protocol import ClaimRequest, CommitRequest, RolloutBatch
+from prime_rl.orchestrator.ledger import ApiFailure, Ledger
+from prime_rl.orchestrator.store import RolloutStore
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -70,7 +70,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def submit(self, data: Any, version_back: int) -> None:
         import base64
 
-        from prime_rl.protocol import RolloutSample
+        from prime_rl.api.protocol import RolloutSample
 
         lease = data.draw(st.sampled_from(self.leases))
         version = max(0, self.ledger.step - version_back)
@@ -95,7 +95,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def verdicts(self, data: Any) -> None:
-        from prime_rl.protocol import Verdict, VerdictRequest
+        from prime_rl.api.protocol import Verdict, VerdictRequest
 
         waiting = [b for b in self.ledger.batches.values() if b.verdicts is None]
         if not waiting:

@@ -11,16 +11,16 @@ import torch
 from tiny_lm import make_tiny_lm
 
 import grpo
-from prime_rl.batching import make_micro_batches, split_minibatches
-from prime_rl.checkpoint import TrainerState, latest_step, load_checkpoint, save_checkpoint
-from prime_rl.client import OrchestratorClient
+from prime_rl.api.client import OrchestratorClient
+from prime_rl.api.protocol import RolloutBatch, RolloutSample, Verdict, VerdictRequest
 from prime_rl.config import load_config
-from prime_rl.optimization import old_logprobs_for, train_minibatch, warmup_lambda
-from prime_rl.orchestrator import OrchestratorServer
-from prime_rl.protocol import RolloutBatch, RolloutSample, Verdict, VerdictRequest
+from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import TaskSet
-from prime_rl.trainer import Trainer, build_loss
-from prime_rl.weights import load_policy_into
+from prime_rl.trainer.batching import make_micro_batches, split_minibatches
+from prime_rl.trainer.checkpoint import TrainerState, latest_step, load_checkpoint, save_checkpoint
+from prime_rl.trainer.process import Trainer, build_loss
+from prime_rl.trainer.step import old_logprobs_for, train_minibatch, warmup_lambda
+from prime_rl.weights.files import load_policy_into
 
 CPU = torch.device("cpu")
 

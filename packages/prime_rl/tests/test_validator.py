@@ -11,16 +11,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 
-from prime_rl import assignment
-from prime_rl.backend import HFBackend
-from prime_rl.client import OrchestratorClient
+from prime_rl.api import assignment
+from prime_rl.api.client import OrchestratorClient
+from prime_rl.api.protocol import LeaseRecord, LeaseTask, PendingBatch, RolloutBatch, TaskLease
 from prime_rl.config import load_config
-from prime_rl.hostile import BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
-from prime_rl.orchestrator import OrchestratorServer
-from prime_rl.protocol import LeaseRecord, LeaseTask, PendingBatch, RolloutBatch, TaskLease
+from prime_rl.inference.backend import HFBackend
+from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
-from prime_rl.validation import Checks, Reason, validate_batch
-from prime_rl.validator import Validator, WorkerLedger
+from prime_rl.validator.checks import Checks, Reason, validate_batch
+from prime_rl.validator.process import Validator, WorkerLedger
+from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 
 RUN_SEED = 7
 NUM_TASKS = 12

@@ -28,9 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
-
-from prime_rl.config import Section, TasksConfig
+from prime_rl.config import EvaluatorConfig, TasksConfig
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -47,22 +45,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class EvaluatorConfig(Section):
-    """[evaluator]: held-out greedy accuracy, before training and every few policy versions."""
-
-    enabled: bool = Field(True, description="Start the evaluator with `prime-rl run`.")
-    every: int = Field(2, ge=1, description="Evaluate every N policy versions (plus version 0 and the last).")
-    num_problems: int = Field(64, ge=1, description="Held-out problems (fixed, seeded).")
-    seed: int = Field(1_000_003, ge=0, description="Seed of the held-out set (distinct from tasks.seed).")
-    max_new_tokens: int = Field(0, ge=0, description="Completion limit (0 = sampling.max_new_tokens).")
-    batch_size: int = Field(64, ge=1, description="Problems per greedy generation batch.")
-    num_threads: int = Field(1, ge=1, description="torch.set_num_threads for this process.")
-    poll_interval_s: float = Field(1.0, gt=0, description="Seconds between checks for a new policy version.")
-    version_timeout_s: float = Field(
-        3600.0, gt=0, description="Give up if the next version to evaluate does not appear within this time."
-    )
 
 
 class EvaluatorError(RuntimeError):
@@ -159,13 +141,13 @@ def evaluate(
     """Greedy-decode every held-out prompt with ``backend`` and score it.
 
     Args:
-        backend: a :class:`prime_rl.backend.GenerationBackend` (its ``policy_version`` is reported).
+        backend: a :class:`prime_rl.inference.backend.GenerationBackend` (its ``policy_version`` is reported).
         task_set: the held-out problems (prompts already carry the template).
         max_new_tokens / stop: as the workers' sampling (temperature is 0 here).
         score: ``(task, completion_text) -> reward in [0, 1]``; default ``verifiers.verify``.
         num_examples: how many (prompt tail, completion) pairs to keep in the result.
     """
-    from prime_rl.backend import SamplingParams
+    from prime_rl.inference.backend import SamplingParams
     from prime_rl.tasks import encode_prompt
 
     started = time.perf_counter()
@@ -219,7 +201,7 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
     import torch
 
     import shardcast
-    from prime_rl.backend import HFBackend
+    from prime_rl.inference.backend import HFBackend
     from prime_rl.metrics import init_process
     from prime_rl.tasks import load_tasks
 

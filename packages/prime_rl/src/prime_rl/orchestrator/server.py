@@ -1,0 +1,408 @@
+"""The orchestrator process: an aiohttp JSON service over a ``Ledger`` (the API is in API.md).
+
+Request handling: the body is read with a size cap, validated with the endpoint's pydantic model
+(strict; 400 with the first errors on failure), authenticated, then handed to the ledger under
+one lock in a worker thread (the ledger fsyncs, which must not stall the event loop). Any
+``ApiFailure`` becomes its JSON error; any other exception becomes a logged 500; the service
+never dies on a request. A background task expires leases every second.
+
+Registration is open to untrusted clients, so ``POST /workers/register`` is rate limited per
+client address (token buckets of rate_limit.py: ``orchestrator.register_rate_per_minute`` and
+``register_burst``; 429 ``rate_limited`` with ``Retry-After``), needs
+``orchestrator.registration_token`` when one is set (401 otherwise), and the ledger caps the
+unbanned workers at ``orchestrator.max_workers`` (503 ``worker_limit``).
+
+Run it with ``prime-rl orchestrator --config FILE`` or embed ``OrchestratorServer`` (tests do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from prime_rl.api.protocol import (
+    BanRequest,
+    ClaimRequest,
+    CommitRequest,
+    RegisterRequest,
+    RolloutBatch,
+    VerdictRequest,
+)
+from prime_rl.config import RunConfig
+from prime_rl.metrics import MetricsWriter, get_metrics, init_process
+from prime_rl.orchestrator.ledger import ApiFailure, Ledger
+from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key
+from prime_rl.orchestrator.store import RolloutStore, StoreError
+
+__all__ = ["ROUTES", "OrchestratorServer", "build_app", "main"]
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+ROUTES: dict[tuple[str, str], type[BaseModel] | None] = {
+    ("GET", "/health"): None,
+    ("GET", "/status"): None,
+    ("POST", "/workers/register"): RegisterRequest,
+    ("GET", "/tasks"): None,
+    ("POST", "/rollouts"): RolloutBatch,
+    ("GET", "/workers"): None,
+    ("POST", "/workers/ban"): BanRequest,
+    ("GET", "/validator/pending"): None,
+    ("POST", "/validator/verdicts"): VerdictRequest,
+    ("POST", "/trainer/claim"): ClaimRequest,
+    ("POST", "/trainer/commit"): CommitRequest,
+}
+"""Every endpoint and its request body model (None: no body). API.md documents exactly these."""
+
+_MAX_QUERY_INT = 2**62
+
+
+def _error(status: int, error: str, message: str, retry_after_s: float | None = None) -> web.Response:
+    headers = None
+    if status in (429, 503):  # Retry-After is whole seconds (RFC 9110); never 0, which invites a spin
+        headers = {"Retry-After": str(max(1, math.ceil(retry_after_s or 1.0)))}
+    return web.json_response({"error": error, "message": message}, status=status, headers=headers)
+
+
+def _model_response(model: BaseModel) -> web.Response:
+    return web.Response(body=model.model_dump_json().encode(), content_type="application/json")
+
+
+def _validation_message(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors()[:5]:
+        location = ".".join(str(part) for part in item["loc"]) or "<body>"
+        parts.append(f"{location}: {item['msg']}")
+    more = error.error_count() - len(parts)
+    return "; ".join(parts) + (f"; and {more} more errors" if more > 0 else "")
+
+
+def _query_int(request: web.Request, name: str, *, default: int | None = None) -> int | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or len(raw) > 19 or int(raw) > _MAX_QUERY_INT:
+        raise ApiFailure(400, "bad_request", f"query parameter {name} must be a non-negative integer")
+    return int(raw)
+
+
+def _bearer(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    return header[7:].strip() if header.startswith("Bearer ") else ""
+
+
+def _require_token(request: web.Request, expected: str, what: str) -> None:
+    """ApiFailure 401 unless ``expected`` is empty or the request carries it as its bearer token."""
+    if expected and not secrets.compare_digest(_bearer(request).encode(), expected.encode()):
+        raise ApiFailure(401, "unauthorized", f"this endpoint needs the {what} (Authorization: Bearer ...)")
+
+
+class _Api:
+    def __init__(self, ledger: Ledger, config: RunConfig, registration_clock: Callable[[], float]) -> None:
+        orch = config.orchestrator
+        self.ledger = ledger
+        self.admin_token = orch.admin_token
+        self.registration_token = orch.registration_token
+        # Only touched on the event loop thread (no await between check and spend): needs no lock.
+        self.registrations = TokenBuckets(
+            orch.register_rate_per_minute, orch.register_burst, clock=registration_clock
+        )
+        self.lock = asyncio.Lock()
+
+    async def call(self, function: Callable[..., Any], *args: Any) -> Any:
+        async with self.lock:
+            return await asyncio.to_thread(function, *args)
+
+    async def body(self, request: web.Request, model: type[M]) -> M:
+        raw = await request.read()  # aiohttp enforces client_max_size (413) before this returns
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as error:
+            raise ApiFailure(400, "bad_request", _validation_message(error)) from None
+
+    def require_admin(self, request: web.Request) -> None:
+        _require_token(request, self.admin_token, "admin token")
+
+    def admit_registration(self, request: web.Request) -> None:
+        """ApiFailure 429 ``rate_limited`` when the client's address is over its registration rate."""
+        key = client_key(request.remote)
+        admission = self.registrations.admit(key)
+        if not admission.allowed:
+            log.debug("registration from %s rate limited", key)
+            raise ApiFailure(
+                429,
+                "rate_limited",
+                f"too many registrations from {key} (orchestrator.register_rate_per_minute); "
+                f"retry in {admission.retry_after_s:.1f} s",
+                retry_after_s=admission.retry_after_s,
+            )
+
+    # -------------------------------------------------------------- handlers
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def status(self, request: web.Request) -> web.Response:
+        return _model_response(await self.call(self.ledger.status))
+
+    async def register(self, request: web.Request) -> web.Response:
+        self.admit_registration(request)  # first: wrong tokens and bad bodies count against the rate too
+        _require_token(request, self.registration_token, "registration token")
+        body = await self.body(request, RegisterRequest)
+        return _model_response(await self.call(self.ledger.register, body.name))
+
+    async def tasks(self, request: web.Request) -> web.Response:
+        worker_id = request.query.get("worker_id", "")
+        if not worker_id:
+            raise ApiFailure(400, "bad_request", "query parameter worker_id is required")
+        step = _query_int(request, "step")
+        batch_index = _query_int(request, "batch_index")
+
+        def work() -> Any:
+            worker = self.ledger.authenticate(worker_id, _bearer(request))
+            return self.ledger.lease(worker, step, batch_index)
+
+        return _model_response(await self.call(work))
+
+    async def rollouts(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            batch = RolloutBatch.model_validate_json(raw)
+        except ValidationError as error:
+            await self._count_malformed(raw)
+            raise ApiFailure(400, "bad_request", _validation_message(error)) from None
+
+        def work() -> Any:
+            worker = self.ledger.authenticate(batch.worker_id, _bearer(request))
+            try:
+                return self.ledger.submit(worker, batch)
+            except ApiFailure:
+                self.ledger.record_malformed(worker.worker_id)
+                raise
+
+        return _model_response(await self.call(work))
+
+    async def _count_malformed(self, raw: bytes) -> None:
+        """Attribute a malformed body to its worker when it names a registered one (best effort)."""
+        import json
+
+        try:
+            worker_id = json.loads(raw).get("worker_id")
+        except (ValueError, AttributeError, RecursionError):
+            return
+        if isinstance(worker_id, str) and worker_id in self.ledger.workers:
+            await self.call(self.ledger.record_malformed, worker_id)
+
+    async def workers(self, request: web.Request) -> web.Response:
+        return _model_response(await self.call(self.ledger.workers_view))
+
+    async def ban(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        body = await self.body(request, BanRequest)
+        return _model_response(await self.call(self.ledger.ban, body))
+
+    async def pending(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        limit = _query_int(request, "limit", default=8)
+        if limit is None or not 1 <= limit <= 256:
+            raise ApiFailure(400, "bad_request", "limit must be in 1..256")
+        return _model_response(await self.call(self.ledger.pending, limit))
+
+    async def verdicts(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        body = await self.body(request, VerdictRequest)
+        return _model_response(await self.call(self.ledger.record_verdicts, body))
+
+    async def claim(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        body = await self.body(request, ClaimRequest)
+        return _model_response(await self.call(self.ledger.claim, body))
+
+    async def commit(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        body = await self.body(request, CommitRequest)
+        return _model_response(await self.call(self.ledger.commit, body))
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiFailure as failure:
+        return _error(failure.status, failure.error, failure.message, failure.retry_after_s)
+    except web.HTTPRequestEntityTooLarge as error:
+        return _error(413, "too_large", f"request body over the limit: {error.text}")
+    except web.HTTPNotFound:
+        return _error(404, "not_found", f"no endpoint {request.method} {request.path}")
+    except web.HTTPMethodNotAllowed:
+        return _error(405, "method_not_allowed", f"{request.method} is not allowed on {request.path}")
+    except web.HTTPException as error:
+        return _error(error.status, "bad_request" if error.status < 500 else "internal", error.reason or "")
+    except ConnectionResetError:
+        log.info("client went away during %s %s", request.method, request.path)
+        return _error(400, "bad_request", "connection lost while reading the request")
+    except StoreError as error:
+        log.error("store failure on %s %s: %s", request.method, request.path, error)
+        return _error(503, "unavailable", f"could not persist the request: {error}")
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return _error(500, "internal", "internal error (logged); the request may be retried")
+
+
+def build_app(
+    ledger: Ledger, config: RunConfig, *, registration_clock: Callable[[], float] = time.monotonic
+) -> web.Application:
+    """The aiohttp application serving ``ledger`` (with the lease-expiry background task).
+
+    ``registration_clock``: monotonic seconds for the registration rate limit (tests inject one).
+    """
+    api = _Api(ledger, config, registration_clock)
+    app = web.Application(middlewares=[_errors], client_max_size=config.orchestrator.max_request_bytes)
+    handlers: dict[tuple[str, str], Handler] = {
+        ("GET", "/health"): api.health,
+        ("GET", "/status"): api.status,
+        ("POST", "/workers/register"): api.register,
+        ("GET", "/tasks"): api.tasks,
+        ("POST", "/rollouts"): api.rollouts,
+        ("GET", "/workers"): api.workers,
+        ("POST", "/workers/ban"): api.ban,
+        ("GET", "/validator/pending"): api.pending,
+        ("POST", "/validator/verdicts"): api.verdicts,
+        ("POST", "/trainer/claim"): api.claim,
+        ("POST", "/trainer/commit"): api.commit,
+    }
+    assert set(handlers) == set(ROUTES)
+    for (method, path), handler in handlers.items():
+        app.router.add_route(method, path, handler)
+    interval = min(1.0, config.orchestrator.task_timeout_s / 4)
+
+    async def expire_loop(app: web.Application) -> Any:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await api.call(ledger.expire_leases)
+                except Exception:  # a full disk must not kill the loop; the next tick retries
+                    log.exception("lease expiry failed")
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    app.cleanup_ctx.append(expire_loop)
+    return app
+
+
+class OrchestratorServer:
+    """Run the orchestrator in a background thread (for tests and embedding).
+
+    ``with OrchestratorServer(config, tasks) as server: server.url``; port 0 picks a free port.
+    ``registration_clock`` drives the registration rate limit (default ``time.monotonic``).
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        tasks: Any,
+        *,
+        metrics: MetricsWriter | None = None,
+        registration_clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.registration_clock = registration_clock
+        self.store = RolloutStore(config.orchestrator_data_dir)
+        self.ledger = Ledger(config, tasks, self.store, metrics=metrics)
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._ready = threading.Event()
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> OrchestratorServer:
+        self._thread = threading.Thread(target=self._run, name="orchestrator", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("orchestrator did not start within 30 s")
+        return self
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._loop.run_until_complete(self._start())
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(self._runner.cleanup() if self._runner else asyncio.sleep(0))
+        self._loop.close()
+
+    async def _start(self) -> None:
+        self._runner = web.AppRunner(
+            build_app(self.ledger, self.config, registration_clock=self.registration_clock),
+            access_log=None,
+            shutdown_timeout=2.0,
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.orchestrator.host, self.config.orchestrator.port)
+        await site.start()
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self.config.orchestrator.port
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+            self._loop = None
+
+    def __enter__(self) -> OrchestratorServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+async def _serve(config: RunConfig, tasks: Any) -> None:
+    store = RolloutStore(config.orchestrator_data_dir)
+    ledger = Ledger(config, tasks, store, metrics=get_metrics())
+    runner = web.AppRunner(build_app(ledger, config), access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, config.orchestrator.host, config.orchestrator.port)
+    await site.start()
+    log.info(
+        "orchestrator serving on %s (data %s, step %d, %d batches stored, %d workers)",
+        config.orchestrator.url, store.root, ledger.step, len(ledger.batches), len(ledger.workers),
+    )  # fmt: skip
+    get_metrics().log("serving", url=config.orchestrator.url, step=ledger.step, batches=len(ledger.batches))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("orchestrator shutting down")
+    await runner.cleanup()
+
+
+def main(config: RunConfig, name: str = "orchestrator") -> int:
+    """Entry point of ``prime-rl orchestrator``: serve until SIGINT/SIGTERM."""
+    from prime_rl.tasks import load_tasks
+
+    init_process("orchestrator", name, config.run_dir)
+    tasks = load_tasks(config.tasks)
+    asyncio.run(_serve(config, tasks))
+    return 0
