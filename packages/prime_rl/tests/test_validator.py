@@ -22,7 +22,7 @@ from prime_rl.validator.checks import Checks, Reason, validate_batch
 from prime_rl.validator.process import Validator, WorkerLedger
 from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 
-RUN_SEED = 7
+KEY = b"validator-test-assignment-key"
 NUM_TASKS = 12
 GROUP = 4
 PER_BATCH = 2
@@ -47,7 +47,8 @@ class Tasks:
 
 TASKS = Tasks()
 CHECKS = Checks(
-    run_seed=RUN_SEED,
+    assignment_key=KEY,
+    hidden_size=64,
     prompts_per_batch=PER_BATCH,
     async_level=1,
     group_size=GROUP,
@@ -65,7 +66,7 @@ def backend():
 
 def lease_for(worker_id: str, step: int, batch_index: int) -> tuple[TaskLease, LeaseRecord]:
     ids = assignment.task_ids(
-        run_seed=RUN_SEED,
+        key=KEY,
         worker_id=worker_id,
         step=step,
         batch_index=batch_index,
@@ -78,7 +79,7 @@ def lease_for(worker_id: str, step: int, batch_index: int) -> tuple[TaskLease, L
             prompt=TASKS.prompt(t),
             sampling_seeds=list(
                 assignment.sampling_seeds(
-                    run_seed=RUN_SEED,
+                    key=KEY,
                     worker_id=worker_id,
                     step=step,
                     batch_index=batch_index,
@@ -131,7 +132,7 @@ def pending(batch: RolloutBatch, record: LeaseRecord | None) -> PendingBatch:
 
 def worker(behaviour: str) -> HostileWorker:
     encode = lambda text: TOKENIZER(text)["input_ids"]  # noqa: E731
-    return HostileWorker(behaviour, encode, TASKS.score, TASKS.prompt_tokens, RUN_SEED, NUM_TASKS)
+    return HostileWorker(behaviour, encode, TASKS.score, TASKS.prompt_tokens, NUM_TASKS)
 
 
 def decode(tokens):
@@ -181,7 +182,7 @@ def test_hostile_behaviour_is_rejected_with_its_reason(backend, behaviour):
     assert not any(v.accepted for v in verdicts)
     reasons = {v.reason for v in verdicts}
     assert reasons & EXPECTED[behaviour], (behaviour, [(v.reason, v.detail) for v in verdicts])
-    assert reasons <= EXPECTED[behaviour] | {Reason.GROUP_REJECTED}
+    assert reasons <= EXPECTED[behaviour] | {Reason.GROUP_REJECTED, Reason.LEASE_REJECTED}
 
 
 def test_stale_policy_is_rejected(backend):
@@ -228,9 +229,9 @@ def test_seed_temperature_logprobs_and_group_checks(backend):
     for tampered, reason in cases:
         verdicts = verdicts_for(tampered, record, backend)
         assert verdicts[0].reason == reason, (reason, verdicts[0])
-        assert not any(v.accepted for v in verdicts[: GROUP - (reason == Reason.GROUP_INCOMPLETE)])
-        # The other task's group is untouched and still accepted.
-        assert all(v.accepted for v in verdicts[-GROUP:]), [v.reason for v in verdicts]
+        # A lease is accepted whole or not at all: the other task's untouched group goes too.
+        assert not any(v.accepted for v in verdicts)
+        assert {v.reason for v in verdicts[-GROUP:]} == {Reason.LEASE_REJECTED}, [v.reason for v in verdicts]
 
 
 def test_early_eos_and_truncation_are_bad_termination(backend):
@@ -295,7 +296,7 @@ def test_mixed_behaviour_cycles_and_every_batch_is_rejected_as_announced(backend
         kind = mixed.resolve(lease)
         seen.add(kind)
         verdicts = verdicts_for(mixed.answer(lease, backend), record, backend)
-        allowed = set(EXPECTED_REASONS[kind]) | {"group_rejected"}
+        allowed = set(EXPECTED_REASONS[kind]) | {"group_rejected", "lease_rejected"}
         assert {str(v.reason) for v in verdicts} <= allowed and not any(v.accepted for v in verdicts), kind
     assert seen == set(MIXED_CYCLE) - {"stale_policy"}  # stale needs min_policy_version > 0
 
@@ -323,7 +324,7 @@ def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir):
                 lease = client.get_tasks(ids[behaviour])
                 cheat = HostileWorker(
                     behaviour, validator.tasks.encode, validator.tasks.score, validator.tasks.prompt_tokens,
-                    config.orchestrator.seed, validator.tasks.num_tasks,
+                    validator.tasks.num_tasks,
                 )  # fmt: skip
                 client.submit_rollouts(cheat.answer(lease, validator.backend))
         validator.run_loop()
@@ -333,4 +334,4 @@ def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir):
     honest, bad = stats[ids["honest"]], stats[ids["inflated_rewards"]]
     assert (honest.samples_accepted, honest.samples_rejected, honest.banned) == (4, 0, False)
     assert (bad.samples_accepted, bad.samples_rejected, bad.banned) == (0, 4, True)
-    assert set(bad.rejected_reasons) <= {"reward_mismatch", "group_rejected"}
+    assert set(bad.rejected_reasons) <= {"reward_mismatch", "group_rejected", "lease_rejected"}

@@ -49,7 +49,7 @@ def test_worker_follows_shardcast_versions_and_is_accepted(tmp_path, tiny_lm_dir
     with (
         OrchestratorServer(config, tasks) as server,
         shardcast.Origin(tmp_path / "origin", port=origin_port) as origin,
-        OrchestratorClient(server.url) as admin,
+        OrchestratorClient(server.url, admin_token=server.admin_token) as admin,
     ):
         worker = Worker(config, "worker-0")
         parameters = list(worker.backend.model.parameters())
@@ -79,7 +79,11 @@ def test_worker_follows_shardcast_versions_and_is_accepted(tmp_path, tiny_lm_dir
         pending = admin.pending(8).batches
         assert len(pending) == 2
         versions = {0: tiny_lm_dir, 1: policy}
-        checks = checks_from(config, 100, worker.backend.eos_token_ids)
+        hidden = worker.backend.model.config.hidden_size
+        checks = checks_from(
+            config, 100, worker.backend.eos_token_ids,
+            assignment_key=server.trusted.assignment_key, hidden_size=hidden,
+        )  # fmt: skip
         for batch in pending:
             backend = worker.backend
             if batch.policy_version == 0:

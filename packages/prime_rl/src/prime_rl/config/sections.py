@@ -110,14 +110,19 @@ class OrchestratorConfig(Section):
     task_timeout_s: float = Field(
         default=300.0, gt=0, description="A lease not submitted within this time is reassigned."
     )
-    seed: int = Field(default=0, ge=0, description="Run seed of task assignment and sampling seeds.")
     admin_token: str = Field(
         default="",
-        description="Bearer token required on validator/trainer endpoints ('' = no check; trusted LAN only).",
+        description="Bearer token every trusted endpoint (validator, trainer, ban) requires; '' = one generated "
+        "per run in <run_dir>/secrets/run.json (loopback only). Give it to validators and trainer, never workers.",
+    )
+    assignment_secret: str = Field(
+        default="",
+        description="HMAC key of task assignment and sampling seeds, shared with the validators only; "
+        "'' = one generated per run in <run_dir>/secrets/run.json.",
     )
     registration_token: str = Field(
         default="",
-        description="Bearer token POST /workers/register requires ('' = anyone may register, like admin_token).",
+        description="Bearer token POST /workers/register requires ('' = anyone may register).",
     )
     register_rate_per_minute: float = Field(
         default=30.0,
@@ -135,13 +140,42 @@ class OrchestratorConfig(Section):
     max_buffered_samples: int = Field(
         default=0,
         ge=0,
-        description="Refuse new leases (429 busy) while this many usable samples are buffered (0 = no limit).",
+        description="Refuse new leases (429 busy) while this many usable answered samples (awaiting "
+        "validation, or accepted and claimable) are buffered; open leases do not count (0 = no limit).",
+    )
+    max_open_leases: int = Field(
+        default=4, ge=1, description="Unanswered leases one worker may hold (less after abandoned ones)."
+    )
+    max_open_leases_per_address: int = Field(
+        default=16,
+        ge=1,
+        description="Unanswered leases all workers leasing from one client address (IPv6: /64) may hold.",
+    )
+    ban_abandoned_leases: int = Field(
+        default=3,
+        ge=1,
+        description="Ban a worker once this many of its leases expired unanswered and they are at least "
+        "ban_abandoned_share of its leases. Each one also lowers its open-lease allowance by one.",
+    )
+    ban_abandoned_share: float = Field(
+        default=0.25, gt=0, le=1, description="Share of a worker's leases abandoned before a ban (see above)."
     )
     max_request_bytes: int = Field(default=64 * 2**20, ge=1024, description="Largest accepted request body.")
     max_samples_per_batch: int = Field(default=4096, ge=1, description="Largest accepted rollout batch.")
     max_tokens_per_sample: int = Field(
         default=1 << 17, ge=1, description="Max prompt + completion tokens per sample."
     )
+
+    @model_validator(mode="after")
+    def _check_secrets(self) -> OrchestratorConfig:
+        for name in ("admin_token", "assignment_secret"):
+            value = getattr(self, name)
+            if value and (len(value) < 16 or value != value.strip()):
+                raise ValueError(
+                    f"orchestrator.{name} must be at least 16 characters without surrounding spaces "
+                    "(or '' to generate one for this run); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+                )
+        return self
 
     @property
     def url(self) -> str:

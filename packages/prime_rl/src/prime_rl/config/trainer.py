@@ -30,12 +30,14 @@ class TrainerConfig(Section):
         description="Per-sequence normaliser C of 'constant' aggregation (default sampling.max_new_tokens).",
     )
     old_logprobs: Literal["recompute", "inference"] = Field(
-        default="recompute", description="Old log-probs: recomputed at the start of the step, or the sampler's."
+        default="recompute",
+        description="Old log-probs: recomputed at the start of the step, or the behaviour log-probs μ "
+        "(the generating policy's, recomputed by the validator; never a worker's claim).",
     )
     is_correction: Literal["token_truncate", "sequence_truncate", "token_mask", "sequence_mask"] | None = (
         Field(
             default=None,
-            description="Importance-sampling correction π_old/μ with the inference log-probs (None = off).",
+            description="Importance-sampling correction π_old/μ, μ the validator-recomputed behaviour log-probs (None = off).",
         )
     )
     is_threshold: float = Field(default=2.0, gt=0, description="TIS cap, or the upper bound of the MIS band.")

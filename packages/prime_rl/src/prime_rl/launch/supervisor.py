@@ -12,6 +12,12 @@ stops every child (SIGTERM to its process group, SIGKILL after ``STOP_GRACE_S``)
 the trainer finished, 1 when any child failed (its name and log are reported), 130/143 when
 interrupted.
 
+Before any child starts, the run's secrets (the admin token of the trusted endpoints and the
+assignment key) are created in ``<run_dir>/secrets/run.json`` (mode 0600) unless configured; the
+orchestrator, validator and trainer read them there, workers are never given them. An
+orchestrator bound beyond loopback without a configured ``orchestrator.admin_token`` stops the
+run before it starts (exit code 2).
+
 Pitfall: children run in their own sessions so that a terminal Ctrl-C reaches only this
 supervisor, which then stops them in order; killing the supervisor with SIGKILL leaves them
 running (their pids are in ``<run_dir>/metrics/run.jsonl``).
@@ -32,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from prime_rl.api.client import ApiError, OrchestratorClient
+from prime_rl.api.secrets import SecretsError, check_bind_address, run_secrets
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter, init_process
 from prime_rl.weights.layout import version_dirs
@@ -215,6 +222,12 @@ class Supervisor:
     def run(self) -> int:
         """Start everything, supervise until the trainer is done or a child fails; the exit code."""
         specs = plan_children(self.config)
+        try:  # the trusted children (orchestrator, validator, trainer) read them; workers never do
+            check_bind_address(self.config.orchestrator.host, self.config.orchestrator.admin_token)
+            run_secrets(self.config)
+        except SecretsError as error:
+            log.error("not starting the run: %s", error)
+            return 2
         client = OrchestratorClient(self.config.orchestrator.url, timeout_s=5, retries=0)
         self.start(specs[0])
         try:

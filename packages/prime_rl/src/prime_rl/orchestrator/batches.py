@@ -224,12 +224,21 @@ class BatchBook(Mapping[str, StoredBatch]):
             )
         verdicts = sorted(
             (
-                StoredVerdict(v.sample_index, v.accepted, v.reason, v.reward, v.advantage)
+                StoredVerdict(
+                    v.sample_index,
+                    v.accepted,
+                    v.reason,
+                    v.reward,
+                    v.advantage,
+                    tuple(v.logprobs) if v.accepted else (),
+                )
                 for v in request.verdicts
             ),
             key=lambda v: v.sample_index,
         )
         accepted = sum(v.accepted for v in verdicts)
+        if accepted:
+            self._check_logprobs(batch.batch_id, verdicts)
         expired_here = batch.verdicts is not None and all(v.reason == EXPIRED for v in batch.verdicts)
         if batch.verdicts is not None and not expired_here:
             # (A batch the orchestrator expired while a validator was judging it takes the validator's
@@ -252,6 +261,20 @@ class BatchBook(Mapping[str, StoredBatch]):
         return VerdictResponse(
             batch_id=request.batch_id, accepted=accepted, rejected=len(verdicts) - accepted
         )
+
+    def _check_logprobs(self, batch_id: str, verdicts: Sequence[StoredVerdict]) -> None:
+        """ApiFailure 400 unless every accepted verdict has one log-prob per completion token: the
+        trainer learns from these, never from the worker's claim, so they must be complete."""
+        _, table = self._store.read_batch(batch_id)
+        lengths = [len(tokens) for tokens in table.column("completion_tokens").to_pylist()]
+        for verdict in verdicts:
+            if verdict.accepted and len(verdict.logprobs) != lengths[verdict.sample_index]:
+                raise ApiFailure(
+                    400,
+                    "bad_request",
+                    f"accepted sample {verdict.sample_index} needs {lengths[verdict.sample_index]} "
+                    f"recomputed log-probs (one per completion token), got {len(verdict.logprobs)}",
+                )
 
     # ------------------------------------------------------------------ claims and accounting
 

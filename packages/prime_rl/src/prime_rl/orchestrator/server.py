@@ -12,6 +12,12 @@ client address (token buckets of rate_limit.py: ``orchestrator.register_rate_per
 ``orchestrator.registration_token`` when one is set (401 otherwise), and the ledger caps the
 unbanned workers at ``orchestrator.max_workers`` (503 ``worker_limit``).
 
+Every trusted endpoint (``/validator/*``, ``/trainer/*``, ``POST /workers/ban``) requires the
+run's admin token, always: the configured ``orchestrator.admin_token``, else the one generated for
+the run in ``<run_dir>/secrets/run.json`` (``api/secrets.py``), which only the trusted processes on
+this machine read. Bound to a non-loopback address, the orchestrator refuses to start unless the
+token is configured.
+
 Run it with ``prime-rl orchestrator --config FILE`` or embed ``OrchestratorServer`` (tests do).
 """
 
@@ -39,6 +45,7 @@ from prime_rl.api.protocol import (
     RolloutBatch,
     VerdictRequest,
 )
+from prime_rl.api.secrets import RunSecrets, SecretsError, check_bind_address, run_secrets
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter, get_metrics, init_process
 from prime_rl.orchestrator.ledger import ApiFailure, Ledger
@@ -104,16 +111,21 @@ def _bearer(request: web.Request) -> str:
 
 
 def _require_token(request: web.Request, expected: str, what: str) -> None:
-    """ApiFailure 401 unless ``expected`` is empty or the request carries it as its bearer token."""
+    """ApiFailure 401 unless ``expected`` is empty (registration only; the admin token never is) or
+    the request carries it as its bearer token."""
     if expected and not secrets.compare_digest(_bearer(request).encode(), expected.encode()):
         raise ApiFailure(401, "unauthorized", f"this endpoint needs the {what} (Authorization: Bearer ...)")
 
 
 class _Api:
-    def __init__(self, ledger: Ledger, config: RunConfig, registration_clock: Callable[[], float]) -> None:
+    def __init__(
+        self, ledger: Ledger, config: RunConfig, admin_token: str, registration_clock: Callable[[], float]
+    ) -> None:
         orch = config.orchestrator
+        if not admin_token:
+            raise ValueError("the trusted endpoints need an admin token (see prime_rl.api.secrets)")
         self.ledger = ledger
-        self.admin_token = orch.admin_token
+        self.admin_token = admin_token
         self.registration_token = orch.registration_token
         # Only touched on the event loop thread (no await between check and spend): needs no lock.
         self.registrations = TokenBuckets(
@@ -172,7 +184,7 @@ class _Api:
 
         def work() -> Any:
             worker = self.ledger.authenticate(worker_id, _bearer(request))
-            return self.ledger.lease(worker, step, batch_index)
+            return self.ledger.lease(worker, step, batch_index, client_key(request.remote))
 
         return _model_response(await self.call(work))
 
@@ -262,13 +274,18 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 def build_app(
-    ledger: Ledger, config: RunConfig, *, registration_clock: Callable[[], float] = time.monotonic
+    ledger: Ledger,
+    config: RunConfig,
+    *,
+    admin_token: str,
+    registration_clock: Callable[[], float] = time.monotonic,
 ) -> web.Application:
     """The aiohttp application serving ``ledger`` (with the lease-expiry background task).
 
+    ``admin_token``: the bearer token of the trusted endpoints (non-empty; ``run_secrets``).
     ``registration_clock``: monotonic seconds for the registration rate limit (tests inject one).
     """
-    api = _Api(ledger, config, registration_clock)
+    api = _Api(ledger, config, admin_token, registration_clock)
     app = web.Application(middlewares=[_errors], client_max_size=config.orchestrator.max_request_bytes)
     handlers: dict[tuple[str, str], Handler] = {
         ("GET", "/health"): api.health,
@@ -311,7 +328,8 @@ class OrchestratorServer:
     """Run the orchestrator in a background thread (for tests and embedding).
 
     ``with OrchestratorServer(config, tasks) as server: server.url``; port 0 picks a free port.
-    ``registration_clock`` drives the registration rate limit (default ``time.monotonic``).
+    ``registration_clock`` drives the registration rate limit (default ``time.monotonic``);
+    ``server.admin_token`` is the token of the trusted endpoints (``run_secrets(config)``).
     """
 
     def __init__(
@@ -322,10 +340,12 @@ class OrchestratorServer:
         metrics: MetricsWriter | None = None,
         registration_clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        check_bind_address(config.orchestrator.host, config.orchestrator.admin_token)
         self.config = config
         self.registration_clock = registration_clock
+        self.trusted: RunSecrets = run_secrets(config)
         self.store = RolloutStore(config.orchestrator_data_dir)
-        self.ledger = Ledger(config, tasks, self.store, metrics=metrics)
+        self.ledger = Ledger(config, tasks, self.store, metrics=metrics, secrets=self.trusted)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -335,6 +355,10 @@ class OrchestratorServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_token(self) -> str:
+        return self.trusted.admin_token
 
     def start(self) -> OrchestratorServer:
         self._thread = threading.Thread(target=self._run, name="orchestrator", daemon=True)
@@ -353,7 +377,12 @@ class OrchestratorServer:
 
     async def _start(self) -> None:
         self._runner = web.AppRunner(
-            build_app(self.ledger, self.config, registration_clock=self.registration_clock),
+            build_app(
+                self.ledger,
+                self.config,
+                admin_token=self.trusted.admin_token,
+                registration_clock=self.registration_clock,
+            ),
             access_log=None,
             shutdown_timeout=2.0,
         )
@@ -377,10 +406,11 @@ class OrchestratorServer:
         self.stop()
 
 
-async def _serve(config: RunConfig, tasks: Any) -> None:
+async def _serve(config: RunConfig, tasks: Any, trusted: RunSecrets) -> None:
     store = RolloutStore(config.orchestrator_data_dir)
-    ledger = Ledger(config, tasks, store, metrics=get_metrics())
-    runner = web.AppRunner(build_app(ledger, config), access_log=None, shutdown_timeout=2.0)
+    ledger = Ledger(config, tasks, store, metrics=get_metrics(), secrets=trusted)
+    app = build_app(ledger, config, admin_token=trusted.admin_token)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, config.orchestrator.host, config.orchestrator.port)
     await site.start()
@@ -403,6 +433,12 @@ def main(config: RunConfig, name: str = "orchestrator") -> int:
     from prime_rl.tasks import load_tasks
 
     init_process("orchestrator", name, config.run_dir)
+    try:
+        check_bind_address(config.orchestrator.host, config.orchestrator.admin_token)
+        trusted = run_secrets(config)
+    except SecretsError as error:
+        log.error("refusing to start: %s", error)
+        return 2
     tasks = load_tasks(config.tasks)
-    asyncio.run(_serve(config, tasks))
+    asyncio.run(_serve(config, tasks, trusted))
     return 0

@@ -68,8 +68,10 @@ VERDICT_SCHEMA = pa.schema(
         ("reason", pa.string()),
         ("reward", pa.float64()),
         ("advantage", pa.float64()),
+        ("logprobs", pa.list_(pa.float64())),
     ]
 )
+"""One row per sample: the validator's decision and recomputed values (``logprobs`` empty if rejected)."""
 
 CLAIM_SCHEMA = pa.schema(
     [("sample_id", pa.string()), ("batch_id", pa.string()), ("sample_index", pa.int32())]
@@ -94,11 +96,14 @@ class BatchRecord:
 
 @dataclass(frozen=True)
 class StoredVerdict:
+    """A verdict as stored; ``logprobs``: the validator's per-token log-probs (empty if rejected)."""
+
     sample_index: int
     accepted: bool
     reason: str
     reward: float
     advantage: float
+    logprobs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,7 @@ class RolloutStore:
             "reason": [v.reason for v in verdicts],
             "reward": [v.reward for v in verdicts],
             "advantage": [v.advantage for v in verdicts],
+            "logprobs": [list(v.logprobs) for v in verdicts],
         }
         _atomic_write_table(
             pa.Table.from_pydict(rows, schema=VERDICT_SCHEMA), self.verdicts_dir / f"{batch_id}.parquet"
@@ -229,7 +235,9 @@ class RolloutStore:
                 rows = pq.read_table(path).to_pylist()
             except (OSError, pa.ArrowException) as error:
                 raise StoreError(f"corrupt verdict file {path}: {error}") from error
-            result[path.stem] = [StoredVerdict(**row) for row in rows]
+            result[path.stem] = [
+                StoredVerdict(**{**row, "logprobs": tuple(row.get("logprobs") or ())}) for row in rows
+            ]
         return result
 
     # ------------------------------------------------------------- claims

@@ -8,8 +8,10 @@ Per step ``s`` (the weights are policy version ``s``):
    (available vs needed, batches still awaiting validation, stale samples). The claim is
    persisted by the orchestrator, so a restarted trainer gets the same samples for ``s``.
 2. Old log-probs recomputed with the current weights (``old_logprobs = "recompute"``,
-   INTELLECT-2) or the inference log-probs (``"inference"``); with ``is_correction`` the grpo loss
-   also applies a truncated/masked importance weight π_old/μ and logs the mismatch KL.
+   INTELLECT-2) or the behaviour log-probs μ (``"inference"``); with ``is_correction`` the grpo
+   loss also applies a truncated/masked importance weight π_old/μ and logs the mismatch KL. μ is
+   always the validator's recomputation (``TrainSample.behaviour_logprobs``): a worker's claimed
+   inference log-probs never reach the trainer, so it cannot steer the loss through them.
 3. ``optimizer_steps_per_version`` AdamW steps, one per mini-batch of whole groups, each
    accumulating packed micro-batches of at most ``micro_batch_tokens`` tokens, with linear LR
    warmup and gradient-norm clipping.
@@ -39,6 +41,7 @@ import grpo
 import shardcast
 from prime_rl.api.client import OrchestratorClient, OrchestratorUnavailable
 from prime_rl.api.protocol import TrainSample
+from prime_rl.api.secrets import run_secrets
 from prime_rl.config.trainer import TrainerConfig
 from prime_rl.metrics import get_metrics, init_process
 from prime_rl.trainer import distributed
@@ -108,7 +111,8 @@ class Trainer:
         )
         self.step = 0
         self._last_loss = float("nan")
-        self.client = OrchestratorClient(config.orchestrator.url, admin_token=config.orchestrator.admin_token)
+        # A trusted process: the run's admin token (configured, or generated in the run dir).
+        self.client = OrchestratorClient(config.orchestrator.url, admin_token=run_secrets(config).admin_token)
         self.origin: shardcast.Origin | None = None
 
     # -- setup --------------------------------------------------------------------------------

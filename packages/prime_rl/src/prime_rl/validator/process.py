@@ -9,6 +9,10 @@ version's weights (fetched through shardcast by :class:`~prime_rl.weights.store.
 A batch whose version cannot be fetched *right now* (relay lagging, network) stays pending and is
 retried on the next poll; a version that is not published is judged ``unknown_policy``. Nothing a
 worker submits can crash the loop: ``validate_batch`` turns every surprise into a rejection.
+
+The validator is a trusted process: it reads the run's admin token and assignment key
+(``api/secrets.py``). It stops (exit code 2) rather than judge when the orchestrator refuses its
+token or issues leases its key does not reproduce: either would reject every honest worker.
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ import torch
 import toploc
 from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
 from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest
+from prime_rl.api.secrets import SecretsError, run_secrets
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.taskbook import task_book
 from prime_rl.metrics import get_metrics, init_process
 from prime_rl.validator.checks import (
+    AssignmentKeyMismatch,
     Checks,
     GenerationBackend,
     Reason,
@@ -69,11 +75,19 @@ class WorkerLedger:
         return None
 
 
-def checks_from(config: RunConfig, vocab_size: int, eos_token_ids: frozenset[int]) -> Checks:
-    """The validator's :class:`Checks` from the run configuration."""
+def checks_from(
+    config: RunConfig,
+    vocab_size: int,
+    eos_token_ids: frozenset[int],
+    *,
+    assignment_key: bytes,
+    hidden_size: int,
+) -> Checks:
+    """The validator's :class:`Checks` from the run configuration, the run's assignment key and the model."""
     v = config.validator
     return Checks(
-        run_seed=config.orchestrator.seed,
+        assignment_key=assignment_key,
+        hidden_size=hidden_size,
         prompts_per_batch=config.orchestrator.prompts_per_batch,
         async_level=config.orchestrator.async_level,
         group_size=config.sampling.group_size,
@@ -104,6 +118,7 @@ def to_wire(verdicts: list[SampleVerdict]) -> list[Verdict]:
             reason=str(v.reason),
             reward=float(v.reward) if v.reward is not None else 0.0,
             advantage=float(v.advantage) if v.advantage is not None else 0.0,
+            logprobs=list(v.logprobs) if v.accepted else [],
         )
         for v in verdicts
     ]
@@ -132,9 +147,16 @@ class Validator:
             keep=config.orchestrator.async_level + 3,
         )
         self.tasks = task_book(config, tokenizer)
-        vocab = int(self.backend.model.get_output_embeddings().weight.shape[0])
-        self.checks = checks_from(config, vocab, self.backend.eos_token_ids)
-        self.client = OrchestratorClient(config.orchestrator.url, admin_token=config.orchestrator.admin_token)
+        vocab, hidden = self.backend.model.get_output_embeddings().weight.shape
+        trusted = run_secrets(config)
+        self.checks = checks_from(
+            config,
+            int(vocab),
+            self.backend.eos_token_ids,
+            assignment_key=trusted.assignment_key,
+            hidden_size=int(hidden),
+        )
+        self.client = OrchestratorClient(config.orchestrator.url, admin_token=trusted.admin_token)
         self.ledger = WorkerLedger(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
         self.done = 0
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
@@ -206,6 +228,7 @@ class Validator:
             rejected=rejected,
             reasons=reasons,
             seconds=time.monotonic() - started,
+            prefilled=sum(v.prefilled for v in verdicts),
         )
         ban = self.ledger.record(batch.worker_id, accepted=accepted, rejected=rejected)
         if ban is not None:
@@ -223,6 +246,8 @@ class Validator:
             try:
                 pending = self.client.pending(self.cfg.batches_per_poll)
             except (OrchestratorUnavailable, ClientRequestError) as exc:
+                if isinstance(exc, ClientRequestError) and exc.status == 401:
+                    raise  # a wrong admin token never heals by waiting
                 log.warning("cannot fetch pending batches: %s", exc)
                 time.sleep(self.cfg.poll_interval_s)
                 continue
@@ -242,12 +267,19 @@ def main(config: RunConfig, name: str = "validator") -> int:
     """Entry point of ``prime-rl validator``."""
     torch.set_num_threads(config.validator.num_threads)
     init_process("validator", name, config.run_dir)
-    validator = Validator(config)
+    try:
+        validator = Validator(config)
+    except SecretsError as error:
+        log.error("cannot start: %s", error)
+        return 2
     signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         validator.run_loop()
     except SystemExit as stop:
         log.info("stopping (%s)", stop)
+    except (AssignmentKeyMismatch, ClientRequestError) as error:  # 401 or another key: judging would be wrong
+        log.error("stopping without judging: %s", error)
+        return 2
     finally:
         validator.close()
     return 0

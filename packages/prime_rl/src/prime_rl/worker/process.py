@@ -82,7 +82,6 @@ class Worker:
                 self.tasks.encode,
                 self.tasks.score,
                 self.tasks.prompt_tokens,
-                config.orchestrator.seed,
                 self.tasks.num_tasks,
             )
         )
