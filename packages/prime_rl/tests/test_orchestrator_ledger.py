@@ -107,9 +107,13 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         verdicts = [
             Verdict(
-                sample_index=i, accepted=ok, reason="ok" if ok else "bad", reward=0.0, advantage=a,
+                sample_index=i,
+                accepted=ok,
+                reason="ok" if ok else "bad",
+                reward=0.0,
+                advantage=a,
                 logprobs=[-1.0] if ok else [],
-            )  # fmt: skip
+            )
             for i, (ok, a) in enumerate(zip(flags, advs, strict=True))
         ]
         self.ledger.record_verdicts(VerdictRequest(batch_id=batch.batch_id, verdicts=verdicts))

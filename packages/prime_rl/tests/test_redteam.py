@@ -50,23 +50,25 @@ import pytest
 import requests
 import torch
 
-from prime_rl.backend import HFBackend, build_proofs
-from prime_rl.client import ApiError, ClientRequestError, OrchestratorClient
+from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorClient
+from prime_rl.api.protocol import ClaimRequest, LeaseTask, RolloutBatch, RolloutSample, TaskLease
 from prime_rl.config import RunConfig, load_config
-from prime_rl.ledger import Ledger
-from prime_rl.policy_store import PolicyStore, PolicyUnavailable
-from prime_rl.protocol import ClaimRequest, LeaseTask, RolloutBatch, RolloutSample, TaskLease
-from prime_rl.rollout import build_batch
-from prime_rl.store import RolloutStore
-from prime_rl.taskbook import task_book
+from prime_rl.inference.backend import HFBackend, build_proofs
+from prime_rl.inference.taskbook import task_book
+from prime_rl.orchestrator.ledger import Ledger
+from prime_rl.orchestrator.store import RolloutStore
 from prime_rl.tasks import load_tasks
+from prime_rl.weights.store import PolicyStore, PolicyUnavailable
+from prime_rl.worker.rollout import build_batch
 
 pytestmark = pytest.mark.slow
 
 NUDGE = 0.04
+ASYNC_LEVEL = 3  # attack batches stay trainable for a few steps, so a wrongly accepted one would be claimed
 TASK_TIMEOUT_S = 30.0
 HOARD_ADDRESS = "127.0.0.2"
-HOARDERS = 6
+HOARDERS = 6  # more than max_open_leases_per_address (16) / max_open_leases (4) lets through
+PER_ADDRESS = 16
 CONTENT_ATTACKS = ("half_lease", "truncated", "grind", "nudged_logprobs", "malformed_proofs")
 
 
@@ -124,14 +126,18 @@ class Attacker:
         self.identities[worker_id] = attack
         return client, worker_id
 
-    def follow_policy(self) -> None:
-        """Hold the newest committed version (like an honest worker)."""
-        status = OrchestratorClient(self.url, timeout_s=10).status()
-        if status.policy_version > self.backend.policy_version:
+    def follow_policy(self, minimum: int) -> None:
+        """Hold the newest committed version, at least ``minimum`` (like an honest worker)."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            newest = OrchestratorClient(self.url, timeout_s=10).status().policy_version
+            if newest <= self.backend.policy_version and self.backend.policy_version >= minimum:
+                return
             try:
-                self.backend.load_weights(self.weights.ensure(status.policy_version), status.policy_version)
-            except PolicyUnavailable:
-                pass
+                self.backend.load_weights(self.weights.ensure(newest), newest)
+            except PolicyUnavailable:  # not on the relay yet
+                time.sleep(0.5)
+        raise TimeoutError(f"policy version {minimum} never became available")
 
     def honest(self, lease: TaskLease) -> RolloutBatch:
         return build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
@@ -162,7 +168,11 @@ class Attacker:
             for g, seed in enumerate(task.sampling_seeds)
         ]  # fmt: skip
         batch = RolloutBatch(
-            worker_id=worker_id, step=lease.step, batch_index=lease.batch_index, policy_version=0, samples=samples
+            worker_id=worker_id,
+            step=lease.step,
+            batch_index=lease.batch_index,
+            policy_version=0,
+            samples=samples,
         )
         batch_id = self.submit(client, batch)
         status = OrchestratorClient(self.url).status()
@@ -190,9 +200,9 @@ class Attacker:
 
     def content_attack(self, attack: str) -> None:
         """One lease answered the way ``attack`` does (see the module docstring)."""
-        self.follow_policy()
         client, worker_id = self.client(attack)
         lease = client.get_tasks(worker_id)
+        self.follow_policy(lease.min_policy_version)
         if attack == "grind":
             self.submit(client, self._grind(lease))
             return
@@ -304,7 +314,12 @@ def _leases_per_minute(events: list[dict[str, Any]], workers: set[str], start: f
 
 def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp_path: Path) -> None:
     config_path, run_dir = tiny_run(
-        orchestrator={"async_level": 1, "max_buffered_samples": 64, "task_timeout_s": TASK_TIMEOUT_S},
+        orchestrator={
+            "async_level": ASYNC_LEVEL,
+            "max_buffered_samples": 64,
+            "task_timeout_s": TASK_TIMEOUT_S,
+            "max_open_leases_per_address": PER_ADDRESS,
+        },
         trainer={"total_steps": 200},
         workers={"count": 2, "hostile": []},
     )
@@ -320,21 +335,23 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
             for _ in range(2):
                 attacker.content_attack(attack)
         # Hoarding: honest lease rate in the 30 s before and while the hoarders hold their leases
-        # (longer than the lease timeout, so expiries and what follows them are included).
+        # (two lease timeouts, so two waves of expiries and what follows them are included).
         baseline_start = time.time()
         time.sleep(30)
         hoard_start = time.time()
         stop = threading.Event()
         hoarder = threading.Thread(target=attacker.hoard, args=(stop,), daemon=True)
         hoarder.start()
-        time.sleep(TASK_TIMEOUT_S + 20)
+        time.sleep(2 * TASK_TIMEOUT_S + 8)
         stop.set()
         hoarder.join(30)
         hoard_end = time.time()
         # Let the validator judge every attack batch and the trainer claim twice after that.
         store = RolloutStore(run_dir / "orchestrator")
         helpers.wait_for(
-            lambda: set(attacker.submitted) <= set(store.all_verdicts()), 180, "verdicts on every attack batch"
+            lambda: set(attacker.submitted) <= set(store.all_verdicts()),
+            180,
+            "verdicts on every attack batch",
         )
         judged_at = _commits(run_dir, helpers)
         helpers.wait_for(lambda: _commits(run_dir, helpers) >= judged_at + 2, 180, "two more trained steps")
@@ -378,13 +395,17 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         if attack_of.get(s.batch_id) == "nudged_logprobs"
     ]
     per_attack["nudged_logprobs"]["trainer_got_claimed_logprobs"] = sum(
-        1 for got, sent in nudged if got.inference_logprobs == sent.inference_logprobs
+        1 for got, sent in nudged if got.behaviour_logprobs == sent.inference_logprobs
     )
     # Malformed proofs: validator seconds per batch (vs honest batches of the same size).
     seconds = {e["batch_id"]: e for e in helpers.metrics_of(run_dir, "validator") if e["event"] == "verdict"}
     malformed = [seconds[b] for b, a in attack_of.items() if a == "malformed_proofs" and b in seconds]
-    honest_seconds = sorted(seconds[b]["seconds"] for b, r in batches.items() if r.meta["worker_id"] in honest and b in seconds)
-    per_attack["malformed_proofs"]["validator_seconds_max"] = max((e["seconds"] for e in malformed), default=None)
+    honest_seconds = sorted(
+        seconds[b]["seconds"] for b, r in batches.items() if r.meta["worker_id"] in honest and b in seconds
+    )
+    per_attack["malformed_proofs"]["validator_seconds_max"] = max(
+        (e["seconds"] for e in malformed), default=None
+    )
     per_attack["malformed_proofs"]["prefilled_samples"] = sum(int(e.get("prefilled", -1)) for e in malformed)
     per_attack["malformed_proofs"]["honest_validator_seconds_median"] = (
         honest_seconds[len(honest_seconds) // 2] if honest_seconds else None
@@ -393,11 +414,19 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
     per_attack["grind"]["predictions"] = len(attacker.events["grind_predicted_right"])
     # Hoarding.
     per_attack["hoarding"]["leases_taken"] = len(attacker.events["hoard_leases"])
-    per_attack["hoarding"]["refusals"] = dict(
-        (str(code), attacker.events["hoard_refusals"].count(code)) for code in set(attacker.events["hoard_refusals"])
+    per_attack["hoarding"]["leases_taken_before_first_expiry"] = sum(
+        1 for t in attacker.events["hoard_leases"] if t < hoard_start + TASK_TIMEOUT_S
     )
-    per_attack["hoarding"]["honest_leases_per_min_before"] = _leases_per_minute(events, honest, baseline_start, hoard_start)
-    per_attack["hoarding"]["honest_leases_per_min_during"] = _leases_per_minute(events, honest, hoard_start + 3, hoard_end)
+    per_attack["hoarding"]["refusals"] = dict(
+        (str(code), attacker.events["hoard_refusals"].count(code))
+        for code in set(attacker.events["hoard_refusals"])
+    )
+    per_attack["hoarding"]["honest_leases_per_min_before"] = _leases_per_minute(
+        events, honest, baseline_start, hoard_start
+    )
+    per_attack["hoarding"]["honest_leases_per_min_during"] = _leases_per_minute(
+        events, honest, hoard_start + 3, hoard_end
+    )
     workers = {w.worker_id: w for w in ledger.workers_view().workers}
     per_attack["hoarding"]["hoarders_banned"] = sum(
         1 for w, a in attacker.identities.items() if a == "hoarding" and workers[w].banned
@@ -434,14 +463,17 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
     assert per_attack["nudged_logprobs"]["trainer_got_claimed_logprobs"] == 0
     for got, sent in nudged:  # the validator's log-probs: the honest ones, NUDGE below the claim
         assert torch.allclose(
-            torch.tensor(got.inference_logprobs, dtype=torch.float64),
+            torch.tensor(got.behaviour_logprobs, dtype=torch.float64),
             torch.tensor(sent.inference_logprobs, dtype=torch.float64) - NUDGE,
             atol=1e-4,
         )
     assert malformed and all(e.get("prefilled") == 0 for e in malformed), malformed
     assert per_attack["malformed_proofs"]["reasons"].keys() <= {"malformed_proof", "lease_rejected"}
     hoarding = per_attack["hoarding"]
-    assert hoarding["honest_leases_per_min_during"] >= 0.5 * hoarding["honest_leases_per_min_before"] > 0, hoarding
+    assert hoarding["honest_leases_per_min_during"] >= 0.5 * hoarding["honest_leases_per_min_before"] > 0, (
+        hoarding
+    )
+    assert hoarding["leases_taken_before_first_expiry"] <= PER_ADDRESS, hoarding
     assert hoarding["hoarders_banned"] == HOARDERS, hoarding
     assert results["honest"]["samples_rejected"] == 0 and results["honest"]["banned"] == 0, results["honest"]
     assert results["honest"]["leases_expired"] == 0, results["honest"]

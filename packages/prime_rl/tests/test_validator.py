@@ -19,7 +19,7 @@ from prime_rl.inference.backend import HFBackend
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
 from prime_rl.validator.checks import Checks, Reason, validate_batch
-from prime_rl.validator.process import Validator, WorkerLedger
+from prime_rl.validator.process import Validator, WorkerLedger, to_wire
 from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 
 KEY = b"validator-test-assignment-key"
@@ -335,3 +335,120 @@ def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir):
     assert (honest.samples_accepted, honest.samples_rejected, honest.banned) == (4, 0, False)
     assert (bad.samples_accepted, bad.samples_rejected, bad.banned) == (0, 4, True)
     assert set(bad.rejected_reasons) <= {"reward_mismatch", "group_rejected", "lease_rejected"}
+
+
+# ---------------------------------------------------------------- issue 13: whole leases, cheap checks first
+
+
+def _no_prefill(version):
+    raise AssertionError("a structurally invalid batch must cost no prefill (backend_for was called)")
+
+
+def _honest(backend, worker_id):
+    lease, record = lease_for(worker_id, 0, 0)
+    return worker("honest").answer(lease, backend), record
+
+
+def test_half_a_lease_is_rejected_whole_before_any_prefill(backend):
+    batch, record = _honest(backend, "half")
+    first_task = batch.samples[0].task_id
+    half = batch.model_copy(update={"samples": [s for s in batch.samples if s.task_id == first_task]})
+    assert len(half.samples) == GROUP  # a whole, honest group: only the other prompt is missing
+    verdicts = validate_batch(
+        pending(half, record), tasks=TASKS, backend_for=_no_prefill, decode=decode, checks=CHECKS
+    )
+    assert {v.reason for v in verdicts} == {Reason.INCOMPLETE_LEASE}
+    assert not any(v.prefilled for v in verdicts)
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        lambda data: data[:-2],  # one coefficient short
+        lambda data: data + data,  # twice the proofs the tokens need
+        lambda data: b"\x00\x00" + data[2:],  # modulus 0
+        lambda data: data[:2] + b"\xff\xff" + data[4:],  # a coefficient >= 65497
+        lambda data: b"",
+    ],
+)
+def test_malformed_proofs_cost_no_prefill(backend, cut):
+    batch, record = _honest(backend, "proofs")
+    samples = list(batch.samples)
+    data = base64.b64decode(samples[3].proofs)
+    samples[3] = samples[3].model_copy(update={"proofs": base64.b64encode(cut(data)).decode()})
+    verdicts = validate_batch(
+        pending(batch.model_copy(update={"samples": samples}), record),
+        tasks=TASKS, backend_for=_no_prefill, decode=decode, checks=CHECKS,
+    )  # fmt: skip
+    assert verdicts[3].reason == Reason.MALFORMED_PROOF, verdicts[3]
+    assert {v.reason for i, v in enumerate(verdicts) if i != 3} <= {Reason.LEASE_REJECTED}
+    assert not any(v.prefilled or v.accepted for v in verdicts)
+
+
+def test_unterminated_and_extended_completions_are_bad_termination_before_prefill(backend):
+    batch, record = _honest(backend, "term")
+    longest = max(range(len(batch.samples)), key=lambda i: len(batch.samples[i].completion_tokens))
+    s = batch.samples[longest]
+    variants = {
+        "truncated": s.completion_tokens[:-1],  # no EOS, shorter than max_new_tokens
+        "past_eos": [s.completion_tokens[0], 2, 5],  # EOS, then more tokens
+    }
+    for name, tokens in variants.items():
+        if not tokens or (name == "truncated" and len(tokens) == MAX_NEW):
+            continue
+        tampered = s.model_copy(
+            update={"completion_tokens": tokens, "inference_logprobs": [-1.0] * len(tokens)}
+        )
+        samples = [tampered if i == longest else x for i, x in enumerate(batch.samples)]
+        verdicts = validate_batch(
+            pending(batch.model_copy(update={"samples": samples}), record),
+            tasks=TASKS, backend_for=_no_prefill, decode=decode, checks=CHECKS,
+        )  # fmt: skip
+        assert verdicts[longest].reason == Reason.BAD_TERMINATION, (name, verdicts[longest])
+        assert not any(v.accepted or v.prefilled for v in verdicts), name
+
+
+def test_accepted_verdicts_carry_the_validators_logprobs_not_the_claimed_ones(backend):
+    batch, record = _honest(backend, "nudge")
+    nudged = batch.model_copy(
+        update={
+            "samples": [
+                s.model_copy(update={"inference_logprobs": [x + 0.04 for x in s.inference_logprobs]})
+                for s in batch.samples
+            ]
+        }
+    )
+    verdicts = verdicts_for(nudged, record, backend)
+    assert all(v.accepted and v.prefilled for v in verdicts)  # +0.04 is inside logprob_atol (0.05)
+    for v, honest, claimed in zip(verdicts, batch.samples, nudged.samples, strict=True):
+        assert len(v.logprobs) == len(honest.completion_tokens)
+        # The recomputed values are the honest ones (fp32 decode = prefill to ~1e-6), 0.04 off the claim.
+        assert max(abs(a - b) for a, b in zip(v.logprobs, honest.inference_logprobs, strict=True)) < 1e-4
+        assert min(abs(a - b) for a, b in zip(v.logprobs, claimed.inference_logprobs, strict=True)) > 0.039
+    wire = to_wire(verdicts)
+    assert [w.logprobs for w in wire] == [list(v.logprobs) for v in verdicts]
+
+
+def test_one_bad_group_rejects_the_whole_lease(backend):
+    batch, record = _honest(backend, "onegroup")
+    first_task = batch.samples[0].task_id
+    samples = [
+        s.model_copy(update={"reward": s.reward + 1.0}) if s.task_id == first_task else s for s in batch.samples
+    ]  # the worker "fails" the group it did badly on, hoping to keep the other
+    verdicts = verdicts_for(batch.model_copy(update={"samples": samples}), record, backend)
+    by_task = {}
+    for v, s in zip(verdicts, samples, strict=True):
+        by_task.setdefault(s.task_id == first_task, set()).add(v.reason)
+    assert by_task[True] <= {Reason.REWARD_MISMATCH, Reason.GROUP_REJECTED}
+    assert by_task[False] == {Reason.LEASE_REJECTED}
+    assert not any(v.accepted or v.logprobs for v in verdicts)
+
+
+def test_a_validator_with_another_assignment_key_stops_instead_of_rejecting_honest_work(backend):
+    from dataclasses import replace
+
+    from prime_rl.validator.checks import AssignmentKeyMismatch
+
+    batch, record = _honest(backend, "keys")
+    with pytest.raises(AssignmentKeyMismatch, match="assignment_secret"):
+        verdicts_for(batch, record, backend, checks=replace(CHECKS, assignment_key=b"another-key-another-key"))

@@ -123,7 +123,9 @@ def _load_or_create(path: Path) -> dict[str, str]:
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise SecretsError(f"the run's secrets {path} are unreadable: {error}; delete the file to regenerate") from error
+        raise SecretsError(
+            f"the run's secrets {path} are unreadable: {error}; delete the file to regenerate"
+        ) from error
     if not isinstance(stored, dict) or not all(
         isinstance(stored.get(key), str) and len(stored[key]) >= MIN_SECRET_CHARS
         for key in ("admin_token", "assignment_secret")
