@@ -24,8 +24,8 @@ pytestmark = pytest.mark.slow
 ASYNC_LEVEL = 1
 STEPS = 3  # at least this many policy versions are trained
 MAX_STEPS = 12  # the run is stopped (Ctrl-C) once every acceptance condition has been observed
-# Reasons the validator may give a hostile sample: the behaviour's own reason, or group_rejected for the
-# rest of a group one of whose members failed (see prime_rl.worker.hostile).
+# Reasons the validator may give a hostile sample: the behaviour's own reason, or group_rejected /
+# lease_rejected for the rest of a batch one of whose samples failed (see prime_rl.worker.hostile).
 EXPECTED_REASONS = {
     "other_weights": {"toploc_mismatch"},
     "changed_prompt": {"wrong_prompt"},
@@ -95,7 +95,7 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
                 continue
             per_worker[name]["accepted" if verdict.accepted else "rejected"] += 1
             if name.startswith("hostile"):
-                allowed = expected_by_batch.get(batch_id, default_reasons) | {"group_rejected"}
+                allowed = expected_by_batch.get(batch_id, default_reasons) | {"group_rejected", "lease_rejected"}
                 assert not verdict.accepted and verdict.reason in allowed, (batch_id, verdict)
             else:
                 assert verdict.accepted, (name, batch_id, verdict)

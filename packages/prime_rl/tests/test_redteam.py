@@ -50,7 +50,7 @@ import pytest
 import requests
 import torch
 
-from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorClient
+from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorBusy, OrchestratorClient
 from prime_rl.api.protocol import ClaimRequest, LeaseTask, RolloutBatch, RolloutSample, TaskLease
 from prime_rl.config import RunConfig, load_config
 from prime_rl.inference.backend import HFBackend, build_proofs
@@ -64,7 +64,11 @@ from prime_rl.worker.rollout import build_batch
 pytestmark = pytest.mark.slow
 
 NUDGE = 0.04
-ASYNC_LEVEL = 3  # attack batches stay trainable for a few steps, so a wrongly accepted one would be claimed
+# Attack batches must be judged (not expire) and, if accepted, claimed: a deep async level keeps them
+# fresh and a small buffer keeps the validator's queue short (steps take ~3 s on the tiny model).
+ASYNC_LEVEL = 6
+SAMPLES_PER_STEP = 32
+BUFFER = 48
 TASK_TIMEOUT_S = 30.0
 HOARD_ADDRESS = "127.0.0.2"
 HOARDERS = 6  # more than max_open_leases_per_address (16) / max_open_leases (4) lets through
@@ -118,23 +122,38 @@ class Attacker:
         self.submitted: dict[str, RolloutBatch] = {}  # batch_id -> batch as submitted
         self.events: dict[str, Any] = defaultdict(list)
 
-    def client(self, attack: str, source: str | None = None) -> tuple[OrchestratorClient, str]:
+    def client(
+        self, attack: str, source: str | None = None, retries: int = 3
+    ) -> tuple[OrchestratorClient, str]:
         client = OrchestratorClient(self.url, timeout_s=10, retries=3, backoff_s=0.5)
         if source is not None:
             client._session.mount("http://", _SourceAddress(source))
         worker_id = client.register(f"attack-{attack}").worker_id
+        client.retries = retries
         self.identities[worker_id] = attack
         return client, worker_id
 
+    def lease(self, client: OrchestratorClient, worker_id: str) -> TaskLease:
+        """``GET /tasks``, waiting out backpressure (429 busy) like an honest worker."""
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                return client.get_tasks(worker_id)
+            except OrchestratorBusy:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
     def follow_policy(self, minimum: int) -> None:
-        """Hold the newest committed version, at least ``minimum`` (like an honest worker)."""
+        """Hold the newest committed version the relay serves, at least ``minimum`` (like an honest worker)."""
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            newest = OrchestratorClient(self.url, timeout_s=10).status().policy_version
-            if newest <= self.backend.policy_version and self.backend.policy_version >= minimum:
+            committed = OrchestratorClient(self.url, timeout_s=10).status().policy_version
+            version = max(minimum, min(committed, self.weights.newest_available()))
+            if version <= self.backend.policy_version:
                 return
             try:
-                self.backend.load_weights(self.weights.ensure(newest), newest)
+                self.backend.load_weights(self.weights.ensure(version), version)
             except PolicyUnavailable:  # not on the relay yet
                 time.sleep(0.5)
         raise TimeoutError(f"policy version {minimum} never became available")
@@ -157,7 +176,7 @@ class Attacker:
         """Every trusted endpoint without a token; the HTTP status of each attempt."""
         client, worker_id = self.client("admin_no_token")
         _, victim = self.client("admin_no_token")  # one of its own identities: honest ones stay untouched
-        lease = client.get_tasks(worker_id)
+        lease = self.lease(client, worker_id)
         samples = [
             RolloutSample(
                 task_id=task.task_id, group_index=g, prompt_tokens=[5, 6, 7], completion_tokens=[8, 9],
@@ -201,7 +220,7 @@ class Attacker:
     def content_attack(self, attack: str) -> None:
         """One lease answered the way ``attack`` does (see the module docstring)."""
         client, worker_id = self.client(attack)
-        lease = client.get_tasks(worker_id)
+        lease = self.lease(client, worker_id)
         self.follow_policy(lease.min_policy_version)
         if attack == "grind":
             self.submit(client, self._grind(lease))
@@ -264,7 +283,7 @@ class Attacker:
         clients = []
         for _ in range(HOARDERS):
             try:
-                clients.append(self.client("hoarding", source=HOARD_ADDRESS))
+                clients.append(self.client("hoarding", source=HOARD_ADDRESS, retries=0))
             except ApiError as error:
                 self.events["hoard_register_refused"].append(str(error)[:100])
         while not stop.is_set():
@@ -274,7 +293,7 @@ class Attacker:
                     self.events["hoard_leases"].append(time.time())
                 except ClientRequestError as error:
                     self.events["hoard_refusals"].append(error.status)
-                except ApiError:  # 429 busy after retries
+                except ApiError:  # 429 busy (per-address cap)
                     self.events["hoard_refusals"].append(429)
             stop.wait(1.0)
 
@@ -316,11 +335,11 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
     config_path, run_dir = tiny_run(
         orchestrator={
             "async_level": ASYNC_LEVEL,
-            "max_buffered_samples": 64,
+            "max_buffered_samples": BUFFER,
             "task_timeout_s": TASK_TIMEOUT_S,
             "max_open_leases_per_address": PER_ADDRESS,
         },
-        trainer={"total_steps": 200},
+        trainer={"total_steps": 200, "samples_per_step": SAMPLES_PER_STEP},
         workers={"count": 2, "hostile": []},
     )
     config = load_config(config_path)
@@ -428,8 +447,10 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         events, honest, hoard_start + 3, hoard_end
     )
     workers = {w.worker_id: w for w in ledger.workers_view().workers}
-    per_attack["hoarding"]["hoarders_banned"] = sum(
-        1 for w, a in attacker.identities.items() if a == "hoarding" and workers[w].banned
+    hoarders = [workers[w] for w, a in attacker.identities.items() if a == "hoarding"]
+    per_attack["hoarding"]["hoarders_banned"] = sum(w.banned for w in hoarders)
+    per_attack["hoarding"]["hoarders_over_the_abandon_limit"] = sum(
+        w.leases_expired >= 3 and w.leases_expired >= 0.25 * w.leases_issued for w in hoarders
     )
     honest_rejected = sum(
         1
@@ -458,8 +479,16 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
     for attack in ("admin_no_token", "half_lease", "truncated", "grind", "malformed_proofs", "hoarding"):
         assert per_attack[attack]["in_trainer_claims"] == 0, (attack, dict(per_attack[attack]))
         assert per_attack[attack]["accepted"] == 0, (attack, dict(per_attack[attack]))
-    assert per_attack["half_lease"]["samples"] > 0 and per_attack["truncated"]["samples"] > 0
-    assert per_attack["grind"]["samples"] > 0 and per_attack["grind"]["predicted_right"] == 0
+    expected = {
+        "half_lease": "incomplete_lease",
+        "truncated": "bad_termination",
+        "grind": "not_assigned",
+        "malformed_proofs": "malformed_proof",
+    }
+    for attack, reason in expected.items():  # judged by the validator for what it is (not just expired)
+        assert reason in per_attack[attack]["reasons"], (attack, dict(per_attack[attack]))
+    assert per_attack["grind"]["predicted_right"] == 0
+    assert nudged, "no nudged sample reached a claim: the log-prob check below would be vacuous"
     assert per_attack["nudged_logprobs"]["trainer_got_claimed_logprobs"] == 0
     for got, sent in nudged:  # the validator's log-probs: the honest ones, NUDGE below the claim
         assert torch.allclose(
@@ -474,6 +503,9 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         hoarding
     )
     assert hoarding["leases_taken_before_first_expiry"] <= PER_ADDRESS, hoarding
-    assert hoarding["hoarders_banned"] == HOARDERS, hoarding
+    # Banned exactly when its expired leases reach ban_abandoned_leases (3) and 25 % of its leases.
+    assert hoarding["hoarders_banned"] == hoarding["hoarders_over_the_abandon_limit"] >= HOARDERS - 2, (
+        hoarding
+    )
     assert results["honest"]["samples_rejected"] == 0 and results["honest"]["banned"] == 0, results["honest"]
     assert results["honest"]["leases_expired"] == 0, results["honest"]
