@@ -69,7 +69,7 @@ NUDGE = 0.04
 ASYNC_LEVEL = 6
 SAMPLES_PER_STEP = 32
 BUFFER = 48
-TASK_TIMEOUT_S = 30.0
+TASK_TIMEOUT_S = 20.0
 HOARD_ADDRESS = "127.0.0.2"
 HOARDERS = 6  # more than max_open_leases_per_address (16) / max_open_leases (4) lets through
 PER_ADDRESS = 16
@@ -353,10 +353,10 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         for attack in CONTENT_ATTACKS:
             for _ in range(2):
                 attacker.content_attack(attack)
-        # Hoarding: honest lease rate in the 30 s before and while the hoarders hold their leases
+        # Hoarding: honest lease rate in the 20 s before and while the hoarders hold their leases
         # (two lease timeouts, so two waves of expiries and what follows them are included).
         baseline_start = time.time()
-        time.sleep(30)
+        time.sleep(20)
         hoard_start = time.time()
         stop = threading.Event()
         hoarder = threading.Thread(target=attacker.hoard, args=(stop,), daemon=True)

@@ -93,8 +93,9 @@ class RetryLater(Exception):
 
 
 class AssignmentKeyMismatch(Exception):
-    """A lease the orchestrator issued does not match this validator's recomputation: the two hold
-    different assignment keys (or task sets). Judging would reject honest work, so it stops instead."""
+    """A lease the orchestrator issued does not match this validator's recomputation (or cannot be
+    recomputed): the two hold different assignment keys or task sets, or this one has no key.
+    Judging would reject honest work, so ``validate_batch`` raises this instead."""
 
 
 @dataclass(frozen=True)
@@ -268,15 +269,14 @@ def _batch_checks(
                 num_tasks=tasks.num_tasks,
                 prompts_per_batch=checks.prompts_per_batch,
             )
-        except AssignmentError as exc:
-            problem = f"assignment cannot be recomputed: {exc}"
-        else:
-            if tuple(lease.task_ids) != expected:  # the orchestrator's record, not the worker's claim
-                raise AssignmentKeyMismatch(
-                    f"lease {lease.source_worker_id}/s{lease.source_step}/b{lease.source_batch_index} has tasks "
-                    f"{lease.task_ids}, recomputed {list(expected)}: give the orchestrator and this validator "
-                    "the same orchestrator.assignment_secret and [tasks]"
-                )
+        except AssignmentError as exc:  # the lease is the orchestrator's record: a configuration problem
+            raise AssignmentKeyMismatch(f"cannot recompute the orchestrator's lease: {exc}") from exc
+        if tuple(lease.task_ids) != expected:  # the orchestrator's record, not the worker's claim
+            raise AssignmentKeyMismatch(
+                f"lease {lease.source_worker_id}/s{lease.source_step}/b{lease.source_batch_index} has tasks "
+                f"{lease.task_ids}, recomputed {list(expected)}: give the orchestrator and this validator "
+                "the same orchestrator.assignment_secret and [tasks]"
+            )
     if problem:
         for p in pending:
             p.reject(Reason.UNASSIGNED_TASK, problem)
