@@ -109,7 +109,7 @@ def test_orchestrator_killed_keeps_every_acknowledged_rollout(
         assert stored[batch_id].samples == list(batch.samples), batch_id
     # The store itself (what a later process reads) agrees.
     assert set(acked) <= {
-        record.batch_id for record in RolloutStore(run_dir / "orchestrator").batch_records()
+        record.meta.batch_id for record in RolloutStore(run_dir / "orchestrator").batch_records()
     }
 
 
@@ -245,8 +245,7 @@ def test_trainer_killed_resumes_without_losing_or_reusing_rollouts(
     assert len(every) == len(set(every)), "an accepted rollout was claimed for two steps"
     verdicts = store.all_verdicts()
     for sample_id in every:
-        batch_id, index = sample_id.rsplit("/", 1)
-        assert verdicts[batch_id][int(index)].accepted
+        assert verdicts[sample_id.batch_id][sample_id.index].accepted
     # Whatever each trainer incarnation trained a step on is exactly that step's claim (a replay reuses it).
     trained = _events(run_dir, helpers, "trainer", "commit") + _events(
         run_dir, helpers, "trainer-restarted", "commit"
@@ -297,5 +296,4 @@ def test_validator_behind_trainer_waits_and_never_trains_unvalidated(
     (claim,) = store.claims()
     verdicts = store.all_verdicts()
     for sample_id in claim.sample_ids:
-        batch_id, index = sample_id.rsplit("/", 1)
-        assert verdicts[batch_id][int(index)].accepted, sample_id
+        assert verdicts[sample_id.batch_id][sample_id.index].accepted, sample_id

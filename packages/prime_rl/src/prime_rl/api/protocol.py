@@ -10,14 +10,26 @@ Pitfall: integers are strict: ``"3"`` or ``3.0`` is not an int, ``true`` is not 
 
 from __future__ import annotations
 
-from typing import Annotated
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StringConstraints,
+    model_validator,
+)
 
 __all__ = [
     "ApiModel",
     "BanRequest",
     "BanResponse",
+    "BatchVerdicts",
     "ClaimRequest",
     "ClaimResponse",
     "CommitRequest",
@@ -32,6 +44,7 @@ __all__ = [
     "RegisterResponse",
     "RolloutBatch",
     "RolloutSample",
+    "SampleId",
     "StatusResponse",
     "SubmitResponse",
     "TaskLease",
@@ -52,6 +65,49 @@ NonNegInt = Annotated[int, Field(ge=0, le=2**62)]
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Reason = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+MAX_DETAIL_CHARS = 1000
+
+
+def _proofs_from_wire(value: Any) -> Any:
+    """Standard padded base64 (the wire) -> bytes; bytes (built in-process) pass through."""
+    if isinstance(value, str):
+        if len(value) > MAX_PROOF_CHARS:
+            raise ValueError(f"proofs has {len(value)} base64 characters > max {MAX_PROOF_CHARS}")
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as error:
+            raise ValueError(f"proofs is not standard padded base64: {error}") from None
+    return value
+
+
+ProofBytes = Annotated[
+    bytes,
+    BeforeValidator(_proofs_from_wire),
+    PlainSerializer(lambda data: base64.b64encode(data).decode("ascii"), return_type=str, when_used="json"),
+]
+"""toploc proofs: raw bytes inside every process, standard padded base64 on the wire (JSON)."""
+
+
+@dataclass(frozen=True, order=True)
+class SampleId:
+    """One sample of one stored batch; on the wire and on disk it is the text ``<batch_id>/<index>``.
+
+    The only place sample ids are made (``str(SampleId(...))``) and parsed (``SampleId.parse``).
+    """
+
+    batch_id: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.batch_id}/{self.index}"
+
+    @classmethod
+    def parse(cls, text: str) -> SampleId:
+        """``"<batch_id>/<index>"`` -> SampleId; ValueError on anything else."""
+        batch_id, sep, index = text.rpartition("/")
+        if not sep or not batch_id or not index.isdigit() or not index.isascii():
+            raise ValueError(f"not a sample id '<batch_id>/<index>': {text!r}")
+        return cls(batch_id, int(index))
 
 
 class ApiModel(BaseModel):
@@ -175,7 +231,7 @@ class RolloutSample(ApiModel):
     temperature: Annotated[float, Field(gt=0.0, le=100.0)]
     reward: float = Field(description="Claimed reward (the validator recomputes it).")
     advantage: float = Field(description="Claimed group advantage (the validator recomputes it).")
-    proofs: Annotated[str, StringConstraints(max_length=MAX_PROOF_CHARS)] = Field(
+    proofs: ProofBytes = Field(
         description="Base64 (standard alphabet, padded) of the concatenated toploc proofs."
     )
     inference_logprobs: list[float] = Field(
@@ -281,8 +337,11 @@ class Verdict(ApiModel):
     sample_index: NonNegInt = Field(description="Position of the sample in the batch.")
     accepted: bool
     reason: Reason = Field(description="'ok' when accepted, else a short code such as 'toploc_mismatch'.")
-    reward: float = Field(description="Reward recomputed by the validator.")
-    advantage: float = Field(description="Group advantage recomputed by the validator.")
+    detail: Annotated[str, StringConstraints(max_length=MAX_DETAIL_CHARS)] = Field(
+        default="", description="What failed and by how much ('' when accepted)."
+    )
+    reward: float = Field(description="Reward recomputed by the validator (0 when not computed).")
+    advantage: float = Field(description="Group advantage recomputed by the validator (0 when not computed).")
 
 
 class VerdictRequest(ApiModel):
@@ -296,6 +355,15 @@ class VerdictResponse(ApiModel):
     batch_id: str
     accepted: int
     rejected: int
+
+
+class BatchVerdicts(ApiModel):
+    """GET /rollouts/verdicts: how the validator judged one of the caller's batches."""
+
+    batch_id: str
+    judged: bool = Field(description="False while the batch awaits validation (then verdicts is empty).")
+    verdicts: list[Verdict] = Field(description="One per sample, with the reason and detail of each rejection.")
+
 
 
 # ------------------------------------------------------------------ trainer

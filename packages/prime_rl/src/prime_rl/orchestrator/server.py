@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 import secrets
@@ -26,6 +27,7 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -51,20 +53,29 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-ROUTES: dict[tuple[str, str], type[BaseModel] | None] = {
-    ("GET", "/health"): None,
-    ("GET", "/status"): None,
-    ("POST", "/workers/register"): RegisterRequest,
-    ("GET", "/tasks"): None,
-    ("POST", "/rollouts"): RolloutBatch,
-    ("GET", "/workers"): None,
-    ("POST", "/workers/ban"): BanRequest,
-    ("GET", "/validator/pending"): None,
-    ("POST", "/validator/verdicts"): VerdictRequest,
-    ("POST", "/trainer/claim"): ClaimRequest,
-    ("POST", "/trainer/commit"): CommitRequest,
+@dataclass(frozen=True)
+class Route:
+    """One endpoint: the ``_Api`` method that handles it and its request body model (None: no body)."""
+
+    handler: str
+    body: type[BaseModel] | None = None
+
+
+ROUTES: dict[tuple[str, str], Route] = {
+    ("GET", "/health"): Route("health"),
+    ("GET", "/status"): Route("status"),
+    ("POST", "/workers/register"): Route("register", RegisterRequest),
+    ("GET", "/tasks"): Route("tasks"),
+    ("POST", "/rollouts"): Route("rollouts", RolloutBatch),
+    ("GET", "/rollouts/verdicts"): Route("batch_verdicts"),
+    ("GET", "/workers"): Route("workers"),
+    ("POST", "/workers/ban"): Route("ban", BanRequest),
+    ("GET", "/validator/pending"): Route("pending"),
+    ("POST", "/validator/verdicts"): Route("verdicts", VerdictRequest),
+    ("POST", "/trainer/claim"): Route("claim", ClaimRequest),
+    ("POST", "/trainer/commit"): Route("commit", CommitRequest),
 }
-"""Every endpoint and its request body model (None: no body). API.md documents exactly these."""
+"""The one route table: every endpoint, its handler and body model. API.md documents exactly these."""
 
 _MAX_QUERY_INT = 2**62
 
@@ -184,13 +195,27 @@ class _Api:
             await self._count_malformed(raw)
             raise ApiFailure(400, "bad_request", _validation_message(error)) from None
 
+        digest = hashlib.sha256(raw).hexdigest()
+
         def work() -> Any:
             worker = self.ledger.authenticate(batch.worker_id, _bearer(request))
             try:
-                return self.ledger.submit(worker, batch)
+                return self.ledger.submit(worker, batch, digest)
             except ApiFailure:
                 self.ledger.record_malformed(worker.worker_id)
                 raise
+
+        return _model_response(await self.call(work))
+
+    async def batch_verdicts(self, request: web.Request) -> web.Response:
+        worker_id = request.query.get("worker_id", "")
+        batch_id = request.query.get("batch_id", "")
+        if not worker_id or not batch_id:
+            raise ApiFailure(400, "bad_request", "query parameters worker_id and batch_id are required")
+
+        def work() -> Any:
+            worker = self.ledger.authenticate(worker_id, _bearer(request))
+            return self.ledger.batch_verdicts(worker, batch_id)
 
         return _model_response(await self.call(work))
 
@@ -270,22 +295,8 @@ def build_app(
     """
     api = _Api(ledger, config, registration_clock)
     app = web.Application(middlewares=[_errors], client_max_size=config.orchestrator.max_request_bytes)
-    handlers: dict[tuple[str, str], Handler] = {
-        ("GET", "/health"): api.health,
-        ("GET", "/status"): api.status,
-        ("POST", "/workers/register"): api.register,
-        ("GET", "/tasks"): api.tasks,
-        ("POST", "/rollouts"): api.rollouts,
-        ("GET", "/workers"): api.workers,
-        ("POST", "/workers/ban"): api.ban,
-        ("GET", "/validator/pending"): api.pending,
-        ("POST", "/validator/verdicts"): api.verdicts,
-        ("POST", "/trainer/claim"): api.claim,
-        ("POST", "/trainer/commit"): api.commit,
-    }
-    assert set(handlers) == set(ROUTES)
-    for (method, path), handler in handlers.items():
-        app.router.add_route(method, path, handler)
+    for (method, path), route in ROUTES.items():
+        app.router.add_route(method, path, getattr(api, route.handler))
     interval = min(1.0, config.orchestrator.task_timeout_s / 4)
 
     async def expire_loop(app: web.Application) -> Any:

@@ -28,8 +28,6 @@ Accepted verdicts carry the recomputed reward and advantage; the trainer uses th
 
 from __future__ import annotations
 
-import base64
-import binascii
 import enum
 import math
 from collections import defaultdict
@@ -43,7 +41,7 @@ import grpo
 import toploc
 from prime_rl.api import assignment
 from prime_rl.api.assignment import AssignmentError
-from prime_rl.api.protocol import PendingBatch, RolloutSample
+from prime_rl.api.protocol import MAX_DETAIL_CHARS, PendingBatch, RolloutSample, Verdict
 from prime_rl.inference.backend import (
     GenerationBackend,
     GenerationError,
@@ -80,18 +78,6 @@ class Reason(enum.StrEnum):
 
 class RetryLater(Exception):
     """Raised by ``backend_for`` when a version cannot be loaded *now*; ``validate_batch`` re-raises it."""
-
-
-@dataclass(frozen=True)
-class SampleVerdict:
-    """The decision on one sample (``index`` = position in the batch); reward/advantage recomputed."""
-
-    index: int
-    accepted: bool
-    reason: Reason
-    detail: str = ""
-    reward: float | None = None
-    advantage: float | None = None
 
 
 class TaskBook(Protocol):
@@ -184,7 +170,7 @@ def validate_batch(
     decode: Callable[[Sequence[int]], str],
     checks: Checks,
     newest_version: int | None = None,
-) -> list[SampleVerdict]:
+) -> list[Verdict]:
     """Verdicts for every sample of one batch, in submission order; never raises on hostile content.
 
     ``backend_for(version)`` returns a backend holding that policy version (None: unavailable);
@@ -209,11 +195,22 @@ def validate_batch(
     except RetryLater:
         raise
     except Exception as exc:  # a validator bug must reject, not crash the process
-        return [SampleVerdict(p.index, False, Reason.INTERNAL_ERROR, f"{exc!r:.300}") for p in pending]
-    return [
-        SampleVerdict(p.index, p.alive, p.reason, p.detail, p.reward, advantages.get(p.index))
-        for p in pending
-    ]
+        return [_verdict(p.index, Reason.INTERNAL_ERROR, f"{exc!r:.300}") for p in pending]
+    return [_verdict(p.index, p.reason, p.detail, p.reward, advantages.get(p.index)) for p in pending]
+
+
+def _verdict(
+    index: int, reason: Reason, detail: str, reward: float | None = None, advantage: float | None = None
+) -> Verdict:
+    """The wire verdict (reward/advantage 0 where the checks stopped before computing them)."""
+    return Verdict(
+        sample_index=index,
+        accepted=reason is Reason.ACCEPTED,
+        reason=str(reason),
+        detail=detail[:MAX_DETAIL_CHARS],
+        reward=float(reward) if reward is not None else 0.0,
+        advantage=float(advantage) if advantage is not None else 0.0,
+    )
 
 
 def _batch_checks(
@@ -285,10 +282,7 @@ def _sample_checks(
         why = check_termination(s.completion_tokens, decode=decode, checks=checks)
         if why is not None:
             p.reject(Reason.BAD_TERMINATION, why)
-    try:
-        p.proofs = base64.b64decode(s.proofs, validate=True)
-    except (binascii.Error, ValueError):
-        p.reject(Reason.MALFORMED_PROOF, "proofs are not valid base64")
+    p.proofs = s.proofs
 
 
 def _model_checks(pending: list[_Pending], backend: GenerationBackend, checks: Checks) -> None:

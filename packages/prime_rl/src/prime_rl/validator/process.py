@@ -25,7 +25,7 @@ import torch
 
 import toploc
 from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
-from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest
+from prime_rl.api.protocol import PendingBatch, VerdictRequest
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.taskbook import task_book
@@ -35,7 +35,6 @@ from prime_rl.validator.checks import (
     GenerationBackend,
     Reason,
     RetryLater,
-    SampleVerdict,
     validate_batch,
 )
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable
@@ -94,19 +93,6 @@ def checks_from(config: RunConfig, vocab_size: int, eos_token_ids: frozenset[int
             sign_mismatches_per_128=v.sign_mismatches_per_128,
         ),
     )
-
-
-def to_wire(verdicts: list[SampleVerdict]) -> list[Verdict]:
-    return [
-        Verdict(
-            sample_index=v.index,
-            accepted=v.accepted,
-            reason=str(v.reason),
-            reward=float(v.reward) if v.reward is not None else 0.0,
-            advantage=float(v.advantage) if v.advantage is not None else 0.0,
-        )
-        for v in verdicts
-    ]
 
 
 class Validator:
@@ -170,7 +156,7 @@ class Validator:
             log.warning("batch %s: %s; retrying later", batch.batch_id, exc)
             return False
         try:
-            self.client.post_verdicts(VerdictRequest(batch_id=batch.batch_id, verdicts=to_wire(verdicts)))
+            self.client.post_verdicts(VerdictRequest(batch_id=batch.batch_id, verdicts=verdicts))
         except ClientRequestError as exc:  # e.g. the orchestrator already settled the batch: skip it
             log.warning("verdicts for %s refused: %s", batch.batch_id, exc)
             get_metrics().log(
@@ -183,6 +169,7 @@ class Validator:
             return False
         accepted = sum(v.accepted for v in verdicts)
         rejected = len(verdicts) - accepted
+        rejections = [v for v in verdicts if not v.accepted]
         reasons: dict[str, int] = {}
         for v in verdicts:
             if not v.accepted:
@@ -205,6 +192,8 @@ class Validator:
             accepted=accepted,
             rejected=rejected,
             reasons=reasons,
+            # why, for the first rejections (group mates repeat the first reason; a few suffice)
+            details={str(v.sample_index): f"{v.reason}: {v.detail}" for v in rejections[:4]},
             seconds=time.monotonic() - started,
         )
         ban = self.ledger.record(batch.worker_id, accepted=accepted, rejected=rejected)
@@ -258,4 +247,4 @@ def _exit_cleanly(signum: int, frame: object) -> None:
     raise SystemExit(f"signal {signum}")
 
 
-__all__ = ["Reason", "Validator", "ValidatorConfig", "WorkerLedger", "checks_from", "main", "to_wire"]
+__all__ = ["Reason", "Validator", "ValidatorConfig", "WorkerLedger", "checks_from", "main"]
