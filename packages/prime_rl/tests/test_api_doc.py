@@ -64,7 +64,7 @@ def test_every_model_table_lists_exactly_the_model_fields() -> None:
 
 
 def _raised_error_codes() -> set[tuple[str, str]]:
-    """(status, code) of every ``ApiFailure(status, code, ...)`` / ``_error(status, code, ...)`` call in
+    """(status, code) of every ``ApiFailure(status, code, ...)`` / ``error_response(status, code, ...)`` call in
     the orchestrator room, read from the syntax tree (a code in a comment or docstring does not count)."""
     found = set()
     room = Path(__file__).parent.parent / "src" / "prime_rl" / "orchestrator"
@@ -72,7 +72,7 @@ def _raised_error_codes() -> set[tuple[str, str]]:
         for node in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
                 continue
-            if node.func.id not in ("ApiFailure", "_error") or len(node.args) < 2:
+            if node.func.id not in ("ApiFailure", "error_response") or len(node.args) < 2:
                 continue
             status, code = node.args[0], node.args[1]
             if isinstance(status, ast.Constant) and isinstance(code, ast.Constant):

@@ -10,19 +10,19 @@ Pitfall: integers are strict: ``"3"`` or ``3.0`` is not an int, ``true`` is not 
 
 from __future__ import annotations
 
-import base64
-import binascii
-from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PlainSerializer,
-    StringConstraints,
-    model_validator,
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from prime_rl.api.fields import (
+    MAX_DETAIL_CHARS,
+    NonNegInt,
+    ProofBytes,
+    Reason,
+    SampleId,
+    Seed,
+    TokenId,
+    WorkerId,
 )
 
 __all__ = [
@@ -55,60 +55,6 @@ __all__ = [
     "WorkerStats",
     "WorkersResponse",
 ]
-
-MAX_TOKEN_ID = 2**31 - 1
-MAX_SEED = 2**63 - 1
-MAX_PROOF_CHARS = 1 << 24  # 16 MiB of base64 per sample
-
-WorkerId = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
-NonNegInt = Annotated[int, Field(ge=0, le=2**62)]
-TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
-Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
-Reason = Annotated[str, StringConstraints(min_length=1, max_length=200)]
-MAX_DETAIL_CHARS = 1000
-
-
-def _proofs_from_wire(value: Any) -> Any:
-    """Standard padded base64 (the wire) -> bytes; bytes (built in-process) pass through."""
-    if isinstance(value, str):
-        if len(value) > MAX_PROOF_CHARS:
-            raise ValueError(f"proofs has {len(value)} base64 characters > max {MAX_PROOF_CHARS}")
-        try:
-            return base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError) as error:
-            raise ValueError(f"proofs is not standard padded base64: {error}") from None
-    return value
-
-
-ProofBytes = Annotated[
-    bytes,
-    BeforeValidator(_proofs_from_wire),
-    PlainSerializer(lambda data: base64.b64encode(data).decode("ascii"), return_type=str, when_used="json"),
-]
-"""toploc proofs: raw bytes inside every process, standard padded base64 on the wire (JSON)."""
-
-
-@dataclass(frozen=True, order=True)
-class SampleId:
-    """One sample of one stored batch; on the wire and on disk it is the text ``<batch_id>/<index>``.
-
-    The only place sample ids are made (``str(SampleId(...))``) and parsed (``SampleId.parse``).
-    """
-
-    batch_id: str
-    index: int
-
-    def __str__(self) -> str:
-        return f"{self.batch_id}/{self.index}"
-
-    @classmethod
-    def parse(cls, text: str) -> SampleId:
-        """``"<batch_id>/<index>"`` -> SampleId; ValueError on anything else."""
-        batch_id, sep, index = text.rpartition("/")
-        if not sep or not batch_id or not index.isdigit() or not index.isascii():
-            raise ValueError(f"not a sample id '<batch_id>/<index>': {text!r}")
-        return cls(batch_id, int(index))
-
 
 class ApiModel(BaseModel):
     """Base of every wire model: strict types, unknown keys rejected, finite floats only."""

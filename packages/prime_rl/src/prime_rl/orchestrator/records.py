@@ -2,7 +2,7 @@
 
 Pure functions: a submitted batch becomes column lists; stored rows become the samples the
 validator receives and the samples the trainer receives. Proofs are bytes in the models and in
-the store (base64 exists only on the wire, in ``protocol.ProofBytes``). Round trip:
+the store (base64 exists only on the wire, in ``api.fields.ProofBytes``). Round trip:
 ``rollout_samples(table_of(batch_rows(batch))) == batch.samples`` exactly (floats are float64).
 """
 

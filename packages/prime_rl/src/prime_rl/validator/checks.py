@@ -41,7 +41,8 @@ import grpo
 import toploc
 from prime_rl.api import assignment
 from prime_rl.api.assignment import AssignmentError
-from prime_rl.api.protocol import MAX_DETAIL_CHARS, PendingBatch, RolloutSample, Verdict
+from prime_rl.api.fields import MAX_DETAIL_CHARS
+from prime_rl.api.protocol import PendingBatch, RolloutSample, Verdict
 from prime_rl.inference.backend import (
     GenerationBackend,
     GenerationError,

@@ -1,7 +1,7 @@
 """The trusted validator process: pull submitted batches, judge every sample, post verdicts, ban cheats.
 
-Loop: ``GET /validator/pending`` (oldest batches first) -> batches sorted by policy version (one
-weight reload per version) -> :func:`prime_rl.validator.checks.validate_batch` with the claimed
+Loop: ``GET /validator/pending`` (freshest policy version first, then submission order) -> batches
+grouped by policy version (one weight reload per version) -> :func:`prime_rl.validator.checks.validate_batch` with the claimed
 version's weights (fetched through shardcast by :class:`~prime_rl.weights.store.PolicyStore`) ->
 ``POST /validator/verdicts`` -> per-worker ledger; a worker whose rejected share reaches
 ``ban_failure_rate`` after ``ban_min_samples`` samples is banned (``POST /workers/ban``).
