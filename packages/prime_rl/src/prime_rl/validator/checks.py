@@ -81,7 +81,7 @@ class RetryLater(Exception):
     """Raised by ``backend_for`` when a version cannot be loaded *now*; ``validate_batch`` re-raises it."""
 
 
-class TaskBook(Protocol):
+class TaskScorer(Protocol):
     """The run's task set as workers and the validator see it (identical to the orchestrator's)."""
 
     @property
@@ -166,7 +166,7 @@ def check_termination(
 def validate_batch(
     batch: PendingBatch,
     *,
-    tasks: TaskBook,
+    tasks: TaskScorer,
     backend_for: Callable[[int], GenerationBackend | None],
     decode: Callable[[Sequence[int]], str],
     checks: Checks,
@@ -215,7 +215,7 @@ def _verdict(
 
 
 def _batch_checks(
-    batch: PendingBatch, pending: list[_Pending], tasks: TaskBook, checks: Checks, newest_version: int | None
+    batch: PendingBatch, pending: list[_Pending], tasks: TaskScorer, checks: Checks, newest_version: int | None
 ) -> None:
     reference = batch.step
     newest = max(batch.step, newest_version) if newest_version is not None else batch.step
@@ -254,7 +254,7 @@ def _batch_checks(
 
 
 def _sample_checks(
-    batch: PendingBatch, p: _Pending, tasks: TaskBook, decode: Callable[[Sequence[int]], str], checks: Checks
+    batch: PendingBatch, p: _Pending, tasks: TaskScorer, decode: Callable[[Sequence[int]], str], checks: Checks
 ) -> None:
     s = p.sample
     assert batch.lease is not None  # _batch_checks rejected lease-less batches
@@ -335,7 +335,7 @@ def _model_checks(pending: list[_Pending], backend: GenerationBackend, checks: C
 
 def _reward_checks(
     pending: list[_Pending],
-    tasks: TaskBook,
+    tasks: TaskScorer,
     decode: Callable[[Sequence[int]], str],
     checks: Checks,
 ) -> None:

@@ -3,7 +3,7 @@
 Loop: ``GET /validator/pending`` (freshest policy version first, then submission order) -> batches
 grouped by policy version (one weight reload per version) -> :func:`prime_rl.validator.checks.validate_batch` with the claimed
 version's weights (fetched through shardcast by :class:`~prime_rl.weights.store.PolicyStore`) ->
-``POST /validator/verdicts`` -> per-worker ledger; a worker whose rejected share reaches
+``POST /validator/verdicts`` -> per-worker failure tracker; a worker whose rejected share reaches
 ``ban_failure_rate`` after ``ban_min_samples`` samples is banned (``POST /workers/ban``).
 
 A batch whose version cannot be fetched *right now* (relay lagging, network) stays pending and is
@@ -28,7 +28,7 @@ from prime_rl.api.client import ClientRequestError, OrchestratorClient, Orchestr
 from prime_rl.api.protocol import PendingBatch, VerdictRequest
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.inference.backend import HFBackend
-from prime_rl.inference.taskbook import task_book
+from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.metrics import get_metrics, init_process
 from prime_rl.validator.checks import (
     Checks,
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class WorkerLedger:
+class FailureTracker:
     """Cumulative accepted/rejected counts per worker; decides bans."""
 
     ban_failure_rate: float
@@ -117,11 +117,11 @@ class Validator:
             self.backend.model.state_dict(),
             keep=config.orchestrator.async_level + 3,
         )
-        self.tasks = task_book(config, tokenizer)
+        self.tasks = run_tasks(config, tokenizer)
         vocab = int(self.backend.model.get_output_embeddings().weight.shape[0])
         self.checks = checks_from(config, vocab, self.backend.eos_token_ids)
         self.client = OrchestratorClient(config.orchestrator.url, admin_token=config.orchestrator.admin_token)
-        self.ledger = WorkerLedger(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
+        self.failures = FailureTracker(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
         self.done = 0
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
 
@@ -196,7 +196,7 @@ class Validator:
             details={str(v.sample_index): f"{v.reason}: {v.detail}" for v in rejections[:4]},
             seconds=time.monotonic() - started,
         )
-        ban = self.ledger.record(batch.worker_id, accepted=accepted, rejected=rejected)
+        ban = self.failures.record(batch.worker_id, accepted=accepted, rejected=rejected)
         if ban is not None:
             try:
                 self.client.ban(batch.worker_id, ban)
@@ -247,4 +247,4 @@ def _exit_cleanly(signum: int, frame: object) -> None:
     raise SystemExit(f"signal {signum}")
 
 
-__all__ = ["Reason", "Validator", "ValidatorConfig", "WorkerLedger", "checks_from", "main"]
+__all__ = ["FailureTracker", "Reason", "Validator", "ValidatorConfig", "checks_from", "main"]

@@ -33,7 +33,7 @@ import toploc
 from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
 from prime_rl.config.worker import WorkerConfig
 from prime_rl.inference.backend import GenerationError, HFBackend
-from prime_rl.inference.taskbook import task_book
+from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.metrics import get_metrics, init_process
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable, VersionFollower
 from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, HostileWorker, garbage_body
@@ -65,7 +65,7 @@ class Worker:
         cache = Path(self.cfg.cache_dir or Path(config.run_dir) / name / "policies")
         self.store = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
         self.follower = VersionFollower(self.store, poll_s=self.cfg.weights_poll_s)
-        self.tasks = task_book(config, self.backend.tokenizer)
+        self.tasks = run_tasks(config, self.backend.tokenizer)
         self.client = OrchestratorClient(
             config.orchestrator.url, registration_token=config.orchestrator.registration_token
         )
