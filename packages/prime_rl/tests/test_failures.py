@@ -257,7 +257,7 @@ def test_trainer_killed_resumes_without_losing_or_reusing_rollouts(
     assert all(e["step"] >= restored for e in _events(run_dir, helpers, "trainer-restarted", "commit"))
     assert {e["step"] for e in trained} | set(range(restored)) == {0, 1, 2}
     for event in trained:
-        assert tuple(event["samples"]) == claims[event["step"]], event["step"]
+        assert tuple(event["samples"]) == tuple(map(str, claims[event["step"]])), event["step"]
     assert [e["step"] for e in _events(run_dir, helpers, "orchestrator", "commit")] == [0, 1, 2]
     assert killed_at >= 1
     assert _events(run_dir, helpers, "trainer-restarted", "resumed") or any(
