@@ -30,7 +30,6 @@ from grpo.tensor_checks import as_bool_mask, check_2d
 __all__ = ["AGGREGATION_MODES", "AggregationMode", "aggregate"]
 
 
-
 def _normaliser(name: str, value: float | None, local: torch.Tensor) -> torch.Tensor | float:
     if value is None:
         return local.clamp(min=1)  # an all-masked micro-batch contributes 0, not NaN
