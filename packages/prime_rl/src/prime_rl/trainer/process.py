@@ -8,8 +8,8 @@ Per step ``s`` (the weights are policy version ``s``):
    (available vs needed, batches still awaiting validation, stale samples). The claim is
    persisted by the orchestrator, so a restarted trainer gets the same samples for ``s``.
 2. Old log-probs recomputed with the current weights (``old_logprobs = "recompute"``,
-   INTELLECT-2) or the inference log-probs (``"inference"``); with ``is_correction`` the grpo loss
-   also applies a truncated/masked importance weight π_old/μ and logs the mismatch KL.
+   INTELLECT-2) or the inference log-probs (``"inference"``); with ``loss.is_correction`` the
+   grpo loss also applies a truncated/masked importance weight π_old/μ and logs the mismatch KL.
 3. ``optimizer_steps_per_version`` AdamW steps, one per mini-batch of whole groups, each
    accumulating packed micro-batches of at most ``micro_batch_tokens`` tokens, with linear LR
    warmup and gradient-norm clipping.
@@ -64,16 +64,6 @@ def _device(cfg: TrainerConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def build_loss(cfg: TrainerConfig) -> grpo.Loss:
-    """The grpo recipe with this config's overrides."""
-    overrides = {
-        name: getattr(cfg, name)
-        for name in ("eps_low", "eps_high", "delta", "entropy_coef", "kl_coef")
-        if getattr(cfg, name) is not None
-    }
-    return grpo.Loss(cfg.recipe, is_correction=cfg.is_correction, is_threshold=cfg.is_threshold, **overrides)
-
-
 class Trainer:
     """The trainer's state and loop (construct in every rank; rank 0 does all I/O with peers)."""
 
@@ -85,7 +75,7 @@ class Trainer:
         self.run_dir = Path(config.run_dir)
         self.checkpoint_dir = Path(self.cfg.checkpoint_dir or self.run_dir / "checkpoints")
         self.policy_dir = self.run_dir / "policies"
-        self.loss_fn = build_loss(self.cfg)
+        self.loss_fn = grpo.Loss(self.cfg.loss)
         dtype = torch.bfloat16 if config.model.dtype == "bfloat16" else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=dtype)
         self.model.to(self.device)  # type: ignore[arg-type]
@@ -119,9 +109,7 @@ class Trainer:
         state = load_checkpoint(self.checkpoint_dir, self.model, self.optimizer)
         self.scheduler.load_state_dict(state.scheduler)
         self.step = state.step
-        log.info(
-            "resumed from checkpoint step %d (%d samples trained so far)", state.step, state.total_samples
-        )
+        log.info("resumed from checkpoint step %d", state.step)
         get_metrics().log("resumed", step=state.step)
         if self.is_main and self.step > 0:
             self._publish(self.step)  # the version may have been lost with a crashed origin
@@ -198,7 +186,7 @@ class Trainer:
     # -- one step -----------------------------------------------------------------------------
     def train_step(self, samples: list[TrainSample]) -> None:
         temperature = self.run.sampling.temperature
-        constant = self.cfg.constant or float(self.run.sampling.max_new_tokens)
+        constant = self.cfg.loss.constant or float(self.run.sampling.max_new_tokens)
         group_size = self.run.sampling.group_size
         fused = self.cfg.fused_lm_head
         minibatches = split_minibatches(samples, self.cfg.optimizer_steps_per_version, group_size)
@@ -279,11 +267,7 @@ class Trainer:
         version = self.step + 1
         self._publish(version)
         if version % self.cfg.checkpoint_every == 0 or version == self.cfg.total_steps:
-            state = TrainerState(
-                step=version,
-                scheduler=self.scheduler.state_dict(),
-                consumed=tuple(s.sample_id for s in samples),
-            )
+            state = TrainerState(step=version, scheduler=self.scheduler.state_dict())
             save_checkpoint(
                 self.checkpoint_dir, self.model, self.optimizer, state, keep=self.cfg.keep_checkpoints
             )
