@@ -19,7 +19,6 @@ Pitfall: call :func:`save_checkpoint` and :func:`load_checkpoint` on every rank 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import warnings
@@ -31,6 +30,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from prime_rl.durable import write_atomic
 
 STATE_FILE = "trainer_state.json"
 COMPLETE_MARKER = "COMPLETE"
@@ -105,8 +106,8 @@ def save_checkpoint(
     )
     _barrier()
     if _rank() == 0:
-        _write_atomic(target / STATE_FILE, json.dumps({"step": state.step, "scheduler": state.scheduler}))
-        _write_atomic(target / COMPLETE_MARKER, "ok\n")
+        write_atomic(target / STATE_FILE, json.dumps({"step": state.step, "scheduler": state.scheduler}))
+        write_atomic(target / COMPLETE_MARKER, "ok\n")
         for old in complete_steps(checkpoint_dir)[:-keep] if keep > 0 else []:
             shutil.rmtree(step_dir(checkpoint_dir, old), ignore_errors=True)
     _barrier()
@@ -138,12 +139,3 @@ def load_checkpoint(
     set_state_dict(model, optimizer, model_state_dict=bundle["model"], optim_state_dict=bundle["optimizer"])
     payload = json.loads((source / STATE_FILE).read_text())
     return TrainerState(step=int(payload["step"]), scheduler=dict(payload.get("scheduler", {})))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

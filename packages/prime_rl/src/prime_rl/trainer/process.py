@@ -40,28 +40,19 @@ import shardcast
 from prime_rl.api.client import OrchestratorClient, OrchestratorUnavailable
 from prime_rl.api.protocol import TrainSample
 from prime_rl.config.trainer import TrainerConfig
+from prime_rl.devices import choose_device, torch_dtype
 from prime_rl.metrics import get_metrics, init_process
 from prime_rl.trainer import distributed
 from prime_rl.trainer.batching import make_micro_batches, split_minibatches
 from prime_rl.trainer.checkpoint import TrainerState, latest_step, load_checkpoint, save_checkpoint
 from prime_rl.trainer.step import old_logprobs_for, rank_share, train_minibatch, warmup_lambda
-from prime_rl.weights.files import POLICY_FILENAME, save_policy
-from prime_rl.weights.layout import version_dir
+from prime_rl.weights.files import save_policy
+from prime_rl.weights.layout import policy_file
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
 
 log = logging.getLogger(__name__)
-
-
-def _device(cfg: TrainerConfig) -> torch.device:
-    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
-        return (
-            torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else torch.device("cuda")
-        )
-    return torch.device("cpu")
 
 
 class Trainer:
@@ -70,13 +61,13 @@ class Trainer:
     def __init__(self, config: RunConfig) -> None:
         self.run = config
         self.cfg: TrainerConfig = config.trainer
-        self.device = _device(self.cfg)
+        self.device = choose_device(self.cfg.device)
         self.is_main = distributed.rank() == 0
         self.run_dir = Path(config.run_dir)
         self.checkpoint_dir = Path(self.cfg.checkpoint_dir or self.run_dir / "checkpoints")
         self.policy_dir = self.run_dir / "policies"
         self.loss_fn = grpo.Loss(self.cfg.loss)
-        dtype = torch.bfloat16 if config.model.dtype == "bfloat16" else torch.float32
+        dtype = torch_dtype(config.model.dtype)
         self.model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=dtype)
         self.model.to(self.device)  # type: ignore[arg-type]
         self.model.train()
@@ -87,9 +78,7 @@ class Trainer:
             self.reference.eval().requires_grad_(False)
             distributed.shard_model(self.reference)
         distributed.shard_model(self.model)
-        self.save_dtype = {"model": None, "float32": torch.float32, "bfloat16": torch.bfloat16}[
-            self.cfg.save_dtype
-        ]
+        self.save_dtype = None if self.cfg.save_dtype == "model" else torch_dtype(self.cfg.save_dtype)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay
         )
@@ -244,15 +233,12 @@ class Trainer:
                 max(versions),
             )
 
-    def _policy_path(self, version: int) -> Path:
-        return version_dir(self.policy_dir, version) / POLICY_FILENAME
-
     def _publish(self, version: int) -> None:
         """Write and publish ``version`` (rank 0 writes; every rank joins the gather)."""
         state = distributed.full_state_dict(self.model)
         if not self.is_main:
             return
-        path = save_policy(state, self._policy_path(version), dtype=self.save_dtype)
+        path = save_policy(state, policy_file(self.policy_dir, version), dtype=self.save_dtype)
         data_dir = self.origin.data_dir if self.origin is not None else self.run.shardcast_data_dir / "origin"
         try:
             shardcast.publish_file(data_dir, path, version=version, keep=self.run.shardcast.keep_versions)

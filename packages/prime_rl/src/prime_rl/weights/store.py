@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 import shardcast
-from prime_rl.weights.files import POLICY_FILENAME, save_policy
-from prime_rl.weights.layout import version_dir, version_dirs
+from prime_rl.weights.files import save_policy
+from prime_rl.weights.layout import policy_file, version_dirs
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class PolicyStore:
             save_policy(initial_state, initial)
 
     def path(self, version: int) -> Path:
-        return version_dir(self.cache_dir, version) / POLICY_FILENAME
+        return policy_file(self.cache_dir, version)
 
     def newest_available(self) -> int:
         """Newest version the servers list (0 if none or unreachable)."""

@@ -32,6 +32,7 @@ import torch
 import toploc
 from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
 from prime_rl.config.worker import WorkerConfig
+from prime_rl.devices import choose_device
 from prime_rl.inference.backend import GenerationError, HFBackend
 from prime_rl.inference.taskbook import task_book
 from prime_rl.metrics import get_metrics, init_process
@@ -54,13 +55,11 @@ class Worker:
         if self.cfg.behaviour not in BEHAVIOURS:
             raise ValueError(f"unknown workers.behaviour {self.cfg.behaviour!r}; choose from {BEHAVIOURS}")
         self.name = name
-        device = (
-            "cuda"
-            if self.cfg.device == "cuda" or (self.cfg.device == "auto" and torch.cuda.is_available())
-            else "cpu"
-        )
         self.backend = HFBackend(
-            config.model.path, dtype=config.model.dtype, device=device, max_batch_size=self.cfg.batch_size
+            config.model.path,
+            dtype=config.model.dtype,
+            device=choose_device(self.cfg.device),
+            max_batch_size=self.cfg.batch_size,
         )
         cache = Path(self.cfg.cache_dir or Path(config.run_dir) / name / "policies")
         self.store = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
