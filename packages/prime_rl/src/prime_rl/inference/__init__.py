@@ -4,5 +4,5 @@ Owns: the backend contract (seeded toploc sampler, toploc proofs of the decode h
 inference log-probs at the sampling temperature, in-place weight reload) and its transformers
 implementation (``backend.py``), and the run's tasks as token ids and rewards (``run_tasks.py``).
 Used by the worker, the validator and the evaluator. May import: ``config``, ``tasks``,
-``weights``, torch, transformers, toploc, verifiers; never ``worker``, ``validator`` or ``trainer``.
+``weights``, ``devices``, torch, transformers, toploc, verifiers; never ``worker``, ``validator`` or ``trainer``.
 """
