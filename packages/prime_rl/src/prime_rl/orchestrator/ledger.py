@@ -54,6 +54,7 @@ from prime_rl.orchestrator.claims import ClaimSelection, select_claim
 from prime_rl.orchestrator.leases import LeaseBook, TaskPrompts
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
+from prime_rl.weights.layout import POLICY_FILENAME
 
 __all__ = ["EXPIRED", "MAX_OPEN_LEASES", "ApiFailure", "Ledger", "TaskPrompts"]
 
@@ -214,7 +215,7 @@ class Ledger:
             num_tasks=len(self.tasks),
             task_timeout_s=self.orch.task_timeout_s,
             weights_servers=self.config.shardcast.client_servers,
-            weights_file="model.safetensors",
+            weights_file=POLICY_FILENAME,
             workers=len(self.workers),
             pending_batches=len(self.batches.waiting()),
             time=self.clock(),

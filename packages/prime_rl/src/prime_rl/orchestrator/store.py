@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prime_rl.api.protocol import LeaseRecord, SampleId, Verdict
+from prime_rl.durable import TEMP_GLOB, atomic_path
 
 __all__ = [
     "BATCH_SCHEMA",
@@ -135,25 +136,11 @@ class ClaimRecord:
     sample_ids: tuple[SampleId, ...]
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _atomic_write_table(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
-        with open(tmp, "wb") as handle:
-            pq.write_table(table, handle, compression="zstd")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        with atomic_path(path) as temporary:
+            pq.write_table(table, str(temporary), compression="zstd")
     except OSError as error:
-        tmp.unlink(missing_ok=True)
         raise StoreError(f"could not write {path}: {error}") from error
 
 
@@ -169,7 +156,7 @@ class RolloutStore:
             directory.mkdir(parents=True, exist_ok=True)
         self.journal_path = self.root / "journal.jsonl"
         self._journal_lock = threading.Lock()
-        for stale in self.root.rglob(".*.tmp-*"):  # leftovers of a crash mid-write
+        for stale in self.root.rglob(TEMP_GLOB):  # leftovers of a crash mid-write
             stale.unlink(missing_ok=True)
 
     # ------------------------------------------------------------- journal

@@ -27,6 +27,7 @@ import toploc
 from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
 from prime_rl.api.protocol import PendingBatch, VerdictRequest
 from prime_rl.config.validator import ValidatorConfig
+from prime_rl.devices import choose_device
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.metrics import get_metrics, init_process
@@ -101,13 +102,11 @@ class Validator:
     def __init__(self, config: RunConfig) -> None:
         self.run = config
         self.cfg: ValidatorConfig = config.validator
-        device = (
-            "cuda"
-            if self.cfg.device == "cuda" or (self.cfg.device == "auto" and torch.cuda.is_available())
-            else "cpu"
-        )
         self.backend = HFBackend(
-            config.model.path, dtype=config.model.dtype, device=device, max_batch_size=self.cfg.max_batch_size
+            config.model.path,
+            dtype=config.model.dtype,
+            device=choose_device(self.cfg.device),
+            max_batch_size=self.cfg.max_batch_size,
         )
         tokenizer = self.backend.tokenizer
         cache = Path(self.cfg.cache_dir or Path(config.run_dir) / "validator" / "policies")
