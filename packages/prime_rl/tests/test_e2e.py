@@ -77,16 +77,16 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
     assert sorted(names.values()) == ["hostile-0", "worker-0", "worker-1"], names
     store = RolloutStore(run_dir / "orchestrator")
     verdicts = store.all_verdicts()
-    batches = {record.batch_id: record for record in store.batch_records()}
+    batches = {record.meta.batch_id: record for record in store.batch_records()}
 
-    claimed_batches = {sample.rsplit("/", 1)[0] for claim in store.claims() for sample in claim.sample_ids}
+    claimed_batches = {sample.batch_id for claim in store.claims() for sample in claim.sample_ids}
     # 1. Every hostile sample rejected with the reason of its attack; every honest sample accepted.
     expected_by_batch = _expected_reasons(run_dir, helpers, behaviour)
     # Without a per-batch record, a single-attack worker must give its attack's reason.
     default_reasons = EXPECTED_REASONS.get(behaviour, set().union(*EXPECTED_REASONS.values()))
     per_worker: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for batch_id, record in batches.items():
-        name = names[record.meta["worker_id"]]
+        name = names[record.meta.worker_id]
         for verdict in verdicts.get(batch_id, []):
             if (
                 verdict.reason == "expired"
@@ -102,7 +102,7 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
     assert per_worker["worker-0"]["accepted"] > 0 and per_worker["worker-1"]["accepted"] > 0, dict(per_worker)
     hostile_seen = per_worker["hostile-0"]["rejected"] + _malformed(helpers, run_dir, names)
     assert hostile_seen > 0, "the hostile worker never got anything to the validator"
-    hostile_batches = {b for b, r in batches.items() if names[r.meta["worker_id"]] == "hostile-0"}
+    hostile_batches = {b for b, r in batches.items() if names[r.meta.worker_id] == "hostile-0"}
     if behaviour == "mixed":
         # Each batch was rejected for its own announced attack (checked above); here: the worker
         # really cycles (attack = MIXED_CYCLE[batch_index]), and the validator judged several kinds.
@@ -147,12 +147,12 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
     assert [e["step"] for e in commits] == list(range(len(commits))) and len(commits) >= STEPS
     assert sorted(claims) == list(range(len(claims))) and len(claims) - len(commits) in (0, 1)
     for step, claim in claims.items():
-        assert claim.meta["min_policy_version"] == max(0, step - ASYNC_LEVEL)
+        assert claim.min_policy_version == max(0, step - ASYNC_LEVEL)
         for sample_id in claim.sample_ids:
-            batch_id, index = sample_id.rsplit("/", 1)
-            assert batches[batch_id].meta["policy_version"] >= step - ASYNC_LEVEL, sample_id
-            assert verdicts[batch_id][int(index)].accepted, sample_id
-            assert not names[batches[batch_id].meta["worker_id"]].startswith("hostile")
+            batch_id, index = sample_id.batch_id, sample_id.index
+            assert batches[batch_id].meta.policy_version >= step - ASYNC_LEVEL, sample_id
+            assert verdicts[batch_id][index].accepted, sample_id
+            assert not names[batches[batch_id].meta.worker_id].startswith("hostile")
     every = [s for claim in claims.values() for s in claim.sample_ids]
     assert len(every) == len(set(every)), "a sample was claimed for two steps"
 

@@ -25,28 +25,32 @@ import pytest
 import prime_rl
 
 PACKAGE_ROOT = Path(prime_rl.__file__).parent
-TOP_LEVEL = {"cli", "tasks", "metrics", "evaluator"}  # modules at the package root besides __init__
+TOP_LEVEL = {"cli", "tasks", "metrics", "evaluator", "devices", "durable"}  # besides __init__
 
 # Room -> rooms it may import (besides itself). Top-level modules count as rooms of their own name.
 ALLOWED: dict[str, set[str]] = {
     "config": set(),
     "metrics": set(),
+    "durable": set(),  # atomic durable writes: the orchestrator's tables, checkpoints, weights files
+    "devices": set(),  # config device/dtype names -> torch objects
     "tasks": {"config"},
     "api": {"config"},
-    "weights": {"config", "metrics"},
-    "orchestrator": {"config", "api", "tasks", "metrics"},
-    "inference": {"config", "tasks", "weights", "metrics"},
-    "worker": {"config", "api", "inference", "weights", "tasks", "metrics"},
-    "validator": {"config", "api", "inference", "weights", "tasks", "metrics"},
-    "trainer": {"config", "api", "weights", "metrics"},
+    "weights": {"config", "metrics", "durable"},
+    # weights: only the torch-free layout (POLICY_FILENAME), which TORCH_FREE below enforces
+    "orchestrator": {"config", "api", "tasks", "metrics", "durable", "weights"},
+    "inference": {"config", "tasks", "weights", "metrics", "devices"},
+    "worker": {"config", "api", "inference", "weights", "tasks", "metrics", "devices"},
+    "validator": {"config", "api", "inference", "weights", "tasks", "metrics", "devices"},
+    "trainer": {"config", "api", "weights", "metrics", "devices", "durable"},
     "evaluator": {"config", "inference", "weights", "tasks", "metrics"},
-    "launch": {"config", "api", "weights", "metrics"},
+    "launch": {"config", "api", "weights", "metrics", "devices"},
     "cli": {"config"},
     "__init__": {"config", "api"},
 }
 # Module-name prefixes that must never reach torch: the control plane runs on any small machine.
 TORCH_FREE = ("prime_rl.config", "prime_rl.api", "prime_rl.orchestrator", "prime_rl.tasks", "prime_rl.metrics",
-              "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report")
+              "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report", "prime_rl.durable",
+              "prime_rl.weights.layout")
 TORCH_MODULES = {"torch", "transformers", "safetensors", "vllm"}
 
 

@@ -54,7 +54,7 @@ from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorBusy, 
 from prime_rl.api.protocol import ClaimRequest, LeaseTask, RolloutBatch, RolloutSample, TaskLease
 from prime_rl.config import RunConfig, load_config
 from prime_rl.inference.backend import HFBackend, build_proofs
-from prime_rl.inference.taskbook import task_book
+from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.store import RolloutStore
 from prime_rl.tasks import load_tasks
@@ -116,7 +116,7 @@ class Attacker:
         self.config = config
         self.url = config.orchestrator.url
         self.backend = HFBackend(config.model.path, dtype=config.model.dtype)
-        self.tasks = task_book(config, self.backend.tokenizer)
+        self.tasks = run_tasks(config, self.backend.tokenizer)
         self.weights = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
         self.identities: dict[str, str] = {}  # worker_id -> attack
         self.submitted: dict[str, RolloutBatch] = {}  # batch_id -> batch as submitted
@@ -238,7 +238,7 @@ class Attacker:
             ]
         elif attack == "malformed_proofs":
             samples = [
-                s.model_copy(update={"proofs": base64.b64encode(base64.b64decode(s.proofs)[:-2]).decode()})
+                s.model_copy(update={"proofs": s.proofs[:-2]})  # bytes in-process, base64 on the wire
                 for s in samples
             ]
         self.submit(client, batch.model_copy(update={"samples": samples}))
@@ -254,7 +254,7 @@ class Attacker:
             update={
                 "completion_tokens": tokens,
                 "inference_logprobs": sample.inference_logprobs[:-1],
-                "proofs": base64.b64encode(build_proofs(prefill.hidden)).decode(),
+                "proofs": build_proofs(prefill.hidden),
                 "reward": float(self.tasks.score(sample.task_id, text, len(tokens))),
             }
         )
@@ -384,14 +384,14 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
     honest = {w for w, n in names.items() if n.startswith("worker-")}
     store = RolloutStore(run_dir / "orchestrator")
     verdicts = store.all_verdicts()
-    batches = {record.batch_id: record for record in store.batch_records()}
+    batches = {record.meta.batch_id: record for record in store.batch_records()}
     ledger = Ledger(config, load_tasks(config.tasks), store)  # what the trainer received, replayed
     trained = {
         sample.sample_id: sample
         for claim in store.claims()
         for sample in ledger.claim(ClaimRequest(step=claim.step, min_samples=1)).samples
     }
-    attack_of = {b: attacker.identities.get(r.meta["worker_id"]) for b, r in batches.items()}
+    attack_of = {b: attacker.identities.get(r.meta.worker_id) for b, r in batches.items()}
 
     per_attack: dict[str, dict[str, Any]] = defaultdict(lambda: defaultdict(int))
     for batch_id, attack in attack_of.items():
@@ -420,7 +420,7 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
     seconds = {e["batch_id"]: e for e in helpers.metrics_of(run_dir, "validator") if e["event"] == "verdict"}
     malformed = [seconds[b] for b, a in attack_of.items() if a == "malformed_proofs" and b in seconds]
     honest_seconds = sorted(
-        seconds[b]["seconds"] for b, r in batches.items() if r.meta["worker_id"] in honest and b in seconds
+        seconds[b]["seconds"] for b, r in batches.items() if r.meta.worker_id in honest and b in seconds
     )
     per_attack["malformed_proofs"]["validator_seconds_max"] = max(
         (e["seconds"] for e in malformed), default=None
@@ -455,7 +455,7 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
     honest_rejected = sum(
         1
         for b, r in batches.items()
-        if r.meta["worker_id"] in honest
+        if r.meta.worker_id in honest
         for v in verdicts.get(b, [])
         if not v.accepted and v.reason != "expired"
     )

@@ -279,11 +279,14 @@ class Client:
         *,
         output_dir: str | os.PathLike[str],
         poll_interval_s: float = 5.0,
-        keep: int = 3,
+        keep: int | None = 3,
         deadline_s: float = DEFAULT_DEADLINE_S,
         on_error: Callable[[Exception], None] | None = None,
     ) -> Follower:
-        """A :class:`~shardcast.follower.Follower` thread (call ``.start()``, later ``.stop()``)."""
+        """A :class:`~shardcast.follower.Follower` thread (call ``.start()``, later ``.stop()``).
+
+        ``keep`` version directories are kept under ``output_dir`` (``None``: all; the caller prunes).
+        """
         from .follower import Follower
 
         return Follower(self, callback, Path(output_dir), poll_interval_s, keep, deadline_s, on_error)
@@ -294,7 +297,7 @@ class Client:
         *,
         output_dir: str | os.PathLike[str],
         poll_interval_s: float = 5.0,
-        keep: int = 3,
+        keep: int | None = 3,
         deadline_s: float = DEFAULT_DEADLINE_S,
         stop: threading.Event | None = None,
     ) -> None:

@@ -24,9 +24,10 @@ class Follower(threading.Thread):
     """Background thread that fetches every new newest version and calls ``callback``.
 
     Each version lands in ``output_dir/v<N>/<file_name>`` (atomically); the previous
-    version is passed as delta base; only the newest ``keep`` version directories are kept.
-    Errors are logged (and passed to ``on_error``) and retried at the next poll; the
-    callback runs on this thread, after the file is complete and verified.
+    version is passed as delta base; only the newest ``keep`` version directories are kept
+    (``keep=None``: none is removed, the caller prunes). Errors are logged (and passed to
+    ``on_error``) and retried at the next poll; the callback runs on this thread, after the
+    file is complete and verified.
     """
 
     def __init__(
@@ -35,7 +36,7 @@ class Follower(threading.Thread):
         callback: Callable[[FetchResult], None],
         output_dir: Path,
         poll_interval_s: float,
-        keep: int,
+        keep: int | None,
         deadline_s: float,
         on_error: Callable[[Exception], None] | None,
     ) -> None:
@@ -44,7 +45,7 @@ class Follower(threading.Thread):
         self.callback = callback
         self.output_dir = output_dir
         self.poll_interval_s = poll_interval_s
-        self.keep = max(1, keep)
+        self.keep = None if keep is None else max(1, keep)
         self.deadline_s = deadline_s
         self.on_error = on_error
         self.last: FetchResult | None = None
@@ -90,14 +91,15 @@ class Follower(threading.Thread):
         os.replace(result.path, final)
         result = dataclasses.replace(result, path=final)
         self.last = result
-        self._prune()
+        if self.keep is not None:
+            self._prune(self.keep)
         self.callback(result)
 
-    def _prune(self) -> None:
+    def _prune(self, keep: int) -> None:
         versions = sorted(
             int(p.name[1:])
             for p in self.output_dir.iterdir()
             if p.is_dir() and p.name[1:].isdigit() and p.name[0] == "v"
         )
-        for number in versions[: max(0, len(versions) - self.keep)]:
+        for number in versions[: max(0, len(versions) - keep)]:
             shutil.rmtree(self.output_dir / f"v{number}", ignore_errors=True)

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 from prime_rl.api.protocol import (
     BanRequest,
     BanResponse,
+    BatchVerdicts,
     ClaimRequest,
     ClaimResponse,
     CommitRequest,
@@ -252,6 +253,11 @@ class OrchestratorClient:
     def submit_rollouts(self, batch: RolloutBatch) -> SubmitResponse:
         """POST /rollouts: returns once the batch is durably stored (idempotent for the same batch)."""
         return self.request("POST", "/rollouts", SubmitResponse, body=batch, token=self.worker_token)
+
+    def batch_verdicts(self, worker_id: str, batch_id: str) -> BatchVerdicts:
+        """GET /rollouts/verdicts: how the validator judged one of this worker's batches, and why."""
+        params = {"worker_id": worker_id, "batch_id": batch_id}
+        return self.request("GET", "/rollouts/verdicts", BatchVerdicts, params=params, token=self.worker_token)
 
     def workers(self) -> WorkersResponse:
         """GET /workers: per-worker accounting."""

@@ -14,10 +14,22 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from prime_rl.api.fields import (
+    MAX_DETAIL_CHARS,
+    NonNegInt,
+    ProofBytes,
+    Reason,
+    SampleId,
+    Seed,
+    TokenId,
+    WorkerId,
+)
+
 __all__ = [
     "ApiModel",
     "BanRequest",
     "BanResponse",
+    "BatchVerdicts",
     "ClaimRequest",
     "ClaimResponse",
     "CommitRequest",
@@ -32,6 +44,7 @@ __all__ = [
     "RegisterResponse",
     "RolloutBatch",
     "RolloutSample",
+    "SampleId",
     "StatusResponse",
     "SubmitResponse",
     "TaskLease",
@@ -42,17 +55,6 @@ __all__ = [
     "WorkerStats",
     "WorkersResponse",
 ]
-
-MAX_TOKEN_ID = 2**31 - 1
-MAX_SEED = 2**63 - 1
-MAX_PROOF_CHARS = 1 << 24  # 16 MiB of base64 per sample
-
-WorkerId = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
-NonNegInt = Annotated[int, Field(ge=0, le=2**62)]
-TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
-Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
-Reason = Annotated[str, StringConstraints(min_length=1, max_length=200)]
-
 
 class ApiModel(BaseModel):
     """Base of every wire model: strict types, unknown keys rejected, finite floats only."""
@@ -175,7 +177,7 @@ class RolloutSample(ApiModel):
     temperature: Annotated[float, Field(gt=0.0, le=100.0)]
     reward: float = Field(description="Claimed reward (the validator recomputes it).")
     advantage: float = Field(description="Claimed group advantage (the validator recomputes it).")
-    proofs: Annotated[str, StringConstraints(max_length=MAX_PROOF_CHARS)] = Field(
+    proofs: ProofBytes = Field(
         description="Base64 (standard alphabet, padded) of the concatenated toploc proofs."
     )
     inference_logprobs: list[float] = Field(
@@ -281,8 +283,11 @@ class Verdict(ApiModel):
     sample_index: NonNegInt = Field(description="Position of the sample in the batch.")
     accepted: bool
     reason: Reason = Field(description="'ok' when accepted, else a short code such as 'toploc_mismatch'.")
-    reward: float = Field(description="Reward recomputed by the validator.")
-    advantage: float = Field(description="Group advantage recomputed by the validator.")
+    detail: Annotated[str, StringConstraints(max_length=MAX_DETAIL_CHARS)] = Field(
+        default="", description="What failed and by how much ('' when accepted)."
+    )
+    reward: float = Field(description="Reward recomputed by the validator (0 when not computed).")
+    advantage: float = Field(description="Group advantage recomputed by the validator (0 when not computed).")
     logprobs: list[float] = Field(
         default_factory=list,
         description="Accepted: the log-prob of each completion token recomputed by the validator's prefill "
@@ -301,6 +306,15 @@ class VerdictResponse(ApiModel):
     batch_id: str
     accepted: int
     rejected: int
+
+
+class BatchVerdicts(ApiModel):
+    """GET /rollouts/verdicts: how the validator judged one of the caller's batches."""
+
+    batch_id: str
+    judged: bool = Field(description="False while the batch awaits validation (then verdicts is empty).")
+    verdicts: list[Verdict] = Field(description="One per sample, with the reason and detail of each rejection.")
+
 
 
 # ------------------------------------------------------------------ trainer

@@ -2,8 +2,9 @@
 
 Owns: the typed sections (``sections.py`` for the shared ones, one module per role's section),
 ``RunConfig`` composed from them by plain imports (``run.py``), and the TOML + ``--section.key
-value`` loader (``loader.py``). May import: pydantic and the standard library only; never a role
-room, never torch. Every other room may import it.
+value`` loader (``loader.py``). May import: pydantic, the standard library and ``grpo.recipes``
+(the loss as torch-free plain data) only; never a role room, never torch. Every other room may
+import it.
 """
 
 from prime_rl.config.base import ConfigError, Section

@@ -41,10 +41,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 import toploc
+from prime_rl.devices import torch_dtype
 from prime_rl.weights.files import load_policy_into
 
 FinishReason = Literal["eos", "stop", "length"]
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -208,17 +208,16 @@ class HFBackend:
         model_path: str | Path,
         *,
         dtype: str = "float32",
-        device: str = "cpu",
+        device: str | torch.device = "cpu",
         max_batch_size: int = 64,
         policy_version: int = 0,
         model: Any = None,
         tokenizer: Any = None,
     ) -> None:
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        weights_dtype = torch_dtype(dtype)  # an unknown name fails before any file is read
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_path))
         if model is None:
-            model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=DTYPES[dtype])
+            model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=weights_dtype)
         self.model = model.to(device).eval()
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size

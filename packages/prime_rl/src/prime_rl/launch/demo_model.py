@@ -182,9 +182,10 @@ def convert_gguf(
         ModelSourceError: unknown dtype, unreadable GGUF, missing ``accelerate``/``gguf``, or
             ``out_dir`` exists.
     """
-    import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from prime_rl.devices import torch_dtype
 
     if dtype not in _DTYPES:
         raise ModelSourceError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
@@ -201,7 +202,7 @@ def convert_gguf(
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
             model = AutoModelForCausalLM.from_pretrained(
-                str(source.parent), gguf_file=source.name, dtype=getattr(torch, dtype)
+                str(source.parent), gguf_file=source.name, dtype=torch_dtype(dtype)
             )
         except (ImportError, ValueError) as exc:
             raise ModelSourceError(
@@ -213,7 +214,7 @@ def convert_gguf(
         config = model.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config
-        plain = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
         plain.load_state_dict(model.state_dict(), strict=True)
         plain.generation_config = model.generation_config
         plain.save_pretrained(staging)

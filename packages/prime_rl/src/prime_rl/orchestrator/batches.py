@@ -7,12 +7,12 @@ took. Batch rows live only in the ``RolloutStore`` (parquet, fsynced before the 
 holds what the rules need. ``load`` rebuilds the same view from the store after a restart.
 
 Pitfall: a batch id is ``{worker_id}-s{step}-b{batch_index}``, so a resubmission is recognised
-by id; identical bytes are a duplicate (idempotent ack), different bytes a 409.
+by id; an identical request body (same SHA-256 of the bytes received) is a duplicate (idempotent
+ack), a different one a 409.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,15 +24,17 @@ from prime_rl.api.protocol import (
     PendingBatch,
     PendingResponse,
     RolloutBatch,
+    SampleId,
     SubmitResponse,
     TrainSample,
+    Verdict,
     VerdictRequest,
     VerdictResponse,
 )
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
-from prime_rl.orchestrator.records import ProofEncodingError, batch_rows, rollout_samples, train_samples
-from prime_rl.orchestrator.store import RolloutStore, StoredVerdict
+from prime_rl.orchestrator.records import batch_rows, rollout_samples, train_samples
+from prime_rl.orchestrator.store import BatchMeta, RolloutStore
 
 __all__ = ["EXPIRED", "BatchBook", "StoredBatch"]
 
@@ -44,29 +46,30 @@ EXPIRED = "expired"
 class StoredBatch:
     """One acknowledged batch (``verdicts`` None = awaiting validation; ``claimed``: sample indices)."""
 
-    batch_id: str
-    meta: dict[str, Any]
+    meta: BatchMeta
     task_ids: tuple[int, ...]
-    lease: LeaseRecord | None
-    verdicts: list[StoredVerdict] | None = None
+    verdicts: list[Verdict] | None = None
     claimed: set[int] = field(default_factory=set)
 
     @property
+    def batch_id(self) -> str:
+        return self.meta.batch_id
+
+    @property
     def worker_id(self) -> str:
-        return str(self.meta["worker_id"])
+        return self.meta.worker_id
 
     @property
     def seq(self) -> int:
-        return int(self.meta["seq"])
+        return self.meta.seq
 
     @property
     def policy_version(self) -> int:
-        return int(self.meta["policy_version"])
+        return self.meta.policy_version
 
-
-def _split_sample_id(sample_id: str) -> tuple[str, int]:
-    batch_id, index = sample_id.rsplit("/", 1)
-    return batch_id, int(index)
+    @property
+    def lease(self) -> LeaseRecord | None:
+        return self.meta.lease
 
 
 class BatchBook(Mapping[str, StoredBatch]):
@@ -95,11 +98,8 @@ class BatchBook(Mapping[str, StoredBatch]):
         verdicts = self._store.all_verdicts()
         loaded = []
         for record in self._store.batch_records():
-            leased = LeaseRecord.model_validate(record.meta["lease"]) if record.meta.get("lease") else None
-            batch = StoredBatch(
-                record.batch_id, record.meta, record.task_ids, leased, verdicts.get(record.batch_id)
-            )
-            self._batches[record.batch_id] = batch
+            batch = StoredBatch(record.meta, record.task_ids, verdicts.get(record.meta.batch_id))
+            self._batches[batch.batch_id] = batch
             loaded.append(batch)
         return loaded
 
@@ -122,38 +122,34 @@ class BatchBook(Mapping[str, StoredBatch]):
                 raise ApiFailure(
                     400, "bad_request", f"sample {index}: group_index {sample.group_index} >= group_size"
                 )
-        try:
-            return batch_rows(batch)
-        except ProofEncodingError as error:
-            raise ApiFailure(400, "bad_request", str(error)) from None
+        return batch_rows(batch)
 
     def add(
-        self, batch: RolloutBatch, rows: dict[str, Sequence[Any]], lease: LeaseRecord | None
+        self, batch: RolloutBatch, body_sha256: str, rows: dict[str, Sequence[Any]], lease: LeaseRecord | None
     ) -> SubmitResponse:
-        """Store ``batch`` (rows from ``check``; ``lease``: the one it answers, None if unleased)
-        durably, or recognise it as a duplicate; ApiFailure 409 if different bytes were stored
-        under the same id."""
+        """Store ``batch`` (``body_sha256``: digest of the request body as received; rows from
+        ``check``; ``lease``: the one it answers, None if unleased) durably, or recognise it as a
+        duplicate; ApiFailure 409 if a different body was stored under the same id."""
         batch_id = f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}"
-        digest = hashlib.sha256(batch.model_dump_json().encode()).hexdigest()
         existing = self._batches.get(batch_id)
         if existing is not None:
-            if existing.meta["sha256"] == digest:
+            if existing.meta.sha256 == body_sha256:
                 return SubmitResponse(batch_id=batch_id, num_samples=len(batch.samples), duplicate=True)
             raise ApiFailure(409, "conflict", f"a different batch {batch_id} was already stored")
-        meta = {
-            "batch_id": batch_id,
-            "worker_id": batch.worker_id,
-            "step": batch.step,
-            "batch_index": batch.batch_index,
-            "policy_version": batch.policy_version,
-            "received_at": self._clock(),
-            "sha256": digest,
-            "seq": len(self._batches),
-            "lease": lease.model_dump() if lease else None,
-        }
+        meta = BatchMeta(
+            batch_id=batch_id,
+            worker_id=batch.worker_id,
+            step=batch.step,
+            batch_index=batch.batch_index,
+            policy_version=batch.policy_version,
+            received_at=self._clock(),
+            sha256=body_sha256,
+            seq=len(self._batches),
+            lease=lease,
+        )
         samples = batch.samples
-        self._store.write_batch(batch_id, meta, rows)
-        self._batches[batch_id] = StoredBatch(batch_id, meta, tuple(s.task_id for s in samples), lease)
+        self._store.write_batch(meta, rows)
+        self._batches[batch_id] = StoredBatch(meta, tuple(s.task_id for s in samples))
         self._metrics.log(
             "batch_stored",
             batch_id=batch_id,
@@ -179,9 +175,19 @@ class BatchBook(Mapping[str, StoredBatch]):
         burn validator time. A batch stale for its own lease is left to the validator (``stale_policy``).
         """
         for batch in self.waiting():
-            version, lease_step = batch.policy_version, int(batch.meta["step"])
+            version, lease_step = batch.policy_version, batch.meta.step
             if lease_step - async_level <= version < step - async_level:
-                verdicts = [StoredVerdict(i, False, EXPIRED, 0.0, 0.0) for i in range(len(batch.task_ids))]
+                verdicts = [
+                    Verdict(
+                        sample_index=i,
+                        accepted=False,
+                        reason=EXPIRED,
+                        detail=f"policy v{version} became older than step {step} - async_level before validation",
+                        reward=0.0,
+                        advantage=0.0,
+                    )
+                    for i in range(len(batch.task_ids))
+                ]
                 self._store.write_verdicts(batch.batch_id, verdicts)
                 batch.verdicts = verdicts
                 self._metrics.log(
@@ -195,17 +201,17 @@ class BatchBook(Mapping[str, StoredBatch]):
         waiting.sort(key=lambda batch: (-batch.policy_version, batch.seq))
         answer = []
         for batch in waiting[:limit]:
-            meta, table = self._store.read_batch(batch.batch_id)
+            meta = batch.meta
             answer.append(
                 PendingBatch(
-                    batch_id=batch.batch_id,
-                    worker_id=meta["worker_id"],
-                    step=meta["step"],
-                    batch_index=meta["batch_index"],
-                    policy_version=meta["policy_version"],
-                    received_at=meta["received_at"],
-                    lease=batch.lease,
-                    samples=rollout_samples(table),
+                    batch_id=meta.batch_id,
+                    worker_id=meta.worker_id,
+                    step=meta.step,
+                    batch_index=meta.batch_index,
+                    policy_version=meta.policy_version,
+                    received_at=meta.received_at,
+                    lease=meta.lease,
+                    samples=rollout_samples(self._store.read_batch(meta.batch_id)),
                 )
             )
         return PendingResponse(batches=answer, pending_batches=len(waiting), policy_version=step, step=step)
@@ -222,18 +228,9 @@ class BatchBook(Mapping[str, StoredBatch]):
                 "bad_request",
                 f"need exactly one verdict per sample index 0..{len(batch.task_ids) - 1}, got {len(indices)} verdicts",
             )
+        # A rejected sample trains nothing: its log-probs are not kept.
         verdicts = sorted(
-            (
-                StoredVerdict(
-                    v.sample_index,
-                    v.accepted,
-                    v.reason,
-                    v.reward,
-                    v.advantage,
-                    tuple(v.logprobs) if v.accepted else (),
-                )
-                for v in request.verdicts
-            ),
+            (v if v.accepted or not v.logprobs else v.model_copy(update={"logprobs": []}) for v in request.verdicts),
             key=lambda v: v.sample_index,
         )
         accepted = sum(v.accepted for v in verdicts)
@@ -248,24 +245,26 @@ class BatchBook(Mapping[str, StoredBatch]):
         else:
             self._store.write_verdicts(batch.batch_id, verdicts)
             batch.verdicts = verdicts
-            reasons = Counter(v.reason for v in verdicts if not v.accepted)
+            rejected = [v for v in verdicts if not v.accepted]
             self._metrics.log(
                 "verdicts",
                 batch_id=batch.batch_id,
                 worker_id=batch.worker_id,
                 policy_version=batch.policy_version,
                 accepted=accepted,
-                rejected=len(verdicts) - accepted,
-                reasons=dict(reasons),
+                rejected=len(rejected),
+                reasons=dict(Counter(v.reason for v in rejected)),
+                # why, for the first rejections (group mates repeat the first reason; a few suffice)
+                details={str(v.sample_index): f"{v.reason}: {v.detail}" for v in rejected[:4]},
             )
         return VerdictResponse(
             batch_id=request.batch_id, accepted=accepted, rejected=len(verdicts) - accepted
         )
 
-    def _check_logprobs(self, batch_id: str, verdicts: Sequence[StoredVerdict]) -> None:
+    def _check_logprobs(self, batch_id: str, verdicts: Sequence[Verdict]) -> None:
         """ApiFailure 400 unless every accepted verdict has one log-prob per completion token: the
         trainer learns from these, never from the worker's claim, so they must be complete."""
-        _, table = self._store.read_batch(batch_id)
+        table = self._store.read_batch(batch_id)
         lengths = [len(tokens) for tokens in table.column("completion_tokens").to_pylist()]
         for verdict in verdicts:
             if verdict.accepted and len(verdict.logprobs) != lengths[verdict.sample_index]:
@@ -278,25 +277,23 @@ class BatchBook(Mapping[str, StoredBatch]):
 
     # ------------------------------------------------------------------ claims and accounting
 
-    def mark_claimed(self, sample_ids: Iterable[str]) -> None:
-        """Record that a claim took these ``{batch_id}/{index}`` samples."""
+    def mark_claimed(self, sample_ids: Iterable[SampleId]) -> None:
+        """Record that a claim took these samples."""
         for sample_id in sample_ids:
-            batch_id, index = _split_sample_id(sample_id)
-            self._batches[batch_id].claimed.add(index)
+            self._batches[sample_id.batch_id].claimed.add(sample_id.index)
 
-    def training_samples(self, sample_ids: tuple[str, ...]) -> list[TrainSample]:
+    def training_samples(self, sample_ids: tuple[SampleId, ...]) -> list[TrainSample]:
         """The trainer's view of claimed samples, in ``sample_ids`` order (read back from the store)."""
         wanted: dict[str, set[int]] = {}
         for sample_id in sample_ids:
-            batch_id, index = _split_sample_id(sample_id)
-            wanted.setdefault(batch_id, set()).add(index)
-        rows: dict[str, TrainSample] = {}
+            wanted.setdefault(sample_id.batch_id, set()).add(sample_id.index)
+        rows: dict[SampleId, TrainSample] = {}
         for batch_id, indices in wanted.items():
             batch = self._batches[batch_id]
             assert batch.verdicts is not None  # claims only ever hold verdicted samples
-            meta, table = self._store.read_batch(batch_id)
-            for position, sample in train_samples(batch_id, meta, table, batch.verdicts, indices).items():
-                rows[f"{batch_id}/{position}"] = sample
+            table = self._store.read_batch(batch_id)
+            for index, sample in train_samples(batch.meta, table, batch.verdicts, indices).items():
+                rows[SampleId(batch_id, index)] = sample
         return [rows[s] for s in sample_ids]
 
     def sample_counts(self) -> tuple[dict[str, Counter[str]], dict[str, Counter[str]]]:

@@ -14,8 +14,9 @@ If at least ``min_samples`` samples are available, whole groups are taken in ord
 count reaches ``min_samples`` (so the claim may exceed it by less than one group). Otherwise
 nothing is taken and the counts explain why (how much awaits validation).
 
-Pitfall: rejected members are dropped from their group, so a group can be smaller than
-``group_size``; the validator's advantages were computed over the whole group it judged.
+A group is judged as a whole: the validator rejects every member of a group once one member
+fails (``group_rejected``) and rejects incomplete groups (``group_incomplete``), so each claimed
+group has exactly ``group_size`` members; the trainer's packing relies on that fixed stride.
 """
 
 from __future__ import annotations
@@ -24,18 +25,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from prime_rl.api.protocol import SampleId, Verdict
+
 __all__ = ["BatchView", "ClaimSelection", "select_claim"]
-
-
-class VerdictView(Protocol):
-    @property
-    def sample_index(self) -> int: ...
-
-    @property
-    def accepted(self) -> bool: ...
-
-    @property
-    def advantage(self) -> float: ...
 
 
 class BatchView(Protocol):
@@ -48,7 +40,7 @@ class BatchView(Protocol):
     def task_ids(self) -> tuple[int, ...]: ...
 
     @property
-    def verdicts(self) -> Sequence[VerdictView] | None: ...
+    def verdicts(self) -> Sequence[Verdict] | None: ...
 
     @property
     def claimed(self) -> set[int]: ...
@@ -62,9 +54,9 @@ class BatchView(Protocol):
 
 @dataclass(frozen=True)
 class ClaimSelection:
-    """The outcome: ``sample_ids`` ("<batch_id>/<index>", empty unless ready) and the counts."""
+    """The outcome: ``sample_ids`` (empty unless ready) and the counts."""
 
-    sample_ids: tuple[str, ...]
+    sample_ids: tuple[SampleId, ...]
     available: int
     pending_batches: int
     pending_samples: int
@@ -80,7 +72,7 @@ def select_claim(
     batches: Iterable[BatchView], *, min_policy_version: int, min_samples: int, filter_zero_advantage: bool
 ) -> ClaimSelection:
     """Select whole fresh informative groups, oldest first, until ``min_samples`` (see module doc)."""
-    groups: list[list[str]] = []
+    groups: list[list[SampleId]] = []
     pending_batches = pending_samples = stale = zero = 0
     for batch in sorted(batches, key=lambda b: b.seq):
         if batch.verdicts is None:
@@ -97,9 +89,9 @@ def select_claim(
             elif filter_zero_advantage and all(batch.verdicts[i].advantage == 0.0 for i in members):
                 zero += len(members)
             else:
-                groups.append([f"{batch.batch_id}/{i}" for i in members])
+                groups.append([SampleId(batch.batch_id, i) for i in members])
     available = sum(len(group) for group in groups)
-    chosen: list[str] = []
+    chosen: list[SampleId] = []
     if available >= min_samples:
         for group in groups:
             if len(chosen) >= min_samples:

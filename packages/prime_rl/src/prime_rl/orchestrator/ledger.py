@@ -38,6 +38,7 @@ from prime_rl.api.errors import ApiFailure
 from prime_rl.api.protocol import (
     BanRequest,
     BanResponse,
+    BatchVerdicts,
     ClaimRequest,
     ClaimResponse,
     CommitRequest,
@@ -45,6 +46,7 @@ from prime_rl.api.protocol import (
     PendingResponse,
     RegisterResponse,
     RolloutBatch,
+    SampleId,
     StatusResponse,
     SubmitResponse,
     TaskLease,
@@ -59,8 +61,9 @@ from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, BatchBook
 from prime_rl.orchestrator.claims import ClaimSelection, select_claim
 from prime_rl.orchestrator.leases import LeaseBook, TaskPrompts
-from prime_rl.orchestrator.store import RolloutStore
+from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
+from prime_rl.weights.layout import POLICY_FILENAME
 
 __all__ = ["EXPIRED", "ApiFailure", "Ledger", "TaskPrompts"]
 
@@ -72,7 +75,7 @@ class Ledger:
     """All orchestrator state and rules (see module docstring).
 
     ``workers`` (id -> ``WorkerRecord``) and ``batches`` (id -> ``StoredBatch``) are read-only
-    mappings; ``claims`` maps each claimed step to its sample ids ``{batch_id}/{index}``.
+    mappings; ``claims`` maps each claimed step to its sample ids.
     ``secrets``: the run's (``api/secrets.py``; default: configured or generated for ``run_dir``).
     """
 
@@ -97,7 +100,7 @@ class Ledger:
         secrets = secrets or run_secrets(config)
         self.leases = LeaseBook(config, tasks, store, self.metrics, key=secrets.assignment_key)
         self.batches = BatchBook(config, store, self.metrics, clock)
-        self.claims: dict[int, tuple[str, ...]] = {}
+        self.claims: dict[int, tuple[SampleId, ...]] = {}
         self.committed: set[int] = set()
         if self.orch.prompts_per_batch > len(tasks):
             raise ValueError(
@@ -126,7 +129,7 @@ class Ledger:
                 self.committed.add(int(event["step"]))
                 self.step = max(self.step, int(event["step"]) + 1)
         for batch in self.batches.load():
-            self.leases.mark_answered(batch.worker_id, int(batch.meta["batch_index"]))
+            self.leases.mark_answered(batch.worker_id, batch.meta.batch_index)
         for claim in self.store.claims():
             self.claims[claim.step] = claim.sample_ids
             self.batches.mark_claimed(claim.sample_ids)
@@ -221,7 +224,7 @@ class Ledger:
             num_tasks=len(self.tasks),
             task_timeout_s=self.orch.task_timeout_s,
             weights_servers=self.config.shardcast.client_servers,
-            weights_file="model.safetensors",
+            weights_file=POLICY_FILENAME,
             workers=len(self.workers),
             pending_batches=len(self.batches.waiting()),
             time=self.clock(),
@@ -320,16 +323,24 @@ class Ledger:
 
     # ------------------------------------------------------------------ rollouts and verdicts
 
-    def submit(self, worker: WorkerRecord, batch: RolloutBatch) -> SubmitResponse:
+    def submit(self, worker: WorkerRecord, batch: RolloutBatch, body_sha256: str) -> SubmitResponse:
+        """Store ``batch`` (``body_sha256``: SHA-256 hex of the request body as received)."""
         rows = self.batches.check(batch)
         if batch.batch_index >= self.leases.next_index(worker.worker_id) + self.orch.max_open_leases:
             raise ApiFailure(409, "conflict", f"batch_index {batch.batch_index} was never leased to you")
         held = self.leases.get(worker.worker_id, batch.batch_index)
         lease = held.record if held is not None and held.record.step == batch.step else None
-        answer = self.batches.add(batch, rows, lease)
+        answer = self.batches.add(batch, body_sha256, rows, lease)
         if lease is not None and not answer.duplicate:
             self.leases.mark_answered(worker.worker_id, batch.batch_index)
         return answer
+
+    def batch_verdicts(self, worker: WorkerRecord, batch_id: str) -> BatchVerdicts:
+        """The verdicts of one of ``worker``'s own batches (404 for any other batch id)."""
+        batch = self.batches.get(batch_id)
+        if batch is None or batch.worker_id != worker.worker_id:
+            raise ApiFailure(404, "not_found", f"you submitted no batch {batch_id!r}")
+        return BatchVerdicts(batch_id=batch_id, judged=batch.verdicts is not None, verdicts=batch.verdicts or [])
 
     def pending(self, limit: int) -> PendingResponse:
         self.batches.expire_useless(self.step, self.orch.async_level)
@@ -375,9 +386,7 @@ class Ledger:
                 zero_advantage_samples=selection.zero_advantage,
             )
         chosen = selection.sample_ids
-        self.store.write_claim(
-            request.step, {"min_policy_version": min_version, "time": self.clock()}, chosen
-        )
+        self.store.write_claim(ClaimRecord(request.step, min_version, self.clock(), chosen))
         self.claims[request.step] = chosen
         self.batches.mark_claimed(chosen)
         self.metrics.log(
@@ -391,7 +400,7 @@ class Ledger:
         return self._claim_answer(request.step, min_version, chosen, selection)
 
     def _claim_answer(
-        self, step: int, min_version: int, sample_ids: tuple[str, ...], selection: ClaimSelection | None
+        self, step: int, min_version: int, sample_ids: tuple[SampleId, ...], selection: ClaimSelection | None
     ) -> ClaimResponse:
         return ClaimResponse(
             ready=True,

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
-import math
-import secrets
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -48,74 +48,46 @@ from prime_rl.api.protocol import (
 from prime_rl.api.secrets import RunSecrets, SecretsError, check_bind_address, run_secrets
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter, get_metrics, init_process
+from prime_rl.orchestrator.http import (
+    bearer,
+    errors_middleware,
+    model_response,
+    query_int,
+    require_token,
+    validation_message,
+)
 from prime_rl.orchestrator.ledger import ApiFailure, Ledger
 from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key
-from prime_rl.orchestrator.store import RolloutStore, StoreError
+from prime_rl.orchestrator.store import RolloutStore
 
 __all__ = ["ROUTES", "OrchestratorServer", "build_app", "main"]
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-ROUTES: dict[tuple[str, str], type[BaseModel] | None] = {
-    ("GET", "/health"): None,
-    ("GET", "/status"): None,
-    ("POST", "/workers/register"): RegisterRequest,
-    ("GET", "/tasks"): None,
-    ("POST", "/rollouts"): RolloutBatch,
-    ("GET", "/workers"): None,
-    ("POST", "/workers/ban"): BanRequest,
-    ("GET", "/validator/pending"): None,
-    ("POST", "/validator/verdicts"): VerdictRequest,
-    ("POST", "/trainer/claim"): ClaimRequest,
-    ("POST", "/trainer/commit"): CommitRequest,
+@dataclass(frozen=True)
+class Route:
+    """One endpoint: the ``_Api`` method that handles it and its request body model (None: no body)."""
+
+    handler: str
+    body: type[BaseModel] | None = None
+
+
+ROUTES: dict[tuple[str, str], Route] = {
+    ("GET", "/health"): Route("health"),
+    ("GET", "/status"): Route("status"),
+    ("POST", "/workers/register"): Route("register", RegisterRequest),
+    ("GET", "/tasks"): Route("tasks"),
+    ("POST", "/rollouts"): Route("rollouts", RolloutBatch),
+    ("GET", "/rollouts/verdicts"): Route("batch_verdicts"),
+    ("GET", "/workers"): Route("workers"),
+    ("POST", "/workers/ban"): Route("ban", BanRequest),
+    ("GET", "/validator/pending"): Route("pending"),
+    ("POST", "/validator/verdicts"): Route("verdicts", VerdictRequest),
+    ("POST", "/trainer/claim"): Route("claim", ClaimRequest),
+    ("POST", "/trainer/commit"): Route("commit", CommitRequest),
 }
-"""Every endpoint and its request body model (None: no body). API.md documents exactly these."""
-
-_MAX_QUERY_INT = 2**62
-
-
-def _error(status: int, error: str, message: str, retry_after_s: float | None = None) -> web.Response:
-    headers = None
-    if status in (429, 503):  # Retry-After is whole seconds (RFC 9110); never 0, which invites a spin
-        headers = {"Retry-After": str(max(1, math.ceil(retry_after_s or 1.0)))}
-    return web.json_response({"error": error, "message": message}, status=status, headers=headers)
-
-
-def _model_response(model: BaseModel) -> web.Response:
-    return web.Response(body=model.model_dump_json().encode(), content_type="application/json")
-
-
-def _validation_message(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors()[:5]:
-        location = ".".join(str(part) for part in item["loc"]) or "<body>"
-        parts.append(f"{location}: {item['msg']}")
-    more = error.error_count() - len(parts)
-    return "; ".join(parts) + (f"; and {more} more errors" if more > 0 else "")
-
-
-def _query_int(request: web.Request, name: str, *, default: int | None = None) -> int | None:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    if not raw.isdigit() or len(raw) > 19 or int(raw) > _MAX_QUERY_INT:
-        raise ApiFailure(400, "bad_request", f"query parameter {name} must be a non-negative integer")
-    return int(raw)
-
-
-def _bearer(request: web.Request) -> str:
-    header = request.headers.get("Authorization", "")
-    return header[7:].strip() if header.startswith("Bearer ") else ""
-
-
-def _require_token(request: web.Request, expected: str, what: str) -> None:
-    """ApiFailure 401 unless ``expected`` is empty (registration only; the admin token never is) or
-    the request carries it as its bearer token."""
-    if expected and not secrets.compare_digest(_bearer(request).encode(), expected.encode()):
-        raise ApiFailure(401, "unauthorized", f"this endpoint needs the {what} (Authorization: Bearer ...)")
-
+"""The one route table: every endpoint, its handler and body model. API.md documents exactly these."""
 
 class _Api:
     def __init__(
@@ -142,10 +114,10 @@ class _Api:
         try:
             return model.model_validate_json(raw)
         except ValidationError as error:
-            raise ApiFailure(400, "bad_request", _validation_message(error)) from None
+            raise ApiFailure(400, "bad_request", validation_message(error)) from None
 
     def require_admin(self, request: web.Request) -> None:
-        _require_token(request, self.admin_token, "admin token")
+        require_token(request, self.admin_token, "admin token")
 
     def admit_registration(self, request: web.Request) -> None:
         """ApiFailure 429 ``rate_limited`` when the client's address is over its registration rate."""
@@ -167,26 +139,26 @@ class _Api:
         return web.json_response({"ok": True})
 
     async def status(self, request: web.Request) -> web.Response:
-        return _model_response(await self.call(self.ledger.status))
+        return model_response(await self.call(self.ledger.status))
 
     async def register(self, request: web.Request) -> web.Response:
         self.admit_registration(request)  # first: wrong tokens and bad bodies count against the rate too
-        _require_token(request, self.registration_token, "registration token")
+        require_token(request, self.registration_token, "registration token")
         body = await self.body(request, RegisterRequest)
-        return _model_response(await self.call(self.ledger.register, body.name))
+        return model_response(await self.call(self.ledger.register, body.name))
 
     async def tasks(self, request: web.Request) -> web.Response:
         worker_id = request.query.get("worker_id", "")
         if not worker_id:
             raise ApiFailure(400, "bad_request", "query parameter worker_id is required")
-        step = _query_int(request, "step")
-        batch_index = _query_int(request, "batch_index")
+        step = query_int(request, "step")
+        batch_index = query_int(request, "batch_index")
 
         def work() -> Any:
-            worker = self.ledger.authenticate(worker_id, _bearer(request))
+            worker = self.ledger.authenticate(worker_id, bearer(request))
             return self.ledger.lease(worker, step, batch_index, client_key(request.remote))
 
-        return _model_response(await self.call(work))
+        return model_response(await self.call(work))
 
     async def rollouts(self, request: web.Request) -> web.Response:
         raw = await request.read()
@@ -194,17 +166,31 @@ class _Api:
             batch = RolloutBatch.model_validate_json(raw)
         except ValidationError as error:
             await self._count_malformed(raw)
-            raise ApiFailure(400, "bad_request", _validation_message(error)) from None
+            raise ApiFailure(400, "bad_request", validation_message(error)) from None
+
+        digest = hashlib.sha256(raw).hexdigest()
 
         def work() -> Any:
-            worker = self.ledger.authenticate(batch.worker_id, _bearer(request))
+            worker = self.ledger.authenticate(batch.worker_id, bearer(request))
             try:
-                return self.ledger.submit(worker, batch)
+                return self.ledger.submit(worker, batch, digest)
             except ApiFailure:
                 self.ledger.record_malformed(worker.worker_id)
                 raise
 
-        return _model_response(await self.call(work))
+        return model_response(await self.call(work))
+
+    async def batch_verdicts(self, request: web.Request) -> web.Response:
+        worker_id = request.query.get("worker_id", "")
+        batch_id = request.query.get("batch_id", "")
+        if not worker_id or not batch_id:
+            raise ApiFailure(400, "bad_request", "query parameters worker_id and batch_id are required")
+
+        def work() -> Any:
+            worker = self.ledger.authenticate(worker_id, bearer(request))
+            return self.ledger.batch_verdicts(worker, batch_id)
+
+        return model_response(await self.call(work))
 
     async def _count_malformed(self, raw: bytes) -> None:
         """Attribute a malformed body to its worker when it names a registered one (best effort)."""
@@ -218,59 +204,34 @@ class _Api:
             await self.call(self.ledger.record_malformed, worker_id)
 
     async def workers(self, request: web.Request) -> web.Response:
-        return _model_response(await self.call(self.ledger.workers_view))
+        return model_response(await self.call(self.ledger.workers_view))
 
     async def ban(self, request: web.Request) -> web.Response:
         self.require_admin(request)
         body = await self.body(request, BanRequest)
-        return _model_response(await self.call(self.ledger.ban, body))
+        return model_response(await self.call(self.ledger.ban, body))
 
     async def pending(self, request: web.Request) -> web.Response:
         self.require_admin(request)
-        limit = _query_int(request, "limit", default=8)
+        limit = query_int(request, "limit", default=8)
         if limit is None or not 1 <= limit <= 256:
             raise ApiFailure(400, "bad_request", "limit must be in 1..256")
-        return _model_response(await self.call(self.ledger.pending, limit))
+        return model_response(await self.call(self.ledger.pending, limit))
 
     async def verdicts(self, request: web.Request) -> web.Response:
         self.require_admin(request)
         body = await self.body(request, VerdictRequest)
-        return _model_response(await self.call(self.ledger.record_verdicts, body))
+        return model_response(await self.call(self.ledger.record_verdicts, body))
 
     async def claim(self, request: web.Request) -> web.Response:
         self.require_admin(request)
         body = await self.body(request, ClaimRequest)
-        return _model_response(await self.call(self.ledger.claim, body))
+        return model_response(await self.call(self.ledger.claim, body))
 
     async def commit(self, request: web.Request) -> web.Response:
         self.require_admin(request)
         body = await self.body(request, CommitRequest)
-        return _model_response(await self.call(self.ledger.commit, body))
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiFailure as failure:
-        return _error(failure.status, failure.error, failure.message, failure.retry_after_s)
-    except web.HTTPRequestEntityTooLarge as error:
-        return _error(413, "too_large", f"request body over the limit: {error.text}")
-    except web.HTTPNotFound:
-        return _error(404, "not_found", f"no endpoint {request.method} {request.path}")
-    except web.HTTPMethodNotAllowed:
-        return _error(405, "method_not_allowed", f"{request.method} is not allowed on {request.path}")
-    except web.HTTPException as error:
-        return _error(error.status, "bad_request" if error.status < 500 else "internal", error.reason or "")
-    except ConnectionResetError:
-        log.info("client went away during %s %s", request.method, request.path)
-        return _error(400, "bad_request", "connection lost while reading the request")
-    except StoreError as error:
-        log.error("store failure on %s %s: %s", request.method, request.path, error)
-        return _error(503, "unavailable", f"could not persist the request: {error}")
-    except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
-        return _error(500, "internal", "internal error (logged); the request may be retried")
+        return model_response(await self.call(self.ledger.commit, body))
 
 
 def build_app(
@@ -286,23 +247,9 @@ def build_app(
     ``registration_clock``: monotonic seconds for the registration rate limit (tests inject one).
     """
     api = _Api(ledger, config, admin_token, registration_clock)
-    app = web.Application(middlewares=[_errors], client_max_size=config.orchestrator.max_request_bytes)
-    handlers: dict[tuple[str, str], Handler] = {
-        ("GET", "/health"): api.health,
-        ("GET", "/status"): api.status,
-        ("POST", "/workers/register"): api.register,
-        ("GET", "/tasks"): api.tasks,
-        ("POST", "/rollouts"): api.rollouts,
-        ("GET", "/workers"): api.workers,
-        ("POST", "/workers/ban"): api.ban,
-        ("GET", "/validator/pending"): api.pending,
-        ("POST", "/validator/verdicts"): api.verdicts,
-        ("POST", "/trainer/claim"): api.claim,
-        ("POST", "/trainer/commit"): api.commit,
-    }
-    assert set(handlers) == set(ROUTES)
-    for (method, path), handler in handlers.items():
-        app.router.add_route(method, path, handler)
+    app = web.Application(middlewares=[errors_middleware], client_max_size=config.orchestrator.max_request_bytes)
+    for (method, path), route in ROUTES.items():
+        app.router.add_route(method, path, getattr(api, route.handler))
     interval = min(1.0, config.orchestrator.task_timeout_s / 4)
 
     async def expire_loop(app: web.Application) -> Any:

@@ -31,15 +31,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prime_rl.api.protocol import LeaseRecord, SampleId, Verdict
+from prime_rl.durable import TEMP_GLOB, atomic_path
+
 __all__ = [
     "BATCH_SCHEMA",
     "CLAIM_SCHEMA",
     "VERDICT_SCHEMA",
+    "BatchMeta",
     "BatchRecord",
     "ClaimRecord",
     "RolloutStore",
     "StoreError",
-    "StoredVerdict",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,7 @@ VERDICT_SCHEMA = pa.schema(
         ("sample_index", pa.int32()),
         ("accepted", pa.bool_()),
         ("reason", pa.string()),
+        ("detail", pa.string()),
         ("reward", pa.float64()),
         ("advantage", pa.float64()),
         ("logprobs", pa.list_(pa.float64())),
@@ -86,52 +90,59 @@ class StoreError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class BatchRecord:
-    """Batch-level fields of a stored batch (``meta``) and its per-sample task ids."""
+class BatchMeta:
+    """Batch-level fields of one stored batch (kept as JSON in the parquet schema metadata).
+
+    ``seq``: submission order (0, 1, ...); ``sha256``: digest of the request body as received (a
+    retry with the same bytes is a duplicate); ``lease``: the lease it answers (None: unleased).
+    """
 
     batch_id: str
-    meta: dict[str, Any]
+    worker_id: str
+    step: int
+    batch_index: int
+    policy_version: int
+    received_at: float
+    sha256: str
+    seq: int
+    lease: LeaseRecord | None
+
+    def to_json(self) -> bytes:
+        fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        fields["lease"] = self.lease.model_dump() if self.lease is not None else None
+        return json.dumps(fields).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> BatchMeta:
+        """Parse ``to_json`` output; KeyError/TypeError/ValueError on a damaged record."""
+        fields = json.loads(data)
+        lease = fields.pop("lease")
+        return cls(**fields, lease=LeaseRecord.model_validate(lease) if lease is not None else None)
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """A stored batch's metadata and its per-sample task ids."""
+
+    meta: BatchMeta
     task_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
-class StoredVerdict:
-    """A verdict as stored; ``logprobs``: the validator's per-token log-probs (empty if rejected)."""
-
-    sample_index: int
-    accepted: bool
-    reason: str
-    reward: float
-    advantage: float
-    logprobs: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True)
 class ClaimRecord:
+    """The samples the trainer claimed for ``step``, and the freshness bound they were chosen under."""
+
     step: int
-    meta: dict[str, Any]
-    sample_ids: tuple[str, ...]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    min_policy_version: int
+    time: float
+    sample_ids: tuple[SampleId, ...]
 
 
 def _atomic_write_table(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
-        with open(tmp, "wb") as handle:
-            pq.write_table(table, handle, compression="zstd")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        with atomic_path(path) as temporary:
+            pq.write_table(table, str(temporary), compression="zstd")
     except OSError as error:
-        tmp.unlink(missing_ok=True)
         raise StoreError(f"could not write {path}: {error}") from error
 
 
@@ -147,7 +158,7 @@ class RolloutStore:
             directory.mkdir(parents=True, exist_ok=True)
         self.journal_path = self.root / "journal.jsonl"
         self._journal_lock = threading.Lock()
-        for stale in self.root.rglob(".*.tmp-*"):  # leftovers of a crash mid-write
+        for stale in self.root.rglob(TEMP_GLOB):  # leftovers of a crash mid-write
             stale.unlink(missing_ok=True)
 
     # ------------------------------------------------------------- journal
@@ -185,19 +196,18 @@ class RolloutStore:
     def batch_path(self, batch_id: str) -> Path:
         return self.batches_dir / f"{batch_id}.parquet"
 
-    def write_batch(self, batch_id: str, meta: dict[str, Any], rows: dict[str, Sequence[Any]]) -> None:
+    def write_batch(self, meta: BatchMeta, rows: dict[str, Sequence[Any]]) -> None:
         """Durably store a batch: ``rows`` maps every ``BATCH_SCHEMA`` column to its values."""
-        schema = BATCH_SCHEMA.with_metadata({_BATCH_META_KEY: json.dumps(meta).encode()})
+        schema = BATCH_SCHEMA.with_metadata({_BATCH_META_KEY: meta.to_json()})
         table = pa.Table.from_pydict(dict(rows), schema=schema)
-        _atomic_write_table(table, self.batch_path(batch_id))
+        _atomic_write_table(table, self.batch_path(meta.batch_id))
 
-    def read_batch(self, batch_id: str) -> tuple[dict[str, Any], pa.Table]:
-        """The batch's metadata and full table."""
+    def read_batch(self, batch_id: str) -> pa.Table:
+        """The batch's full table (one row per sample)."""
         try:
-            table = pq.read_table(self.batch_path(batch_id))
+            return pq.read_table(self.batch_path(batch_id))
         except (OSError, pa.ArrowException) as error:
             raise StoreError(f"could not read batch {batch_id}: {error}") from error
-        return json.loads(table.schema.metadata[_BATCH_META_KEY]), table
 
     def batch_records(self) -> list[BatchRecord]:
         """Every stored batch's metadata and task ids, ordered by submission sequence number."""
@@ -205,54 +215,47 @@ class RolloutStore:
         for path in self.batches_dir.glob("*.parquet"):
             try:
                 parquet = pq.ParquetFile(path)
-                meta = json.loads(parquet.schema_arrow.metadata[_BATCH_META_KEY])
+                meta = BatchMeta.from_json(parquet.schema_arrow.metadata[_BATCH_META_KEY])
                 task_ids = parquet.read(columns=["task_id"]).column("task_id").to_pylist()
-            except (OSError, pa.ArrowException, KeyError, ValueError) as error:
+            except (OSError, pa.ArrowException, KeyError, TypeError, ValueError) as error:
                 raise StoreError(f"corrupt batch file {path}: {error}") from error
-            records.append(BatchRecord(batch_id=path.stem, meta=meta, task_ids=tuple(task_ids)))
-        records.sort(key=lambda record: record.meta["seq"])
+            if meta.batch_id != path.stem:
+                raise StoreError(f"corrupt batch file {path}: it holds batch {meta.batch_id}")
+            records.append(BatchRecord(meta=meta, task_ids=tuple(task_ids)))
+        records.sort(key=lambda record: record.meta.seq)
         return records
 
     # ------------------------------------------------------------- verdicts
 
-    def write_verdicts(self, batch_id: str, verdicts: Sequence[StoredVerdict]) -> None:
-        rows = {
-            "sample_index": [v.sample_index for v in verdicts],
-            "accepted": [v.accepted for v in verdicts],
-            "reason": [v.reason for v in verdicts],
-            "reward": [v.reward for v in verdicts],
-            "advantage": [v.advantage for v in verdicts],
-            "logprobs": [list(v.logprobs) for v in verdicts],
-        }
+    def write_verdicts(self, batch_id: str, verdicts: Sequence[Verdict]) -> None:
+        rows = {name: [getattr(v, name) for v in verdicts] for name in VERDICT_SCHEMA.names}
         _atomic_write_table(
             pa.Table.from_pydict(rows, schema=VERDICT_SCHEMA), self.verdicts_dir / f"{batch_id}.parquet"
         )
 
-    def all_verdicts(self) -> dict[str, list[StoredVerdict]]:
+    def all_verdicts(self) -> dict[str, list[Verdict]]:
         result = {}
         for path in self.verdicts_dir.glob("*.parquet"):
             try:
                 rows = pq.read_table(path).to_pylist()
+                # Trusted data written by this store: constructed without re-validation.
+                result[path.stem] = [Verdict.model_construct(**row) for row in rows]
             except (OSError, pa.ArrowException) as error:
                 raise StoreError(f"corrupt verdict file {path}: {error}") from error
-            result[path.stem] = [
-                StoredVerdict(**{**row, "logprobs": tuple(row.get("logprobs") or ())}) for row in rows
-            ]
         return result
 
     # ------------------------------------------------------------- claims
 
-    def write_claim(self, step: int, meta: dict[str, Any], sample_ids: Sequence[str]) -> None:
-        batch_ids, indices = [], []
-        for sample_id in sample_ids:
-            batch_id, index = sample_id.rsplit("/", 1)
-            batch_ids.append(batch_id)
-            indices.append(int(index))
-        schema = CLAIM_SCHEMA.with_metadata({_CLAIM_META_KEY: json.dumps({**meta, "step": step}).encode()})
-        table = pa.Table.from_pydict(
-            {"sample_id": list(sample_ids), "batch_id": batch_ids, "sample_index": indices}, schema=schema
-        )
-        _atomic_write_table(table, self.claims_dir / f"step_{step:010d}.parquet")
+    def write_claim(self, claim: ClaimRecord) -> None:
+        meta = {"step": claim.step, "min_policy_version": claim.min_policy_version, "time": claim.time}
+        schema = CLAIM_SCHEMA.with_metadata({_CLAIM_META_KEY: json.dumps(meta).encode()})
+        columns = {
+            "sample_id": [str(s) for s in claim.sample_ids],
+            "batch_id": [s.batch_id for s in claim.sample_ids],
+            "sample_index": [s.index for s in claim.sample_ids],
+        }
+        table = pa.Table.from_pydict(columns, schema=schema)
+        _atomic_write_table(table, self.claims_dir / f"step_{claim.step:010d}.parquet")
 
     def claims(self) -> list[ClaimRecord]:
         result = []
@@ -260,11 +263,15 @@ class RolloutStore:
             try:
                 table = pq.read_table(path)
                 meta = json.loads(table.schema.metadata[_CLAIM_META_KEY])
-            except (OSError, pa.ArrowException, KeyError, ValueError) as error:
-                raise StoreError(f"corrupt claim file {path}: {error}") from error
-            result.append(
-                ClaimRecord(
-                    step=int(meta["step"]), meta=meta, sample_ids=tuple(table.column("sample_id").to_pylist())
+                sample_ids = zip(table.column("batch_id").to_pylist(), table.column("sample_index").to_pylist(), strict=True)
+                result.append(
+                    ClaimRecord(
+                        step=int(meta["step"]),
+                        min_policy_version=int(meta["min_policy_version"]),
+                        time=float(meta["time"]),
+                        sample_ids=tuple(SampleId(batch_id, index) for batch_id, index in sample_ids),
+                    )
                 )
-            )
+            except (OSError, pa.ArrowException, KeyError, TypeError, ValueError) as error:
+                raise StoreError(f"corrupt claim file {path}: {error}") from error
         return result

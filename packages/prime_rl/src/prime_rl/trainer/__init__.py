@@ -4,5 +4,5 @@ Owns: packing claimed samples into micro-batches (``batching.py``), the policy f
 (``forward.py``), one optimizer step with the ``grpo`` loss (``step.py``), full training-state
 checkpoints (``checkpoint.py``), data parallelism (``distributed.py``) and the process that claims,
 trains and publishes (``process.py``). May import: ``config``, ``api``, ``weights``, ``metrics``,
-torch, grpo, shardcast; never ``worker``, ``validator``, ``inference`` or ``orchestrator``.
+``devices``, ``durable``, torch, grpo, shardcast; never ``worker``, ``validator``, ``inference`` or ``orchestrator``.
 """

@@ -1,16 +1,17 @@
-"""Full training-state checkpoints: model, optimizer, LR scheduler, step and data position.
+"""Full training-state checkpoints: model, optimizer, LR scheduler and step.
 
 Layout (one directory per trainer step, written by every rank, complete only when marked)::
 
     {checkpoint_dir}/step_{N}/            model + optimizer state via torch.distributed.checkpoint (DCP),
         __0_0.distcp ...                  one file per *global* rank (fixes INTELLECT-2's local-rank keys)
-        trainer_state.json                step, scheduler state, consumed rollout ids (rank 0)
+        trainer_state.json                step and scheduler state (rank 0)
         COMPLETE                          written last; a directory without it is ignored and removed
 
 DCP stores sharded (FSDP2 DTensor) and plain tensors alike and reshards on load, so a checkpoint
-from N ranks resumes on M ranks. ``consumed`` is the data position: the ids of accepted rollouts
-trained on since the last acknowledgement to the orchestrator; the trainer acknowledges them after
-the checkpoint is complete, so a crash at any point neither loses nor repeats a rollout.
+from N ranks resumes on M ranks. The step is the whole data position: the orchestrator persists the
+claim of every step and commits are idempotent, so a trainer resumed at step ``N`` re-commits
+``N - 1`` and, claiming ``N`` and the steps after it again, receives the same samples; a crash at
+any point neither loses nor repeats a rollout.
 
 Pitfall: call :func:`save_checkpoint` and :func:`load_checkpoint` on every rank (they are collective).
 """
@@ -18,7 +19,6 @@ Pitfall: call :func:`save_checkpoint` and :func:`load_checkpoint` on every rank 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import warnings
@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from prime_rl.durable import write_atomic
 
 STATE_FILE = "trainer_state.json"
 COMPLETE_MARKER = "COMPLETE"
@@ -46,9 +48,6 @@ class TrainerState:
 
     step: int
     scheduler: dict[str, Any] = field(default_factory=dict)
-    consumed: tuple[str, ...] = ()
-    total_samples: int = 0
-    total_tokens: int = 0
 
 
 def _distributed() -> bool:
@@ -107,15 +106,8 @@ def save_checkpoint(
     )
     _barrier()
     if _rank() == 0:
-        payload = {
-            "step": state.step,
-            "scheduler": state.scheduler,
-            "consumed": list(state.consumed),
-            "total_samples": state.total_samples,
-            "total_tokens": state.total_tokens,
-        }
-        _write_atomic(target / STATE_FILE, json.dumps(payload))
-        _write_atomic(target / COMPLETE_MARKER, "ok\n")
+        write_atomic(target / STATE_FILE, json.dumps({"step": state.step, "scheduler": state.scheduler}))
+        write_atomic(target / COMPLETE_MARKER, "ok\n")
         for old in complete_steps(checkpoint_dir)[:-keep] if keep > 0 else []:
             shutil.rmtree(step_dir(checkpoint_dir, old), ignore_errors=True)
     _barrier()
@@ -146,19 +138,4 @@ def load_checkpoint(
         raise CheckpointError(f"cannot load {source} into this model: {exc}") from exc
     set_state_dict(model, optimizer, model_state_dict=bundle["model"], optim_state_dict=bundle["optimizer"])
     payload = json.loads((source / STATE_FILE).read_text())
-    return TrainerState(
-        step=int(payload["step"]),
-        scheduler=dict(payload.get("scheduler", {})),
-        consumed=tuple(payload.get("consumed", [])),
-        total_samples=int(payload.get("total_samples", 0)),
-        total_tokens=int(payload.get("total_tokens", 0)),
-    )
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    return TrainerState(step=int(payload["step"]), scheduler=dict(payload.get("scheduler", {})))

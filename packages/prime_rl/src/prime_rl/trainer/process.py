@@ -8,10 +8,10 @@ Per step ``s`` (the weights are policy version ``s``):
    (available vs needed, batches still awaiting validation, stale samples). The claim is
    persisted by the orchestrator, so a restarted trainer gets the same samples for ``s``.
 2. Old log-probs recomputed with the current weights (``old_logprobs = "recompute"``,
-   INTELLECT-2) or the behaviour log-probs μ (``"inference"``); with ``is_correction`` the grpo
-   loss also applies a truncated/masked importance weight π_old/μ and logs the mismatch KL. μ is
-   always the validator's recomputation (``TrainSample.behaviour_logprobs``): a worker's claimed
-   inference log-probs never reach the trainer, so it cannot steer the loss through them.
+   INTELLECT-2) or the behaviour log-probs μ (``"inference"``); with ``loss.is_correction`` the
+   grpo loss also applies a truncated/masked importance weight π_old/μ and logs the mismatch KL.
+   μ is always the validator's recomputation (``TrainSample.behaviour_logprobs``): a worker's
+   claimed inference log-probs never reach the trainer, so it cannot steer the loss through them.
 3. ``optimizer_steps_per_version`` AdamW steps, one per mini-batch of whole groups, each
    accumulating packed micro-batches of at most ``micro_batch_tokens`` tokens, with linear LR
    warmup and gradient-norm clipping.
@@ -43,38 +43,19 @@ from prime_rl.api.client import OrchestratorClient, OrchestratorUnavailable
 from prime_rl.api.protocol import TrainSample
 from prime_rl.api.secrets import run_secrets
 from prime_rl.config.trainer import TrainerConfig
+from prime_rl.devices import choose_device, torch_dtype
 from prime_rl.metrics import get_metrics, init_process
 from prime_rl.trainer import distributed
 from prime_rl.trainer.batching import make_micro_batches, split_minibatches
 from prime_rl.trainer.checkpoint import TrainerState, latest_step, load_checkpoint, save_checkpoint
 from prime_rl.trainer.step import old_logprobs_for, rank_share, train_minibatch, warmup_lambda
-from prime_rl.weights.files import POLICY_FILENAME, save_policy
-from prime_rl.weights.layout import version_dir
+from prime_rl.weights.files import save_policy
+from prime_rl.weights.layout import policy_file
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
 
 log = logging.getLogger(__name__)
-
-
-def _device(cfg: TrainerConfig) -> torch.device:
-    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
-        return (
-            torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else torch.device("cuda")
-        )
-    return torch.device("cpu")
-
-
-def build_loss(cfg: TrainerConfig) -> grpo.Loss:
-    """The grpo recipe with this config's overrides."""
-    overrides = {
-        name: getattr(cfg, name)
-        for name in ("eps_low", "eps_high", "delta", "entropy_coef", "kl_coef")
-        if getattr(cfg, name) is not None
-    }
-    return grpo.Loss(cfg.recipe, is_correction=cfg.is_correction, is_threshold=cfg.is_threshold, **overrides)
 
 
 class Trainer:
@@ -83,13 +64,13 @@ class Trainer:
     def __init__(self, config: RunConfig) -> None:
         self.run = config
         self.cfg: TrainerConfig = config.trainer
-        self.device = _device(self.cfg)
+        self.device = choose_device(self.cfg.device)
         self.is_main = distributed.rank() == 0
         self.run_dir = Path(config.run_dir)
         self.checkpoint_dir = Path(self.cfg.checkpoint_dir or self.run_dir / "checkpoints")
         self.policy_dir = self.run_dir / "policies"
-        self.loss_fn = build_loss(self.cfg)
-        dtype = torch.bfloat16 if config.model.dtype == "bfloat16" else torch.float32
+        self.loss_fn = grpo.Loss(self.cfg.loss)
+        dtype = torch_dtype(config.model.dtype)
         self.model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=dtype)
         self.model.to(self.device)  # type: ignore[arg-type]
         self.model.train()
@@ -100,9 +81,7 @@ class Trainer:
             self.reference.eval().requires_grad_(False)
             distributed.shard_model(self.reference)
         distributed.shard_model(self.model)
-        self.save_dtype = {"model": None, "float32": torch.float32, "bfloat16": torch.bfloat16}[
-            self.cfg.save_dtype
-        ]
+        self.save_dtype = None if self.cfg.save_dtype == "model" else torch_dtype(self.cfg.save_dtype)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay
         )
@@ -123,9 +102,7 @@ class Trainer:
         state = load_checkpoint(self.checkpoint_dir, self.model, self.optimizer)
         self.scheduler.load_state_dict(state.scheduler)
         self.step = state.step
-        log.info(
-            "resumed from checkpoint step %d (%d samples trained so far)", state.step, state.total_samples
-        )
+        log.info("resumed from checkpoint step %d", state.step)
         get_metrics().log("resumed", step=state.step)
         if self.is_main and self.step > 0:
             self._publish(self.step)  # the version may have been lost with a crashed origin
@@ -202,7 +179,7 @@ class Trainer:
     # -- one step -----------------------------------------------------------------------------
     def train_step(self, samples: list[TrainSample]) -> None:
         temperature = self.run.sampling.temperature
-        constant = self.cfg.constant or float(self.run.sampling.max_new_tokens)
+        constant = self.cfg.loss.constant or float(self.run.sampling.max_new_tokens)
         group_size = self.run.sampling.group_size
         fused = self.cfg.fused_lm_head
         minibatches = split_minibatches(samples, self.cfg.optimizer_steps_per_version, group_size)
@@ -260,15 +237,12 @@ class Trainer:
                 max(versions),
             )
 
-    def _policy_path(self, version: int) -> Path:
-        return version_dir(self.policy_dir, version) / POLICY_FILENAME
-
     def _publish(self, version: int) -> None:
         """Write and publish ``version`` (rank 0 writes; every rank joins the gather)."""
         state = distributed.full_state_dict(self.model)
         if not self.is_main:
             return
-        path = save_policy(state, self._policy_path(version), dtype=self.save_dtype)
+        path = save_policy(state, policy_file(self.policy_dir, version), dtype=self.save_dtype)
         data_dir = self.origin.data_dir if self.origin is not None else self.run.shardcast_data_dir / "origin"
         try:
             shardcast.publish_file(data_dir, path, version=version, keep=self.run.shardcast.keep_versions)
@@ -283,11 +257,7 @@ class Trainer:
         version = self.step + 1
         self._publish(version)
         if version % self.cfg.checkpoint_every == 0 or version == self.cfg.total_steps:
-            state = TrainerState(
-                step=version,
-                scheduler=self.scheduler.state_dict(),
-                consumed=tuple(s.sample_id for s in samples),
-            )
+            state = TrainerState(step=version, scheduler=self.scheduler.state_dict())
             save_checkpoint(
                 self.checkpoint_dir, self.model, self.optimizer, state, keep=self.cfg.keep_checkpoints
             )

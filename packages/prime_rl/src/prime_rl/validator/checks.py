@@ -34,8 +34,6 @@ prefill); the trainer uses those only.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import enum
 import math
 from collections import defaultdict
@@ -49,7 +47,8 @@ import grpo
 import toploc
 from prime_rl.api import assignment
 from prime_rl.api.assignment import AssignmentError
-from prime_rl.api.protocol import PendingBatch, RolloutSample
+from prime_rl.api.fields import MAX_DETAIL_CHARS
+from prime_rl.api.protocol import PendingBatch, RolloutSample, Verdict
 from prime_rl.inference.backend import (
     GenerationBackend,
     GenerationError,
@@ -98,23 +97,7 @@ class AssignmentKeyMismatch(Exception):
     Judging would reject honest work, so ``validate_batch`` raises this instead."""
 
 
-@dataclass(frozen=True)
-class SampleVerdict:
-    """The decision on one sample (``index`` = position in the batch); reward, advantage and
-    per-token ``logprobs`` recomputed (``logprobs`` empty unless the sample was prefilled and its
-    proofs passed); ``prefilled``: the sample cost a prefill."""
-
-    index: int
-    accepted: bool
-    reason: Reason
-    detail: str = ""
-    reward: float | None = None
-    advantage: float | None = None
-    logprobs: tuple[float, ...] = ()
-    prefilled: bool = False
-
-
-class TaskBook(Protocol):
+class TaskScorer(Protocol):
     """The run's task set as workers and the validator see it (identical to the orchestrator's)."""
 
     @property
@@ -169,7 +152,6 @@ class _Pending:
     reward: float | None = None
     proofs: bytes = b""
     logprobs: tuple[float, ...] = ()
-    prefilled: bool = False
 
     def reject(self, reason: Reason, detail: str) -> None:
         if self.reason is Reason.ACCEPTED:
@@ -183,12 +165,12 @@ class _Pending:
 def validate_batch(
     batch: PendingBatch,
     *,
-    tasks: TaskBook,
+    tasks: TaskScorer,
     backend_for: Callable[[int], GenerationBackend | None],
     decode: Callable[[Sequence[int]], str],
     checks: Checks,
     newest_version: int | None = None,
-) -> list[SampleVerdict]:
+) -> list[Verdict]:
     """Verdicts for every sample of one batch, in submission order; never raises on hostile content.
 
     ``backend_for(version)`` returns a backend holding that policy version (None: unavailable);
@@ -215,20 +197,32 @@ def validate_batch(
     except (RetryLater, AssignmentKeyMismatch):
         raise
     except Exception as exc:  # a validator bug must reject, not crash the process
-        return [SampleVerdict(p.index, False, Reason.INTERNAL_ERROR, f"{exc!r:.300}") for p in pending]
+        return [_verdict(p.index, Reason.INTERNAL_ERROR, f"{exc!r:.300}") for p in pending]
     return [
-        SampleVerdict(
-            p.index,
-            p.alive,
-            p.reason,
-            p.detail,
-            p.reward,
-            advantages.get(p.index),
-            p.logprobs if p.alive else (),
-            p.prefilled,
-        )
-        for p in pending
+        _verdict(p.index, p.reason, p.detail, p.reward, advantages.get(p.index), p.logprobs) for p in pending
     ]
+
+
+def _verdict(
+    index: int,
+    reason: Reason,
+    detail: str,
+    reward: float | None = None,
+    advantage: float | None = None,
+    logprobs: Sequence[float] = (),
+) -> Verdict:
+    """The wire verdict (reward/advantage 0 where the checks stopped before computing them; the
+    recomputed log-probs only when accepted: they are what the trainer learns from)."""
+    accepted = reason is Reason.ACCEPTED
+    return Verdict(
+        sample_index=index,
+        accepted=accepted,
+        reason=str(reason),
+        detail=detail[:MAX_DETAIL_CHARS],
+        reward=float(reward) if reward is not None else 0.0,
+        advantage=float(advantage) if advantage is not None else 0.0,
+        logprobs=list(logprobs) if accepted else [],
+    )
 
 
 def _reject_rest(pending: list[_Pending]) -> None:
@@ -241,7 +235,7 @@ def _reject_rest(pending: list[_Pending]) -> None:
 
 
 def _batch_checks(
-    batch: PendingBatch, pending: list[_Pending], tasks: TaskBook, checks: Checks, newest_version: int | None
+    batch: PendingBatch, pending: list[_Pending], tasks: TaskScorer, checks: Checks, newest_version: int | None
 ) -> None:
     reference = batch.step
     newest = max(batch.step, newest_version) if newest_version is not None else batch.step
@@ -296,7 +290,7 @@ def _batch_checks(
 
 
 def _sample_checks(
-    batch: PendingBatch, p: _Pending, tasks: TaskBook, decode: Callable[[Sequence[int]], str], checks: Checks
+    batch: PendingBatch, p: _Pending, tasks: TaskScorer, decode: Callable[[Sequence[int]], str], checks: Checks
 ) -> None:
     s = p.sample
     if tuple(tasks.prompt_tokens(s.task_id)) != tuple(s.prompt_tokens):
@@ -327,11 +321,7 @@ def _sample_checks(
         )
         if why is not None:
             p.reject(Reason.BAD_TERMINATION, why)
-    try:
-        p.proofs = base64.b64decode(s.proofs, validate=True)
-    except (binascii.Error, ValueError):
-        p.reject(Reason.MALFORMED_PROOF, "proofs are not valid base64")
-        return
+    p.proofs = s.proofs
     why = proof_problem(p.proofs, len(s.completion_tokens), proof_topk(checks.hidden_size))
     if why is not None:
         p.reject(Reason.MALFORMED_PROOF, why)
@@ -350,7 +340,6 @@ def _model_checks(pending: list[_Pending], backend: GenerationBackend, checks: C
         return
     for p, pre in zip(alive, prefills, strict=True):
         sample = p.sample
-        p.prefilled = True
         try:
             results = verify_proofs(pre.hidden, p.proofs)
         except (toploc.ProofFormatError, toploc.ActivationError, ValueError) as exc:
@@ -388,7 +377,7 @@ def _model_checks(pending: list[_Pending], backend: GenerationBackend, checks: C
 
 def _reward_checks(
     pending: list[_Pending],
-    tasks: TaskBook,
+    tasks: TaskScorer,
     decode: Callable[[Sequence[int]], str],
     checks: Checks,
 ) -> None:

@@ -1,9 +1,9 @@
 """The trusted validator process: pull submitted batches, judge every sample, post verdicts, ban cheats.
 
-Loop: ``GET /validator/pending`` (oldest batches first) -> batches sorted by policy version (one
-weight reload per version) -> :func:`prime_rl.validator.checks.validate_batch` with the claimed
+Loop: ``GET /validator/pending`` (freshest policy version first, then submission order) -> batches
+grouped by policy version (one weight reload per version) -> :func:`prime_rl.validator.checks.validate_batch` with the claimed
 version's weights (fetched through shardcast by :class:`~prime_rl.weights.store.PolicyStore`) ->
-``POST /validator/verdicts`` -> per-worker ledger; a worker whose rejected share reaches
+``POST /validator/verdicts`` -> per-worker failure tracker; a worker whose rejected share reaches
 ``ban_failure_rate`` after ``ban_min_samples`` samples is banned (``POST /workers/ban``).
 
 A batch whose version cannot be fetched *right now* (relay lagging, network) stays pending and is
@@ -29,11 +29,12 @@ import torch
 
 import toploc
 from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
-from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest
+from prime_rl.api.protocol import PendingBatch, VerdictRequest
 from prime_rl.api.secrets import SecretsError, run_secrets
 from prime_rl.config.validator import ValidatorConfig
+from prime_rl.devices import choose_device
 from prime_rl.inference.backend import HFBackend
-from prime_rl.inference.taskbook import task_book
+from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.metrics import get_metrics, init_process
 from prime_rl.validator.checks import (
     AssignmentKeyMismatch,
@@ -41,7 +42,6 @@ from prime_rl.validator.checks import (
     GenerationBackend,
     Reason,
     RetryLater,
-    SampleVerdict,
     validate_batch,
 )
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class WorkerLedger:
+class FailureTracker:
     """Cumulative accepted/rejected counts per worker; decides bans."""
 
     ban_failure_rate: float
@@ -110,33 +110,17 @@ def checks_from(
     )
 
 
-def to_wire(verdicts: list[SampleVerdict]) -> list[Verdict]:
-    return [
-        Verdict(
-            sample_index=v.index,
-            accepted=v.accepted,
-            reason=str(v.reason),
-            reward=float(v.reward) if v.reward is not None else 0.0,
-            advantage=float(v.advantage) if v.advantage is not None else 0.0,
-            logprobs=list(v.logprobs) if v.accepted else [],
-        )
-        for v in verdicts
-    ]
-
-
 class Validator:
     """Holds one backend and switches its weights to the version each batch claims."""
 
     def __init__(self, config: RunConfig) -> None:
         self.run = config
         self.cfg: ValidatorConfig = config.validator
-        device = (
-            "cuda"
-            if self.cfg.device == "cuda" or (self.cfg.device == "auto" and torch.cuda.is_available())
-            else "cpu"
-        )
         self.backend = HFBackend(
-            config.model.path, dtype=config.model.dtype, device=device, max_batch_size=self.cfg.max_batch_size
+            config.model.path,
+            dtype=config.model.dtype,
+            device=choose_device(self.cfg.device),
+            max_batch_size=self.cfg.max_batch_size,
         )
         tokenizer = self.backend.tokenizer
         cache = Path(self.cfg.cache_dir or Path(config.run_dir) / "validator" / "policies")
@@ -146,7 +130,7 @@ class Validator:
             self.backend.model.state_dict(),
             keep=config.orchestrator.async_level + 3,
         )
-        self.tasks = task_book(config, tokenizer)
+        self.tasks = run_tasks(config, tokenizer)
         vocab, hidden = self.backend.model.get_output_embeddings().weight.shape
         trusted = run_secrets(config)
         self.checks = checks_from(
@@ -157,7 +141,7 @@ class Validator:
             hidden_size=int(hidden),
         )
         self.client = OrchestratorClient(config.orchestrator.url, admin_token=trusted.admin_token)
-        self.ledger = WorkerLedger(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
+        self.failures = FailureTracker(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
         self.done = 0
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
 
@@ -179,11 +163,19 @@ class Validator:
     def judge(self, batch: PendingBatch, newest_version: int) -> bool:
         """Validate and post one batch; False if it must be retried later."""
         started = time.monotonic()
+        loaded: list[int] = []  # a backend was handed out: the whole batch was prefilled, else none was
+
+        def backend_for(version: int) -> GenerationBackend | None:
+            backend = self.backend_for(version)
+            if backend is not None:
+                loaded.append(version)
+            return backend
+
         try:
             verdicts = validate_batch(
                 batch,
                 tasks=self.tasks,
-                backend_for=self.backend_for,
+                backend_for=backend_for,
                 decode=self.decode,
                 checks=self.checks,
                 newest_version=newest_version,
@@ -192,7 +184,7 @@ class Validator:
             log.warning("batch %s: %s; retrying later", batch.batch_id, exc)
             return False
         try:
-            self.client.post_verdicts(VerdictRequest(batch_id=batch.batch_id, verdicts=to_wire(verdicts)))
+            self.client.post_verdicts(VerdictRequest(batch_id=batch.batch_id, verdicts=verdicts))
         except ClientRequestError as exc:  # e.g. the orchestrator already settled the batch: skip it
             log.warning("verdicts for %s refused: %s", batch.batch_id, exc)
             get_metrics().log(
@@ -205,6 +197,7 @@ class Validator:
             return False
         accepted = sum(v.accepted for v in verdicts)
         rejected = len(verdicts) - accepted
+        rejections = [v for v in verdicts if not v.accepted]
         reasons: dict[str, int] = {}
         for v in verdicts:
             if not v.accepted:
@@ -227,10 +220,12 @@ class Validator:
             accepted=accepted,
             rejected=rejected,
             reasons=reasons,
+            # why, for the first rejections (group mates repeat the first reason; a few suffice)
+            details={str(v.sample_index): f"{v.reason}: {v.detail}" for v in rejections[:4]},
             seconds=time.monotonic() - started,
-            prefilled=sum(v.prefilled for v in verdicts),
+            prefilled=len(verdicts) if loaded else 0,
         )
-        ban = self.ledger.record(batch.worker_id, accepted=accepted, rejected=rejected)
+        ban = self.failures.record(batch.worker_id, accepted=accepted, rejected=rejected)
         if ban is not None:
             try:
                 self.client.ban(batch.worker_id, ban)
@@ -290,4 +285,4 @@ def _exit_cleanly(signum: int, frame: object) -> None:
     raise SystemExit(f"signal {signum}")
 
 
-__all__ = ["Reason", "Validator", "ValidatorConfig", "WorkerLedger", "checks_from", "main", "to_wire"]
+__all__ = ["FailureTracker", "Reason", "Validator", "ValidatorConfig", "checks_from", "main"]

@@ -1,8 +1,8 @@
-"""Policy weights as one ``model.safetensors`` file: written by the trainer, loaded in place elsewhere.
+"""Policy weights as one safetensors file: written by the trainer, loaded in place elsewhere.
 
-The file holds the model's full state dict (no optimizer state) in the dtype the caller asks
-for; it is the unit that shardcast publishes as a policy version. Loading copies tensors into the
-existing parameters (``Tensor.copy_``), so a generation backend keeps its module objects, device
+The file (:data:`prime_rl.weights.layout.POLICY_FILENAME` in a version folder) holds the model's
+full state dict (no optimizer state) in the dtype the caller asks for; it is the unit that
+shardcast publishes as a policy version. Loading copies tensors into the existing parameters (``Tensor.copy_``), so a generation backend keeps its module objects, device
 placement and any compiled graphs across versions (hot reload).
 
 Pitfall: ``safetensors`` refuses tensors that share storage (tied embeddings). ``save_policy``
@@ -11,15 +11,15 @@ writes each storage once under its first name and ``load_policy_into`` restores 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-POLICY_FILENAME = "model.safetensors"
+from prime_rl.durable import atomic_path
+
+__all__ = ["WeightsMismatchError", "load_policy_into", "save_policy"]
 
 
 class WeightsMismatchError(ValueError):
@@ -49,26 +49,18 @@ def save_policy(
     """Write ``state`` (a full, unsharded state dict) to ``path`` atomically.
 
     ``dtype`` casts floating tensors (e.g. ``torch.bfloat16`` for the INTELLECT-2 broadcast);
-    ``None`` keeps each tensor's dtype. The file appears only complete (temp file + rename).
+    ``None`` keeps each tensor's dtype. The file appears only complete, and durably
+    (:func:`prime_rl.durable.atomic_path`).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for name, tensor in _unique_state(state).items():
         tensor = tensor.detach().to("cpu")
         if dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(dtype)
         tensors[name] = tensor.contiguous()
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as temporary:
+        save_file(tensors, temporary, metadata=metadata)
     return path
 
 

@@ -1,8 +1,10 @@
-"""Where policy version ``N`` lives on disk: the folder ``<root>/v<N>/``.
+"""Where policy version ``N`` lives on disk: the file ``<root>/v<N>/model.safetensors``.
 
 The trainer's ``policies/``, every worker's, validator's and evaluator's policy cache use this
-layout; :mod:`prime_rl.weights.store` prunes old versions with it and :mod:`prime_rl.launch.supervisor` deletes
-the transient copies after a run. Torch-free on purpose: the supervisor imports it without torch.
+layout; :mod:`prime_rl.weights.store` prunes old versions with it and
+:mod:`prime_rl.launch.supervisor` deletes the transient copies after a run. Torch-free on purpose:
+the supervisor imports it without torch, and the orchestrator names :data:`POLICY_FILENAME` to
+workers (``StatusResponse.weights_file``).
 
 Parsing is strict: a folder name is a version only if it is exactly what :func:`version_dir`
 writes, ``v`` then ASCII decimal digits without sign, whitespace or leading zeros (``v0``, ``v12``;
@@ -15,7 +17,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["parse_version_dir_name", "version_dir", "version_dirs"]
+__all__ = ["POLICY_FILENAME", "parse_version_dir_name", "policy_file", "version_dir", "version_dirs"]
+
+POLICY_FILENAME = "model.safetensors"
+"""The one file a policy version is (also its file name inside shardcast)."""
 
 _VERSION_DIR = re.compile(r"v(0|[1-9][0-9]*)")
 
@@ -25,6 +30,11 @@ def version_dir(root: str | Path, version: int) -> Path:
     if version < 0:
         raise ValueError(f"policy version must be >= 0, got {version}")
     return Path(root) / f"v{version}"
+
+
+def policy_file(root: str | Path, version: int) -> Path:
+    """The weights file of policy ``version`` under ``root``: ``root / f"v{version}" / POLICY_FILENAME``."""
+    return version_dir(root, version) / POLICY_FILENAME
 
 
 def parse_version_dir_name(name: str) -> int | None:

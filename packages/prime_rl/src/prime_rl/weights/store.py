@@ -1,30 +1,39 @@
 """Policy versions on local disk, fetched through shardcast (workers, validator, evaluator).
 
 Version 0 is the initial model (``model.path``), written once into the cache from the loaded
-model's state dict; version ``N >= 1`` is shardcast version ``N`` (file ``model.safetensors``),
-downloaded with a verified, atomic :class:`shardcast.Client` fetch into
-``<cache_dir>/v<N>/model.safetensors``. A partial download never appears at that path
-(shardcast writes a temp file and renames), so a file there is always complete.
+model's state dict; version ``N >= 1`` is shardcast version ``N`` (file
+:data:`~prime_rl.weights.layout.POLICY_FILENAME`), downloaded with a verified, atomic shardcast
+fetch into ``<cache_dir>/v<N>/``. A partial download never appears at that path (shardcast writes a
+temp file and renames), so a file there is always complete.
 
-``PolicyStore.ensure(version)`` blocks until the file is local; ``newest_available`` asks the
-servers what the newest version is. A :class:`VersionFollower` downloads each new newest version
-in a background thread so generation continues while weights travel; the worker swaps them in
-between batches (hot reload in place).
+Three ways in, one cache:
+
+* ``PolicyStore.ensure(version)`` blocks until that exact version is local (the validator checking
+  a batch, a worker at its async-level gate);
+* ``PolicyStore.wait_for_published(minimum)`` waits until some server holds a version >= minimum
+  and fetches the oldest such (the evaluator, which scores chosen versions);
+* a :class:`VersionFollower` (``shardcast.Follower`` underneath) fetches each new newest version in
+  a background thread, so generation continues while weights travel; the worker swaps them in
+  between batches (hot reload in place).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 import shardcast
-from prime_rl.weights.files import POLICY_FILENAME, save_policy
-from prime_rl.weights.layout import version_dir, version_dirs
+from prime_rl.weights.files import save_policy
+from prime_rl.weights.layout import policy_file, version_dirs
+
+__all__ = ["PolicyStore", "PolicyUnavailable", "VersionFollower"]
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +48,18 @@ class PolicyUnavailable(RuntimeError):
 
 
 class PolicyStore:
-    """Local cache of policy files; ``servers`` are shardcast origin/relay URLs."""
+    """Local cache of policy files; ``servers`` are shardcast origin/relay URLs.
+
+    ``initial_state`` is written as version 0 unless already there; ``None`` leaves version 0 out
+    (a process that keeps the initial weights in memory and never reads them back). The newest
+    ``keep`` fetched versions are kept; version 0 and the version just fetched are never pruned.
+    """
 
     def __init__(
         self,
         servers: Sequence[str],
         cache_dir: str | Path,
-        initial_state: dict[str, torch.Tensor],
+        initial_state: dict[str, torch.Tensor] | None,
         *,
         keep: int = 4,
         deadline_s: float = 600.0,
@@ -55,12 +69,11 @@ class PolicyStore:
         self.keep = keep
         self.deadline_s = deadline_s
         self._lock = threading.Lock()
-        initial = self.path(0)
-        if not initial.is_file():
-            save_policy(initial_state, initial)
+        if initial_state is not None and not self.path(0).is_file():
+            save_policy(initial_state, self.path(0))
 
     def path(self, version: int) -> Path:
-        return version_dir(self.cache_dir, version) / POLICY_FILENAME
+        return policy_file(self.cache_dir, version)
 
     def newest_available(self) -> int:
         """Newest version the servers list (0 if none or unreachable)."""
@@ -99,6 +112,45 @@ class PolicyStore:
             self._prune(version)
         return target
 
+    def wait_for_published(self, minimum: int, *, timeout_s: float, poll_s: float) -> int:
+        """Block until a server holds a complete version >= ``minimum``; fetch the oldest such.
+
+        Returns that version (its file is then :meth:`path`). A version retired between the listing
+        and the fetch is skipped for the next one. Raises :class:`PolicyUnavailable` (permanent)
+        when none appears within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for version in self._complete_at_least(minimum):
+                try:
+                    self.ensure(version)
+                    return version
+                except PolicyUnavailable as exc:
+                    log.debug("policy v%d listed but not fetched: %s", version, exc)
+            if time.monotonic() > deadline:
+                raise PolicyUnavailable(
+                    minimum, f"no version >= {minimum} appeared within {timeout_s:.0f}s", permanent=True
+                )
+            time.sleep(poll_s)
+
+    def _complete_at_least(self, minimum: int) -> list[int]:
+        if self.client is None:
+            return []
+        try:
+            complete = self.client.list_versions().complete
+        except (shardcast.ShardcastError, OSError) as exc:  # servers may not be up yet
+            log.debug("listing versions failed: %s", exc)
+            return []
+        return sorted(version for version in complete if version >= minimum)
+
+    def adopt(self, result: shardcast.FetchResult) -> None:
+        """Take a version another fetcher (the :class:`VersionFollower`) put into the cache folder."""
+        with self._lock:
+            target = self.path(result.version)
+            if result.path != target:  # published under another file name
+                os.replace(result.path, target)
+            self._prune(result.version)
+
     def _prune(self, newest: int) -> None:
         # Version 0 (the initial model) is never pruned: it is written once, not fetched again.
         fetched = [(version, path) for version, path in version_dirs(self.cache_dir).items() if version > 0]
@@ -107,28 +159,60 @@ class PolicyStore:
                 shutil.rmtree(path, ignore_errors=True)
 
 
-class VersionFollower(threading.Thread):
-    """Background thread: every ``poll_s`` seconds, download the newest version if it is new."""
+class VersionFollower:
+    """Fetches each new newest policy version into a :class:`PolicyStore`, in a background thread.
+
+    A ``shardcast.Follower`` does the work: every ``poll_s`` seconds it lists the servers and, when
+    a version newer than the last one it fetched is listed, downloads it into the store's cache
+    folder (the previous version serving as delta base), after which the store prunes old versions
+    and :attr:`newest_local` moves. Fetch errors are logged and retried at the next poll. With no
+    servers configured there is nothing to follow and the follower stays idle.
+    """
 
     def __init__(self, store: PolicyStore, poll_s: float = 1.0) -> None:
-        super().__init__(name="policy-follower", daemon=True)
         self.store = store
-        self.poll_s = poll_s
-        self.newest_local = 0
-        self._stop_event = threading.Event()
+        self._newest = 0
+        self._arrived = threading.Condition()
+        self._thread = (
+            store.client.follower(
+                self._on_fetched,
+                output_dir=store.cache_dir,
+                poll_interval_s=poll_s,
+                keep=None,  # the store prunes: it keeps version 0 and knows the version layout
+                deadline_s=store.deadline_s,
+            )
+            if store.client is not None
+            else None
+        )
 
-    def run(self) -> None:
-        while not self._stop_event.is_set():
-            newest = self.store.newest_available()
-            if newest > self.newest_local:
-                try:
-                    self.store.ensure(newest)
-                    self.newest_local = newest
-                except PolicyUnavailable as exc:
-                    log.warning("follower: %s", exc)
-            self._stop_event.wait(self.poll_s)
+    @property
+    def newest_local(self) -> int:
+        """The newest version this follower has fetched (0 before the first)."""
+        with self._arrived:
+            return self._newest
+
+    def start(self) -> VersionFollower:
+        if self._thread is not None:
+            self._thread.start()
+        return self
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:
-        self._stop_event.set()
-        if self.is_alive() and threading.current_thread() is not self:
-            self.join(timeout=2)  # a daemon thread: a download in flight is simply abandoned
+        """Stop polling; a download in flight is abandoned after 2 s (a daemon thread)."""
+        if self._thread is not None:
+            self._thread.stop(timeout=2)
+
+    def wait_newer(self, than: int, timeout_s: float) -> int:
+        """Block up to ``timeout_s`` until a version newer than ``than`` has arrived; the newest."""
+        with self._arrived:
+            self._arrived.wait_for(lambda: self._newest > than, timeout=timeout_s)
+            return self._newest
+
+    def _on_fetched(self, result: shardcast.FetchResult) -> None:
+        self.store.adopt(result)
+        log.info("fetched policy v%d in the background (%.2fs)", result.version, result.seconds)
+        with self._arrived:
+            self._newest = max(self._newest, result.version)
+            self._arrived.notify_all()

@@ -28,7 +28,6 @@ Other members of a rejected sample's group get ``group_rejected``.
 
 from __future__ import annotations
 
-import base64
 import copy
 import os
 import random
@@ -242,8 +241,7 @@ def _inflate(batch: RolloutBatch) -> RolloutBatch:
 def _garble(batch: RolloutBatch) -> RolloutBatch:
     samples = []
     for s in batch.samples:
-        size = len(base64.b64decode(s.proofs))
-        samples.append(s.model_copy(update={"proofs": base64.b64encode(os.urandom(size)).decode("ascii")}))
+        samples.append(s.model_copy(update={"proofs": os.urandom(len(s.proofs))}))
     return batch.model_copy(update={"samples": samples})
 
 

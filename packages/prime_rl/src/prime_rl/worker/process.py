@@ -3,9 +3,9 @@
 Loop (``prime-rl worker --config FILE [--workers.behaviour NAME]``):
 
 1. register with the orchestrator (``POST /workers/register``);
-2. a background :class:`~prime_rl.weights.store.VersionFollower` downloads every new policy
-   version through shardcast while generation continues; between batches the worker hot-reloads
-   the newest downloaded version in place (``HFBackend.load_weights``);
+2. a background :class:`~prime_rl.weights.store.VersionFollower` (``shardcast.Follower``)
+   downloads every new policy version while generation continues; between batches the worker
+   hot-reloads the newest downloaded version in place (``HFBackend.load_weights``);
 3. ``GET /tasks`` -> a lease; if the held version is below the lease's ``min_policy_version``
    (``step - async_level``) the worker first waits for a newer version, so it never generates with
    a policy older than the async bound;
@@ -32,8 +32,9 @@ import torch
 import toploc
 from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
 from prime_rl.config.worker import WorkerConfig
+from prime_rl.devices import choose_device
 from prime_rl.inference.backend import GenerationError, HFBackend
-from prime_rl.inference.taskbook import task_book
+from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.metrics import get_metrics, init_process
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable, VersionFollower
 from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, HostileWorker, garbage_body
@@ -54,18 +55,16 @@ class Worker:
         if self.cfg.behaviour not in BEHAVIOURS:
             raise ValueError(f"unknown workers.behaviour {self.cfg.behaviour!r}; choose from {BEHAVIOURS}")
         self.name = name
-        device = (
-            "cuda"
-            if self.cfg.device == "cuda" or (self.cfg.device == "auto" and torch.cuda.is_available())
-            else "cpu"
-        )
         self.backend = HFBackend(
-            config.model.path, dtype=config.model.dtype, device=device, max_batch_size=self.cfg.batch_size
+            config.model.path,
+            dtype=config.model.dtype,
+            device=choose_device(self.cfg.device),
+            max_batch_size=self.cfg.batch_size,
         )
         cache = Path(self.cfg.cache_dir or Path(config.run_dir) / name / "policies")
         self.store = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
         self.follower = VersionFollower(self.store, poll_s=self.cfg.weights_poll_s)
-        self.tasks = task_book(config, self.backend.tokenizer)
+        self.tasks = run_tasks(config, self.backend.tokenizer)
         self.client = OrchestratorClient(
             config.orchestrator.url, registration_token=config.orchestrator.registration_token
         )
@@ -106,14 +105,25 @@ class Worker:
             )
 
     def wait_for_version(self, minimum: int) -> None:
-        """Block until a version >= ``minimum`` is loaded (the async-level gate)."""
+        """Block until a version >= ``minimum`` is loaded (the async-level gate).
+
+        It loads the newest version the orchestrator has committed. When that is also the newest
+        published one, the follower is fetching it already: wait for the follower rather than
+        download the same file twice. An older one (the follower only fetches the newest) is
+        fetched here.
+        """
         if self.backend.policy_version >= minimum:
             return
         started = time.monotonic()
         log.info("waiting for policy >= v%d (holding v%d)", minimum, self.backend.policy_version)
         while not self.stop_event.is_set():
             try:
-                newest = max(minimum, min(self.store.newest_available(), self.client.status().policy_version))
+                published = self.store.newest_available()
+                newest = max(minimum, min(published, self.client.status().policy_version))
+                fetching = newest == published and self.follower.newest_local < newest
+                if fetching and self.follower.is_alive() and not self.store.path(newest).is_file():
+                    self.follower.wait_newer(newest - 1, timeout_s=self.cfg.weights_poll_s)
+                    continue
                 path = self.store.ensure(newest)
             except PolicyUnavailable as exc:
                 log.debug("policy not ready: %s", exc)

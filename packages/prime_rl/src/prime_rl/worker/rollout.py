@@ -6,7 +6,6 @@ The validator re-derives every field built here; see :mod:`prime_rl.validator.ch
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -78,7 +77,7 @@ def to_samples(
             temperature=float(temperature),
             reward=float(r),
             advantage=float(a),
-            proofs=base64.b64encode(c.proofs).decode("ascii"),
+            proofs=c.proofs,
             inference_logprobs=[float(x) for x in c.logprobs],
         )
         for g, (c, r, a) in enumerate(zip(completions, rewards, advantages, strict=True))

@@ -1,7 +1,7 @@
 """The run's tasks as workers and the validator use them: prompt tokens and verifiers rewards.
 
 Wraps CONTROL's :class:`prime_rl.tasks.TaskSet` (the same task ids the orchestrator leases) with
-the model tokenizer, implementing :class:`prime_rl.validator.checks.TaskBook`. Both sides tokenise with
+the model tokenizer, implementing :class:`prime_rl.validator.checks.TaskScorer`. Both sides tokenise with
 :func:`prime_rl.tasks.encode_prompt` and score with ``verifiers.verify(task, text).reward``, so an
 honest worker's claims match the validator's recomputation exactly.
 """
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 class RunTasks:
-    """``TaskBook`` over a ``TaskSet``; ``score`` defaults to ``verifiers.verify``."""
+    """``TaskScorer`` over a ``TaskSet``; ``score`` defaults to ``verifiers.verify``."""
 
     def __init__(
         self, task_set: TaskSet, tokenizer: Any, *, length_mode: str = "exact", length_alpha: float = 0.0003
@@ -55,7 +55,7 @@ class RunTasks:
         )
 
 
-def task_book(config: RunConfig, tokenizer: Any) -> RunTasks:
+def run_tasks(config: RunConfig, tokenizer: Any) -> RunTasks:
     """The run's tasks (``[tasks]``) with this model's tokenizer."""
     mode = config.tasks.length_reward
     return RunTasks(

@@ -21,16 +21,13 @@ over ranks, multiply the global normaliser's effect back by ``world_size`` (i.e.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import torch
 
-from grpo.errors import InvalidParameterError, as_bool_mask, check_2d, check_finite_param
+from grpo.errors import InvalidParameterError, check_positive
+from grpo.recipes import AGGREGATION_MODES, AggregationMode
+from grpo.tensor_checks import as_bool_mask, check_2d
 
 __all__ = ["AGGREGATION_MODES", "AggregationMode", "aggregate"]
-
-AggregationMode = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant"]
-AGGREGATION_MODES: tuple[str, ...] = get_args(AggregationMode)
 
 
 def _normaliser(name: str, value: float | None, local: torch.Tensor) -> torch.Tensor | float:
@@ -38,9 +35,7 @@ def _normaliser(name: str, value: float | None, local: torch.Tensor) -> torch.Te
         return local.clamp(min=1)  # an all-masked micro-batch contributes 0, not NaN
     if isinstance(value, torch.Tensor):
         value = float(value)
-    check_finite_param(name, value)
-    if value <= 0:
-        raise InvalidParameterError(f"{name} must be > 0, got {value}")
+    check_positive(name, value)
     return value
 
 
@@ -89,8 +84,6 @@ def aggregate(
                 "mode 'constant' needs constant= (e.g. max_completion_length for Dr.GRPO, "
                 "the packed sequence length for INTELLECT-2)"
             )
-        check_finite_param("constant", constant)
-        if constant <= 0:
-            raise InvalidParameterError(f"constant must be > 0, got {constant}")
+        check_positive("constant", constant)
         return masked.sum() / (_normaliser("num_seqs", num_seqs, local_seqs) * constant)
     raise InvalidParameterError(f"unknown aggregation mode {mode!r}; choose one of {AGGREGATION_MODES}")
