@@ -193,6 +193,10 @@ def _batch(lease: Any, version: int = 0) -> RolloutBatch:
     )  # fmt: skip
 
 
+def _submit(ledger: Ledger, worker: Any, batch: RolloutBatch) -> Any:
+    return ledger.submit(worker, batch, hashlib.sha256(batch.model_dump_json().encode()).hexdigest())
+
+
 def _accept(ledger: Ledger, batch_id: str, logprobs: list[float] | None = None) -> None:
     n = len(ledger.batches[batch_id].task_ids)
     verdicts = [
@@ -226,7 +230,7 @@ def test_abandoned_leases_lower_the_allowance_then_ban(config_for: Any) -> None:
     # An honest worker that answers its leases keeps its full allowance and is never banned.
     honest = ledger.workers[ledger.register("answers").worker_id]
     for _ in range(10):
-        ledger.submit(honest, _batch(ledger.lease(honest, None, None)))
+        _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))
         clock.now += 11
         ledger.expire_leases()
     assert ledger.lease_allowance(honest.worker_id) == 4 and not honest.banned
@@ -238,7 +242,7 @@ def test_an_occasional_lost_lease_is_tolerated(config_for: Any) -> None:
     for index in range(20):
         lease = ledger.lease(worker, None, None)
         if index % 8 != 7:  # loses 2 of 20 leases (a restart, a network blip)
-            ledger.submit(worker, _batch(lease))
+            _submit(ledger, worker, _batch(lease))
         clock.now += 11
         ledger.expire_leases()
     assert not worker.banned and ledger.leases.expired(worker.worker_id) == 2
@@ -268,13 +272,13 @@ def test_hoarded_leases_never_stop_others_from_leasing(config_for: Any) -> None:
         for _ in range(4):
             ledger.lease(hoarder, None, None, f"10.0.0.{i}")
     honest = ledger.workers[ledger.register("honest").worker_id]
-    first = ledger.submit(honest, _batch(ledger.lease(honest, None, None)))
-    ledger.submit(honest, _batch(ledger.lease(honest, None, None)))  # 8 answered samples buffered
+    first = _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))
+    _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))  # 8 answered samples buffered
     _accept(ledger, first.batch_id)
     assert ledger.buffered_samples() == 8
-    ledger.submit(honest, _batch(ledger.lease(honest, None, None)))
-    ledger.submit(honest, _batch(ledger.lease(honest, None, None)))
-    ledger.submit(honest, _batch(ledger.lease(honest, None, None)))  # 16 answered samples < 20: leased
+    _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))
+    _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))
+    _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))  # 16 answered samples < 20: leased
     with pytest.raises(ApiFailure) as busy:  # 20 answered samples: answered work is what fills the buffer
         ledger.lease(honest, None, None)
     assert busy.value.status == 429
@@ -284,8 +288,8 @@ def test_the_trainer_gets_the_validators_values_and_nothing_from_banned_workers(
     ledger, _ = _ledger(config_for)
     good = ledger.workers[ledger.register("good").worker_id]
     bad = ledger.workers[ledger.register("bad").worker_id]
-    good_batch = ledger.submit(good, _batch(ledger.lease(good, None, None)))
-    bad_batch = ledger.submit(bad, _batch(ledger.lease(bad, None, None)))
+    good_batch = _submit(ledger, good, _batch(ledger.lease(good, None, None)))
+    bad_batch = _submit(ledger, bad, _batch(ledger.lease(bad, None, None)))
     with pytest.raises(ApiFailure) as incomplete:  # accepted without the validator's log-probs: refused
         _accept(ledger, good_batch.batch_id, logprobs=[-0.25])
     assert incomplete.value.status == 400 and "log-probs" in incomplete.value.message
