@@ -33,6 +33,7 @@ from prime_rl.api.protocol import (
 )
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
+from prime_rl.orchestrator.claims import select_claim
 from prime_rl.orchestrator.records import batch_rows, rollout_samples, train_samples
 from prime_rl.orchestrator.store import BatchMeta, RolloutStore
 
@@ -162,6 +163,27 @@ class BatchBook(Mapping[str, StoredBatch]):
         return SubmitResponse(batch_id=batch_id, num_samples=len(samples), duplicate=False)
 
     # ------------------------------------------------------------------ validation
+
+    def buffered(self, min_policy_version: int, excluded: frozenset[str], filter_zero_advantage: bool) -> int:
+        """Samples that may still reach the trainer: fresh batches awaiting validation and accepted
+        samples the next claim could take (fresh, unclaimed, informative if the trainer filters
+        zero-advantage groups), of workers not in ``excluded`` (banned). Rejected, stale and
+        uninformative samples do not count, so a full buffer always drains (pitfall: counting them
+        deadlocked backpressure); nor do open leases (pitfall: counting them let a few identities
+        that take leases and never answer starve every honest worker)."""
+        fresh = [
+            b
+            for b in self._batches.values()
+            if b.policy_version >= min_policy_version and b.worker_id not in excluded
+        ]
+        pending = sum(len(b.task_ids) for b in fresh if b.verdicts is None)
+        claimable = select_claim(
+            fresh,
+            min_policy_version=min_policy_version,
+            min_samples=1 << 62,
+            filter_zero_advantage=filter_zero_advantage,
+        )
+        return pending + claimable.available
 
     def waiting(self) -> list[StoredBatch]:
         """Batches awaiting verdicts, in submission order."""

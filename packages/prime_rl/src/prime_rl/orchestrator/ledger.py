@@ -30,7 +30,6 @@ and log-probs, and a worker that was not banned when the claim was made.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +52,6 @@ from prime_rl.api.protocol import (
     VerdictRequest,
     VerdictResponse,
     WorkersResponse,
-    WorkerStats,
 )
 from prime_rl.api.secrets import RunSecrets, run_secrets
 from prime_rl.config import RunConfig
@@ -178,30 +176,7 @@ class Ledger:
 
     def workers_view(self) -> WorkersResponse:
         counts, reasons = self.batches.sample_counts()
-        stats = []
-        for w in self.workers.values():
-            count = counts.get(w.worker_id, Counter())
-            stats.append(
-                WorkerStats(
-                    worker_id=w.worker_id,
-                    name=w.name,
-                    banned=w.banned,
-                    ban_reason=w.ban_reason,
-                    registered_at=w.registered_at,
-                    last_seen=w.last_seen,
-                    leases_issued=self.leases.issued(w.worker_id),
-                    leases_expired=self.leases.expired(w.worker_id),
-                    batches_submitted=count["batches"],
-                    samples_submitted=count["samples"],
-                    samples_accepted=count["accepted"],
-                    samples_rejected=count["rejected"],
-                    samples_pending=count["pending"],
-                    samples_expired=count["expired"],
-                    malformed_requests=w.malformed,
-                    rejected_reasons=dict(reasons.get(w.worker_id, Counter())),
-                )
-            )
-        return WorkersResponse(workers=stats)
+        return self.workers.stats(counts, reasons, leases=lambda w: (self.leases.issued(w), self.leases.expired(w)))
 
     # ------------------------------------------------------------------ status and leases
 
@@ -234,27 +209,10 @@ class Ledger:
         return frozenset(w.worker_id for w in self.workers.values() if w.banned)
 
     def buffered_samples(self) -> int:
-        """Answered samples that may still reach the trainer: fresh batches awaiting validation and
-        accepted samples the next claim could take (fresh, unclaimed, of unbanned workers,
-        informative if the trainer filters zero-advantage groups). Rejected, stale and
-        uninformative samples do not count, so a full buffer always drains (pitfall: counting them
-        deadlocked backpressure); nor do open leases, so identities that take leases and never
-        answer cannot stop anyone else from getting leases (pitfall: counting them let a few
-        hoarders starve every honest worker)."""
-        banned = self.banned_workers()
-        fresh = [
-            b
-            for b in self.batches.values()
-            if b.policy_version >= self.min_policy_version and b.worker_id not in banned
-        ]
-        total = sum(len(b.task_ids) for b in fresh if b.verdicts is None)
-        claimable = select_claim(
-            fresh,
-            min_policy_version=self.min_policy_version,
-            min_samples=1 << 62,
-            filter_zero_advantage=self.config.trainer.filter_zero_advantage,
+        """Answered samples that may still reach the trainer (``BatchBook.buffered``; open leases never count)."""
+        return self.batches.buffered(
+            self.min_policy_version, self.banned_workers(), self.config.trainer.filter_zero_advantage
         )
-        return total + claimable.available
 
     def expire_leases(self) -> int:
         """Mark unanswered leases past their deadline expired, queue their tasks for reassignment, and

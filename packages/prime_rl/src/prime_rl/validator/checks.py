@@ -46,7 +46,6 @@ import torch
 import grpo
 import toploc
 from prime_rl.api import assignment
-from prime_rl.api.assignment import AssignmentError
 from prime_rl.api.fields import MAX_DETAIL_CHARS
 from prime_rl.api.protocol import PendingBatch, RolloutSample, Verdict
 from prime_rl.inference.backend import (
@@ -57,7 +56,13 @@ from prime_rl.inference.backend import (
     token_logprobs,
     verify_proofs,
 )
-from prime_rl.validator.structure import lease_coverage, proof_problem, termination_problem
+from prime_rl.validator.structure import (
+    AssignmentKeyMismatch,
+    coverage_problems,
+    lease_problem,
+    proof_problem,
+    termination_problem,
+)
 
 
 class Reason(enum.StrEnum):
@@ -89,12 +94,6 @@ class Reason(enum.StrEnum):
 
 class RetryLater(Exception):
     """Raised by ``backend_for`` when a version cannot be loaded *now*; ``validate_batch`` re-raises it."""
-
-
-class AssignmentKeyMismatch(Exception):
-    """A lease the orchestrator issued does not match this validator's recomputation (or cannot be
-    recomputed): the two hold different assignment keys or task sets, or this one has no key.
-    Judging would reject honest work, so ``validate_batch`` raises this instead."""
 
 
 class TaskScorer(Protocol):
@@ -247,46 +246,18 @@ def _batch_checks(
     if version > newest:
         for p in pending:
             p.reject(Reason.FUTURE_POLICY, f"policy {version} is newer than the newest version {newest}")
-    lease = batch.lease
-    problem = ""
-    if lease is None:
-        problem = "no lease was issued for this batch"
-    elif (lease.worker_id, lease.step, lease.batch_index) != (batch.worker_id, batch.step, batch.batch_index):
-        problem = "the lease belongs to another batch"
-    else:
-        try:
-            expected = assignment.task_ids(
-                key=checks.assignment_key,
-                worker_id=lease.source_worker_id,
-                step=lease.source_step,
-                batch_index=lease.source_batch_index,
-                num_tasks=tasks.num_tasks,
-                prompts_per_batch=checks.prompts_per_batch,
-            )
-        except AssignmentError as exc:  # the lease is the orchestrator's record: a configuration problem
-            raise AssignmentKeyMismatch(f"cannot recompute the orchestrator's lease: {exc}") from exc
-        if tuple(lease.task_ids) != expected:  # the orchestrator's record, not the worker's claim
-            raise AssignmentKeyMismatch(
-                f"lease {lease.source_worker_id}/s{lease.source_step}/b{lease.source_batch_index} has tasks "
-                f"{lease.task_ids}, recomputed {list(expected)}: give the orchestrator and this validator "
-                "the same orchestrator.assignment_secret and [tasks]"
-            )
-    if problem:
+    problem = lease_problem(
+        batch, key=checks.assignment_key, num_tasks=tasks.num_tasks, prompts_per_batch=checks.prompts_per_batch
+    )
+    if problem is not None:
         for p in pending:
             p.reject(Reason.UNASSIGNED_TASK, problem)
         return
-    assert lease is not None
-    coverage = lease_coverage(
-        [(p.sample.task_id, p.sample.group_index) for p in pending], lease.task_ids, checks.group_size
-    )
-    for p in pending:
-        if p.sample.task_id not in lease.task_ids:
-            p.reject(Reason.UNASSIGNED_TASK, f"task {p.sample.task_id} is not in the lease")
-        elif coverage.missing_tasks:
-            p.reject(Reason.INCOMPLETE_LEASE, f"no samples for lease tasks {list(coverage.missing_tasks)}")
-        elif p.sample.task_id in coverage.bad_groups:
-            indices = coverage.bad_groups[p.sample.task_id]
-            p.reject(Reason.GROUP_INCOMPLETE, f"task {p.sample.task_id}: group indices {list(indices[:16])}")
+    assert batch.lease is not None
+    samples = [(p.sample.task_id, p.sample.group_index) for p in pending]
+    for p, found in zip(pending, coverage_problems(samples, batch.lease.task_ids, checks.group_size), strict=True):
+        if found is not None:
+            p.reject(Reason(found[0]), found[1])
 
 
 def _sample_checks(

@@ -4,7 +4,11 @@ A prefill costs seconds per batch on a real model; these cost microseconds and n
 batch that fails any of them is rejected whole before any prefill (``checks.validate_batch``), so
 a worker cannot make the validator burn compute with content it could have checked itself.
 
-* :func:`lease_coverage`: the batch answers every task of its lease with exactly ``group_size``
+* :func:`lease_problem`: the batch answers a lease the orchestrator issued for it, whose tasks this
+  validator recomputes with the run's assignment key (when it cannot, the validator's key or task
+  set differs from the orchestrator's: :class:`AssignmentKeyMismatch`, a configuration error that
+  must stop the validator rather than reject honest work).
+* :func:`lease_coverage` / :func:`coverage_problems`: the batch answers every task of its lease with exactly ``group_size``
   completions (group indices ``0 .. group_size - 1`` once each), nothing missing, nothing extra.
   Answering only some prompts of a lease ("half a lease") would let a worker keep the prompts it
   did well on; the validator accepts a lease whole or not at all.
@@ -27,10 +31,55 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import toploc
+from prime_rl.api import assignment
+from prime_rl.api.protocol import PendingBatch
 from prime_rl.inference.backend import PROOF_CHUNK
 from toploc.wire import decode_proofs
 
-__all__ = ["Coverage", "lease_coverage", "proof_problem", "termination_problem"]
+__all__ = [
+    "AssignmentKeyMismatch",
+    "Coverage",
+    "coverage_problems",
+    "lease_coverage",
+    "lease_problem",
+    "proof_problem",
+    "termination_problem",
+]
+
+
+class AssignmentKeyMismatch(Exception):
+    """A lease the orchestrator issued does not match this validator's recomputation (or cannot be
+    recomputed): the two hold different assignment keys or task sets, or this one has no key.
+    Judging would reject honest work, so ``validate_batch`` raises this instead."""
+
+
+def lease_problem(batch: PendingBatch, *, key: bytes, num_tasks: int, prompts_per_batch: int) -> str | None:
+    """None if ``batch`` answers the lease the orchestrator issued for it, else why not (the worker's
+    doing: no lease, or another batch's). Raises ``AssignmentKeyMismatch`` when the orchestrator's
+    own lease record does not reproduce under ``key`` (the record is trusted; the key is wrong)."""
+    lease = batch.lease
+    if lease is None:
+        return "no lease was issued for this batch"
+    if (lease.worker_id, lease.step, lease.batch_index) != (batch.worker_id, batch.step, batch.batch_index):
+        return "the lease belongs to another batch"
+    try:
+        expected = assignment.task_ids(
+            key=key,
+            worker_id=lease.source_worker_id,
+            step=lease.source_step,
+            batch_index=lease.source_batch_index,
+            num_tasks=num_tasks,
+            prompts_per_batch=prompts_per_batch,
+        )
+    except assignment.AssignmentError as exc:
+        raise AssignmentKeyMismatch(f"cannot recompute the orchestrator's lease: {exc}") from exc
+    if tuple(lease.task_ids) != expected:
+        raise AssignmentKeyMismatch(
+            f"lease {lease.source_worker_id}/s{lease.source_step}/b{lease.source_batch_index} has tasks "
+            f"{lease.task_ids}, recomputed {list(expected)}: give the orchestrator and this validator "
+            "the same orchestrator.assignment_secret and [tasks]"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -66,6 +115,27 @@ def lease_coverage(
     expected = list(range(group_size))
     bad = {task: tuple(sorted(found)) for task, found in indices.items() if sorted(found) != expected}
     return Coverage(missing, bad)
+
+
+def coverage_problems(
+    samples: Sequence[tuple[int, int]], lease_task_ids: Collection[int], group_size: int
+) -> list[tuple[str, str] | None]:
+    """Per sample (``(task_id, group_index)``): None, or ``(reason code, detail)`` with the code
+    ``not_assigned`` (a task outside the lease), ``incomplete_lease`` (some lease task has no sample:
+    every sample of the batch) or ``group_incomplete`` (its group's indices are not ``0..G-1``)."""
+    coverage = lease_coverage(samples, lease_task_ids, group_size)
+    problems: list[tuple[str, str] | None] = []
+    for task_id, _ in samples:
+        if task_id not in lease_task_ids:
+            problems.append(("not_assigned", f"task {task_id} is not in the lease"))
+        elif coverage.missing_tasks:
+            problems.append(("incomplete_lease", f"no samples for lease tasks {list(coverage.missing_tasks)}"))
+        elif task_id in coverage.bad_groups:
+            indices = list(coverage.bad_groups[task_id][:16])
+            problems.append(("group_incomplete", f"task {task_id}: group indices {indices}"))
+        else:
+            problems.append(None)
+    return problems
 
 
 def termination_problem(
