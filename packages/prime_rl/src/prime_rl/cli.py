@@ -13,7 +13,8 @@ never imports torch):
   run           all of the above on this machine (prime_rl.launch.supervisor)
 
 ``--print-config`` prints the resolved configuration as JSON and exits. Exit codes: the role's
-own, 2 for a bad command line or configuration.
+own, 2 for a bad command line or configuration (including a ``[components]`` path the role cannot
+import, found when the role starts).
 """
 
 from __future__ import annotations
@@ -84,7 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         kwargs["config_path"] = args.config
     if "overrides" in parameters:
         kwargs["overrides"] = list(overrides)
-    code = entry(config, **kwargs)
+    try:
+        code = entry(config, **kwargs)
+    except ConfigError as error:  # e.g. a [components] import path the role cannot import
+        print(f"prime-rl {args.role}: {error}", file=sys.stderr)
+        return 2
     return int(code or 0)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prime_rl.config.components import ComponentsConfig
 from prime_rl.config.evaluator import EvaluatorConfig
 from prime_rl.config.sections import (
     ModelConfig,
@@ -58,6 +59,11 @@ class RunConfig(BaseModel):
     )
     evaluator: EvaluatorConfig = Field(
         default_factory=lambda: EvaluatorConfig(), description="Held-out evaluator (prime_rl.evaluator)."
+    )
+
+    components: ComponentsConfig = Field(
+        default_factory=lambda: ComponentsConfig(),
+        description="The reward and the loss by import path (examples/intellect2.py sets both).",
     )
 
     @property

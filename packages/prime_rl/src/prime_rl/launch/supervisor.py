@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -104,7 +105,10 @@ class Supervisor:
         metrics: MetricsWriter,
         *,
         progress_every_s: float = 2.0,
+        on_progress: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_progress(line)`` gets the run's status line every ``progress_every_s`` seconds and once
+        at the end (default: a one-line ticker on stdout, rewritten in place on a terminal)."""
         self.config = config
         self.config_path = config_path
         self.overrides = overrides
@@ -114,6 +118,7 @@ class Supervisor:
         self.children: list[_Child] = []
         self._stopping = False
         self._tty = sys.stdout.isatty()
+        self.on_progress = on_progress if on_progress is not None else self._show
 
     def _argv(self, spec: ChildSpec) -> list[str]:
         argv = [sys.executable, "-m", "prime_rl.cli", spec.role, "--name", spec.name]
@@ -243,11 +248,11 @@ class Supervisor:
             if trainer_done_at is not None:
                 evaluator = [c for c in self.children if c.spec.role == "evaluator" and c.exit_code is None]
                 if not evaluator or time.monotonic() - trainer_done_at > EVALUATOR_GRACE_S:
-                    self._show(self.progress_line(client))
+                    self.on_progress(self.progress_line(client))
                     return 0
             if time.monotonic() - last_progress >= self.progress_every_s:
                 last_progress = time.monotonic()
-                self._show(self.progress_line(client))
+                self.on_progress(self.progress_line(client))
             time.sleep(0.25)
 
 
