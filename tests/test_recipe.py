@@ -184,3 +184,37 @@ def test_step_printer_prints_each_committed_step_once(tmp_path: Path, capsys: py
     trainer.close()
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and out.startswith("step 1/2 | reward 0.50 |"), out
+
+
+def test_run_local_finishes_its_clean_stop_through_a_second_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    """`timeout make run` sends SIGTERM to the recipe twice (to the process group, and forwarded by
+    make): the second one must not cut the clean stop short (children left running, no report)."""
+    import os
+    import signal
+    import time
+
+    from prime_rl.launch import local
+
+    stopped = []
+
+    def run(self: object) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)  # the first SIGTERM ends the run ...
+        time.sleep(30)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    def stop_all(self: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # ... and a second one arrives while the children stop
+        stopped.append(True)
+
+    monkeypatch.setattr(local.Supervisor, "run", run)
+    monkeypatch.setattr(local.Supervisor, "stop_all", stop_all)
+    before = signal.getsignal(signal.SIGTERM)
+    config = load_config(None, ["--run_dir", str(tmp_path / "run"), "--model.path", str(tmp_path)])
+    assert local.run_local(config, None, [], components={}, keep_ports=True) == 143
+    assert stopped == [True]
+    assert signal.getsignal(signal.SIGTERM) is before
+    (run_dir,) = tmp_path.glob("run-*")
+    assert (run_dir / "summary.txt").is_file() and (run_dir / "report.png").is_file()
+    assert "(exit code 143)" in capsys.readouterr().out

@@ -95,7 +95,7 @@ def run_local(
     supervisor = Supervisor(
         config, config_path, overrides, metrics, progress_every_s=2.0, on_progress=StepPrinter(config)
     )
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     code = 1
     try:
         code = supervisor.run()
@@ -104,13 +104,23 @@ def run_local(
     except SystemExit as stop:  # SIGTERM
         code = int(stop.code or 143)
     finally:
-        supervisor.stop_all()
-        metrics.log("shutdown", code=code)
-        _, text = write_report(config.run_dir)
-        print(f"\n{text}\ntotal wall time {time.monotonic() - started:.0f}s (exit code {code})")
-        if code == 0 and not keep_weights:
-            freed = remove_weight_copies(config)
-            print(
-                f"removed {freed / 2**30:.1f} GiB of per-process weight copies (final policy and checkpoints kept)"
-            )
+        # A second signal must not abort the clean stop: `timeout make run` signals the whole process
+        # group and make forwards the signal as well, so this process gets SIGTERM twice.
+        handlers = {
+            signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)
+        }
+        handlers[signal.SIGTERM] = previous
+        try:
+            supervisor.stop_all()
+            metrics.log("shutdown", code=code)
+            _, text = write_report(config.run_dir)
+            print(f"\n{text}\ntotal wall time {time.monotonic() - started:.0f}s (exit code {code})")
+            if code == 0 and not keep_weights:
+                freed = remove_weight_copies(config)
+                print(
+                    f"removed {freed / 2**30:.1f} GiB of per-process weight copies (final policy and checkpoints kept)"
+                )
+        finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
     return code
