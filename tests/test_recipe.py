@@ -14,7 +14,7 @@ import pytest
 
 import grpo
 import verifiers
-from prime_rl.config import ComponentsConfig, ConfigError, RunConfig, load_component, load_config
+from prime_rl.config import ComponentsConfig, ConfigError, load_component, load_config
 from prime_rl.inference.run_tasks import LengthBudget, default_reward, load_reward, run_tasks
 from prime_rl.trainer.process import build_loss
 

@@ -3,10 +3,9 @@
 Owns: the typed sections (``sections.py`` for the shared ones, one module per role's section),
 ``RunConfig`` composed from them by plain imports (``run.py``), the TOML + ``--section.key
 value`` loader (``loader.py``) and the ``[components]`` import paths with their loader
-(``components.py``; a component is imported only when the role that uses it asks). May import:
-pydantic, the standard library and ``grpo.recipes`` (the loss as torch-free plain data) only;
-never a role room, never torch. Every other room may
-import it.
+(``components.py``; a component is imported only when the role that uses it asks).
+May import: pydantic, the standard library and ``grpo.recipes`` (the loss as torch-free plain
+data) only; never a role room, never torch. Every other room may import it.
 """
 
 from prime_rl.config.base import ConfigError, Section

@@ -83,8 +83,8 @@ class ComponentsConfig(Section):
     )
     loss: str = Field(
         default="",
-        description="A grpo.Loss or grpo.LossConfig the trainer uses ('' = the [trainer] recipe and overrides; "
-        "when set it replaces them).",
+        description="A grpo.Loss or grpo.LossConfig the trainer uses ('' = [trainer.loss]; when set it replaces "
+        "[trainer.loss], and the trainer logs a warning if the two differ).",
     )
 
     @field_validator("reward", "loss")

