@@ -13,6 +13,7 @@ from conftest import files_equal, wait_until, write_random  # type: ignore[impor
 from shardcast import (
     Client,
     DeadlineExceededError,
+    Follower,
     HmacKey,
     IntegrityError,
     ManifestError,
@@ -210,9 +211,7 @@ def test_follower_hot_reload(origin_factory, tmp_path: Path) -> None:  # type: i
     model = write_random(tmp_path / "model.bin", 300_000, seed=7)
     origin.publish(model)
     seen = []
-    follower = Client([origin.url]).follower(
-        seen.append, output_dir=tmp_path / "ckpt", poll_interval_s=0.05, keep=1
-    )
+    follower = Follower(Client([origin.url]), seen.append, output_dir=tmp_path / "ckpt", poll_interval_s=0.05, keep=1)
     follower.start()
     try:
         wait_until(lambda: len(seen) == 1, what="v1")

@@ -1,12 +1,12 @@
-"""The client: list versions, fetch one verified and atomically, or follow the newest.
+"""The client: list the versions servers offer, fetch one verified and atomically.
 
-Typical use (an inference worker hot-reloading weights)::
+Typical use::
 
     client = Client(["http://relay-a:8000", "http://relay-b:8000"])
     result = client.fetch("latest", "/ckpt/model.safetensors")
-    follower = client.follower(lambda r: reload_weights(r.path), output_dir="/ckpt").start()
-    ...
-    follower.stop()
+
+Following the newest version (hot reloads) is :class:`shardcast.follower.Follower`'s job,
+built on a client; the client itself knows nothing about following.
 
 Synchronous methods run a private event loop (``asyncio.run``); inside async code use the
 ``a``-prefixed coroutines.
@@ -17,32 +17,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import aiohttp
 
 from .digest import digest_file
-from .errors import NoServerAvailableError, VersionNotFoundError
+from .errors import ManifestError, NoServerAvailableError, VersionNotFoundError
 from .layout import Index, shard_url_path
 from .manifest import Manifest
 from .planning import MAX_SHARDS
-from .remote import VersionTracker, fetch_index, first_valid_manifest, make_session, normalise_url
+from .progress import DEFAULT_DEADLINE_S, DEFAULT_STALL_TIMEOUT_S, ProgressCallback
+from .remote import (
+    ServerError,
+    VersionTracker,
+    fetch_index,
+    first_valid_manifest,
+    make_session,
+    normalise_url,
+)
 from .servers import ServerPool, ServerReport
 from .signing import VerifyKey
 from .sinks import OutputSink
-from .transfer import ProgressCallback, RateLimiter, ShardJob, Transfer
-
-if TYPE_CHECKING:
-    from .follower import Follower
+from .transfer import RateLimiter, ShardJob, Transfer
 
 log = logging.getLogger("shardcast.client")
 
-DEFAULT_DEADLINE_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,11 @@ class FetchResult:
 
 @dataclass(frozen=True)
 class VersionListing:
-    """Versions offered by the reachable servers: ``{version: [servers]}`` plus errors."""
+    """Versions offered by the reachable servers: ``{version: [servers]}``.
+
+    ``errors`` maps each server that gave no usable index to why, in words that say which
+    case it is: ``"unreachable: ..."`` or ``"corrupt index: ..."``.
+    """
 
     versions: dict[int, list[str]]
     complete: dict[int, list[str]]
@@ -76,7 +82,9 @@ class Client:
     """Downloads versions from a set of origin/relay servers.
 
     Args:
-        servers: base URLs (``http://host:port``; ``host:port`` is accepted).
+        servers: a list of base URLs (``http://host:port``; ``host:port`` is accepted). A
+            single string is refused with a TypeError rather than guessed at (it would
+            otherwise be iterated character by character): write ``Client([url])``.
         token: bearer token sent to every server.
         verify_key: pinned manifest key (:mod:`shardcast.signing`); unsigned manifests are
             then rejected.
@@ -101,6 +109,8 @@ class Client:
         max_bytes_per_second: float | None = None,
         max_shards: int = MAX_SHARDS,
     ) -> None:
+        if isinstance(servers, str | bytes):
+            raise TypeError(f"servers must be a list of URLs, not one string: write Client([{servers!r}])")
         if not servers:
             raise ValueError("Client needs at least one server URL")
         self.servers = list(dict.fromkeys(normalise_url(s) for s in servers))
@@ -130,8 +140,12 @@ class Client:
         for server, result in zip(self.servers, results, strict=True):
             if isinstance(result, Index):
                 indexes[server] = result
+            elif isinstance(result, ManifestError):
+                errors[server] = f"corrupt index: {result}"
+            elif isinstance(result, ServerError):
+                errors[server] = f"unreachable: {result.reason}"
             else:
-                errors[server] = str(result)
+                errors[server] = f"{type(result).__name__}: {result}"
         return indexes, errors
 
     async def alist_versions(self) -> VersionListing:
@@ -151,6 +165,7 @@ class Client:
         output: str | os.PathLike[str] | None = None,
         *,
         deadline_s: float = DEFAULT_DEADLINE_S,
+        stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
         base: str | os.PathLike[str] | None = None,
         progress: ProgressCallback | None = None,
         verify_whole_file: bool = True,
@@ -158,7 +173,9 @@ class Client:
     ) -> FetchResult:
         """Download ``version`` (an int, ``"v7"``, or ``"latest"``) to ``output``.
 
-        ``output`` defaults to the manifest's file name in the current directory. ``base``
+        ``output`` defaults to the manifest's file name in the current directory.
+        ``deadline_s`` bounds the whole download; ``stall_timeout_s`` ends it sooner when no
+        server has answered anything for that long (every server dead or cut off). ``base``
         is the previous version's file; when the manifest carries a delta against exactly
         that file (checked by digest) only the delta shards are downloaded.
         ``verify_whole_file`` (default on) also checks the whole-file digest, hashed while
@@ -174,6 +191,7 @@ class Client:
                 version,
                 output,
                 deadline_s=deadline_s,
+                stall_timeout_s=stall_timeout_s,
                 base=base,
                 progress=progress,
                 verify_whole_file=verify_whole_file,
@@ -187,6 +205,7 @@ class Client:
         output: str | os.PathLike[str] | None = None,
         *,
         deadline_s: float = DEFAULT_DEADLINE_S,
+        stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
         base: str | os.PathLike[str] | None = None,
         progress: ProgressCallback | None = None,
         verify_whole_file: bool = True,
@@ -200,7 +219,7 @@ class Client:
             listing = _listing(indexes, errors)
             if not indexes:
                 raise NoServerAvailableError(
-                    "no server gave a usable index: " + "; ".join(f"{k}: {v}" for k, v in errors.items())
+                    "no server gave a usable index: " + "; ".join(f"{k} {v}" for k, v in errors.items())
                 )
             number = _resolve(version, listing)
             manifest, source = await self._manifest(session, number, listing)
@@ -233,6 +252,7 @@ class Client:
                 max_attempts=self.max_attempts,
                 progress=progress,
                 rate_limiter=RateLimiter(self.max_bytes_per_second) if self.max_bytes_per_second else None,
+                stall_timeout_s=stall_timeout_s,
             )
             try:
                 stats = await transfer.run()
@@ -270,40 +290,6 @@ class Client:
         return await first_valid_manifest(
             session, order, number, verify_key=self.verify_key, max_shards=self.max_shards
         )
-
-    # ---- follow --------------------------------------------------------------------------
-
-    def follower(
-        self,
-        callback: Callable[[FetchResult], None],
-        *,
-        output_dir: str | os.PathLike[str],
-        poll_interval_s: float = 5.0,
-        keep: int = 3,
-        deadline_s: float = DEFAULT_DEADLINE_S,
-        on_error: Callable[[Exception], None] | None = None,
-    ) -> Follower:
-        """A :class:`~shardcast.follower.Follower` thread (call ``.start()``, later ``.stop()``)."""
-        from .follower import Follower
-
-        return Follower(self, callback, Path(output_dir), poll_interval_s, keep, deadline_s, on_error)
-
-    def follow(
-        self,
-        callback: Callable[[FetchResult], None],
-        *,
-        output_dir: str | os.PathLike[str],
-        poll_interval_s: float = 5.0,
-        keep: int = 3,
-        deadline_s: float = DEFAULT_DEADLINE_S,
-        stop: threading.Event | None = None,
-    ) -> None:
-        """Block, fetching each new newest version into ``output_dir/v<N>/<file>``; see :class:`Follower`."""
-        from .follower import Follower
-
-        follower = Follower(self, callback, Path(output_dir), poll_interval_s, keep, deadline_s, None)
-        follower._stop_event = stop or threading.Event()
-        follower.run()
 
 
 def _listing(indexes: dict[str, Index], errors: dict[str, str]) -> VersionListing:

@@ -1,6 +1,14 @@
 """Follow the newest version: a background thread that fetches each new one and calls back.
 
-This is what an inference worker needs for hot reloads (see :meth:`Client.follower`).
+This is what an inference worker needs for hot reloads::
+
+    client = Client(["http://relay-a:8000", "http://relay-b:8000"])
+    follower = Follower(client, lambda r: reload_weights(r.path), output_dir="/ckpt").start()
+    ...
+    follower.stop()
+
+A follower is built on a :class:`~shardcast.client.Client` (it lists and fetches through
+it); the client does not know about followers.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from pathlib import Path
 
 from .client import Client, FetchResult
 from .errors import ShardcastError
+from .progress import DEFAULT_DEADLINE_S
 
 log = logging.getLogger("shardcast.follower")
 
@@ -27,22 +36,35 @@ class Follower(threading.Thread):
     version is passed as delta base; only the newest ``keep`` version directories are kept.
     Errors are logged (and passed to ``on_error``) and retried at the next poll; the
     callback runs on this thread, after the file is complete and verified.
+
+    ``start()`` runs it in the background (``stop()`` ends it); calling ``run()`` directly
+    follows in the calling thread until another thread calls ``stop()``.
+
+    Args:
+        client: lists versions and fetches them (its servers, token and pinned key apply).
+        callback: called with each new version's :class:`~shardcast.client.FetchResult`.
+        output_dir: where ``v<N>/<file_name>`` directories are written.
+        poll_interval_s: seconds between listings (default 5).
+        keep: version directories kept, newest first (default 3; at least 1).
+        deadline_s: limit of one version's download (default the client's fetch default).
+        on_error: also called with every error (they are logged and retried regardless).
     """
 
     def __init__(
         self,
         client: Client,
         callback: Callable[[FetchResult], None],
-        output_dir: Path,
-        poll_interval_s: float,
-        keep: int,
-        deadline_s: float,
-        on_error: Callable[[Exception], None] | None,
+        *,
+        output_dir: str | os.PathLike[str],
+        poll_interval_s: float = 5.0,
+        keep: int = 3,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        on_error: Callable[[Exception], None] | None = None,
     ) -> None:
         super().__init__(name="shardcast-follower", daemon=True)
         self.client = client
         self.callback = callback
-        self.output_dir = output_dir
+        self.output_dir = Path(output_dir)
         self.poll_interval_s = poll_interval_s
         self.keep = max(1, keep)
         self.deadline_s = deadline_s

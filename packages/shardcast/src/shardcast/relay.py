@@ -91,6 +91,8 @@ class Relay:
         max_shards: int = MAX_SHARDS,
         rate_limit_bps: float | None = None,
     ) -> None:
+        if isinstance(upstreams, str | bytes):
+            raise TypeError(f"upstreams must be a list of URLs, not one string: write Relay([{upstreams!r}], ...)")
         if not upstreams:
             raise ValueError("Relay needs at least one upstream URL")
         self.upstreams = list(dict.fromkeys(normalise_url(u) for u in upstreams))
