@@ -10,11 +10,15 @@ How, for each distinct line (issue 14, acceptance):
 1. The ``pip wheel ...`` line runs first, in a scratch directory whose ``packages`` is the
    checkout's; its ``dist/`` then holds the wheels that the ``--find-links dist`` lines use.
 2. Every ``pip install`` line runs with ``bash -c`` in the scratch directory, in its own new
-   virtualenv (``python -m venv --without-pip``). Two things come from this interpreter's
-   environment through a ``.pth`` file instead of being installed again: pip itself, and
-   torch 2.13.0 CPU with its dependencies, only for lines whose packages need torch (what
-   ``make setup`` installs from local disk; unpacking 900 MB per venv costs minutes each).
-   Everything else is resolved and installed by pip as a user would get it.
+   virtualenv (``python -m venv --without-pip``). pip resolves the line and builds and installs
+   our distributions from ``packages/`` or ``dist/`` as a user's pip would. The third-party
+   distributions the line declares (its packages' dependencies and requested extras, followed
+   through their metadata: torch, transformers, sympy, ...) are made visible read-only from
+   this interpreter's environment through a ``.pth`` file, as pip itself is, instead of being
+   downloaded again: package-index responses here are not cacheable, and downloading and
+   unpacking ~1 GB per venv cost 6 minutes per prime-rl line on the 2-core machine. pip still
+   checks every one of them against every requirement; only what a line declares is visible,
+   so an undeclared import fails its example.
 3. pip's resolution report (``PIP_REPORT``) must not contain a PyPI ``toploc``, ``shardcast``,
    ``grpo``, ``verifiers`` or ``prime-rl``, and every ``intellect2-*`` distribution must come
    from ``packages/`` or ``dist/``.
@@ -24,8 +28,8 @@ How, for each distinct line (issue 14, acceptance):
    ``python`` block under its "Example"/"Ten lines" heading) runs and writes nothing to stderr
    (every grpo run used to print torch's "Failed to initialize NumPy" warning).
 
-The lines run three at a time (pip mostly waits on disk and network). The timings of a run are
-printed (``pytest -s``) and kept in the failure message.
+The lines run three at a time. The timings of a run are printed (``pytest -s``) and kept in
+the failure message.
 """
 
 from __future__ import annotations
@@ -91,13 +95,59 @@ def example(text: str) -> str | None:
     return match.group(1) if match else None
 
 
-def _needs_torch() -> set[str]:
-    needing = set()
-    for name in PACKAGES:
-        project = tomllib.loads((ROOT / "packages" / name / "pyproject.toml").read_text())["project"]
-        if any(re.match(r"torch\b", spec) for spec in project.get("dependencies", [])):
-            needing.add(name)
-    return needing
+def _requirement_name(spec: str) -> str:
+    return _canonical(re.split(r"[<>=!~\[; ]", spec.strip(), maxsplit=1)[0])
+
+
+def targets(command: str) -> dict[str, set[str]]:
+    """``{package: extras}`` that a ``pip install`` line asks for (``./packages/x[e]`` or ``intellect2-x[e]``)."""
+    words = shlex.split(command, comments=True)[2:]
+    found: dict[str, set[str]] = {}
+    skip_next = False
+    for word in words:
+        if skip_next or word.startswith("-"):
+            skip_next = not skip_next and word in ("--find-links", "-f", "-c", "-r", "-i", "--index-url")
+            continue
+        match = re.fullmatch(r"(?:\./packages/(\w+)|intellect2-([\w-]+))(?:\[([\w,-]+)\])?/?", word)
+        assert match, f"{command!r}: cannot tell which package {word!r} is"
+        package = match.group(1) or match.group(2).replace("-", "_")
+        assert package in PACKAGES, f"{command!r}: {word!r} is none of our packages"
+        found.setdefault(package, set()).update(filter(None, (match.group(3) or "").split(",")))
+    return found
+
+
+def third_party_closure(wanted: dict[str, set[str]]) -> set[str]:
+    """Canonical names of every third-party distribution the packages (with extras) need,
+    following the requirements of what is installed here."""
+    from packaging.requirements import Requirement
+
+    todo: list[tuple[str, set[str]]] = []
+    for package, extras in wanted.items():
+        project = tomllib.loads((ROOT / "packages" / package / "pyproject.toml").read_text())["project"]
+        specs = list(project.get("dependencies", []))
+        for extra in extras:
+            specs += project["optional-dependencies"][extra]
+        for spec in specs:
+            name = _requirement_name(spec)
+            if name in OURS:
+                todo.extend((dep, set()) for dep in third_party_closure({OURS[name]: set()}))
+            else:
+                todo.append((name, set(Requirement(spec).extras)))
+    seen: set[str] = set()
+    while todo:
+        name, extras = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue  # not installed here: pip fetches it like any user's pip
+        for spec in dist.requires or []:
+            req = Requirement(spec)
+            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in [*extras, ""]):
+                todo.append((_canonical(req.name), set(req.extras)))
+    return seen
 
 
 @dataclass
@@ -105,7 +155,8 @@ class Line:
     command: str
     readmes: list[str] = field(default_factory=list)
     example_of: str | None = None  # the package README whose example runs in this venv
-    seconds: float = 0.0
+    seconds: float = 0.0  # all of it: venv, install, checks
+    install_s: float = 0.0  # the pip command alone
     problems: list[str] = field(default_factory=list)
 
 
@@ -121,7 +172,8 @@ def collect_lines() -> tuple[list[str], dict[str, Line]]:
             if command.startswith("pip wheel"):
                 wheels.append(command)
                 continue
-            line = lines.setdefault(command, Line(command))
+            # One venv per distinct command: the same line with another comment is the same line.
+            line = lines.setdefault(" ".join(shlex.split(command, comments=True)), Line(command))
             line.readmes.append(rel)
             if first and readme.parent.parent == ROOT / "packages" and example(text) is not None:
                 line.example_of = rel
@@ -135,19 +187,14 @@ WHEEL_LINES, INSTALL_LINES = collect_lines()
 # ---- fresh virtualenvs ------------------------------------------------------------------------
 
 
-def _overlay(directory: Path, roots: list[str]) -> Path:
-    """A directory of symlinks to ``roots`` and their dependencies as installed here."""
+def _overlay(directory: Path, names: set[str]) -> Path:
+    """A directory of symlinks to the installed files of the distributions ``names``."""
     directory.mkdir(parents=True, exist_ok=True)
-    todo, seen = list(roots), set()
-    while todo:
-        name = _canonical(todo.pop())
-        if name in seen:
+    for name in sorted(names):
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
             continue
-        seen.add(name)
-        dist = importlib.metadata.distribution(name)
-        todo.extend(
-            re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0] for req in dist.requires or [] if "extra ==" not in req
-        )
         base = Path(str(dist.locate_file("")))
         for top in {Path(f).parts[0] for f in dist.files or [] if not str(f).startswith("..")}:
             if top != "__pycache__" and not top.endswith(".pth") and not (directory / top).exists():
@@ -252,31 +299,32 @@ print(json.dumps(out))
 """
 
 
-def install_one(index: int, line: Line, scratch: Path, overlays: dict[str, Path], torch_users: set[str]) -> None:
+def install_one(index: int, line: Line, scratch: Path, pip_overlay: Path) -> None:
     started = time.monotonic()
     venv = scratch / f"venv{index:02d}"
-    mentioned = {name for name in PACKAGES if f"packages/{name}" in line.command or f"intellect2-{name.replace('_', '-')}" in line.command}
-    needs_torch = bool(mentioned & torch_users) or "intellect2-prime-rl" in line.command
-    make_venv(venv, [overlays["pip"], *([overlays["torch"]] if needs_torch else [])])
+    declared = _overlay(scratch / f"overlay{index:02d}", third_party_closure(targets(line.command)))
+    make_venv(venv, [pip_overlay, declared])
     report = scratch / f"report{index:02d}.json"
+    before = time.monotonic()
     done = run(line.command, cwd=scratch, env=venv_env(venv, PIP_REPORT=str(report)))
+    line.install_s = time.monotonic() - before
     if done.returncode != 0:
         line.problems.append(f"install failed (exit {done.returncode}):\n{_tail(done)}")
     else:
         line.problems += check_report(report, [(ROOT / "packages").resolve(), (scratch / "dist").resolve()])
         line.problems += check_venv(venv, line, scratch)
     line.seconds = time.monotonic() - started
-    shutil.rmtree(venv, ignore_errors=True)  # the prime-rl venvs hold ~1 GB each
+    shutil.rmtree(venv, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Line]:
     scratch = tmp_path_factory.mktemp("install")
     (scratch / "packages").symlink_to(ROOT / "packages")
-    overlays = {"pip": _overlay(scratch / "overlay-pip", ["pip"]), "torch": _overlay(scratch / "overlay-torch", ["torch"])}
+    pip_overlay = _overlay(scratch / "overlay-pip", {"pip"})
     started = time.monotonic()
     for command in WHEEL_LINES:  # builds dist/ for the --find-links lines
-        venv = make_venv(scratch / "venv-wheel", [overlays["pip"]])
+        venv = make_venv(scratch / "venv-wheel", [pip_overlay])
         done = run(command, cwd=scratch, env=venv_env(venv))
         assert done.returncode == 0, f"{command}\n{_tail(done)}"
         shutil.rmtree(venv)
@@ -284,13 +332,15 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Line]:
     wheel_s = time.monotonic() - started
     with ThreadPoolExecutor(PARALLEL) as pool:
         futures = [
-            pool.submit(install_one, i, line, scratch, overlays, _needs_torch())
+            pool.submit(install_one, i, line, scratch, pip_overlay)
             for i, line in enumerate(INSTALL_LINES.values())
         ]
         for future in futures:
             future.result()
     total = time.monotonic() - started
-    summary = [f"wheels {wheel_s:6.1f}s {built}"] + [f"{line.seconds:6.1f}s {line.command}" for line in INSTALL_LINES.values()]
+    summary = [f"wheels {wheel_s:6.1f}s {built}"] + [
+        f"{line.seconds:6.1f}s (pip {line.install_s:5.1f}s) {line.command}" for line in INSTALL_LINES.values()
+    ]
     print("\n".join(["", f"install test: {total:.0f} s in all", *summary]))
     shutil.rmtree(scratch, ignore_errors=True)
     INSTALL_LINES_SUMMARY[:] = summary
