@@ -234,15 +234,9 @@ def _ls(args: argparse.Namespace) -> int:
     client = Client(args.servers, token=args.token)
     listing = client.list_versions()
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "versions": {str(k): v for k, v in sorted(listing.versions.items())},
-                    "complete": {str(k): v for k, v in sorted(listing.complete.items())},
-                    "errors": listing.errors,
-                }
-            )
-        )
+        versions = {str(k): v for k, v in sorted(listing.versions.items())}
+        complete = {str(k): v for k, v in sorted(listing.complete.items())}
+        print(json.dumps({"versions": versions, "complete": complete, "errors": listing.errors}))
     else:
         for number in sorted(listing.versions):
             complete = listing.complete.get(number, [])
@@ -253,7 +247,8 @@ def _ls(args: argparse.Namespace) -> int:
         for server, error in listing.errors.items():  # each error says why: unreachable, corrupt index, ...
             print(f"{server}: {error}", file=sys.stderr)
     if not listing.versions and len(listing.errors) == len(client.servers):
-        raise ShardcastError("no server gave a usable index")
+        unreachable = all(error.startswith("unreachable") for error in listing.errors.values())
+        raise ShardcastError("no server reachable" if unreachable else "no server gave a usable index")
     return 0
 
 

@@ -182,7 +182,9 @@ class Transfer:
                 silent_s=now - self._last_contact,
                 servers=server_states(self.pool, self.tracker, now),
             )
-            log.log(logging.INFO if recent else logging.WARNING, "%s", line)
+            # Waiting on a relay that is still mirroring is normal; silence from every server is not.
+            silent = now - self._last_contact >= STATUS_LOG_S
+            log.log(logging.WARNING if silent else logging.INFO, "%s", line)
 
     def _progress(self, now: float) -> Progress:
         elapsed = now - self._started
