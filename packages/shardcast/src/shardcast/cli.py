@@ -234,9 +234,9 @@ def _ls(args: argparse.Namespace) -> int:
     client = Client(args.servers, token=args.token)
     listing = client.list_versions()
     if args.json:
-        versions = {str(k): v for k, v in sorted(listing.versions.items())}
-        complete = {str(k): v for k, v in sorted(listing.complete.items())}
-        print(json.dumps({"versions": versions, "complete": complete, "errors": listing.errors}))
+        offered = {str(k): v for k, v in sorted(listing.versions.items())}
+        whole = {str(k): v for k, v in sorted(listing.complete.items())}
+        print(json.dumps({"versions": offered, "complete": whole, "errors": listing.errors}))
     else:
         for number in sorted(listing.versions):
             complete = listing.complete.get(number, [])
