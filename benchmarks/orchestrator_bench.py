@@ -23,12 +23,12 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from prime_rl.client import OrchestratorClient
+from prime_rl.api.client import OrchestratorClient
+from prime_rl.api.protocol import RolloutBatch, RolloutSample, TaskLease
 from prime_rl.config import load_config
-from prime_rl.orchestrator import OrchestratorServer
-from prime_rl.protocol import RolloutBatch, RolloutSample, TaskLease
-from prime_rl.records import batch_rows
-from prime_rl.store import RolloutStore
+from prime_rl.orchestrator.records import batch_rows
+from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.orchestrator.store import RolloutStore
 from prime_rl.tasks import TaskSet
 
 BATCHES = 20

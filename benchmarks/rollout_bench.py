@@ -9,7 +9,7 @@ generates the same number of tokens):
 * ``HFBackend.generate``: our decode loop with toploc's seeded Gumbel sampler, streaming
   ``ProofBuilder`` proofs and sampled-token log-probs;
 * ``validator check``: one prefill of the 16 completions plus proof verification, sampling check
-  and log-prob check (``prime_rl.validation._model_checks`` path, measured directly).
+  and log-prob check (``prime_rl.validator.checks._model_checks`` path, measured directly).
 
 Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/rollout_bench.py [--repeats 3] [--threads 2]``.
 Reports min and median wall time over repeats and the generated tokens per second.
@@ -29,7 +29,7 @@ from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import toploc
-from prime_rl.backend import HFBackend, SamplingParams, check_sampled, token_logprobs, verify_proofs
+from prime_rl.inference.backend import HFBackend, SamplingParams, check_sampled, token_logprobs, verify_proofs
 
 VOCAB, HIDDEN, LAYERS = 32000, 256, 4
 BATCH, PROMPT, NEW = 16, 32, 64

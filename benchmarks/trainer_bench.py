@@ -1,6 +1,6 @@
 """Benchmark: one trainer optimizer step with the chunked LM head vs full logits, on CPU.
 
-``prime_rl.optimization.train_minibatch`` on one packed micro-batch, ``fused_lm_head=True``
+``prime_rl.trainer.step.train_minibatch`` on one packed micro-batch, ``fused_lm_head=True``
 (completion log-probs and entropy from ``grpo.logprobs_from_hidden`` inside the forward, the
 default) vs ``False`` (the model's ``[1, L, V]`` logits, then log-softmax: what a plain HF
 trainer does). The model is a random 2-layer Llama with Qwen2.5's vocabulary (V = 151936) and
@@ -40,8 +40,8 @@ def build(tokens: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import grpo
-    from prime_rl.batching import make_micro_batches
-    from prime_rl.protocol import TrainSample
+    from prime_rl.api.protocol import TrainSample
+    from prime_rl.trainer.batching import make_micro_batches
 
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -66,7 +66,7 @@ def build(tokens: int):
     loss = grpo.Loss("intellect2")
 
     def step(fused: bool) -> None:
-        from prime_rl.optimization import train_minibatch
+        from prime_rl.trainer.step import train_minibatch
 
         train_minibatch(
             model, optimizer, micro, None, loss, temperature=1.0, constant=float(COMPLETION),

@@ -6,7 +6,7 @@
 One policy step of the algorithm, and the process that does each part (all started below):
 
   1. tasks      the orchestrator hands each worker a lease of prompts chosen by a seeded hash of
-                (worker id, step, batch) -- `prime_rl.assignment.task_ids`, so nobody cherry-picks;
+                (worker id, step, batch) -- `prime_rl.api.assignment.task_ids`, so nobody cherry-picks;
                 the tasks are `verifiers.arithmetic_tasks` (exact integer answers).
   2. workers    (untrusted) sample `group_size` completions per prompt with the policy version
                 they hold (at most `async_level` versions old), using toploc's seeded sampler, and
@@ -36,10 +36,10 @@ import sys
 import time
 
 from prime_rl.config import RunConfig, load_config
+from prime_rl.launch.demo_model import prepare_model, read_provenance
+from prime_rl.launch.report import ProgressTracker, write_report
+from prime_rl.launch.supervisor import Supervisor, plan_children, remove_weight_copies
 from prime_rl.metrics import init_process
-from prime_rl.model_source import prepare_model, read_provenance
-from prime_rl.report import ProgressTracker, write_report
-from prime_rl.run import Supervisor, plan_children, remove_weight_copies
 
 
 def free_port() -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import grpo
 from prime_rl.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_intellect2_config_has_the_published_settings():
     """configs/intellect2.toml validates against RunConfig and carries INTELLECT-2's settings
-    (reference prime_rl.md §1.2/§3: prime-rl@4bb0ff01f configs/training/qwq.toml, inference qwq.toml)."""
+    (PrimeIntellect-ai/prime-rl@4bb0ff01f configs/training/qwq.toml, configs/inference/Qwen32B/qwq.toml)."""
     config = load_config(ROOT / "configs" / "intellect2.toml")
     assert config.model.path == "Qwen/QwQ-32B" and config.model.dtype == "bfloat16"
     assert (config.sampling.group_size, config.sampling.temperature) == (16, 0.6)
@@ -24,11 +25,12 @@ def test_intellect2_config_has_the_published_settings():
     trainer = config.trainer
     assert (trainer.lr, trainer.warmup_steps, trainer.max_grad_norm) == (3e-7, 25, 0.1)
     assert tuple(trainer.betas) == (0.9, 0.99) and trainer.weight_decay == 0.01
-    assert (trainer.eps_low, trainer.eps_high, trainer.delta) == (0.2, 0.2, 4.0)
-    assert trainer.entropy_coef == 1e-3 and not trainer.kl_coef
+    loss = trainer.loss  # a grpo.LossConfig
+    assert (loss.eps_low, loss.eps_high, loss.delta) == (0.2, 0.2, 4.0)
+    assert loss.entropy_coef == 1e-3 and not loss.kl_coef
     assert trainer.optimizer_steps_per_version == 8
     assert trainer.samples_per_step == 512 * 8  # 512 samples per optimizer step
-    assert trainer.filter_zero_advantage and trainer.recipe == "intellect2"
+    assert trainer.filter_zero_advantage and loss == grpo.RECIPES["intellect2"]
     assert config.orchestrator.async_level == 2
     tasks = config.tasks
     assert (tasks.length_reward, tasks.length_alpha) == ("exact", 3e-4)

@@ -78,7 +78,7 @@ def test_heldout_set_reports_when_training_covers_everything():
 
 
 def test_evaluate_matches_reference_greedy_decoding(tiny_lm, tiny_tokenizer):
-    from prime_rl.backend import HFBackend
+    from prime_rl.inference.backend import HFBackend
     from prime_rl.tasks import TaskSet
 
     prompts = ["1 + 2 =", "30 + 4 =", "7 + 7 =", "55 + 45 =", "9 + 0 =", "12 + 13 ="]
@@ -115,9 +115,9 @@ def test_evaluator_process_follows_published_versions(tmp_path: Path, tiny_lm_di
 
     import shardcast
     from prime_rl import evaluator
-    from prime_rl.backend import HFBackend
+    from prime_rl.inference.backend import HFBackend
     from prime_rl.metrics import read_metrics
-    from prime_rl.weights import save_policy
+    from prime_rl.weights.files import save_policy
 
     versions = {}
     with shardcast.Origin(tmp_path / "origin", port=0) as origin:

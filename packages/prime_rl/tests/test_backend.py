@@ -7,7 +7,7 @@ import torch
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 
 import toploc
-from prime_rl.backend import (
+from prime_rl.inference.backend import (
     HFBackend,
     SamplingParams,
     build_proofs,
@@ -16,7 +16,7 @@ from prime_rl.backend import (
     token_logprobs,
     verify_proofs,
 )
-from prime_rl.weights import WeightsMismatchError, save_policy
+from prime_rl.weights.files import WeightsMismatchError, save_policy
 
 PROMPTS = ["12+7=", "3+4=", "100+250=", "9="]
 

@@ -176,7 +176,7 @@ def test_cli_prints_config_and_rejects_bad_keys(capsys: pytest.CaptureFixture[st
 
 
 def test_run_plans_every_process() -> None:
-    from prime_rl.run import plan_children
+    from prime_rl.launch.supervisor import plan_children
 
     config = load_config(None, ["--shardcast.relay_ports", "[9002, 9003]"])
     names = [spec.name for spec in plan_children(config)]
@@ -188,10 +188,9 @@ def test_run_plans_every_process() -> None:
         "trainer",
     ]
     assert "validator" in names
-    workers = config.workers
-    honest = int(getattr(workers, "count", 1))
-    assert sum(name.startswith("worker-") for name in names) == honest
-    assert sum(name.startswith("hostile-") for name in names) == len(getattr(workers, "hostile", []) or [])
+    assert config.workers.count == 2 and config.workers.hostile == []  # the shipped defaults
+    assert sum(name.startswith("worker-") for name in names) == 2
+    assert not any(name.startswith("hostile-") for name in names)
 
 
 def test_difficulty_filter_and_length_budgets(tmp_path: Path) -> None:

@@ -23,10 +23,10 @@ SCRIPT = textwrap.dedent(
     sys.path.insert(0, {support!r})
     from tiny_lm import make_tiny_lm
     import grpo
-    from prime_rl import distributed
-    from prime_rl.batching import make_micro_batches
-    from prime_rl.optimization import old_logprobs_for, rank_share, train_minibatch
-    from prime_rl.protocol import TrainSample
+    from prime_rl.trainer import distributed
+    from prime_rl.trainer.batching import make_micro_batches
+    from prime_rl.trainer.step import old_logprobs_for, rank_share, train_minibatch
+    from prime_rl.api.protocol import TrainSample
 
     torch.set_num_threads(1)
     distributed.init_distributed()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from prime_rl.store import RolloutStore
+from prime_rl.orchestrator.store import RolloutStore
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ ASYNC_LEVEL = 1
 STEPS = 3  # at least this many policy versions are trained
 MAX_STEPS = 12  # the run is stopped (Ctrl-C) once every acceptance condition has been observed
 # Reasons the validator may give a hostile sample: the behaviour's own reason, or group_rejected for the
-# rest of a group one of whose members failed (see prime_rl.hostile).
+# rest of a group one of whose members failed (see prime_rl.worker.hostile).
 EXPECTED_REASONS = {
     "other_weights": {"toploc_mismatch"},
     "changed_prompt": {"wrong_prompt"},
@@ -38,8 +38,7 @@ EXPECTED_REASONS = {
 
 
 def _hostile_behaviour() -> str:
-    from prime_rl import hostile
-
+    from prime_rl.worker import hostile
     return "mixed" if "mixed" in hostile.BEHAVIOURS else "other_weights"
 
 
@@ -78,16 +77,16 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
     assert sorted(names.values()) == ["hostile-0", "worker-0", "worker-1"], names
     store = RolloutStore(run_dir / "orchestrator")
     verdicts = store.all_verdicts()
-    batches = {record.batch_id: record for record in store.batch_records()}
+    batches = {record.meta.batch_id: record for record in store.batch_records()}
 
-    claimed_batches = {sample.rsplit("/", 1)[0] for claim in store.claims() for sample in claim.sample_ids}
+    claimed_batches = {sample.batch_id for claim in store.claims() for sample in claim.sample_ids}
     # 1. Every hostile sample rejected with the reason of its attack; every honest sample accepted.
     expected_by_batch = _expected_reasons(run_dir, helpers, behaviour)
     # Without a per-batch record, a single-attack worker must give its attack's reason.
     default_reasons = EXPECTED_REASONS.get(behaviour, set().union(*EXPECTED_REASONS.values()))
     per_worker: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for batch_id, record in batches.items():
-        name = names[record.meta["worker_id"]]
+        name = names[record.meta.worker_id]
         for verdict in verdicts.get(batch_id, []):
             if (
                 verdict.reason == "expired"
@@ -103,12 +102,12 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
     assert per_worker["worker-0"]["accepted"] > 0 and per_worker["worker-1"]["accepted"] > 0, dict(per_worker)
     hostile_seen = per_worker["hostile-0"]["rejected"] + _malformed(helpers, run_dir, names)
     assert hostile_seen > 0, "the hostile worker never got anything to the validator"
-    hostile_batches = {b for b, r in batches.items() if names[r.meta["worker_id"]] == "hostile-0"}
+    hostile_batches = {b for b, r in batches.items() if names[r.meta.worker_id] == "hostile-0"}
     if behaviour == "mixed":
         # Each batch was rejected for its own announced attack (checked above); here: the worker
         # really cycles (attack = MIXED_CYCLE[batch_index]), and the validator judged several kinds.
         # How many hostile batches get judged before the run ends depends on the machine's load.
-        from prime_rl.hostile import MIXED_CYCLE
+        from prime_rl.worker.hostile import MIXED_CYCLE
 
         assert hostile_batches <= set(expected_by_batch), "a hostile batch without its announced attack"
         submitted = [e for e in helpers.metrics_of(run_dir, "hostile-0") if e["event"] == "batch_submitted"]
@@ -148,12 +147,12 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
     assert [e["step"] for e in commits] == list(range(len(commits))) and len(commits) >= STEPS
     assert sorted(claims) == list(range(len(claims))) and len(claims) - len(commits) in (0, 1)
     for step, claim in claims.items():
-        assert claim.meta["min_policy_version"] == max(0, step - ASYNC_LEVEL)
+        assert claim.min_policy_version == max(0, step - ASYNC_LEVEL)
         for sample_id in claim.sample_ids:
-            batch_id, index = sample_id.rsplit("/", 1)
-            assert batches[batch_id].meta["policy_version"] >= step - ASYNC_LEVEL, sample_id
-            assert verdicts[batch_id][int(index)].accepted, sample_id
-            assert not names[batches[batch_id].meta["worker_id"]].startswith("hostile")
+            batch_id, index = sample_id.batch_id, sample_id.index
+            assert batches[batch_id].meta.policy_version >= step - ASYNC_LEVEL, sample_id
+            assert verdicts[batch_id][index].accepted, sample_id
+            assert not names[batches[batch_id].meta.worker_id].startswith("hostile")
     every = [s for claim in claims.values() for s in claim.sample_ids]
     assert len(every) == len(set(every)), "a sample was claimed for two steps"
 
@@ -200,7 +199,7 @@ def _expected_reasons(run_dir: Path, helpers: Any, behaviour: str) -> dict[str, 
         if event["event"] == "batch_submitted" and "batch_id" in event:
             reason = event.get("expected_reason")
             attack = event.get("behaviour", behaviour)
-            # "a|b" lists the alternatives a behaviour may produce (prime_rl.worker.EXPECTED_REASONS).
+            # "a|b" lists the alternatives a behaviour may produce (prime_rl.worker.process.EXPECTED_REASONS).
             allowed = (
                 set(reason.split("|")) if isinstance(reason, str) else EXPECTED_REASONS.get(attack, set())
             )

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from prime_rl.client import ApiError, OrchestratorClient
+from prime_rl.api.client import ApiError, OrchestratorClient
+from prime_rl.api.protocol import RolloutBatch, RolloutSample, TaskLease
 from prime_rl.config import load_config
-from prime_rl.protocol import RolloutBatch, RolloutSample, TaskLease
-from prime_rl.store import RolloutStore
+from prime_rl.orchestrator.store import RolloutStore
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +109,7 @@ def test_orchestrator_killed_keeps_every_acknowledged_rollout(
         assert stored[batch_id].samples == list(batch.samples), batch_id
     # The store itself (what a later process reads) agrees.
     assert set(acked) <= {
-        record.batch_id for record in RolloutStore(run_dir / "orchestrator").batch_records()
+        record.meta.batch_id for record in RolloutStore(run_dir / "orchestrator").batch_records()
     }
 
 
@@ -245,8 +245,7 @@ def test_trainer_killed_resumes_without_losing_or_reusing_rollouts(
     assert len(every) == len(set(every)), "an accepted rollout was claimed for two steps"
     verdicts = store.all_verdicts()
     for sample_id in every:
-        batch_id, index = sample_id.rsplit("/", 1)
-        assert verdicts[batch_id][int(index)].accepted
+        assert verdicts[sample_id.batch_id][sample_id.index].accepted
     # Whatever each trainer incarnation trained a step on is exactly that step's claim (a replay reuses it).
     trained = _events(run_dir, helpers, "trainer", "commit") + _events(
         run_dir, helpers, "trainer-restarted", "commit"
@@ -258,7 +257,7 @@ def test_trainer_killed_resumes_without_losing_or_reusing_rollouts(
     assert all(e["step"] >= restored for e in _events(run_dir, helpers, "trainer-restarted", "commit"))
     assert {e["step"] for e in trained} | set(range(restored)) == {0, 1, 2}
     for event in trained:
-        assert tuple(event["samples"]) == claims[event["step"]], event["step"]
+        assert tuple(event["samples"]) == tuple(map(str, claims[event["step"]])), event["step"]
     assert [e["step"] for e in _events(run_dir, helpers, "orchestrator", "commit")] == [0, 1, 2]
     assert killed_at >= 1
     assert _events(run_dir, helpers, "trainer-restarted", "resumed") or any(
@@ -297,5 +296,4 @@ def test_validator_behind_trainer_waits_and_never_trains_unvalidated(
     (claim,) = store.claims()
     verdicts = store.all_verdicts()
     for sample_id in claim.sample_ids:
-        batch_id, index = sample_id.rsplit("/", 1)
-        assert verdicts[batch_id][int(index)].accepted, sample_id
+        assert verdicts[sample_id.batch_id][sample_id.index].accepted, sample_id

@@ -11,9 +11,9 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prime_rl.assignment import sampling_seeds, task_ids
-from prime_rl.client import ClientRequestError, OrchestratorClient
-from prime_rl.protocol import RolloutBatch
+from prime_rl.api.assignment import sampling_seeds, task_ids
+from prime_rl.api.client import ClientRequestError, OrchestratorClient
+from prime_rl.api.protocol import RolloutBatch
 
 
 def test_lease_is_the_documented_pure_function(client: OrchestratorClient, server: Any) -> None:
@@ -55,6 +55,33 @@ def test_submit_is_idempotent_and_conflicting_resubmission_is_refused(
     stored = pending.batches[0]
     assert stored.samples == list(batch.samples)  # exactly what was submitted, floats and proofs included
     assert stored.lease is not None and stored.lease.task_ids == [t.task_id for t in lease.tasks]
+
+
+def test_worker_learns_why_its_samples_were_rejected(client: OrchestratorClient, server: Any, batch_for: Any) -> None:
+    """The validator's verdict (reason and detail) reaches the worker's API and the metrics unchanged."""
+    from prime_rl.api.protocol import Verdict, VerdictRequest
+
+    reg = client.register("w")
+    answer = client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id)))
+    before = client.batch_verdicts(reg.worker_id, answer.batch_id)
+    assert before.batch_id == answer.batch_id and not before.judged and before.verdicts == []
+    verdicts = [
+        Verdict(sample_index=i, accepted=False, reason="sampling_mismatch", detail=f"token {i}: margin 0.31 > 0.25",
+                reward=0.0, advantage=0.0)
+        for i in range(answer.num_samples)
+    ]  # fmt: skip
+    client.post_verdicts(VerdictRequest(batch_id=answer.batch_id, verdicts=verdicts))
+    after = client.batch_verdicts(reg.worker_id, answer.batch_id)
+    assert after.judged and after.verdicts == verdicts
+    # Another worker cannot read it, and cannot probe which batch ids exist.
+    other = OrchestratorClient(server.url, retries=0)
+    other_id = other.register("other").worker_id
+    with pytest.raises(ClientRequestError) as error:
+        other.batch_verdicts(other_id, answer.batch_id)
+    assert error.value.status == 404
+    with pytest.raises(ClientRequestError) as error:
+        client.batch_verdicts(reg.worker_id, "no-such-batch")
+    assert error.value.status == 404
 
 
 def test_admin_token_protects_trusted_endpoints(server_factory: Any) -> None:

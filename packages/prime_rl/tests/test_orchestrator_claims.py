@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import requests
 
-from prime_rl.client import ClientRequestError, OrchestratorClient
-from prime_rl.protocol import Verdict, VerdictRequest
+from prime_rl.api.client import ClientRequestError, OrchestratorClient
+from prime_rl.api.protocol import Verdict, VerdictRequest
 
 
 def _verdict_all(
@@ -132,8 +132,8 @@ def test_select_claim_oracle() -> None:
     """Hand-built batches: b0 stale (v0), b1 pending, b2 one informative + one all-zero group, b3 informative."""
     from dataclasses import dataclass, field
 
-    from prime_rl.claims import select_claim
-    from prime_rl.store import StoredVerdict
+    from prime_rl.api.protocol import Verdict
+    from prime_rl.orchestrator.claims import select_claim
 
     @dataclass
     class B:
@@ -141,11 +141,11 @@ def test_select_claim_oracle() -> None:
         seq: int
         policy_version: int
         task_ids: tuple[int, ...]
-        verdicts: list[StoredVerdict] | None
+        verdicts: list[Verdict] | None
         claimed: set[int] = field(default_factory=set)
 
-    def v(i: int, ok: bool, adv: float) -> StoredVerdict:
-        return StoredVerdict(i, ok, "ok" if ok else "bad", 0.0, adv)
+    def v(i: int, ok: bool, adv: float) -> Verdict:
+        return Verdict(sample_index=i, accepted=ok, reason="ok" if ok else "bad", reward=0.0, advantage=adv)
 
     batches = [
         B("b3", 3, 2, (7, 7), [v(0, True, 1.0), v(1, True, -1.0)]),
@@ -162,23 +162,23 @@ def test_select_claim_oracle() -> None:
     ]
     # Step 2 with async_level 1: min version 1 -> b0 (2 samples) is stale.
     picked = select_claim(batches, min_policy_version=1, min_samples=3, filter_zero_advantage=True)
-    assert picked.sample_ids == ("b2/0", "b2/2", "b3/0", "b3/1")  # whole groups, oldest batch first
+    assert tuple(map(str, picked.sample_ids)) == ("b2/0", "b2/2", "b3/0", "b3/1")  # whole groups, oldest batch first
     assert (picked.available, picked.pending_batches, picked.pending_samples) == (4, 1, 3)
     assert (picked.stale, picked.zero_advantage) == (2, 2)
     # Without the zero-advantage filter the all-zero group counts and comes before b3.
     unfiltered = select_claim(batches, min_policy_version=1, min_samples=3, filter_zero_advantage=False)
-    assert unfiltered.sample_ids == ("b2/0", "b2/2", "b2/3", "b2/4")
+    assert tuple(map(str, unfiltered.sample_ids)) == ("b2/0", "b2/2", "b2/3", "b2/4")
     # Not enough: nothing is taken.
     short = select_claim(batches, min_policy_version=1, min_samples=5, filter_zero_advantage=True)
     assert short.sample_ids == () and not short.ready and short.available == 4
     # Already claimed samples are never offered again.
     batches[0].claimed = {0, 1}
     again = select_claim(batches, min_policy_version=1, min_samples=1, filter_zero_advantage=True)
-    assert again.sample_ids == ("b2/0", "b2/2")
+    assert tuple(map(str, again.sample_ids)) == ("b2/0", "b2/2")
 
 
 def test_backpressure_refuses_leases_while_enough_is_buffered(server_factory: Any, batch_for: Any) -> None:
-    from prime_rl.client import OrchestratorBusy
+    from prime_rl.api.client import OrchestratorBusy
 
     server = server_factory("--orchestrator.max_buffered_samples", "6", "--trainer.samples_per_step", "2")
     client = OrchestratorClient(server.url, retries=0)
@@ -214,8 +214,8 @@ def test_backpressure_refuses_leases_while_enough_is_buffered(server_factory: An
 
 
 def test_backpressure_limit_below_one_step_is_refused(config_for: Any) -> None:
-    from prime_rl.ledger import Ledger
-    from prime_rl.store import RolloutStore
+    from prime_rl.orchestrator.ledger import Ledger
+    from prime_rl.orchestrator.store import RolloutStore
 
     config = config_for("--orchestrator.max_buffered_samples", "10", "--trainer.samples_per_step", "16")
     with pytest.raises(ValueError, match="max_buffered_samples"):

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from prime_rl.ledger import ApiFailure, Ledger
-from prime_rl.protocol import ClaimRequest, CommitRequest, RolloutBatch
-from prime_rl.store import RolloutStore
+from prime_rl.api.protocol import ClaimRequest, CommitRequest, RolloutBatch, SampleId
+from prime_rl.orchestrator.ledger import ApiFailure, Ledger
+from prime_rl.orchestrator.store import RolloutStore
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -70,7 +71,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def submit(self, data: Any, version_back: int) -> None:
         import base64
 
-        from prime_rl.protocol import RolloutSample
+        from prime_rl.api.protocol import RolloutSample
 
         lease = data.draw(st.sampled_from(self.leases))
         version = max(0, self.ledger.step - version_back)
@@ -89,13 +90,13 @@ class LedgerMachine(RuleBasedStateMachine):
             samples=samples,
         )  # fmt: skip
         try:
-            self.ledger.submit(worker, batch)
+            self.ledger.submit(worker, batch, hashlib.sha256(batch.model_dump_json().encode()).hexdigest())
         except ApiFailure as failure:
             assert failure.status == 409  # the same lease answered with another version
 
     @rule(data=st.data())
     def verdicts(self, data: Any) -> None:
-        from prime_rl.protocol import Verdict, VerdictRequest
+        from prime_rl.api.protocol import Verdict, VerdictRequest
 
         waiting = [b for b in self.ledger.batches.values() if b.verdicts is None]
         if not waiting:
@@ -146,14 +147,13 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @invariant()
     def claims_are_exactly_once_accepted_and_fresh(self) -> None:
-        seen: set[str] = set()
+        seen: set[SampleId] = set()
         for step, sample_ids in self.ledger.claims.items():
             for sample_id in sample_ids:
                 assert sample_id not in seen
                 seen.add(sample_id)
-                batch_id, index = sample_id.rsplit("/", 1)
-                batch = self.ledger.batches[batch_id]
-                assert batch.verdicts is not None and batch.verdicts[int(index)].accepted
+                batch = self.ledger.batches[sample_id.batch_id]
+                assert batch.verdicts is not None and batch.verdicts[sample_id.index].accepted
                 assert batch.policy_version >= step - self.config.orchestrator.async_level
         assert all(step in self.ledger.claims for step in range(self.ledger.step))
 

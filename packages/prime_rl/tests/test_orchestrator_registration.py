@@ -15,10 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prime_rl.client import ClientRequestError, OrchestratorBusy, OrchestratorClient, OrchestratorUnavailable
+from prime_rl.api.client import (
+    ClientRequestError,
+    OrchestratorBusy,
+    OrchestratorClient,
+    OrchestratorUnavailable,
+)
 from prime_rl.config import ConfigError, load_config
-from prime_rl.orchestrator import OrchestratorServer
-from prime_rl.rate_limit import TokenBuckets, client_key
+from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key
+from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import TaskSet
 
 

@@ -1,4 +1,4 @@
-"""prime_rl.policy_dirs: the one way to name and parse ``v<N>`` policy folders, and its two users
+"""prime_rl.weights.layout: the one way to name and parse ``v<N>`` policy folders, and its two users
 (PolicyStore pruning its cache, the supervisor deleting weight copies) seeing the same folders."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prime_rl.policy_dirs import parse_version_dir_name, version_dir, version_dirs
-from prime_rl.policy_store import PolicyStore, PolicyUnavailable
+from prime_rl.weights.layout import parse_version_dir_name, version_dir, version_dirs
+from prime_rl.weights.store import PolicyStore, PolicyUnavailable
 
 JUNK_NAMES = [
     "",
@@ -90,7 +90,7 @@ def test_policy_dirs_and_run_import_without_torch() -> None:
         "        if name.split('.')[0] == 'torch':\n"
         "            raise ImportError('torch is blocked')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import prime_rl.policy_dirs, prime_rl.run\n"
+        "import prime_rl.weights.layout, prime_rl.launch.supervisor\n"
         "assert 'torch' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from tiny_lm import make_tiny_lm
 
-from prime_rl.batching import empty_micro_batch, make_micro_batches
-from prime_rl.policy_forward import completion_forward, supports_fused_head
+from prime_rl.trainer.batching import empty_micro_batch, make_micro_batches
+from prime_rl.trainer.forward import completion_forward, supports_fused_head
 
 CPU = torch.device("cpu")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prime_rl.config import load_config
-from prime_rl.run import remove_weight_copies
+from prime_rl.launch.supervisor import remove_weight_copies
 
 
 def _write(path: Path, size: int) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import socket
 from pathlib import Path
 
@@ -11,16 +12,16 @@ import torch
 from tiny_lm import make_tiny_lm
 
 import grpo
-from prime_rl.batching import make_micro_batches, split_minibatches
-from prime_rl.checkpoint import TrainerState, latest_step, load_checkpoint, save_checkpoint
-from prime_rl.client import OrchestratorClient
-from prime_rl.config import load_config
-from prime_rl.optimization import old_logprobs_for, train_minibatch, warmup_lambda
-from prime_rl.orchestrator import OrchestratorServer
-from prime_rl.protocol import RolloutBatch, RolloutSample, Verdict, VerdictRequest
+from prime_rl.api.client import OrchestratorClient
+from prime_rl.api.protocol import RolloutBatch, RolloutSample, Verdict, VerdictRequest
+from prime_rl.config import ConfigError, load_config
+from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import TaskSet
-from prime_rl.trainer import Trainer, build_loss
-from prime_rl.weights import load_policy_into
+from prime_rl.trainer.batching import make_micro_batches, split_minibatches
+from prime_rl.trainer.checkpoint import TrainerState, latest_step, load_checkpoint, save_checkpoint
+from prime_rl.trainer.process import Trainer
+from prime_rl.trainer.step import old_logprobs_for, train_minibatch, warmup_lambda
+from prime_rl.weights.files import load_policy_into
 
 CPU = torch.device("cpu")
 
@@ -87,10 +88,19 @@ def test_warmup_schedule():
 
 
 def test_loss_overrides_and_bad_recipe():
-    cfg = load_config(None, ["--trainer.recipe", "dapo", "--trainer.eps_high", "0.3"]).trainer
-    assert build_loss(cfg).config.eps_high == 0.3
-    with pytest.raises(ValueError):
-        build_loss(load_config(None, ["--trainer.recipe", "nope"]).trainer)
+    cfg = load_config(None, ["--trainer.loss.recipe", "dapo", "--trainer.loss.eps_high", "0.3"]).trainer
+    assert cfg.loss == dataclasses.replace(grpo.RECIPES["dapo"], eps_high=0.3)
+    assert grpo.Loss(cfg.loss).config.eps_high == 0.3
+    assert load_config(None).trainer.loss == grpo.RECIPES["intellect2"]  # the default recipe
+    # grpo's own validation, at load time: unknown recipe, unknown field, out-of-range value
+    with pytest.raises(ConfigError, match="unknown recipe 'nope'"):
+        load_config(None, ["--trainer.loss.recipe", "nope"])
+    with pytest.raises(ConfigError, match=r"unknown LossConfig fields \['delt'\]"):
+        load_config(None, ["--trainer.loss.delt", "4"])
+    with pytest.raises(ConfigError, match="delta must be > 1 \\+ eps_high"):
+        load_config(None, ["--trainer.loss.delta", "1.1"])
+    with pytest.raises(ConfigError, match=r"\[trainer.loss\] table, not in \[trainer\]: delta"):
+        load_config(None, ["--trainer.delta", "4"])  # the old flat key says where it moved
 
 
 def test_checkpoint_roundtrip_resumes_identically(tmp_path, random_samples):
@@ -118,13 +128,13 @@ def test_checkpoint_roundtrip_resumes_identically(tmp_path, random_samples):
 
     model, opt = fresh()
     step(model, opt)
-    save_checkpoint(tmp_path, model, opt, TrainerState(step=1, consumed=("b/0",)))
+    save_checkpoint(tmp_path, model, opt, TrainerState(step=1, scheduler={"last_epoch": 1}))
     (tmp_path / "step_2").mkdir()  # an incomplete checkpoint (no COMPLETE marker) is ignored
     expected = step(model, opt)
     assert latest_step(tmp_path) == 1
     model2, opt2 = fresh()
     state = load_checkpoint(tmp_path, model2, opt2)
-    assert state.step == 1 and state.consumed == ("b/0",)
+    assert state == TrainerState(step=1, scheduler={"last_epoch": 1})
     resumed = step(model2, opt2)
     assert resumed.loss == pytest.approx(expected.loss, rel=1e-6)
     assert resumed.grad_norm == pytest.approx(expected.grad_norm, rel=1e-5)
@@ -258,4 +268,6 @@ def test_is_correction_inference_old_logprobs_and_kl_reference(random_samples):
     )
     assert direct.mean_ratio < 0.5 and direct.mismatch_kl == 0.0
     with pytest.raises(ValueError):
-        load_config(None, ["--trainer.old_logprobs", "inference", "--trainer.is_correction", "token_mask"])
+        load_config(
+            None, ["--trainer.old_logprobs", "inference", "--trainer.loss.is_correction", "token_mask"]
+        )

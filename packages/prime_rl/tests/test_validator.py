@@ -11,16 +11,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 
-from prime_rl import assignment
-from prime_rl.backend import HFBackend
-from prime_rl.client import OrchestratorClient
+from prime_rl.api import assignment
+from prime_rl.api.client import OrchestratorClient
+from prime_rl.api.protocol import LeaseRecord, LeaseTask, PendingBatch, RolloutBatch, TaskLease
 from prime_rl.config import load_config
-from prime_rl.hostile import BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
-from prime_rl.orchestrator import OrchestratorServer
-from prime_rl.protocol import LeaseRecord, LeaseTask, PendingBatch, RolloutBatch, TaskLease
+from prime_rl.inference.backend import HFBackend
+from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
-from prime_rl.validation import Checks, Reason, validate_batch
-from prime_rl.validator import Validator, WorkerLedger
+from prime_rl.validator.checks import Checks, Reason, validate_batch
+from prime_rl.validator.process import FailureTracker, Validator
+from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 
 RUN_SEED = 7
 NUM_TASKS = 12
@@ -272,13 +272,13 @@ def test_validator_never_crashes_on_hostile_samples(backend, proofs, tokens, log
 HONEST_CACHE: dict[str, RolloutBatch] = {}
 
 
-def test_ledger_bans_over_threshold():
-    ledger = WorkerLedger(ban_failure_rate=0.5, ban_min_samples=10)
-    assert ledger.record("good", accepted=9, rejected=1) is None
-    assert ledger.record("bad", accepted=2, rejected=3) is None  # too few samples to judge
-    reason = ledger.record("bad", accepted=0, rejected=5)
+def test_failure_tracker_bans_over_threshold():
+    failures = FailureTracker(ban_failure_rate=0.5, ban_min_samples=10)
+    assert failures.record("good", accepted=9, rejected=1) is None
+    assert failures.record("bad", accepted=2, rejected=3) is None  # too few samples to judge
+    reason = failures.record("bad", accepted=0, rejected=5)
     assert reason is not None and "8/10" in reason
-    assert ledger.record("bad", accepted=0, rejected=5) is None  # banned once
+    assert failures.record("bad", accepted=0, rejected=5) is None  # banned once
 
 
 def test_every_behaviour_name_is_known():

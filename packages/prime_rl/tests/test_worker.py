@@ -11,16 +11,16 @@ import torch
 from tiny_lm import make_tiny_lm
 
 import shardcast
-from prime_rl.client import OrchestratorClient
+from prime_rl.api.client import OrchestratorClient
 from prime_rl.config import load_config
-from prime_rl.hostile import EXPECTED_REASONS, MIXED_CYCLE
-from prime_rl.orchestrator import OrchestratorServer
-from prime_rl.policy_store import PolicyUnavailable
+from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
-from prime_rl.validation import Reason, validate_batch
-from prime_rl.validator import checks_from
-from prime_rl.weights import save_policy
-from prime_rl.worker import Worker
+from prime_rl.validator.checks import Reason, validate_batch
+from prime_rl.validator.process import checks_from
+from prime_rl.weights.files import save_policy
+from prime_rl.weights.store import PolicyUnavailable
+from prime_rl.worker.hostile import EXPECTED_REASONS, MIXED_CYCLE
+from prime_rl.worker.process import Worker
 
 
 def free_port() -> int:

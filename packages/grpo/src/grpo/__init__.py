@@ -11,30 +11,63 @@ Three independent axes, each a pure function over tensors:
 Plus regularisers (:func:`kl_k1`, :func:`kl_k2`, :func:`kl_k3`, :func:`entropy_bonus`),
 memory-lean log-probs (:func:`selective_log_softmax`, :func:`entropy_from_logits`,
 :func:`logprobs_from_hidden`), filters, sequence packing and the :class:`Loss` recipe helper.
+
+Import cost: the errors and the recipes as plain data (:class:`LossConfig`, :data:`RECIPES`,
+:func:`loss_config`) load with the package and need no torch, so a config loader can validate a
+loss on a machine that never trains. Every name that computes with tensors is imported on first
+use (PEP 562 ``__getattr__``), which is when torch loads.
 """
 
-from grpo.advantages import group_center, group_zscore, rloo
-from grpo.aggregate import AGGREGATION_MODES, AggregationMode, aggregate
-from grpo.correction import importance_log_ratio, masked_is_weights, truncated_is_weights
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from grpo.errors import GrpoError, InvalidParameterError, ShapeError
-from grpo.filters import informative_groups, mask_truncated, nonzero_advantage_mask, soft_overlong_penalty
-from grpo.hidden import LogprobsAndEntropy, logprobs_from_hidden
-from grpo.logprobs import entropy_from_logits, selective_log_softmax
-from grpo.loss import RECIPES, Loss, LossConfig, LossMetrics, LossOutput
-from grpo.objectives import (
-    ClipStats,
-    cispo,
-    clip_stats,
-    dppo_tv_mask,
-    gspo,
-    ppo_clip,
-    sapo,
-    sequence_mean_log_ratio,
-)
-from grpo.packing import PackedBatch, Placement, block_causal_mask, first_fit_decreasing, pack_sequences
-from grpo.regularizers import entropy_bonus, high_entropy_mask, kl_k1, kl_k2, kl_k3, kl_penalty
+from grpo.recipes import AGGREGATION_MODES, RECIPES, AggregationMode, LossConfig, loss_config
 
 __version__ = "0.1.0"
+
+# Name -> submodule, for the names that need torch (imported on first attribute access).
+_TORCH_EXPORTS = {
+    "group_center": "advantages",
+    "group_zscore": "advantages",
+    "rloo": "advantages",
+    "aggregate": "aggregation",
+    "importance_log_ratio": "correction",
+    "masked_is_weights": "correction",
+    "truncated_is_weights": "correction",
+    "informative_groups": "filters",
+    "mask_truncated": "filters",
+    "nonzero_advantage_mask": "filters",
+    "soft_overlong_penalty": "filters",
+    "LogprobsAndEntropy": "hidden",
+    "logprobs_from_hidden": "hidden",
+    "entropy_from_logits": "logprobs",
+    "selective_log_softmax": "logprobs",
+    "Loss": "loss",
+    "LossMetrics": "loss",
+    "LossOutput": "loss",
+    "ClipStats": "objectives",
+    "cispo": "objectives",
+    "clip_stats": "objectives",
+    "dppo_tv_mask": "objectives",
+    "gspo": "objectives",
+    "ppo_clip": "objectives",
+    "sapo": "objectives",
+    "sequence_mean_log_ratio": "objectives",
+    "PackedBatch": "packing",
+    "Placement": "packing",
+    "block_causal_mask": "packing",
+    "first_fit_decreasing": "packing",
+    "pack_sequences": "packing",
+    "entropy_bonus": "regularizers",
+    "high_entropy_mask": "regularizers",
+    "kl_k1": "regularizers",
+    "kl_k2": "regularizers",
+    "kl_k3": "regularizers",
+    "kl_penalty": "regularizers",
+}
 
 __all__ = [
     "AGGREGATION_MODES",
@@ -71,6 +104,7 @@ __all__ = [
     "kl_k3",
     "kl_penalty",
     "logprobs_from_hidden",
+    "loss_config",
     "mask_truncated",
     "masked_is_weights",
     "nonzero_advantage_mask",
@@ -83,3 +117,46 @@ __all__ = [
     "soft_overlong_penalty",
     "truncated_is_weights",
 ]
+
+
+# Submodules load on first access too (``grpo.logprobs.CHUNK_ELEMENTS``). No submodule shares a
+# name with an exported function: importing ``grpo.x`` sets the package attribute ``x`` to the
+# module, which would hide a function ``grpo.x`` (hence ``aggregation.py`` holds ``aggregate``).
+_SUBMODULES = frozenset(_TORCH_EXPORTS.values()) | {"tensor_checks"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"grpo.{name}")
+    module = _TORCH_EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'grpo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"grpo.{module}"), name)
+    globals()[name] = value  # later accesses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:
+    from grpo.advantages import group_center, group_zscore, rloo
+    from grpo.aggregation import aggregate
+    from grpo.correction import importance_log_ratio, masked_is_weights, truncated_is_weights
+    from grpo.filters import informative_groups, mask_truncated, nonzero_advantage_mask, soft_overlong_penalty
+    from grpo.hidden import LogprobsAndEntropy, logprobs_from_hidden
+    from grpo.logprobs import entropy_from_logits, selective_log_softmax
+    from grpo.loss import Loss, LossMetrics, LossOutput
+    from grpo.objectives import (
+        ClipStats,
+        cispo,
+        clip_stats,
+        dppo_tv_mask,
+        gspo,
+        ppo_clip,
+        sapo,
+        sequence_mean_log_ratio,
+    )
+    from grpo.packing import PackedBatch, Placement, block_causal_mask, first_fit_decreasing, pack_sequences
+    from grpo.regularizers import entropy_bonus, high_entropy_mask, kl_k1, kl_k2, kl_k3, kl_penalty

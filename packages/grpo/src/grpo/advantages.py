@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo.errors import InvalidParameterError, ShapeError, check_finite_param
+from grpo.errors import InvalidParameterError, ShapeError, check_nonnegative
 
 __all__ = ["group_center", "group_zscore", "rloo"]
 
@@ -46,9 +46,7 @@ def group_zscore(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> t
     residue that eps alone does not absorb; here the numerator is exactly 0 in that
     case, so the advantage stays exactly 0.
     """
-    check_finite_param("eps", eps)
-    if eps < 0:
-        raise InvalidParameterError(f"eps must be >= 0, got {eps}")
+    check_nonnegative("eps", eps)
     grouped = _grouped(rewards, group_size)
     if group_size == 1:
         return torch.zeros_like(grouped).view(-1)

@@ -23,14 +23,9 @@ from typing import Literal
 
 import torch
 
-from grpo.errors import (
-    InvalidParameterError,
-    as_bool_mask,
-    check_2d,
-    check_finite_param,
-    check_same_shape,
-)
+from grpo.errors import InvalidParameterError, check_positive, check_weight_band
 from grpo.objectives import LOG_RATIO_CLAMP
+from grpo.tensor_checks import as_bool_mask, check_2d, check_same_shape
 
 __all__ = ["Level", "importance_log_ratio", "masked_is_weights", "truncated_is_weights"]
 
@@ -76,9 +71,7 @@ def truncated_is_weights(
     Pitfall: truncation keeps far-off-policy tokens at weight ``cap``; to drop them use
     :func:`masked_is_weights`.
     """
-    check_finite_param("cap", cap)
-    if cap <= 0:
-        raise InvalidParameterError(f"cap must be > 0, got {cap}")
+    check_positive("cap", cap)
     valid = as_bool_mask(mask, old_logprobs)
     log_ratio = importance_log_ratio(old_logprobs, inference_logprobs, valid, level=level)
     weights = torch.exp(log_ratio).clamp(max=cap)
@@ -105,10 +98,7 @@ def masked_is_weights(
     Pitfall: masked tokens still count in a token-mean denominator unless you also drop
     them from the loss mask (``mask & (w > 0)``); choose deliberately.
     """
-    check_finite_param("low", low)
-    check_finite_param("high", high)
-    if not 0.0 <= low < high:
-        raise InvalidParameterError(f"need 0 <= low < high, got low={low}, high={high}")
+    check_weight_band("low", low, "high", high)
     valid = as_bool_mask(mask, old_logprobs)
     log_ratio = importance_log_ratio(old_logprobs, inference_logprobs, valid, level=level)
     ratio = torch.exp(log_ratio)

@@ -1,12 +1,14 @@
-"""Exception types and the small input checks shared by every module.
+"""Exception types and the hyper-parameter checks shared by every module (torch-free).
 
 Every public function validates its inputs at the boundary and raises one of these
-(both subclass :class:`ValueError`, so ``except ValueError`` keeps working).
+(both subclass :class:`ValueError`, so ``except ValueError`` keeps working). Each valid
+range is written once here and used twice: by the function at call time and by
+:class:`grpo.LossConfig` at construction, which must work without torch (a config loader
+validates a loss on machines that never train). Tensor checks live in
+:mod:`grpo.tensor_checks`.
 """
 
 from __future__ import annotations
-
-import torch
 
 __all__ = ["GrpoError", "InvalidParameterError", "ShapeError"]
 
@@ -36,59 +38,34 @@ def check_positive(name: str, value: float) -> None:
         raise InvalidParameterError(f"{name} must be > 0, got {value!r}")
 
 
-def check_2d(name: str, tensor: torch.Tensor) -> None:
-    """Raise unless ``tensor`` is a floating-point ``[B, T]`` tensor."""
-    if not isinstance(tensor, torch.Tensor):
-        raise ShapeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dim() != 2:
-        raise ShapeError(f"{name} must have shape [B, T], got {tuple(tensor.shape)}")
-    if not tensor.is_floating_point():
-        raise ShapeError(f"{name} must be a floating-point tensor, got {tensor.dtype}")
+def check_nonnegative(name: str, value: float) -> None:
+    """Raise unless ``value`` is finite and >= 0."""
+    check_finite_param(name, value)
+    if value < 0:
+        raise InvalidParameterError(f"{name} must be >= 0, got {value!r}")
 
 
-def as_bool_mask(mask: torch.Tensor | None, like: torch.Tensor, name: str = "mask") -> torch.Tensor:
-    """Return ``mask`` as a bool tensor shaped like ``like`` (all True when ``mask`` is None).
-
-    Accepts bool masks and numeric 0/1 masks; any other value is an error, because a
-    fractional "mask" silently turns into a per-token weight.
-    """
-    if mask is None:
-        return torch.ones(like.shape, dtype=torch.bool, device=like.device)
-    if not isinstance(mask, torch.Tensor):
-        raise ShapeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.shape != like.shape:
-        raise ShapeError(f"{name} has shape {tuple(mask.shape)} but the log-probs have {tuple(like.shape)}")
-    if mask.dtype == torch.bool:
-        return mask
-    if not bool(((mask == 0) | (mask == 1)).all()):
-        raise ShapeError(
-            f"{name} must contain only 0 and 1 (or be bool); use a separate weight for fractions"
-        )
-    return mask != 0
-
-
-def check_same_shape(reference_name: str, reference: torch.Tensor, **others: torch.Tensor | None) -> None:
-    """Raise unless every tensor in ``others`` has ``reference``'s shape."""
-    for name, tensor in others.items():
-        if tensor is None:
-            continue
-        if not isinstance(tensor, torch.Tensor):
-            raise ShapeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.shape != reference.shape:
-            raise ShapeError(
-                f"{name} has shape {tuple(tensor.shape)} but {reference_name} has {tuple(reference.shape)}"
+def check_clip(eps_low: float, eps_high: float, delta: float | None = None) -> None:
+    """The PPO clip band [1 − eps_low, 1 + eps_high] and INTELLECT-2's cap δ > 1 + eps_high."""
+    check_finite_param("eps_low", eps_low)
+    check_finite_param("eps_high", eps_high)
+    if not 0.0 <= eps_low < 1.0:
+        raise InvalidParameterError(f"eps_low must be in [0, 1) (an offset below 1), got {eps_low}")
+    if eps_high < 0.0:
+        raise InvalidParameterError(f"eps_high must be >= 0 (an offset above 1), got {eps_high}")
+    if delta is not None:
+        check_finite_param("delta", delta)
+        if not delta > 1.0 + eps_high:
+            raise InvalidParameterError(
+                f"delta must be > 1 + eps_high = {1.0 + eps_high} (it caps ratios above the clip band), got {delta}"
             )
 
 
-def broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Return ``advantages`` (``[B]`` or ``[B, T]``) as ``[B, T]``, detached (advantages are data)."""
-    if not isinstance(advantages, torch.Tensor):
-        raise ShapeError(f"advantages must be a torch.Tensor, got {type(advantages).__name__}")
-    if advantages.dim() == 1 and advantages.shape[0] == like.shape[0]:
-        return advantages.detach()[:, None].expand_as(like)
-    if advantages.shape == like.shape:
-        return advantages.detach()
-    raise ShapeError(
-        f"advantages must have shape [B]={like.shape[0]} or [B, T]={tuple(like.shape)}, "
-        f"got {tuple(advantages.shape)}"
-    )
+def check_weight_band(low_name: str, low: float, high_name: str, high: float) -> None:
+    """An importance-weight band ``0 <= low < high`` (CISPO's floor and cap, the MIS band)."""
+    check_finite_param(low_name, low)
+    check_finite_param(high_name, high)
+    if not 0.0 <= low < high:
+        raise InvalidParameterError(
+            f"need 0 <= {low_name} < {high_name}, got {low_name}={low}, {high_name}={high}"
+        )

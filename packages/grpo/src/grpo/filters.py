@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from grpo.errors import InvalidParameterError, ShapeError, as_bool_mask, check_finite_param
+from grpo.errors import InvalidParameterError, ShapeError, check_finite_param
+from grpo.tensor_checks import as_bool_mask
 
 __all__ = ["informative_groups", "mask_truncated", "nonzero_advantage_mask", "soft_overlong_penalty"]
 

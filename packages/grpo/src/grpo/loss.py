@@ -1,4 +1,7 @@
-"""Named recipes: one object composing advantage estimator, objective, aggregation and regularisers.
+"""A recipe as a callable loss: one object composing advantage, objective, aggregation, regularisers.
+
+The recipes themselves (:class:`~grpo.recipes.LossConfig`, :data:`~grpo.recipes.RECIPES`) are
+torch-free plain data in :mod:`grpo.recipes`; :class:`Loss` is what computes with them.
 
 >>> loss_fn = Loss("dapo")
 >>> out = loss_fn(logprobs, old_logprobs, advantages, mask, num_tokens=global_tokens)  # doctest: +SKIP
@@ -29,17 +32,15 @@ accumulated gradient then equals the full-batch gradient.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from grpo.advantages import group_center, group_zscore, rloo
-from grpo.aggregate import AGGREGATION_MODES, AggregationMode, aggregate
+from grpo.aggregation import aggregate
 from grpo.correction import Level, masked_is_weights, truncated_is_weights
-from grpo.errors import InvalidParameterError, as_bool_mask, check_2d, check_same_shape
+from grpo.errors import InvalidParameterError
 from grpo.objectives import (
     LOG_RATIO_CLAMP,
     ClipStats,
@@ -49,105 +50,13 @@ from grpo.objectives import (
     ppo_clip,
     sequence_mean_log_ratio,
 )
-from grpo.regularizers import KLEstimator, entropy_bonus, kl_k3, kl_penalty
+from grpo.recipes import LossConfig, loss_config
+from grpo.regularizers import entropy_bonus, kl_k3, kl_penalty
+from grpo.tensor_checks import as_bool_mask, check_2d, check_same_shape
 
-__all__ = ["RECIPES", "Loss", "LossConfig", "LossMetrics", "LossOutput"]
-
-AdvantageName = Literal["group_zscore", "group_center", "rloo"]
-ObjectiveName = Literal["ppo_clip", "gspo", "cispo"]
-ISCorrection = Literal["token_truncate", "sequence_truncate", "token_mask", "sequence_mask"]
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """Every axis of a recipe as a flat, validated, immutable config."""
-
-    advantage: AdvantageName = "group_zscore"
-    """Advantage estimator used by :meth:`Loss.advantages`."""
-    std_eps: float = 1e-6
-    """ε of group_zscore (verl / INTELLECT-2 1e-6; TRL 1e-4)."""
-    objective: ObjectiveName = "ppo_clip"
-    """Per-token objective: ppo_clip, gspo or cispo."""
-    eps_low: float = 0.2
-    """Clip offset below 1 (ppo_clip, gspo)."""
-    eps_high: float = 0.2
-    """Clip offset above 1 (ppo_clip, gspo); DAPO clip-higher 0.28."""
-    delta: float | None = None
-    """INTELLECT-2 two-sided cap on the ratio (ppo_clip only); must exceed 1 + eps_high."""
-    is_cap: float = 5.0
-    """CISPO absolute cap on the detached IS weight."""
-    aggregation: AggregationMode = "token_mean"
-    """How per-token losses become a scalar (see :func:`grpo.aggregate`)."""
-    constant: float | None = None
-    """Per-sequence normaliser C for aggregation 'constant' (may be given per call instead)."""
-    kl_coef: float = 0.0
-    """β of the KL-to-reference term (needs ``ref_logprobs``)."""
-    kl_estimator: KLEstimator = "k3"
-    """KL estimator for the penalty: k1, k2 or k3."""
-    entropy_coef: float = 0.0
-    """α of the entropy bonus (needs ``entropy``)."""
-    is_correction: ISCorrection | None = None
-    """Trainer/inference mismatch correction applied when ``inference_logprobs`` are given."""
-    is_threshold: float = 2.0
-    """TIS cap (truncate modes) or the upper bound of the MIS band (mask modes)."""
-    is_low: float = 0.5
-    """Lower bound of the MIS band (mask modes)."""
-
-    def __post_init__(self) -> None:
-        if self.advantage not in _ADVANTAGES:
-            raise InvalidParameterError(
-                f"unknown advantage {self.advantage!r}; choose one of {sorted(_ADVANTAGES)}"
-            )
-        if self.objective not in ("ppo_clip", "gspo", "cispo"):
-            raise InvalidParameterError(
-                f"unknown objective {self.objective!r}; choose ppo_clip, gspo or cispo"
-            )
-        if self.aggregation not in AGGREGATION_MODES:
-            raise InvalidParameterError(
-                f"unknown aggregation {self.aggregation!r}; choose one of {AGGREGATION_MODES}"
-            )
-        if self.delta is not None and self.objective != "ppo_clip":
-            raise InvalidParameterError("delta applies to the ppo_clip objective only")
-        if self.is_correction not in (
-            None,
-            "token_truncate",
-            "sequence_truncate",
-            "token_mask",
-            "sequence_mask",
-        ):
-            raise InvalidParameterError(f"unknown is_correction {self.is_correction!r}")
-        if self.kl_coef < 0 or self.entropy_coef < 0:
-            raise InvalidParameterError("kl_coef and entropy_coef must be >= 0")
-        # Let the objective validate its own hyper-parameters now rather than at the first step.
-        probe = torch.zeros(1, 1, dtype=torch.float64)
-        self._objective(probe, probe, probe, None)
-        if self.is_correction is not None and self.is_correction.endswith("truncate"):
-            truncated_is_weights(probe, probe, cap=self.is_threshold)
-        elif self.is_correction is not None:
-            masked_is_weights(probe, probe, low=self.is_low, high=self.is_threshold)
-
-    def _objective(
-        self, logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        if self.objective == "ppo_clip":
-            return ppo_clip(
-                logprobs, old, adv, mask, eps_low=self.eps_low, eps_high=self.eps_high, delta=self.delta
-            )
-        if self.objective == "gspo":
-            return gspo(logprobs, old, adv, mask, eps_low=self.eps_low, eps_high=self.eps_high)
-        return cispo(logprobs, old, adv, mask, is_cap=self.is_cap)
-
+__all__ = ["Loss", "LossMetrics", "LossOutput"]
 
 _ADVANTAGES = {"group_zscore": group_zscore, "group_center": group_center, "rloo": rloo}
-
-RECIPES: Mapping[str, LossConfig] = {
-    "intellect2": LossConfig(delta=4.0, aggregation="constant", entropy_coef=0.001),
-    "grpo": LossConfig(aggregation="seq_mean_token_mean", kl_coef=0.04),
-    "dr_grpo": LossConfig(advantage="group_center", aggregation="constant"),
-    "dapo": LossConfig(eps_high=0.28, aggregation="token_mean"),
-    "gspo": LossConfig(objective="gspo", eps_low=3e-4, eps_high=4e-4, aggregation="seq_mean_token_mean"),
-    "cispo": LossConfig(objective="cispo", aggregation="token_mean"),
-}
 
 
 @dataclass(frozen=True)
@@ -196,6 +105,16 @@ class LossOutput:
     metrics: LossMetrics
 
 
+def _objective(
+    cfg: LossConfig, logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    if cfg.objective == "ppo_clip":
+        return ppo_clip(logprobs, old, adv, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high, delta=cfg.delta)
+    if cfg.objective == "gspo":
+        return gspo(logprobs, old, adv, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high)
+    return cispo(logprobs, old, adv, mask, is_cap=cfg.is_cap)
+
+
 def _masked_mean(values: torch.Tensor, valid: torch.Tensor) -> float:
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
     return float(torch.where(valid, values.detach(), zero).sum() / max(int(valid.sum()), 1))
@@ -204,22 +123,13 @@ def _masked_mean(values: torch.Tensor, valid: torch.Tensor) -> float:
 class Loss:
     """A recipe's loss as a callable: ``Loss("intellect2", constant=seq_len)(ℓ, ℓ_old, Â, mask)``.
 
-    ``recipe`` names an entry of :data:`RECIPES` (or pass a :class:`LossConfig`); keyword
+    ``recipe`` names an entry of :data:`~grpo.recipes.RECIPES` (or pass a :class:`LossConfig`); keyword
     ``overrides`` replace single fields, e.g. ``Loss("dapo", kl_coef=0.001)``. The config is
     frozen and validated at construction.
     """
 
     def __init__(self, recipe: str | LossConfig = "intellect2", **overrides: Any) -> None:
-        if isinstance(recipe, LossConfig):
-            base = recipe
-        elif recipe in RECIPES:
-            base = RECIPES[recipe]
-        else:
-            raise InvalidParameterError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")
-        unknown = set(overrides) - {f.name for f in dataclasses.fields(LossConfig)}
-        if unknown:
-            raise InvalidParameterError(f"unknown LossConfig fields {sorted(unknown)}")
-        self.config: LossConfig = dataclasses.replace(base, **overrides)
+        self.config: LossConfig = loss_config(recipe, **overrides)
 
     def __repr__(self) -> str:
         return f"Loss({self.config!r})"
@@ -271,7 +181,7 @@ class Loss:
                 f"entropy_coef={cfg.entropy_coef} needs entropy= (e.g. logprobs_from_hidden(..., return_entropy=True)) "
                 "or entropy_coef=0"
             )
-        policy = cfg._objective(logprobs, old_logprobs, advantages, valid)  # [B, T]
+        policy = _objective(cfg, logprobs, old_logprobs, advantages, valid)  # [B, T]
         is_masked_fraction = None
         mismatch_kl = None
         if inference_logprobs is not None:

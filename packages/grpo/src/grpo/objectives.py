@@ -20,14 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.errors import (
-    InvalidParameterError,
-    as_bool_mask,
-    broadcast_advantages,
-    check_2d,
-    check_finite_param,
-    check_same_shape,
-)
+from grpo.errors import InvalidParameterError, check_clip, check_finite_param, check_weight_band
+from grpo.tensor_checks import as_bool_mask, broadcast_advantages, check_2d, check_same_shape
 
 __all__ = [
     "LOG_RATIO_CLAMP",
@@ -69,15 +63,6 @@ def _prepare(
     return valid, log_ratio, torch.where(valid, adv, zero)
 
 
-def _check_eps(eps_low: float, eps_high: float) -> None:
-    check_finite_param("eps_low", eps_low)
-    check_finite_param("eps_high", eps_high)
-    if not 0.0 <= eps_low < 1.0:
-        raise InvalidParameterError(f"eps_low must be in [0, 1) (an offset below 1), got {eps_low}")
-    if eps_high < 0.0:
-        raise InvalidParameterError(f"eps_high must be >= 0 (an offset above 1), got {eps_high}")
-
-
 def _masked(valid: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
 
@@ -112,13 +97,7 @@ def ppo_clip(
     Pitfall: without δ the loss of a negative-advantage token grows without bound as
     r → ∞ (stale asynchronous data makes large r common); pass ``delta``.
     """
-    _check_eps(eps_low, eps_high)
-    if delta is not None:
-        check_finite_param("delta", delta)
-        if not delta > 1.0 + eps_high:
-            raise InvalidParameterError(
-                f"delta must be > 1 + eps_high = {1.0 + eps_high} (it caps ratios above the clip band), got {delta}"
-            )
+    check_clip(eps_low, eps_high, delta)
     valid, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask)
     ratio = torch.exp(log_ratio)  # [B, T]
     if delta is not None:
@@ -167,7 +146,7 @@ def gspo(
     Pitfall: GSPO's ε is ~1000× smaller than token-level PPO's; reusing 0.2 clips nothing.
     Aggregating with ``token_mean`` weights each sequence by its length.
     """
-    _check_eps(eps_low, eps_high)
+    check_clip(eps_low, eps_high)
     valid, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask)
     lengths = valid.sum(dim=-1, keepdim=True).clamp(min=1).to(logprobs.dtype)
     seq_log_ratio = (log_ratio.sum(dim=-1, keepdim=True) / lengths).detach().clamp(max=GSPO_LOG_RATIO_MAX)
@@ -202,10 +181,7 @@ def cispo(
     Pitfall: the loss *value* is −w·Â·ℓ, which depends on the log-prob magnitude and is
     not 0 at r = 1; compare gradients, not loss values, with PPO-style objectives.
     """
-    check_finite_param("is_cap", is_cap)
-    check_finite_param("is_floor", is_floor)
-    if not 0.0 <= is_floor < is_cap:
-        raise InvalidParameterError(f"need 0 <= is_floor < is_cap, got is_floor={is_floor}, is_cap={is_cap}")
+    check_weight_band("is_floor", is_floor, "is_cap", is_cap)
     valid, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask)
     weight = torch.exp(log_ratio).clamp(is_floor, is_cap).detach()
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)

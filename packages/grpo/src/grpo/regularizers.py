@@ -13,19 +13,12 @@ KL term a constant with zero gradient; pass the ℓ you backpropagate through.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-from grpo.errors import (
-    InvalidParameterError,
-    ShapeError,
-    as_bool_mask,
-    check_2d,
-    check_finite_param,
-    check_same_shape,
-)
+from grpo.errors import InvalidParameterError, ShapeError, check_finite_param
 from grpo.objectives import LOG_RATIO_CLAMP
+from grpo.recipes import KLEstimator
+from grpo.tensor_checks import as_bool_mask, check_2d, check_same_shape
 
 __all__ = [
     "KLEstimator",
@@ -36,8 +29,6 @@ __all__ = [
     "kl_k3",
     "kl_penalty",
 ]
-
-KLEstimator = Literal["k1", "k2", "k3"]
 
 
 def _ref_log_ratio(

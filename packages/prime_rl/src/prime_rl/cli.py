@@ -3,14 +3,14 @@
 Roles (each a process; their code is imported only when chosen, so ``prime-rl orchestrator``
 never imports torch):
 
-  orchestrator  the HTTP API (prime_rl.orchestrator)
-  worker        an inference worker (prime_rl.worker)
-  validator     the trusted validator (prime_rl.validator)
-  trainer       the GRPO trainer (prime_rl.trainer; under torchrun: ``torchrun ... -m prime_rl.cli trainer``)
+  orchestrator  the HTTP API (prime_rl.orchestrator.server)
+  worker        an inference worker (prime_rl.worker.process)
+  validator     the trusted validator (prime_rl.validator.process)
+  trainer       the GRPO trainer (prime_rl.trainer.process; under torchrun: ``torchrun ... -m prime_rl.cli trainer``)
   evaluator     held-out evaluation of new policy versions (prime_rl.evaluator)
-  origin        the shardcast origin serving published policy versions (prime_rl.broadcast)
+  origin        the shardcast origin serving published policy versions (prime_rl.weights.broadcast)
   relay         a shardcast relay (``--index i`` picks shardcast.relay_ports[i])
-  run           all of the above on this machine (prime_rl.run)
+  run           all of the above on this machine (prime_rl.launch.supervisor)
 
 ``--print-config`` prints the resolved configuration as JSON and exits. Exit codes: the role's
 own, 2 for a bad command line or configuration.
@@ -30,14 +30,14 @@ from prime_rl.config import ConfigError, RunConfig, load_config
 __all__ = ["ROLES", "main"]
 
 ROLES: dict[str, tuple[str, str]] = {
-    "orchestrator": ("prime_rl.orchestrator", "main"),
-    "worker": ("prime_rl.worker", "main"),
-    "validator": ("prime_rl.validator", "main"),
-    "trainer": ("prime_rl.trainer", "main"),
+    "orchestrator": ("prime_rl.orchestrator.server", "main"),
+    "worker": ("prime_rl.worker.process", "main"),
+    "validator": ("prime_rl.validator.process", "main"),
+    "trainer": ("prime_rl.trainer.process", "main"),
     "evaluator": ("prime_rl.evaluator", "main"),
-    "origin": ("prime_rl.broadcast", "origin_main"),
-    "relay": ("prime_rl.broadcast", "relay_main"),
-    "run": ("prime_rl.run", "main"),
+    "origin": ("prime_rl.weights.broadcast", "origin_main"),
+    "relay": ("prime_rl.weights.broadcast", "relay_main"),
+    "run": ("prime_rl.launch.supervisor", "main"),
 }
 
 

@@ -1,10 +1,11 @@
 """The held-out evaluator: greedy accuracy of each policy version on a fixed seeded problem set.
 
-``prime-rl evaluator --config run.toml`` follows the policy versions the trainer publishes through
-shardcast (like a worker, but trusted and read-only) and, at version 0 (the initial weights at
-``model.path``), every ``evaluator.every`` versions and at the final version
-(``trainer.total_steps``), generates one greedy completion per held-out problem and scores it with
-the same ``verifiers`` reward the workers use. One metrics record per evaluation::
+``prime-rl evaluator --config run.toml`` fetches the policy versions the trainer publishes through
+shardcast (trusted and read-only, with the :class:`~prime_rl.weights.store.PolicyStore` the workers
+and the validator use) and, at version 0 (the initial weights at ``model.path``), every
+``evaluator.every`` versions and at the final version (``trainer.total_steps``), generates one
+greedy completion per held-out problem and scores it with the same ``verifiers`` reward the
+workers use. One metrics record per evaluation::
 
     {"event": "eval", "policy_version": 4, "accuracy": 0.42, "num_correct": 27, "num_problems": 64,
      "mean_completion_tokens": 3.1, "seconds": 6.2}
@@ -28,9 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
-
-from prime_rl.config import Section, TasksConfig
+from prime_rl.config import EvaluatorConfig, TasksConfig
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -47,22 +46,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class EvaluatorConfig(Section):
-    """[evaluator]: held-out greedy accuracy, before training and every few policy versions."""
-
-    enabled: bool = Field(True, description="Start the evaluator with `prime-rl run`.")
-    every: int = Field(2, ge=1, description="Evaluate every N policy versions (plus version 0 and the last).")
-    num_problems: int = Field(64, ge=1, description="Held-out problems (fixed, seeded).")
-    seed: int = Field(1_000_003, ge=0, description="Seed of the held-out set (distinct from tasks.seed).")
-    max_new_tokens: int = Field(0, ge=0, description="Completion limit (0 = sampling.max_new_tokens).")
-    batch_size: int = Field(64, ge=1, description="Problems per greedy generation batch.")
-    num_threads: int = Field(1, ge=1, description="torch.set_num_threads for this process.")
-    poll_interval_s: float = Field(1.0, gt=0, description="Seconds between checks for a new policy version.")
-    version_timeout_s: float = Field(
-        3600.0, gt=0, description="Give up if the next version to evaluate does not appear within this time."
-    )
 
 
 class EvaluatorError(RuntimeError):
@@ -159,13 +142,13 @@ def evaluate(
     """Greedy-decode every held-out prompt with ``backend`` and score it.
 
     Args:
-        backend: a :class:`prime_rl.backend.GenerationBackend` (its ``policy_version`` is reported).
+        backend: a :class:`prime_rl.inference.backend.GenerationBackend` (its ``policy_version`` is reported).
         task_set: the held-out problems (prompts already carry the template).
         max_new_tokens / stop: as the workers' sampling (temperature is 0 here).
         score: ``(task, completion_text) -> reward in [0, 1]``; default ``verifiers.verify``.
         num_examples: how many (prompt tail, completion) pairs to keep in the result.
     """
-    from prime_rl.backend import SamplingParams
+    from prime_rl.inference.backend import SamplingParams
     from prime_rl.tasks import encode_prompt
 
     started = time.perf_counter()
@@ -193,35 +176,14 @@ def evaluate(
     )
 
 
-def _await_version(client: Any, wanted: int, cfg: EvaluatorConfig) -> int:
-    """Block until shardcast offers a complete version >= ``wanted``; return the smallest such."""
-    deadline = time.monotonic() + cfg.version_timeout_s
-    while True:
-        import shardcast
-
-        try:
-            complete = client.list_versions().complete
-        except (shardcast.ShardcastError, OSError) as error:  # servers may not be up yet: keep polling
-            log.debug("listing versions failed: %s", error)
-            complete = {}
-        ready = sorted(version for version in complete if version >= wanted)
-        if ready:
-            return ready[0]
-        if time.monotonic() > deadline:
-            raise EvaluatorError(
-                f"policy version {wanted} did not appear within {cfg.version_timeout_s:.0f}s"
-            )
-        time.sleep(cfg.poll_interval_s)
-
-
 def main(config: RunConfig, name: str = "evaluator") -> int:
     """Process entry of ``prime-rl evaluator``: evaluate versions until the final one; returns 0."""
     import torch
 
-    import shardcast
-    from prime_rl.backend import HFBackend
+    from prime_rl.inference.backend import HFBackend
     from prime_rl.metrics import init_process
     from prime_rl.tasks import load_tasks
+    from prime_rl.weights.store import PolicyStore, PolicyUnavailable
 
     cfg: EvaluatorConfig = config.evaluator
     metrics = init_process("evaluator", name, config.run_dir)
@@ -230,9 +192,10 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
     heldout = heldout_task_set(config.tasks, cfg.num_problems, cfg.seed, training=training)
     backend = HFBackend(config.model.path, dtype=config.model.dtype, max_batch_size=cfg.batch_size)
     max_new_tokens = cfg.max_new_tokens or config.sampling.max_new_tokens
-    client = shardcast.Client(config.shardcast.client_servers)
-    weights_dir = Path(config.run_dir) / "evaluator"
-    weights_dir.mkdir(parents=True, exist_ok=True)
+    # Version 0 is the backend's own initial weights, so the cache holds only fetched versions.
+    store = PolicyStore(
+        config.shardcast.client_servers, Path(config.run_dir) / "evaluator" / "policies", None, keep=2
+    )
     total_steps = int(config.trainer.total_steps)
     log.info(
         "held-out set: %d problems (seed %d); evaluating versions %s",
@@ -245,9 +208,15 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
             continue  # an earlier wait already delivered a newer version
         if wanted > 0:
             waited = time.perf_counter()
-            version = _await_version(client, wanted, cfg)
-            fetched = client.fetch(version, weights_dir / "model.safetensors")
-            backend.load_weights(fetched.path, version)
+            try:
+                version = store.wait_for_published(
+                    wanted, timeout_s=cfg.version_timeout_s, poll_s=cfg.poll_interval_s
+                )
+            except PolicyUnavailable as error:
+                raise EvaluatorError(
+                    f"policy version {wanted} did not appear within {cfg.version_timeout_s:.0f}s"
+                ) from error
+            backend.load_weights(store.path(version), version)
             metrics.log("weights_loaded", policy_version=version, wait_s=time.perf_counter() - waited)
         result = evaluate(
             backend,

@@ -7,7 +7,7 @@
     with Origin("/srv/origin", port=8000) as origin:
         origin.publish("model.safetensors")                    # version 1
     Client(["http://origin:8000"]).fetch("latest", "model.safetensors")
-    Follower(Client(["http://relay:8000"]), reload, output_dir="/ckpt").start()  # hot reloads
+    Client(["http://relay:8000"]).follower(reload, output_dir="/ckpt").start()  # hot reloads
 
 Names are imported lazily (PEP 562), so ``shardcast publish`` and manifest tools start
 without loading aiohttp.
@@ -22,9 +22,9 @@ __version__ = "0.4.0"
 
 _EXPORTS = {
     "Client": "client",
-    "FetchResult": "client",
+    "FetchResult": "results",
     "Follower": "follower",
-    "VersionListing": "client",
+    "VersionListing": "results",
     "DeadlineExceededError": "errors",
     "IntegrityError": "errors",
     "ManifestError": "errors",
@@ -120,7 +120,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .client import Client, FetchResult, VersionListing
+    from .client import Client
     from .errors import (
         DeadlineExceededError,
         IntegrityError,
@@ -141,6 +141,7 @@ if TYPE_CHECKING:
     from .progress import Progress
     from .publish import publish_file
     from .relay import Relay
+    from .results import FetchResult, VersionListing
     from .server import HttpServer
     from .servers import ServerReport
     from .signing import (

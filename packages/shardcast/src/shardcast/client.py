@@ -1,12 +1,16 @@
-"""The client: list the versions servers offer, fetch one verified and atomically.
+"""The client: list the versions servers offer, fetch one verified and atomically, or follow the newest.
 
-Typical use::
+Typical use (an inference worker hot-reloading weights)::
 
     client = Client(["http://relay-a:8000", "http://relay-b:8000"])
     result = client.fetch("latest", "/ckpt/model.safetensors")
+    follower = client.follower(lambda r: reload_weights(r.path), output_dir="/ckpt").start()
+    ...
+    follower.stop()
 
-Following the newest version (hot reloads) is :class:`shardcast.follower.Follower`'s job,
-built on a client; the client itself knows nothing about following.
+Following is :class:`~shardcast.follower.Follower`'s job: it polls and fetches through any
+object that lists and fetches like a client, and :meth:`Client.follower` hands it this one.
+The dependency points one way (client -> follower); results live in :mod:`shardcast.results`.
 
 Synchronous methods run a private event loop (``asyncio.run``); inside async code use the
 ``a``-prefixed coroutines.
@@ -17,15 +21,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import aiohttp
 
 from .digest import digest_file
 from .errors import ManifestError, NoServerAvailableError, VersionNotFoundError
+from .follower import Follower
 from .layout import Index, shard_url_path
 from .manifest import Manifest
 from .planning import MAX_SHARDS
@@ -38,44 +43,14 @@ from .remote import (
     make_session,
     normalise_url,
 )
-from .servers import ServerPool, ServerReport
+from .results import FetchResult, VersionListing
+from .servers import ServerPool
 from .signing import VerifyKey
 from .sinks import OutputSink
 from .transfer import RateLimiter, ShardJob, Transfer
 
 log = logging.getLogger("shardcast.client")
 
-
-
-@dataclass(frozen=True)
-class FetchResult:
-    """Outcome of one :meth:`Client.fetch`."""
-
-    version: int
-    path: Path
-    manifest: Manifest
-    bytes_downloaded: int
-    bytes_resumed: int
-    bad_shards: int
-    used_delta: bool
-    seconds: float
-    servers: tuple[ServerReport, ...]
-
-
-@dataclass(frozen=True)
-class VersionListing:
-    """Versions offered by the reachable servers: ``{version: [servers]}``.
-
-    ``errors`` maps each server that gave no usable index to why, in words that say which
-    case it is: ``"unreachable: ..."`` or ``"corrupt index: ..."``.
-    """
-
-    versions: dict[int, list[str]]
-    complete: dict[int, list[str]]
-    errors: dict[str, str]
-
-    def latest(self) -> int | None:
-        return max(self.versions) if self.versions else None
 
 
 class Client:
@@ -291,6 +266,51 @@ class Client:
             session, order, number, verify_key=self.verify_key, max_shards=self.max_shards
         )
 
+
+    # ---- follow --------------------------------------------------------------------------
+
+    def follower(
+        self,
+        callback: Callable[[FetchResult], None],
+        *,
+        output_dir: str | os.PathLike[str],
+        poll_interval_s: float = 5.0,
+        keep: int | None = 3,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> Follower:
+        """A :class:`~shardcast.follower.Follower` of this client's servers (call ``.start()``,
+        later ``.stop()``); ``keep=None`` leaves pruning to the caller."""
+        return Follower(
+            self,
+            callback,
+            output_dir=output_dir,
+            poll_interval_s=poll_interval_s,
+            keep=keep,
+            deadline_s=deadline_s,
+            on_error=on_error,
+        )
+
+    def follow(
+        self,
+        callback: Callable[[FetchResult], None],
+        *,
+        output_dir: str | os.PathLike[str],
+        poll_interval_s: float = 5.0,
+        keep: int | None = 3,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Block, fetching each new newest version into ``output_dir/v<N>/<file>`` until ``stop`` is set."""
+        Follower(
+            self,
+            callback,
+            output_dir=output_dir,
+            poll_interval_s=poll_interval_s,
+            keep=keep,
+            deadline_s=deadline_s,
+            stop=stop,
+        ).run()
 
 def _listing(indexes: dict[str, Index], errors: dict[str, str]) -> VersionListing:
     versions: dict[int, list[str]] = {}

@@ -1,0 +1,298 @@
+"""The one HTTP client for the orchestrator API (used by worker, validator, trainer, evaluator).
+
+Every call has a per-request timeout and bounded retries with exponential backoff (at least the
+server's ``Retry-After``, honoured up to ``max_retry_after_s``) on connection errors, timeouts and
+5xx/429 answers (``OrchestratorBusy`` when the last answer was a 429 (``busy`` lease backpressure
+or ``rate_limited`` registration), else ``OrchestratorUnavailable``); a 4xx answer is the caller's fault and raises at once
+(``ClientRequestError`` with the server's message). Every request the client retries is
+idempotent on the server (see API.md), so a retry after a lost answer is safe.
+
+Usage::
+
+    client = OrchestratorClient("http://127.0.0.1:8700")
+    reg = client.register("gpu-box-1")          # remembers the worker token
+    lease = client.get_tasks(reg.worker_id)
+    client.submit_rollouts(RolloutBatch(...))
+
+Pitfall: a ``requests.Session`` is not safe to share between threads; use one client per thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import requests
+from pydantic import BaseModel, ValidationError
+
+from prime_rl.api.protocol import (
+    BanRequest,
+    BanResponse,
+    BatchVerdicts,
+    ClaimRequest,
+    ClaimResponse,
+    CommitRequest,
+    CommitResponse,
+    PendingResponse,
+    RegisterRequest,
+    RegisterResponse,
+    RolloutBatch,
+    StatusResponse,
+    SubmitResponse,
+    TaskLease,
+    VerdictRequest,
+    VerdictResponse,
+    WorkersResponse,
+)
+
+__all__ = [
+    "ApiError",
+    "ClientRequestError",
+    "OrchestratorBusy",
+    "OrchestratorClient",
+    "OrchestratorUnavailable",
+]
+
+log = logging.getLogger(__name__)
+R = TypeVar("R", bound=BaseModel)
+
+_RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+class ApiError(RuntimeError):
+    """Base of the client's errors."""
+
+
+class ClientRequestError(ApiError):
+    """The orchestrator answered 4xx: the request is wrong and retrying will not help.
+
+    ``status`` is the HTTP status, ``error`` the server's error code, ``message`` its explanation.
+    """
+
+    def __init__(self, status: int, error: str, message: str, path: str) -> None:
+        super().__init__(f"{path}: HTTP {status} {error}: {message}")
+        self.status = status
+        self.error = error
+        self.message = message
+
+
+class OrchestratorUnavailable(ApiError):
+    """No usable answer after every retry (connection refused, timeouts, 5xx, unparsable body)."""
+
+
+class OrchestratorBusy(OrchestratorUnavailable):
+    """The orchestrator kept answering 429 (``busy``: lease backpressure; ``rate_limited``: too many
+    registrations from this address): sleep and ask again later."""
+
+
+class OrchestratorClient:
+    """Typed client for the orchestrator (one per thread).
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8700``.
+        timeout_s: per-request timeout (connect and read), default 30.
+        retries: retries after the first attempt on transient failures, default 5.
+        backoff_s: first backoff, doubled per retry up to ``max_backoff_s`` (default 0.25 -> 4 s).
+        max_retry_after_s: longest server ``Retry-After`` honoured before a retry (default 60 s).
+        admin_token: bearer token for the trusted endpoints (validator/trainer/ban).
+        worker_token: bearer token of a registered worker (set by ``register``).
+        registration_token: bearer token ``register`` sends (``orchestrator.registration_token``).
+        sleep: how the client waits between attempts (default ``time.sleep``; tests inject one).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 30.0,
+        retries: int = 5,
+        backoff_s: float = 0.25,
+        max_backoff_s: float = 4.0,
+        max_retry_after_s: float = 60.0,
+        admin_token: str = "",
+        worker_token: str = "",
+        registration_token: str = "",
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.max_retry_after_s = max_retry_after_s
+        self.admin_token = admin_token
+        self.worker_token = worker_token
+        self.registration_token = registration_token
+        self.sleep = sleep
+        self._session = requests.Session()
+
+    def close(self) -> None:
+        self._session.close()
+
+    def __enter__(self) -> OrchestratorClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------- transport
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        response_model: type[R],
+        *,
+        body: BaseModel | None = None,
+        params: dict[str, Any] | None = None,
+        token: str = "",
+        retries: int | None = None,
+    ) -> R:
+        """Send one request with retries; parse the 2xx body into ``response_model``."""
+        url = self.base_url + path
+        data = body.model_dump_json().encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        attempts = 1 + (self.retries if retries is None else retries)
+        last_problem = ""
+        retry_after = 0.0
+        busy = False
+        for attempt in range(attempts):
+            if attempt:
+                backoff = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+                self.sleep(max(backoff, retry_after))
+            try:
+                response = self._session.request(
+                    method, url, data=data, params=params, headers=headers, timeout=self.timeout_s
+                )
+            except requests.RequestException as error:
+                last_problem, busy, retry_after = f"{type(error).__name__}: {error}", False, 0.0
+                log.debug("%s %s failed (attempt %d/%d): %s", method, path, attempt + 1, attempts, error)
+                continue
+            if response.status_code in _RETRY_STATUS:
+                last_problem = f"HTTP {response.status_code}: {response.text[:200]}"
+                busy = response.status_code == 429
+                retry_after = self._retry_after(response)
+                continue
+            busy = False
+            if 400 <= response.status_code < 500:
+                error_code, message = "http_error", response.text[:500]
+                try:
+                    payload = response.json()
+                    error_code = str(payload.get("error", error_code))
+                    message = str(payload.get("message", message))
+                except (ValueError, AttributeError):
+                    pass
+                raise ClientRequestError(response.status_code, error_code, message, path)
+            if response.status_code >= 300:
+                last_problem = f"unexpected HTTP {response.status_code}"
+                continue
+            try:
+                return response_model.model_validate_json(response.content)
+            except ValidationError as error:
+                last_problem = f"unparsable answer: {error}"
+                continue
+        error_type = OrchestratorBusy if busy else OrchestratorUnavailable
+        raise error_type(f"{method} {url}: no answer after {attempts} attempts ({last_problem})")
+
+    def _retry_after(self, response: requests.Response) -> float:
+        """The answer's ``Retry-After`` seconds, clipped to [0, max_retry_after_s] (0 if absent or
+        unparsable; an HTTP-date form is not used by the orchestrator and counts as absent)."""
+        try:
+            seconds = float(response.headers.get("Retry-After", 0))
+        except ValueError:
+            return 0.0
+        return min(self.max_retry_after_s, seconds) if math.isfinite(seconds) and seconds > 0 else 0.0
+
+    # ------------------------------------------------------------- public endpoints
+
+    def status(self) -> StatusResponse:
+        """GET /status."""
+        return self.request("GET", "/status", StatusResponse)
+
+    def wait_until_up(self, timeout_s: float = 60.0, poll_s: float = 0.2) -> StatusResponse:
+        """Poll /status until the orchestrator answers; raises ``OrchestratorUnavailable`` after timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.request("GET", "/status", StatusResponse, retries=0)
+            except OrchestratorUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(poll_s)
+
+    def register(self, name: str = "") -> RegisterResponse:
+        """POST /workers/register (with ``registration_token`` if set); remembers the returned token
+        for /tasks and /rollouts. A 429 ``rate_limited`` or 503 ``worker_limit`` answer is retried
+        after its ``Retry-After`` like any 429/5xx; registering twice makes two workers."""
+        answer = self.request(
+            "POST",
+            "/workers/register",
+            RegisterResponse,
+            body=RegisterRequest(name=name),
+            token=self.registration_token,
+        )
+        self.worker_token = answer.token
+        return answer
+
+    def get_tasks(
+        self, worker_id: str, *, step: int | None = None, batch_index: int | None = None
+    ) -> TaskLease:
+        """GET /tasks: the worker's next lease (or, with ``batch_index``, the same lease again)."""
+        params: dict[str, Any] = {"worker_id": worker_id}
+        if step is not None:
+            params["step"] = step
+        if batch_index is not None:
+            params["batch_index"] = batch_index
+        return self.request("GET", "/tasks", TaskLease, params=params, token=self.worker_token)
+
+    def submit_rollouts(self, batch: RolloutBatch) -> SubmitResponse:
+        """POST /rollouts: returns once the batch is durably stored (idempotent for the same batch)."""
+        return self.request("POST", "/rollouts", SubmitResponse, body=batch, token=self.worker_token)
+
+    def batch_verdicts(self, worker_id: str, batch_id: str) -> BatchVerdicts:
+        """GET /rollouts/verdicts: how the validator judged one of this worker's batches, and why."""
+        params = {"worker_id": worker_id, "batch_id": batch_id}
+        return self.request("GET", "/rollouts/verdicts", BatchVerdicts, params=params, token=self.worker_token)
+
+    def workers(self) -> WorkersResponse:
+        """GET /workers: per-worker accounting."""
+        return self.request("GET", "/workers", WorkersResponse)
+
+    # ------------------------------------------------------------- trusted endpoints
+
+    def pending(self, limit: int = 8) -> PendingResponse:
+        """GET /validator/pending: oldest batches awaiting verdicts."""
+        return self.request(
+            "GET", "/validator/pending", PendingResponse, params={"limit": limit}, token=self.admin_token
+        )
+
+    def post_verdicts(self, verdicts: VerdictRequest) -> VerdictResponse:
+        """POST /validator/verdicts (idempotent for identical verdicts)."""
+        return self.request(
+            "POST", "/validator/verdicts", VerdictResponse, body=verdicts, token=self.admin_token
+        )
+
+    def ban(self, worker_id: str, reason: str) -> BanResponse:
+        """POST /workers/ban."""
+        return self.request(
+            "POST",
+            "/workers/ban",
+            BanResponse,
+            body=BanRequest(worker_id=worker_id, reason=reason),
+            token=self.admin_token,
+        )
+
+    def claim(self, step: int, min_samples: int, *, filter_zero_advantage: bool = True) -> ClaimResponse:
+        """POST /trainer/claim: the step's samples (same answer on every repeat for one step)."""
+        body = ClaimRequest(step=step, min_samples=min_samples, filter_zero_advantage=filter_zero_advantage)
+        return self.request("POST", "/trainer/claim", ClaimResponse, body=body, token=self.admin_token)
+
+    def commit(self, step: int, policy_version: int) -> CommitResponse:
+        """POST /trainer/commit: step's claim consumed and ``policy_version`` (= step + 1) published."""
+        body = CommitRequest(step=step, policy_version=policy_version)
+        return self.request("POST", "/trainer/commit", CommitResponse, body=body, token=self.admin_token)

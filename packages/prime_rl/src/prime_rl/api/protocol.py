@@ -1,0 +1,371 @@
+"""The orchestrator's HTTP wire format: one pydantic model per request and response body.
+
+These models ARE the API (API.md documents them field by field; a test checks the two agree).
+The orchestrator validates every request body with ``Model.model_validate_json`` (strict JSON
+types, unknown keys rejected, NaN/Infinity rejected) and answers 4xx on any failure; the client
+parses every response with the same models.
+
+Pitfall: integers are strict: ``"3"`` or ``3.0`` is not an int, ``true`` is not an int.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from prime_rl.api.fields import (
+    MAX_DETAIL_CHARS,
+    NonNegInt,
+    ProofBytes,
+    Reason,
+    SampleId,
+    Seed,
+    TokenId,
+    WorkerId,
+)
+
+__all__ = [
+    "ApiModel",
+    "BanRequest",
+    "BanResponse",
+    "BatchVerdicts",
+    "ClaimRequest",
+    "ClaimResponse",
+    "CommitRequest",
+    "CommitResponse",
+    "ErrorResponse",
+    "LeaseRecord",
+    "LeaseSource",
+    "LeaseTask",
+    "PendingBatch",
+    "PendingResponse",
+    "RegisterRequest",
+    "RegisterResponse",
+    "RolloutBatch",
+    "RolloutSample",
+    "SampleId",
+    "StatusResponse",
+    "SubmitResponse",
+    "TaskLease",
+    "TrainSample",
+    "Verdict",
+    "VerdictRequest",
+    "VerdictResponse",
+    "WorkerStats",
+    "WorkersResponse",
+]
+
+class ApiModel(BaseModel):
+    """Base of every wire model: strict types, unknown keys rejected, finite floats only."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+class ErrorResponse(ApiModel):
+    """Body of every 4xx/5xx answer."""
+
+    error: str = Field(description="Short machine-readable code, e.g. 'bad_request', 'not_found'.")
+    message: str = Field(description="What was wrong and what to do.")
+
+
+# ------------------------------------------------------------------ status and registration
+
+
+class StatusResponse(ApiModel):
+    """GET /status."""
+
+    step: NonNegInt = Field(description="Trainer step rollouts are collected for now.")
+    policy_version: NonNegInt = Field(description="Newest published policy version (weights after N steps).")
+    async_level: NonNegInt = Field(description="Max policy staleness in steps.")
+    min_policy_version: NonNegInt = Field(description="max(0, step - async_level): oldest usable version.")
+    group_size: int = Field(description="Completions per prompt.")
+    prompts_per_batch: int = Field(description="Prompts per lease.")
+    temperature: float = Field(description="Sampling temperature.")
+    max_new_tokens: int = Field(description="Max completion tokens.")
+    stop: list[str] = Field(description="Stop strings.")
+    num_tasks: int = Field(description="Size of the task set (task ids are < num_tasks).")
+    task_timeout_s: float = Field(description="Seconds before an unsubmitted lease is reassigned.")
+    weights_servers: list[str] = Field(description="shardcast servers to fetch policy versions from.")
+    weights_file: str = Field(description="File name of a policy version inside shardcast.")
+    workers: int = Field(description="Registered workers.")
+    pending_batches: int = Field(description="Submitted batches waiting for validation.")
+    time: float = Field(description="Server unix time.")
+
+
+class RegisterRequest(ApiModel):
+    """POST /workers/register."""
+
+    name: Annotated[str, StringConstraints(max_length=64)] = Field(
+        default="", description="Free-form label for logs."
+    )
+
+
+class RegisterResponse(ApiModel):
+    """Answer to POST /workers/register."""
+
+    worker_id: WorkerId = Field(description="Id to use in every later request.")
+    token: str = Field(description="Secret; send 'Authorization: Bearer <token>' on /tasks and /rollouts.")
+
+
+# ------------------------------------------------------------------ tasks
+
+
+class LeaseSource(ApiModel):
+    """The lease whose tasks a reassigned lease re-issues."""
+
+    worker_id: WorkerId
+    step: NonNegInt
+    batch_index: NonNegInt
+
+
+class LeaseTask(ApiModel):
+    """One prompt of a lease."""
+
+    task_id: NonNegInt = Field(description="Index into the task set.")
+    prompt: str = Field(
+        description="Full prompt text (template applied); tokenize it with the model tokenizer."
+    )
+    sampling_seeds: list[Seed] = Field(description="Seed of completion g (g = 0..group_size-1).")
+
+
+class TaskLease(ApiModel):
+    """GET /tasks answer: the work of one batch."""
+
+    worker_id: WorkerId
+    step: NonNegInt
+    batch_index: NonNegInt
+    min_policy_version: NonNegInt = Field(description="Generate with a policy version >= this.")
+    deadline: float = Field(description="Unix time after which the tasks may be reassigned.")
+    group_size: int
+    temperature: float
+    max_new_tokens: int
+    stop: list[str]
+    tasks: list[LeaseTask]
+    reassigned_from: LeaseSource | None = Field(
+        default=None, description="Set when these tasks were reassigned."
+    )
+
+
+class LeaseRecord(ApiModel):
+    """A lease as stored by the orchestrator (given to the validator)."""
+
+    worker_id: WorkerId
+    step: NonNegInt
+    batch_index: NonNegInt
+    task_ids: list[NonNegInt]
+    issued_at: float
+    deadline: float
+    source_worker_id: WorkerId = Field(
+        description="Tasks are task_ids(seed, source_worker_id, source_step, source_batch_index)."
+    )
+    source_step: NonNegInt
+    source_batch_index: NonNegInt
+
+
+# ------------------------------------------------------------------ rollouts
+
+
+class RolloutSample(ApiModel):
+    """One completion of a submitted batch."""
+
+    task_id: NonNegInt
+    group_index: NonNegInt = Field(description="Which of the group_size completions (0-based).")
+    prompt_tokens: Annotated[list[TokenId], Field(min_length=1)]
+    completion_tokens: Annotated[list[TokenId], Field(min_length=1)]
+    sampling_seed: Seed
+    temperature: Annotated[float, Field(gt=0.0, le=100.0)]
+    reward: float = Field(description="Claimed reward (the validator recomputes it).")
+    advantage: float = Field(description="Claimed group advantage (the validator recomputes it).")
+    proofs: ProofBytes = Field(
+        description="Base64 (standard alphabet, padded) of the concatenated toploc proofs."
+    )
+    inference_logprobs: list[float] = Field(
+        description="Log-prob of each completion token under the sampler."
+    )
+
+    @model_validator(mode="after")
+    def _lengths(self) -> RolloutSample:
+        if len(self.inference_logprobs) != len(self.completion_tokens):
+            raise ValueError(
+                f"inference_logprobs has {len(self.inference_logprobs)} entries for "
+                f"{len(self.completion_tokens)} completion tokens"
+            )
+        return self
+
+
+class RolloutBatch(ApiModel):
+    """POST /rollouts body."""
+
+    worker_id: WorkerId
+    step: NonNegInt = Field(description="The lease's step.")
+    batch_index: NonNegInt = Field(description="The lease's batch index.")
+    policy_version: NonNegInt = Field(description="Policy version that generated every sample.")
+    samples: Annotated[list[RolloutSample], Field(min_length=1)]
+
+
+class SubmitResponse(ApiModel):
+    """Answer to POST /rollouts (sent only after the batch is durably on disk)."""
+
+    batch_id: str
+    num_samples: int
+    duplicate: bool = Field(description="True if this exact batch was already stored (a retry).")
+
+
+# ------------------------------------------------------------------ accounting
+
+
+class WorkerStats(ApiModel):
+    """One worker's accounting (GET /workers)."""
+
+    worker_id: WorkerId
+    name: str
+    banned: bool
+    ban_reason: str
+    registered_at: float
+    last_seen: float
+    leases_issued: int
+    leases_expired: int
+    batches_submitted: int
+    samples_submitted: int
+    samples_accepted: int
+    samples_rejected: int
+    samples_pending: int
+    samples_expired: int
+    malformed_requests: int
+    rejected_reasons: dict[str, int]
+
+
+class WorkersResponse(ApiModel):
+    workers: list[WorkerStats]
+
+
+class BanRequest(ApiModel):
+    """POST /workers/ban (trusted)."""
+
+    worker_id: WorkerId
+    reason: Reason
+
+
+class BanResponse(ApiModel):
+    worker_id: WorkerId
+    banned: bool
+
+
+# ------------------------------------------------------------------ validator
+
+
+class PendingBatch(ApiModel):
+    """A stored batch awaiting verdicts."""
+
+    batch_id: str
+    worker_id: WorkerId
+    step: NonNegInt
+    batch_index: NonNegInt
+    policy_version: NonNegInt
+    received_at: float
+    lease: LeaseRecord | None = Field(description="The lease the batch answers; null if none was issued.")
+    samples: list[RolloutSample]
+
+
+class PendingResponse(ApiModel):
+    """GET /validator/pending answer."""
+
+    batches: list[PendingBatch]
+    pending_batches: int = Field(description="All batches awaiting verdicts (may exceed len(batches)).")
+    policy_version: NonNegInt
+    step: NonNegInt
+
+
+class Verdict(ApiModel):
+    """The validator's decision on one sample."""
+
+    sample_index: NonNegInt = Field(description="Position of the sample in the batch.")
+    accepted: bool
+    reason: Reason = Field(description="'ok' when accepted, else a short code such as 'toploc_mismatch'.")
+    detail: Annotated[str, StringConstraints(max_length=MAX_DETAIL_CHARS)] = Field(
+        default="", description="What failed and by how much ('' when accepted)."
+    )
+    reward: float = Field(description="Reward recomputed by the validator (0 when not computed).")
+    advantage: float = Field(description="Group advantage recomputed by the validator (0 when not computed).")
+
+
+class VerdictRequest(ApiModel):
+    """POST /validator/verdicts (trusted): one verdict per sample of the batch."""
+
+    batch_id: str
+    verdicts: Annotated[list[Verdict], Field(min_length=1)]
+
+
+class VerdictResponse(ApiModel):
+    batch_id: str
+    accepted: int
+    rejected: int
+
+
+class BatchVerdicts(ApiModel):
+    """GET /rollouts/verdicts: how the validator judged one of the caller's batches."""
+
+    batch_id: str
+    judged: bool = Field(description="False while the batch awaits validation (then verdicts is empty).")
+    verdicts: list[Verdict] = Field(description="One per sample, with the reason and detail of each rejection.")
+
+
+
+# ------------------------------------------------------------------ trainer
+
+
+class ClaimRequest(ApiModel):
+    """POST /trainer/claim (trusted)."""
+
+    step: NonNegInt = Field(description="The trainer step this data is for.")
+    min_samples: Annotated[int, Field(ge=1, le=1 << 20)] = Field(description="Samples needed for the step.")
+    filter_zero_advantage: bool = Field(
+        default=True, description="Skip groups whose advantages are all zero."
+    )
+
+
+class TrainSample(ApiModel):
+    """One accepted sample handed to the trainer."""
+
+    sample_id: str = Field(description="'<batch_id>/<sample_index>', unique in the run.")
+    batch_id: str
+    worker_id: WorkerId
+    task_id: NonNegInt
+    group_index: NonNegInt
+    policy_version: NonNegInt
+    prompt_tokens: list[TokenId]
+    completion_tokens: list[TokenId]
+    inference_logprobs: list[float]
+    temperature: float
+    reward: float = Field(description="Validator's reward.")
+    advantage: float = Field(description="Validator's advantage.")
+
+
+class ClaimResponse(ApiModel):
+    """Answer to POST /trainer/claim: either the step's samples or why they are not ready."""
+
+    ready: bool
+    step: NonNegInt
+    min_policy_version: NonNegInt
+    samples: list[TrainSample] = Field(description="Whole groups, oldest first; empty unless ready.")
+    reason: str = Field(description="Why not ready ('' when ready).")
+    available_samples: int = Field(
+        description="Not ready: accepted, unclaimed, fresh, informative samples; ready: len(samples)."
+    )
+    pending_batches: int = Field(description="Batches still awaiting validation.")
+    pending_samples: int = Field(description="Samples still awaiting validation.")
+    stale_samples: int = Field(description="Accepted samples too old to train on (never used).")
+    zero_advantage_samples: int = Field(description="Accepted samples in all-zero-advantage groups.")
+
+
+class CommitRequest(ApiModel):
+    """POST /trainer/commit (trusted): step's claim consumed, policy_version published."""
+
+    step: NonNegInt
+    policy_version: NonNegInt = Field(description="Must be step + 1.")
+
+
+class CommitResponse(ApiModel):
+    step: NonNegInt
+    policy_version: NonNegInt

@@ -1,0 +1,40 @@
+"""The run's configuration: the torch-free ground floor every process stands on.
+
+Owns: the typed sections (``sections.py`` for the shared ones, one module per role's section),
+``RunConfig`` composed from them by plain imports (``run.py``), and the TOML + ``--section.key
+value`` loader (``loader.py``). May import: pydantic, the standard library and ``grpo.recipes``
+(the loss as torch-free plain data) only; never a role room, never torch. Every other room may
+import it.
+"""
+
+from prime_rl.config.base import ConfigError, Section
+from prime_rl.config.evaluator import EvaluatorConfig
+from prime_rl.config.loader import load_config, parse_overrides
+from prime_rl.config.run import RunConfig
+from prime_rl.config.sections import (
+    ModelConfig,
+    OrchestratorConfig,
+    SamplingConfig,
+    ShardcastConfig,
+    TasksConfig,
+)
+from prime_rl.config.trainer import TrainerConfig
+from prime_rl.config.validator import ValidatorConfig
+from prime_rl.config.worker import WorkerConfig
+
+__all__ = [
+    "ConfigError",
+    "EvaluatorConfig",
+    "ModelConfig",
+    "OrchestratorConfig",
+    "RunConfig",
+    "SamplingConfig",
+    "Section",
+    "ShardcastConfig",
+    "TasksConfig",
+    "TrainerConfig",
+    "ValidatorConfig",
+    "WorkerConfig",
+    "load_config",
+    "parse_overrides",
+]

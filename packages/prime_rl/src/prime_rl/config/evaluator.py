@@ -1,0 +1,25 @@
+"""``[evaluator]`` section: held-out greedy evaluation of each policy version (``prime_rl.evaluator``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from prime_rl.config.base import Section
+
+__all__ = ["EvaluatorConfig"]
+
+
+class EvaluatorConfig(Section):
+    """[evaluator]: held-out greedy accuracy, before training and every few policy versions."""
+
+    enabled: bool = Field(default=True, description="Start the evaluator with `prime-rl run`.")
+    every: int = Field(default=2, ge=1, description="Evaluate every N policy versions (plus version 0 and the last).")
+    num_problems: int = Field(default=64, ge=1, description="Held-out problems (fixed, seeded).")
+    seed: int = Field(default=1_000_003, ge=0, description="Seed of the held-out set (distinct from tasks.seed).")
+    max_new_tokens: int = Field(default=0, ge=0, description="Completion limit (0 = sampling.max_new_tokens).")
+    batch_size: int = Field(default=64, ge=1, description="Problems per greedy generation batch.")
+    num_threads: int = Field(default=1, ge=1, description="torch.set_num_threads for this process.")
+    poll_interval_s: float = Field(default=1.0, gt=0, description="Seconds between checks for a new policy version.")
+    version_timeout_s: float = Field(
+        default=3600.0, gt=0, description="Give up if the next version to evaluate does not appear within this time."
+    )

@@ -1,0 +1,182 @@
+"""The sections every process shares: ``[model]``, ``[tasks]``, ``[sampling]``, ``[orchestrator]``,
+``[shardcast]``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from prime_rl.config.base import Section
+
+__all__ = ["ModelConfig", "OrchestratorConfig", "SamplingConfig", "ShardcastConfig", "TasksConfig"]
+
+
+class ModelConfig(Section):
+    """[model]: the policy's initial weights and tokenizer."""
+
+    path: str = Field(
+        default="", description="HF from_pretrained directory holding the model and its tokenizer."
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="Compute dtype of every process (fp32 is faster on CPUs without bf16)."
+    )
+
+
+class TasksConfig(Section):
+    """[tasks]: the training task set (identical in every process; task ids index into it)."""
+
+    source: Literal["arithmetic", "jsonl", "parquet"] = Field(
+        default="arithmetic", description="Seeded arithmetic generator, or an INTELLECT-2-schema file."
+    )
+    path: str = Field(default="", description="File for source 'jsonl'/'parquet' (ignored for 'arithmetic').")
+    num_tasks: int = Field(
+        default=1000, ge=1, description="Number of tasks (arithmetic) or max rows to read (files)."
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of the arithmetic generator.")
+    ops: list[str] = Field(default_factory=lambda: ["+"], description="Arithmetic operators to draw from.")
+    digits: int = Field(default=2, ge=1, le=18, description="Max digits per arithmetic operand.")
+    min_digits: int = Field(default=1, ge=1, le=18, description="Min digits per arithmetic operand.")
+    terms: int = Field(default=2, ge=2, le=8, description="Operands per arithmetic problem.")
+    match: Literal["first_integer", "last_integer", "boxed"] = Field(
+        default="first_integer", description="How the arithmetic verifier reads the answer in a completion."
+    )
+    arithmetic_template: str = Field(
+        default="What is {expression}? Answer with the number only.",
+        description="Text of one arithmetic task; '{expression}' is replaced by the problem (e.g. '3 + 4').",
+    )
+    prompt_template: str = Field(
+        default="{prompt}",
+        description="Prompt text sent to the model; '{prompt}' is replaced by the task's prompt.",
+    )
+
+    difficulty_key: str = Field(
+        default="",
+        description="Row field with a pass rate for the offline difficulty filter ('' = no filter).",
+    )
+    min_pass_rate: float = Field(default=0.0, ge=0, le=1, description="Keep tasks with pass rate >= this.")
+    max_pass_rate: float = Field(default=1.0, ge=0, le=1, description="Keep tasks with pass rate <= this.")
+    length_reward: Literal["none", "exact", "max", "clip"] = Field(
+        default="none",
+        description="Length reward mode toward a per-prompt thinking budget (verifiers.length).",
+    )
+    length_alpha: float = Field(
+        default=3e-4, ge=0, description="Length reward slope per token (INTELLECT-2: 3e-4)."
+    )
+    target_lengths: list[int] = Field(
+        default_factory=lambda: [2000, 4000, 6000, 8000, 10000],
+        description="Thinking budgets T; one drawn per task, seeded by (tasks.seed, task id).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TasksConfig:
+        if "{prompt}" not in self.prompt_template:
+            raise ValueError("tasks.prompt_template must contain '{prompt}'")
+        if self.min_pass_rate > self.max_pass_rate:
+            raise ValueError("tasks.min_pass_rate must be <= tasks.max_pass_rate")
+        if self.length_reward != "none" and (not self.target_lengths or min(self.target_lengths) <= 0):
+            raise ValueError("tasks.target_lengths must be non-empty positive token counts")
+        if self.min_digits > self.digits:
+            raise ValueError("tasks.min_digits must be <= tasks.digits")
+        if self.source != "arithmetic" and not self.path:
+            raise ValueError(f"tasks.path is required for tasks.source = {self.source!r}")
+        return self
+
+
+class SamplingConfig(Section):
+    """[sampling]: how workers sample (the validator checks samples against these)."""
+
+    group_size: int = Field(default=8, ge=1, le=1024, description="Completions per prompt (GRPO group).")
+    temperature: float = Field(default=1.0, gt=0.0, le=10.0, description="Sampling temperature.")
+    max_new_tokens: int = Field(default=16, ge=1, description="Max completion tokens per sample.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings (the stop text is kept).")
+
+
+class OrchestratorConfig(Section):
+    """[orchestrator]: the HTTP service workers, validator and trainer talk to."""
+
+    host: str = Field(default="127.0.0.1", description="Bind address (0.0.0.0 to accept remote workers).")
+    port: int = Field(default=8700, ge=0, le=65535, description="HTTP port (0 = pick a free one).")
+    public_url: str = Field(default="", description="URL others use to reach it (default http://host:port).")
+    data_dir: str = Field(
+        default="", description="Persistent store directory (default <run_dir>/orchestrator)."
+    )
+    async_level: int = Field(
+        default=2, ge=0, description="Step-s rollouts must come from a policy >= s - async_level."
+    )
+    prompts_per_batch: int = Field(
+        default=4, ge=1, description="Prompts per task lease (each sampled group_size times)."
+    )
+    task_timeout_s: float = Field(
+        default=300.0, gt=0, description="A lease not submitted within this time is reassigned."
+    )
+    seed: int = Field(default=0, ge=0, description="Run seed of task assignment and sampling seeds.")
+    admin_token: str = Field(
+        default="",
+        description="Bearer token required on validator/trainer endpoints ('' = no check; trusted LAN only).",
+    )
+    registration_token: str = Field(
+        default="",
+        description="Bearer token POST /workers/register requires ('' = anyone may register, like admin_token).",
+    )
+    register_rate_per_minute: float = Field(
+        default=30.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Registrations per minute one client address may sustain (429 beyond; 0 = no limit). "
+        "30 lets a few restarting workers through; a registration flood fills the worker table slowly.",
+    )
+    register_burst: int = Field(
+        default=30, ge=1, description="Registrations one client address may make at once (token bucket size)."
+    )
+    max_workers: int = Field(
+        default=10_000, ge=1, description="Registered, unbanned workers at most (503 worker_limit beyond)."
+    )
+    max_buffered_samples: int = Field(
+        default=0,
+        ge=0,
+        description="Refuse new leases (429 busy) while this many usable samples are buffered (0 = no limit).",
+    )
+    max_request_bytes: int = Field(default=64 * 2**20, ge=1024, description="Largest accepted request body.")
+    max_samples_per_batch: int = Field(default=4096, ge=1, description="Largest accepted rollout batch.")
+    max_tokens_per_sample: int = Field(
+        default=1 << 17, ge=1, description="Max prompt + completion tokens per sample."
+    )
+
+    @property
+    def url(self) -> str:
+        """Base URL of the orchestrator (``public_url`` or ``http://host:port``)."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+
+class ShardcastConfig(Section):
+    """[shardcast]: the weight broadcast tree (trainer -> origin -> relays -> workers)."""
+
+    host: str = Field(default="127.0.0.1", description="Host the origin and relays bind and are reached at.")
+    origin_port: int = Field(
+        default=8701, ge=1, le=65535, description="Port of the origin the trainer publishes to."
+    )
+    relay_ports: list[int] = Field(
+        default_factory=lambda: [8702], description="Ports of relays `run` starts."
+    )
+    servers: list[str] = Field(
+        default_factory=list, description="URLs clients fetch from (default: the relays, then the origin)."
+    )
+    data_dir: str = Field(
+        default="", description="Directory for origin/relay data (default <run_dir>/shardcast)."
+    )
+    keep_versions: int = Field(default=5, ge=1, description="Policy versions kept by the origin and relays.")
+
+    @property
+    def origin_url(self) -> str:
+        return f"http://{self.host}:{self.origin_port}"
+
+    @property
+    def client_servers(self) -> list[str]:
+        """Where clients fetch weights: ``servers`` if set, else every relay then the origin."""
+        if self.servers:
+            return list(self.servers)
+        return [f"http://{self.host}:{port}" for port in self.relay_ports] + [self.origin_url]

@@ -1,0 +1,114 @@
+"""``[trainer]`` section, with its ``[trainer.loss]`` table: a ``grpo.LossConfig``.
+
+Light on purpose (pydantic and ``grpo.recipes``, which is plain data without torch), so processes
+that never train build ``RunConfig`` fast and still reject a bad loss at start-up.
+
+``[trainer.loss]`` is a grpo recipe plus single-field overrides, validated by grpo itself::
+
+    [trainer.loss]
+    recipe = "intellect2"        # a name in grpo.RECIPES (default intellect2)
+    delta = 4.0                  # any grpo.LossConfig field: eps_low, eps_high, entropy_coef, ...
+
+or ``--trainer.loss.delta 4`` on the command line. The section holds the resolved
+``grpo.LossConfig`` (every field, so ``--print-config`` shows the loss that will run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, PlainSerializer, PlainValidator, model_validator
+
+from grpo.recipes import RECIPES, LossConfig, loss_config
+from prime_rl.config.base import Section
+
+DEFAULT_RECIPE = "intellect2"
+LOSS_KEYS = frozenset({"recipe"} | {field.name for field in dataclasses.fields(LossConfig)})
+
+
+def _loss_from_table(value: object) -> LossConfig:
+    """``{"recipe": name, **fields}`` -> ``grpo.loss_config(name, **fields)`` (grpo's own errors)."""
+    if isinstance(value, LossConfig):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"[trainer.loss] must be a table of grpo.LossConfig fields and 'recipe', got {value!r}"
+        )
+    fields = dict(value)
+    return loss_config(fields.pop("recipe", DEFAULT_RECIPE), **fields)
+
+
+LossTable = Annotated[
+    LossConfig,
+    PlainValidator(_loss_from_table),
+    PlainSerializer(dataclasses.asdict, return_type=dict[str, Any]),
+]
+
+
+class TrainerConfig(Section):
+    """[trainer]: optimisation, the loss (``[trainer.loss]``), batch shape, checkpoints."""
+
+    lr: float = Field(default=1e-5, gt=0, description="AdamW peak learning rate (INTELLECT-2: 3e-7 for QwQ-32B).")
+    betas: tuple[float, float] = Field(default=(0.9, 0.99), description="AdamW betas (INTELLECT-2: 0.9, 0.99).")
+    weight_decay: float = Field(default=0.01, ge=0, description="AdamW weight decay (INTELLECT-2: 0.01).")
+    warmup_steps: int = Field(default=0, ge=0, description="Optimizer steps of linear LR warmup (INTELLECT-2: 25).")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient-norm clip (INTELLECT-2: 0.1).")
+    loss: LossTable = Field(
+        default=RECIPES[DEFAULT_RECIPE],
+        description="[trainer.loss]: 'recipe' (a name in grpo.RECIPES) plus any grpo.LossConfig field "
+        "(eps_low, eps_high, delta, entropy_coef, kl_coef, is_correction, is_threshold, ...). "
+        "constant unset = sampling.max_new_tokens.",
+    )
+    old_logprobs: Literal["recompute", "inference"] = Field(
+        default="recompute", description="Old log-probs: recomputed at the start of the step, or the sampler's."
+    )
+    samples_per_step: int = Field(default=32, ge=1, description="Accepted samples (whole groups) per policy version.")
+    optimizer_steps_per_version: int = Field(
+        default=1, ge=1, description="Optimizer steps per policy version (INTELLECT-2: 8)."
+    )
+    micro_batch_tokens: int = Field(default=2048, ge=16, description="Max tokens per packed micro-batch row.")
+    fused_lm_head: bool = Field(
+        default=True,
+        description="Completion log-probs from the chunked LM head (no [L, V] logits; same gradients). "
+        "Models that post-process logits (soft-capping, logit scale) always use full logits.",
+    )
+    total_steps: int = Field(
+        default=10, ge=0, description="Policy versions to train; the trainer exits after the last."
+    )
+    checkpoint_dir: str = Field(default="", description="Full training checkpoints (default <run_dir>/checkpoints).")
+    checkpoint_every: int = Field(default=1, ge=1, description="Checkpoint every N steps (1 = every policy version).")
+    keep_checkpoints: int = Field(default=2, ge=1, description="Checkpoints kept on disk.")
+    resume: bool = Field(default=True, description="Resume from the newest complete checkpoint if one exists.")
+    filter_zero_advantage: bool = Field(default=True, description="Skip groups whose advantages are all zero.")
+    save_dtype: Literal["model", "float32", "bfloat16"] = Field(
+        default="model", description="dtype of the published model.safetensors ('model' = the training dtype)."
+    )
+    serve_origin: bool = Field(
+        default=True, description="Run the shardcast origin in-process; False = publish into shardcast.data_dir only."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Training device.")
+    num_threads: int = Field(default=1, ge=1, description="torch.set_num_threads for this process.")
+    poll_interval_s: float = Field(default=0.5, gt=0, description="Seconds between claim attempts while waiting.")
+    wait_log_every_s: float = Field(default=10.0, gt=0, description="Seconds between 'waiting for data' log lines.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _loss_keys_live_in_the_loss_table(cls, data: Any) -> Any:
+        misplaced = sorted(LOSS_KEYS & set(data)) if isinstance(data, Mapping) else []
+        if misplaced:
+            raise ValueError(
+                f"loss settings go in the [trainer.loss] table, not in [trainer]: {', '.join(misplaced)} "
+                f"(e.g. --trainer.loss.{misplaced[0]})"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerConfig:
+        if self.loss.is_correction is not None and self.old_logprobs == "inference":
+            raise ValueError(
+                "trainer.loss.is_correction weights by π_old/μ, which is 1 when old_logprobs = 'inference'; "
+                "use old_logprobs = 'recompute' with it, or drop is_correction"
+            )
+        return self

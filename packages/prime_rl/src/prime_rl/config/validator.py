@@ -1,0 +1,42 @@
+"""``[validator]`` section (light: pydantic only, so non-torch processes can build ``RunConfig`` fast)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from prime_rl.config.base import Section
+
+
+class ValidatorConfig(Section):
+    """[validator]: proof/sampling tolerances, banning, polling."""
+
+    exp_mismatches_per_128: float = Field(
+        default=38.0, ge=0, description="toploc: allowed exponent mismatches per 128 values."
+    )
+    max_mant_err_mean: float = Field(
+        default=10.0, ge=0, description="toploc: allowed mean mantissa error (bf16 ULPs)."
+    )
+    max_mant_err_median: float = Field(default=8.0, ge=0, description="toploc: allowed median mantissa error.")
+    sign_mismatches_per_128: float = Field(default=8.0, ge=0, description="toploc: allowed sign mismatches per 128.")
+    sampling_tolerance: float = Field(
+        default=0.25, ge=0, description="Logit margin a sampled token may fall short by."
+    )
+    sampling_max_mismatch_fraction: float = Field(
+        default=0.0, ge=0, le=1, description="Share of tokens allowed beyond the sampling tolerance."
+    )
+    logprob_atol: float = Field(default=0.05, gt=0, description="Max mean |claimed - recomputed| inference log-prob.")
+    reward_atol: float = Field(default=1e-6, ge=0, description="Tolerance on the claimed reward.")
+    advantage_atol: float = Field(default=1e-4, ge=0, description="Tolerance on the claimed advantage.")
+    ban_failure_rate: float = Field(
+        default=0.5, gt=0, le=1, description="Ban a worker once this share of its samples fails."
+    )
+    ban_min_samples: int = Field(default=16, ge=1, description="Samples seen before a worker can be banned.")
+    batches_per_poll: int = Field(default=8, ge=1, le=256, description="Pending batches fetched per poll.")
+    poll_interval_s: float = Field(default=0.5, gt=0, description="Seconds between polls when nothing is pending.")
+    max_batch_size: int = Field(default=64, ge=1, description="Sequences per prefill batch.")
+    cache_dir: str = Field(default="", description="Policy cache (default <run_dir>/validator/policies).")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Device of the prefill model.")
+    num_threads: int = Field(default=1, ge=1, description="torch.set_num_threads for this process.")
+    max_batches: int = Field(default=0, ge=0, description="Stop after this many batches (0 = run until killed).")

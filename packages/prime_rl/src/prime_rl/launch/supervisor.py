@@ -1,0 +1,310 @@
+"""``prime-rl run``: every process of a run on this machine, supervised.
+
+Starts, each as its own subprocess (``python -m prime_rl.cli <role> --config FILE ...``) with its
+output in ``<run_dir>/logs/<name>.out`` and its metrics in ``<run_dir>/metrics/<name>.jsonl``:
+
+  orchestrator -> shardcast origin -> relays -> trainer -> validator -> honest workers
+  (``workers.count``) -> one hostile worker per ``workers.hostile`` entry -> evaluator (if enabled)
+
+then prints a live progress line (step, policy version, batches awaiting validation, accepted and
+rejected samples per worker) until the trainer finishes ``trainer.total_steps``. Ctrl-C or SIGTERM
+stops every child (SIGTERM to its process group, SIGKILL after ``STOP_GRACE_S``). Exit code 0 when
+the trainer finished, 1 when any child failed (its name and log are reported), 130/143 when
+interrupted.
+
+Pitfall: children run in their own sessions so that a terminal Ctrl-C reaches only this
+supervisor, which then stops them in order; killing the supervisor with SIGKILL leaves them
+running (their pids are in ``<run_dir>/metrics/run.jsonl``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from prime_rl.api.client import ApiError, OrchestratorClient
+from prime_rl.config import RunConfig
+from prime_rl.metrics import MetricsWriter, init_process
+from prime_rl.weights.layout import version_dirs
+
+__all__ = ["STOP_GRACE_S", "ChildSpec", "Supervisor", "main", "plan_children", "remove_weight_copies"]
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 10.0
+"""Seconds a child gets between SIGTERM and SIGKILL."""
+EVALUATOR_GRACE_S = 180.0
+"""Seconds the evaluator gets to finish its last evaluation after the trainer is done."""
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """One process of the run: its name (logs/metrics), role and extra ``--key value`` overrides."""
+
+    name: str
+    role: str
+    extra: tuple[str, ...] = ()
+
+
+@dataclass
+class _Child:
+    spec: ChildSpec
+    process: subprocess.Popen[bytes]
+    output: IO[bytes]
+    exit_code: int | None = None
+    started_at: float = field(default_factory=time.time)
+
+
+def _has_field(section: Any, name: str) -> bool:
+    return name in type(section).model_fields
+
+
+def plan_children(config: RunConfig) -> list[ChildSpec]:
+    """The processes ``run`` starts, in start order."""
+    children = [ChildSpec("orchestrator", "orchestrator"), ChildSpec("shardcast-origin", "origin")]
+    for index in range(len(config.shardcast.relay_ports)):
+        children.append(ChildSpec(f"shardcast-relay-{index}", "relay", ("--index", str(index))))
+    trainer_extra: tuple[str, ...] = ()
+    if _has_field(config.trainer, "serve_origin"):
+        trainer_extra = ("--trainer.serve_origin", "false")  # the origin is its own process here
+    children.append(ChildSpec("trainer", "trainer", trainer_extra))
+    children.append(ChildSpec("validator", "validator"))
+    workers = config.workers
+    for index in range(int(getattr(workers, "count", 1))):
+        children.append(ChildSpec(f"worker-{index}", "worker"))
+    for index, behaviour in enumerate(getattr(workers, "hostile", []) or []):
+        extra = ("--workers.behaviour", str(behaviour)) if _has_field(workers, "behaviour") else ()
+        children.append(ChildSpec(f"hostile-{index}", "worker", extra))
+    evaluator = config.evaluator
+    enabled = getattr(evaluator, "enabled", None)
+    if enabled is None:
+        enabled = int(getattr(evaluator, "every", 0) or 0) > 0
+    if enabled:
+        children.append(ChildSpec("evaluator", "evaluator"))
+    return children
+
+
+class Supervisor:
+    """Start, watch and stop the children of one run."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        config_path: str | None,
+        overrides: list[str],
+        metrics: MetricsWriter,
+        *,
+        progress_every_s: float = 2.0,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.overrides = overrides
+        self.metrics = metrics
+        self.progress_every_s = progress_every_s
+        self.run_dir = Path(config.run_dir)
+        self.children: list[_Child] = []
+        self._stopping = False
+        self._tty = sys.stdout.isatty()
+
+    def _argv(self, spec: ChildSpec) -> list[str]:
+        argv = [sys.executable, "-m", "prime_rl.cli", spec.role, "--name", spec.name]
+        if self.config_path:
+            argv += ["--config", self.config_path]
+        return argv + list(self.overrides) + list(spec.extra)
+
+    def start(self, spec: ChildSpec) -> _Child:
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        output = open(self.run_dir / "logs" / f"{spec.name}.out", "ab")  # noqa: SIM115 - closed in stop()
+        env = dict(
+            os.environ, PYTHONUNBUFFERED="1", OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false"
+        )
+        argv = self._argv(spec)
+        process = subprocess.Popen(
+            argv,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        child = _Child(spec, process, output)
+        self.children.append(child)
+        log.info("started %s (pid %d)", spec.name, process.pid)
+        self.metrics.log("child_started", child=spec.name, role=spec.role, pid=process.pid, argv=argv)
+        return child
+
+    def poll(self) -> list[_Child]:
+        """Children that exited since the last poll."""
+        exited = []
+        for child in self.children:
+            if child.exit_code is None and child.process.poll() is not None:
+                child.exit_code = child.process.returncode
+                exited.append(child)
+                log.info("%s exited with code %d", child.spec.name, child.exit_code)
+                self.metrics.log("child_exited", child=child.spec.name, code=child.exit_code)
+        return exited
+
+    def stop_all(self) -> None:
+        """SIGTERM every live child's process group (newest first), SIGKILL after the grace period."""
+        self._stopping = True
+        for child in reversed(self.children):
+            if child.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for child in reversed(self.children):
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                child.process.wait(remaining)
+            except subprocess.TimeoutExpired:
+                log.warning("%s ignored SIGTERM; killing it", child.spec.name)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait()
+            child.output.close()
+        self.poll()
+
+    def progress_line(self, client: OrchestratorClient) -> str:
+        try:
+            status = client.status()
+            workers = client.workers().workers
+        except ApiError:
+            return "waiting for the orchestrator"
+        total = self.config.trainer.total_steps
+        parts = [f"step {status.step}" + (f"/{total}" if total else ""), f"policy v{status.policy_version}"]
+        parts.append(f"awaiting validation {status.pending_batches}")
+        for worker in workers:
+            text = f"{worker.name or worker.worker_id}: +{worker.samples_accepted} -{worker.samples_rejected}"
+            if worker.banned:
+                text += " BANNED"
+            parts.append(text)
+        self.metrics.log(
+            "progress",
+            step=status.step,
+            policy_version=status.policy_version,
+            pending_batches=status.pending_batches,
+            workers={
+                w.worker_id: {
+                    "name": w.name,
+                    "accepted": w.samples_accepted,
+                    "rejected": w.samples_rejected,
+                    "reasons": w.rejected_reasons,
+                    "banned": w.banned,
+                }
+                for w in workers
+            },
+        )
+        return " | ".join(parts)
+
+    def _show(self, line: str) -> None:
+        if self._tty:
+            sys.stdout.write("\r\x1b[2K" + line[:200])
+        else:
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    def run(self) -> int:
+        """Start everything, supervise until the trainer is done or a child fails; the exit code."""
+        specs = plan_children(self.config)
+        client = OrchestratorClient(self.config.orchestrator.url, timeout_s=5, retries=0)
+        self.start(specs[0])
+        try:
+            client.wait_until_up(timeout_s=120)
+        except ApiError:
+            log.error("the orchestrator did not come up; see %s", self.run_dir / "logs" / "orchestrator.out")
+            return 1
+        for spec in specs[1:]:
+            self.start(spec)
+        last_progress = 0.0
+        trainer_done_at: float | None = None
+        while True:
+            for child in self.poll():
+                if child.spec.role == "trainer" and child.exit_code == 0:
+                    trainer_done_at = time.monotonic()
+                    log.info("trainer finished all steps")
+                elif child.exit_code != 0:
+                    log.error(
+                        "%s failed with exit code %s; log: %s",
+                        child.spec.name,
+                        child.exit_code,
+                        self.run_dir / "logs" / f"{child.spec.name}.out",
+                    )
+                    self.metrics.log("failed", child=child.spec.name, code=child.exit_code)
+                    return 1
+            if trainer_done_at is not None:
+                evaluator = [c for c in self.children if c.spec.role == "evaluator" and c.exit_code is None]
+                if not evaluator or time.monotonic() - trainer_done_at > EVALUATOR_GRACE_S:
+                    self._show(self.progress_line(client))
+                    return 0
+            if time.monotonic() - last_progress >= self.progress_every_s:
+                last_progress = time.monotonic()
+                self._show(self.progress_line(client))
+            time.sleep(0.25)
+
+
+def remove_weight_copies(config: RunConfig) -> int:
+    """Delete the transient copies of policy weights a finished run leaves behind; return bytes freed.
+
+    Every process keeps its own copy of recent policy versions (workers', the validator's and the
+    evaluator's ``policies/`` caches, the shardcast origin's and relays' shards, the trainer's
+    older ``policies/v*``): for a 135M-parameter fp32 model that is ~20 GB after a few steps.
+    Kept: the trainer's newest policy file, its training checkpoints (to resume), and every log,
+    metrics file and report. Call it only after a successful run.
+    """
+    run_dir = Path(config.run_dir)
+    doomed = [config.shardcast_data_dir]
+    doomed += [cache for cache in run_dir.glob("*/policies") if cache.is_dir()]
+    trainer_versions = list(version_dirs(run_dir / "policies").values())  # ascending by version
+    doomed += trainer_versions[:-1]
+    freed = 0
+    for path in doomed:
+        if not path.exists():
+            continue
+        freed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        shutil.rmtree(path, ignore_errors=True)
+    return freed
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def main(
+    config: RunConfig, name: str = "run", config_path: str | None = None, overrides: list[str] | None = None
+) -> int:
+    """Entry point of ``prime-rl run``."""
+    metrics = init_process("run", name, config.run_dir)
+    supervisor = Supervisor(config, config_path, list(overrides or []), metrics)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise _Interrupted(signum)
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    code = 1
+    try:
+        code = supervisor.run()
+    except _Interrupted as interrupted:
+        code = 128 + interrupted.signum
+        log.info("interrupted; stopping every process")
+    finally:
+        for signum in previous:
+            signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not abort the clean stop
+        supervisor.stop_all()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if supervisor._tty:
+            sys.stdout.write("\n")
+        metrics.log("shutdown", code=code, children={c.spec.name: c.exit_code for c in supervisor.children})
+        log.info("run finished with exit code %d (logs and metrics in %s)", code, config.run_dir)
+    return code

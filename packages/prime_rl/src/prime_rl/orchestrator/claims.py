@@ -1,0 +1,100 @@
+"""Which accepted samples the trainer gets for a step: a pure function of the stored batches.
+
+``select_claim`` walks the verdicted batches oldest first (submission order) and groups each
+batch's accepted, not yet claimed samples by task (one GRPO group = one task of one batch). A
+group is
+
+  - *stale* if its batch's ``policy_version < min_policy_version`` (= step - async_level): never
+    handed out, only counted;
+  - *uninformative* if ``filter_zero_advantage`` and every member's validator advantage is 0
+    (all-correct or all-wrong groups carry no gradient): skipped, counted;
+  - otherwise *available*.
+
+If at least ``min_samples`` samples are available, whole groups are taken in order until the
+count reaches ``min_samples`` (so the claim may exceed it by less than one group). Otherwise
+nothing is taken and the counts explain why (how much awaits validation).
+
+A group is judged as a whole: the validator rejects every member of a group once one member
+fails (``group_rejected``) and rejects incomplete groups (``group_incomplete``), so each claimed
+group has exactly ``group_size`` members; the trainer's packing relies on that fixed stride.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from prime_rl.api.protocol import SampleId, Verdict
+
+__all__ = ["BatchView", "ClaimSelection", "select_claim"]
+
+
+class BatchView(Protocol):
+    """What selection needs to know about one stored batch (``verdicts`` None = awaiting validation)."""
+
+    @property
+    def batch_id(self) -> str: ...
+
+    @property
+    def task_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def verdicts(self) -> Sequence[Verdict] | None: ...
+
+    @property
+    def claimed(self) -> set[int]: ...
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def policy_version(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ClaimSelection:
+    """The outcome: ``sample_ids`` (empty unless ready) and the counts."""
+
+    sample_ids: tuple[SampleId, ...]
+    available: int
+    pending_batches: int
+    pending_samples: int
+    stale: int
+    zero_advantage: int
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.sample_ids)
+
+
+def select_claim(
+    batches: Iterable[BatchView], *, min_policy_version: int, min_samples: int, filter_zero_advantage: bool
+) -> ClaimSelection:
+    """Select whole fresh informative groups, oldest first, until ``min_samples`` (see module doc)."""
+    groups: list[list[SampleId]] = []
+    pending_batches = pending_samples = stale = zero = 0
+    for batch in sorted(batches, key=lambda b: b.seq):
+        if batch.verdicts is None:
+            pending_batches += 1
+            pending_samples += len(batch.task_ids)
+            continue
+        by_task: dict[int, list[int]] = {}
+        for verdict in batch.verdicts:
+            if verdict.accepted and verdict.sample_index not in batch.claimed:
+                by_task.setdefault(batch.task_ids[verdict.sample_index], []).append(verdict.sample_index)
+        for members in by_task.values():
+            if batch.policy_version < min_policy_version:
+                stale += len(members)
+            elif filter_zero_advantage and all(batch.verdicts[i].advantage == 0.0 for i in members):
+                zero += len(members)
+            else:
+                groups.append([SampleId(batch.batch_id, i) for i in members])
+    available = sum(len(group) for group in groups)
+    chosen: list[SampleId] = []
+    if available >= min_samples:
+        for group in groups:
+            if len(chosen) >= min_samples:
+                break
+            chosen.extend(group)
+    return ClaimSelection(tuple(chosen), available, pending_batches, pending_samples, stale, zero)

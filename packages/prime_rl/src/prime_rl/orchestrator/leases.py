@@ -1,0 +1,256 @@
+"""Task leases: which tasks each worker was handed, until when, and reassignment of expired ones.
+
+``LeaseBook`` owns every lease ever issued (keyed by ``(worker_id, batch_index)``), each worker's
+next batch index, and the queue of expired, unanswered leases whose tasks the next lease of
+*any* worker takes over. It writes and replays the store events ``lease`` and
+``lease_expired`` (durable write before the memory change, like the rest of the ledger).
+
+A fresh lease's tasks and sampling seeds are the pure functions of assignment.py of
+``(run seed, worker_id, step, batch_index)``, so the validator can recompute them; a reissued
+lease keeps the expired lease's tasks and names where they came from (``reassigned_from``).
+
+The book refuses nothing; the API's lease rules (current step only, ``MAX_OPEN_LEASES``,
+backpressure) are the ``Ledger``'s.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Any
+
+from prime_rl.api.assignment import sampling_seeds, task_ids
+from prime_rl.api.protocol import LeaseRecord, LeaseSource, LeaseTask, TaskLease
+from prime_rl.config import RunConfig
+from prime_rl.metrics import MetricsWriter
+from prime_rl.orchestrator.store import RolloutStore
+
+__all__ = ["HeldLease", "LeaseBook", "TaskPrompts"]
+
+
+class TaskPrompts:
+    """What the ledger needs from a task set: its size and each task's prompt text."""
+
+    def __len__(self) -> int:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def prompt(self, task_id: int) -> str:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+@dataclass
+class HeldLease:
+    """One issued lease and what became of it (``answered`` by a batch, ``expired``, ``reissued``)."""
+
+    record: LeaseRecord
+    answered: bool = False
+    expired: bool = False
+    reissued: bool = False
+
+    @property
+    def open(self) -> bool:
+        """Neither answered nor expired: the worker may still answer it."""
+        return not self.answered and not self.expired
+
+
+class LeaseBook:
+    """All leases of a run (see module docstring)."""
+
+    EVENTS = frozenset({"lease", "lease_expired"})
+    """Store event kinds this book writes and replays."""
+
+    def __init__(self, config: RunConfig, tasks: Any, store: RolloutStore, metrics: MetricsWriter) -> None:
+        self._config = config
+        self._tasks = tasks
+        self._store = store
+        self._metrics = metrics
+        self._leases: dict[tuple[str, int], HeldLease] = {}
+        self._reassign_queue: deque[HeldLease] = deque()
+        self._next_index: dict[str, int] = {}
+        self._issued: Counter[str] = Counter()
+        self._expired: Counter[str] = Counter()
+
+    # ------------------------------------------------------------------ queries
+
+    def get(self, worker_id: str, batch_index: int) -> HeldLease | None:
+        return self._leases.get((worker_id, batch_index))
+
+    def next_index(self, worker_id: str) -> int:
+        """The batch index of ``worker_id``'s next fresh lease (0 for a worker never leased to)."""
+        return self._next_index.get(worker_id, 0)
+
+    def open_count(self, worker_id: str) -> int:
+        """Unanswered, unexpired leases ``worker_id`` holds."""
+        return sum(1 for (owner, _), lease in self._leases.items() if owner == worker_id and lease.open)
+
+    def open_total(self) -> int:
+        """Unanswered, unexpired leases of all workers."""
+        return sum(1 for lease in self._leases.values() if lease.open)
+
+    def issued(self, worker_id: str) -> int:
+        return self._issued[worker_id]
+
+    def expired(self, worker_id: str) -> int:
+        return self._expired[worker_id]
+
+    # ------------------------------------------------------------------ recovery
+
+    def replay(self, event: dict[str, Any]) -> None:
+        """Apply one logged event of a kind in ``EVENTS`` (restart rebuild)."""
+        if event.get("event") == "lease":
+            reissues = event.get("reissues")
+            self._apply(
+                LeaseRecord.model_validate(event["lease"]), (reissues[0], reissues[1]) if reissues else None
+            )
+        else:
+            lease = self._leases.get((event["worker_id"], event["batch_index"]))
+            if lease is not None:
+                lease.expired = True
+                self._expired[lease.record.worker_id] += 1
+
+    def queue_expired_after_replay(self) -> None:
+        """Rebuild the reassignment queue (deadline order) once every event and batch is replayed."""
+        for lease in sorted(self._leases.values(), key=lambda lease: lease.record.deadline):
+            if lease.expired and not lease.answered and not lease.reissued:
+                self._reassign_queue.append(lease)
+
+    def _apply(self, record: LeaseRecord, reissues: tuple[str, int] | None) -> HeldLease:
+        lease = HeldLease(record)
+        self._leases[(record.worker_id, record.batch_index)] = lease
+        self._next_index[record.worker_id] = max(self.next_index(record.worker_id), record.batch_index + 1)
+        self._issued[record.worker_id] += 1
+        if reissues is not None and reissues in self._leases:
+            self._leases[reissues].reissued = True
+        return lease
+
+    # ------------------------------------------------------------------ changes
+
+    def mark_answered(self, worker_id: str, batch_index: int) -> None:
+        """A batch answering this lease is stored (no-op for a lease never issued)."""
+        lease = self._leases.get((worker_id, batch_index))
+        if lease is not None:
+            lease.answered = True
+
+    def expire(self, now: float) -> int:
+        """Mark open leases past their deadline expired and queue their tasks for reassignment."""
+        expired = 0
+        for lease in self._leases.values():
+            if lease.open and lease.record.deadline < now:
+                record = lease.record
+                self._store.append_event(
+                    {
+                        "event": "lease_expired",
+                        "worker_id": record.worker_id,
+                        "batch_index": record.batch_index,
+                        "time": now,
+                    }
+                )
+                lease.expired = True
+                self._expired[record.worker_id] += 1
+                self._reassign_queue.append(lease)
+                expired += 1
+                self._metrics.log(
+                    "lease_expired",
+                    worker_id=record.worker_id,
+                    step=record.step,
+                    batch_index=record.batch_index,
+                    task_ids=record.task_ids,
+                )
+        return expired
+
+    def issue(self, worker_id: str, step: int, now: float) -> LeaseRecord:
+        """A new lease for ``worker_id`` at its next batch index: the oldest expired, unanswered
+        lease's tasks if one waits for reassignment, else the assignment function's fresh tasks."""
+        orch = self._config.orchestrator
+        index = self.next_index(worker_id)
+        while self._reassign_queue and self._reassign_queue[0].answered:  # answered late: nothing to redo
+            self._reassign_queue.popleft()
+        reissues: tuple[str, int] | None = None
+        if self._reassign_queue:
+            source = self._reassign_queue.popleft().record
+            reissues = (source.worker_id, source.batch_index)
+            ids = list(source.task_ids)
+            origin = (source.source_worker_id, source.source_step, source.source_batch_index)
+        else:
+            ids = list(
+                task_ids(
+                    run_seed=orch.seed,
+                    worker_id=worker_id,
+                    step=step,
+                    batch_index=index,
+                    num_tasks=len(self._tasks),
+                    prompts_per_batch=orch.prompts_per_batch,
+                )
+            )
+            origin = (worker_id, step, index)
+        record = LeaseRecord(
+            worker_id=worker_id,
+            step=step,
+            batch_index=index,
+            task_ids=ids,
+            issued_at=now,
+            deadline=now + orch.task_timeout_s,
+            source_worker_id=origin[0],
+            source_step=origin[1],
+            source_batch_index=origin[2],
+        )
+        self._store.append_event(
+            {"event": "lease", "lease": record.model_dump(), "reissues": reissues, "time": now}
+        )
+        self._apply(record, reissues)
+        self._metrics.log(
+            "lease",
+            worker_id=worker_id,
+            step=step,
+            batch_index=index,
+            task_ids=ids,
+            reassigned=origin[0] != worker_id or origin[2] != index,
+        )
+        return record
+
+    # ------------------------------------------------------------------ answers
+
+    def answer(self, record: LeaseRecord) -> TaskLease:
+        """The ``GET /tasks`` answer for ``record``: prompts, per-sample seeds and sampling settings."""
+        sampling = self._config.sampling
+        orch = self._config.orchestrator
+        reassigned = (record.source_worker_id, record.source_batch_index) != (
+            record.worker_id,
+            record.batch_index,
+        )
+        tasks = [
+            LeaseTask(
+                task_id=task_id,
+                prompt=self._tasks.prompt(task_id),
+                sampling_seeds=list(
+                    sampling_seeds(
+                        run_seed=orch.seed,
+                        worker_id=record.worker_id,
+                        step=record.step,
+                        batch_index=record.batch_index,
+                        task_id=task_id,
+                        group_size=sampling.group_size,
+                    )
+                ),
+            )
+            for task_id in record.task_ids
+        ]
+        return TaskLease(
+            worker_id=record.worker_id,
+            step=record.step,
+            batch_index=record.batch_index,
+            min_policy_version=max(0, record.step - orch.async_level),
+            deadline=record.deadline,
+            group_size=sampling.group_size,
+            temperature=sampling.temperature,
+            max_new_tokens=sampling.max_new_tokens,
+            stop=list(sampling.stop),
+            tasks=tasks,
+            reassigned_from=LeaseSource(
+                worker_id=record.source_worker_id,
+                step=record.source_step,
+                batch_index=record.source_batch_index,
+            )
+            if reassigned
+            else None,
+        )

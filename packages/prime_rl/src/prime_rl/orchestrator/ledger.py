@@ -1,0 +1,385 @@
+"""The orchestrator's state machine: the API's rules over workers, leases, batches, claims and the step.
+
+``Ledger`` applies every rule of API.md and owns the trainer's side (claims, commits, the
+step); three collaborators own the rest of the state, each with its store events:
+
+  - ``WorkerRegistry`` (worker_registry.py): workers, token hashes, bans, malformed counts;
+  - ``LeaseBook`` (leases.py): leases, batch indices, reassignment of expired leases;
+  - ``BatchBook`` (batches.py): stored batches, verdicts, expiry of batches too old to use.
+
+Every mutating method writes to the ``RolloutStore`` (durably) *before* it changes memory and
+returns, so the HTTP layer can acknowledge as soon as a method returns, and ``Ledger.load``
+rebuilds the same state after a restart. Methods raise ``ApiFailure(status, error, message)``
+for requests the API refuses; the HTTP layer turns it into the JSON error answer.
+
+Not thread-safe: the HTTP layer calls one method at a time (under one lock).
+
+Invariants (tested): a sample is in at most one claim; a claim for a step never changes once
+written; ``step`` only grows; every sample handed to the trainer for step ``s`` has
+``policy_version >= s - async_level`` and an ``accepted`` verdict.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from prime_rl.api.errors import ApiFailure
+from prime_rl.api.protocol import (
+    BanRequest,
+    BanResponse,
+    BatchVerdicts,
+    ClaimRequest,
+    ClaimResponse,
+    CommitRequest,
+    CommitResponse,
+    PendingResponse,
+    RegisterResponse,
+    RolloutBatch,
+    SampleId,
+    StatusResponse,
+    SubmitResponse,
+    TaskLease,
+    VerdictRequest,
+    VerdictResponse,
+    WorkersResponse,
+    WorkerStats,
+)
+from prime_rl.config import RunConfig
+from prime_rl.metrics import MetricsWriter
+from prime_rl.orchestrator.batches import EXPIRED, BatchBook
+from prime_rl.orchestrator.claims import ClaimSelection, select_claim
+from prime_rl.orchestrator.leases import LeaseBook, TaskPrompts
+from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
+from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
+from prime_rl.weights.layout import POLICY_FILENAME
+
+__all__ = ["EXPIRED", "MAX_OPEN_LEASES", "ApiFailure", "Ledger", "TaskPrompts"]
+
+MAX_OPEN_LEASES = 4
+"""Unanswered, unexpired leases one worker may hold (bounds task hoarding and unleased submissions)."""
+
+WORKER_LIMIT_RETRY_S = 60.0
+"""``Retry-After`` of a registration refused because ``orchestrator.max_workers`` is reached."""
+
+
+class Ledger:
+    """All orchestrator state and rules (see module docstring).
+
+    ``workers`` (id -> ``WorkerRecord``) and ``batches`` (id -> ``StoredBatch``) are read-only
+    mappings; ``claims`` maps each claimed step to its sample ids.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        tasks: Any,
+        store: RolloutStore,
+        *,
+        metrics: MetricsWriter | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.orch = config.orchestrator
+        self.tasks = tasks
+        self.store = store
+        self.metrics = metrics or MetricsWriter(None, role="orchestrator", name="orchestrator")
+        self.clock = clock
+        self.step = 0
+        self.workers = WorkerRegistry(store, self.metrics, clock)
+        self.leases = LeaseBook(config, tasks, store, self.metrics)
+        self.batches = BatchBook(config, store, self.metrics, clock)
+        self.claims: dict[int, tuple[SampleId, ...]] = {}
+        self.committed: set[int] = set()
+        if self.orch.prompts_per_batch > len(tasks):
+            raise ValueError(
+                f"orchestrator.prompts_per_batch ({self.orch.prompts_per_batch}) exceeds the task set ({len(tasks)} tasks)"
+            )
+        limit = self.orch.max_buffered_samples
+        needed = config.trainer.samples_per_step + self.orch.prompts_per_batch * (
+            config.sampling.group_size
+        )
+        if limit and limit < needed:
+            raise ValueError(
+                f"orchestrator.max_buffered_samples ({limit}) must be at least trainer.samples_per_step + one "
+                f"lease ({needed}); 2x that is a good value"
+            )
+        self._load()
+
+    def _load(self) -> None:
+        """Rebuild memory from the store: event log, then batches and verdicts, then claims."""
+        for event in self.store.events():
+            kind = event.get("event")
+            if kind in WorkerRegistry.EVENTS:
+                self.workers.replay(event)
+            elif kind in LeaseBook.EVENTS:
+                self.leases.replay(event)
+            elif kind == "commit":
+                self.committed.add(int(event["step"]))
+                self.step = max(self.step, int(event["step"]) + 1)
+        for batch in self.batches.load():
+            self.leases.mark_answered(batch.worker_id, batch.meta.batch_index)
+        for claim in self.store.claims():
+            self.claims[claim.step] = claim.sample_ids
+            self.batches.mark_claimed(claim.sample_ids)
+        self.leases.queue_expired_after_replay()
+
+    # ------------------------------------------------------------------ workers
+
+    def register(self, name: str) -> RegisterResponse:
+        """A new worker id and token; ApiFailure 503 ``worker_limit`` once ``orchestrator.max_workers``
+        registered workers are not banned (bans free room; so does nothing else)."""
+        active, limit = self.workers.active_count(), self.orch.max_workers
+        if active >= limit:
+            raise ApiFailure(
+                503,
+                "worker_limit",
+                f"{active} registered workers are not banned (orchestrator.max_workers = {limit}); "
+                "registration reopens when workers are banned",
+                retry_after_s=WORKER_LIMIT_RETRY_S,
+            )
+        worker, token = self.workers.register(name)
+        return RegisterResponse(worker_id=worker.worker_id, token=token)
+
+    def authenticate(self, worker_id: str, token: str) -> WorkerRecord:
+        """The registered, unbanned worker owning ``token``; ApiFailure 404/401/403 otherwise."""
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            raise ApiFailure(404, "not_found", f"unknown worker_id {worker_id!r}; register first")
+        if not worker.token_matches(token):
+            raise ApiFailure(
+                401, "unauthorized", "missing or wrong worker token (Authorization: Bearer <token>)"
+            )
+        if worker.banned:
+            raise ApiFailure(403, "banned", f"worker {worker_id} is banned: {worker.ban_reason}")
+        self.workers.touch(worker)
+        return worker
+
+    def record_malformed(self, worker_id: str) -> None:
+        self.workers.record_malformed(worker_id)
+
+    def ban(self, request: BanRequest) -> BanResponse:
+        worker = self.workers.get(request.worker_id)
+        if worker is None:
+            raise ApiFailure(404, "not_found", f"unknown worker_id {request.worker_id!r}")
+        self.workers.ban(worker, request.reason)
+        return BanResponse(worker_id=worker.worker_id, banned=True)
+
+    def workers_view(self) -> WorkersResponse:
+        counts, reasons = self.batches.sample_counts()
+        stats = []
+        for w in self.workers.values():
+            count = counts.get(w.worker_id, Counter())
+            stats.append(
+                WorkerStats(
+                    worker_id=w.worker_id,
+                    name=w.name,
+                    banned=w.banned,
+                    ban_reason=w.ban_reason,
+                    registered_at=w.registered_at,
+                    last_seen=w.last_seen,
+                    leases_issued=self.leases.issued(w.worker_id),
+                    leases_expired=self.leases.expired(w.worker_id),
+                    batches_submitted=count["batches"],
+                    samples_submitted=count["samples"],
+                    samples_accepted=count["accepted"],
+                    samples_rejected=count["rejected"],
+                    samples_pending=count["pending"],
+                    samples_expired=count["expired"],
+                    malformed_requests=w.malformed,
+                    rejected_reasons=dict(reasons.get(w.worker_id, Counter())),
+                )
+            )
+        return WorkersResponse(workers=stats)
+
+    # ------------------------------------------------------------------ status and leases
+
+    @property
+    def min_policy_version(self) -> int:
+        return max(0, self.step - self.orch.async_level)
+
+    def status(self) -> StatusResponse:
+        sampling = self.config.sampling
+        return StatusResponse(
+            step=self.step,
+            policy_version=self.step,
+            async_level=self.orch.async_level,
+            min_policy_version=self.min_policy_version,
+            group_size=sampling.group_size,
+            prompts_per_batch=self.orch.prompts_per_batch,
+            temperature=sampling.temperature,
+            max_new_tokens=sampling.max_new_tokens,
+            stop=list(sampling.stop),
+            num_tasks=len(self.tasks),
+            task_timeout_s=self.orch.task_timeout_s,
+            weights_servers=self.config.shardcast.client_servers,
+            weights_file=POLICY_FILENAME,
+            workers=len(self.workers),
+            pending_batches=len(self.batches.waiting()),
+            time=self.clock(),
+        )
+
+    def buffered_samples(self) -> int:
+        """Samples that may still reach the trainer: open leases, fresh batches awaiting validation, and
+        accepted samples the next claim could take (fresh, unclaimed, informative if the trainer
+        filters zero-advantage groups). Rejected, stale and uninformative samples do not count, so a
+        full buffer always drains (pitfall: counting them deadlocked backpressure)."""
+        per_lease = self.orch.prompts_per_batch * self.config.sampling.group_size
+        total = per_lease * self.leases.open_total()
+        fresh = [b for b in self.batches.values() if b.policy_version >= self.min_policy_version]
+        total += sum(len(b.task_ids) for b in fresh if b.verdicts is None)
+        claimable = select_claim(
+            fresh,
+            min_policy_version=self.min_policy_version,
+            min_samples=1 << 62,
+            filter_zero_advantage=self.config.trainer.filter_zero_advantage,
+        )
+        return total + claimable.available
+
+    def expire_leases(self) -> int:
+        """Mark unanswered leases past their deadline expired and queue their tasks for reassignment."""
+        return self.leases.expire(self.clock())
+
+    def lease(self, worker: WorkerRecord, step: int | None, batch_index: int | None) -> TaskLease:
+        if step is not None and step != self.step:
+            raise ApiFailure(
+                409, "conflict", f"step {step} is not the current step {self.step}; ask without step"
+            )
+        next_index = self.leases.next_index(worker.worker_id)
+        if batch_index is not None and batch_index != next_index:
+            held = self.leases.get(worker.worker_id, batch_index)
+            if held is None or not held.open:
+                raise ApiFailure(
+                    409,
+                    "conflict",
+                    f"batch_index {batch_index} is neither your next index ({next_index}) "
+                    "nor a live lease; ask without batch_index",
+                )
+            return self.leases.answer(held.record)
+        self.expire_leases()
+        open_leases = self.leases.open_count(worker.worker_id)
+        if open_leases >= MAX_OPEN_LEASES:
+            raise ApiFailure(409, "conflict", f"{open_leases} unanswered leases open; submit them first")
+        limit = self.orch.max_buffered_samples
+        if limit and (buffered := self.buffered_samples()) >= limit:
+            raise ApiFailure(429, "busy", f"{buffered} samples already buffered (limit {limit}); retry later")
+        return self.leases.answer(self.leases.issue(worker.worker_id, self.step, self.clock()))
+
+    # ------------------------------------------------------------------ rollouts and verdicts
+
+    def submit(self, worker: WorkerRecord, batch: RolloutBatch, body_sha256: str) -> SubmitResponse:
+        """Store ``batch`` (``body_sha256``: SHA-256 hex of the request body as received)."""
+        rows = self.batches.check(batch)
+        if batch.batch_index >= self.leases.next_index(worker.worker_id) + MAX_OPEN_LEASES:
+            raise ApiFailure(409, "conflict", f"batch_index {batch.batch_index} was never leased to you")
+        held = self.leases.get(worker.worker_id, batch.batch_index)
+        lease = held.record if held is not None and held.record.step == batch.step else None
+        answer = self.batches.add(batch, body_sha256, rows, lease)
+        if lease is not None and not answer.duplicate:
+            self.leases.mark_answered(worker.worker_id, batch.batch_index)
+        return answer
+
+    def batch_verdicts(self, worker: WorkerRecord, batch_id: str) -> BatchVerdicts:
+        """The verdicts of one of ``worker``'s own batches (404 for any other batch id)."""
+        batch = self.batches.get(batch_id)
+        if batch is None or batch.worker_id != worker.worker_id:
+            raise ApiFailure(404, "not_found", f"you submitted no batch {batch_id!r}")
+        return BatchVerdicts(batch_id=batch_id, judged=batch.verdicts is not None, verdicts=batch.verdicts or [])
+
+    def pending(self, limit: int) -> PendingResponse:
+        self.batches.expire_useless(self.step, self.orch.async_level)
+        return self.batches.pending(limit, self.step)
+
+    def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
+        return self.batches.record_verdicts(request)
+
+    # ------------------------------------------------------------------ trainer
+
+    def claim(self, request: ClaimRequest) -> ClaimResponse:
+        min_version = max(0, request.step - self.orch.async_level)
+        if request.step in self.claims:
+            return self._claim_answer(request.step, min_version, self.claims[request.step], None)
+        if request.step != self.step:
+            raise ApiFailure(
+                409, "conflict", f"step {request.step} is not the current step {self.step} and has no claim"
+            )
+        self.batches.expire_useless(self.step, self.orch.async_level)
+        selection = select_claim(
+            self.batches.values(),
+            min_policy_version=min_version,
+            min_samples=request.min_samples,
+            filter_zero_advantage=request.filter_zero_advantage,
+        )
+        if not selection.ready:
+            reason = (
+                f"{selection.available} fresh accepted samples available (policy_version >= {min_version}), "
+                f"need {request.min_samples}; {selection.pending_batches} batches ({selection.pending_samples} "
+                "samples) await validation"
+            )
+            return ClaimResponse(
+                ready=False,
+                step=request.step,
+                min_policy_version=min_version,
+                samples=[],
+                reason=reason,
+                available_samples=selection.available,
+                pending_batches=selection.pending_batches,
+                pending_samples=selection.pending_samples,
+                stale_samples=selection.stale,
+                zero_advantage_samples=selection.zero_advantage,
+            )
+        chosen = selection.sample_ids
+        self.store.write_claim(ClaimRecord(request.step, min_version, self.clock(), chosen))
+        self.claims[request.step] = chosen
+        self.batches.mark_claimed(chosen)
+        self.metrics.log(
+            "claim",
+            step=request.step,
+            samples=len(chosen),
+            min_policy_version=min_version,
+            stale_samples=selection.stale,
+            zero_advantage_samples=selection.zero_advantage,
+        )
+        return self._claim_answer(request.step, min_version, chosen, selection)
+
+    def _claim_answer(
+        self, step: int, min_version: int, sample_ids: tuple[SampleId, ...], selection: ClaimSelection | None
+    ) -> ClaimResponse:
+        return ClaimResponse(
+            ready=True,
+            step=step,
+            min_policy_version=min_version,
+            samples=self.batches.training_samples(sample_ids),
+            reason="",
+            available_samples=len(sample_ids),
+            pending_batches=selection.pending_batches if selection else 0,
+            pending_samples=selection.pending_samples if selection else 0,
+            stale_samples=selection.stale if selection else 0,
+            zero_advantage_samples=selection.zero_advantage if selection else 0,
+        )
+
+    def commit(self, request: CommitRequest) -> CommitResponse:
+        if request.policy_version != request.step + 1:
+            raise ApiFailure(400, "bad_request", f"policy_version must be step + 1 = {request.step + 1}")
+        if request.step < self.step:
+            return CommitResponse(step=self.step, policy_version=self.step)
+        if request.step > self.step:
+            raise ApiFailure(409, "conflict", f"step {request.step} is ahead of the current step {self.step}")
+        if request.step not in self.claims:
+            raise ApiFailure(
+                409, "conflict", f"no claim exists for step {request.step}; claim before committing"
+            )
+        self.store.append_event(
+            {
+                "event": "commit",
+                "step": request.step,
+                "policy_version": request.policy_version,
+                "time": self.clock(),
+            }
+        )
+        self.committed.add(request.step)
+        self.step = request.step + 1
+        self.metrics.log("commit", step=request.step, policy_version=self.step)
+        return CommitResponse(step=self.step, policy_version=self.step)

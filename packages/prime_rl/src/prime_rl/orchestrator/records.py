@@ -1,0 +1,75 @@
+"""Conversions between wire models (``protocol``) and the store's parquet rows (``store.BATCH_SCHEMA``).
+
+Pure functions: a submitted batch becomes column lists; stored rows become the samples the
+validator receives and the samples the trainer receives. Proofs are bytes in the models and in
+the store (base64 exists only on the wire, in ``api.fields.ProofBytes``). Round trip:
+``rollout_samples(table_of(batch_rows(batch))) == batch.samples`` exactly (floats are float64).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from prime_rl.api.protocol import RolloutBatch, RolloutSample, SampleId, TrainSample, Verdict
+from prime_rl.orchestrator.store import BatchMeta
+
+__all__ = ["batch_rows", "rollout_samples", "train_samples"]
+
+_SAMPLE_FIELDS = (
+    "task_id",
+    "group_index",
+    "prompt_tokens",
+    "completion_tokens",
+    "sampling_seed",
+    "temperature",
+    "reward",
+    "advantage",
+    "proofs",
+    "inference_logprobs",
+)
+
+
+def batch_rows(batch: RolloutBatch) -> dict[str, Sequence[Any]]:
+    """``BATCH_SCHEMA`` columns of ``batch``."""
+    rows: dict[str, Sequence[Any]] = {"sample_index": list(range(len(batch.samples)))}
+    for name in _SAMPLE_FIELDS:
+        rows[name] = [getattr(sample, name) for sample in batch.samples]
+    return rows
+
+
+def rollout_samples(table: pa.Table) -> list[RolloutSample]:
+    """The stored samples as submitted (trusted data: constructed without re-validation)."""
+    return [
+        RolloutSample.model_construct(**{name: row[name] for name in _SAMPLE_FIELDS})
+        for row in table.to_pylist()
+    ]
+
+
+def train_samples(
+    meta: BatchMeta, table: pa.Table, verdicts: Sequence[Verdict], indices: Collection[int]
+) -> dict[int, TrainSample]:
+    """Samples ``indices`` of one stored batch as the trainer receives them: the tokens as submitted,
+    reward and advantage as the validator recomputed them (never the worker's claim)."""
+    result = {}
+    for row in table.to_pylist():
+        index = row["sample_index"]
+        if index in indices:
+            verdict = verdicts[index]
+            result[index] = TrainSample.model_construct(
+                sample_id=str(SampleId(meta.batch_id, index)),
+                batch_id=meta.batch_id,
+                worker_id=meta.worker_id,
+                task_id=row["task_id"],
+                group_index=row["group_index"],
+                policy_version=meta.policy_version,
+                prompt_tokens=row["prompt_tokens"],
+                completion_tokens=row["completion_tokens"],
+                inference_logprobs=row["inference_logprobs"],
+                temperature=row["temperature"],
+                reward=verdict.reward,
+                advantage=verdict.advantage,
+            )
+    return result

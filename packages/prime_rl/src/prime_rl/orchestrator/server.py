@@ -1,0 +1,356 @@
+"""The orchestrator process: an aiohttp JSON service over a ``Ledger`` (the API is in API.md).
+
+Request handling: the body is read with a size cap, validated with the endpoint's pydantic model
+(strict; 400 with the first errors on failure), authenticated, then handed to the ledger under
+one lock in a worker thread (the ledger fsyncs, which must not stall the event loop). Any
+``ApiFailure`` becomes its JSON error; any other exception becomes a logged 500; the service
+never dies on a request. A background task expires leases every second.
+
+Registration is open to untrusted clients, so ``POST /workers/register`` is rate limited per
+client address (token buckets of rate_limit.py: ``orchestrator.register_rate_per_minute`` and
+``register_burst``; 429 ``rate_limited`` with ``Retry-After``), needs
+``orchestrator.registration_token`` when one is set (401 otherwise), and the ledger caps the
+unbanned workers at ``orchestrator.max_workers`` (503 ``worker_limit``).
+
+Run it with ``prime-rl orchestrator --config FILE`` or embed ``OrchestratorServer`` (tests do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from prime_rl.api.protocol import (
+    BanRequest,
+    ClaimRequest,
+    CommitRequest,
+    RegisterRequest,
+    RolloutBatch,
+    VerdictRequest,
+)
+from prime_rl.config import RunConfig
+from prime_rl.metrics import MetricsWriter, get_metrics, init_process
+from prime_rl.orchestrator.http import (
+    bearer,
+    errors_middleware,
+    model_response,
+    query_int,
+    require_token,
+    validation_message,
+)
+from prime_rl.orchestrator.ledger import ApiFailure, Ledger
+from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key
+from prime_rl.orchestrator.store import RolloutStore
+
+__all__ = ["ROUTES", "OrchestratorServer", "build_app", "main"]
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+
+@dataclass(frozen=True)
+class Route:
+    """One endpoint: the ``_Api`` method that handles it and its request body model (None: no body)."""
+
+    handler: str
+    body: type[BaseModel] | None = None
+
+
+ROUTES: dict[tuple[str, str], Route] = {
+    ("GET", "/health"): Route("health"),
+    ("GET", "/status"): Route("status"),
+    ("POST", "/workers/register"): Route("register", RegisterRequest),
+    ("GET", "/tasks"): Route("tasks"),
+    ("POST", "/rollouts"): Route("rollouts", RolloutBatch),
+    ("GET", "/rollouts/verdicts"): Route("batch_verdicts"),
+    ("GET", "/workers"): Route("workers"),
+    ("POST", "/workers/ban"): Route("ban", BanRequest),
+    ("GET", "/validator/pending"): Route("pending"),
+    ("POST", "/validator/verdicts"): Route("verdicts", VerdictRequest),
+    ("POST", "/trainer/claim"): Route("claim", ClaimRequest),
+    ("POST", "/trainer/commit"): Route("commit", CommitRequest),
+}
+"""The one route table: every endpoint, its handler and body model. API.md documents exactly these."""
+
+class _Api:
+    def __init__(self, ledger: Ledger, config: RunConfig, registration_clock: Callable[[], float]) -> None:
+        orch = config.orchestrator
+        self.ledger = ledger
+        self.admin_token = orch.admin_token
+        self.registration_token = orch.registration_token
+        # Only touched on the event loop thread (no await between check and spend): needs no lock.
+        self.registrations = TokenBuckets(
+            orch.register_rate_per_minute, orch.register_burst, clock=registration_clock
+        )
+        self.lock = asyncio.Lock()
+
+    async def call(self, function: Callable[..., Any], *args: Any) -> Any:
+        async with self.lock:
+            return await asyncio.to_thread(function, *args)
+
+    async def body(self, request: web.Request, model: type[M]) -> M:
+        raw = await request.read()  # aiohttp enforces client_max_size (413) before this returns
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as error:
+            raise ApiFailure(400, "bad_request", validation_message(error)) from None
+
+    def require_admin(self, request: web.Request) -> None:
+        require_token(request, self.admin_token, "admin token")
+
+    def admit_registration(self, request: web.Request) -> None:
+        """ApiFailure 429 ``rate_limited`` when the client's address is over its registration rate."""
+        key = client_key(request.remote)
+        admission = self.registrations.admit(key)
+        if not admission.allowed:
+            log.debug("registration from %s rate limited", key)
+            raise ApiFailure(
+                429,
+                "rate_limited",
+                f"too many registrations from {key} (orchestrator.register_rate_per_minute); "
+                f"retry in {admission.retry_after_s:.1f} s",
+                retry_after_s=admission.retry_after_s,
+            )
+
+    # -------------------------------------------------------------- handlers
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def status(self, request: web.Request) -> web.Response:
+        return model_response(await self.call(self.ledger.status))
+
+    async def register(self, request: web.Request) -> web.Response:
+        self.admit_registration(request)  # first: wrong tokens and bad bodies count against the rate too
+        require_token(request, self.registration_token, "registration token")
+        body = await self.body(request, RegisterRequest)
+        return model_response(await self.call(self.ledger.register, body.name))
+
+    async def tasks(self, request: web.Request) -> web.Response:
+        worker_id = request.query.get("worker_id", "")
+        if not worker_id:
+            raise ApiFailure(400, "bad_request", "query parameter worker_id is required")
+        step = query_int(request, "step")
+        batch_index = query_int(request, "batch_index")
+
+        def work() -> Any:
+            worker = self.ledger.authenticate(worker_id, bearer(request))
+            return self.ledger.lease(worker, step, batch_index)
+
+        return model_response(await self.call(work))
+
+    async def rollouts(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            batch = RolloutBatch.model_validate_json(raw)
+        except ValidationError as error:
+            await self._count_malformed(raw)
+            raise ApiFailure(400, "bad_request", validation_message(error)) from None
+
+        digest = hashlib.sha256(raw).hexdigest()
+
+        def work() -> Any:
+            worker = self.ledger.authenticate(batch.worker_id, bearer(request))
+            try:
+                return self.ledger.submit(worker, batch, digest)
+            except ApiFailure:
+                self.ledger.record_malformed(worker.worker_id)
+                raise
+
+        return model_response(await self.call(work))
+
+    async def batch_verdicts(self, request: web.Request) -> web.Response:
+        worker_id = request.query.get("worker_id", "")
+        batch_id = request.query.get("batch_id", "")
+        if not worker_id or not batch_id:
+            raise ApiFailure(400, "bad_request", "query parameters worker_id and batch_id are required")
+
+        def work() -> Any:
+            worker = self.ledger.authenticate(worker_id, bearer(request))
+            return self.ledger.batch_verdicts(worker, batch_id)
+
+        return model_response(await self.call(work))
+
+    async def _count_malformed(self, raw: bytes) -> None:
+        """Attribute a malformed body to its worker when it names a registered one (best effort)."""
+        import json
+
+        try:
+            worker_id = json.loads(raw).get("worker_id")
+        except (ValueError, AttributeError, RecursionError):
+            return
+        if isinstance(worker_id, str) and worker_id in self.ledger.workers:
+            await self.call(self.ledger.record_malformed, worker_id)
+
+    async def workers(self, request: web.Request) -> web.Response:
+        return model_response(await self.call(self.ledger.workers_view))
+
+    async def ban(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        body = await self.body(request, BanRequest)
+        return model_response(await self.call(self.ledger.ban, body))
+
+    async def pending(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        limit = query_int(request, "limit", default=8)
+        if limit is None or not 1 <= limit <= 256:
+            raise ApiFailure(400, "bad_request", "limit must be in 1..256")
+        return model_response(await self.call(self.ledger.pending, limit))
+
+    async def verdicts(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        body = await self.body(request, VerdictRequest)
+        return model_response(await self.call(self.ledger.record_verdicts, body))
+
+    async def claim(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        body = await self.body(request, ClaimRequest)
+        return model_response(await self.call(self.ledger.claim, body))
+
+    async def commit(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        body = await self.body(request, CommitRequest)
+        return model_response(await self.call(self.ledger.commit, body))
+
+
+def build_app(
+    ledger: Ledger, config: RunConfig, *, registration_clock: Callable[[], float] = time.monotonic
+) -> web.Application:
+    """The aiohttp application serving ``ledger`` (with the lease-expiry background task).
+
+    ``registration_clock``: monotonic seconds for the registration rate limit (tests inject one).
+    """
+    api = _Api(ledger, config, registration_clock)
+    app = web.Application(middlewares=[errors_middleware], client_max_size=config.orchestrator.max_request_bytes)
+    for (method, path), route in ROUTES.items():
+        app.router.add_route(method, path, getattr(api, route.handler))
+    interval = min(1.0, config.orchestrator.task_timeout_s / 4)
+
+    async def expire_loop(app: web.Application) -> Any:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await api.call(ledger.expire_leases)
+                except Exception:  # a full disk must not kill the loop; the next tick retries
+                    log.exception("lease expiry failed")
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    app.cleanup_ctx.append(expire_loop)
+    return app
+
+
+class OrchestratorServer:
+    """Run the orchestrator in a background thread (for tests and embedding).
+
+    ``with OrchestratorServer(config, tasks) as server: server.url``; port 0 picks a free port.
+    ``registration_clock`` drives the registration rate limit (default ``time.monotonic``).
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        tasks: Any,
+        *,
+        metrics: MetricsWriter | None = None,
+        registration_clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.registration_clock = registration_clock
+        self.store = RolloutStore(config.orchestrator_data_dir)
+        self.ledger = Ledger(config, tasks, self.store, metrics=metrics)
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._ready = threading.Event()
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> OrchestratorServer:
+        self._thread = threading.Thread(target=self._run, name="orchestrator", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("orchestrator did not start within 30 s")
+        return self
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._loop.run_until_complete(self._start())
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(self._runner.cleanup() if self._runner else asyncio.sleep(0))
+        self._loop.close()
+
+    async def _start(self) -> None:
+        self._runner = web.AppRunner(
+            build_app(self.ledger, self.config, registration_clock=self.registration_clock),
+            access_log=None,
+            shutdown_timeout=2.0,
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.orchestrator.host, self.config.orchestrator.port)
+        await site.start()
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self.config.orchestrator.port
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+            self._loop = None
+
+    def __enter__(self) -> OrchestratorServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+async def _serve(config: RunConfig, tasks: Any) -> None:
+    store = RolloutStore(config.orchestrator_data_dir)
+    ledger = Ledger(config, tasks, store, metrics=get_metrics())
+    runner = web.AppRunner(build_app(ledger, config), access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, config.orchestrator.host, config.orchestrator.port)
+    await site.start()
+    log.info(
+        "orchestrator serving on %s (data %s, step %d, %d batches stored, %d workers)",
+        config.orchestrator.url, store.root, ledger.step, len(ledger.batches), len(ledger.workers),
+    )  # fmt: skip
+    get_metrics().log("serving", url=config.orchestrator.url, step=ledger.step, batches=len(ledger.batches))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("orchestrator shutting down")
+    await runner.cleanup()
+
+
+def main(config: RunConfig, name: str = "orchestrator") -> int:
+    """Entry point of ``prime-rl orchestrator``: serve until SIGINT/SIGTERM."""
+    from prime_rl.tasks import load_tasks
+
+    init_process("orchestrator", name, config.run_dir)
+    tasks = load_tasks(config.tasks)
+    asyncio.run(_serve(config, tasks))
+    return 0

@@ -1,0 +1,136 @@
+"""Registered workers: ids, token hashes, bans and malformed-request counts, kept durably.
+
+``WorkerRegistry`` owns the worker records (a read-only ``Mapping`` from worker id to
+``WorkerRecord`` for everyone else) and the store events that create or change them:
+``register``, ``ban`` and ``malformed``. Like the rest of the ledger, every change is appended
+to the ``RolloutStore`` event log *before* memory changes, and ``replay`` rebuilds the same
+records from that log after a restart.
+
+Only a SHA-256 of each worker token is kept (in memory and on disk): a leaked data dir does not
+leak tokens. The registry refuses nothing; the API's rules (who may register, who is
+authenticated) are the ``Ledger``'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prime_rl.metrics import MetricsWriter
+from prime_rl.orchestrator.store import RolloutStore
+
+__all__ = ["WorkerRecord", "WorkerRegistry"]
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class WorkerRecord:
+    """One registered worker (mutable: ``last_seen``, ban and malformed count change)."""
+
+    worker_id: str
+    name: str
+    token_sha256: str
+    registered_at: float
+    banned: bool = False
+    ban_reason: str = ""
+    last_seen: float = 0.0
+    malformed: int = 0
+
+    def token_matches(self, token: str) -> bool:
+        """Constant-time comparison of ``token``'s hash with the registered one."""
+        return secrets.compare_digest(_sha256(token), self.token_sha256)
+
+
+class WorkerRegistry(Mapping[str, WorkerRecord]):
+    """Worker records by id (``w0000``, ``w0001``, ...; ids are never reused, not even after a ban)."""
+
+    EVENTS = frozenset({"register", "ban", "malformed"})
+    """Store event kinds this registry writes and replays."""
+
+    def __init__(self, store: RolloutStore, metrics: MetricsWriter, clock: Callable[[], float]) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._clock = clock
+        self._workers: dict[str, WorkerRecord] = {}
+        self._next_number = 0
+
+    def __getitem__(self, worker_id: str) -> WorkerRecord:
+        return self._workers[worker_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._workers)
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def active_count(self) -> int:
+        """Registered workers that are not banned."""
+        return sum(1 for worker in self._workers.values() if not worker.banned)
+
+    def replay(self, event: dict[str, Any]) -> None:
+        """Apply one logged event of a kind in ``EVENTS`` (restart rebuild)."""
+        kind = event.get("event")
+        if kind == "register":
+            self._workers[event["worker_id"]] = WorkerRecord(
+                worker_id=event["worker_id"],
+                name=event["name"],
+                token_sha256=event["token_sha256"],
+                registered_at=event["time"],
+                last_seen=event["time"],
+            )
+            self._next_number = max(self._next_number, int(event["number"]) + 1)
+        elif kind == "ban" and event["worker_id"] in self._workers:
+            self._workers[event["worker_id"]].banned = True
+            self._workers[event["worker_id"]].ban_reason = event["reason"]
+        elif kind == "malformed" and event["worker_id"] in self._workers:
+            self._workers[event["worker_id"]].malformed += 1
+
+    def register(self, name: str) -> tuple[WorkerRecord, str]:
+        """A new worker and its bearer token (shown once; only its hash is stored)."""
+        number = self._next_number
+        worker_id = f"w{number:04d}"
+        token = secrets.token_hex(16)
+        now = self._clock()
+        self._store.append_event(
+            {
+                "event": "register",
+                "worker_id": worker_id,
+                "name": name,
+                "number": number,
+                "token_sha256": _sha256(token),
+                "time": now,
+            }
+        )
+        self._next_number += 1
+        worker = WorkerRecord(worker_id, name, _sha256(token), now, last_seen=now)
+        self._workers[worker_id] = worker
+        self._metrics.log("register", worker_id=worker_id, worker_name=name)
+        return worker, token
+
+    def touch(self, worker: WorkerRecord) -> None:
+        """Note that ``worker`` was just seen (memory only: ``last_seen`` is informational)."""
+        worker.last_seen = self._clock()
+
+    def record_malformed(self, worker_id: str) -> None:
+        """Count one malformed request against a registered worker (unknown ids are ignored)."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            self._store.append_event({"event": "malformed", "worker_id": worker_id, "time": self._clock()})
+            worker.malformed += 1
+            self._metrics.log("malformed", worker_id=worker_id)
+
+    def ban(self, worker: WorkerRecord, reason: str) -> None:
+        """Ban ``worker`` for ``reason``; banning a banned worker changes nothing (idempotent)."""
+        if worker.banned:
+            return
+        self._store.append_event(
+            {"event": "ban", "worker_id": worker.worker_id, "reason": reason, "time": self._clock()}
+        )
+        worker.banned, worker.ban_reason = True, reason
+        self._metrics.log("ban", worker_id=worker.worker_id, reason=reason)

@@ -1,0 +1,249 @@
+"""The trusted validator process: pull submitted batches, judge every sample, post verdicts, ban cheats.
+
+Loop: ``GET /validator/pending`` (freshest policy version first, then submission order) -> batches
+grouped by policy version (one weight reload per version) -> :func:`prime_rl.validator.checks.validate_batch` with the claimed
+version's weights (fetched through shardcast by :class:`~prime_rl.weights.store.PolicyStore`) ->
+``POST /validator/verdicts`` -> per-worker failure tracker; a worker whose rejected share reaches
+``ban_failure_rate`` after ``ban_min_samples`` samples is banned (``POST /workers/ban``).
+
+A batch whose version cannot be fetched *right now* (relay lagging, network) stays pending and is
+retried on the next poll; a version that is not published is judged ``unknown_policy``. Nothing a
+worker submits can crash the loop: ``validate_batch`` turns every surprise into a rejection.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+import toploc
+from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
+from prime_rl.api.protocol import PendingBatch, VerdictRequest
+from prime_rl.config.validator import ValidatorConfig
+from prime_rl.devices import choose_device
+from prime_rl.inference.backend import HFBackend
+from prime_rl.inference.run_tasks import run_tasks
+from prime_rl.metrics import get_metrics, init_process
+from prime_rl.validator.checks import (
+    Checks,
+    GenerationBackend,
+    Reason,
+    RetryLater,
+    validate_batch,
+)
+from prime_rl.weights.store import PolicyStore, PolicyUnavailable
+
+if TYPE_CHECKING:
+    from prime_rl.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FailureTracker:
+    """Cumulative accepted/rejected counts per worker; decides bans."""
+
+    ban_failure_rate: float
+    ban_min_samples: int
+    counts: dict[str, list[int]] = field(default_factory=dict)
+    banned: set[str] = field(default_factory=set)
+
+    def record(self, worker_id: str, *, accepted: int, rejected: int) -> str | None:
+        """Add a batch's counts; returns a ban reason the first time the worker crosses the threshold."""
+        entry = self.counts.setdefault(worker_id, [0, 0])
+        entry[0] += accepted
+        entry[1] += rejected
+        total = entry[0] + entry[1]
+        if worker_id in self.banned or total < self.ban_min_samples:
+            return None
+        if entry[1] / total >= self.ban_failure_rate:
+            self.banned.add(worker_id)
+            return f"{entry[1]}/{total} samples rejected (threshold {self.ban_failure_rate:.0%})"
+        return None
+
+
+def checks_from(config: RunConfig, vocab_size: int, eos_token_ids: frozenset[int]) -> Checks:
+    """The validator's :class:`Checks` from the run configuration."""
+    v = config.validator
+    return Checks(
+        run_seed=config.orchestrator.seed,
+        prompts_per_batch=config.orchestrator.prompts_per_batch,
+        async_level=config.orchestrator.async_level,
+        group_size=config.sampling.group_size,
+        temperature=config.sampling.temperature,
+        max_new_tokens=config.sampling.max_new_tokens,
+        stop=tuple(config.sampling.stop),
+        vocab_size=vocab_size,
+        eos_token_ids=eos_token_ids,
+        logprob_atol=v.logprob_atol,
+        reward_atol=v.reward_atol,
+        advantage_atol=v.advantage_atol,
+        sampling_tolerance=v.sampling_tolerance,
+        sampling_max_mismatch_fraction=v.sampling_max_mismatch_fraction,
+        thresholds=toploc.Thresholds(
+            exp_mismatches_per_128=v.exp_mismatches_per_128,
+            max_mant_err_mean=v.max_mant_err_mean,
+            max_mant_err_median=v.max_mant_err_median,
+            sign_mismatches_per_128=v.sign_mismatches_per_128,
+        ),
+    )
+
+
+class Validator:
+    """Holds one backend and switches its weights to the version each batch claims."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.run = config
+        self.cfg: ValidatorConfig = config.validator
+        self.backend = HFBackend(
+            config.model.path,
+            dtype=config.model.dtype,
+            device=choose_device(self.cfg.device),
+            max_batch_size=self.cfg.max_batch_size,
+        )
+        tokenizer = self.backend.tokenizer
+        cache = Path(self.cfg.cache_dir or Path(config.run_dir) / "validator" / "policies")
+        self.store = PolicyStore(
+            config.shardcast.client_servers,
+            cache,
+            self.backend.model.state_dict(),
+            keep=config.orchestrator.async_level + 3,
+        )
+        self.tasks = run_tasks(config, tokenizer)
+        vocab = int(self.backend.model.get_output_embeddings().weight.shape[0])
+        self.checks = checks_from(config, vocab, self.backend.eos_token_ids)
+        self.client = OrchestratorClient(config.orchestrator.url, admin_token=config.orchestrator.admin_token)
+        self.failures = FailureTracker(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
+        self.done = 0
+        self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return str(self.backend.tokenizer.decode(list(tokens), skip_special_tokens=True))
+
+    def backend_for(self, version: int) -> GenerationBackend | None:
+        if self.backend.policy_version == version:
+            return self.backend
+        try:
+            path = self.store.ensure(version)
+        except PolicyUnavailable as exc:
+            if exc.permanent:
+                return None
+            raise RetryLater(str(exc)) from exc
+        self.backend.load_weights(path, version)
+        return self.backend
+
+    def judge(self, batch: PendingBatch, newest_version: int) -> bool:
+        """Validate and post one batch; False if it must be retried later."""
+        started = time.monotonic()
+        try:
+            verdicts = validate_batch(
+                batch,
+                tasks=self.tasks,
+                backend_for=self.backend_for,
+                decode=self.decode,
+                checks=self.checks,
+                newest_version=newest_version,
+            )
+        except RetryLater as exc:
+            log.warning("batch %s: %s; retrying later", batch.batch_id, exc)
+            return False
+        try:
+            self.client.post_verdicts(VerdictRequest(batch_id=batch.batch_id, verdicts=verdicts))
+        except ClientRequestError as exc:  # e.g. the orchestrator already settled the batch: skip it
+            log.warning("verdicts for %s refused: %s", batch.batch_id, exc)
+            get_metrics().log(
+                "verdict_refused", batch_id=batch.batch_id, status=exc.status, message=exc.message
+            )
+            self.refused.add(batch.batch_id)
+            return True
+        except OrchestratorUnavailable as exc:  # judged again on the next poll
+            log.warning("cannot post verdicts for %s: %s", batch.batch_id, exc)
+            return False
+        accepted = sum(v.accepted for v in verdicts)
+        rejected = len(verdicts) - accepted
+        rejections = [v for v in verdicts if not v.accepted]
+        reasons: dict[str, int] = {}
+        for v in verdicts:
+            if not v.accepted:
+                reasons[str(v.reason)] = reasons.get(str(v.reason), 0) + 1
+        log.info(
+            "batch %s (v%d): %d accepted, %d rejected %s in %.2fs",
+            batch.batch_id,
+            batch.policy_version,
+            accepted,
+            rejected,
+            reasons or "",
+            time.monotonic() - started,
+        )
+        get_metrics().log(
+            "verdict",
+            batch_id=batch.batch_id,
+            worker_id=batch.worker_id,
+            policy_version=batch.policy_version,
+            step=batch.step,
+            accepted=accepted,
+            rejected=rejected,
+            reasons=reasons,
+            # why, for the first rejections (group mates repeat the first reason; a few suffice)
+            details={str(v.sample_index): f"{v.reason}: {v.detail}" for v in rejections[:4]},
+            seconds=time.monotonic() - started,
+        )
+        ban = self.failures.record(batch.worker_id, accepted=accepted, rejected=rejected)
+        if ban is not None:
+            try:
+                self.client.ban(batch.worker_id, ban)
+            except (ClientRequestError, OrchestratorUnavailable) as exc:
+                log.warning("ban of %s refused: %s", batch.worker_id, exc)
+            log.info("banned worker %s: %s", batch.worker_id, ban)
+            get_metrics().log("ban", worker_id=batch.worker_id, reason=ban)
+        self.done += 1
+        return True
+
+    def run_loop(self) -> None:
+        while not self.cfg.max_batches or self.done < self.cfg.max_batches:
+            try:
+                pending = self.client.pending(self.cfg.batches_per_poll)
+            except (OrchestratorUnavailable, ClientRequestError) as exc:
+                log.warning("cannot fetch pending batches: %s", exc)
+                time.sleep(self.cfg.poll_interval_s)
+                continue
+            progressed = False
+            # The orchestrator hands out the freshest policy versions first; keep its order.
+            for batch in pending.batches:
+                if batch.batch_id not in self.refused:
+                    progressed |= self.judge(batch, pending.policy_version)
+            if not progressed:
+                time.sleep(self.cfg.poll_interval_s)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def main(config: RunConfig, name: str = "validator") -> int:
+    """Entry point of ``prime-rl validator``."""
+    torch.set_num_threads(config.validator.num_threads)
+    init_process("validator", name, config.run_dir)
+    validator = Validator(config)
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    try:
+        validator.run_loop()
+    except SystemExit as stop:
+        log.info("stopping (%s)", stop)
+    finally:
+        validator.close()
+    return 0
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    """SIGTERM: leave at once; an unposted batch stays pending and is judged again after a restart."""
+    raise SystemExit(f"signal {signum}")
+
+
+__all__ = ["FailureTracker", "Reason", "Validator", "ValidatorConfig", "checks_from", "main"]

@@ -1,0 +1,261 @@
+"""The untrusted inference worker process: follow the policy, answer task leases, submit rollouts.
+
+Loop (``prime-rl worker --config FILE [--workers.behaviour NAME]``):
+
+1. register with the orchestrator (``POST /workers/register``);
+2. a background :class:`~prime_rl.weights.store.VersionFollower` (``shardcast.Follower``)
+   downloads every new policy version while generation continues; between batches the worker
+   hot-reloads the newest downloaded version in place (``HFBackend.load_weights``);
+3. ``GET /tasks`` -> a lease; if the held version is below the lease's ``min_policy_version``
+   (``step - async_level``) the worker first waits for a newer version, so it never generates with
+   a policy older than the async bound;
+4. generate ``group_size`` completions per prompt with the lease's seeds (toploc's verifiable
+   sampler, proofs built during decoding), score them with ``verifiers`` for its own logs, compute
+   the group advantages and ``POST /rollouts``.
+
+``behaviour`` selects a hostile behaviour from :mod:`prime_rl.worker.hostile` (for tests and red-team
+runs); ``"mixed"`` cycles through all of them, one per batch (``hostile.MIXED_CYCLE``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import requests
+import torch
+
+import toploc
+from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
+from prime_rl.config.worker import WorkerConfig
+from prime_rl.devices import choose_device
+from prime_rl.inference.backend import GenerationError, HFBackend
+from prime_rl.inference.run_tasks import run_tasks
+from prime_rl.metrics import get_metrics, init_process
+from prime_rl.weights.store import PolicyStore, PolicyUnavailable, VersionFollower
+from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, HostileWorker, garbage_body
+from prime_rl.worker.rollout import build_batch
+
+if TYPE_CHECKING:
+    from prime_rl.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    """State of one worker process (see the module docstring)."""
+
+    def __init__(self, config: RunConfig, name: str) -> None:
+        self.run = config
+        self.cfg: WorkerConfig = config.workers
+        if self.cfg.behaviour not in BEHAVIOURS:
+            raise ValueError(f"unknown workers.behaviour {self.cfg.behaviour!r}; choose from {BEHAVIOURS}")
+        self.name = name
+        self.backend = HFBackend(
+            config.model.path,
+            dtype=config.model.dtype,
+            device=choose_device(self.cfg.device),
+            max_batch_size=self.cfg.batch_size,
+        )
+        cache = Path(self.cfg.cache_dir or Path(config.run_dir) / name / "policies")
+        self.store = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
+        self.follower = VersionFollower(self.store, poll_s=self.cfg.weights_poll_s)
+        self.tasks = run_tasks(config, self.backend.tokenizer)
+        self.client = OrchestratorClient(
+            config.orchestrator.url, registration_token=config.orchestrator.registration_token
+        )
+        self.worker_id = ""
+        self.submitted = 0
+        self.stop_event = threading.Event()
+        # The honest path never goes through the red-team module: a hostile worker exists only when
+        # a hostile behaviour is configured.
+        self.hostile = (
+            None
+            if self.cfg.behaviour == "honest"
+            else HostileWorker(
+                self.cfg.behaviour,
+                self.tasks.encode,
+                self.tasks.score,
+                self.tasks.prompt_tokens,
+                config.orchestrator.seed,
+                self.tasks.num_tasks,
+            )
+        )
+
+    # -- weights ------------------------------------------------------------------------------
+    def reload_newest(self, limit: int) -> None:
+        """Swap in the newest downloaded version ``<= limit`` (between batches, so no batch mixes versions).
+
+        ``limit`` is the orchestrator's committed version: shardcast may already hold the next version
+        while the trainer has not committed it, and a version newer than the committed one is rejected.
+        """
+        newest = min(self.follower.newest_local, limit)
+        if newest > self.backend.policy_version and self.store.path(newest).is_file():
+            started = time.monotonic()
+            self.backend.load_weights(self.store.path(newest), newest)
+            log.info("loaded policy v%d", newest)
+            get_metrics().log(
+                "weights_loaded",
+                policy_version=newest,
+                source="shardcast",
+                seconds=time.monotonic() - started,
+            )
+
+    def wait_for_version(self, minimum: int) -> None:
+        """Block until a version >= ``minimum`` is loaded (the async-level gate).
+
+        It loads the newest version the orchestrator has committed. When that is also the newest
+        published one, the follower is fetching it already: wait for the follower rather than
+        download the same file twice. An older one (the follower only fetches the newest) is
+        fetched here.
+        """
+        if self.backend.policy_version >= minimum:
+            return
+        started = time.monotonic()
+        log.info("waiting for policy >= v%d (holding v%d)", minimum, self.backend.policy_version)
+        while not self.stop_event.is_set():
+            try:
+                published = self.store.newest_available()
+                newest = max(minimum, min(published, self.client.status().policy_version))
+                fetching = newest == published and self.follower.newest_local < newest
+                if fetching and self.follower.is_alive() and not self.store.path(newest).is_file():
+                    self.follower.wait_newer(newest - 1, timeout_s=self.cfg.weights_poll_s)
+                    continue
+                path = self.store.ensure(newest)
+            except PolicyUnavailable as exc:
+                log.debug("policy not ready: %s", exc)
+                self.stop_event.wait(self.cfg.weights_poll_s)
+                continue
+            self.backend.load_weights(path, newest)
+            get_metrics().log("weights_wait", policy_version=newest, waited_s=time.monotonic() - started)
+            get_metrics().log("weights_loaded", policy_version=newest, source="shardcast")
+            return
+
+    # -- one batch ----------------------------------------------------------------------------
+    def one_batch(self) -> bool:
+        """Fetch, answer and submit one lease; False if there was no work to do."""
+        status = self.client.status()
+        stale_worker = self.cfg.behaviour == "stale_policy"
+        if stale_worker and status.min_policy_version == 0:
+            self.stop_event.wait(
+                self.cfg.poll_interval_s
+            )  # cannot be stale yet: wait for the step to advance
+            return False
+        if not stale_worker:
+            self.reload_newest(status.policy_version)
+        lease = self.client.get_tasks(self.worker_id)
+        if not stale_worker:
+            self.wait_for_version(lease.min_policy_version)
+        started = time.monotonic()
+        if self.hostile is None:
+            behaviour = "honest"
+            batch = build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
+        else:
+            behaviour = self.hostile.resolve(lease)
+            batch = self.hostile.answer(lease, self.backend)
+        seconds = time.monotonic() - started
+        if behaviour == "garbage":
+            self._post_garbage()
+        answer = self.client.submit_rollouts(batch)
+        self.submitted += 1
+        tokens = sum(len(s.completion_tokens) for s in batch.samples)
+        rewards = [s.reward for s in batch.samples]
+        fields = {
+            "batch_id": answer.batch_id,
+            "expected_reason": "ok" if self.hostile is None else "|".join(EXPECTED_REASONS[behaviour]),
+            "step": lease.step,
+            "batch_index": lease.batch_index,
+            "policy_version": batch.policy_version,
+            "samples": len(batch.samples),
+            "completion_tokens": tokens,
+            "generate_s": seconds,
+            "tokens_per_s": tokens / max(seconds, 1e-9),
+            "reward_mean": sum(rewards) / len(rewards),
+            "behaviour": behaviour,
+        }
+        get_metrics().log("batch_submitted", **fields)
+        get_metrics().log("rollouts", **fields)
+        log.info(
+            "submitted step %d batch %d (v%d, %s): %d samples, %.1f tok/s, mean reward %.3f",
+            lease.step,
+            lease.batch_index,
+            batch.policy_version,
+            behaviour,
+            len(batch.samples),
+            fields["tokens_per_s"],
+            fields["reward_mean"],
+        )
+        return True
+
+    def _post_garbage(self) -> None:
+        try:
+            answer = requests.post(
+                self.run.orchestrator.url + "/rollouts",
+                data=garbage_body(),
+                headers={
+                    "Authorization": f"Bearer {self.client.worker_token}",
+                    "Content-Type": "application/json",
+                },
+                timeout=30,
+            )
+            log.info("garbage body answered HTTP %d", answer.status_code)
+        except requests.RequestException as exc:
+            log.info("garbage body failed: %s", exc)
+
+    def run_loop(self) -> int:
+        self.client.wait_until_up()
+        self.worker_id = self.client.register(self.cfg.name or self.name).worker_id
+        log.info("registered as %s (behaviour %s)", self.worker_id, self.cfg.behaviour)
+        get_metrics().log("registered", worker_id=self.worker_id, behaviour=self.cfg.behaviour)
+        get_metrics().log("weights_loaded", policy_version=0, source="initial")
+        if self.cfg.behaviour != "stale_policy":
+            self.follower.start()
+        while not self.stop_event.is_set() and (
+            not self.cfg.max_batches or self.submitted < self.cfg.max_batches
+        ):
+            try:
+                if not self.one_batch():
+                    continue
+            except ClientRequestError as exc:
+                if exc.status == 403:
+                    log.info("banned by the orchestrator: %s", exc.message)
+                    get_metrics().log("banned", worker_id=self.worker_id, message=exc.message)
+                    return 0
+                log.warning("request refused: %s", exc)
+                self.stop_event.wait(self.cfg.poll_interval_s)
+            except OrchestratorUnavailable as exc:
+                log.warning("orchestrator unavailable: %s", exc)
+                self.stop_event.wait(self.cfg.poll_interval_s)
+            except (GenerationError, toploc.ActivationError) as exc:  # e.g. NaN hidden states: skip the lease
+                log.exception("generation failed: %s", exc)
+                get_metrics().log("error", kind=type(exc).__name__, message=str(exc)[:500])
+                self.stop_event.wait(self.cfg.poll_interval_s)
+        return 0
+
+    def close(self) -> None:
+        self.follower.stop()
+        self.client.close()
+
+
+def main(config: RunConfig, name: str = "worker") -> int:
+    """Entry point of ``prime-rl worker``."""
+    torch.set_num_threads(config.workers.num_threads)
+    init_process("worker", name, config.run_dir)
+    worker = Worker(config, name)
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    try:
+        return worker.run_loop()
+    except SystemExit as stop:
+        log.info("stopping (%s)", stop)
+        return 0
+    finally:
+        worker.close()
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    """SIGTERM: leave at once. Nothing a worker holds needs saving (submissions are atomic)."""
+    raise SystemExit(f"signal {signum}")

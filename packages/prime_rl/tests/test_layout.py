@@ -1,0 +1,250 @@
+"""The import rules of ``prime_rl``'s rooms, computed from the code (not from a hand list).
+
+Rules (each room's ``__init__`` docstring says the same):
+
+* ``config`` is the ground floor: it imports no other room of ``prime_rl``;
+* the orchestrator never imports torch (nor transformers), directly or through another module;
+* worker, validator and trainer never import each other;
+* each room imports only the rooms it is allowed (``ALLOWED`` below);
+* no import cycle between modules, counting imports inside functions too.
+
+Each checker is a pure function over an import graph; the tests run them on the real package and
+on small broken graphs, so a checker that could never fail would be caught here too.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+import prime_rl
+
+PACKAGE_ROOT = Path(prime_rl.__file__).parent
+TOP_LEVEL = {"cli", "tasks", "metrics", "evaluator", "devices", "durable"}  # besides __init__
+
+# Room -> rooms it may import (besides itself). Top-level modules count as rooms of their own name.
+ALLOWED: dict[str, set[str]] = {
+    "config": set(),
+    "metrics": set(),
+    "durable": set(),  # atomic durable writes: the orchestrator's tables, checkpoints, weights files
+    "devices": set(),  # config device/dtype names -> torch objects
+    "tasks": {"config"},
+    "api": {"config"},
+    "weights": {"config", "metrics", "durable"},
+    # weights: only the torch-free layout (POLICY_FILENAME), which TORCH_FREE below enforces
+    "orchestrator": {"config", "api", "tasks", "metrics", "durable", "weights"},
+    "inference": {"config", "tasks", "weights", "metrics", "devices"},
+    "worker": {"config", "api", "inference", "weights", "tasks", "metrics", "devices"},
+    "validator": {"config", "api", "inference", "weights", "tasks", "metrics", "devices"},
+    "trainer": {"config", "api", "weights", "metrics", "devices", "durable"},
+    "evaluator": {"config", "inference", "weights", "tasks", "metrics"},
+    "launch": {"config", "api", "weights", "metrics", "devices"},
+    "cli": {"config"},
+    "__init__": {"config", "api"},
+}
+# Module-name prefixes that must never reach torch: the control plane runs on any small machine.
+TORCH_FREE = ("prime_rl.config", "prime_rl.api", "prime_rl.orchestrator", "prime_rl.tasks", "prime_rl.metrics",
+              "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report", "prime_rl.durable",
+              "prime_rl.weights.layout")
+TORCH_MODULES = {"torch", "transformers", "safetensors", "vllm"}
+
+
+def module_name(path: Path, root: Path = PACKAGE_ROOT) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph(root: Path = PACKAGE_ROOT) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(module -> prime_rl modules it imports, module -> third-party top-level packages it imports).
+
+    Every ``import``/``from ... import`` in the file counts, at module level or inside a function
+    or ``TYPE_CHECKING`` block: a deferred import is still a dependency of the room.
+    """
+    modules = {module_name(path, root): path for path in root.rglob("*.py")}
+    internal: dict[str, set[str]] = {name: set() for name in modules}
+    external: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from prime_rl.api import assignment` imports the module prime_rl.api.assignment.
+                targets = [
+                    f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                    for alias in node.names
+                ]
+            for target in targets:
+                if target == "prime_rl" or target.startswith("prime_rl."):
+                    while target not in modules:
+                        target = target.rsplit(".", 1)[0]
+                    if target != name:
+                        internal[name].add(target)
+                else:
+                    external[name].add(target.split(".")[0])
+    return internal, external
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def room_violations(internal: Mapping[str, Iterable[str]], allowed: Mapping[str, set[str]]) -> list[str]:
+    """Every import that crosses from one room into a room it may not import."""
+    found = []
+    for module, targets in sorted(internal.items()):
+        source = room(module)
+        for target in sorted(targets):
+            target_room = room(target)
+            if target_room in (source, "__init__"):
+                continue
+            if target_room not in allowed.get(source, set()):
+                found.append(f"{module} imports {target} ({source} may not import {target_room})")
+    return found
+
+
+def cycles(internal: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for child in internal.get(node, ()):
+            if child not in index:
+                visit(child)
+                low[node] = min(low[node], low[child])
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(internal):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def torch_reachers(
+    internal: Mapping[str, Iterable[str]], external: Mapping[str, Iterable[str]], start: str
+) -> list[str]:
+    """Import paths from ``start`` to a module that imports torch (or another heavy ML package)."""
+    paths = []
+    seen = {start}
+    frontier = [[start]]
+    while frontier:
+        path = frontier.pop()
+        heavy = TORCH_MODULES & set(external.get(path[-1], ()))
+        if heavy:
+            paths.append(" -> ".join(path) + f" -> {sorted(heavy)[0]}")
+        for child in sorted(internal.get(path[-1], ())):
+            if child not in seen:
+                seen.add(child)
+                frontier.append([*path, child])
+    return paths
+
+
+# ---------------------------------------------------------------- the real package
+
+
+GRAPH, EXTERNAL = import_graph()
+
+
+def test_layout_has_the_rooms_and_few_top_level_modules():
+    rooms = {path.name for path in PACKAGE_ROOT.iterdir() if (path / "__init__.py").exists()}
+    assert rooms == {"config", "api", "orchestrator", "inference", "worker", "validator", "trainer",
+                     "weights", "launch"}
+    top = {path.stem for path in PACKAGE_ROOT.glob("*.py")} - {"__init__"}
+    assert top == TOP_LEVEL
+    for name in rooms:
+        doc = ast.get_docstring(ast.parse((PACKAGE_ROOT / name / "__init__.py").read_text()))
+        assert doc and "Owns:" in doc and "May import:" in doc, name
+
+
+def test_every_room_imports_only_what_it_may():
+    assert room_violations(GRAPH, ALLOWED) == []
+
+
+def test_no_import_cycle():
+    assert cycles(GRAPH) == []
+
+
+@pytest.mark.parametrize("prefix", TORCH_FREE)
+def test_torch_free_modules_never_reach_torch(prefix: str):
+    starts = [module for module in GRAPH if module == prefix or module.startswith(prefix + ".")]
+    assert starts
+    assert [path for start in starts for path in torch_reachers(GRAPH, EXTERNAL, start)] == []
+
+
+def test_orchestrator_process_never_imports_torch():
+    # The static graph does not see what third-party packages import; the interpreter does.
+    code = (
+        "import sys, prime_rl.orchestrator.server, prime_rl.launch.supervisor, prime_rl.cli; "
+        "from prime_rl.config import load_config; load_config(None); "
+        "heavy = sorted(m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules); "
+        "print(heavy); sys.exit(1 if heavy else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------- the checkers can fail
+
+
+def test_checkers_catch_a_broken_graph():
+    broken = {
+        "prime_rl.config.run": {"prime_rl.worker.process"},  # config imports a role
+        "prime_rl.worker.process": {"prime_rl.validator.checks"},  # worker imports validator
+        "prime_rl.validator.checks": {"prime_rl.worker.process"},  # ... and back: a cycle
+        "prime_rl.orchestrator.ledger": {"prime_rl.inference.backend"},
+        "prime_rl.inference.backend": set(),
+    }
+    violations = room_violations(broken, ALLOWED)
+    assert violations == [
+        "prime_rl.config.run imports prime_rl.worker.process (config may not import worker)",
+        "prime_rl.orchestrator.ledger imports prime_rl.inference.backend "
+        "(orchestrator may not import inference)",
+        "prime_rl.validator.checks imports prime_rl.worker.process (validator may not import worker)",
+        "prime_rl.worker.process imports prime_rl.validator.checks (worker may not import validator)",
+    ]
+    assert cycles(broken) == [["prime_rl.validator.checks", "prime_rl.worker.process"]]
+    external = {"prime_rl.inference.backend": {"torch"}}
+    assert torch_reachers(broken, external, "prime_rl.orchestrator.ledger") == [
+        "prime_rl.orchestrator.ledger -> prime_rl.inference.backend -> torch"
+    ]
+
+
+def test_graph_sees_function_level_and_from_package_imports(tmp_path: Path):
+    package = tmp_path / "prime_rl"
+    (package / "api").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "api" / "__init__.py").write_text("")
+    (package / "api" / "assignment.py").write_text("import hashlib\n")
+    (package / "tasks.py").write_text(
+        "def f():\n    import torch\n    from prime_rl.api import assignment\n    return torch, assignment\n"
+    )
+    internal, external = import_graph(package)
+    assert internal["prime_rl.tasks"] == {"prime_rl.api.assignment"}
+    assert external["prime_rl.tasks"] == {"torch"}
+    assert external["prime_rl.api.assignment"] == {"hashlib"}
