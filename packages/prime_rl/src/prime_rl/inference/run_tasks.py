@@ -2,7 +2,8 @@
 
 Wraps CONTROL's :class:`prime_rl.tasks.TaskSet` (the same task ids the orchestrator leases) with
 the model tokenizer, implementing :class:`prime_rl.validator.checks.TaskScorer`. Both sides tokenise with
-:func:`prime_rl.tasks.encode_prompt` and score with ``verifiers.verify(task, text).reward``, so an
+:meth:`prime_rl.tasks.TaskSet.encode` (:func:`prime_rl.tasks.encode_prompt` with the run's chat
+settings) and score with ``verifiers.verify(task, text).reward``, so an
 honest worker's claims match the validator's recomputation exactly.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from prime_rl.tasks import TaskSet, encode_prompt, load_tasks
+from prime_rl.tasks import TaskSet, load_tasks
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -34,13 +35,13 @@ class RunTasks:
         return len(self.task_set)
 
     def _prompt_tokens(self, task_id: int) -> tuple[int, ...]:
-        return tuple(encode_prompt(self.tokenizer, self.task_set.prompt(task_id)))
+        return tuple(self.task_set.encode(self.tokenizer, self.task_set.prompt(task_id)))
 
     def prompt_tokens(self, task_id: int) -> tuple[int, ...]:  # replaced by the cached version
         return self._prompt_tokens(task_id)
 
     def encode(self, text: str) -> list[int]:
-        return encode_prompt(self.tokenizer, text)
+        return self.task_set.encode(self.tokenizer, text)
 
     def score(self, task_id: int, completion: str, num_tokens: int) -> float:
         """``verifiers.verify`` reward, plus the INTELLECT-2 length term when ``[tasks] length_reward`` is set."""
