@@ -76,7 +76,7 @@ class RecipeSupervisor(Supervisor):
 
 def main() -> int:
     started = time.monotonic()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--config", default="configs/tiny-cpu.toml", help="run configuration (TOML)")
     parser.add_argument("--keep-ports", action="store_true", help="use the configured ports, not free ones")
     parser.add_argument(
