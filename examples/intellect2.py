@@ -74,7 +74,7 @@ COMPONENTS = {"reward": reward, "loss": loss}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--config", default="configs/tiny-cpu.toml", help="run configuration (TOML)")
     parser.add_argument("--keep-ports", action="store_true", help="use the configured ports, not free ones")
     parser.add_argument(

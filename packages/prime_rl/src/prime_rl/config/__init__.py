@@ -20,6 +20,7 @@ from prime_rl.config.sections import (
     ShardcastConfig,
     TasksConfig,
 )
+from prime_rl.config.tracking import TrackingConfig
 from prime_rl.config.trainer import TrainerConfig
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.config.worker import WorkerConfig
@@ -36,6 +37,7 @@ __all__ = [
     "Section",
     "ShardcastConfig",
     "TasksConfig",
+    "TrackingConfig",
     "TrainerConfig",
     "ValidatorConfig",
     "WorkerConfig",

@@ -20,6 +20,7 @@ from prime_rl.config.sections import (
     ShardcastConfig,
     TasksConfig,
 )
+from prime_rl.config.tracking import TrackingConfig
 from prime_rl.config.trainer import TrainerConfig
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.config.worker import WorkerConfig
@@ -59,6 +60,9 @@ class RunConfig(BaseModel):
     )
     evaluator: EvaluatorConfig = Field(
         default_factory=lambda: EvaluatorConfig(), description="Held-out evaluator (prime_rl.evaluator)."
+    )
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig, description="Experiment trackers (prime_rl.launch.trackers)."
     )
 
     components: ComponentsConfig = Field(

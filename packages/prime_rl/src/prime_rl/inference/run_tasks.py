@@ -2,8 +2,9 @@
 
 Wraps CONTROL's :class:`prime_rl.tasks.TaskSet` (the same task ids the orchestrator leases) with
 the model tokenizer, implementing :class:`prime_rl.validator.checks.TaskScorer`. Both sides tokenise
-with :func:`prime_rl.tasks.encode_prompt` and score with the same reward, so an honest worker's
-claims match the validator's recomputation exactly.
+with :meth:`prime_rl.tasks.TaskSet.encode` (:func:`prime_rl.tasks.encode_prompt` with the run's chat
+settings) and score with the same reward, so an honest worker's claims match the validator's
+recomputation exactly.
 
 The reward is ``reward(task, completion, num_tokens, budget) -> float``: :func:`default_reward`
 (``verifiers.verify`` plus INTELLECT-2's length term), or the callable ``[components] reward``
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import verifiers
 from prime_rl.config import ComponentError, load_component
 from prime_rl.config.components import check_signature
-from prime_rl.tasks import TaskSet, encode_prompt, load_tasks
+from prime_rl.tasks import TaskSet, load_tasks
 from verifiers.length import ALPHA
 
 if TYPE_CHECKING:
@@ -90,13 +91,13 @@ class RunTasks:
         return len(self.task_set)
 
     def _prompt_tokens(self, task_id: int) -> tuple[int, ...]:
-        return tuple(encode_prompt(self.tokenizer, self.task_set.prompt(task_id)))
+        return tuple(self.task_set.encode(self.tokenizer, self.task_set.prompt(task_id)))
 
     def prompt_tokens(self, task_id: int) -> tuple[int, ...]:  # replaced by the cached version
         return self._prompt_tokens(task_id)
 
     def encode(self, text: str) -> list[int]:
-        return encode_prompt(self.tokenizer, text)
+        return self.task_set.encode(self.tokenizer, text)
 
     def budget(self, task_id: int) -> LengthBudget | None:
         """The task's thinking budget, or None when ``[tasks] length_reward = "none"``."""
