@@ -44,13 +44,13 @@ ALLOWED: dict[str, set[str]] = {
     "trainer": {"config", "api", "weights", "metrics", "devices", "durable"},
     "evaluator": {"config", "inference", "weights", "tasks", "metrics"},
     "launch": {"config", "api", "weights", "metrics", "devices"},
-    "cli": {"config"},
+    "cli": {"config", "launch", "metrics"},  # logging, the demo model's path, the trackers: before a role starts
     "__init__": {"config", "api"},
 }
 # Module-name prefixes that must never reach torch: the control plane runs on any small machine.
 TORCH_FREE = ("prime_rl.config", "prime_rl.api", "prime_rl.orchestrator", "prime_rl.tasks", "prime_rl.metrics",
               "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report", "prime_rl.durable",
-              "prime_rl.weights.layout")
+              "prime_rl.weights.layout", "prime_rl.launch.model_cache", "prime_rl.launch.trackers")
 TORCH_MODULES = {"torch", "transformers", "safetensors", "vllm"}
 
 

@@ -9,7 +9,10 @@ from pydantic import Field, model_validator
 
 from prime_rl.config.base import Section
 
-__all__ = ["ModelConfig", "OrchestratorConfig", "SamplingConfig", "ShardcastConfig", "TasksConfig"]
+__all__ = ["TASK_FIELDS", "ModelConfig", "OrchestratorConfig", "SamplingConfig", "ShardcastConfig", "TasksConfig"]
+
+TASK_FIELDS = ("prompt", "answer", "task_type", "verification_info", "problem_id", "solve_rate")
+"""The task fields ``[tasks] columns`` may map to a file's columns."""
 
 
 class ModelConfig(Section):
@@ -26,10 +29,32 @@ class ModelConfig(Section):
 class TasksConfig(Section):
     """[tasks]: the training task set (identical in every process; task ids index into it)."""
 
-    source: Literal["arithmetic", "jsonl", "parquet"] = Field(
-        default="arithmetic", description="Seeded arithmetic generator, or an INTELLECT-2-schema file."
+    source: Literal["arithmetic", "jsonl", "parquet", "datasets"] = Field(
+        default="arithmetic",
+        description="Seeded arithmetic generator; a .jsonl or .parquet file; or 'datasets': a Hugging Face dataset "
+        "from local files (a save_to_disk folder, a folder of data files, or one file; pip install "
+        "'prime-rl[datasets]').",
     )
-    path: str = Field(default="", description="File for source 'jsonl'/'parquet' (ignored for 'arithmetic').")
+    path: str = Field(default="", description="File or folder of the tasks (ignored for 'arithmetic').")
+    split: str = Field(default="train", description="Split of a 'datasets' source.")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Your column names for the task fields, e.g. {prompt = 'question', answer = 'answer'}. Fields: "
+        "prompt, answer (becomes verification_info.ground_truth), task_type, verification_info, problem_id, "
+        "solve_rate. Unmapped fields use the INTELLECT-2 column names.",
+    )
+    task_type: str = Field(
+        default="verifiable_math",
+        description="Task type (verifier) of rows that have none, e.g. 'verifiable_math' or 'prime_rl_code'.",
+    )
+    chat_template: bool = Field(
+        default=False,
+        description="Send each prompt as one user message through the tokenizer's chat template (instruct "
+        "models); the same in worker, validator and evaluator.",
+    )
+    system_prompt: str = Field(
+        default="", description="System message before each prompt when chat_template is on ('' = none)."
+    )
     num_tasks: int = Field(
         default=1000, ge=1, description="Number of tasks (arithmetic) or max rows to read (files)."
     )
@@ -80,6 +105,11 @@ class TasksConfig(Section):
             raise ValueError("tasks.min_digits must be <= tasks.digits")
         if self.source != "arithmetic" and not self.path:
             raise ValueError(f"tasks.path is required for tasks.source = {self.source!r}")
+        unknown = set(self.columns) - set(TASK_FIELDS)
+        if unknown:
+            raise ValueError(f"tasks.columns: unknown task fields {sorted(unknown)}; use {list(TASK_FIELDS)}")
+        if self.system_prompt and not self.chat_template:
+            raise ValueError("tasks.system_prompt needs tasks.chat_template = true")
         return self
 
 
@@ -109,6 +139,12 @@ class OrchestratorConfig(Section):
     )
     task_timeout_s: float = Field(
         default=300.0, gt=0, description="A lease not submitted within this time is reassigned."
+    )
+    connect_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long a worker, validator, trainer or `run` waits at start-up for the orchestrator to "
+        "answer (logging every 30 s) before exiting with one line that names the URL.",
     )
     admin_token: str = Field(
         default="",

@@ -263,6 +263,12 @@ def main(config: RunConfig, name: str = "validator") -> int:
     torch.set_num_threads(config.validator.num_threads)
     init_process("validator", name, config.run_dir)
     try:
+        with OrchestratorClient(config.orchestrator.url) as probe:
+            probe.wait_until_up(config.orchestrator.connect_timeout_s)
+    except OrchestratorUnavailable as error:
+        log.error("%s", error)
+        return 1
+    try:
         validator = Validator(config)
     except SecretsError as error:
         log.error("cannot start: %s", error)

@@ -206,7 +206,7 @@ class Worker:
             log.info("garbage body failed: %s", exc)
 
     def run_loop(self) -> int:
-        self.client.wait_until_up()
+        self.client.wait_until_up(self.run.orchestrator.connect_timeout_s)
         self.worker_id = self.client.register(self.cfg.name or self.name).worker_id
         log.info("registered as %s (behaviour %s)", self.worker_id, self.cfg.behaviour)
         get_metrics().log("registered", worker_id=self.worker_id, behaviour=self.cfg.behaviour)
@@ -244,6 +244,12 @@ def main(config: RunConfig, name: str = "worker") -> int:
     """Entry point of ``prime-rl worker``."""
     torch.set_num_threads(config.workers.num_threads)
     init_process("worker", name, config.run_dir)
+    try:  # before loading the model: a wrong URL is reported in seconds, not after the model load
+        with OrchestratorClient(config.orchestrator.url) as probe:
+            probe.wait_until_up(config.orchestrator.connect_timeout_s)
+    except OrchestratorUnavailable as error:
+        log.error("%s", error)
+        return 1
     worker = Worker(config, name)
     signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
