@@ -15,7 +15,7 @@ One tracker run per process, named ``<run_name>/<process>`` and grouped under ``
 ``group``; TensorBoard sub-directory ``tensorboard/<process>/``), so the trainer's loss and the
 evaluator's accuracy sit side by side. W&B defaults to ``mode = "offline"``: it writes
 ``<dir>/wandb/offline-run-*`` and needs neither network nor login (``wandb sync`` uploads later).
-The libraries are optional extras (``pip install 'prime-rl[wandb]'`` / ``'prime-rl[tensorboard]'``);
+The libraries are optional extras (``pip install 'intellect2-prime-rl[wandb]'`` / ``'intellect2-prime-rl[tensorboard]'``);
 a missing one is a ``TrackerUnavailable`` naming the extra. TensorBoard event files are written with
 the ``tensorboard`` package's own writer (what ``torch.utils.tensorboard`` uses), so no torch import.
 """
@@ -94,7 +94,7 @@ class TensorBoardTracker:
         except ImportError as error:
             raise TrackerUnavailable(
                 "tracking.backends has 'tensorboard' but the tensorboard package is not installed: "
-                "pip install 'prime-rl[tensorboard]'"
+                "pip install 'intellect2-prime-rl[tensorboard]'"
             ) from error
         self._event_pb2 = event_pb2
         self._summary_pb2 = summary_pb2
@@ -148,7 +148,7 @@ class WandbTracker:
             import wandb
         except ImportError as error:
             raise TrackerUnavailable(
-                "tracking.backends has 'wandb' but the wandb package is not installed: pip install 'prime-rl[wandb]'"
+                "tracking.backends has 'wandb' but the wandb package is not installed: pip install 'intellect2-prime-rl[wandb]'"
             ) from error
         self._wandb = wandb
         self._init_kwargs: dict[str, Any] = dict(
