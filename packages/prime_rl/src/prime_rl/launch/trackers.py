@@ -85,7 +85,8 @@ def record_x(record: Mapping[str, Any], seen_before: int) -> int:
 
 
 class TensorBoardTracker:
-    """Scalars into ``logdir/events.out.tfevents.*`` (read by TensorBoard, ``EventAccumulator``, tbparse)."""
+    """Scalars into ``logdir/events.out.tfevents.*`` (read by TensorBoard, ``EventAccumulator``, tbparse),
+    flushed per record."""
 
     def __init__(self, logdir: str | Path) -> None:
         try:
@@ -118,6 +119,7 @@ class TensorBoardTracker:
         self._writer.add_event(
             self._event_pb2.Event(wall_time=wall_time, step=step, summary=self._summary_pb2.Summary(value=values))
         )
+        self._writer.flush()  # like the JSONL file: a killed process keeps every record it logged
 
     def close(self) -> None:
         if self._writer is not None:
