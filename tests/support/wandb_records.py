@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,22 @@ def read_wandb_records(path: Path) -> list[Any]:
     return records
 
 
+def complete_wandb_records(path: Path, timeout_s: float = 60.0) -> list[Any]:
+    """The records of a finished run: wandb's service writes the file in the background and
+    ``finish()`` can return before the final ``exit`` record is there, so wait (bounded) for it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = read_wandb_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        assert time.monotonic() < deadline, f"{path} never got its exit record"
+        time.sleep(0.2)
+
+
 def read_wandb_history(run_folder: Path) -> tuple[str, list[dict[str, Any]]]:
     """(display name, logged rows without W&B's own ``_`` keys) of an ``offline-run-*`` folder."""
     (run_file,) = run_folder.glob("run-*.wandb")
-    records = read_wandb_records(run_file)
+    records = complete_wandb_records(run_file)
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     history = [  # a key with "/" is stored as nested_key parts
         {key: json.loads(item.value_json) for item in r.history.item

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import requests
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from prime_rl.api.assignment import sampling_seeds, task_ids
@@ -191,8 +191,10 @@ def test_garbage_never_crashes_the_server(server: Any, path: str, body: Any) -> 
         st.sampled_from(["worker_id", "step", "batch_index", "limit"]), st.text(max_size=30)
     )
 )
+@example(query={"worker_id": "0", "step": "\u00b2"})  # '²'.isdigit() is True, int('²') raises
+@example(query={"limit": "\u0663"})  # an Arabic-Indic digit: isdigit() True, but not ASCII
 def test_garbage_queries_never_crash_the_server(server: Any, query: dict[str, str]) -> None:
-    for path in ("/tasks", "/validator/pending", "/status", "/nope"):
+    for path in ("/tasks", "/validator/pending", "/rollouts/verdicts", "/status", "/nope"):
         answer = requests.get(server.url + path, params=query, timeout=10)
         assert answer.status_code < 500, answer.text
     assert requests.get(server.url + "/health", timeout=10).json() == {"ok": True}

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from wandb_records import read_wandb_history, read_wandb_records  # tests/support
+from wandb_records import complete_wandb_records, read_wandb_history  # tests/support
 
 from prime_rl import metrics
 from prime_rl.config import load_config
@@ -125,7 +125,7 @@ def test_wandb_offline_writes_the_scalars_locally(tmp_path: Path, monkeypatch: p
     assert run_dir.parent == tmp_path / "wandb"
     assert list(run_dir.glob("run-*.wandb"))  # the local run file `wandb sync` uploads
     (run_file,) = run_dir.glob("run-*.wandb")
-    (run,) = [r.run for r in read_wandb_records(run_file) if r.WhichOneof("record_type") == "run"]
+    (run,) = [r.run for r in complete_wandb_records(run_file) if r.WhichOneof("record_type") == "run"]
     assert (run.display_name, run.run_group, run.job_type, run.project) == ("run/trainer", "run", "trainer", "prime-rl-test")
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
     assert config["trainer"] == {"lr": 1e-5}

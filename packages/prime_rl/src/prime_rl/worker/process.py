@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+WAIT_LOG_EVERY_S = 30.0
+"""Seconds between progress lines while the worker waits for a policy version."""
+
 
 class Worker:
     """State of one worker process (see the module docstring)."""
@@ -116,7 +119,17 @@ class Worker:
             return
         started = time.monotonic()
         log.info("waiting for policy >= v%d (holding v%d)", minimum, self.backend.policy_version)
+        last_report = started
         while not self.stop_event.is_set():
+            if time.monotonic() - last_report >= WAIT_LOG_EVERY_S:  # a long wait never looks like a hang
+                last_report = time.monotonic()
+                log.info(
+                    "still waiting for policy >= v%d after %.0f s (holding v%d; weights from %s)",
+                    minimum,
+                    last_report - started,
+                    self.backend.policy_version,
+                    ", ".join(self.run.shardcast.client_servers),
+                )
             try:
                 published = self.store.newest_available()
                 newest = max(minimum, min(published, self.client.status().policy_version))
