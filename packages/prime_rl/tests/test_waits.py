@@ -106,3 +106,19 @@ def test_first_error_falls_back_to_an_error_log_line_or_none():
 def test_first_error_stops_at_the_next_log_line():
     text = "Traceback (most recent call last):\n  File \"a\", line 1\nValueError: bad\n10:00:03 [INFO] [x] stopping\n"
     assert first_error(text) == "ValueError: bad"
+
+
+def test_trainer_with_a_wrong_url_says_so_in_one_line(tmp_path: Path):
+    """Before: the trainer loaded its model, then logged a warning per retry for ever. Now it asks the
+    orchestrator first, like the worker and the validator, and stops with one error line."""
+    port = _closed_port()
+    (tmp_path / "never-loaded").mkdir()
+    command = [sys.executable, "-m", "prime_rl.cli", "trainer", "--run_dir", str(tmp_path),
+               "--model.path", str(tmp_path / "never-loaded"),
+               "--orchestrator.public_url", f"http://127.0.0.1:{port}",
+               "--orchestrator.connect_timeout_s", "2"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    (error,) = [line for line in done.stderr.splitlines() if "[ERROR]" in line]
+    assert f"cannot reach the orchestrator at http://127.0.0.1:{port} after 2 s" in error

@@ -56,6 +56,7 @@ __all__ = [
     "OrchestratorClient",
     "OrchestratorUnavailable",
     "describe_connection_error",
+    "orchestrator_reachable",
 ]
 
 log = logging.getLogger(__name__)
@@ -364,3 +365,18 @@ class OrchestratorClient:
         """POST /trainer/commit: step's claim consumed and ``policy_version`` (= step + 1) published."""
         body = CommitRequest(step=step, policy_version=policy_version)
         return self.request("POST", "/trainer/commit", CommitResponse, body=body, token=self.admin_token)
+
+
+def orchestrator_reachable(url: str, timeout_s: float) -> bool:
+    """A process's first step: wait (logging every 30 s) until the orchestrator at ``url`` answers.
+
+    False after logging one ERROR line that names the URL and the problem, so the process exits in
+    seconds with that line instead of failing later with a traceback (or after loading a model).
+    """
+    try:
+        with OrchestratorClient(url) as probe:
+            probe.wait_until_up(timeout_s)
+    except OrchestratorUnavailable as error:
+        log.error("%s", error)
+        return False
+    return True

@@ -39,7 +39,7 @@ from transformers import AutoModelForCausalLM
 
 import grpo
 import shardcast
-from prime_rl.api.client import OrchestratorClient, OrchestratorUnavailable
+from prime_rl.api.client import OrchestratorClient, OrchestratorUnavailable, orchestrator_reachable
 from prime_rl.api.protocol import TrainSample
 from prime_rl.api.secrets import run_secrets
 from prime_rl.config import ComponentError, load_component
@@ -359,6 +359,10 @@ def main(config: RunConfig, name: str = "trainer") -> int:
     init_process(
         "trainer", name if rank == 0 else f"{name}-rank{rank}", config.run_dir if rank == 0 else None
     )
+    # every rank asks (they share the URL), so all stop alike instead of some waiting on collectives
+    if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
+        distributed.shutdown_distributed()
+        return 1
     trainer = Trainer(config)
     signal.signal(signal.SIGTERM, _exit_cleanly)
     try:

@@ -28,7 +28,12 @@ from typing import TYPE_CHECKING
 import torch
 
 import toploc
-from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
+from prime_rl.api.client import (
+    ClientRequestError,
+    OrchestratorClient,
+    OrchestratorUnavailable,
+    orchestrator_reachable,
+)
 from prime_rl.api.protocol import PendingBatch, VerdictRequest
 from prime_rl.api.secrets import SecretsError, run_secrets
 from prime_rl.config.validator import ValidatorConfig
@@ -262,11 +267,7 @@ def main(config: RunConfig, name: str = "validator") -> int:
     """Entry point of ``prime-rl validator``."""
     torch.set_num_threads(config.validator.num_threads)
     init_process("validator", name, config.run_dir)
-    try:
-        with OrchestratorClient(config.orchestrator.url) as probe:
-            probe.wait_until_up(config.orchestrator.connect_timeout_s)
-    except OrchestratorUnavailable as error:
-        log.error("%s", error)
+    if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
         return 1
     try:
         validator = Validator(config)

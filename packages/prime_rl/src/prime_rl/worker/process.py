@@ -30,13 +30,18 @@ import requests
 import torch
 
 import toploc
-from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
+from prime_rl.api.client import (
+    ClientRequestError,
+    OrchestratorClient,
+    OrchestratorUnavailable,
+    orchestrator_reachable,
+)
 from prime_rl.config.worker import WorkerConfig
 from prime_rl.devices import choose_device
 from prime_rl.inference.backend import GenerationError, HFBackend
 from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.metrics import get_metrics, init_process
-from prime_rl.weights.store import PolicyStore, PolicyUnavailable, VersionFollower
+from prime_rl.weights.store import WAIT_LOG_EVERY_S, PolicyStore, PolicyUnavailable, VersionFollower, WaitLog
 from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, HostileWorker, garbage_body
 from prime_rl.worker.rollout import build_batch
 
@@ -45,12 +50,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-WAIT_LOG_EVERY_S = 30.0
-"""Seconds between progress lines while the worker waits for a policy version."""
-
 
 class Worker:
     """State of one worker process (see the module docstring)."""
+
+    wait_log_every_s = WAIT_LOG_EVERY_S
+    """Seconds between progress lines while it waits for a policy version."""
 
     def __init__(self, config: RunConfig, name: str) -> None:
         self.run = config
@@ -119,16 +124,15 @@ class Worker:
             return
         started = time.monotonic()
         log.info("waiting for policy >= v%d (holding v%d)", minimum, self.backend.policy_version)
-        last_report = started
+        progress = WaitLog(self.wait_log_every_s)
         while not self.stop_event.is_set():
-            if time.monotonic() - last_report >= WAIT_LOG_EVERY_S:  # a long wait never looks like a hang
-                last_report = time.monotonic()
+            if (waited := progress.due()) is not None:
                 log.info(
                     "still waiting for policy >= v%d after %.0f s (holding v%d; weights from %s)",
                     minimum,
-                    last_report - started,
+                    waited,
                     self.backend.policy_version,
-                    ", ".join(self.run.shardcast.client_servers),
+                    ", ".join(self.store.servers) or "none",
                 )
             try:
                 published = self.store.newest_available()
@@ -257,11 +261,8 @@ def main(config: RunConfig, name: str = "worker") -> int:
     """Entry point of ``prime-rl worker``."""
     torch.set_num_threads(config.workers.num_threads)
     init_process("worker", name, config.run_dir)
-    try:  # before loading the model: a wrong URL is reported in seconds, not after the model load
-        with OrchestratorClient(config.orchestrator.url) as probe:
-            probe.wait_until_up(config.orchestrator.connect_timeout_s)
-    except OrchestratorUnavailable as error:
-        log.error("%s", error)
+    # before loading the model: a wrong URL is reported in seconds, not after the model load
+    if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
         return 1
     worker = Worker(config, name)
     signal.signal(signal.SIGTERM, _exit_cleanly)
