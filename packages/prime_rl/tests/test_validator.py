@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import logging
 import socket
+import threading
 import time
 
 import pytest
@@ -301,7 +303,7 @@ def test_mixed_behaviour_cycles_and_every_batch_is_rejected_as_announced(backend
     assert seen == set(MIXED_CYCLE) - {"stale_policy"}  # stale needs min_policy_version > 0
 
 
-def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir):
+def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir, caplog):
     # The process loop against a real orchestrator: one honest and one cheating worker.
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -317,17 +319,30 @@ def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir):
     )  # fmt: skip
     with OrchestratorServer(config, load_tasks(config.tasks)) as server:
         validator = Validator(config)
-        ids = {}
+        validator.wait_log_every_s = 0.3
+        caplog.set_level(logging.INFO, logger="prime_rl.validator.process")
+        judging = threading.Thread(target=validator.run_loop)
+        started = time.monotonic()
+        judging.start()  # nothing to judge yet: it says so once per log period
+        ids, answers = {}, []
         for behaviour in ("honest", "inflated_rewards"):
-            with OrchestratorClient(server.url) as client:
-                ids[behaviour] = client.register(behaviour).worker_id
-                lease = client.get_tasks(ids[behaviour])
-                cheat = HostileWorker(
-                    behaviour, validator.tasks.encode, validator.tasks.score, validator.tasks.prompt_tokens,
-                    validator.tasks.num_tasks,
-                )  # fmt: skip
-                client.submit_rollouts(cheat.answer(lease, validator.backend))
-        validator.run_loop()
+            client = OrchestratorClient(server.url)
+            ids[behaviour] = client.register(behaviour).worker_id
+            lease = client.get_tasks(ids[behaviour])
+            cheat = HostileWorker(
+                behaviour, validator.tasks.encode, validator.tasks.score, validator.tasks.prompt_tokens,
+                validator.tasks.num_tasks,
+            )  # fmt: skip
+            answers.append((client, cheat.answer(lease, validator.backend)))
+        time.sleep(max(0.0, 1.5 - (time.monotonic() - started)))
+        idle_lines = [r.getMessage() for r in caplog.records if "no batch to judge" in r.getMessage()]
+        assert 2 <= len(idle_lines) <= (time.monotonic() - started) / 0.3, idle_lines
+        assert "0 batches judged so far" in idle_lines[-1]
+        for client, answer in answers:
+            client.submit_rollouts(answer)
+            client.close()
+        judging.join(timeout=300)
+        assert not judging.is_alive()
         validator.close()
         with OrchestratorClient(server.url) as client:
             stats = {w.worker_id: w for w in client.workers().workers}

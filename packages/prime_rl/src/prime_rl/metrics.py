@@ -15,6 +15,9 @@ Use ``init_process(role, name, run_dir)`` once in a role's ``main``; library cod
 Pitfall: values must be JSON-serialisable; numpy/torch scalars are converted with ``float()``/
 ``int()``/``.item()`` by ``_jsonable``; NaN/Inf become the strings "nan"/"inf"/"-inf" so every
 line stays strict JSON.
+
+A long wait logs what it waits for at least every ``WAIT_LOG_EVERY_S`` (paced by :class:`WaitLog`),
+so no process ever looks hung.
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 __all__ = [
+    "WAIT_LOG_EVERY_S",
     "MetricsSink",
     "MetricsWriter",
     "ProcessPaths",
+    "WaitLog",
     "add_sink",
     "get_metrics",
     "init_process",
@@ -235,3 +240,25 @@ def read_metrics(path: str | Path) -> Iterator[dict[str, Any]]:
                 continue
             if isinstance(record, dict):
                 yield record
+
+
+WAIT_LOG_EVERY_S = 30.0
+"""Seconds between progress lines while a process waits (for a policy version, for work, ...)."""
+
+
+class WaitLog:
+    """Paces the progress lines of one wait: a long wait logs what it waits for at least every
+    ``every_s`` seconds, so it never looks like a hang (and a short one stays quiet)."""
+
+    def __init__(self, every_s: float = WAIT_LOG_EVERY_S) -> None:
+        self.started = time.monotonic()
+        self.every_s = every_s
+        self._next = self.started + every_s
+
+    def due(self) -> float | None:
+        """The seconds waited so far when a progress line is due (then the next is ``every_s`` away), else None."""
+        now = time.monotonic()
+        if now < self._next:
+            return None
+        self._next = now + self.every_s
+        return now - self.started

@@ -40,7 +40,7 @@ from prime_rl.config.validator import ValidatorConfig
 from prime_rl.devices import choose_device
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.run_tasks import run_tasks
-from prime_rl.metrics import get_metrics, init_process
+from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics, init_process
 from prime_rl.validator.checks import (
     AssignmentKeyMismatch,
     Checks,
@@ -117,6 +117,9 @@ def checks_from(
 
 class Validator:
     """Holds one backend and switches its weights to the version each batch claims."""
+
+    wait_log_every_s = WAIT_LOG_EVERY_S
+    """Seconds between progress lines while there is nothing to judge."""
 
     def __init__(self, config: RunConfig) -> None:
         self.run = config
@@ -242,6 +245,7 @@ class Validator:
         return True
 
     def run_loop(self) -> None:
+        idle = WaitLog(self.wait_log_every_s)
         while not self.cfg.max_batches or self.done < self.cfg.max_batches:
             try:
                 pending = self.client.pending(self.cfg.batches_per_poll)
@@ -256,7 +260,16 @@ class Validator:
             for batch in pending.batches:
                 if batch.batch_id not in self.refused:
                     progressed |= self.judge(batch, pending.policy_version)
-            if not progressed:
+            if progressed:
+                idle = WaitLog(self.wait_log_every_s)
+            else:
+                if (waited := idle.due()) is not None:  # an idle validator must not look hung
+                    log.info(
+                        "no batch to judge for %.0f s (orchestrator at policy v%d; %d batches judged so far)",
+                        waited,
+                        pending.policy_version,
+                        self.done,
+                    )
                 time.sleep(self.cfg.poll_interval_s)
 
     def close(self) -> None:

@@ -30,34 +30,13 @@ from pathlib import Path
 import torch
 
 import shardcast
+from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog
 from prime_rl.weights.files import save_policy
 from prime_rl.weights.layout import policy_file, version_dirs
 
-__all__ = ["WAIT_LOG_EVERY_S", "PolicyStore", "PolicyUnavailable", "VersionFollower", "WaitLog"]
+__all__ = ["PolicyStore", "PolicyUnavailable", "VersionFollower"]
 
 log = logging.getLogger(__name__)
-
-WAIT_LOG_EVERY_S = 30.0
-"""Seconds between progress lines while a process waits for a policy version."""
-
-
-class WaitLog:
-    """Paces the progress lines of one wait: a long wait logs what it waits for at least every
-    ``every_s`` seconds, so it never looks like a hang (and a short one stays quiet)."""
-
-    def __init__(self, every_s: float = WAIT_LOG_EVERY_S) -> None:
-        self.started = time.monotonic()
-        self.every_s = every_s
-        self._next = self.started + every_s
-
-    def due(self) -> float | None:
-        """The seconds waited so far when a progress line is due (then the next is ``every_s`` away), else None."""
-        now = time.monotonic()
-        if now < self._next:
-            return None
-        self._next = now + self.every_s
-        return now - self.started
-
 
 class PolicyUnavailable(RuntimeError):
     """A policy version cannot be obtained (not published, or no server reachable)."""
