@@ -104,7 +104,8 @@ def load_loss(path: str) -> grpo.Loss:
 class Trainer:
     """The trainer's state and loop (construct in every rank; rank 0 does all I/O with peers)."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, loss_fn: grpo.Loss | None = None) -> None:
+        """``loss_fn`` defaults to :func:`build_loss` (``main`` builds it first, to fail before waiting)."""
         self.run = config
         self.cfg: TrainerConfig = config.trainer
         self.device = choose_device(self.cfg.device)
@@ -112,7 +113,7 @@ class Trainer:
         self.run_dir = Path(config.run_dir)
         self.checkpoint_dir = Path(self.cfg.checkpoint_dir or self.run_dir / "checkpoints")
         self.policy_dir = self.run_dir / "policies"
-        self.loss_fn = build_loss(config)
+        self.loss_fn = loss_fn or build_loss(config)
         log.info("loss: %r", self.loss_fn.config)
         dtype = torch_dtype(config.model.dtype)
         self.model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=dtype)
@@ -359,11 +360,12 @@ def main(config: RunConfig, name: str = "trainer") -> int:
     init_process(
         "trainer", name if rank == 0 else f"{name}-rank{rank}", config.run_dir if rank == 0 else None
     )
+    loss_fn = build_loss(config)  # a config error (ComponentError) stops it before any wait
     # every rank asks (they share the URL), so all stop alike instead of some waiting on collectives
     if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
         distributed.shutdown_distributed()
         return 1
-    trainer = Trainer(config)
+    trainer = Trainer(config, loss_fn)
     signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         trainer.run_loop()
