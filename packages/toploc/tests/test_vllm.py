@@ -11,6 +11,8 @@ prefill, the log-probs are those of the unmodified softmax(logits / T).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,10 +22,14 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make setup ins
 
 from tiny_lm import make_tiny_tokenizer, save_tiny_lm  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
+from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402
 from vllm.exceptions import VLLMValidationError  # noqa: E402
 
 from toploc import Thresholds, check_sampling, gumbel_noise, sample_tokens, split_proofs, verify_proofs_bytes  # noqa: E402
 from toploc.vllm import SamplerArgs, TraceError, checkable, checkable_llm, collect  # noqa: E402
+
+# Engine start-up plus three batches take ~1 minute on 2 idle cores and several under load.
+pytestmark = pytest.mark.timeout(1200)
 
 TOPK = 128
 NEAR_TIE = 1e-3  # logit units: fp32 decode-vs-decode drift is ~1e-6; a gap below this may flip a draw
@@ -39,26 +45,43 @@ def hf_model(model_dir):
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
 
+@contextmanager
+def _restored_process_state() -> Iterator[list]:
+    """Undo what an in-process vLLM CPU engine does to the (shared pytest) process when done with it.
+
+    vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op, drops torch to one thread
+    and opens a one-rank torch.distributed group; later tests in this process must see none of it.
+    Engines appended to the yielded list are shut down first.
+    """
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    engines: list = []
+    try:
+        yield engines
+    finally:
+        for engine in engines:
+            engine.llm_engine.engine_core.shutdown()
+        cleanup_dist_env_and_memory()
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
+    assert not torch.distributed.is_initialized()
+
+
 @pytest.fixture(scope="module")
 def llm(model_dir):
-    # vLLM's CPU worker replaces torch.set_num_threads with a no-op and drops torch to 1 thread in
-    # this process; put both back afterwards so the rest of the test session is unaffected.
-    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    engine = checkable_llm(
-        str(model_dir),
-        dtype="float32",
-        max_model_len=256,
-        max_num_seqs=3,
-        max_num_batched_tokens=24,
-        enable_chunked_prefill=True,
-        kv_cache_memory_bytes=32 << 20,
-        enforce_eager=True,
-        seed=0,
-    )
-    yield engine
-    del engine
-    torch.set_num_threads = set_num_threads
-    torch.set_num_threads(threads)
+    with _restored_process_state() as engines:
+        engine = checkable_llm(
+            str(model_dir),
+            dtype="float32",
+            max_model_len=256,
+            max_num_seqs=3,
+            max_num_batched_tokens=24,
+            enable_chunked_prefill=True,
+            kv_cache_memory_bytes=32 << 20,
+            enforce_eager=True,
+            seed=0,
+        )
+        engines.append(engine)
+        yield engine
 
 
 def _encode(text: str) -> list[int]:
@@ -120,10 +143,21 @@ def _run(llm, temperature: float):
     return outputs, collect(params, outputs)
 
 
+class _Runs(dict):
+    """One batch per temperature, run on first use and shared by the tests below."""
+
+    def __init__(self, llm) -> None:
+        super().__init__()
+        self.llm = llm
+
+    def __missing__(self, temperature: float):
+        self[temperature] = _run(self.llm, temperature)
+        return self[temperature]
+
+
 @pytest.fixture(scope="module")
 def runs(llm):
-    """One batch per temperature (greedy included), shared by the tests below."""
-    return {temperature: _run(llm, temperature) for temperature in (1.0, 0.7, 0.0)}
+    return _Runs(llm)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
@@ -215,11 +249,12 @@ def test_collect_needs_checkable_requests(llm) -> None:
 def test_readme_example_runs(model_dir, capsys) -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     code = re.search(r"## Make your vLLM outputs checkable\n\n```python\n(.*?)```", readme, re.DOTALL).group(1)
-    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    try:
-        exec(compile(code, "README.md", "exec"), {"MODEL": str(model_dir)})
-    finally:
-        torch.set_num_threads = set_num_threads
-        torch.set_num_threads(threads)
+    namespace = {"MODEL": str(model_dir)}
+    with _restored_process_state() as engines:
+        try:
+            exec(compile(code, "README.md", "exec"), namespace)
+        finally:
+            if "llm" in namespace:
+                engines.append(namespace["llm"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[-2:] == ["40 40 516", "True True"]
