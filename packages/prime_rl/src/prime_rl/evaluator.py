@@ -180,7 +180,7 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
     """Process entry of ``prime-rl evaluator``: evaluate versions until the final one; returns 0."""
     import torch
 
-    from prime_rl.inference.backend import HFBackend
+    from prime_rl.inference.select import make_backend
     from prime_rl.metrics import init_process
     from prime_rl.tasks import load_tasks
     from prime_rl.weights.store import PolicyStore, PolicyUnavailable
@@ -190,7 +190,9 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
     torch.set_num_threads(cfg.num_threads)
     training = load_tasks(config.tasks)
     heldout = heldout_task_set(config.tasks, cfg.num_problems, cfg.seed, training=training)
-    backend = HFBackend(config.model.path, dtype=config.model.dtype, max_batch_size=cfg.batch_size)
+    backend = make_backend(
+        config, backend=config.workers.backend, device=torch.device("cpu"), max_batch_size=cfg.batch_size
+    )
     max_new_tokens = cfg.max_new_tokens or config.sampling.max_new_tokens
     # Version 0 is the backend's own initial weights, so the cache holds only fetched versions.
     store = PolicyStore(
