@@ -150,3 +150,33 @@ def test_too_long_requests_fail_clearly(hf, engine) -> None:
         engine.generate([[5] * 250], [1], SamplingParams(max_new_tokens=10))
     with pytest.raises(GenerationError):
         engine.generate([[]], [1], SamplingParams())
+
+
+def test_bfloat16_engine_passes_the_validators_checks(model_dir) -> None:
+    """bf16 on both sides: proofs and sampling verify against the bf16 HF prefill; tokens differ from
+    the HF bf16 decode only after a draw whose margin is within bf16 logit noise (counted)."""
+    hf_bf16 = HFBackend(model_dir, dtype="bfloat16", max_batch_size=8)
+    prompts = _encode(hf_bf16, PROMPTS)
+    params = SamplingParams(temperature=1.0, max_new_tokens=40)
+    with _restored_process_state() as engines:
+        engine = VLLMBackend(model_dir, dtype="bfloat16", max_batch_size=4, memory=MEMORY)
+        engines.append(engine)
+        got = engine.generate(prompts, SEEDS, params)
+    want = hf_bf16.generate(prompts, SEEDS, params)
+    prefills = hf_bf16.prefill(prompts, [c.completion_tokens for c in got])
+    same = sum(g.completion_tokens == w.completion_tokens for g, w in zip(got, want, strict=True))
+    for g, prefill in zip(got, prefills, strict=True):
+        assert toploc.Thresholds().check_all(verify_proofs(prefill.hidden, g.proofs)).passed
+        sampling = check_sampled(
+            prefill.logits, torch.tensor(g.completion_tokens), g.seed, 1.0, tolerance=0.25, max_mismatches=0
+        )
+        assert sampling.passed
+        gap = (torch.tensor(g.logprobs) - torch_logprobs(prefill.logits, g.completion_tokens)).abs().mean()
+        assert gap < 0.05  # the validator's default logprob_atol
+    assert same >= len(PROMPTS) - 2, f"only {same}/{len(PROMPTS)} completions equal the HF bf16 decode"
+
+
+def torch_logprobs(logits: torch.Tensor, tokens) -> torch.Tensor:
+    from prime_rl.inference.backend import token_logprobs
+
+    return token_logprobs(logits, torch.tensor(tokens), 1.0)
