@@ -59,7 +59,7 @@ def model_dirs(which: str) -> list[tuple[str, Path]]:
 
         out.append(("tiny Llama h=128", save_tiny_lm(tempfile.mkdtemp(prefix="noise_tiny_"), hidden_size=128)))
     if which in ("smollm2", "both"):
-        from prime_rl.model_source import prepare_model
+        from prime_rl.launch.demo_model import prepare_model
 
         out.append(("SmolLM2-135M", prepare_model(dtype="float32")))
     return out

@@ -63,6 +63,19 @@ class EngineMemory:
     enforce_eager: bool = True
 
 
+def _tensor_shapes(files: Sequence[Path]) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in ``files`` (headers only; ``WeightsMismatchError`` if unreadable)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as handle:
+                for name in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    shapes[name] = tuple(handle.get_slice(name).get_shape())
+        except (SafetensorError, OSError) as exc:
+            raise WeightsMismatchError(f"cannot read policy weights {file}: {exc}") from exc
+    return shapes
+
+
 def _finish_reason(output: Any) -> FinishReason:
     if output.finish_reason == "length":
         return "length"
@@ -113,6 +126,8 @@ class VLLMBackend:
             engine["kv_cache_memory_bytes"] = memory.kv_cache_bytes
         if memory.max_model_len:
             engine["max_model_len"] = memory.max_model_len
+        # The initial checkpoint's tensors define what a policy file must hold (checked before reloading).
+        self._shapes = _tensor_shapes(sorted(Path(model_path).glob("*.safetensors")))
         self.llm = checkable_llm(str(model_path), **engine)
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self._policy_version = policy_version
@@ -125,13 +140,15 @@ class VLLMBackend:
 
     def load_weights(self, path: str | Path, policy_version: int) -> None:
         """Reload ``path`` into the running engine in place; ``WeightsMismatchError`` if it does not fit."""
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
-                names = set(handle.keys())
-        except (SafetensorError, OSError) as exc:
-            raise WeightsMismatchError(f"cannot read policy weights {path}: {exc}") from exc
-        if not names:
-            raise WeightsMismatchError(f"{path} holds no tensors")
+        shapes = _tensor_shapes([Path(path)])
+        unexpected = sorted(set(shapes) - set(self._shapes))
+        missing = sorted(set(self._shapes) - set(shapes))
+        wrong = sorted(name for name in set(shapes) & set(self._shapes) if shapes[name] != self._shapes[name])
+        if unexpected or missing or wrong:
+            raise WeightsMismatchError(
+                f"{path} does not match the model: missing {missing[:5]} unexpected {unexpected[:5]} "
+                f"wrong shape {wrong[:5]}"
+            )
         try:
             self.llm.collective_rpc(_reload, args=(str(path),))
         except (KeyError, ValueError, RuntimeError, AssertionError) as exc:
