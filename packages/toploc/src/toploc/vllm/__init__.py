@@ -1,4 +1,4 @@
-"""Make a vLLM engine's outputs checkable with toploc (optional: ``pip install toploc[vllm]``).
+"""Make a vLLM engine's outputs checkable with toploc (optional: ``pip install intellect2-toploc[vllm]``).
 
 Two pieces run inside an in-process vLLM engine (V1 model runner):
 
