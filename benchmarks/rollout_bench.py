@@ -127,6 +127,23 @@ def main() -> None:
     for name, lo, med in rows:
         print(f"{name:<34}{lo:>8.3f}{med:>10.3f}{tokens / lo:>13.0f}{BATCH / lo:>12.2f}")
     print(f"generation overhead vs hf generate: {our_min / hf_min:.2f}x; validator accepted {ok}/{BATCH}{vllm_note}")
+    print(draw_row(args.repeats))
+
+
+def draw_row(repeats: int) -> str:
+    """One decode step's seeded draw (BATCH x VOCAB): the torch reference vs the fused C kernel."""
+    from toploc import native
+    from toploc.sampling import _best_and_claimed
+
+    logits = torch.randn(BATCH, VOCAB, generator=torch.Generator().manual_seed(2)) * 3
+    seq, pos = torch.arange(BATCH), torch.full((BATCH,), 7)
+    n = max(5, 5 * repeats)
+    ref, _, _ = timed(lambda: _best_and_claimed(logits, 1, seq, pos, 1.0)[0], n)
+    fast, _, _ = timed(lambda: toploc.sample_tokens(logits, 1, seq, pos, 1.0), n)
+    return (
+        f"one step's draw ({BATCH}x{VOCAB}, min of {n}): torch reference {ref * 1e3:.1f} ms, "
+        f"toploc.sample_tokens (native: {native.available()}) {fast * 1e3:.1f} ms"
+    )
 
 
 def measure_vllm(model, tokenizer, prompts, seeds, params, repeats, validate):

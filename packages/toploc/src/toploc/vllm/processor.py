@@ -120,17 +120,21 @@ class SeededSampler(LogitsProcessor):
         for (seed, temperature), indices in groups.items():
             rows = [self._rows[i] for i in indices]
             index_tensor = torch.tensor(indices, device=logits.device)
-            block = logits.index_select(0, index_tensor)
+            # The usual case, every row of the step in one group, works on a view: no [B, V] copies.
+            contiguous = indices == list(range(indices[0], indices[0] + len(indices)))
+            block = logits.narrow(0, indices[0], len(indices)) if contiguous else logits.index_select(0, index_tensor)
             positions = [len(row.output_token_ids) for row in rows]
             sequence_ids = torch.tensor([row.trace.args.sequence_id for row in rows], device=logits.device)
             tokens = toploc.sample_tokens(
                 block, seed, sequence_ids, torch.tensor(positions, device=logits.device), temperature
             )
-            scale = temperature if temperature > 0 else 1.0
-            logprobs = torch.log_softmax(block.float() / scale, dim=-1).gather(1, tokens[:, None])[:, 0]
-            forced = torch.full_like(block, float("-inf"))
+            scaled = block.float() if temperature in (0.0, 1.0) else block.float() / temperature
+            logprobs = torch.log_softmax(scaled, dim=-1).gather(1, tokens[:, None])[:, 0]
+            # Force the draw: -inf everywhere but 0 at the token (in place when block is a view).
+            forced = block.fill_(float("-inf")) if contiguous else torch.full_like(block, float("-inf"))
             forced.scatter_(1, tokens[:, None], 0.0)
-            logits.index_copy_(0, index_tensor, forced)
+            if not contiguous:
+                logits.index_copy_(0, index_tensor, forced)
             hidden_rows = hidden.index_select(0, index_tensor).to(torch.bfloat16) if hidden is not None else None
             for i, (row, position, token, logprob) in enumerate(
                 zip(rows, positions, tokens.tolist(), logprobs.tolist(), strict=True)
