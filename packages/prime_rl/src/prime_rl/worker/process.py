@@ -40,6 +40,7 @@ from prime_rl.config.worker import WorkerConfig
 from prime_rl.devices import choose_device
 from prime_rl.inference.backend import GenerationError, HFBackend
 from prime_rl.inference.run_tasks import run_tasks
+from prime_rl.inference.select import make_backend
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics, init_process
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable, VersionFollower
 from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, HostileWorker, garbage_body
@@ -63,14 +64,17 @@ class Worker:
         if self.cfg.behaviour not in BEHAVIOURS:
             raise ValueError(f"unknown workers.behaviour {self.cfg.behaviour!r}; choose from {BEHAVIOURS}")
         self.name = name
-        self.backend = HFBackend(
-            config.model.path,
-            dtype=config.model.dtype,
+        # Hostile behaviours reach into the transformers model (copies, prefills): they stay on HF.
+        self.backend = make_backend(
+            config,
+            backend=self.cfg.backend if self.cfg.behaviour == "honest" else "hf",
             device=choose_device(self.cfg.device),
             max_batch_size=self.cfg.batch_size,
         )
         cache = Path(self.cfg.cache_dir or Path(config.run_dir) / name / "policies")
-        self.store = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
+        # Version 0 is only ever read back by an HF backend (a vLLM worker never reloads its start weights).
+        initial = self.backend.model.state_dict() if isinstance(self.backend, HFBackend) else None
+        self.store = PolicyStore(config.shardcast.client_servers, cache, initial)
         self.follower = VersionFollower(self.store, poll_s=self.cfg.weights_poll_s)
         self.tasks = run_tasks(config, self.backend.tokenizer)
         self.client = OrchestratorClient(

@@ -26,13 +26,16 @@ import numpy as np
 
 from toploc.errors import ActivationError
 
-_SOURCE = Path(__file__).with_name("toploc_cpu.c")
-_FLAGS = ["-O3", "-std=c99", "-shared", "-fPIC", "-pthread"]
+_SOURCES = [Path(__file__).with_name("toploc_cpu.c"), Path(__file__).with_name("toploc_sampling.c")]
+# -ffp-contract=off: no fused multiply-add, so the draw's floating point rounds op for op as in torch.
+_FLAGS = ["-O3", "-std=c99", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]
 _LOCK = threading.Lock()
 _LIB: ctypes.CDLL | None = None
 _TRIED = False
 
 _I64P = np.ctypeslib.ndpointer(dtype=np.int64, flags="C_CONTIGUOUS")
+_F32P = np.ctypeslib.ndpointer(dtype=np.float32, flags="C_CONTIGUOUS")
+_U8P = np.ctypeslib.ndpointer(dtype=np.uint8, flags="C_CONTIGUOUS")
 _U16P = np.ctypeslib.ndpointer(dtype=np.uint16, flags="C_CONTIGUOUS")
 _ERRORS = {
     1: "activations contain NaN or Inf",
@@ -47,7 +50,7 @@ def _threads() -> int:
 
 
 def _compile() -> ctypes.CDLL | None:
-    source = _SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in _SOURCES)
     compiler = os.environ.get("CC", "cc")
     digest = hashlib.sha256(source + " ".join([compiler, *_FLAGS]).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("TOPLOC_CACHE_DIR", Path.home() / ".cache" / "toploc"))
@@ -57,7 +60,7 @@ def _compile() -> ctypes.CDLL | None:
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             built = Path(tmp) / target.name
             done = subprocess.run(
-                [compiler, *_FLAGS, str(_SOURCE), "-o", str(built)],
+                [compiler, *_FLAGS, *map(str, _SOURCES), "-o", str(built), "-lm"],
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -79,7 +82,11 @@ def _compile() -> ctypes.CDLL | None:
     lib.toploc_evaluate.argtypes = [
         _I64P, _I64P, _I64P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int,
     ]  # fmt: skip
-    for function in (lib.toploc_select, lib.toploc_commit, lib.toploc_evaluate):
+    lib.toploc_gumbel_argmax.argtypes = [
+        _F32P, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64, _I64P, _I64P, ctypes.c_double, ctypes.c_double,
+        _I64P, _U8P, ctypes.c_int,
+    ]  # fmt: skip
+    for function in (lib.toploc_select, lib.toploc_commit, lib.toploc_evaluate, lib.toploc_gumbel_argmax):
         function.restype = ctypes.c_int
     return lib
 
@@ -158,3 +165,36 @@ def evaluate(coeffs: np.ndarray, moduli: np.ndarray, indices: np.ndarray) -> np.
     )
     _check(status)
     return out
+
+
+def gumbel_argmax(
+    logits: np.ndarray, seed: int, sequence_ids: np.ndarray, positions: np.ndarray, temperature: float, margin: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Native seeded Gumbel-max draw (``toploc_sampling.c``) on ``[B, V]`` float32 logits.
+
+    Returns (int64 ``[B]`` tokens, bool ``[B]`` ambiguous): rows whose runner-up scores within
+    ``margin * (1 + |best|)`` of the best, or with a non-finite logit; the caller redraws those
+    with the reference, since only there can the last bit of ``log`` decide the token.
+    """
+    lib = library()
+    assert lib is not None
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    rows, vocab = logits.shape
+    tokens = np.empty(rows, dtype=np.int64)
+    ambiguous = np.empty(rows, dtype=np.uint8)
+    _check(
+        lib.toploc_gumbel_argmax(
+            logits,
+            rows,
+            vocab,
+            seed & ((1 << 64) - 1),
+            np.ascontiguousarray(sequence_ids, dtype=np.int64),
+            np.ascontiguousarray(positions, dtype=np.int64),
+            float(temperature),
+            float(margin),
+            tokens,
+            ambiguous,
+            min(_threads(), max(1, rows)),
+        )
+    )
+    return tokens, ambiguous.astype(bool)

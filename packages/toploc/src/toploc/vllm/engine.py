@@ -1,0 +1,112 @@
+"""Wire the sampler and the hidden-state capture into a ``vllm.LLM``, and collect per-request results.
+
+    llm = checkable_llm(model_dir, dtype="float32")            # or: LLM(..., logits_processors=[SeededSampler]); attach(llm)
+    params = [checkable(SamplingParams(max_tokens=64), seed=7, sequence_id=i, temperature=1.0) for i in range(n)]
+    outputs = llm.generate(prompts, params)
+    results = collect(params, outputs)                          # CheckableOutput per request, in order
+
+The engine must run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the logits processor
+and the capture hook leave their results in this process's ``TRACES``. ``checkable_llm`` sets
+that, and ``VLLM_USE_V2_MODEL_RUNNER=0`` (the sampler implements the V1 model runner's
+logits-processor interface), unless the environment already says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from toploc.vllm.capture import install
+from toploc.vllm.trace import EXTRA_ARGS_KEY, TRACES, CheckableOutput, SamplerArgs, TraceError
+
+IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
+def checkable(
+    params: Any,
+    *,
+    seed: int,
+    sequence_id: int,
+    temperature: float = 1.0,
+    proofs: bool = True,
+    decode_batching_size: int = 32,
+    topk: int = 128,
+) -> Any:
+    """A copy of vLLM ``SamplingParams`` whose request is drawn by the seeded sampler and proven.
+
+    vLLM's own ``temperature`` is set to 0: the seeded sampler forces its draw, and a greedy
+    request lets vLLM skip its own random sampling work. Each call gets a fresh ``key``.
+    """
+    args = SamplerArgs(
+        key=uuid.uuid4().hex,
+        seed=seed,
+        sequence_id=sequence_id,
+        temperature=temperature,
+        proofs=proofs,
+        decode_batching_size=decode_batching_size,
+        topk=topk,
+    )
+    out = params.clone()
+    out.temperature = 0.0
+    out.extra_args = {**(out.extra_args or {}), EXTRA_ARGS_KEY: args.to_extra_args()}
+    return out
+
+
+def attach(llm: Any) -> None:
+    """Install the hidden-state capture in the model of an in-process ``vllm.LLM``.
+
+    Raises:
+        RuntimeError: the engine runs in another process (set ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+            before creating it), so its draws and proofs could not reach this process.
+    """
+    if any(pid != os.getpid() for pid in llm.apply_model(install)):
+        raise RuntimeError(
+            "the vLLM engine runs in another process; create it with VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+            "(toploc.vllm.checkable_llm does) so that proofs and draws reach this process"
+        )
+
+
+def checkable_llm(model: str, **llm_kwargs: Any) -> Any:
+    """``vllm.LLM(model, **llm_kwargs)`` in this process, with the seeded sampler and capture attached."""
+    for name, value in IN_PROCESS_ENV.items():
+        os.environ.setdefault(name, value)
+    from vllm import LLM
+
+    from toploc.vllm.processor import SeededSampler
+
+    processors = list(llm_kwargs.pop("logits_processors", None) or [])
+    if SeededSampler not in processors:
+        processors.append(SeededSampler)
+    llm = LLM(model=model, logits_processors=processors, **llm_kwargs)
+    attach(llm)
+    return llm
+
+
+def collect(params: Sequence[Any], outputs: Sequence[Any]) -> list[CheckableOutput]:
+    """Per request (same order as ``params``): the ``CheckableOutput`` of ``outputs[i].outputs[0]``.
+
+    Raises:
+        TraceError: a request was never scheduled by a ``SeededSampler`` engine in this process,
+            or its trace is inconsistent (see ``RequestTrace.finish``).
+        ValueError: ``params`` and ``outputs`` differ in length, or a params has no toploc args.
+    """
+    if len(params) != len(outputs):
+        raise ValueError(f"{len(params)} sampling params but {len(outputs)} outputs")
+    keys = []
+    for p in params:
+        args = SamplerArgs.from_extra_args(p.extra_args)
+        if args is None:
+            raise ValueError("sampling params without toploc args: build them with toploc.vllm.checkable")
+        keys.append(args.key)
+    traces = [TRACES.take(key) for key in keys]  # take all first: nothing leaks if one fails
+    results = []
+    for key, trace, output in zip(keys, traces, outputs, strict=True):
+        if trace is None:
+            raise TraceError(
+                f"request {key} was not drawn by toploc's SeededSampler in this process "
+                "(engine without logits_processors=[SeededSampler], or running in another process)"
+            )
+        results.append(trace.finish(list(output.outputs[0].token_ids)))
+    return results
