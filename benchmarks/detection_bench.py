@@ -16,10 +16,11 @@ Report (``toploc.WorkerEvidence`` with the default ``toploc.EvidencePolicy``): p
 token budget n, the share of deviating workers banned within their first n output tokens and the
 AUC of their evidence score against honest workers' scores at the same n (segments of n tokens
 of the held-out honest streams); the per-sample rejection rate of the validator's fixed checks;
-false bans and the largest score/threshold of honest workers over all held-out tokens.
+false bans and the largest score/threshold of honest workers over all held-out tokens; and
+(``cost``) the validator's time per sample with and without the evidence statistics.
 
 Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/detection_bench.py [--scale 0.25]
-[--dtype float32 bfloat16] [--phases calibrate attack honest report]``. ``--scale`` multiplies
+[--dtype float32 bfloat16] [--phases calibrate attack honest report cost]``. ``--scale`` multiplies
 every token budget (1.0: the acceptance budgets: >= 100k held-out honest tokens per dtype).
 """
 
@@ -58,7 +59,7 @@ from detection_workers import (
 )
 
 import toploc
-from prime_rl.model_source import default_cache_dir
+from prime_rl.launch.demo_model import default_cache_dir
 
 TEMPERATURE = 1.0
 BUDGETS = (64, 128, 256, 300, 512, 1000, 2000, 4000)
@@ -92,6 +93,10 @@ HONEST_CONFIGS = (
     ("sdpa", 8, 2, False, 1024, 24),
 )
 
+CALIBRATION_CONFIGS = (0, 1, 6)
+"""Configurations measured for the profile (sdpa and eager, 1 and 2 threads, 256 and 1,024 tokens);
+the held-out configurations 2-5 (decode batch 1 and 4, GRPO groups) are never calibrated on."""
+
 
 def plan(dtype: str, scale: float, max_tokens: int = 0) -> list[Job]:
     """Jobs in collection order: calibration, then rounds of one worker per deviation plus a slice of
@@ -101,14 +106,16 @@ def plan(dtype: str, scale: float, max_tokens: int = 0) -> list[Job]:
     prefix = "fp32" if dtype == "float32" else "bf16"
     jobs: list[Job] = []
     for i, (attn, batch, threads, groups, tokens, samples) in enumerate(HONEST_CONFIGS):
-        count = max(batch, round(samples * scale / 6 / batch) * batch)  # calibration: 1/6 of held-out
+        if i not in CALIBRATION_CONFIGS:
+            continue
+        count = max(batch, round(samples * scale / 6 / batch) * batch)  # 1/6 of held-out, >= one batch
         jobs.append(Job(f"{prefix}-calibrate-{i}", "calibrate", "honest", count, tokens, batch, attn, threads, groups, 10_000 * i))
     rounds = max(2, round(6 * math.sqrt(scale)))
     attacks = ATTACKS if dtype == "float32" else ("steer10", "steer1")
     for w in range(rounds):
         for attack in attacks:
             long = attack in ("steer10", "steer1", "stale1e-5", "stale3e-7", "noise1e-3")
-            samples = 16 if long else 4  # 128-token samples: 2,048 or 512 tokens per worker
+            samples = 32 if attack == "steer1" else 16 if long else 4  # 128-token samples: 4,096, 2,048, 512 tokens
             jobs.append(Job(f"{prefix}-attack-{attack}-{w}", "attack", attack, samples, 128, min(16, samples), offset=500_000 + 1000 * w))
         for i, (attn, batch, threads, groups, tokens, samples) in enumerate(HONEST_CONFIGS):
             batches = max(1, round(samples * scale / batch))  # spread over the rounds
@@ -247,6 +254,58 @@ def calibrate(jobs: Sequence[Job], data: Path, dtype: str) -> toploc.NoiseProfil
     return profile
 
 
+def cost(models: Models, data: Path, dtype: str, repeats: int = 3) -> dict[str, float]:
+    """The validator's time per sample with and without the evidence statistics (same prefills).
+
+    Old path: ``check_sampled`` (per-sample sampling check) + log-prob gap + proof verification.
+    New path: ``sampling_margins`` once (feeds both the per-sample rule and the evidence), the same
+    log-prob and proof checks, ``Observations.from_checks`` and ``WorkerEvidence.update``.
+    """
+    from prime_rl.inference.backend import check_sampled, token_logprobs, verify_proofs
+    from prime_rl.validator.evidence import sampling_margins, sampling_problem
+
+    torch.set_num_threads(2)
+    backend = models.backend(f"{dtype}-sdpa")
+    prompts = prompt_texts(models.tokenizer, 8, offset=700_000)
+    completions = generate(backend, prompts, list(range(700_000, 700_008)), 128, TEMPERATURE)
+    tests = toploc.EvidenceTests.from_profile(calibrate(plan(dtype, 1.0), data, dtype))
+    times: dict[str, list[float]] = {"prefill": [], "old": [], "new": [], "evidence": []}
+    for _ in range(repeats):
+        started = time.perf_counter()
+        prefills = backend.prefill([c.prompt_tokens for c in completions], [c.completion_tokens for c in completions])
+        times["prefill"].append(time.perf_counter() - started)
+        for path in ("old", "new"):
+            worker, spent, evidence_only = toploc.WorkerEvidence(tests), 0.0, 0.0
+            for c, pre in zip(completions, prefills, strict=True):
+                started = time.perf_counter()
+                tokens = torch.tensor(c.completion_tokens)
+                results = verify_proofs(pre.hidden, c.proofs)
+                recomputed = token_logprobs(pre.logits, tokens, TEMPERATURE)
+                gap = (recomputed - torch.tensor(c.logprobs)).abs().mean().item()
+                if path == "old":
+                    check_sampled(pre.logits, tokens, c.seed, TEMPERATURE, tolerance=0.25, max_mismatches=0)
+                else:
+                    margins = sampling_margins(pre.logits, tokens, c.seed, TEMPERATURE)
+                    sampling_problem(margins, tolerance=0.25, max_mismatch_fraction=0.0)
+                    mark = time.perf_counter()
+                    worker.update(toploc.Observations.from_checks(margins, c.logprobs, recomputed, results))
+                    evidence_only += time.perf_counter() - mark
+                spent += time.perf_counter() - started
+                assert gap < 1.0
+            times[path].append(spent)
+            if path == "new":
+                times["evidence"].append(evidence_only)
+    per_sample = {k: 1000 * min(v) / len(completions) for k, v in times.items()}
+    base = per_sample["prefill"] + per_sample["old"]
+    extra = per_sample["prefill"] + per_sample["new"] - base
+    print(f"\n## {dtype}: validator time per sample (8 samples x 128 tokens, min of {repeats}), ms\n")
+    print("| prefill | checks, old path | checks, new path | of which evidence | new vs old total |")
+    print("|---|---|---|---|---|")
+    print(f"| {per_sample['prefill']:.1f} | {per_sample['old']:.1f} | {per_sample['new']:.1f} | "
+          f"{per_sample['evidence']:.2f} | {100 * extra / base:+.2f}% |")  # fmt: skip
+    return {**per_sample, "extra_percent": 100 * extra / base}
+
+
 if __name__ == "__main__":
     from detection_report import report
 
@@ -265,5 +324,7 @@ if __name__ == "__main__":
         collect(jobs, args.data, dtype, args.phases)
         if "report" in args.phases:
             results[dtype] = report(jobs, args.data, dtype, BUDGETS, load, calibrate)
+        if "cost" in args.phases:
+            results[f"{dtype}-cost"] = cost(Models(dtype), args.data, dtype)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

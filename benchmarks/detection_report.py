@@ -114,9 +114,9 @@ def report(
     honest_at = {n: [stream_scores(tests, seg, [n]).get(n, -np.inf) for st in honest for seg in honest_segments(st, n)] for n in budgets}
     header = " | ".join(f"n={n}" for n in budgets)
     print(f"\n## {dtype}: share of deviating workers banned within n tokens / AUC vs honest workers at n\n")
-    print(f"| deviation | workers | per-sample rejected | {header} |")
-    print("|---|---|---|" + "---|" * len(budgets))
-    print(f"| (honest workers at n) | | | {' | '.join(str(len(honest_at[n])) for n in budgets)} |")
+    print(f"| deviation | workers | per-sample rejected | AUC >= 0.999 at | all banned at | {header} |")
+    print("|---|---|---|---|---|" + "---|" * len(budgets))
+    print(f"| (honest workers at n) | | | | | {' | '.join(str(len(honest_at[n])) for n in budgets)} |")
     result["curves"] = {}
     for attack, attack_streams in streams.items():
         scores = [stream_scores(tests, st, budgets) for st in attack_streams]
@@ -131,6 +131,8 @@ def report(
             area = auc(at, honest_at[n])
             cells.append(f"{share:.2f} / {area:.3f}")
             curve[n] = {"banned": share, "auc": area, "workers": len(at)}
-        print(f"| {attack} | {len(attack_streams)} | {rejected:.2f} | {' | '.join(cells)} |")
+        first_auc = next((str(n) for n in budgets if n in curve and curve[n]["auc"] >= 0.999), "-")
+        first_all = next((str(n) for n in budgets if n in curve and curve[n]["banned"] == 1.0), "-")
+        print(f"| {attack} | {len(attack_streams)} | {rejected:.2f} | {first_auc} | {first_all} | {' | '.join(cells)} |")
         result["curves"][attack] = {"per_sample_rejected": float(rejected), "budgets": curve}
     return result

@@ -35,9 +35,9 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import prime_rl.backend as backend_module
+import prime_rl.inference.backend as backend_module
 import toploc
-from prime_rl.backend import (
+from prime_rl.inference.backend import (
     SAMPLER_SEED,
     Completion,
     HFBackend,
@@ -45,7 +45,7 @@ from prime_rl.backend import (
     token_logprobs,
     verify_proofs,
 )
-from prime_rl.model_source import prepare_model
+from prime_rl.launch.demo_model import prepare_model
 
 TOPICS = (
     "a dragon who learns to bake bread", "the history of the printing press", "how volcanoes form",

@@ -27,10 +27,12 @@ Why this test, and not a fixed-window one-sided test with alpha spending:
 * **No credit for past honesty.** A plain product (Wald's SPRT) drifts down while a worker is
   honest, so a worker could bank honest tokens and then cheat for free; the CUSUM restart
   forgets that credit and costs only ``log H`` nats of threshold.
-* **Unknown deviation, several bets.** The alternatives 3, 30 and 300 times the honest rate
-  suit weak but frequent deviations (bf16 weights, steering on many positions) and rare but
-  large ones (steering on 1% of positions, far outside the honest tail); each extra bet costs
-  ``log K`` of threshold, against the log-likelihood ratio a well-matched bet collects.
+* **Unknown deviation, several bets.** The alternatives 3 to 300 times the honest rate (a
+  factor ~3 apart) suit weak but frequent deviations (bf16 weights, steering on many positions)
+  and rare but large ones (steering on 1% of positions, far outside the honest tail). Every
+  true rate q lies within a factor sqrt(3) of a bet, which then grows the score by at most
+  ``0.18·q`` nats per observation less than the best bet, ``q·log(q/p0) - (q - p0)`` (small
+  rates); each extra bet costs only ``log K`` of threshold.
 * **Only rate bounds are assumed.** Nothing about the shape of the honest distribution is
   needed beyond "each threshold is exceeded with conditional probability <= p0", which a
   held-out honest run checks (``benchmarks/detection_bench.py``) and which merging profiles
@@ -70,7 +72,7 @@ class EvidencePolicy:
 
     false_ban_rate: float = 1e-6
     horizon_samples: int = 1_000_000
-    alternatives: tuple[float, ...] = (3.0, 30.0, 300.0)
+    alternatives: tuple[float, ...] = (3.0, 10.0, 30.0, 100.0, 300.0)
     max_alternative_rate: float = 0.5
     max_null_rate: float = 0.2
 
