@@ -98,7 +98,13 @@ CALIBRATION_CONFIGS = (0, 1, 6)
 the held-out configurations 2-5 (decode batch 1 and 4, GRPO groups) are never calibrated on."""
 
 
-def plan(dtype: str, scale: float, max_tokens: int = 0) -> list[Job]:
+def plan(
+    dtype: str,
+    scale: float,
+    max_tokens: int = 0,
+    calibration_configs: Sequence[int] = CALIBRATION_CONFIGS,
+    honest_configs: Sequence[int] = tuple(range(len(HONEST_CONFIGS))),
+) -> list[Job]:
     """Jobs in collection order: calibration, then rounds of one worker per deviation plus a slice of
     every held-out honest configuration, so that an interrupted run still fills every table row.
     ``scale`` shrinks sample counts (at least one decode batch each), ``max_tokens`` (smoke tests)
@@ -106,7 +112,7 @@ def plan(dtype: str, scale: float, max_tokens: int = 0) -> list[Job]:
     prefix = "fp32" if dtype == "float32" else "bf16"
     jobs: list[Job] = []
     for i, (attn, batch, threads, groups, tokens, samples) in enumerate(HONEST_CONFIGS):
-        if i not in CALIBRATION_CONFIGS:
+        if i not in calibration_configs:
             continue
         count = max(batch, round(samples * scale / 6 / batch) * batch)  # 1/6 of held-out, >= one batch
         jobs.append(Job(f"{prefix}-calibrate-{i}", "calibrate", "honest", count, tokens, batch, attn, threads, groups, 10_000 * i))
@@ -118,6 +124,8 @@ def plan(dtype: str, scale: float, max_tokens: int = 0) -> list[Job]:
             samples = 32 if attack == "steer1" else 16 if long else 4  # 128-token samples: 4,096, 2,048, 512 tokens
             jobs.append(Job(f"{prefix}-attack-{attack}-{w}", "attack", attack, samples, 128, min(16, samples), offset=500_000 + 1000 * w))
         for i, (attn, batch, threads, groups, tokens, samples) in enumerate(HONEST_CONFIGS):
+            if i not in honest_configs:
+                continue
             batches = max(1, round(samples * scale / batch))  # spread over the rounds
             count = batch * (batches // rounds + (w < batches % rounds))
             if count:
@@ -315,12 +323,14 @@ if __name__ == "__main__":
     parser.add_argument("--phases", nargs="+", default=["calibrate", "attack", "honest", "report"])
     parser.add_argument("--data", type=Path, default=default_cache_dir() / "detection_bench")
     parser.add_argument("--max-tokens", type=int, default=0, help="cap tokens per sample (smoke tests)")
+    parser.add_argument("--calibration-configs", type=int, nargs="+", default=list(CALIBRATION_CONFIGS))
+    parser.add_argument("--honest-configs", type=int, nargs="+", default=list(range(len(HONEST_CONFIGS))))
     parser.add_argument("--json", type=Path, help="also write the report's numbers here")
     args = parser.parse_args()
     args.data.mkdir(parents=True, exist_ok=True)
     results = {}
     for dtype in args.dtype:
-        jobs = plan(dtype, args.scale, args.max_tokens)
+        jobs = plan(dtype, args.scale, args.max_tokens, args.calibration_configs, args.honest_configs)
         collect(jobs, args.data, dtype, args.phases)
         if "report" in args.phases:
             results[dtype] = report(jobs, args.data, dtype, BUDGETS, load, calibrate)
