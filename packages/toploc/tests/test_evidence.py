@@ -87,8 +87,10 @@ def test_observations_validate_their_input() -> None:
 
 def test_observations_from_checks() -> None:
     results = [VerificationResult(3, 0.5, 0.0), VerificationResult(0, float("nan"), 0.0)]
-    obs = Observations.from_checks([0.0, float("nan"), 0.2], [-1.0, -2.0, float("-inf")], [-1.5, -2.0, -0.1], results)
-    assert obs.sampling_margin.tolist() == [0.0, math.inf, 0.2]
+    obs = Observations.from_checks(
+        torch.tensor([0.0, float("nan"), 0.25]), [-1.0, -2.0, float("-inf")], torch.tensor([-1.5, -2.0, -0.1]), results
+    )
+    assert obs.sampling_margin.tolist() == [0.0, math.inf, 0.25]  # float32 0.25 is exact
     assert obs.logprob_gap.tolist() == [0.5, 0.0, math.inf]  # a non-finite claim is maximal evidence
     assert obs.proof_exp_mismatches.tolist() == [3.0, 0.0]
     assert obs.proof_mant_err_mean.tolist() == [0.5, math.inf]

@@ -88,8 +88,15 @@ def sampling_margins(
     return torch.nan_to_num(best - claimed, nan=float("inf"))
 
 
+def _float64(values: Any) -> np.ndarray:
+    """A 1-D float64 host array from a list, numpy array or tensor on any device."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(values, dtype=np.float64).reshape(-1)
+
+
 def _as_vector(name: str, values: Any) -> np.ndarray:
-    array = np.asarray(values, dtype=np.float64).reshape(-1)
+    array = _float64(values)
     if np.isnan(array).any():
         raise EvidenceError(f"{name} contains NaN; map undefined values to +inf (maximal evidence)")
     if (array < 0).any():
@@ -149,16 +156,16 @@ class Observations:
     ) -> Observations:
         """From per-token margins, claimed and recomputed log-probs, and per-chunk proof results.
 
-        A non-finite log-prob on either side gives an infinite gap (maximal evidence).
+        Arrays may be lists, numpy arrays or tensors on any device. A non-finite log-prob on either
+        side gives an infinite gap (maximal evidence).
         """
-        claimed = np.asarray(claimed_logprobs, dtype=np.float64).reshape(-1)
-        recomputed = np.asarray(recomputed_logprobs, dtype=np.float64).reshape(-1)
+        claimed, recomputed = _float64(claimed_logprobs), _float64(recomputed_logprobs)
         if claimed.shape != recomputed.shape:
             raise EvidenceError(f"{claimed.size} claimed log-probs but {recomputed.size} recomputed")
         with np.errstate(invalid="ignore"):
             gap = np.abs(claimed - recomputed)
         gap[~np.isfinite(gap)] = np.inf
-        margin = np.nan_to_num(np.asarray(margins, dtype=np.float64).reshape(-1), nan=np.inf)
+        margin = np.nan_to_num(_float64(margins), nan=np.inf)
         return cls(
             margin,
             gap,
