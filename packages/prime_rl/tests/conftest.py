@@ -96,7 +96,9 @@ def server(server_factory: Any) -> OrchestratorServer:
 
 @pytest.fixture
 def client(server: OrchestratorServer) -> Iterator[OrchestratorClient]:
-    with OrchestratorClient(server.url, timeout_s=10, retries=1, backoff_s=0.05) as http:
+    with OrchestratorClient(
+        server.url, timeout_s=10, retries=1, backoff_s=0.05, admin_token=server.admin_token
+    ) as http:
         yield http
 
 
@@ -308,7 +310,7 @@ def _random_samples(count: int, group_size: int = 4, seed: int = 0) -> list[Trai
             TrainSample(
                 sample_id=f"b/{i}", batch_id="b", worker_id="w", task_id=i // group_size,
                 group_index=i % group_size, policy_version=0, prompt_tokens=prompt, completion_tokens=completion,
-                inference_logprobs=[-1.0] * len(completion), temperature=1.0, reward=float(i % 2),
+                behaviour_logprobs=[-1.0] * len(completion), temperature=1.0, reward=float(i % 2),
                 advantage=float((-1) ** i) * (1 + i / 10),
             )
         )  # fmt: skip

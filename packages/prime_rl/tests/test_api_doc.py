@@ -89,10 +89,11 @@ def test_documented_error_codes_are_exactly_the_raised_ones() -> None:
 
 def test_every_endpoint_is_served_and_validates_its_body(server: Any) -> None:
     """Each documented route answers (not 404/405); each POST route rejects a body off its schema."""
+    admin = {"Authorization": f"Bearer {server.admin_token}"}  # trusted routes check it before the body
     for (method, path), route in ROUTES.items():
         model = route.body
         if method == "GET":
-            answer = requests.get(server.url + path, params={"worker_id": "w9999"}, timeout=10)
+            answer = requests.get(server.url + path, params={"worker_id": "w9999"}, headers=admin, timeout=10)
             assert answer.status_code not in (405, 500), (path, answer.text)
             if path == "/tasks":
                 assert answer.json()["error"] == "not_found"  # documented 404 for an unknown worker
@@ -106,7 +107,7 @@ def test_every_endpoint_is_served_and_validates_its_body(server: Any) -> None:
             continue
         assert model is not None
         for bad in (b"{", b"[]", b'{"unknown_key": 1}', b'{"step": "1"}'):
-            answer = requests.post(server.url + path, data=bad, timeout=10)
+            answer = requests.post(server.url + path, data=bad, headers=admin, timeout=10)
             assert answer.status_code == 400, (path, bad, answer.text)
             assert answer.json()["error"] == "bad_request"
         wrong = requests.get(server.url + path, timeout=10)

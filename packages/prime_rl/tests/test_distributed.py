@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent(
         c = torch.randint(3, 100, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g).tolist()
         samples.append(TrainSample(sample_id=f"b/{{i}}", batch_id="b", worker_id="w", task_id=i // 2,
             group_index=i % 2, policy_version=0, prompt_tokens=p, completion_tokens=c,
-            inference_logprobs=[-3.0] * len(c), temperature=1.0, reward=float(i % 2), advantage=float((-1) ** i)))
+            behaviour_logprobs=[-3.0] * len(c), temperature=1.0, reward=float(i % 2), advantage=float((-1) ** i)))
     model = make_tiny_lm().train()
     distributed.shard_model(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

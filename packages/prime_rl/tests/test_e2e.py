@@ -8,6 +8,7 @@ talking over loopback; the checks read what the run left on disk: the orchestrat
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,8 +25,8 @@ pytestmark = pytest.mark.slow
 ASYNC_LEVEL = 1
 STEPS = 3  # at least this many policy versions are trained
 MAX_STEPS = 12  # the run is stopped (Ctrl-C) once every acceptance condition has been observed
-# Reasons the validator may give a hostile sample: the behaviour's own reason, or group_rejected for the
-# rest of a group one of whose members failed (see prime_rl.worker.hostile).
+# Reasons the validator may give a hostile sample: the behaviour's own reason, or group_rejected /
+# lease_rejected for the rest of a batch one of whose samples failed (see prime_rl.worker.hostile).
 EXPECTED_REASONS = {
     "other_weights": {"toploc_mismatch"},
     "changed_prompt": {"wrong_prompt"},
@@ -95,7 +96,7 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
                 continue
             per_worker[name]["accepted" if verdict.accepted else "rejected"] += 1
             if name.startswith("hostile"):
-                allowed = expected_by_batch.get(batch_id, default_reasons) | {"group_rejected"}
+                allowed = expected_by_batch.get(batch_id, default_reasons) | {"group_rejected", "lease_rejected"}
                 assert not verdict.accepted and verdict.reason in allowed, (batch_id, verdict)
             else:
                 assert verdict.accepted, (name, batch_id, verdict)
@@ -274,10 +275,12 @@ def test_run_ctrl_c_stops_every_child(tiny_run: Any, helpers: Any) -> None:
 
 
 def test_run_fails_when_a_child_fails(tiny_run: Any, helpers: Any, tmp_path: Path) -> None:
-    """A child that cannot start (no model at model.path) makes `prime-rl run` stop everything and exit 1."""
-    config_path, run_dir = tiny_run(
-        model={"path": str(tmp_path / "no-such-model")}, workers={"count": 0, "hostile": []}
-    )
+    """A child that cannot start (an empty model directory) makes `prime-rl run` stop everything,
+    print that child's error and exit 1. (A model.path that does not exist at all is refused by
+    `prime-rl run` itself before any child starts: test_cli.py.)"""
+    empty_model = tmp_path / "empty-model"
+    empty_model.mkdir()
+    config_path, run_dir = tiny_run(model={"path": str(empty_model)}, workers={"count": 0, "hostile": []})
     run = _run_process(config_path)
     try:
         output, _ = run.communicate(timeout=240)
@@ -285,5 +288,8 @@ def test_run_fails_when_a_child_fails(tiny_run: Any, helpers: Any, tmp_path: Pat
         _stop_run(run)
     assert run.returncode == 1, output[-3000:]
     assert "failed with exit code" in output
+    # the child's own error (the exception it died of) is printed, not only the path of its log
+    (failure,) = [line for line in output.splitlines() if "failed with exit code" in line]
+    assert re.search(r"failed with exit code 1: \w+(Error|Exception): \S", failure), output[-3000:]
     started = [e for e in helpers.metrics_of(run_dir, "run") if e["event"] == "child_started"]
     assert started and not [e["child"] for e in started if _alive(e["pid"])]

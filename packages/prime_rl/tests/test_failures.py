@@ -17,6 +17,7 @@ import pytest
 
 from prime_rl.api.client import ApiError, OrchestratorClient
 from prime_rl.api.protocol import RolloutBatch, RolloutSample, TaskLease
+from prime_rl.api.secrets import run_secrets
 from prime_rl.config import load_config
 from prime_rl.orchestrator.store import RolloutStore
 
@@ -92,7 +93,7 @@ def test_orchestrator_killed_keeps_every_acknowledged_rollout(
     with lock:
         acked = dict(acknowledged)
     harness.start("orchestrator", "orchestrator-restarted")
-    client = OrchestratorClient(url, timeout_s=10)
+    client = OrchestratorClient(url, timeout_s=10, admin_token=run_secrets(config).admin_token)
     client.wait_until_up(60)
     status = client.status()
     assert status.workers == 3

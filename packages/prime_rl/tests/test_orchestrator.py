@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import requests
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from prime_rl.api.assignment import sampling_seeds, task_ids
@@ -20,14 +20,13 @@ def test_lease_is_the_documented_pure_function(client: OrchestratorClient, serve
     reg = client.register("honest")
     lease = client.get_tasks(reg.worker_id)
     assert lease.step == 0 and lease.batch_index == 0 and lease.reassigned_from is None
-    expected = task_ids(
-        run_seed=0, worker_id=reg.worker_id, step=0, batch_index=0, num_tasks=50, prompts_per_batch=2
-    )
+    key = server.trusted.assignment_key  # the run's secret key: only trusted processes hold it
+    expected = task_ids(key=key, worker_id=reg.worker_id, step=0, batch_index=0, num_tasks=50, prompts_per_batch=2)
     assert [t.task_id for t in lease.tasks] == list(expected)
     for task in lease.tasks:
         assert task.prompt == server.ledger.tasks.prompt(task.task_id)
         assert tuple(task.sampling_seeds) == sampling_seeds(
-            run_seed=0, worker_id=reg.worker_id, step=0, batch_index=0, task_id=task.task_id, group_size=2
+            key=key, worker_id=reg.worker_id, step=0, batch_index=0, task_id=task.task_id, group_size=2
         )
     # Asking for the same live lease again is idempotent; the next one has the next index.
     assert client.get_tasks(reg.worker_id, batch_index=0) == lease
@@ -84,20 +83,22 @@ def test_worker_learns_why_its_samples_were_rejected(client: OrchestratorClient,
     assert error.value.status == 404
 
 
-def test_admin_token_protects_trusted_endpoints(server_factory: Any) -> None:
-    server = server_factory("--orchestrator.admin_token", "s3cret")
-    with OrchestratorClient(server.url, retries=0) as anonymous:
-        with pytest.raises(ClientRequestError) as error:
-            anonymous.claim(0, 1)
-        assert error.value.status == 401
-    with OrchestratorClient(server.url, retries=0, admin_token="s3cret") as admin:
+def test_configured_admin_token_protects_trusted_endpoints(server_factory: Any) -> None:
+    server = server_factory("--orchestrator.admin_token", "s3cret-s3cret-s3cret")
+    assert server.admin_token == "s3cret-s3cret-s3cret"
+    for token in ("", "s3cret", "s3cret-s3cret-s3creT"):
+        with OrchestratorClient(server.url, retries=0, admin_token=token) as anonymous:
+            with pytest.raises(ClientRequestError) as error:
+                anonymous.claim(0, 1)
+            assert error.value.status == 401
+    with OrchestratorClient(server.url, retries=0, admin_token="s3cret-s3cret-s3cret") as admin:
         assert not admin.claim(0, 1).ready
 
 
 def test_expired_lease_is_reassigned_to_another_worker(server_factory: Any, batch_for: Any) -> None:
     server = server_factory("--orchestrator.task_timeout_s", "0.3")
     dead = OrchestratorClient(server.url, retries=0)
-    live = OrchestratorClient(server.url, retries=0)
+    live = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
     dead_reg = dead.register("dies")
     abandoned = dead.get_tasks(dead_reg.worker_id)
     live_reg = live.register("lives")
@@ -190,8 +191,10 @@ def test_garbage_never_crashes_the_server(server: Any, path: str, body: Any) -> 
         st.sampled_from(["worker_id", "step", "batch_index", "limit"]), st.text(max_size=30)
     )
 )
+@example(query={"worker_id": "0", "step": "\u00b2"})  # '²'.isdigit() is True, int('²') raises
+@example(query={"limit": "\u0663"})  # an Arabic-Indic digit: isdigit() True, but not ASCII
 def test_garbage_queries_never_crash_the_server(server: Any, query: dict[str, str]) -> None:
-    for path in ("/tasks", "/validator/pending", "/status", "/nope"):
+    for path in ("/tasks", "/validator/pending", "/rollouts/verdicts", "/status", "/nope"):
         answer = requests.get(server.url + path, params=query, timeout=10)
         assert answer.status_code < 500, answer.text
     assert requests.get(server.url + "/health", timeout=10).json() == {"ok": True}

@@ -21,6 +21,7 @@ def _verdict_all(
             reason="ok" if accept else "toploc_mismatch",
             reward=float(i % 2 == 0),
             advantage=(adv[i] if adv is not None else (1.0 if i % 2 == 0 else -1.0)),
+            logprobs=[-0.125, -0.5 - i] if accept else [],  # the validator's, one per completion token
         )
         for i in range(n)
     ]
@@ -78,7 +79,7 @@ def test_claims_are_exactly_once_versioned_and_survive_restart(
     server_factory: Any, batch_for: Any, tmp_path: Any
 ) -> None:
     server = server_factory()
-    client = OrchestratorClient(server.url, retries=0)
+    client = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
     reg = client.register()
     answers = []
     for version, advantages in ((0, None), (0, [0.0, 0.0, 0.0, 0.0]), (0, None)):
@@ -109,7 +110,9 @@ def test_claims_are_exactly_once_versioned_and_survive_restart(
     stored = client.submit_rollouts(batch_for(lease, 1))
     server.stop()
     restarted = server_factory()
-    client = OrchestratorClient(restarted.url, retries=0, worker_token=client.worker_token)
+    client = OrchestratorClient(
+        restarted.url, retries=0, worker_token=client.worker_token, admin_token=restarted.admin_token
+    )
     assert client.status().step == 1
     assert [b.batch_id for b in client.pending().batches] == [stored.batch_id]
     assert client.claim(0, 5).samples == claim0.samples
@@ -181,7 +184,7 @@ def test_backpressure_refuses_leases_while_enough_is_buffered(server_factory: An
     from prime_rl.api.client import OrchestratorBusy
 
     server = server_factory("--orchestrator.max_buffered_samples", "6", "--trainer.samples_per_step", "2")
-    client = OrchestratorClient(server.url, retries=0)
+    client = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
     reg = client.register()
     first = client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id)))  # 4 awaiting validation
     second = client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id)))  # 8 buffered
@@ -202,15 +205,15 @@ def test_backpressure_refuses_leases_while_enough_is_buffered(server_factory: An
     # counting them would deadlock (nothing claimable, no new leases).
     _verdict_all(client, first.batch_id, 4, adv=[0.0] * 4)
     lease = client.get_tasks(reg.worker_id)
-    with pytest.raises(OrchestratorBusy):  # 4 awaiting validation + 4 in the open lease
-        client.get_tasks(reg.worker_id)
+    # Open leases are not buffered work: holding leases (and never answering) blocks nobody.
+    assert client.get_tasks(reg.worker_id).batch_index == 3  # 4 awaiting validation, 2 leases open
     # Informative accepted samples do count until the trainer claims them.
     _verdict_all(client, second.batch_id, 4)
     client.submit_rollouts(batch_for(lease))
     with pytest.raises(OrchestratorBusy):
         client.get_tasks(reg.worker_id)
     assert len(client.claim(0, 4).samples) == 4  # both informative groups consumed: 4 pending remain
-    assert client.get_tasks(reg.worker_id).batch_index == 3
+    assert client.get_tasks(reg.worker_id).batch_index == 4
 
 
 def test_backpressure_limit_below_one_step_is_refused(config_for: Any) -> None:

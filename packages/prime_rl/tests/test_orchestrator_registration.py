@@ -197,26 +197,26 @@ def test_client_waits_the_servers_retry_after_then_gives_up(limited_server: Any)
 
 def test_registration_token_is_required_when_set(limited_server: Any) -> None:
     server, _ = limited_server(
-        "--orchestrator.registration_token", "let-me-in", "--orchestrator.admin_token", "adm"
+        "--orchestrator.registration_token", "let-me-in", "--orchestrator.admin_token", "admin-admin-admin-admin"
     )
     with OrchestratorClient(server.url, retries=0) as anonymous:
         with pytest.raises(ClientRequestError) as error:
             anonymous.register("nobody")
         assert error.value.status == 401 and error.value.error == "unauthorized"
         assert "registration token" in error.value.message
-    for wrong in ("let-me-i", "let-me-inn", "adm"):
+    for wrong in ("let-me-i", "let-me-inn", "admin-admin-admin-admin"):
         status, body, _ = _register_raw(server.url, token=wrong)
         assert status == 401 and body["error"] == "unauthorized"
     with OrchestratorClient(server.url, retries=0, registration_token="let-me-in") as worker:
         registered = worker.register("invited")
         assert worker.get_tasks(registered.worker_id).worker_id == registered.worker_id
-    with OrchestratorClient(server.url, retries=0, admin_token="adm") as admin:
+    with OrchestratorClient(server.url, retries=0, admin_token="admin-admin-admin-admin") as admin:
         assert [w.worker_id for w in admin.workers().workers] == [registered.worker_id]
 
 
 def test_worker_cap_counts_unbanned_workers_and_survives_restart(limited_server: Any) -> None:
     server, _ = limited_server("--orchestrator.max_workers", "2")
-    client = OrchestratorClient(server.url, retries=0)
+    client = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
     first = client.register()
     client.register()
     status, body, headers = _register_raw(server.url)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -79,3 +80,23 @@ def test_wait_for_published_fetches_the_oldest_version_at_least_asked(tmp_path: 
         # a version published while waiting is picked up
         threading.Timer(0.3, _publish, (origin, tmp_path, 4)).start()
         assert store.wait_for_published(4, timeout_s=30, poll_s=0.05) == 4
+
+
+def test_a_long_wait_for_a_version_logs_what_it_waits_for(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The evaluator's wait: one progress line per log period naming the version, the newest listed
+    one and the servers; a wait shorter than the period says nothing."""
+    caplog.set_level(logging.INFO, logger="prime_rl.weights.store")
+    with shardcast.Origin(tmp_path / "origin", port=0, keep=8) as origin:
+        _publish(origin, tmp_path, 1)
+        store = PolicyStore([origin.url], tmp_path / "cache", None)
+        started = time.monotonic()
+        with pytest.raises(PolicyUnavailable):
+            store.wait_for_published(2, timeout_s=1.2, poll_s=0.05, log_every_s=0.3)
+        waited = time.monotonic() - started
+        lines = [r.getMessage() for r in caplog.records if "still waiting for policy" in r.getMessage()]
+        assert 2 <= len(lines) <= int(waited / 0.3)  # at most one per period, none at once
+        assert all("policy >= v2 after" in line and "newest listed: v1" in line for line in lines)
+        assert all(origin.url in line for line in lines)
+        caplog.clear()
+        assert store.wait_for_published(1, timeout_s=5, poll_s=0.05, log_every_s=0.3) == 1
+        assert "still waiting" not in caplog.text

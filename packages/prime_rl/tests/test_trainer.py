@@ -171,7 +171,14 @@ def submit_accepted(client: OrchestratorClient, admin: OrchestratorClient, worke
     client.submit_rollouts(batch)
     for pending in admin.pending(8).batches:
         verdicts = [
-            Verdict(sample_index=i, accepted=True, reason="ok", reward=s.reward, advantage=s.advantage)
+            Verdict(
+                sample_index=i,
+                accepted=True,
+                reason="ok",
+                reward=s.reward,
+                advantage=s.advantage,
+                logprobs=[-1.5] * len(s.completion_tokens),  # the validator's: the trainer's only source
+            )
             for i, s in enumerate(pending.samples)
         ]
         admin.post_verdicts(VerdictRequest(batch_id=pending.batch_id, verdicts=verdicts))
@@ -197,7 +204,7 @@ def test_trainer_trains_publishes_commits_and_resumes(tmp_path, tiny_lm_dir):
     config = trainer_config(tmp_path, tiny_lm_dir, port, origin_port, total_steps=1)
     tasks = TaskSet([{"prompt": f"{i}+1=", "task_type": "arithmetic"} for i in range(10)])
     with OrchestratorServer(config, tasks) as server, OrchestratorClient(server.url) as client:
-        admin = OrchestratorClient(server.url)
+        admin = OrchestratorClient(server.url, admin_token=server.admin_token)
         worker_id = client.register("fake").worker_id
         submit_accepted(client, admin, worker_id)
         trainer = Trainer(config)
@@ -226,6 +233,7 @@ def test_trainer_trains_publishes_commits_and_resumes(tmp_path, tiny_lm_dir):
         try:
             samples = trainer2.wait_for_batch()
             assert len(samples) == 4 and all(s.policy_version == 0 for s in samples)
+            assert all(s.behaviour_logprobs == [-1.5, -1.5] for s in samples)  # never the claimed -2.0
             trainer2.train_step(samples)
             trainer2.finish_step(samples)
         finally:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import logging
 import socket
+import threading
 import time
 
 import pytest
@@ -22,7 +24,7 @@ from prime_rl.validator.checks import Checks, Reason, validate_batch
 from prime_rl.validator.process import FailureTracker, Validator
 from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 
-RUN_SEED = 7
+KEY = b"validator-test-assignment-key"
 NUM_TASKS = 12
 GROUP = 4
 PER_BATCH = 2
@@ -47,7 +49,8 @@ class Tasks:
 
 TASKS = Tasks()
 CHECKS = Checks(
-    run_seed=RUN_SEED,
+    assignment_key=KEY,
+    hidden_size=64,
     prompts_per_batch=PER_BATCH,
     async_level=1,
     group_size=GROUP,
@@ -65,7 +68,7 @@ def backend():
 
 def lease_for(worker_id: str, step: int, batch_index: int) -> tuple[TaskLease, LeaseRecord]:
     ids = assignment.task_ids(
-        run_seed=RUN_SEED,
+        key=KEY,
         worker_id=worker_id,
         step=step,
         batch_index=batch_index,
@@ -78,7 +81,7 @@ def lease_for(worker_id: str, step: int, batch_index: int) -> tuple[TaskLease, L
             prompt=TASKS.prompt(t),
             sampling_seeds=list(
                 assignment.sampling_seeds(
-                    run_seed=RUN_SEED,
+                    key=KEY,
                     worker_id=worker_id,
                     step=step,
                     batch_index=batch_index,
@@ -131,7 +134,7 @@ def pending(batch: RolloutBatch, record: LeaseRecord | None) -> PendingBatch:
 
 def worker(behaviour: str) -> HostileWorker:
     encode = lambda text: TOKENIZER(text)["input_ids"]  # noqa: E731
-    return HostileWorker(behaviour, encode, TASKS.score, TASKS.prompt_tokens, RUN_SEED, NUM_TASKS)
+    return HostileWorker(behaviour, encode, TASKS.score, TASKS.prompt_tokens, NUM_TASKS)
 
 
 def decode(tokens):
@@ -181,7 +184,7 @@ def test_hostile_behaviour_is_rejected_with_its_reason(backend, behaviour):
     assert not any(v.accepted for v in verdicts)
     reasons = {v.reason for v in verdicts}
     assert reasons & EXPECTED[behaviour], (behaviour, [(v.reason, v.detail) for v in verdicts])
-    assert reasons <= EXPECTED[behaviour] | {Reason.GROUP_REJECTED}
+    assert reasons <= EXPECTED[behaviour] | {Reason.GROUP_REJECTED, Reason.LEASE_REJECTED}
 
 
 def test_stale_policy_is_rejected(backend):
@@ -228,9 +231,9 @@ def test_seed_temperature_logprobs_and_group_checks(backend):
     for tampered, reason in cases:
         verdicts = verdicts_for(tampered, record, backend)
         assert verdicts[0].reason == reason, (reason, verdicts[0])
-        assert not any(v.accepted for v in verdicts[: GROUP - (reason == Reason.GROUP_INCOMPLETE)])
-        # The other task's group is untouched and still accepted.
-        assert all(v.accepted for v in verdicts[-GROUP:]), [v.reason for v in verdicts]
+        # A lease is accepted whole or not at all: the other task's untouched group goes too.
+        assert not any(v.accepted for v in verdicts)
+        assert {v.reason for v in verdicts[-GROUP:]} == {Reason.LEASE_REJECTED}, [v.reason for v in verdicts]
 
 
 def test_early_eos_and_truncation_are_bad_termination(backend):
@@ -295,12 +298,12 @@ def test_mixed_behaviour_cycles_and_every_batch_is_rejected_as_announced(backend
         kind = mixed.resolve(lease)
         seen.add(kind)
         verdicts = verdicts_for(mixed.answer(lease, backend), record, backend)
-        allowed = set(EXPECTED_REASONS[kind]) | {"group_rejected"}
+        allowed = set(EXPECTED_REASONS[kind]) | {"group_rejected", "lease_rejected"}
         assert {str(v.reason) for v in verdicts} <= allowed and not any(v.accepted for v in verdicts), kind
     assert seen == set(MIXED_CYCLE) - {"stale_policy"}  # stale needs min_policy_version > 0
 
 
-def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir):
+def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir, caplog):
     # The process loop against a real orchestrator: one honest and one cheating worker.
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -316,21 +319,147 @@ def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir):
     )  # fmt: skip
     with OrchestratorServer(config, load_tasks(config.tasks)) as server:
         validator = Validator(config)
-        ids = {}
+        validator.wait_log_every_s = 0.3
+        caplog.set_level(logging.INFO, logger="prime_rl.validator.process")
+        judging = threading.Thread(target=validator.run_loop)
+        started = time.monotonic()
+        judging.start()  # nothing to judge yet: it says so once per log period
+        ids, answers = {}, []
         for behaviour in ("honest", "inflated_rewards"):
-            with OrchestratorClient(server.url) as client:
-                ids[behaviour] = client.register(behaviour).worker_id
-                lease = client.get_tasks(ids[behaviour])
-                cheat = HostileWorker(
-                    behaviour, validator.tasks.encode, validator.tasks.score, validator.tasks.prompt_tokens,
-                    config.orchestrator.seed, validator.tasks.num_tasks,
-                )  # fmt: skip
-                client.submit_rollouts(cheat.answer(lease, validator.backend))
-        validator.run_loop()
+            client = OrchestratorClient(server.url)
+            ids[behaviour] = client.register(behaviour).worker_id
+            lease = client.get_tasks(ids[behaviour])
+            cheat = HostileWorker(
+                behaviour, validator.tasks.encode, validator.tasks.score, validator.tasks.prompt_tokens,
+                validator.tasks.num_tasks,
+            )  # fmt: skip
+            answers.append((client, cheat.answer(lease, validator.backend)))
+        time.sleep(max(0.0, 1.5 - (time.monotonic() - started)))
+        idle_lines = [r.getMessage() for r in caplog.records if "no batch to judge" in r.getMessage()]
+        assert 2 <= len(idle_lines) <= (time.monotonic() - started) / 0.3, idle_lines
+        assert "0 batches judged so far" in idle_lines[-1]
+        for client, answer in answers:
+            client.submit_rollouts(answer)
+            client.close()
+        judging.join(timeout=300)
+        assert not judging.is_alive()
         validator.close()
         with OrchestratorClient(server.url) as client:
             stats = {w.worker_id: w for w in client.workers().workers}
     honest, bad = stats[ids["honest"]], stats[ids["inflated_rewards"]]
     assert (honest.samples_accepted, honest.samples_rejected, honest.banned) == (4, 0, False)
     assert (bad.samples_accepted, bad.samples_rejected, bad.banned) == (0, 4, True)
-    assert set(bad.rejected_reasons) <= {"reward_mismatch", "group_rejected"}
+    assert set(bad.rejected_reasons) <= {"reward_mismatch", "group_rejected", "lease_rejected"}
+
+
+# ---------------------------------------------------------------- issue 13: whole leases, cheap checks first
+
+
+def _no_prefill(version):
+    raise AssertionError("a structurally invalid batch must cost no prefill (backend_for was called)")
+
+
+def _honest(backend, worker_id):
+    lease, record = lease_for(worker_id, 0, 0)
+    return worker("honest").answer(lease, backend), record
+
+
+def test_half_a_lease_is_rejected_whole_before_any_prefill(backend):
+    batch, record = _honest(backend, "half")
+    first_task = batch.samples[0].task_id
+    half = batch.model_copy(update={"samples": [s for s in batch.samples if s.task_id == first_task]})
+    assert len(half.samples) == GROUP  # a whole, honest group: only the other prompt is missing
+    verdicts = validate_batch(
+        pending(half, record), tasks=TASKS, backend_for=_no_prefill, decode=decode, checks=CHECKS
+    )
+    assert {v.reason for v in verdicts} == {Reason.INCOMPLETE_LEASE} and not any(v.accepted for v in verdicts)
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        lambda data: data[:-2],  # one coefficient short
+        lambda data: data + data,  # twice the proofs the tokens need
+        lambda data: b"\x00\x00" + data[2:],  # modulus 0
+        lambda data: data[:2] + b"\xff\xff" + data[4:],  # a coefficient >= 65497
+        lambda data: b"",
+    ],
+)
+def test_malformed_proofs_cost_no_prefill(backend, cut):
+    batch, record = _honest(backend, "proofs")
+    samples = list(batch.samples)
+    samples[3] = samples[3].model_copy(update={"proofs": cut(samples[3].proofs)})  # bytes in-process
+    verdicts = validate_batch(
+        pending(batch.model_copy(update={"samples": samples}), record),
+        tasks=TASKS, backend_for=_no_prefill, decode=decode, checks=CHECKS,
+    )  # fmt: skip
+    assert verdicts[3].reason == Reason.MALFORMED_PROOF, verdicts[3]
+    assert {v.reason for i, v in enumerate(verdicts) if i != 3} <= {Reason.LEASE_REJECTED}
+    assert not any(v.accepted for v in verdicts)
+
+
+def test_unterminated_and_extended_completions_are_bad_termination_before_prefill(backend):
+    batch, record = _honest(backend, "term")
+    longest = max(range(len(batch.samples)), key=lambda i: len(batch.samples[i].completion_tokens))
+    s = batch.samples[longest]
+    variants = {
+        "truncated": s.completion_tokens[:-1],  # no EOS, shorter than max_new_tokens
+        "past_eos": [s.completion_tokens[0], 2, 5],  # EOS, then more tokens
+    }
+    for name, tokens in variants.items():
+        if not tokens or (name == "truncated" and len(tokens) == MAX_NEW):
+            continue
+        tampered = s.model_copy(
+            update={"completion_tokens": tokens, "inference_logprobs": [-1.0] * len(tokens)}
+        )
+        samples = [tampered if i == longest else x for i, x in enumerate(batch.samples)]
+        verdicts = validate_batch(
+            pending(batch.model_copy(update={"samples": samples}), record),
+            tasks=TASKS, backend_for=_no_prefill, decode=decode, checks=CHECKS,
+        )  # fmt: skip
+        assert verdicts[longest].reason == Reason.BAD_TERMINATION, (name, verdicts[longest])
+        assert not any(v.accepted for v in verdicts), name
+
+
+def test_accepted_verdicts_carry_the_validators_logprobs_not_the_claimed_ones(backend):
+    batch, record = _honest(backend, "nudge")
+    nudged = batch.model_copy(
+        update={
+            "samples": [
+                s.model_copy(update={"inference_logprobs": [x + 0.04 for x in s.inference_logprobs]})
+                for s in batch.samples
+            ]
+        }
+    )
+    verdicts = verdicts_for(nudged, record, backend)
+    assert all(v.accepted for v in verdicts)  # +0.04 is inside logprob_atol (0.05)
+    for v, honest, claimed in zip(verdicts, batch.samples, nudged.samples, strict=True):
+        assert len(v.logprobs) == len(honest.completion_tokens)
+        # The recomputed values are the honest ones (fp32 decode = prefill to ~1e-6), 0.04 off the claim.
+        assert max(abs(a - b) for a, b in zip(v.logprobs, honest.inference_logprobs, strict=True)) < 1e-4
+        assert min(abs(a - b) for a, b in zip(v.logprobs, claimed.inference_logprobs, strict=True)) > 0.039
+
+
+def test_one_bad_group_rejects_the_whole_lease(backend):
+    batch, record = _honest(backend, "onegroup")
+    first_task = batch.samples[0].task_id
+    samples = [
+        s.model_copy(update={"reward": s.reward + 1.0}) if s.task_id == first_task else s for s in batch.samples
+    ]  # the worker "fails" the group it did badly on, hoping to keep the other
+    verdicts = verdicts_for(batch.model_copy(update={"samples": samples}), record, backend)
+    by_task = {}
+    for v, s in zip(verdicts, samples, strict=True):
+        by_task.setdefault(s.task_id == first_task, set()).add(v.reason)
+    assert by_task[True] <= {Reason.REWARD_MISMATCH, Reason.GROUP_REJECTED}
+    assert by_task[False] == {Reason.LEASE_REJECTED}
+    assert not any(v.accepted or v.logprobs for v in verdicts)
+
+
+def test_a_validator_with_another_assignment_key_stops_instead_of_rejecting_honest_work(backend):
+    from dataclasses import replace
+
+    from prime_rl.validator.checks import AssignmentKeyMismatch
+
+    batch, record = _honest(backend, "keys")
+    with pytest.raises(AssignmentKeyMismatch, match="assignment_secret"):
+        verdicts_for(batch, record, backend, checks=replace(CHECKS, assignment_key=b"another-key-another-key"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -29,7 +30,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_worker_follows_shardcast_versions_and_is_accepted(tmp_path, tiny_lm_dir):
+def test_worker_follows_shardcast_versions_and_is_accepted(tmp_path, tiny_lm_dir, caplog):
     port, origin_port = free_port(), free_port()
     config = load_config(
         None,
@@ -49,7 +50,7 @@ def test_worker_follows_shardcast_versions_and_is_accepted(tmp_path, tiny_lm_dir
     with (
         OrchestratorServer(config, tasks) as server,
         shardcast.Origin(tmp_path / "origin", port=origin_port) as origin,
-        OrchestratorClient(server.url) as admin,
+        OrchestratorClient(server.url, admin_token=server.admin_token) as admin,
     ):
         worker = Worker(config, "worker-0")
         parameters = list(worker.backend.model.parameters())
@@ -61,6 +62,19 @@ def test_worker_follows_shardcast_versions_and_is_accepted(tmp_path, tiny_lm_dir
         deadline = time.monotonic() + 60
         while worker.follower.newest_local < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
+        # Waiting for a version nobody publishes: a progress line per log period, never silence.
+        worker.wait_log_every_s = 0.3
+        caplog.set_level(logging.INFO, logger="prime_rl.worker.process")
+        waiting = threading.Thread(target=worker.wait_for_version, args=(2,))
+        started = time.monotonic()
+        waiting.start()
+        time.sleep(1.5)
+        worker.stop_event.set()
+        waiting.join(timeout=30)
+        waited = time.monotonic() - started
+        lines = [r.getMessage() for r in caplog.records if "still waiting for policy >= v2" in r.getMessage()]
+        assert 3 <= len(lines) <= waited / 0.3, lines
+        assert all(origin.url in line and "holding v" in line for line in lines)
         worker.close()
         assert worker.submitted == 2
         # Hot reload happened in place (same parameter objects now hold v1's values), via shardcast.
@@ -79,7 +93,11 @@ def test_worker_follows_shardcast_versions_and_is_accepted(tmp_path, tiny_lm_dir
         pending = admin.pending(8).batches
         assert len(pending) == 2
         versions = {0: tiny_lm_dir, 1: policy}
-        checks = checks_from(config, 100, worker.backend.eos_token_ids)
+        hidden = worker.backend.model.config.hidden_size
+        checks = checks_from(
+            config, 100, worker.backend.eos_token_ids,
+            assignment_key=server.trusted.assignment_key, hidden_size=hidden,
+        )  # fmt: skip
         for batch in pending:
             backend = worker.backend
             if batch.policy_version == 0:

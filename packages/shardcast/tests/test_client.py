@@ -13,6 +13,7 @@ from conftest import files_equal, wait_until, write_random  # type: ignore[impor
 from shardcast import (
     Client,
     DeadlineExceededError,
+    Follower,
     HmacKey,
     IntegrityError,
     ManifestError,
@@ -210,9 +211,7 @@ def test_follower_hot_reload(origin_factory, tmp_path: Path) -> None:  # type: i
     model = write_random(tmp_path / "model.bin", 300_000, seed=7)
     origin.publish(model)
     seen = []
-    follower = Client([origin.url]).follower(
-        seen.append, output_dir=tmp_path / "ckpt", poll_interval_s=0.05, keep=1
-    )
+    follower = Follower(Client([origin.url]), seen.append, output_dir=tmp_path / "ckpt", poll_interval_s=0.05, keep=1)
     follower.start()
     try:
         wait_until(lambda: len(seen) == 1, what="v1")
@@ -248,3 +247,23 @@ def test_follower_keep_none_leaves_pruning_to_the_caller(origin_factory, tmp_pat
     assert [r.version for r in seen] == [1, 2]
     assert files_equal(seen[1].path, model)
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["v0", "v1", "v2"]  # nothing pruned
+
+
+def test_follow_blocks_until_its_stop_event(origin_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    origin = origin_factory()
+    origin.publish(write_random(tmp_path / "model.bin", 100_000, seed=5))
+    stop = threading.Event()
+    seen = []
+
+    def on_version(result) -> None:  # type: ignore[no-untyped-def]
+        seen.append(result.version)
+        stop.set()  # the callback runs on the following thread: ends the blocking call
+
+    follower = threading.Thread(
+        target=Client([origin.url]).follow,
+        args=(on_version,),
+        kwargs={"output_dir": tmp_path / "ckpt", "poll_interval_s": 0.05, "stop": stop},
+    )
+    follower.start()
+    follower.join(30)
+    assert not follower.is_alive() and seen == [1]

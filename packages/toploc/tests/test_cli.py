@@ -26,6 +26,14 @@ def test_inspect_rejects_malformed(capsys) -> None:
     assert main(["inspect", "00" * 258]) == 2  # modulus 0
     assert "modulus 0" in capsys.readouterr().err
     assert main(["inspect", "not base64!"]) == 2
+    assert "not a file, a hex string or base64" in capsys.readouterr().err
+
+
+def test_inspect_missing_file_says_so(tmp_path, capsys) -> None:
+    # Before: "toploc inspect: invalid proof: invalid base64".
+    for missing in ["missing.bin", str(tmp_path / "proofs" / "missing"), "~/p.b64"]:
+        assert main(["inspect", missing]) == 2
+        assert capsys.readouterr().err == f"toploc inspect: no such file: {missing}\n"
 
 
 def test_bench_smoke(capsys) -> None:

@@ -21,8 +21,8 @@ import torch
 from torch26_randn import Torch26BF16Normal
 
 from toploc import ProofPoly, Thresholds, build_proofs_bytes, verify_proofs_bytes
+from toploc.commitment import commit
 from toploc.field import P, evaluate, find_injective_moduli, interpolate
-from toploc.proofs import commit
 from toploc.wire import encode_proofs
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "toploc_golden.json").read_text())

@@ -23,6 +23,7 @@ def _row_options(row: dict) -> dict:
 def test_public_cases_accuracy(warm_pool, public_cases, capsys):
     # 63 labelled rows (56 from math-verify's tests, 7 from its issues). math-verify 0.9.0
     # gets 56/63, the INTELLECT-2 grader 35/63 (reference §4.3). We require all 63.
+    assert len(public_cases) == 63
     misses = []
     for row in public_cases:
         got = is_equivalent(row["gold"], row["pred"], timeout=10.0, **_row_options(row))

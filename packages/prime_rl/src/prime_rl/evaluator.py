@@ -11,8 +11,11 @@ workers use. One metrics record per evaluation::
      "mean_completion_tokens": 3.1, "seconds": 6.2}
 
 Held-out set: the ``[tasks]`` generator (same ops, digits and prompt template) re-seeded with
-``evaluator.seed``; any problem whose prompt also occurs in the training task set is dropped, so
-accuracy measures generalisation, not memorisation of training prompts. Greedy decoding
+``evaluator.seed``, the rows of a task file after the training slice, or any task set named by
+``evaluator.tasks`` (the ``[tasks]`` keys to change, e.g. ``{path = "test.parquet"}``); any
+problem whose prompt also occurs in the training task set is dropped, so accuracy measures
+generalisation, not memorisation of training prompts. Too few problems left is a warning; none
+left ends the evaluator alone (exit 0, ``eval_skipped`` in its metrics), never the run. Greedy decoding
 (temperature 0) makes the number a deterministic function of the weights.
 
 Pitfall: with ``shardcast.keep_versions`` smaller than the trainer's lead, an exact version can be
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,24 +92,36 @@ def _prompt_of(task: Any) -> str:
 
 
 def heldout_task_set(
-    tasks: TasksConfig, num_problems: int, seed: int, *, training: TaskSet | None = None
+    tasks: TasksConfig,
+    num_problems: int,
+    seed: int,
+    *,
+    training: TaskSet | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> TaskSet:
-    """The fixed held-out problems: the ``[tasks]`` generator re-seeded, training prompts removed.
+    """The fixed held-out problems, with every training prompt removed.
 
-    Only ``source = "arithmetic"`` can be re-seeded; file sources use their rows after the first
-    ``tasks.num_tasks`` (the training slice), which must exist.
+    Where they come from: ``overrides`` (``evaluator.tasks``) set -> the task set ``[tasks]`` with
+    those keys replaced (a separate file: its first rows; arithmetic: re-seeded); unset -> the
+    ``[tasks]`` generator re-seeded with ``seed`` (arithmetic) or the rows after the first
+    ``tasks.num_tasks`` (files). Fewer than ``num_problems`` left is logged and the smaller set
+    used; none left raises ``EvaluatorError`` with advice for that source.
     """
     from prime_rl.tasks import TaskSet, load_tasks
 
     train = training if training is not None else load_tasks(tasks)
     seen = {_prompt_of(train.task(i)) for i in range(len(train))}
-    if tasks.source == "arithmetic":
+    spec = TasksConfig.model_validate({**tasks.model_dump(), **overrides}) if overrides else tasks
+    if spec.source == "arithmetic":
         # Draw extra candidates so that dropping training prompts still leaves num_problems.
-        candidates = load_tasks(tasks.model_copy(update={"seed": seed, "num_tasks": 4 * num_problems + 16}))
+        candidates = load_tasks(spec.model_copy(update={"seed": seed, "num_tasks": 4 * num_problems + 16}))
         pool = [candidates.task(i) for i in range(len(candidates))]
+    elif overrides:
+        everything = load_tasks(spec.model_copy(update={"num_tasks": len(train) + num_problems}))
+        pool = [everything.task(i) for i in range(len(everything))]
     else:
-        everything = load_tasks(tasks.model_copy(update={"num_tasks": tasks.num_tasks + num_problems}))
-        pool = [everything.task(i) for i in range(tasks.num_tasks, len(everything))]
+        everything = load_tasks(spec.model_copy(update={"num_tasks": spec.num_tasks + num_problems}))
+        pool = [everything.task(i) for i in range(min(spec.num_tasks, len(everything)), len(everything))]
     chosen: list[Any] = []
     prompts: set[str] = set()
     for task in pool:
@@ -116,10 +131,21 @@ def heldout_task_set(
         prompts.add(prompt)
         chosen.append(task)
         if len(chosen) == num_problems:
-            return TaskSet(chosen, tasks.prompt_template)
-    raise EvaluatorError(
-        f"only {len(chosen)} held-out problems disjoint from the {len(train)} training tasks; "
-        "lower evaluator.num_problems or widen tasks.digits/ops"
+            break
+    if not chosen or len(chosen) < num_problems:
+        if spec.source == "arithmetic":
+            advice = "lower evaluator.num_problems or widen tasks.digits/ops"
+        else:
+            advice = (
+                f"{spec.path} has no rows beyond the {len(train)} training tasks: lower tasks.num_tasks, point "
+                "evaluator.tasks at a separate file (e.g. {path = 'test.parquet'}) or set evaluator.enabled = false"
+            )
+        message = f"only {len(chosen)} held-out problems disjoint from the {len(train)} training tasks; {advice}"
+        if not chosen:
+            raise EvaluatorError(message)
+        log.warning("%s (evaluating on %d)", message, len(chosen))
+    return TaskSet(
+        chosen, spec.prompt_template, chat_template=spec.chat_template, system_prompt=spec.system_prompt
     )
 
 
@@ -149,7 +175,6 @@ def evaluate(
         num_examples: how many (prompt tail, completion) pairs to keep in the result.
     """
     from prime_rl.inference.backend import SamplingParams
-    from prime_rl.tasks import encode_prompt
 
     started = time.perf_counter()
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop=tuple(stop))
@@ -158,7 +183,7 @@ def evaluate(
     examples: list[tuple[str, str]] = []
     for start in range(0, len(task_set), batch_size):
         ids = range(start, min(start + batch_size, len(task_set)))
-        prompts = [encode_prompt(backend.tokenizer, task_set.prompt(i)) for i in ids]
+        prompts = [task_set.encode(backend.tokenizer, task_set.prompt(i)) for i in ids]
         completions = backend.generate(prompts, [0] * len(prompts), params)
         for task_id, completion in zip(ids, completions, strict=True):
             rewards.append(score(task_set.task(task_id), completion.text))
@@ -189,7 +214,12 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
     metrics = init_process("evaluator", name, config.run_dir)
     torch.set_num_threads(cfg.num_threads)
     training = load_tasks(config.tasks)
-    heldout = heldout_task_set(config.tasks, cfg.num_problems, cfg.seed, training=training)
+    try:
+        heldout = heldout_task_set(config.tasks, cfg.num_problems, cfg.seed, training=training, overrides=cfg.tasks)
+    except EvaluatorError as error:  # a small dataset must not stop the run it was meant to measure
+        log.warning("no held-out evaluation: %s", error)
+        metrics.log("eval_skipped", reason=str(error))
+        return 0
     backend = HFBackend(config.model.path, dtype=config.model.dtype, max_batch_size=cfg.batch_size)
     max_new_tokens = cfg.max_new_tokens or config.sampling.max_new_tokens
     # Version 0 is the backend's own initial weights, so the cache holds only fetched versions.

@@ -8,15 +8,21 @@ Every process of a run writes
     Lines are flushed as written so ``tail -f`` and a crashed process both keep every record.
 
 Use ``init_process(role, name, run_dir)`` once in a role's ``main``; library code only calls
-``logging.getLogger(__name__)`` and ``get_metrics()``.
+``logging.getLogger(__name__)`` and ``get_metrics()``. Experiment trackers (W&B, TensorBoard:
+:mod:`prime_rl.launch.trackers`) receive every record a process's writer writes, through
+``add_sink``; a sink that raises is dropped with one warning, so a tracker never stops a run.
 
 Pitfall: values must be JSON-serialisable; numpy/torch scalars are converted with ``float()``/
 ``int()``/``.item()`` by ``_jsonable``; NaN/Inf become the strings "nan"/"inf"/"-inf" so every
 line stays strict JSON.
+
+A long wait logs what it waits for at least every ``WAIT_LOG_EVERY_S`` (paced by :class:`WaitLog`),
+so no process ever looks hung.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
@@ -24,20 +30,26 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 __all__ = [
+    "WAIT_LOG_EVERY_S",
+    "MetricsSink",
     "MetricsWriter",
     "ProcessPaths",
+    "WaitLog",
+    "add_sink",
     "get_metrics",
     "init_process",
     "process_paths",
     "read_metrics",
     "setup_logging",
 ]
+
+log = logging.getLogger(__name__)
 
 LOG_FORMAT = "%(asctime)s [%(levelname)s] [%(processname)s] %(message)s"
 LOG_DATEFMT = "%H:%M:%S"
@@ -116,12 +128,50 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+class MetricsSink(Protocol):
+    """Receives every record a process's metrics file receives (an experiment tracker)."""
+
+    def log(self, record: Mapping[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+_SINKS: list[MetricsSink] = []
+
+
+def _close_sinks() -> None:
+    while _SINKS:
+        sink = _SINKS.pop()
+        try:
+            sink.close()
+        except Exception as error:  # a tracker failing at exit must not hide the process's exit code
+            log.warning("closing %s failed: %s", type(sink).__name__, error)
+
+
+def add_sink(sink: MetricsSink) -> None:
+    """Forward every record of this process's writer (now and after later ``init_process``) to
+    ``sink``; sinks are closed at interpreter exit."""
+    if not _SINKS:
+        atexit.register(_close_sinks)
+    _SINKS.append(sink)
+
+
+def _forward(record: Mapping[str, Any]) -> None:
+    for sink in list(_SINKS):
+        try:
+            sink.log(record)
+        except Exception as error:  # trackers are optional: one that breaks is dropped, the run goes on
+            log.warning("dropping metrics sink %s after an error: %s", type(sink).__name__, error)
+            _SINKS.remove(sink)
+
+
 class MetricsWriter:
     """Append-only JSONL metrics file; thread-safe; each record flushed on write.
 
     ``writer.log("step", step=3, loss=0.12)`` writes
     ``{"time": 1712.3, "role": "trainer", "name": "trainer", "event": "step", "step": 3, "loss": 0.12}``.
-    A writer with ``path=None`` drops records (for library use without a run dir).
+    A writer with ``path=None`` drops records (for library use without a run dir); a writer with a
+    file also hands each record to the sinks of ``add_sink``.
     """
 
     def __init__(self, path: str | Path | None, *, role: str, name: str) -> None:
@@ -144,6 +194,7 @@ class MetricsWriter:
         with self._lock:
             self._file.write(line + "\n")
             self._file.flush()
+            _forward(record)  # under the lock: sinks see records one at a time, in file order
 
     def close(self) -> None:
         with self._lock:
@@ -189,3 +240,25 @@ def read_metrics(path: str | Path) -> Iterator[dict[str, Any]]:
                 continue
             if isinstance(record, dict):
                 yield record
+
+
+WAIT_LOG_EVERY_S = 30.0
+"""Seconds between progress lines while a process waits (for a policy version, for work, ...)."""
+
+
+class WaitLog:
+    """Paces the progress lines of one wait: a long wait logs what it waits for at least every
+    ``every_s`` seconds, so it never looks like a hang (and a short one stays quiet)."""
+
+    def __init__(self, every_s: float = WAIT_LOG_EVERY_S) -> None:
+        self.started = time.monotonic()
+        self.every_s = every_s
+        self._next = self.started + every_s
+
+    def due(self) -> float | None:
+        """The seconds waited so far when a progress line is due (then the next is ``every_s`` away), else None."""
+        now = time.monotonic()
+        if now < self._next:
+            return None
+        self._next = now + self.every_s
+        return now - self.started

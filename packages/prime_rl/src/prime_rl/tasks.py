@@ -7,34 +7,57 @@ prompt tokens differ ("a changed prompt").
 
 Sources (``tasks.source``):
   - ``arithmetic``: ``verifiers``' seeded arithmetic generator (``num_tasks``, ``seed``, ``ops``, ``digits``);
-  - ``jsonl`` / ``parquet``: INTELLECT-2-schema rows ``{prompt, task_type, verification_info}``
-    (read by ``verifiers.load_tasks``), optionally filtered by pass rate (``difficulty_key``,
-    ``min_pass_rate``, ``max_pass_rate``), then the first ``num_tasks``.
+  - ``jsonl`` / ``parquet``: one file of rows; ``datasets``: a Hugging Face dataset from local files
+    (``datasets.load_from_disk`` for a ``save_to_disk`` folder, else ``datasets.load_dataset`` on the
+    folder or file, split ``tasks.split``). Rows follow the INTELLECT-2 schema ``{prompt, task_type,
+    verification_info}`` or are mapped onto it by ``tasks.columns`` (:func:`map_row`: e.g. a
+    ``question``/``answer`` pair becomes a ``verifiable_math`` task with that ground truth); then
+    ``verifiers.Task.from_row``, the optional pass-rate filter (``difficulty_key``,
+    ``min_pass_rate``, ``max_pass_rate``) and the first ``num_tasks``.
 
 Prompt text = ``prompt_template`` with ``{prompt}`` replaced by the task's prompt (plain
-replacement, so other braces in a few-shot prefix need no escaping).
+replacement, so other braces in a few-shot prefix need no escaping). Prompt tokens =
+:func:`encode_prompt` of that text, through the tokenizer's chat template when
+``tasks.chat_template`` is on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from prime_rl.config import TasksConfig
 
-__all__ = ["TaskSet", "TaskSourceError", "encode_prompt", "load_tasks"]
+__all__ = ["TaskSet", "TaskSourceError", "encode_prompt", "load_tasks", "map_row", "read_rows"]
 
 
 class TaskSourceError(ValueError):
     """The task source cannot be read or produced no tasks."""
 
 
-def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
-    """Token ids of ``prompt``: ``tokenizer(prompt)["input_ids"]`` (HF default special tokens).
+def encode_prompt(tokenizer: Any, prompt: str, *, chat_template: bool = False, system_prompt: str = "") -> list[int]:
+    """Token ids of ``prompt``: ``tokenizer(prompt)["input_ids"]`` (HF default special tokens), or
+    with ``chat_template`` the tokenizer's chat template over ``[system?, user: prompt]`` with the
+    assistant turn opened (``add_generation_prompt=True``).
 
-    The one definition worker and validator share; changing it invalidates every submission.
+    The one definition worker, validator and evaluator share; changing it invalidates every
+    submission. Raises ``TaskSourceError`` when the chat template is asked for and the tokenizer has none.
     """
-    return [int(token) for token in tokenizer(prompt)["input_ids"]]
+    if not chat_template:
+        return [int(token) for token in tokenizer(prompt)["input_ids"]]
+    if not getattr(tokenizer, "chat_template", None):
+        raise TaskSourceError(
+            "tasks.chat_template = true, but the tokenizer at model.path has no chat template; "
+            "turn it off and write the format into tasks.prompt_template instead"
+        )
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": prompt})
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, Mapping):  # some transformers versions answer with a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(token) for token in ids]
 
 
 class TaskSet:
@@ -54,6 +77,8 @@ class TaskSet:
         length_reward: str = "none",
         target_lengths: Sequence[int] = (),
         seed: int = 0,
+        chat_template: bool = False,
+        system_prompt: str = "",
     ) -> None:
         if not tasks:
             raise TaskSourceError("the task set is empty")
@@ -66,6 +91,8 @@ class TaskSet:
         self.length_reward = length_reward
         self.target_lengths = tuple(target_lengths)
         self.seed = seed
+        self.chat_template = chat_template
+        self.system_prompt = system_prompt
 
     def target_length(self, task_id: int) -> int | None:
         """The task's thinking budget in tokens (None without a length reward)."""
@@ -96,6 +123,11 @@ class TaskSet:
             raw = with_length_instruction(raw, target, self.length_reward)
         return self.prompt_template.replace("{prompt}", raw)
 
+    def encode(self, tokenizer: Any, text: str) -> list[int]:
+        """Prompt ``text`` (e.g. ``self.prompt(task_id)``) as token ids: :func:`encode_prompt` with
+        this task set's chat settings."""
+        return encode_prompt(tokenizer, text, chat_template=self.chat_template, system_prompt=self.system_prompt)
+
 
 def _arithmetic(config: TasksConfig) -> list[Any]:
     import verifiers
@@ -113,17 +145,93 @@ def _arithmetic(config: TasksConfig) -> list[Any]:
     )
 
 
+def _dataset_rows(config: TasksConfig) -> Iterator[Mapping[str, Any]]:
+    try:
+        import datasets
+    except ImportError as error:
+        raise TaskSourceError(
+            "tasks.source = 'datasets' needs the Hugging Face datasets package: pip install 'intellect2-prime-rl[datasets]'"
+        ) from error
+    path = Path(config.path)
+    if not path.exists():
+        raise FileNotFoundError(f"no such file or folder: {path}")
+    if path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file()):
+        loaded: Any = datasets.load_from_disk(str(path))  # written by Dataset(Dict).save_to_disk
+        if isinstance(loaded, datasets.DatasetDict):
+            if config.split not in loaded:
+                raise TaskSourceError(f"{path} has splits {sorted(loaded)}, not tasks.split = {config.split!r}")
+            loaded = loaded[config.split]
+    elif path.is_dir():
+        loaded = datasets.load_dataset(str(path), split=config.split)
+    else:
+        builder = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}.get(path.suffix.lower())
+        if builder is None:
+            raise TaskSourceError(f"{path}: unsupported file type {path.suffix!r} (parquet, jsonl, json, csv)")
+        loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
+    yield from loaded
+
+
+def read_rows(config: TasksConfig) -> Iterator[Mapping[str, Any]]:
+    """The raw rows of a file or ``datasets`` source, as dicts (before :func:`map_row`)."""
+    path = Path(config.path)
+    if config.source == "datasets":
+        yield from _dataset_rows(config)
+    elif config.source == "parquet":
+        import pyarrow.parquet as pq
+
+        for batch in pq.read_table(path).to_batches(max_chunksize=4096):
+            yield from batch.to_pylist()
+    else:
+        with path.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except ValueError as error:
+                        raise TaskSourceError(f"{path}:{number}: not a JSON line: {error}") from error
+
+
+def map_row(row: Mapping[str, Any], columns: Mapping[str, str], task_type: str) -> dict[str, Any]:
+    """One source row as an INTELLECT-2 row: ``columns`` renames (task field -> column), ``answer``
+    becomes ``verification_info = {"ground_truth": answer}``, a missing ``task_type`` is ``task_type``.
+    Other columns are kept (they land in ``Task.metadata``).
+
+    >>> map_row({"question": "1+1?", "answer": 2}, {"prompt": "question", "answer": "answer"}, "verifiable_math")
+    {'question': '1+1?', 'answer': 2, 'prompt': '1+1?', 'verification_info': {'ground_truth': 2}, 'task_type': 'verifiable_math'}
+    """
+    mapped = dict(row)
+    for field, column in columns.items():
+        if column not in row:
+            raise TaskSourceError(
+                f"tasks.columns.{field} = {column!r}, but the rows have no column {column!r} "
+                f"(they have {sorted(row)[:12]})"
+            )
+        if field == "answer":
+            mapped["verification_info"] = {"ground_truth": row[column]}
+        elif field == "solve_rate":
+            mapped["solve_rate_qwen_r1_distill_7b"] = row[column]
+        else:
+            mapped[field] = row[column]
+    if not mapped.get("task_type"):
+        mapped["task_type"] = task_type
+    return mapped
+
+
+def _file_tasks(config: TasksConfig) -> list[Any]:
+    import verifiers
+
+    tasks = []
+    try:
+        for row in read_rows(config):
+            tasks.append(verifiers.Task.from_row(map_row(row, config.columns, config.task_type)))
+    except (OSError, ValueError) as error:  # TaskFormatError and TaskSourceError are ValueErrors
+        raise TaskSourceError(f"cannot read tasks from {config.path}: {error}") from error
+    return tasks
+
+
 def load_tasks(config: TasksConfig) -> TaskSet:
     """Build the run's ``TaskSet`` from ``[tasks]``; raises ``TaskSourceError`` on bad sources."""
-    if config.source == "arithmetic":
-        tasks = _arithmetic(config)
-    else:
-        import verifiers
-
-        try:
-            tasks = list(verifiers.load_tasks(config.path))
-        except (OSError, ValueError) as error:
-            raise TaskSourceError(f"cannot read tasks from {config.path}: {error}") from error
+    tasks = _arithmetic(config) if config.source == "arithmetic" else _file_tasks(config)
     if config.difficulty_key:
         tasks = [t for t in tasks if _passes_difficulty(t, config)]
     tasks = tasks[: config.num_tasks]
@@ -133,6 +241,8 @@ def load_tasks(config: TasksConfig) -> TaskSet:
         length_reward=config.length_reward,
         target_lengths=config.target_lengths,
         seed=config.seed,
+        chat_template=config.chat_template,
+        system_prompt=config.system_prompt,
     )
 
 

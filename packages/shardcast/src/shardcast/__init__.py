@@ -7,6 +7,7 @@
     with Origin("/srv/origin", port=8000) as origin:
         origin.publish("model.safetensors")                    # version 1
     Client(["http://origin:8000"]).fetch("latest", "model.safetensors")
+    Client(["http://relay:8000"]).follower(reload, output_dir="/ckpt").start()  # hot reloads
 
 Names are imported lazily (PEP 562), so ``shardcast publish`` and manifest tools start
 without loading aiohttp.
@@ -21,9 +22,9 @@ __version__ = "0.4.0"
 
 _EXPORTS = {
     "Client": "client",
-    "FetchResult": "client",
+    "FetchResult": "results",
     "Follower": "follower",
-    "VersionListing": "client",
+    "VersionListing": "results",
     "DeadlineExceededError": "errors",
     "IntegrityError": "errors",
     "ManifestError": "errors",
@@ -57,7 +58,8 @@ _EXPORTS = {
     "load_key": "signing",
     "sign_manifest": "signing",
     "verify_manifest": "signing",
-    "Progress": "transfer",
+    "Progress": "progress",
+    "MissingExtraError": "errors",
 }
 
 __all__ = [
@@ -77,6 +79,7 @@ __all__ = [
     "IntegrityError",
     "Manifest",
     "ManifestError",
+    "MissingExtraError",
     "NoServerAvailableError",
     "Origin",
     "Progress",
@@ -117,11 +120,12 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .client import Client, FetchResult, VersionListing
+    from .client import Client
     from .errors import (
         DeadlineExceededError,
         IntegrityError,
         ManifestError,
+        MissingExtraError,
         NoServerAvailableError,
         PublishError,
         ShardcastError,
@@ -134,8 +138,10 @@ if TYPE_CHECKING:
     from .manifest import DeltaInfo, Manifest, ShardInfo, Signature, parse_manifest, parse_version_name
     from .origin import Origin
     from .planning import DEFAULT_SHARD_SIZE, ShardSpan, plan_shards
+    from .progress import Progress
     from .publish import publish_file
     from .relay import Relay
+    from .results import FetchResult, VersionListing
     from .server import HttpServer
     from .servers import ServerReport
     from .signing import (
@@ -146,4 +152,3 @@ if TYPE_CHECKING:
         sign_manifest,
         verify_manifest,
     )
-    from .transfer import Progress

@@ -1,9 +1,14 @@
-"""Command line: ``shardcast origin|publish|relay|ls|fetch`` (stable; scripts rely on it).
+"""Command line: ``shardcast origin|publish|relay|ls|fetch|keygen`` (stable; scripts rely on it).
 
-Exit status: 0 on success, 1 on a shardcast error (message on stderr), 2 on bad usage,
-130 when interrupted. Secrets can come from the environment instead of the command line:
-``SHARDCAST_TOKEN`` (bearer token) and ``SHARDCAST_KEY`` (key spec, see
+Each subcommand is one row of :data:`COMMANDS`: its help line, the function that declares
+its arguments and the function that runs it. Exit status: 0 on success, 1 on an error
+(one line on stderr, never a traceback: bad input, unreachable servers, a missing extra),
+2 on bad usage, 130 when interrupted. Secrets can come from the environment instead of the
+command line: ``SHARDCAST_TOKEN`` (bearer token) and ``SHARDCAST_KEY`` (key spec, see
 :func:`shardcast.signing.load_key`).
+
+Servers and the client import aiohttp (slow to import): each command's function imports
+what it needs, so ``shardcast publish`` starts fast.
 """
 
 from __future__ import annotations
@@ -16,22 +21,22 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
 
 from . import __version__
 from .errors import ShardcastError
 from .planning import DEFAULT_SHARD_SIZE
+from .progress import DEFAULT_DEADLINE_S, DEFAULT_STALL_TIMEOUT_S, ProgressBar
 from .publish import DEFAULT_GRACE_S, DEFAULT_KEEP, publish_file
 from .signing import Ed25519PrivateKey, Ed25519PublicKey, HmacKey, load_key
 
-if TYPE_CHECKING:
-    from .transfer import Progress
-
-# Servers and the client import aiohttp (slow to import): they are imported in run() only
-# by the commands that need them, so `shardcast publish` starts fast.
-
 log = logging.getLogger("shardcast")
+
+
+# ---- argument types and shared options -----------------------------------------------------
 
 
 def _urls(text: str) -> list[str]:
@@ -44,29 +49,35 @@ def _urls(text: str) -> list[str]:
 def _size(text: str) -> int:
     units = {"k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
     lowered = text.strip().lower().removesuffix("b")
-    for suffix in sorted(units, key=len, reverse=True):
-        if lowered.endswith(suffix):
-            return int(float(lowered[: -len(suffix)]) * units[suffix])
     try:
+        for suffix in sorted(units, key=len, reverse=True):
+            if lowered.endswith(suffix):
+                return int(float(lowered[: -len(suffix)]) * units[suffix])
         return int(lowered)
     except ValueError:
         raise argparse.ArgumentTypeError(f"bad size {text!r}: use bytes or 50M, 1Gi, ...") from None
 
 
-def _common(parser: argparse.ArgumentParser, *, key_help: str) -> None:
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"bad port {text!r}: use an integer 0..65535 (0 = any free port)")
+    return port
+
+
+def _secrets(parser: argparse.ArgumentParser, *, key_help: str) -> None:
     parser.add_argument(
         "--token", default=os.environ.get("SHARDCAST_TOKEN"), help="bearer token (env SHARDCAST_TOKEN)"
     )
     parser.add_argument(
         "--key", default=os.environ.get("SHARDCAST_KEY"), help=key_help + " (env SHARDCAST_KEY)"
     )
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
-def _serve_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", required=True, help="directory served as static files")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free port)")
-    parser.add_argument("--host", default="0.0.0.0", help="bind address (default 0.0.0.0)")
+def _retention(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--keep", type=int, default=DEFAULT_KEEP, help=f"versions kept (default {DEFAULT_KEEP})"
     )
@@ -76,84 +87,16 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_GRACE_S,
         help=f"seconds before a retired version is deleted (default {DEFAULT_GRACE_S:g})",
     )
+
+
+def _serving(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", required=True, help="directory served as static files")
+    parser.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000; 0 = any free port)")
+    parser.add_argument("--host", default="0.0.0.0", help="bind address (default 0.0.0.0)")
+    _retention(parser)
     parser.add_argument(
         "--rate-limit", type=_size, default=None, help="max bytes/s per shard response (default unlimited)"
     )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="shardcast", description="Broadcast checkpoints through an HTTP relay tree."
-    )
-    parser.add_argument("--version", action="version", version=f"shardcast {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    origin = sub.add_parser(
-        "origin", help="serve a data directory (publish into it with `shardcast publish`)"
-    )
-    _serve_args(origin)
-    _common(origin, key_help="unused by the server; kept for symmetry")
-
-    publish = sub.add_parser("publish", help="publish FILE as the next version in DATA_DIR")
-    publish.add_argument("file", help="file to publish (e.g. model.safetensors)")
-    publish.add_argument(
-        "--data-dir", required=True, help="origin data directory (a running origin serves it at once)"
-    )
-    publish.add_argument(
-        "--shard-size", type=_size, default=DEFAULT_SHARD_SIZE, help="bytes per shard (default 50M)"
-    )
-    publish.add_argument(
-        "--encoding", choices=["raw", "zstd"], default="raw", help="shard encoding (default raw)"
-    )
-    publish.add_argument(
-        "--delta", action="store_true", help="also write XOR+zstd deltas against the previous version"
-    )
-    publish.add_argument(
-        "--version-number", type=int, default=None, help="version number (default: next free)"
-    )
-    publish.add_argument(
-        "--keep", type=int, default=DEFAULT_KEEP, help=f"versions kept (default {DEFAULT_KEEP})"
-    )
-    publish.add_argument(
-        "--grace", type=float, default=DEFAULT_GRACE_S, help="seconds before a retired version is deleted"
-    )
-    _common(publish, key_help="signing key: hmac:<secret>, hmac-file:<path> or ed25519-private:<hex>")
-
-    relay = sub.add_parser("relay", help="mirror upstream servers and serve verified shards")
-    relay.add_argument("--upstream", type=_urls, required=True, help="upstream URL[,URL...]")
-    _serve_args(relay)
-    relay.add_argument(
-        "--upstream-token", default=os.environ.get("SHARDCAST_UPSTREAM_TOKEN"), help="token sent upstream"
-    )
-    relay.add_argument(
-        "--poll-interval", type=float, default=2.0, help="seconds between upstream polls (default 2)"
-    )
-    _common(relay, key_help="pinned manifest key: hmac:<secret> or ed25519-public:<hex>")
-
-    ls = sub.add_parser("ls", help="list versions offered by servers")
-    ls.add_argument("--servers", type=_urls, required=True, help="server URL[,URL...]")
-    ls.add_argument("--json", action="store_true", help="machine-readable output")
-    _common(ls, key_help="unused")
-
-    fetch = sub.add_parser("fetch", help="download a version, verified, to --output")
-    fetch.add_argument("--servers", type=_urls, required=True, help="server URL[,URL...]")
-    fetch.add_argument("--version", dest="version_spec", default="latest", help="N, vN or latest (default)")
-    fetch.add_argument("--output", required=True, help="destination file (replaced atomically when verified)")
-    fetch.add_argument(
-        "--deadline", type=float, default=3600.0, help="give up after this many seconds (default 3600)"
-    )
-    fetch.add_argument("--base", default=None, help="previous version's file, to download only deltas")
-    fetch.add_argument("--concurrency", type=int, default=8, help="shards in flight (default 8)")
-    fetch.add_argument(
-        "--rate-limit", type=_size, default=None, help="max bytes/s over all connections (e.g. 100M)"
-    )
-    fetch.add_argument("--no-progress", action="store_true", help="no progress bar")
-    fetch.add_argument("--fsync", action="store_true", help="flush the file to disk before placing it")
-    _common(fetch, key_help="pinned manifest key: hmac:<secret> or ed25519-public:<hex>")
-
-    keygen = sub.add_parser("keygen", help="print a new Ed25519 key pair as key specs (needs cryptography)")
-    keygen.add_argument("--log-level", default="WARNING")
-    return parser
 
 
 def _verify_key(spec: str | None) -> HmacKey | Ed25519PublicKey | None:
@@ -163,165 +106,276 @@ def _verify_key(spec: str | None) -> HmacKey | Ed25519PublicKey | None:
     return key.public_key() if isinstance(key, Ed25519PrivateKey) else key
 
 
-def _wait_for_signal() -> None:
+def _serve_until_signal(server: AbstractContextManager[Any], what: str) -> int:
+    """Run ``server`` (an Origin or Relay) until SIGINT/SIGTERM."""
     stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    while not stop.wait(1.0):
-        pass
+    with server as running:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop.set())
+        print(f"{what} serving {running.data_dir.root} on {running.url}", flush=True)
+        while not stop.wait(1.0):
+            pass
+    return 0
 
 
-class ProgressBar:
-    """A one-line progress bar on stderr: percent, shards, MB/s, ETA."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self.last_line = 0.0
-
-    def __call__(self, progress: Progress) -> None:
-        if not self.enabled:
-            return
-        fraction = progress.bytes_done / progress.bytes_total if progress.bytes_total else 1.0
-        rate = progress.bytes_per_s
-        eta = (progress.bytes_total - progress.bytes_done) / rate if rate > 0 else float("inf")
-        width = 30
-        bar = "#" * int(fraction * width) + "-" * (width - int(fraction * width))
-        sys.stderr.write(
-            f"\rv{progress.version} [{bar}] {fraction * 100:5.1f}% {progress.shards_done}/{progress.shards_total} shards "
-            f"{rate / 1e6:7.1f} MB/s ETA {eta:5.0f}s"
-        )
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
+# ---- origin --------------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.command == "keygen":
-        private = Ed25519PrivateKey.generate()
-        print(f"ed25519-private:{private.seed.hex()}")
-        print(f"ed25519-public:{private.public_key().public_bytes.hex()}")
-        return 0
-    if args.command == "origin":
-        from .origin import Origin
+def _origin_arguments(parser: argparse.ArgumentParser) -> None:
+    _serving(parser)
+    _secrets(parser, key_help="unused by the server; accepted for symmetry")
 
-        origin = Origin(
-            args.data_dir,
-            host=args.host,
-            port=args.port,
-            token=args.token,
-            keep=args.keep,
-            grace_s=args.grace,
-            rate_limit_bps=args.rate_limit,
-        )
-        with origin:
-            print(f"origin serving {origin.data_dir.root} on {origin.url}", flush=True)
-            _wait_for_signal()
-        return 0
-    if args.command == "publish":
-        signing = load_key(args.key) if args.key else None
-        if isinstance(signing, Ed25519PublicKey):
-            raise ShardcastError(
-                "publish needs a signing key (hmac:... or ed25519-private:...), not a public key"
-            )
-        manifest = publish_file(
-            args.data_dir,
-            args.file,
-            version=args.version_number,
-            shard_size=args.shard_size,
-            encoding=args.encoding,
-            delta=args.delta,
-            signing_key=signing,
-            keep=args.keep,
-            grace_s=args.grace,
-        )
-        print(
-            f"v{manifest.version} {manifest.file_name} {manifest.file_size} bytes {manifest.num_shards} shards {manifest.file_digest}"
-        )
-        return 0
-    if args.command == "relay":
-        from .relay import Relay
 
-        relay = Relay(
-            args.upstream,
-            args.data_dir,
-            host=args.host,
-            port=args.port,
-            token=args.token,
-            upstream_token=args.upstream_token,
-            verify_key=_verify_key(args.key),
-            poll_interval_s=args.poll_interval,
-            keep=args.keep,
-            grace_s=args.grace,
-            rate_limit_bps=args.rate_limit,
-        )
-        with relay:
-            print(f"relay serving {relay.data_dir.root} on {relay.url}", flush=True)
-            _wait_for_signal()
-        return 0
-    if args.command == "ls":
-        from .client import Client
+def _origin(args: argparse.Namespace) -> int:
+    from .origin import Origin
 
-        listing = Client(args.servers, token=args.token).list_versions()
-        if args.json:
+    origin = Origin(
+        args.data_dir,
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        keep=args.keep,
+        grace_s=args.grace,
+        rate_limit_bps=args.rate_limit,
+    )
+    return _serve_until_signal(origin, "origin")
+
+
+# ---- publish -------------------------------------------------------------------------------
+
+
+def _publish_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="file to publish (e.g. model.safetensors)")
+    parser.add_argument(
+        "--data-dir", required=True, help="origin data directory (a running origin serves it at once)"
+    )
+    parser.add_argument(
+        "--shard-size", type=_size, default=DEFAULT_SHARD_SIZE, help="bytes per shard (default 50M)"
+    )
+    parser.add_argument(
+        "--encoding", choices=["raw", "zstd"], default="raw", help="shard encoding (default raw)"
+    )
+    parser.add_argument(
+        "--delta", action="store_true", help="also write XOR+zstd deltas against the previous version"
+    )
+    parser.add_argument("--version-number", type=int, default=None, help="version number (default: next free)")
+    _retention(parser)
+    _secrets(parser, key_help="signing key: hmac:<secret>, hmac-file:<path> or ed25519-private:<hex>")
+
+
+def _publish(args: argparse.Namespace) -> int:
+    signing = load_key(args.key) if args.key else None
+    if isinstance(signing, Ed25519PublicKey):
+        raise ShardcastError("publish needs a signing key (hmac:... or ed25519-private:...), not a public key")
+    manifest = publish_file(
+        args.data_dir,
+        args.file,
+        version=args.version_number,
+        shard_size=args.shard_size,
+        encoding=args.encoding,
+        delta=args.delta,
+        signing_key=signing,
+        keep=args.keep,
+        grace_s=args.grace,
+    )
+    print(
+        f"v{manifest.version} {manifest.file_name} {manifest.file_size} bytes "
+        f"{manifest.num_shards} shards {manifest.file_digest}"
+    )
+    return 0
+
+
+# ---- relay ---------------------------------------------------------------------------------
+
+
+def _relay_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--upstream", type=_urls, required=True, help="upstream URL[,URL...]")
+    _serving(parser)
+    parser.add_argument(
+        "--upstream-token", default=os.environ.get("SHARDCAST_UPSTREAM_TOKEN"), help="token sent upstream"
+    )
+    parser.add_argument(
+        "--poll-interval", type=float, default=2.0, help="seconds between upstream polls (default 2)"
+    )
+    _secrets(parser, key_help="pinned manifest key: hmac:<secret> or ed25519-public:<hex>")
+
+
+def _relay(args: argparse.Namespace) -> int:
+    from .relay import Relay
+
+    relay = Relay(
+        args.upstream,
+        args.data_dir,
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        upstream_token=args.upstream_token,
+        verify_key=_verify_key(args.key),
+        poll_interval_s=args.poll_interval,
+        keep=args.keep,
+        grace_s=args.grace,
+        rate_limit_bps=args.rate_limit,
+    )
+    return _serve_until_signal(relay, "relay")
+
+
+# ---- ls ------------------------------------------------------------------------------------
+
+
+def _ls_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--servers", type=_urls, required=True, help="server URL[,URL...]")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    _secrets(parser, key_help="unused; accepted for symmetry")
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from .client import Client
+
+    client = Client(args.servers, token=args.token)
+    listing = client.list_versions()
+    if args.json:
+        offered = {str(k): v for k, v in sorted(listing.versions.items())}
+        whole = {str(k): v for k, v in sorted(listing.complete.items())}
+        print(json.dumps({"versions": offered, "complete": whole, "errors": listing.errors}))
+    else:
+        for number in sorted(listing.versions):
+            complete = listing.complete.get(number, [])
             print(
-                json.dumps(
-                    {
-                        "versions": {str(k): v for k, v in sorted(listing.versions.items())},
-                        "complete": {str(k): v for k, v in sorted(listing.complete.items())},
-                        "errors": listing.errors,
-                    }
-                )
+                f"v{number}\tcomplete on {len(complete)}/{len(listing.versions[number])} servers\t"
+                + ",".join(listing.versions[number])
             )
-        else:
-            for number in sorted(listing.versions):
-                complete = listing.complete.get(number, [])
-                print(
-                    f"v{number}\tcomplete on {len(complete)}/{len(listing.versions[number])} servers\t"
-                    + ",".join(listing.versions[number])
-                )
-            for server, error in listing.errors.items():
-                print(f"unreachable {server}: {error}", file=sys.stderr)
-        if not listing.versions and listing.errors and len(listing.errors) == len(args.servers):
-            raise ShardcastError("no server reachable")
-        return 0
-    if args.command == "fetch":
-        from .client import Client
+        for server, error in listing.errors.items():  # each error says why: unreachable, corrupt index, ...
+            print(f"{server}: {error}", file=sys.stderr)
+    if not listing.versions and len(listing.errors) == len(client.servers):
+        unreachable = all(error.startswith("unreachable") for error in listing.errors.values())
+        raise ShardcastError("no server reachable" if unreachable else "no server gave a usable index")
+    return 0
 
-        client = Client(
-            args.servers,
-            token=args.token,
-            verify_key=_verify_key(args.key),
-            concurrency=args.concurrency,
-            max_bytes_per_second=args.rate_limit,
+
+# ---- fetch ---------------------------------------------------------------------------------
+
+
+def _fetch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--servers", type=_urls, required=True, help="server URL[,URL...]")
+    parser.add_argument("--version", dest="version_spec", default="latest", help="N, vN or latest (default)")
+    parser.add_argument("--output", required=True, help="destination file (replaced atomically when verified)")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=DEFAULT_DEADLINE_S,
+        help=f"give up after this many seconds in all (default {DEFAULT_DEADLINE_S:g})",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=DEFAULT_STALL_TIMEOUT_S,
+        help=f"give up when no server has answered for this many seconds (default {DEFAULT_STALL_TIMEOUT_S:g})",
+    )
+    parser.add_argument("--base", default=None, help="previous version's file, to download only deltas")
+    parser.add_argument("--concurrency", type=int, default=8, help="shards in flight (default 8)")
+    parser.add_argument(
+        "--rate-limit", type=_size, default=None, help="max bytes/s over all connections (e.g. 100M)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--fsync", action="store_true", help="flush the file to disk before placing it")
+    _secrets(parser, key_help="pinned manifest key: hmac:<secret> or ed25519-public:<hex>")
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from .client import Client
+
+    client = Client(
+        args.servers,
+        token=args.token,
+        verify_key=_verify_key(args.key),
+        concurrency=args.concurrency,
+        max_bytes_per_second=args.rate_limit,
+    )
+    bar = ProgressBar(not args.no_progress)
+    started = time.monotonic()
+    try:
+        result = client.fetch(
+            args.version_spec,
+            args.output,
+            deadline_s=args.deadline,
+            stall_timeout_s=args.stall_timeout,
+            base=args.base,
+            progress=bar,
+            fsync=args.fsync,
         )
-        bar = ProgressBar(not args.no_progress)
-        started = time.monotonic()
-        try:
-            result = client.fetch(
-                args.version_spec, args.output, deadline_s=args.deadline, base=args.base, progress=bar
-            )
-        finally:
-            bar.close()
-        for report in result.servers:
-            log.info(
-                "server %s: %d bytes, %d bad shards, success %.2f%s%s",
-                report.url,
-                report.bytes_served,
-                report.bad_shards,
-                report.success_rate,
-                ", dropped" if report.dropped else "",
-                f", last error: {report.last_error}" if report.last_error else "",
-            )
-        print(
-            f"v{result.version} -> {result.path}: {result.manifest.file_size} bytes, downloaded {result.bytes_downloaded}, "
-            f"resumed {result.bytes_resumed}, bad shards {result.bad_shards}, {time.monotonic() - started:.2f}s"
-            + (", delta" if result.used_delta else ""),
-            flush=True,
+    finally:
+        bar.close()
+    for report in result.servers:
+        log.info(
+            "server %s: %d bytes, %d bad shards, success %.2f%s%s",
+            report.url,
+            report.bytes_served,
+            report.bad_shards,
+            report.success_rate,
+            ", dropped" if report.dropped else "",
+            f", last error: {report.last_error}" if report.last_error else "",
         )
-        return 0
-    raise AssertionError(args.command)
+    print(
+        f"v{result.version} -> {result.path}: {result.manifest.file_size} bytes, downloaded {result.bytes_downloaded}, "
+        f"resumed {result.bytes_resumed}, bad shards {result.bad_shards}, {time.monotonic() - started:.2f}s"
+        + (", delta" if result.used_delta else ""),
+        flush=True,
+    )
+    return 0
+
+
+# ---- keygen --------------------------------------------------------------------------------
+
+
+def _keygen_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(log_level="WARNING")
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    private = Ed25519PrivateKey.generate()  # raises MissingExtraError without `cryptography`
+    public = private.public_key()  # computed before anything is printed
+    print(f"ed25519-private:{private.seed.hex()}")
+    print(f"ed25519-public:{public.public_bytes.hex()}")
+    return 0
+
+
+# ---- the table -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its ``--help`` line, its arguments, and what it runs (returns the exit status)."""
+
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: dict[str, Command] = {
+    "origin": Command(
+        "serve a data directory (publish into it with `shardcast publish`)", _origin_arguments, _origin
+    ),
+    "publish": Command("publish FILE as the next version in DATA_DIR", _publish_arguments, _publish),
+    "relay": Command("mirror upstream servers and serve verified shards", _relay_arguments, _relay),
+    "ls": Command("list versions offered by servers", _ls_arguments, _ls),
+    "fetch": Command("download a version, verified, to --output", _fetch_arguments, _fetch),
+    "keygen": Command(
+        "print a new Ed25519 key pair as key specs (needs the ed25519 extra)", _keygen_arguments, _keygen
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardcast", description="Broadcast checkpoints through an HTTP relay tree.", allow_abbrev=False
+    )
+    parser.add_argument("--version", action="version", version=f"shardcast {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, command in COMMANDS.items():
+        child = sub.add_parser(name, help=command.help, description=command.help, allow_abbrev=False)
+        child.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+        command.arguments(child)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -332,11 +386,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        return run(args)
+        status = COMMANDS[args.command].run(args)
+        sys.stdout.flush()  # a closed pipe fails here, inside the handlers below, not at exit
+        return status
     except KeyboardInterrupt:
         print("shardcast: interrupted", file=sys.stderr)
         return 130
-    except (ShardcastError, OSError, ValueError) as exc:
+    except BrokenPipeError:
+        # `shardcast ls | head`: the reader left; say nothing and keep Python from
+        # complaining again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (ShardcastError, OSError, ValueError, TypeError) as exc:
         print(f"shardcast {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 

@@ -1,4 +1,4 @@
-"""The client: list versions, fetch one verified and atomically, or follow the newest.
+"""The client: list the versions servers offer, fetch one verified and atomically, or follow the newest.
 
 Typical use (an inference worker hot-reloading weights)::
 
@@ -7,6 +7,10 @@ Typical use (an inference worker hot-reloading weights)::
     follower = client.follower(lambda r: reload_weights(r.path), output_dir="/ckpt").start()
     ...
     follower.stop()
+
+Following is :class:`~shardcast.follower.Follower`'s job: it polls and fetches through any
+object that lists and fetches like a client, and :meth:`Client.follower` hands it this one.
+The dependency points one way (client -> follower); results live in :mod:`shardcast.results`.
 
 Synchronous methods run a private event loop (``asyncio.run``); inside async code use the
 ``a``-prefixed coroutines.
@@ -20,63 +24,42 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import aiohttp
 
 from .digest import digest_file
-from .errors import NoServerAvailableError, VersionNotFoundError
+from .errors import ManifestError, NoServerAvailableError, VersionNotFoundError
+from .follower import Follower
 from .layout import Index, shard_url_path
 from .manifest import Manifest
 from .planning import MAX_SHARDS
-from .remote import VersionTracker, fetch_index, first_valid_manifest, make_session, normalise_url
-from .servers import ServerPool, ServerReport
+from .progress import DEFAULT_DEADLINE_S, DEFAULT_STALL_TIMEOUT_S, ProgressCallback
+from .remote import (
+    ServerError,
+    VersionTracker,
+    fetch_index,
+    first_valid_manifest,
+    make_session,
+    normalise_url,
+)
+from .results import FetchResult, VersionListing
+from .servers import ServerPool
 from .signing import VerifyKey
 from .sinks import OutputSink
-from .transfer import ProgressCallback, RateLimiter, ShardJob, Transfer
-
-if TYPE_CHECKING:
-    from .follower import Follower
+from .transfer import RateLimiter, ShardJob, Transfer
 
 log = logging.getLogger("shardcast.client")
 
-DEFAULT_DEADLINE_S = 3600.0
-
-
-@dataclass(frozen=True)
-class FetchResult:
-    """Outcome of one :meth:`Client.fetch`."""
-
-    version: int
-    path: Path
-    manifest: Manifest
-    bytes_downloaded: int
-    bytes_resumed: int
-    bad_shards: int
-    used_delta: bool
-    seconds: float
-    servers: tuple[ServerReport, ...]
-
-
-@dataclass(frozen=True)
-class VersionListing:
-    """Versions offered by the reachable servers: ``{version: [servers]}`` plus errors."""
-
-    versions: dict[int, list[str]]
-    complete: dict[int, list[str]]
-    errors: dict[str, str]
-
-    def latest(self) -> int | None:
-        return max(self.versions) if self.versions else None
 
 
 class Client:
     """Downloads versions from a set of origin/relay servers.
 
     Args:
-        servers: base URLs (``http://host:port``; ``host:port`` is accepted).
+        servers: a list of base URLs (``http://host:port``; ``host:port`` is accepted). A
+            single string is refused with a TypeError rather than guessed at (it would
+            otherwise be iterated character by character): write ``Client([url])``.
         token: bearer token sent to every server.
         verify_key: pinned manifest key (:mod:`shardcast.signing`); unsigned manifests are
             then rejected.
@@ -101,6 +84,8 @@ class Client:
         max_bytes_per_second: float | None = None,
         max_shards: int = MAX_SHARDS,
     ) -> None:
+        if isinstance(servers, str | bytes):
+            raise TypeError(f"servers must be a list of URLs, not one string: write Client([{servers!r}])")
         if not servers:
             raise ValueError("Client needs at least one server URL")
         self.servers = list(dict.fromkeys(normalise_url(s) for s in servers))
@@ -130,8 +115,12 @@ class Client:
         for server, result in zip(self.servers, results, strict=True):
             if isinstance(result, Index):
                 indexes[server] = result
+            elif isinstance(result, ManifestError):
+                errors[server] = f"corrupt index: {result}"
+            elif isinstance(result, ServerError):
+                errors[server] = f"unreachable: {result.reason}"
             else:
-                errors[server] = str(result)
+                errors[server] = f"{type(result).__name__}: {result}"
         return indexes, errors
 
     async def alist_versions(self) -> VersionListing:
@@ -151,6 +140,7 @@ class Client:
         output: str | os.PathLike[str] | None = None,
         *,
         deadline_s: float = DEFAULT_DEADLINE_S,
+        stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
         base: str | os.PathLike[str] | None = None,
         progress: ProgressCallback | None = None,
         verify_whole_file: bool = True,
@@ -158,7 +148,9 @@ class Client:
     ) -> FetchResult:
         """Download ``version`` (an int, ``"v7"``, or ``"latest"``) to ``output``.
 
-        ``output`` defaults to the manifest's file name in the current directory. ``base``
+        ``output`` defaults to the manifest's file name in the current directory.
+        ``deadline_s`` bounds the whole download; ``stall_timeout_s`` ends it sooner when no
+        server has answered anything for that long (every server dead or cut off). ``base``
         is the previous version's file; when the manifest carries a delta against exactly
         that file (checked by digest) only the delta shards are downloaded.
         ``verify_whole_file`` (default on) also checks the whole-file digest, hashed while
@@ -174,6 +166,7 @@ class Client:
                 version,
                 output,
                 deadline_s=deadline_s,
+                stall_timeout_s=stall_timeout_s,
                 base=base,
                 progress=progress,
                 verify_whole_file=verify_whole_file,
@@ -187,6 +180,7 @@ class Client:
         output: str | os.PathLike[str] | None = None,
         *,
         deadline_s: float = DEFAULT_DEADLINE_S,
+        stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
         base: str | os.PathLike[str] | None = None,
         progress: ProgressCallback | None = None,
         verify_whole_file: bool = True,
@@ -200,7 +194,7 @@ class Client:
             listing = _listing(indexes, errors)
             if not indexes:
                 raise NoServerAvailableError(
-                    "no server gave a usable index: " + "; ".join(f"{k}: {v}" for k, v in errors.items())
+                    "no server gave a usable index: " + "; ".join(f"{k} {v}" for k, v in errors.items())
                 )
             number = _resolve(version, listing)
             manifest, source = await self._manifest(session, number, listing)
@@ -233,6 +227,7 @@ class Client:
                 max_attempts=self.max_attempts,
                 progress=progress,
                 rate_limiter=RateLimiter(self.max_bytes_per_second) if self.max_bytes_per_second else None,
+                stall_timeout_s=stall_timeout_s,
             )
             try:
                 stats = await transfer.run()
@@ -271,6 +266,7 @@ class Client:
             session, order, number, verify_key=self.verify_key, max_shards=self.max_shards
         )
 
+
     # ---- follow --------------------------------------------------------------------------
 
     def follower(
@@ -283,13 +279,17 @@ class Client:
         deadline_s: float = DEFAULT_DEADLINE_S,
         on_error: Callable[[Exception], None] | None = None,
     ) -> Follower:
-        """A :class:`~shardcast.follower.Follower` thread (call ``.start()``, later ``.stop()``).
-
-        ``keep`` version directories are kept under ``output_dir`` (``None``: all; the caller prunes).
-        """
-        from .follower import Follower
-
-        return Follower(self, callback, Path(output_dir), poll_interval_s, keep, deadline_s, on_error)
+        """A :class:`~shardcast.follower.Follower` of this client's servers (call ``.start()``,
+        later ``.stop()``); ``keep=None`` leaves pruning to the caller."""
+        return Follower(
+            self,
+            callback,
+            output_dir=output_dir,
+            poll_interval_s=poll_interval_s,
+            keep=keep,
+            deadline_s=deadline_s,
+            on_error=on_error,
+        )
 
     def follow(
         self,
@@ -301,13 +301,16 @@ class Client:
         deadline_s: float = DEFAULT_DEADLINE_S,
         stop: threading.Event | None = None,
     ) -> None:
-        """Block, fetching each new newest version into ``output_dir/v<N>/<file>``; see :class:`Follower`."""
-        from .follower import Follower
-
-        follower = Follower(self, callback, Path(output_dir), poll_interval_s, keep, deadline_s, None)
-        follower._stop_event = stop or threading.Event()
-        follower.run()
-
+        """Block, fetching each new newest version into ``output_dir/v<N>/<file>`` until ``stop`` is set."""
+        Follower(
+            self,
+            callback,
+            output_dir=output_dir,
+            poll_interval_s=poll_interval_s,
+            keep=keep,
+            deadline_s=deadline_s,
+            stop=stop,
+        ).run()
 
 def _listing(indexes: dict[str, Index], errors: dict[str, str]) -> VersionListing:
     versions: dict[int, list[str]] = {}

@@ -46,3 +46,7 @@ class DeadlineExceededError(ShardcastError):
 
 class PublishError(ShardcastError):
     """Publishing a file as a new version failed (bad input file, version clash, disk)."""
+
+
+class MissingExtraError(ShardcastError, ImportError):
+    """An optional feature's dependency is not installed; the message names the extra to install."""

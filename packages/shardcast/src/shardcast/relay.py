@@ -33,6 +33,7 @@ from .errors import ManifestError, ShardcastError, VersionGoneError
 from .layout import DataDir, Index, IndexEntry, RetiredEntry, shard_url_path
 from .manifest import Manifest, parse_manifest
 from .planning import MAX_SHARDS
+from .progress import DEFAULT_DEADLINE_S
 from .publish import DEFAULT_GRACE_S, DEFAULT_KEEP
 from .remote import (
     ServerError,
@@ -87,10 +88,12 @@ class Relay:
         grace_s: float = DEFAULT_GRACE_S,
         concurrency: int = 8,
         per_server_connections: int = 4,
-        deadline_s: float = 3600.0,
+        deadline_s: float = DEFAULT_DEADLINE_S,
         max_shards: int = MAX_SHARDS,
         rate_limit_bps: float | None = None,
     ) -> None:
+        if isinstance(upstreams, str | bytes):
+            raise TypeError(f"upstreams must be a list of URLs, not one string: write Relay([{upstreams!r}], ...)")
         if not upstreams:
             raise ValueError("Relay needs at least one upstream URL")
         self.upstreams = list(dict.fromkeys(normalise_url(u) for u in upstreams))

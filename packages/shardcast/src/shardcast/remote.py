@@ -7,8 +7,10 @@ parsed is read with a size cap, so a hostile server cannot exhaust memory.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -38,11 +40,44 @@ class ServerError(ShardcastError):
 
 
 def normalise_url(server: str) -> str:
-    """``host:port`` -> ``http://host:port``; strips trailing slashes."""
+    """``host:port`` -> ``http://host:port``; strips trailing slashes.
+
+    Raises:
+        TypeError: ``server`` is not a string.
+        ValueError: not an http(s) URL with a host and a valid port.
+    """
+    if not isinstance(server, str):
+        raise TypeError(f"a server URL must be a str like 'http://host:8000', got {type(server).__name__}")
     server = server.strip().rstrip("/")
     if "://" not in server:
         server = "http://" + server
+    try:
+        parts = urlsplit(server)
+        parts.port  # noqa: B018 - parses the port, raising ValueError for 'host:abc'
+    except ValueError as exc:
+        raise ValueError(f"bad server URL {server!r}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"bad server URL {server!r}: expected http://host:port or https://host:port")
     return server
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One short line for a failed request: what happened, without aiohttp's internals."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        error = exc.os_error
+        # errno names the cause ("Connection refused"); aiohttp's strerror repeats the address.
+        if isinstance(error.errno, int) and error.errno > 0:
+            reason = os.strerror(error.errno)
+        else:
+            reason = error.strerror or type(error).__name__  # DNS: "Name or service not known"
+        return f"cannot connect to {exc.host}:{exc.port} ({reason})"
+    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+        return "no answer in time (timed out)"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "the connection broke in the middle of the response"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def make_session(
@@ -75,7 +110,7 @@ async def get_bytes(session: aiohttp.ClientSession, url: str, max_bytes: int, *,
                 raise ServerError(server, f"{url} is larger than the limit of {max_bytes} bytes")
             return body
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        raise ServerError(server, f"{type(exc).__name__}: {exc}", unreachable=True) from None
+        raise ServerError(server, describe_failure(exc), unreachable=True) from None
 
 
 async def fetch_index(session: aiohttp.ClientSession, server: str) -> Index:

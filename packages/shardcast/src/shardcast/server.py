@@ -110,6 +110,11 @@ class HttpServer:
 
     ``port=0`` picks a free port; read :attr:`port` / :attr:`url` after :meth:`start`.
     Default host is 127.0.0.1 (bind ``0.0.0.0`` explicitly to serve other machines).
+
+    Raises:
+        TypeError / ValueError: (at construction) ``port`` is not an int in 0..65535, or
+            ``host`` is not a non-empty string.
+        OSError: (from :meth:`start`) the address cannot be bound; the message names it.
     """
 
     def __init__(
@@ -121,6 +126,12 @@ class HttpServer:
         token: str | None = None,
         rate_limit_bps: float | None = None,
     ) -> None:
+        if isinstance(port, bool) or not isinstance(port, int):
+            raise TypeError(f"port must be an int in 0..65535 (0 = any free port), got {port!r}")
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be in 0..65535 (0 = any free port), got {port}")
+        if not isinstance(host, str) or not host:
+            raise TypeError(f"host must be an address or name such as '127.0.0.1', got {host!r}")
         self.data_dir = data_dir
         self.host = host
         self.port = port
@@ -166,6 +177,10 @@ class HttpServer:
         self._thread = threading.Thread(target=run, name=f"shardcast-http-{self.port}", daemon=True)
         self._thread.start()
         started.wait()
+        if ready and isinstance(ready[0], OSError):
+            error = ready[0]
+            reason = error.strerror or str(error)  # gaierror: "Name or service not known"
+            raise OSError(error.errno, f"cannot listen on {self.host}:{self.port}: {reason}") from error
         if ready and ready[0] is not None:
             raise ready[0]
         log.info("serving %s on %s", self.data_dir.root, self.url)

@@ -7,7 +7,9 @@ every shard digest, so a relay can neither alter data nor the manifest undetecte
 - ``HmacKey(secret)``: one shared secret on origin and readers. Simple, but anyone holding
   the secret can also sign: use it inside one trust domain.
 - ``Ed25519PrivateKey`` / ``Ed25519PublicKey``: the origin keeps the private key, readers pin
-  the 32-byte public key. Requires ``pip install shardcast[ed25519]`` (``cryptography``).
+  the 32-byte public key. Requires the ``ed25519`` extra (``cryptography``):
+  ``pip install "intellect2-shardcast[ed25519]"``; without it every Ed25519 operation, and
+  :func:`load_key` of an Ed25519 spec, raises :class:`~shardcast.errors.MissingExtraError`.
 
 Key ids are the first 16 hex chars of SHA-256 of the (public) key material, so a reader
 can tell "wrong key" from "corrupt signature".
@@ -16,12 +18,28 @@ can tell "wrong key" from "corrupt signature".
 from __future__ import annotations
 
 import hmac
+import os
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Protocol
 
 from .digest import digest_bytes
-from .errors import SignatureError
+from .errors import MissingExtraError, SignatureError
 from .manifest import Manifest, Signature
+
+ED25519_EXTRA = '"intellect2-shardcast[ed25519]"'
+
+
+def _ed25519() -> ModuleType:
+    """``cryptography``'s Ed25519 module, or a one-line error naming the extra to install."""
+    try:
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+    except ModuleNotFoundError:
+        raise MissingExtraError(
+            f"Ed25519 keys need the 'cryptography' package: pip install {ED25519_EXTRA} "
+            "(or use an hmac:<secret> key, which needs nothing extra)"
+        ) from None
+    return ed25519
 
 
 class SigningKey(Protocol):
@@ -77,8 +95,8 @@ class Ed25519PublicKey:
         return digest_bytes(self.public_bytes)[:16]
 
     def verify(self, payload: bytes, signature: Signature) -> bool:
+        ed25519 = _ed25519()
         from cryptography.exceptions import InvalidSignature
-        from cryptography.hazmat.primitives.asymmetric import ed25519
 
         try:
             key = ed25519.Ed25519PublicKey.from_public_bytes(self.public_bytes)
@@ -96,13 +114,12 @@ class Ed25519PrivateKey:
 
     @classmethod
     def generate(cls) -> Ed25519PrivateKey:
-        import os
-
+        _ed25519()  # a key nobody can use is no key: fail before making one
         return cls(os.urandom(32))
 
     def public_key(self) -> Ed25519PublicKey:
+        ed25519 = _ed25519()
         from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import ed25519
 
         key = ed25519.Ed25519PrivateKey.from_private_bytes(self.seed)
         raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
@@ -113,9 +130,7 @@ class Ed25519PrivateKey:
         return self.public_key().key_id
 
     def sign(self, payload: bytes) -> Signature:
-        from cryptography.hazmat.primitives.asymmetric import ed25519
-
-        value = ed25519.Ed25519PrivateKey.from_private_bytes(self.seed).sign(payload).hex()
+        value = _ed25519().Ed25519PrivateKey.from_private_bytes(self.seed).sign(payload).hex()
         return Signature("ed25519", self.key_id, value)
 
 
@@ -149,6 +164,11 @@ def load_key(spec: str) -> HmacKey | Ed25519PublicKey | Ed25519PrivateKey:
 
     ``hmac:<secret text>``, ``hmac-file:<path>``, ``ed25519-public:<64 hex>``,
     ``ed25519-private:<64 hex seed>``.
+
+    Raises:
+        ValueError: an unknown kind or a malformed key.
+        MissingExtraError: an Ed25519 spec without the ``ed25519`` extra installed (checked
+            here, so a command fails before doing any work).
     """
     kind, _, value = spec.partition(":")
     if kind == "hmac":
@@ -167,4 +187,5 @@ def load_key(spec: str) -> HmacKey | Ed25519PublicKey | Ed25519PrivateKey:
         raw = b""
     if len(raw) != 32:
         raise ValueError(f"key spec {kind!r} needs 64 hex characters (32 bytes)")
+    _ed25519()
     return Ed25519PublicKey(raw) if kind == "ed25519-public" else Ed25519PrivateKey(raw)

@@ -11,7 +11,11 @@ Failures are attributed: a connection error backs the server off; a digest misma
 penalises every server that contributed bytes to the shard and restarts the shard
 elsewhere; a 404 from a relay that is still mirroring ("partial") is not a failure, the
 shard is retried shortly (pipelining down the tree). Each shard gets at most
-``max_attempts`` failed attempts, and everything is bounded by the overall deadline.
+``max_attempts`` failed attempts, and everything is bounded by the overall deadline and by
+the stall timeout: when no server has answered anything for ``stall_timeout_s`` (default
+60 s) the transfer fails with :class:`~shardcast.errors.NoServerAvailableError` instead of
+backing off until the deadline. It is never silent meanwhile: a server becoming
+unreachable is logged at once, and a status line every 15 s says what it waits for.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,8 +32,18 @@ import aiohttp
 
 from .digest import new_hasher
 from .errors import DeadlineExceededError, IntegrityError, NoServerAvailableError, VersionGoneError
-from .remote import ServerError, VersionTracker
+from .progress import (
+    DEFAULT_STALL_TIMEOUT_S,
+    STATUS_LOG_S,
+    Progress,
+    ProgressCallback,
+    server_states,
+    status_line,
+)
+from .remote import ServerError, VersionTracker, describe_failure
 from .servers import ServerPool
+
+log = logging.getLogger("shardcast.transfer")
 
 CHUNK = 1 << 20
 NOT_YET_RETRY_S = 0.2
@@ -44,22 +58,6 @@ class ShardJob:
     stored_size: int
     stored_digest: str
     delta: bool = False
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Progress of one transfer, passed to progress callbacks."""
-
-    version: int
-    shards_done: int
-    shards_total: int
-    bytes_done: int
-    bytes_total: int
-    bytes_per_s: float
-    elapsed_s: float
-
-
-ProgressCallback = Callable[[Progress], None]
 
 
 class ShardSink(Protocol):
@@ -126,6 +124,7 @@ class Transfer:
     max_attempts: int = 6
     progress: ProgressCallback | None = None
     rate_limiter: RateLimiter | None = None
+    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
     stats: TransferStats = field(default_factory=TransferStats)
 
     async def run(self) -> TransferStats:
@@ -136,6 +135,7 @@ class Transfer:
         self._bytes_done = 0
         self._shards_done = 0
         self._last_report = 0.0
+        self._last_contact = self._started
         self._changed = asyncio.Event()
         pending = []
         for job in self.jobs:
@@ -147,6 +147,7 @@ class Transfer:
                 pending.append(job)
         tasks = [asyncio.create_task(self._run_job(job)) for job in pending]
         checkpointer = asyncio.create_task(self._checkpoint_loop())
+        watcher = asyncio.create_task(self._status_loop())
         try:
             async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
                 await asyncio.gather(*tasks)
@@ -156,7 +157,8 @@ class Transfer:
             for task in tasks:
                 task.cancel()
             checkpointer.cancel()
-            await asyncio.gather(*tasks, checkpointer, return_exceptions=True)
+            watcher.cancel()
+            await asyncio.gather(*tasks, checkpointer, watcher, return_exceptions=True)
             self.sink.checkpoint()
         self._report(force=True)
         return self.stats
@@ -166,27 +168,58 @@ class Transfer:
             await asyncio.sleep(0.5)
             self.sink.checkpoint()
 
+    async def _status_loop(self) -> None:
+        """Log progress, or what the transfer waits for, every STATUS_LOG_S seconds."""
+        downloaded = self.stats.bytes_downloaded
+        while True:
+            await asyncio.sleep(STATUS_LOG_S)
+            now = time.monotonic()
+            recent, downloaded = self.stats.bytes_downloaded - downloaded, self.stats.bytes_downloaded
+            line = status_line(
+                self._progress(now),
+                recent_bytes=recent,
+                window_s=STATUS_LOG_S,
+                silent_s=now - self._last_contact,
+                servers=server_states(self.pool, self.tracker, now),
+            )
+            # Waiting on a relay that is still mirroring is normal; silence from every server is not.
+            silent = now - self._last_contact >= STATUS_LOG_S
+            log.log(logging.WARNING if silent else logging.INFO, "%s", line)
+
+    def _progress(self, now: float) -> Progress:
+        elapsed = now - self._started
+        return Progress(
+            version=self.tracker.manifest.version,
+            shards_done=self._shards_done,
+            shards_total=len(self.jobs),
+            bytes_done=self._bytes_done,
+            bytes_total=self._bytes_total,
+            bytes_per_s=self.stats.bytes_downloaded / elapsed if elapsed > 0 else 0.0,
+            elapsed_s=elapsed,
+        )
+
     def _report(self, force: bool = False) -> None:
         now = time.monotonic()
         if self.progress is None or (not force and now - self._last_report < 0.25):
             return
         self._last_report = now
-        elapsed = now - self._started
-        self.progress(
-            Progress(
-                version=self.tracker.manifest.version,
-                shards_done=self._shards_done,
-                shards_total=len(self.jobs),
-                bytes_done=self._bytes_done,
-                bytes_total=self._bytes_total,
-                bytes_per_s=self.stats.bytes_downloaded / elapsed if elapsed > 0 else 0.0,
-                elapsed_s=elapsed,
-            )
-        )
+        self.progress(self._progress(now))
 
-    def _check_deadline(self, job: ShardJob) -> None:
-        if time.monotonic() > self.deadline:
+    def _contact(self) -> None:
+        """A server answered (bytes, a status, an index): the transfer is not stalled."""
+        self._last_contact = time.monotonic()
+
+    def _check_time(self) -> None:
+        now = time.monotonic()
+        if now > self.deadline:
             raise DeadlineExceededError(self._deadline_message())
+        if now - self._last_contact > self.stall_timeout_s:
+            raise NoServerAvailableError(
+                f"no server has answered for {now - self._last_contact:.0f} s "
+                f"(stall timeout {self.stall_timeout_s:g} s) with v{self.tracker.manifest.version} at "
+                f"{self._shards_done}/{len(self.jobs)} shards (partial data kept for resume): "
+                + "; ".join(server_states(self.pool, self.tracker, now))
+            )
 
     def _deadline_message(self) -> str:
         errors = "; ".join(f"{r.url}: {r.last_error}" for r in self.pool.reports() if r.last_error)
@@ -206,7 +239,7 @@ class Transfer:
         attempts = 0
         failed_on: set[str] = set()
         while True:
-            self._check_deadline(job)
+            self._check_time()
             async with self._slots:
                 server = await self._pick(job, failed_on)
                 if server is None:
@@ -226,7 +259,10 @@ class Transfer:
                     attempts += 1
                     failed_on.add(server)
                     self.stats.failed_requests += 1
+                    was_alive = pool_state.consecutive_failures == 0
                     self.pool.record_failure(server, exc.reason, unreachable=exc.unreachable)
+                    if was_alive:
+                        log.warning("%s failed: %s; retrying with back-off", server, exc.reason)
                 except (_ShardCorrupt, IntegrityError) as exc:
                     attempts += 1
                     failed_on.add(server)
@@ -237,6 +273,8 @@ class Transfer:
                     self.sink.reset(job)
                     state = _JobState()
                 else:
+                    if pool_state.consecutive_failures:
+                        log.info("%s answers again", server)
                     self.pool.record_success(server, state.have - before, time.monotonic() - started)
                     self._shards_done += 1
                     self._report(force=True)
@@ -300,6 +338,7 @@ class Transfer:
             if (status is None or status.state == "absent") and self.pool.states[url].alive(now):
                 with contextlib.suppress(Exception):
                     await self.tracker.refresh(url)
+                    self._contact()
 
     async def _on_missing(self, server: str, job: ShardJob) -> None:
         try:
@@ -307,6 +346,7 @@ class Transfer:
         except Exception as exc:
             self.pool.record_failure(server, f"index refresh failed: {exc}", unreachable=True)
             return
+        self._contact()
         if state == "partial":
             self._not_yet[(job.index, job.delta, server)] = time.monotonic() + NOT_YET_RETRY_S
         elif state == "complete":
@@ -319,6 +359,7 @@ class Transfer:
             return
         try:
             async with self.session.get(url, headers=headers) as response:
+                self._contact()
                 if response.status == 404:
                     raise _ShardMissing()
                 if response.status == 200 and state.have:
@@ -344,6 +385,7 @@ class Transfer:
                             f"shard {job.index} longer than the manifest's {job.stored_size} bytes"
                         )
                     self.sink.write(job, state.have, chunk)
+                    self._contact()
                     state.hasher.update(chunk)
                     state.have += len(chunk)
                     self._bytes_done += len(chunk)
@@ -352,7 +394,7 @@ class Transfer:
                     if self.rate_limiter is not None:
                         await self.rate_limiter.consume(len(chunk))
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise ServerError(server, f"{type(exc).__name__} during {url}: {exc}", unreachable=True) from None
+            raise ServerError(server, f"{describe_failure(exc)} (GET {url})", unreachable=True) from None
         if state.have < job.stored_size:
             raise ServerError(
                 server, f"{url} ended after {state.have} of {job.stored_size} bytes", unreachable=True

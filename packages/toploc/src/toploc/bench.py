@@ -24,7 +24,8 @@ from functools import partial
 import numpy as np
 import torch
 
-from toploc.proofs import build_proofs_bytes, commit, verify_proofs_bytes
+from toploc.commitment import commit
+from toploc.proofs import build_proofs_bytes, verify_proofs_bytes
 from toploc.wire import encode_proofs
 
 

@@ -11,7 +11,13 @@ from toploc.wire import ProofPoly, strict_b64decode
 
 
 def _load(proof: str) -> bytes:
-    """PROOF is a file path (raw bytes, or base64 text), a hex string, or a base64 string."""
+    """PROOF is a file path (raw bytes, or base64 text), a hex string, or a base64 string.
+
+    Raises:
+        FileNotFoundError: PROOF names no file, is neither hex nor base64, and looks like a
+            path (has a ``.``, ``/``, ``\\`` or ``~``).
+        ProofFormatError: PROOF is none of the three.
+    """
     try:
         is_file = Path(proof).is_file()
     except OSError:  # e.g. a 516-character hex proof is too long to be a file name
@@ -26,7 +32,13 @@ def _load(proof: str) -> bytes:
     try:
         return bytes.fromhex(proof)
     except ValueError:
+        pass
+    try:
         return strict_b64decode(proof)
+    except ProofFormatError as exc:
+        if any(mark in proof for mark in "./\\~"):
+            raise FileNotFoundError(f"no such file: {proof}") from None
+        raise ProofFormatError(f"not a file, a hex string or base64 ({exc})") from None
 
 
 def inspect(proof: str, topk: int) -> str:
@@ -64,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         print(inspect(args.proof, args.topk))
     except ProofFormatError as exc:
         print(f"toploc inspect: invalid proof: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a missing or unreadable file
+        print(f"toploc inspect: {exc}", file=sys.stderr)
         return 2
     return 0
 

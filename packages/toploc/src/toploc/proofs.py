@@ -10,8 +10,8 @@ f(idx mod m) = bf16 bits over GF(65497). Verification re-selects the verifier's
 top-k, evaluates f there and compares sign, exponent and mantissa.
 
 All chunks of equal size are processed in one batched call; there is no per-chunk
-Python loop. On CPU the C kernels of ``toploc.native`` run where they compiled (GIL
-released), else the numpy/torch functions of ``selection`` and ``field``; results are
+Python loop. On CPU, ``selection`` and ``commitment`` run the C kernels of
+``toploc.native`` where they compiled (GIL released), else numpy/torch; results are
 identical. On CUDA the fused kernels of ``toploc.cuda`` run where nvcc compiled them,
 else selection runs on the device (``torch.topk`` on int64 keys) and the rest on the host.
 Nothing here changes global state (thread counts, OpenMP).
@@ -26,8 +26,8 @@ import torch
 
 from toploc import cuda, native
 from toploc.chunking import Activations, ChunkGroup, num_chunks, split_chunks
+from toploc.commitment import commit, evaluate_at
 from toploc.errors import ProofFormatError
-from toploc.field import evaluate, find_injective_moduli, interpolate
 from toploc.results import VerificationResult
 from toploc.selection import check_finite, select_topk
 from toploc.wire import ProofPoly, decode_proofs, encode_proofs, strict_b64decode
@@ -78,26 +78,10 @@ def _evaluate_groups(
             values.append(val.cpu().numpy().view(np.uint16).astype(np.int64))
         else:
             idx, val_np = _select_group(group, topk)
-            if native.available():
-                committed.append(native.evaluate(group_coeffs, group_moduli, idx))
-            else:
-                committed.append(evaluate(group_coeffs, idx % group_moduli[:, None]))
+            committed.append(evaluate_at(group_coeffs, group_moduli, idx))
             values.append(val_np)
         first = last
     return np.concatenate(committed), np.concatenate(values)
-
-
-def commit(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``([C] moduli, [C, k] coefficients)`` committing to ``values`` at flat ``indices``.
-
-    ``values`` are uint16 bf16 patterns of finite numbers (< 0xFF80 < P, so no aliasing).
-    """
-    if indices.shape[0] == 0:
-        return np.zeros(0, np.int64), np.zeros(indices.shape, np.int64)
-    if native.available():
-        return native.commit(indices, values.astype(np.uint16))
-    moduli = find_injective_moduli(indices)
-    return moduli, interpolate(indices % moduli[:, None], values)
 
 
 def build_proofs_bytes(

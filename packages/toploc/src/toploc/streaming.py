@@ -27,8 +27,8 @@ import torch
 
 from toploc import cuda, native
 from toploc.chunking import to_bf16_bits
+from toploc.commitment import commit
 from toploc.errors import ActivationError
-from toploc.proofs import commit
 from toploc.selection import NONFINITE_ABS, select_topk
 from toploc.wire import encode_proofs
 

@@ -1,21 +1,24 @@
-"""Deterministic task assignment and sampling seeds: pure functions of public inputs.
+"""Task assignment and sampling seeds: keyed functions only the orchestrator and validators compute.
 
 A worker must not be able to choose its prompts (it would pick easy ones) or its sampling
 randomness (it would re-roll until a completion is right). So both are derived from values the
-worker does not control, with a keyed hash that anyone can recompute:
+worker does not control, with a keyed hash whose key (the run's assignment key,
+``api/secrets.py``) only the orchestrator and the validators hold:
 
-    task_ids(run_seed, worker_id, step, batch_index, num_tasks, prompts_per_batch)
-    sampling_seed(run_seed, worker_id, step, batch_index, task_id, group_index)
+    task_ids(key, worker_id, step, batch_index, num_tasks, prompts_per_batch)
+    sampling_seed(key, worker_id, step, batch_index, task_id, group_index)
 
 The orchestrator hands out *leases* (worker_id, step, batch_index) and the validator recomputes
 both functions from the lease to check every submitted sample. The worker id is chosen by the
 orchestrator at registration, the step by the trainer, the batch index by the orchestrator's
-per-worker counter.
+per-worker counter. Without the key, a worker learns an identity's tasks only by taking its
+lease (and an abandoned lease counts against it), so registering many identities and keeping
+those with easy tasks ("grinding") is no longer possible offline. (Before the key, this was a
+public function of a run seed that defaulted to 0.)
 
-Hash: BLAKE2b-64 (``hashlib.blake2b(digest_size=8)``) of the UTF-8 text
-``"prime-rl/<purpose>/<run_seed>/<worker_id>/<step>/<batch_index>/<...>"``, read as a big-endian
-unsigned 64-bit integer. Everything is documented in API.md so an external validator can
-reimplement it byte for byte.
+Hash: the first 8 bytes, read as a big-endian unsigned integer, of HMAC-SHA256 with the key over
+the UTF-8 text ``"prime-rl/<purpose>/<worker_id>/<step>/<batch_index>/<...>"``. API.md documents
+it so an external validator holding the key can reimplement it byte for byte.
 
 Pitfall: task ids are drawn *without replacement within one batch* by rejection of repeats (so a
 batch never holds the same prompt twice), but different batches may share tasks; with
@@ -25,11 +28,13 @@ batch never holds the same prompt twice), but different batches may share tasks;
 from __future__ import annotations
 
 import hashlib
+import hmac
 
 __all__ = [
     "MAX_SEED",
+    "MIN_KEY_BYTES",
     "AssignmentError",
-    "hash64",
+    "mac64",
     "sampling_seed",
     "sampling_seeds",
     "task_ids",
@@ -38,6 +43,9 @@ __all__ = [
 MAX_SEED = 2**63 - 1
 """Sampling seeds are in [0, 2**63 - 1] so they fit a signed int64 parquet column and torch seeds."""
 
+MIN_KEY_BYTES = 16
+"""Shortest key accepted: a short key could be recovered from one lease by trying candidates."""
+
 _MAX_DRAWS_PER_TASK = 64
 
 
@@ -45,27 +53,29 @@ class AssignmentError(ValueError):
     """Raised for inputs that admit no assignment (e.g. more prompts per batch than tasks)."""
 
 
-def hash64(*parts: object) -> int:
-    """BLAKE2b-64 of ``"prime-rl/" + "/".join(str(p) for p in parts)`` as an unsigned big-endian int.
+def mac64(key: bytes, *parts: object) -> int:
+    """HMAC-SHA256(key, ``"prime-rl/" + "/".join(str(p) for p in parts)``), first 8 bytes, big-endian.
 
     Pitfall: the parts are joined with "/" so worker ids must not contain "/" (the orchestrator's
     ids never do); ints are formatted in decimal without sign padding.
     """
     text = "prime-rl/" + "/".join(str(p) for p in parts)
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
+    return int.from_bytes(hmac.new(key, text.encode("utf-8"), hashlib.sha256).digest()[:8], "big")
 
 
-def _check_common(run_seed: int, worker_id: str, step: int, batch_index: int) -> None:
+def _check_common(key: bytes, worker_id: str, step: int, batch_index: int) -> None:
+    if not isinstance(key, bytes) or len(key) < MIN_KEY_BYTES:
+        raise AssignmentError(f"the assignment key must be at least {MIN_KEY_BYTES} bytes")
     if not isinstance(worker_id, str) or not worker_id or "/" in worker_id:
         raise AssignmentError(f"worker_id must be a non-empty string without '/', got {worker_id!r}")
-    for name, value in (("run_seed", run_seed), ("step", step), ("batch_index", batch_index)):
+    for name, value in (("step", step), ("batch_index", batch_index)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise AssignmentError(f"{name} must be a non-negative int, got {value!r}")
 
 
 def task_ids(
     *,
-    run_seed: int,
+    key: bytes,
     worker_id: str,
     step: int,
     batch_index: int,
@@ -74,14 +84,14 @@ def task_ids(
 ) -> tuple[int, ...]:
     """The task ids (indices into the task set) of one lease, in order.
 
-    Draw ``k = 0, 1, 2, ...``: ``t_k = hash64("task", run_seed, worker_id, step, batch_index, k)
-    mod num_tasks``; keep ``t_k`` unless it is already in the batch; stop after
-    ``prompts_per_batch`` distinct ids. (The modulo bias is < num_tasks / 2**64.)
+    Draw ``k = 0, 1, 2, ...``: ``t_k = mac64(key, "task", worker_id, step, batch_index, k) mod
+    num_tasks``; keep ``t_k`` unless it is already in the batch; stop after ``prompts_per_batch``
+    distinct ids. (The modulo bias is < num_tasks / 2**64.)
 
     Returns a tuple of ``prompts_per_batch`` distinct ints in ``[0, num_tasks)``.
-    Raises ``AssignmentError`` on negative/invalid inputs or ``prompts_per_batch > num_tasks``.
+    Raises ``AssignmentError`` on a short key, invalid inputs or ``prompts_per_batch > num_tasks``.
     """
-    _check_common(run_seed, worker_id, step, batch_index)
+    _check_common(key, worker_id, step, batch_index)
     if num_tasks < 1 or prompts_per_batch < 1 or prompts_per_batch > num_tasks:
         raise AssignmentError(
             f"need 1 <= prompts_per_batch <= num_tasks, got prompts_per_batch={prompts_per_batch}, "
@@ -92,7 +102,7 @@ def task_ids(
     # Bounded loop: the expected number of draws is tiny unless prompts_per_batch ~ num_tasks;
     # the bound is only a guard against pathological inputs.
     for draw in range(_MAX_DRAWS_PER_TASK * prompts_per_batch + num_tasks):
-        task_id = hash64("task", run_seed, worker_id, step, batch_index, draw) % num_tasks
+        task_id = mac64(key, "task", worker_id, step, batch_index, draw) % num_tasks
         if task_id not in seen:
             seen.add(task_id)
             chosen.append(task_id)
@@ -104,25 +114,25 @@ def task_ids(
 
 
 def sampling_seed(
-    *, run_seed: int, worker_id: str, step: int, batch_index: int, task_id: int, group_index: int
+    *, key: bytes, worker_id: str, step: int, batch_index: int, task_id: int, group_index: int
 ) -> int:
     """The sampler seed of completion ``group_index`` of ``task_id`` in one lease.
 
-    ``hash64("sample", run_seed, worker_id, step, batch_index, task_id, group_index) & (2**63 - 1)``.
+    ``mac64(key, "sample", worker_id, step, batch_index, task_id, group_index) & (2**63 - 1)``.
     """
-    _check_common(run_seed, worker_id, step, batch_index)
+    _check_common(key, worker_id, step, batch_index)
     if task_id < 0 or group_index < 0:
         raise AssignmentError(f"task_id and group_index must be >= 0, got {task_id}, {group_index}")
-    return hash64("sample", run_seed, worker_id, step, batch_index, task_id, group_index) & MAX_SEED
+    return mac64(key, "sample", worker_id, step, batch_index, task_id, group_index) & MAX_SEED
 
 
 def sampling_seeds(
-    *, run_seed: int, worker_id: str, step: int, batch_index: int, task_id: int, group_size: int
+    *, key: bytes, worker_id: str, step: int, batch_index: int, task_id: int, group_size: int
 ) -> tuple[int, ...]:
     """``sampling_seed`` for ``group_index = 0 .. group_size - 1`` of one task."""
     return tuple(
         sampling_seed(
-            run_seed=run_seed,
+            key=key,
             worker_id=worker_id,
             step=step,
             batch_index=batch_index,

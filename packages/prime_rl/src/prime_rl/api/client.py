@@ -24,6 +24,7 @@ import math
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlparse
 
 import requests
 from pydantic import BaseModel, ValidationError
@@ -54,6 +55,8 @@ __all__ = [
     "OrchestratorBusy",
     "OrchestratorClient",
     "OrchestratorUnavailable",
+    "describe_connection_error",
+    "orchestrator_reachable",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,12 +83,41 @@ class ClientRequestError(ApiError):
 
 
 class OrchestratorUnavailable(ApiError):
-    """No usable answer after every retry (connection refused, timeouts, 5xx, unparsable body)."""
+    """No usable answer after every retry (connection refused, timeouts, 5xx, unparsable body).
+
+    ``problem`` is the last failure in a few words (``connection refused``, ``HTTP 503: ...``).
+    """
+
+    def __init__(self, message: str, *, problem: str = "") -> None:
+        super().__init__(message)
+        self.problem = problem or message
 
 
 class OrchestratorBusy(OrchestratorUnavailable):
     """The orchestrator kept answering 429 (``busy``: lease backpressure; ``rate_limited``: too many
     registrations from this address): sleep and ask again later."""
+
+
+def describe_connection_error(error: requests.RequestException) -> str:
+    """A failed request in a few words: ``connection refused``, ``cannot resolve host 'x'``, ...
+
+    requests wraps the socket error three levels deep (``ConnectionError(MaxRetryError(reason=...))``);
+    the innermost reason is what a person needs.
+    """
+    if isinstance(error, requests.exceptions.ConnectTimeout):
+        return "connection timed out"
+    if isinstance(error, requests.exceptions.ReadTimeout):
+        return "no answer within the request timeout"
+    text = str(error)
+    host = getattr(getattr(error, "request", None), "url", "") or ""
+    if "NameResolutionError" in text or "Name or service not known" in text or "nodename nor servname" in text:
+        hostname = urlparse(host).hostname if host else None
+        return f"cannot resolve host {hostname!r}" if hostname else "cannot resolve the host name"
+    if "Connection refused" in text:
+        return "connection refused: nothing listens on that port"
+    if "Connection reset" in text or "RemoteDisconnected" in text:
+        return "connection closed by the server"
+    return f"{type(error).__name__}: {text[:200]}"
 
 
 class OrchestratorClient:
@@ -170,7 +202,7 @@ class OrchestratorClient:
                     method, url, data=data, params=params, headers=headers, timeout=self.timeout_s
                 )
             except requests.RequestException as error:
-                last_problem, busy, retry_after = f"{type(error).__name__}: {error}", False, 0.0
+                last_problem, busy, retry_after = describe_connection_error(error), False, 0.0
                 log.debug("%s %s failed (attempt %d/%d): %s", method, path, attempt + 1, attempts, error)
                 continue
             if response.status_code in _RETRY_STATUS:
@@ -197,7 +229,9 @@ class OrchestratorClient:
                 last_problem = f"unparsable answer: {error}"
                 continue
         error_type = OrchestratorBusy if busy else OrchestratorUnavailable
-        raise error_type(f"{method} {url}: no answer after {attempts} attempts ({last_problem})")
+        raise error_type(
+            f"{method} {url}: no answer after {attempts} attempts ({last_problem})", problem=last_problem
+        )
 
     def _retry_after(self, response: requests.Response) -> float:
         """The answer's ``Retry-After`` seconds, clipped to [0, max_retry_after_s] (0 if absent or
@@ -214,16 +248,51 @@ class OrchestratorClient:
         """GET /status."""
         return self.request("GET", "/status", StatusResponse)
 
-    def wait_until_up(self, timeout_s: float = 60.0, poll_s: float = 0.2) -> StatusResponse:
-        """Poll /status until the orchestrator answers; raises ``OrchestratorUnavailable`` after timeout."""
-        deadline = time.monotonic() + timeout_s
+    def wait_until_up(
+        self,
+        timeout_s: float = 300.0,
+        poll_s: float = 0.5,
+        *,
+        log_every_s: float = 30.0,
+        alive: Callable[[], bool] | None = None,
+    ) -> StatusResponse:
+        """Poll /status until the orchestrator answers; returns its status.
+
+        Logs what it waits for at once and then every ``log_every_s`` (INFO), so a wrong URL never
+        looks like a hang. Raises ``OrchestratorUnavailable`` after ``timeout_s``, or as soon as
+        ``alive()`` turns False (e.g. the orchestrator's process exited), with one line that says
+        which URL, for how long, and the last problem (``connection refused``, ``cannot resolve
+        host``, ...).
+        """
+        started = time.monotonic()
+        next_log = started
         while True:
             try:
                 return self.request("GET", "/status", StatusResponse, retries=0)
-            except OrchestratorUnavailable:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(poll_s)
+            except OrchestratorUnavailable as error:
+                problem = getattr(error, "problem", str(error))
+                waited = time.monotonic() - started
+                if alive is not None and not alive():
+                    raise OrchestratorUnavailable(
+                        f"gave up waiting for the orchestrator at {self.base_url} ({problem})", problem=problem
+                    ) from None
+                if waited >= timeout_s:
+                    raise OrchestratorUnavailable(
+                        f"cannot reach the orchestrator at {self.base_url} after {waited:.0f} s ({problem}); "
+                        "is `prime-rl orchestrator` running there? Check orchestrator.public_url "
+                        "(or orchestrator.host/port)",
+                        problem=problem,
+                    ) from None
+                if time.monotonic() >= next_log:
+                    log.info(
+                        "waiting for the orchestrator at %s (%s; %.0f s of %.0f s)",
+                        self.base_url,
+                        problem,
+                        waited,
+                        timeout_s,
+                    )
+                    next_log += log_every_s
+                time.sleep(min(poll_s, max(0.0, timeout_s - waited)))
 
     def register(self, name: str = "") -> RegisterResponse:
         """POST /workers/register (with ``registration_token`` if set); remembers the returned token
@@ -296,3 +365,18 @@ class OrchestratorClient:
         """POST /trainer/commit: step's claim consumed and ``policy_version`` (= step + 1) published."""
         body = CommitRequest(step=step, policy_version=policy_version)
         return self.request("POST", "/trainer/commit", CommitResponse, body=body, token=self.admin_token)
+
+
+def orchestrator_reachable(url: str, timeout_s: float) -> bool:
+    """A process's first step: wait (logging every 30 s) until the orchestrator at ``url`` answers.
+
+    False after logging one ERROR line that names the URL and the problem, so the process exits in
+    seconds with that line instead of failing later with a traceback (or after loading a model).
+    """
+    try:
+        with OrchestratorClient(url) as probe:
+            probe.wait_until_up(timeout_s)
+    except OrchestratorUnavailable as error:
+        log.error("%s", error)
+        return False
+    return True

@@ -288,6 +288,11 @@ class Verdict(ApiModel):
     )
     reward: float = Field(description="Reward recomputed by the validator (0 when not computed).")
     advantage: float = Field(description="Group advantage recomputed by the validator (0 when not computed).")
+    logprobs: list[float] = Field(
+        default_factory=list,
+        description="Accepted: the log-prob of each completion token recomputed by the validator's prefill "
+        "with the generating policy (what the trainer receives); rejected: empty.",
+    )
 
 
 class VerdictRequest(ApiModel):
@@ -336,7 +341,10 @@ class TrainSample(ApiModel):
     policy_version: NonNegInt
     prompt_tokens: list[TokenId]
     completion_tokens: list[TokenId]
-    inference_logprobs: list[float]
+    behaviour_logprobs: list[float] = Field(
+        description="Log-prob of each completion token under the generating policy version, recomputed "
+        "by the validator's prefill (never the worker's claimed inference_logprobs)."
+    )
     temperature: float
     reward: float = Field(description="Validator's reward.")
     advantage: float = Field(description="Validator's advantage.")

@@ -1,15 +1,17 @@
 """The run's configuration: the torch-free ground floor every process stands on.
 
 Owns: the typed sections (``sections.py`` for the shared ones, one module per role's section),
-``RunConfig`` composed from them by plain imports (``run.py``), and the TOML + ``--section.key
-value`` loader (``loader.py``). May import: pydantic, the standard library and ``grpo.recipes``
-(the loss as torch-free plain data) only; never a role room, never torch. Every other room may
-import it.
+``RunConfig`` composed from them by plain imports (``run.py``), the TOML + ``--section.key
+value`` loader (``loader.py``) and the ``[components]`` import paths with their loader
+(``components.py``; a component is imported only when the role that uses it asks).
+May import: pydantic, the standard library and ``grpo.recipes`` (the loss as torch-free plain
+data) only; never a role room, never torch. Every other room may import it.
 """
 
 from prime_rl.config.base import ConfigError, Section
+from prime_rl.config.components import ComponentError, ComponentsConfig, load_component
 from prime_rl.config.evaluator import EvaluatorConfig
-from prime_rl.config.loader import load_config, parse_overrides
+from prime_rl.config.loader import load_config, parse_overrides, with_overrides
 from prime_rl.config.run import RunConfig
 from prime_rl.config.sections import (
     ModelConfig,
@@ -18,11 +20,14 @@ from prime_rl.config.sections import (
     ShardcastConfig,
     TasksConfig,
 )
+from prime_rl.config.tracking import TrackingConfig
 from prime_rl.config.trainer import TrainerConfig
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.config.worker import WorkerConfig
 
 __all__ = [
+    "ComponentError",
+    "ComponentsConfig",
     "ConfigError",
     "EvaluatorConfig",
     "ModelConfig",
@@ -32,9 +37,12 @@ __all__ = [
     "Section",
     "ShardcastConfig",
     "TasksConfig",
+    "TrackingConfig",
     "TrainerConfig",
     "ValidatorConfig",
     "WorkerConfig",
+    "load_component",
     "load_config",
     "parse_overrides",
+    "with_overrides",
 ]

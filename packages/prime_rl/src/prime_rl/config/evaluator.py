@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, field_validator
 
 from prime_rl.config.base import Section
+from prime_rl.config.sections import TasksConfig
 
 __all__ = ["EvaluatorConfig"]
 
@@ -23,3 +26,17 @@ class EvaluatorConfig(Section):
     version_timeout_s: float = Field(
         default=3600.0, gt=0, description="Give up if the next version to evaluate does not appear within this time."
     )
+    tasks: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The held-out task set as [tasks] keys to change, e.g. {path = 'test.parquet'} (a separate "
+        "file: its first rows) or {ops = ['*']}; {} = the [tasks] generator re-seeded, or a file's rows after "
+        "the training slice.",
+    )
+
+    @field_validator("tasks")
+    @classmethod
+    def _known_task_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(value) - set(TasksConfig.model_fields)
+        if unknown:
+            raise ValueError(f"unknown [tasks] keys {sorted(unknown)}")
+        return value

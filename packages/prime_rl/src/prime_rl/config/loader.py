@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from prime_rl.config.base import ConfigError
 from prime_rl.config.run import RunConfig
 
-__all__ = ["load_config", "parse_overrides"]
+__all__ = ["load_config", "parse_overrides", "with_overrides"]
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -111,3 +111,19 @@ def load_config(
         return model.model_validate(data)
     except ValidationError as error:
         raise ConfigError(_format_validation_error(error, source)) from None
+
+
+def with_overrides(config: M, overrides: Sequence[str]) -> M:
+    """``config`` with more ``--section.key value`` overrides applied and validated (no file is read).
+
+    A launcher that adds settings after loading (a fresh run directory, free ports, the model
+    path) gets the same config its children get from ``load_config(path, overrides + added)``.
+    Raises ``ConfigError`` like :func:`load_config`.
+    """
+    if not overrides:
+        return config
+    data = _merge(config.model_dump(), parse_overrides(overrides))
+    try:
+        return type(config).model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format_validation_error(error, "config + overrides")) from None

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prime_rl.config.components import ComponentsConfig
 from prime_rl.config.evaluator import EvaluatorConfig
 from prime_rl.config.sections import (
     ModelConfig,
@@ -19,6 +20,7 @@ from prime_rl.config.sections import (
     ShardcastConfig,
     TasksConfig,
 )
+from prime_rl.config.tracking import TrackingConfig
 from prime_rl.config.trainer import TrainerConfig
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.config.worker import WorkerConfig
@@ -58,6 +60,14 @@ class RunConfig(BaseModel):
     )
     evaluator: EvaluatorConfig = Field(
         default_factory=lambda: EvaluatorConfig(), description="Held-out evaluator (prime_rl.evaluator)."
+    )
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig, description="Experiment trackers (prime_rl.launch.trackers)."
+    )
+
+    components: ComponentsConfig = Field(
+        default_factory=lambda: ComponentsConfig(),
+        description="The reward and the loss by import path (examples/intellect2.py sets both).",
     )
 
     @property

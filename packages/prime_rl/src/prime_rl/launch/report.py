@@ -255,13 +255,30 @@ def render_summary(summary: RunSummary) -> str:
 
 
 def write_report(run_dir: str | Path) -> tuple[RunSummary, str]:
-    """Summarise ``run_dir``, write ``report.png`` and ``summary.txt`` into it; return both."""
+    """Summarise ``run_dir``: write ``summary.txt`` first, then the ``report.png`` plot; return both.
+
+    The plot is optional: without matplotlib (``pip install 'intellect2-prime-rl[plot]'``), or if plotting
+    fails, the summary says why there is no plot and nothing is raised, so whatever runs after the
+    report (the recipe's clean-up of ~20 GB of weight copies) still runs.
+    """
     root = Path(run_dir)
     summary = summarize_run(root)
-    plot = plot_run(summary, root / "report.png")
-    files = {"plot": plot, "summary": root / "summary.txt", **summary.files}
+    plot_path = root / "report.png"
+    files = {"plot": plot_path, "summary": root / "summary.txt", **summary.files}
     summary = RunSummary(**{**summary.__dict__, "files": files})
     text = render_summary(summary)
+    (root / "summary.txt").write_text(text + "\n", encoding="utf-8")
+    try:
+        plot_run(summary, plot_path)
+    except ImportError as error:
+        note = f"no plot: {error.name or 'matplotlib'} is not installed (pip install 'intellect2-prime-rl[plot]')"
+    except Exception as error:  # a broken plotting stack must not lose the run's summary or clean-up
+        note = f"no plot: plotting failed ({type(error).__name__}: {error})"
+    else:
+        return summary, text
+    files.pop("plot")
+    summary = RunSummary(**{**summary.__dict__, "files": files})
+    text = render_summary(summary) + "\n" + note
     (root / "summary.txt").write_text(text + "\n", encoding="utf-8")
     return summary, text
 

@@ -9,8 +9,14 @@ output in ``<run_dir>/logs/<name>.out`` and its metrics in ``<run_dir>/metrics/<
 then prints a live progress line (step, policy version, batches awaiting validation, accepted and
 rejected samples per worker) until the trainer finishes ``trainer.total_steps``. Ctrl-C or SIGTERM
 stops every child (SIGTERM to its process group, SIGKILL after ``STOP_GRACE_S``). Exit code 0 when
-the trainer finished, 1 when any child failed (its name and log are reported), 130/143 when
-interrupted.
+the trainer finished, 1 when any child failed (its name, its error, read from its output by
+:func:`first_error`, and its log are reported), 130/143 when interrupted.
+
+Before any child starts, the run's secrets (the admin token of the trusted endpoints and the
+assignment key) are created in ``<run_dir>/secrets/run.json`` (mode 0600) unless configured; the
+orchestrator, validator and trainer read them there, workers are never given them. An
+orchestrator bound beyond loopback without a configured ``orchestrator.admin_token`` stops the
+run before it starts (exit code 2).
 
 Pitfall: children run in their own sessions so that a terminal Ctrl-C reaches only this
 supervisor, which then stops them in order; killing the supervisor with SIGKILL leaves them
@@ -27,16 +33,26 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from prime_rl.api.client import ApiError, OrchestratorClient
+from prime_rl.api.secrets import SecretsError, check_bind_address, run_secrets
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter, init_process
 from prime_rl.weights.layout import version_dirs
 
-__all__ = ["STOP_GRACE_S", "ChildSpec", "Supervisor", "main", "plan_children", "remove_weight_copies"]
+__all__ = [
+    "STOP_GRACE_S",
+    "ChildSpec",
+    "Supervisor",
+    "first_error",
+    "main",
+    "plan_children",
+    "remove_weight_copies",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +78,38 @@ class _Child:
     output: IO[bytes]
     exit_code: int | None = None
     started_at: float = field(default_factory=time.time)
+    output_offset: int = 0  # where this start's output begins in logs/<name>.out (appended across runs)
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+_MAX_ERROR_LINES = 6
+
+
+def first_error(output: str) -> str | None:
+    """The error a process died of, from its combined stdout/stderr: a few lines, or None.
+
+    The exception of the last traceback (the one that ended the process; for chained exceptions
+    the outermost, whose message is the one written for people), with the continuation lines of a
+    multi-line message; else the last line logged at ERROR or CRITICAL level; else None.
+    """
+    lines = output.splitlines()
+    starts = [index for index, line in enumerate(lines) if line.startswith(_TRACEBACK)]
+    if starts:
+        index = starts[-1] + 1
+        while index < len(lines) and (lines[index].startswith((" ", "\t")) or not lines[index].strip()):
+            index += 1
+        message: list[str] = []
+        for line in lines[index:]:
+            if line.startswith(_TRACEBACK) or line.startswith(_CHAINED) or len(message) == _MAX_ERROR_LINES:
+                break
+            if message and (not line.strip() or line[:2].isdigit()):  # blank, or a timestamped log line
+                break
+            message.append(line.rstrip())
+        if message:
+            return "\n".join(message)
+    logged = [line for line in lines if "[ERROR]" in line or "[CRITICAL]" in line]
+    return logged[-1].strip() if logged else None
 
 
 def _has_field(section: Any, name: str) -> bool:
@@ -104,7 +152,10 @@ class Supervisor:
         metrics: MetricsWriter,
         *,
         progress_every_s: float = 2.0,
+        on_progress: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_progress(line)`` gets the run's status line every ``progress_every_s`` seconds and once
+        at the end (default: a one-line ticker on stdout, rewritten in place on a terminal)."""
         self.config = config
         self.config_path = config_path
         self.overrides = overrides
@@ -114,6 +165,7 @@ class Supervisor:
         self.children: list[_Child] = []
         self._stopping = False
         self._tty = sys.stdout.isatty()
+        self.on_progress = on_progress if on_progress is not None else self._show
 
     def _argv(self, spec: ChildSpec) -> list[str]:
         argv = [sys.executable, "-m", "prime_rl.cli", spec.role, "--name", spec.name]
@@ -121,9 +173,13 @@ class Supervisor:
             argv += ["--config", self.config_path]
         return argv + list(self.overrides) + list(spec.extra)
 
+    def _output_path(self, spec: ChildSpec) -> Path:
+        return self.run_dir / "logs" / f"{spec.name}.out"
+
     def start(self, spec: ChildSpec) -> _Child:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        output = open(self.run_dir / "logs" / f"{spec.name}.out", "ab")  # noqa: SIM115 - closed in stop()
+        output = open(self._output_path(spec), "ab")  # noqa: SIM115 - closed in stop()
+        offset = output.tell()
         env = dict(
             os.environ, PYTHONUNBUFFERED="1", OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false"
         )
@@ -136,7 +192,7 @@ class Supervisor:
             env=env,
             start_new_session=True,
         )
-        child = _Child(spec, process, output)
+        child = _Child(spec, process, output, output_offset=offset)
         self.children.append(child)
         log.info("started %s (pid %d)", spec.name, process.pid)
         self.metrics.log("child_started", child=spec.name, role=spec.role, pid=process.pid, argv=argv)
@@ -152,6 +208,39 @@ class Supervisor:
                 log.info("%s exited with code %d", child.spec.name, child.exit_code)
                 self.metrics.log("child_exited", child=child.spec.name, code=child.exit_code)
         return exited
+
+    def report_failure(self, child: _Child) -> None:
+        """Log that ``child`` failed, with the error read from its output, and where its log is."""
+        path = self._output_path(child.spec)
+        try:
+            with path.open("rb") as handle:
+                handle.seek(child.output_offset)
+                error = first_error(handle.read().decode("utf-8", errors="replace"))
+        except OSError:
+            error = None
+        log.error(
+            "%s failed with exit code %s: %s\n  (full output: %s)",
+            child.spec.name,
+            child.exit_code,
+            error or "it printed no error",
+            path,
+        )
+        self.metrics.log("failed", child=child.spec.name, code=child.exit_code, error=error)
+
+    def wait_for_orchestrator(self, client: OrchestratorClient, child: _Child) -> bool:
+        """Wait until the orchestrator answers; False (reported) if it exits or stays silent too long."""
+        try:
+            client.wait_until_up(
+                self.config.orchestrator.connect_timeout_s, alive=lambda: child.process.poll() is None
+            )
+            return True
+        except ApiError as error:
+            if child.process.poll() is None:
+                log.error("%s", error)
+            else:
+                self.poll()
+                self.report_failure(child)
+            return False
 
     def stop_all(self) -> None:
         """SIGTERM every live child's process group (newest first), SIGKILL after the grace period."""
@@ -215,12 +304,14 @@ class Supervisor:
     def run(self) -> int:
         """Start everything, supervise until the trainer is done or a child fails; the exit code."""
         specs = plan_children(self.config)
+        try:  # the trusted children (orchestrator, validator, trainer) read them; workers never do
+            check_bind_address(self.config.orchestrator.host, self.config.orchestrator.admin_token)
+            run_secrets(self.config)
+        except SecretsError as error:
+            log.error("not starting the run: %s", error)
+            return 2
         client = OrchestratorClient(self.config.orchestrator.url, timeout_s=5, retries=0)
-        self.start(specs[0])
-        try:
-            client.wait_until_up(timeout_s=120)
-        except ApiError:
-            log.error("the orchestrator did not come up; see %s", self.run_dir / "logs" / "orchestrator.out")
+        if not self.wait_for_orchestrator(client, self.start(specs[0])):
             return 1
         for spec in specs[1:]:
             self.start(spec)
@@ -232,22 +323,16 @@ class Supervisor:
                     trainer_done_at = time.monotonic()
                     log.info("trainer finished all steps")
                 elif child.exit_code != 0:
-                    log.error(
-                        "%s failed with exit code %s; log: %s",
-                        child.spec.name,
-                        child.exit_code,
-                        self.run_dir / "logs" / f"{child.spec.name}.out",
-                    )
-                    self.metrics.log("failed", child=child.spec.name, code=child.exit_code)
+                    self.report_failure(child)
                     return 1
             if trainer_done_at is not None:
                 evaluator = [c for c in self.children if c.spec.role == "evaluator" and c.exit_code is None]
                 if not evaluator or time.monotonic() - trainer_done_at > EVALUATOR_GRACE_S:
-                    self._show(self.progress_line(client))
+                    self.on_progress(self.progress_line(client))
                     return 0
             if time.monotonic() - last_progress >= self.progress_every_s:
                 last_progress = time.monotonic()
-                self._show(self.progress_line(client))
+                self.on_progress(self.progress_line(client))
             time.sleep(0.25)
 
 

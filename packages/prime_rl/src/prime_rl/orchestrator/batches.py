@@ -33,6 +33,7 @@ from prime_rl.api.protocol import (
 )
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
+from prime_rl.orchestrator.claims import select_claim
 from prime_rl.orchestrator.records import batch_rows, rollout_samples, train_samples
 from prime_rl.orchestrator.store import BatchMeta, RolloutStore
 
@@ -163,6 +164,27 @@ class BatchBook(Mapping[str, StoredBatch]):
 
     # ------------------------------------------------------------------ validation
 
+    def buffered(self, min_policy_version: int, excluded: frozenset[str], filter_zero_advantage: bool) -> int:
+        """Samples that may still reach the trainer: fresh batches awaiting validation and accepted
+        samples the next claim could take (fresh, unclaimed, informative if the trainer filters
+        zero-advantage groups), of workers not in ``excluded`` (banned). Rejected, stale and
+        uninformative samples do not count, so a full buffer always drains (pitfall: counting them
+        deadlocked backpressure); nor do open leases (pitfall: counting them let a few identities
+        that take leases and never answer starve every honest worker)."""
+        fresh = [
+            b
+            for b in self._batches.values()
+            if b.policy_version >= min_policy_version and b.worker_id not in excluded
+        ]
+        pending = sum(len(b.task_ids) for b in fresh if b.verdicts is None)
+        claimable = select_claim(
+            fresh,
+            min_policy_version=min_policy_version,
+            min_samples=1 << 62,
+            filter_zero_advantage=filter_zero_advantage,
+        )
+        return pending + claimable.available
+
     def waiting(self) -> list[StoredBatch]:
         """Batches awaiting verdicts, in submission order."""
         return [batch for batch in self._batches.values() if batch.verdicts is None]
@@ -228,8 +250,14 @@ class BatchBook(Mapping[str, StoredBatch]):
                 "bad_request",
                 f"need exactly one verdict per sample index 0..{len(batch.task_ids) - 1}, got {len(indices)} verdicts",
             )
-        verdicts = sorted(request.verdicts, key=lambda v: v.sample_index)
+        # A rejected sample trains nothing: its log-probs are not kept.
+        verdicts = sorted(
+            (v if v.accepted or not v.logprobs else v.model_copy(update={"logprobs": []}) for v in request.verdicts),
+            key=lambda v: v.sample_index,
+        )
         accepted = sum(v.accepted for v in verdicts)
+        if accepted:
+            self._check_logprobs(batch.batch_id, verdicts)
         expired_here = batch.verdicts is not None and all(v.reason == EXPIRED for v in batch.verdicts)
         if batch.verdicts is not None and not expired_here:
             # (A batch the orchestrator expired while a validator was judging it takes the validator's
@@ -254,6 +282,20 @@ class BatchBook(Mapping[str, StoredBatch]):
         return VerdictResponse(
             batch_id=request.batch_id, accepted=accepted, rejected=len(verdicts) - accepted
         )
+
+    def _check_logprobs(self, batch_id: str, verdicts: Sequence[Verdict]) -> None:
+        """ApiFailure 400 unless every accepted verdict has one log-prob per completion token: the
+        trainer learns from these, never from the worker's claim, so they must be complete."""
+        table = self._store.read_batch(batch_id)
+        lengths = [len(tokens) for tokens in table.column("completion_tokens").to_pylist()]
+        for verdict in verdicts:
+            if verdict.accepted and len(verdict.logprobs) != lengths[verdict.sample_index]:
+                raise ApiFailure(
+                    400,
+                    "bad_request",
+                    f"accepted sample {verdict.sample_index} needs {lengths[verdict.sample_index]} "
+                    f"recomputed log-probs (one per completion token), got {len(verdict.logprobs)}",
+                )
 
     # ------------------------------------------------------------------ claims and accounting
 

@@ -60,7 +60,7 @@ def query_int(request: web.Request, name: str, *, default: int | None = None) ->
     raw = request.query.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or len(raw) > 19 or int(raw) > MAX_QUERY_INT:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > MAX_QUERY_INT:
         raise ApiFailure(400, "bad_request", f"query parameter {name} must be a non-negative integer")
     return int(raw)
 

@@ -5,12 +5,14 @@ next batch index, and the queue of expired, unanswered leases whose tasks the ne
 *any* worker takes over. It writes and replays the store events ``lease`` and
 ``lease_expired`` (durable write before the memory change, like the rest of the ledger).
 
-A fresh lease's tasks and sampling seeds are the pure functions of assignment.py of
-``(run seed, worker_id, step, batch_index)``, so the validator can recompute them; a reissued
-lease keeps the expired lease's tasks and names where they came from (``reassigned_from``).
+A fresh lease's tasks and sampling seeds are the keyed functions of ``api/assignment.py`` of
+``(worker_id, step, batch_index)`` under the run's assignment key, so the validator (which holds
+the key) can recompute them and a worker cannot predict them; a reissued lease keeps the expired
+lease's tasks and names where they came from (``reassigned_from``). Each lease remembers the
+client address it was handed to, for the per-address cap on open leases.
 
-The book refuses nothing; the API's lease rules (current step only, ``MAX_OPEN_LEASES``,
-backpressure) are the ``Ledger``'s.
+The book refuses nothing; the API's lease rules (current step only, open-lease caps, bans for
+abandoned leases, backpressure) are the ``Ledger``'s.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class HeldLease:
     """One issued lease and what became of it (``answered`` by a batch, ``expired``, ``reissued``)."""
 
     record: LeaseRecord
+    address: str = ""
     answered: bool = False
     expired: bool = False
     reissued: bool = False
@@ -59,8 +62,11 @@ class LeaseBook:
     EVENTS = frozenset({"lease", "lease_expired"})
     """Store event kinds this book writes and replays."""
 
-    def __init__(self, config: RunConfig, tasks: Any, store: RolloutStore, metrics: MetricsWriter) -> None:
+    def __init__(
+        self, config: RunConfig, tasks: Any, store: RolloutStore, metrics: MetricsWriter, *, key: bytes
+    ) -> None:
         self._config = config
+        self._key = key
         self._tasks = tasks
         self._store = store
         self._metrics = metrics
@@ -83,9 +89,9 @@ class LeaseBook:
         """Unanswered, unexpired leases ``worker_id`` holds."""
         return sum(1 for (owner, _), lease in self._leases.items() if owner == worker_id and lease.open)
 
-    def open_total(self) -> int:
-        """Unanswered, unexpired leases of all workers."""
-        return sum(1 for lease in self._leases.values() if lease.open)
+    def open_at(self, address: str) -> int:
+        """Unanswered, unexpired leases handed to client ``address`` (any worker)."""
+        return sum(1 for lease in self._leases.values() if lease.open and lease.address == address)
 
     def issued(self, worker_id: str) -> int:
         return self._issued[worker_id]
@@ -100,7 +106,9 @@ class LeaseBook:
         if event.get("event") == "lease":
             reissues = event.get("reissues")
             self._apply(
-                LeaseRecord.model_validate(event["lease"]), (reissues[0], reissues[1]) if reissues else None
+                LeaseRecord.model_validate(event["lease"]),
+                (reissues[0], reissues[1]) if reissues else None,
+                str(event.get("address", "")),
             )
         else:
             lease = self._leases.get((event["worker_id"], event["batch_index"]))
@@ -114,8 +122,8 @@ class LeaseBook:
             if lease.expired and not lease.answered and not lease.reissued:
                 self._reassign_queue.append(lease)
 
-    def _apply(self, record: LeaseRecord, reissues: tuple[str, int] | None) -> HeldLease:
-        lease = HeldLease(record)
+    def _apply(self, record: LeaseRecord, reissues: tuple[str, int] | None, address: str) -> HeldLease:
+        lease = HeldLease(record, address)
         self._leases[(record.worker_id, record.batch_index)] = lease
         self._next_index[record.worker_id] = max(self.next_index(record.worker_id), record.batch_index + 1)
         self._issued[record.worker_id] += 1
@@ -131,9 +139,10 @@ class LeaseBook:
         if lease is not None:
             lease.answered = True
 
-    def expire(self, now: float) -> int:
-        """Mark open leases past their deadline expired and queue their tasks for reassignment."""
-        expired = 0
+    def expire(self, now: float) -> list[LeaseRecord]:
+        """Mark open leases past their deadline expired and queue their tasks for reassignment;
+        returns the leases expired now."""
+        expired: list[LeaseRecord] = []
         for lease in self._leases.values():
             if lease.open and lease.record.deadline < now:
                 record = lease.record
@@ -148,7 +157,7 @@ class LeaseBook:
                 lease.expired = True
                 self._expired[record.worker_id] += 1
                 self._reassign_queue.append(lease)
-                expired += 1
+                expired.append(record)
                 self._metrics.log(
                     "lease_expired",
                     worker_id=record.worker_id,
@@ -158,9 +167,10 @@ class LeaseBook:
                 )
         return expired
 
-    def issue(self, worker_id: str, step: int, now: float) -> LeaseRecord:
-        """A new lease for ``worker_id`` at its next batch index: the oldest expired, unanswered
-        lease's tasks if one waits for reassignment, else the assignment function's fresh tasks."""
+    def issue(self, worker_id: str, step: int, now: float, address: str = "") -> LeaseRecord:
+        """A new lease for ``worker_id`` (handed to client ``address``) at its next batch index: the
+        oldest expired, unanswered lease's tasks if one waits for reassignment, else the assignment
+        function's fresh tasks."""
         orch = self._config.orchestrator
         index = self.next_index(worker_id)
         while self._reassign_queue and self._reassign_queue[0].answered:  # answered late: nothing to redo
@@ -174,7 +184,7 @@ class LeaseBook:
         else:
             ids = list(
                 task_ids(
-                    run_seed=orch.seed,
+                    key=self._key,
                     worker_id=worker_id,
                     step=step,
                     batch_index=index,
@@ -195,9 +205,15 @@ class LeaseBook:
             source_batch_index=origin[2],
         )
         self._store.append_event(
-            {"event": "lease", "lease": record.model_dump(), "reissues": reissues, "time": now}
+            {
+                "event": "lease",
+                "lease": record.model_dump(),
+                "reissues": reissues,
+                "address": address,
+                "time": now,
+            }
         )
-        self._apply(record, reissues)
+        self._apply(record, reissues, address)
         self._metrics.log(
             "lease",
             worker_id=worker_id,
@@ -224,7 +240,7 @@ class LeaseBook:
                 prompt=self._tasks.prompt(task_id),
                 sampling_seeds=list(
                     sampling_seeds(
-                        run_seed=orch.seed,
+                        key=self._key,
                         worker_id=record.worker_id,
                         step=record.step,
                         batch_index=record.batch_index,

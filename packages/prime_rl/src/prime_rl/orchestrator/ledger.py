@@ -3,7 +3,7 @@
 ``Ledger`` applies every rule of API.md and owns the trainer's side (claims, commits, the
 step); three collaborators own the rest of the state, each with its store events:
 
-  - ``WorkerRegistry`` (worker_registry.py): workers, token hashes, bans, malformed counts;
+  - ``WorkerRegistry`` (workers.py): workers, token hashes, bans, malformed counts;
   - ``LeaseBook`` (leases.py): leases, batch indices, reassignment of expired leases;
   - ``BatchBook`` (batches.py): stored batches, verdicts, expiry of batches too old to use.
 
@@ -14,15 +14,22 @@ for requests the API refuses; the HTTP layer turns it into the JSON error answer
 
 Not thread-safe: the HTTP layer calls one method at a time (under one lock).
 
+Leases a worker cannot hoard or abandon for free: a worker holds at most
+``max_open_leases`` unanswered leases, less one per lease it let expire, and all workers leasing
+from one client address at most ``max_open_leases_per_address``; a worker whose expired leases
+reach ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases is banned. Backpressure
+(``max_buffered_samples``) counts answered work only, so leases held by anyone never stop
+others from getting theirs.
+
 Invariants (tested): a sample is in at most one claim; a claim for a step never changes once
 written; ``step`` only grows; every sample handed to the trainer for step ``s`` has
-``policy_version >= s - async_level`` and an ``accepted`` verdict.
+``policy_version >= s - async_level``, an ``accepted`` verdict, the validator's reward, advantage
+and log-probs, and a worker that was not banned when the claim was made.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -45,8 +52,8 @@ from prime_rl.api.protocol import (
     VerdictRequest,
     VerdictResponse,
     WorkersResponse,
-    WorkerStats,
 )
+from prime_rl.api.secrets import RunSecrets, run_secrets
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, BatchBook
@@ -56,10 +63,7 @@ from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
 from prime_rl.weights.layout import POLICY_FILENAME
 
-__all__ = ["EXPIRED", "MAX_OPEN_LEASES", "ApiFailure", "Ledger", "TaskPrompts"]
-
-MAX_OPEN_LEASES = 4
-"""Unanswered, unexpired leases one worker may hold (bounds task hoarding and unleased submissions)."""
+__all__ = ["EXPIRED", "ApiFailure", "Ledger", "TaskPrompts"]
 
 WORKER_LIMIT_RETRY_S = 60.0
 """``Retry-After`` of a registration refused because ``orchestrator.max_workers`` is reached."""
@@ -70,6 +74,7 @@ class Ledger:
 
     ``workers`` (id -> ``WorkerRecord``) and ``batches`` (id -> ``StoredBatch``) are read-only
     mappings; ``claims`` maps each claimed step to its sample ids.
+    ``secrets``: the run's (``api/secrets.py``; default: configured or generated for ``run_dir``).
     """
 
     def __init__(
@@ -80,6 +85,7 @@ class Ledger:
         *,
         metrics: MetricsWriter | None = None,
         clock: Callable[[], float] = time.time,
+        secrets: RunSecrets | None = None,
     ) -> None:
         self.config = config
         self.orch = config.orchestrator
@@ -89,7 +95,8 @@ class Ledger:
         self.clock = clock
         self.step = 0
         self.workers = WorkerRegistry(store, self.metrics, clock)
-        self.leases = LeaseBook(config, tasks, store, self.metrics)
+        secrets = secrets or run_secrets(config)
+        self.leases = LeaseBook(config, tasks, store, self.metrics, key=secrets.assignment_key)
         self.batches = BatchBook(config, store, self.metrics, clock)
         self.claims: dict[int, tuple[SampleId, ...]] = {}
         self.committed: set[int] = set()
@@ -169,30 +176,7 @@ class Ledger:
 
     def workers_view(self) -> WorkersResponse:
         counts, reasons = self.batches.sample_counts()
-        stats = []
-        for w in self.workers.values():
-            count = counts.get(w.worker_id, Counter())
-            stats.append(
-                WorkerStats(
-                    worker_id=w.worker_id,
-                    name=w.name,
-                    banned=w.banned,
-                    ban_reason=w.ban_reason,
-                    registered_at=w.registered_at,
-                    last_seen=w.last_seen,
-                    leases_issued=self.leases.issued(w.worker_id),
-                    leases_expired=self.leases.expired(w.worker_id),
-                    batches_submitted=count["batches"],
-                    samples_submitted=count["samples"],
-                    samples_accepted=count["accepted"],
-                    samples_rejected=count["rejected"],
-                    samples_pending=count["pending"],
-                    samples_expired=count["expired"],
-                    malformed_requests=w.malformed,
-                    rejected_reasons=dict(reasons.get(w.worker_id, Counter())),
-                )
-            )
-        return WorkersResponse(workers=stats)
+        return self.workers.stats(counts, reasons, leases=lambda w: (self.leases.issued(w), self.leases.expired(w)))
 
     # ------------------------------------------------------------------ status and leases
 
@@ -221,28 +205,40 @@ class Ledger:
             time=self.clock(),
         )
 
+    def banned_workers(self) -> frozenset[str]:
+        return frozenset(w.worker_id for w in self.workers.values() if w.banned)
+
     def buffered_samples(self) -> int:
-        """Samples that may still reach the trainer: open leases, fresh batches awaiting validation, and
-        accepted samples the next claim could take (fresh, unclaimed, informative if the trainer
-        filters zero-advantage groups). Rejected, stale and uninformative samples do not count, so a
-        full buffer always drains (pitfall: counting them deadlocked backpressure)."""
-        per_lease = self.orch.prompts_per_batch * self.config.sampling.group_size
-        total = per_lease * self.leases.open_total()
-        fresh = [b for b in self.batches.values() if b.policy_version >= self.min_policy_version]
-        total += sum(len(b.task_ids) for b in fresh if b.verdicts is None)
-        claimable = select_claim(
-            fresh,
-            min_policy_version=self.min_policy_version,
-            min_samples=1 << 62,
-            filter_zero_advantage=self.config.trainer.filter_zero_advantage,
+        """Answered samples that may still reach the trainer (``BatchBook.buffered``; open leases never count)."""
+        return self.batches.buffered(
+            self.min_policy_version, self.banned_workers(), self.config.trainer.filter_zero_advantage
         )
-        return total + claimable.available
 
     def expire_leases(self) -> int:
-        """Mark unanswered leases past their deadline expired and queue their tasks for reassignment."""
-        return self.leases.expire(self.clock())
+        """Mark unanswered leases past their deadline expired, queue their tasks for reassignment, and
+        ban the workers whose abandoned leases pass ``ban_abandoned_leases`` and
+        ``ban_abandoned_share``; returns how many leases expired."""
+        expired = self.leases.expire(self.clock())
+        for worker_id in sorted({record.worker_id for record in expired}):
+            worker = self.workers.get(worker_id)
+            abandoned, issued = self.leases.expired(worker_id), self.leases.issued(worker_id)
+            if (
+                worker is not None
+                and not worker.banned
+                and abandoned >= self.orch.ban_abandoned_leases
+                and abandoned >= self.orch.ban_abandoned_share * issued
+            ):
+                self.workers.ban(worker, f"abandoned {abandoned} of {issued} leases (expired unanswered)")
+        return len(expired)
 
-    def lease(self, worker: WorkerRecord, step: int | None, batch_index: int | None) -> TaskLease:
+    def lease_allowance(self, worker_id: str) -> int:
+        """Open leases ``worker_id`` may hold: ``max_open_leases`` less one per lease it let expire."""
+        return max(1, self.orch.max_open_leases - self.leases.expired(worker_id))
+
+    def lease(
+        self, worker: WorkerRecord, step: int | None, batch_index: int | None, address: str = ""
+    ) -> TaskLease:
+        """``GET /tasks`` for ``worker`` from client ``address`` (the key of ``rate_limit.client_key``)."""
         if step is not None and step != self.step:
             raise ApiFailure(
                 409, "conflict", f"step {step} is not the current step {self.step}; ask without step"
@@ -259,20 +255,36 @@ class Ledger:
                 )
             return self.leases.answer(held.record)
         self.expire_leases()
-        open_leases = self.leases.open_count(worker.worker_id)
-        if open_leases >= MAX_OPEN_LEASES:
-            raise ApiFailure(409, "conflict", f"{open_leases} unanswered leases open; submit them first")
+        if worker.banned:  # its abandoned leases just passed the limit
+            raise ApiFailure(403, "banned", f"worker {worker.worker_id} is banned: {worker.ban_reason}")
+        open_leases, allowance = self.leases.open_count(worker.worker_id), self.lease_allowance(worker.worker_id)
+        if open_leases >= allowance:
+            raise ApiFailure(
+                409,
+                "conflict",
+                f"{open_leases} unanswered leases open (you may hold {allowance}: orchestrator.max_open_leases "
+                "less one per lease you let expire); submit them first",
+            )
+        at_address, per_address = self.leases.open_at(address), self.orch.max_open_leases_per_address
+        if at_address >= per_address:
+            raise ApiFailure(
+                429,
+                "busy",
+                f"{at_address} unanswered leases are open from your address {address} "
+                f"(orchestrator.max_open_leases_per_address = {per_address}); retry later",
+                retry_after_s=min(10.0, self.orch.task_timeout_s),
+            )
         limit = self.orch.max_buffered_samples
         if limit and (buffered := self.buffered_samples()) >= limit:
             raise ApiFailure(429, "busy", f"{buffered} samples already buffered (limit {limit}); retry later")
-        return self.leases.answer(self.leases.issue(worker.worker_id, self.step, self.clock()))
+        return self.leases.answer(self.leases.issue(worker.worker_id, self.step, self.clock(), address))
 
     # ------------------------------------------------------------------ rollouts and verdicts
 
     def submit(self, worker: WorkerRecord, batch: RolloutBatch, body_sha256: str) -> SubmitResponse:
         """Store ``batch`` (``body_sha256``: SHA-256 hex of the request body as received)."""
         rows = self.batches.check(batch)
-        if batch.batch_index >= self.leases.next_index(worker.worker_id) + MAX_OPEN_LEASES:
+        if batch.batch_index >= self.leases.next_index(worker.worker_id) + self.orch.max_open_leases:
             raise ApiFailure(409, "conflict", f"batch_index {batch.batch_index} was never leased to you")
         held = self.leases.get(worker.worker_id, batch.batch_index)
         lease = held.record if held is not None and held.record.step == batch.step else None
@@ -306,8 +318,9 @@ class Ledger:
                 409, "conflict", f"step {request.step} is not the current step {self.step} and has no claim"
             )
         self.batches.expire_useless(self.step, self.orch.async_level)
+        banned = self.banned_workers()  # banned since their samples were accepted: not trusted any more
         selection = select_claim(
-            self.batches.values(),
+            [b for b in self.batches.values() if b.worker_id not in banned],
             min_policy_version=min_version,
             min_samples=request.min_samples,
             filter_zero_advantage=request.filter_zero_advantage,

@@ -51,8 +51,13 @@ def rollout_samples(table: pa.Table) -> list[RolloutSample]:
 def train_samples(
     meta: BatchMeta, table: pa.Table, verdicts: Sequence[Verdict], indices: Collection[int]
 ) -> dict[int, TrainSample]:
-    """Samples ``indices`` of one stored batch as the trainer receives them: the tokens as submitted,
-    reward and advantage as the validator recomputed them (never the worker's claim)."""
+    """Samples ``indices`` of one stored batch as the trainer receives them.
+
+    Every value the trainer learns from is the validator's: reward, advantage and the behaviour
+    log-probs recomputed in its prefill (``verdicts[i].logprobs``); the worker's claims (its reward,
+    advantage and ``inference_logprobs``) stay in the store for audit and never leave it here.
+    Tokens, task and group are the worker's, each checked by the validator before it accepted.
+    """
     result = {}
     for row in table.to_pylist():
         index = row["sample_index"]
@@ -67,7 +72,7 @@ def train_samples(
                 policy_version=meta.policy_version,
                 prompt_tokens=row["prompt_tokens"],
                 completion_tokens=row["completion_tokens"],
-                inference_logprobs=row["inference_logprobs"],
+                behaviour_logprobs=list(verdict.logprobs),
                 temperature=row["temperature"],
                 reward=verdict.reward,
                 advantage=verdict.advantage,

@@ -12,6 +12,12 @@ client address (token buckets of rate_limit.py: ``orchestrator.register_rate_per
 ``orchestrator.registration_token`` when one is set (401 otherwise), and the ledger caps the
 unbanned workers at ``orchestrator.max_workers`` (503 ``worker_limit``).
 
+Every trusted endpoint (``/validator/*``, ``/trainer/*``, ``POST /workers/ban``) requires the
+run's admin token, always: the configured ``orchestrator.admin_token``, else the one generated for
+the run in ``<run_dir>/secrets/run.json`` (``api/secrets.py``), which only the trusted processes on
+this machine read. Bound to a non-loopback address, the orchestrator refuses to start unless the
+token is configured.
+
 Run it with ``prime-rl orchestrator --config FILE`` or embed ``OrchestratorServer`` (tests do).
 """
 
@@ -39,6 +45,7 @@ from prime_rl.api.protocol import (
     RolloutBatch,
     VerdictRequest,
 )
+from prime_rl.api.secrets import RunSecrets, SecretsError, check_bind_address, run_secrets
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter, get_metrics, init_process
 from prime_rl.orchestrator.http import (
@@ -83,10 +90,14 @@ ROUTES: dict[tuple[str, str], Route] = {
 """The one route table: every endpoint, its handler and body model. API.md documents exactly these."""
 
 class _Api:
-    def __init__(self, ledger: Ledger, config: RunConfig, registration_clock: Callable[[], float]) -> None:
+    def __init__(
+        self, ledger: Ledger, config: RunConfig, admin_token: str, registration_clock: Callable[[], float]
+    ) -> None:
         orch = config.orchestrator
+        if not admin_token:
+            raise ValueError("the trusted endpoints need an admin token (see prime_rl.api.secrets)")
         self.ledger = ledger
-        self.admin_token = orch.admin_token
+        self.admin_token = admin_token
         self.registration_token = orch.registration_token
         # Only touched on the event loop thread (no await between check and spend): needs no lock.
         self.registrations = TokenBuckets(
@@ -145,7 +156,7 @@ class _Api:
 
         def work() -> Any:
             worker = self.ledger.authenticate(worker_id, bearer(request))
-            return self.ledger.lease(worker, step, batch_index)
+            return self.ledger.lease(worker, step, batch_index, client_key(request.remote))
 
         return model_response(await self.call(work))
 
@@ -224,13 +235,18 @@ class _Api:
 
 
 def build_app(
-    ledger: Ledger, config: RunConfig, *, registration_clock: Callable[[], float] = time.monotonic
+    ledger: Ledger,
+    config: RunConfig,
+    *,
+    admin_token: str,
+    registration_clock: Callable[[], float] = time.monotonic,
 ) -> web.Application:
     """The aiohttp application serving ``ledger`` (with the lease-expiry background task).
 
+    ``admin_token``: the bearer token of the trusted endpoints (non-empty; ``run_secrets``).
     ``registration_clock``: monotonic seconds for the registration rate limit (tests inject one).
     """
-    api = _Api(ledger, config, registration_clock)
+    api = _Api(ledger, config, admin_token, registration_clock)
     app = web.Application(middlewares=[errors_middleware], client_max_size=config.orchestrator.max_request_bytes)
     for (method, path), route in ROUTES.items():
         app.router.add_route(method, path, getattr(api, route.handler))
@@ -259,7 +275,8 @@ class OrchestratorServer:
     """Run the orchestrator in a background thread (for tests and embedding).
 
     ``with OrchestratorServer(config, tasks) as server: server.url``; port 0 picks a free port.
-    ``registration_clock`` drives the registration rate limit (default ``time.monotonic``).
+    ``registration_clock`` drives the registration rate limit (default ``time.monotonic``);
+    ``server.admin_token`` is the token of the trusted endpoints (``run_secrets(config)``).
     """
 
     def __init__(
@@ -270,10 +287,12 @@ class OrchestratorServer:
         metrics: MetricsWriter | None = None,
         registration_clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        check_bind_address(config.orchestrator.host, config.orchestrator.admin_token)
         self.config = config
         self.registration_clock = registration_clock
+        self.trusted: RunSecrets = run_secrets(config)
         self.store = RolloutStore(config.orchestrator_data_dir)
-        self.ledger = Ledger(config, tasks, self.store, metrics=metrics)
+        self.ledger = Ledger(config, tasks, self.store, metrics=metrics, secrets=self.trusted)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -283,6 +302,10 @@ class OrchestratorServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_token(self) -> str:
+        return self.trusted.admin_token
 
     def start(self) -> OrchestratorServer:
         self._thread = threading.Thread(target=self._run, name="orchestrator", daemon=True)
@@ -301,7 +324,12 @@ class OrchestratorServer:
 
     async def _start(self) -> None:
         self._runner = web.AppRunner(
-            build_app(self.ledger, self.config, registration_clock=self.registration_clock),
+            build_app(
+                self.ledger,
+                self.config,
+                admin_token=self.trusted.admin_token,
+                registration_clock=self.registration_clock,
+            ),
             access_log=None,
             shutdown_timeout=2.0,
         )
@@ -325,22 +353,24 @@ class OrchestratorServer:
         self.stop()
 
 
-async def _serve(config: RunConfig, tasks: Any) -> None:
+async def _serve(config: RunConfig, tasks: Any, trusted: RunSecrets) -> None:
     store = RolloutStore(config.orchestrator_data_dir)
-    ledger = Ledger(config, tasks, store, metrics=get_metrics())
-    runner = web.AppRunner(build_app(ledger, config), access_log=None, shutdown_timeout=2.0)
+    ledger = Ledger(config, tasks, store, metrics=get_metrics(), secrets=trusted)
+    app = build_app(ledger, config, admin_token=trusted.admin_token)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, config.orchestrator.host, config.orchestrator.port)
+    # Handlers first: whoever reads "serving" below may stop us at once, and must get a clean stop.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     await site.start()
     log.info(
         "orchestrator serving on %s (data %s, step %d, %d batches stored, %d workers)",
         config.orchestrator.url, store.root, ledger.step, len(ledger.batches), len(ledger.workers),
     )  # fmt: skip
     get_metrics().log("serving", url=config.orchestrator.url, step=ledger.step, batches=len(ledger.batches))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     log.info("orchestrator shutting down")
     await runner.cleanup()
@@ -351,6 +381,12 @@ def main(config: RunConfig, name: str = "orchestrator") -> int:
     from prime_rl.tasks import load_tasks
 
     init_process("orchestrator", name, config.run_dir)
+    try:
+        check_bind_address(config.orchestrator.host, config.orchestrator.admin_token)
+        trusted = run_secrets(config)
+    except SecretsError as error:
+        log.error("refusing to start: %s", error)
+        return 2
     tasks = load_tasks(config.tasks)
-    asyncio.run(_serve(config, tasks))
+    asyncio.run(_serve(config, tasks, trusted))
     return 0

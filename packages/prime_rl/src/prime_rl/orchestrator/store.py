@@ -72,8 +72,10 @@ VERDICT_SCHEMA = pa.schema(
         ("detail", pa.string()),
         ("reward", pa.float64()),
         ("advantage", pa.float64()),
+        ("logprobs", pa.list_(pa.float64())),
     ]
 )
+"""One row per sample: the validator's decision and recomputed values (``logprobs`` empty if rejected)."""
 
 CLAIM_SCHEMA = pa.schema(
     [("sample_id", pa.string()), ("batch_id", pa.string()), ("sample_index", pa.int32())]

@@ -1,4 +1,4 @@
-"""Registered workers: ids, token hashes, bans and malformed-request counts, kept durably.
+"""Registered workers: ids, token hashes, bans and malformed-request counts, kept durably; their `GET /workers` view.
 
 ``WorkerRegistry`` owns the worker records (a read-only ``Mapping`` from worker id to
 ``WorkerRecord`` for everyone else) and the store events that create or change them:
@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from prime_rl.api.protocol import WorkersResponse, WorkerStats
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.store import RolloutStore
 
@@ -134,3 +136,38 @@ class WorkerRegistry(Mapping[str, WorkerRecord]):
         )
         worker.banned, worker.ban_reason = True, reason
         self._metrics.log("ban", worker_id=worker.worker_id, reason=reason)
+
+    def stats(
+        self,
+        counts: Mapping[str, Counter[str]],
+        reasons: Mapping[str, Counter[str]],
+        *,
+        leases: Callable[[str], tuple[int, int]],
+    ) -> WorkersResponse:
+        """``GET /workers``: each worker's record with its sample ``counts`` and rejection ``reasons``
+        (``BatchBook.sample_counts``) and ``leases(worker_id) -> (issued, expired)``."""
+        stats = []
+        for w in self._workers.values():
+            count = counts.get(w.worker_id, Counter())
+            issued, expired = leases(w.worker_id)
+            stats.append(
+                WorkerStats(
+                    worker_id=w.worker_id,
+                    name=w.name,
+                    banned=w.banned,
+                    ban_reason=w.ban_reason,
+                    registered_at=w.registered_at,
+                    last_seen=w.last_seen,
+                    leases_issued=issued,
+                    leases_expired=expired,
+                    batches_submitted=count["batches"],
+                    samples_submitted=count["samples"],
+                    samples_accepted=count["accepted"],
+                    samples_rejected=count["rejected"],
+                    samples_pending=count["pending"],
+                    samples_expired=count["expired"],
+                    malformed_requests=w.malformed,
+                    rejected_reasons=dict(reasons.get(w.worker_id, Counter())),
+                )
+            )
+        return WorkersResponse(workers=stats)

@@ -47,8 +47,9 @@ class MicroBatch:
 
     ``input_ids, position_ids``: ``[1, L]``; ``attention_mask``: ``[1, 1, L, L]`` additive;
     ``placements``: where each sequence lives in the row; ``prompt_lengths``/``completion_lengths``: per
-    sequence; ``mask``: ``[n, C_max]`` bool; ``advantages``: ``[n]``; ``inference_logprobs``:
-    ``[n, C_max]`` (0 off-mask); ``sample_ids``: the claimed samples, in row order.
+    sequence; ``mask``: ``[n, C_max]`` bool; ``advantages``: ``[n]``; ``behaviour_logprobs``:
+    ``[n, C_max]`` (0 off-mask), the validator's log-probs of the generating policy (μ of the loss;
+    never a worker's claim); ``sample_ids``: the claimed samples, in row order.
     """
 
     input_ids: torch.Tensor
@@ -59,7 +60,7 @@ class MicroBatch:
     completion_lengths: tuple[int, ...]
     mask: torch.Tensor
     advantages: torch.Tensor
-    inference_logprobs: torch.Tensor
+    behaviour_logprobs: torch.Tensor
     sample_ids: tuple[str, ...]
 
     @property
@@ -76,11 +77,11 @@ def _row(samples: Sequence[TrainSample], pad_token_id: int) -> MicroBatch:
     packed = grpo.pack_sequences(sequences, sum(len(q) for q in sequences), pad_id=pad_token_id)
     width = max(len(s.completion_tokens) for s in samples)
     mask = torch.zeros((len(samples), width), dtype=torch.bool)
-    inference = torch.zeros((len(samples), width), dtype=torch.float32)
+    behaviour = torch.zeros((len(samples), width), dtype=torch.float32)
     for i, s in enumerate(samples):
         c = len(s.completion_tokens)
         mask[i, :c] = True
-        inference[i, :c] = torch.tensor(s.inference_logprobs, dtype=torch.float32)
+        behaviour[i, :c] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
     return MicroBatch(
         input_ids=packed.input_ids,
         position_ids=packed.position_ids,
@@ -90,7 +91,7 @@ def _row(samples: Sequence[TrainSample], pad_token_id: int) -> MicroBatch:
         completion_lengths=tuple(len(s.completion_tokens) for s in samples),
         mask=mask,
         advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
-        inference_logprobs=inference,
+        behaviour_logprobs=behaviour,
         sample_ids=tuple(s.sample_id for s in samples),
     )
 
@@ -118,7 +119,7 @@ def empty_micro_batch(pad_token_id: int = 0) -> MicroBatch:
         completion_lengths=(0,),
         mask=torch.zeros((1, 1), dtype=torch.bool),
         advantages=torch.zeros(1),
-        inference_logprobs=torch.zeros((1, 1)),
+        behaviour_logprobs=torch.zeros((1, 1)),
         sample_ids=(),
     )
 

@@ -8,8 +8,10 @@ Per step ``s`` (the weights are policy version ``s``):
    (available vs needed, batches still awaiting validation, stale samples). The claim is
    persisted by the orchestrator, so a restarted trainer gets the same samples for ``s``.
 2. Old log-probs recomputed with the current weights (``old_logprobs = "recompute"``,
-   INTELLECT-2) or the inference log-probs (``"inference"``); with ``loss.is_correction`` the
+   INTELLECT-2) or the behaviour log-probs μ (``"inference"``); with ``loss.is_correction`` the
    grpo loss also applies a truncated/masked importance weight π_old/μ and logs the mismatch KL.
+   μ is always the validator's recomputation (``TrainSample.behaviour_logprobs``): a worker's
+   claimed inference log-probs never reach the trainer, so it cannot steer the loss through them.
 3. ``optimizer_steps_per_version`` AdamW steps, one per mini-batch of whole groups, each
    accumulating packed micro-batches of at most ``micro_batch_tokens`` tokens, with linear LR
    warmup and gradient-norm clipping.
@@ -37,8 +39,10 @@ from transformers import AutoModelForCausalLM
 
 import grpo
 import shardcast
-from prime_rl.api.client import OrchestratorClient, OrchestratorUnavailable
+from prime_rl.api.client import OrchestratorClient, OrchestratorUnavailable, orchestrator_reachable
 from prime_rl.api.protocol import TrainSample
+from prime_rl.api.secrets import run_secrets
+from prime_rl.config import ComponentError, load_component
 from prime_rl.config.trainer import TrainerConfig
 from prime_rl.devices import choose_device, torch_dtype
 from prime_rl.metrics import get_metrics, init_process
@@ -55,6 +59,48 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def build_loss(config: RunConfig) -> grpo.Loss:
+    """The run's loss: the object ``[components] loss`` names (a recipe's), else ``[trainer.loss]``.
+
+    A component replaces ``[trainer.loss]``; where the two differ, a warning names both.
+    """
+    path = config.components.loss
+    if not path:
+        return grpo.Loss(config.trainer.loss)
+    loss = load_loss(path)
+    if loss.config.is_correction is not None and config.trainer.old_logprobs == "inference":
+        raise ComponentError(
+            f"components.loss = {path!r} sets is_correction, which weights by π_old/μ = 1 when "
+            "[trainer] old_logprobs = 'inference'; use 'recompute' with it"
+        )
+    if loss.config != config.trainer.loss:
+        log.warning("the loss is %s (%r); it replaces [trainer.loss] %r", path, loss.config, config.trainer.loss)
+    return loss
+
+
+def load_loss(path: str) -> grpo.Loss:
+    """The ``grpo.Loss`` (or ``grpo.LossConfig``, made a ``Loss``) ``path`` names; ``ComponentError`` otherwise.
+
+    Pitfall: the trainer steps on the advantages the validator recomputed, which are group z-scores
+    (eps 1e-6) by protocol; a loss with another advantage estimator is refused rather than trained
+    on advantages it does not name.
+    """
+
+    def accepts(value: object) -> str | None:
+        if not isinstance(value, grpo.Loss | grpo.LossConfig):
+            return f"must be a grpo.Loss or grpo.LossConfig, got {type(value).__name__} {value!r:.80}"
+        config = value.config if isinstance(value, grpo.Loss) else value
+        if (config.advantage, config.std_eps) != ("group_zscore", 1e-6):
+            return (
+                f"its advantage is {config.advantage} (std_eps {config.std_eps}), but this runtime trains on "
+                "group z-score advantages (std_eps 1e-6) that workers compute and the validator checks"
+            )
+        return None
+
+    loss = load_component("components.loss", path, accepts)
+    return loss if isinstance(loss, grpo.Loss) else grpo.Loss(loss)  # type: ignore[arg-type]
+
+
 class Trainer:
     """The trainer's state and loop (construct in every rank; rank 0 does all I/O with peers)."""
 
@@ -66,7 +112,8 @@ class Trainer:
         self.run_dir = Path(config.run_dir)
         self.checkpoint_dir = Path(self.cfg.checkpoint_dir or self.run_dir / "checkpoints")
         self.policy_dir = self.run_dir / "policies"
-        self.loss_fn = grpo.Loss(self.cfg.loss)
+        self.loss_fn = build_loss(config)
+        log.info("loss: %r", self.loss_fn.config)
         dtype = torch_dtype(config.model.dtype)
         self.model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=dtype)
         self.model.to(self.device)  # type: ignore[arg-type]
@@ -87,7 +134,8 @@ class Trainer:
         )
         self.step = 0
         self._last_loss = float("nan")
-        self.client = OrchestratorClient(config.orchestrator.url, admin_token=config.orchestrator.admin_token)
+        # A trusted process: the run's admin token (configured, or generated in the run dir).
+        self.client = OrchestratorClient(config.orchestrator.url, admin_token=run_secrets(config).admin_token)
         self.origin: shardcast.Origin | None = None
 
     # -- setup --------------------------------------------------------------------------------
@@ -175,7 +223,7 @@ class Trainer:
     # -- one step -----------------------------------------------------------------------------
     def train_step(self, samples: list[TrainSample]) -> None:
         temperature = self.run.sampling.temperature
-        constant = self.cfg.loss.constant or float(self.run.sampling.max_new_tokens)
+        constant = self.loss_fn.config.constant or float(self.run.sampling.max_new_tokens)
         group_size = self.run.sampling.group_size
         fused = self.cfg.fused_lm_head
         minibatches = split_minibatches(samples, self.cfg.optimizer_steps_per_version, group_size)
@@ -311,6 +359,10 @@ def main(config: RunConfig, name: str = "trainer") -> int:
     init_process(
         "trainer", name if rank == 0 else f"{name}-rank{rank}", config.run_dir if rank == 0 else None
     )
+    # every rank asks (they share the URL), so all stop alike instead of some waiting on collectives
+    if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
+        distributed.shutdown_distributed()
+        return 1
     trainer = Trainer(config)
     signal.signal(signal.SIGTERM, _exit_cleanly)
     try:

@@ -15,8 +15,9 @@ in one process and under FSDP2 data parallelism:
   chunked LM head (:mod:`prime_rl.trainer.forward`); ``fused_lm_head=False`` builds them.
 
 Old log-probs: ``old_logprobs_for`` recomputes them with the current weights before the first
-update of a policy version (INTELLECT-2), or the caller passes the inference engine's log-probs
-(``MicroBatch.inference_logprobs``), in which case the ratio itself corrects the async gap.
+update of a policy version (INTELLECT-2), or the caller passes the behaviour log-probs
+(``MicroBatch.behaviour_logprobs``: the generating policy's, recomputed by the validator's prefill,
+never a worker's claim), in which case the ratio itself corrects the async gap.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def train_minibatch(
 ) -> StepMetrics:
     """One optimizer step on ``micro_batches`` (this rank's share, see :func:`rank_share`).
 
-    ``old_logprobs[i]`` belongs to ``micro_batches[i]``; None means "use the inference log-probs".
+    ``old_logprobs[i]`` belongs to ``micro_batches[i]``; None means "use the behaviour log-probs".
     The global normalisers are computed by all-reducing the local counts.
     """
     cfg = loss_fn.config
@@ -113,14 +114,14 @@ def train_minibatch(
         )
         logprobs, entropy = forward.logprobs, forward.entropy
         mask = micro.mask.to(device)
-        inference = micro.inference_logprobs.to(device)
-        old = old_logprobs[i].to(device) if old_logprobs is not None else inference
+        behaviour = micro.behaviour_logprobs.to(device)
+        old = old_logprobs[i].to(device) if old_logprobs is not None else behaviour
         out = loss_fn(
             logprobs,
             old,
             micro.advantages.to(device),
             mask,
-            inference_logprobs=inference,
+            inference_logprobs=behaviour,
             ref_logprobs=ref_logprobs[i].to(device) if ref_logprobs is not None else None,
             entropy=entropy,
             num_tokens=max(num_tokens, 1.0),

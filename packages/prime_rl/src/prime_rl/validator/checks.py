@@ -2,10 +2,15 @@
 
 Input is a :class:`prime_rl.api.protocol.PendingBatch` (structurally valid: the orchestrator already
 rejected bad JSON, types and base64). Checks run cheapest first; a sample's verdict carries the
-first failure as its :class:`Reason`:
+first failure as its :class:`Reason`. A lease is accepted whole or not at all: once any sample
+fails, every other sample of the batch is rejected too (``lease_rejected``), and when a failure is
+found by steps 1-2, which need no model, the batch costs no prefill at all (``structure.py``).
 
-1. lease and version: the batch answers a lease whose task ids are recomputed with
-   ``assignment.task_ids`` from its source (``not_assigned`` otherwise); the policy version is
+1. lease and version: the batch answers a lease whose task ids, recomputed with
+   ``assignment.task_ids`` under the run's assignment key, are the lease's (a mismatch on a lease
+   the orchestrator issued means this validator holds another key: ``AssignmentKeyMismatch``);
+   the batch answers every task of its lease with all ``group_size`` completions
+   (``incomplete_lease``, ``group_incomplete``); the policy version is
    ``>= step - async_level`` of the lease (``stale_policy``) and not newer than the newest
    committed version (``future_policy``; default: the lease step)
    (``future_policy``) and available (``unknown_policy``);
@@ -13,7 +18,7 @@ first failure as its :class:`Reason`:
    task prompt (``wrong_prompt``); temperature is the run's (``wrong_sampling_params``); the seed
    is ``assignment.sampling_seed`` of the lease (``bad_seed``); token ids are in the vocabulary and
    the length within ``max_new_tokens`` (``malformed``); the completion ends as generation ends
-   (``bad_termination``);
+   (``bad_termination``); the proofs parse and are as many as the tokens need (``malformed_proof``);
 3. one prefill of prompt + completion with the claimed policy version: toploc proofs of the final
    hidden states (``malformed_proof`` / ``toploc_mismatch``), the seeded sampler re-drawn from the
    recomputed logits (``sampling_mismatch``), the inference log-probs (``logprobs_mismatch``);
@@ -23,7 +28,8 @@ first failure as its :class:`Reason`:
    every member; advantages recomputed with ``grpo.group_zscore`` from the recomputed rewards
    (``advantage_mismatch``).
 
-Accepted verdicts carry the recomputed reward and advantage; the trainer uses those only.
+Accepted verdicts carry the recomputed reward, advantage and per-token log-probs (from the
+prefill); the trainer uses those only.
 """
 
 from __future__ import annotations
@@ -40,16 +46,23 @@ import torch
 import grpo
 import toploc
 from prime_rl.api import assignment
-from prime_rl.api.assignment import AssignmentError
 from prime_rl.api.fields import MAX_DETAIL_CHARS
 from prime_rl.api.protocol import PendingBatch, RolloutSample, Verdict
 from prime_rl.inference.backend import (
     GenerationBackend,
     GenerationError,
+    proof_topk,
     token_logprobs,
     verify_proofs,
 )
 from prime_rl.validator.evidence import sampling_margins, sampling_problem
+from prime_rl.validator.structure import (
+    AssignmentKeyMismatch,
+    coverage_problems,
+    lease_problem,
+    proof_problem,
+    termination_problem,
+)
 from toploc import Observations
 
 Observer = Callable[[int, Observations], None]
@@ -76,7 +89,9 @@ class Reason(enum.StrEnum):
     LOGPROBS_MISMATCH = "logprobs_mismatch"
     REWARD_MISMATCH = "reward_mismatch"
     GROUP_INCOMPLETE = "group_incomplete"
+    INCOMPLETE_LEASE = "incomplete_lease"
     GROUP_REJECTED = "group_rejected"
+    LEASE_REJECTED = "lease_rejected"
     ADVANTAGE_MISMATCH = "advantage_mismatch"
     INTERNAL_ERROR = "internal_error"
 
@@ -109,10 +124,12 @@ class Checks:
     ``reward_atol``/``advantage_atol``: absolute tolerances on the claims;
     ``sampling_tolerance``: logit margin by which a claimed token may fall short of the sampler's
     choice (numeric drift; toploc's default 0.25); ``sampling_max_mismatch_fraction``: share of
-    tokens allowed beyond it; ``thresholds``: toploc's proof thresholds.
+    tokens allowed beyond it; ``thresholds``: toploc's proof thresholds; ``assignment_key``: the
+    run's key (``api/secrets.py``); ``hidden_size``: the model's, which fixes the proof size.
     """
 
-    run_seed: int = 0
+    assignment_key: bytes = b""
+    hidden_size: int = 128
     prompts_per_batch: int = 4
     async_level: int = 2
     group_size: int = 8
@@ -137,6 +154,7 @@ class _Pending:
     detail: str = ""
     reward: float | None = None
     proofs: bytes = b""
+    logprobs: tuple[float, ...] = ()
 
     def reject(self, reason: Reason, detail: str) -> None:
         if self.reason is Reason.ACCEPTED:
@@ -145,26 +163,6 @@ class _Pending:
     @property
     def alive(self) -> bool:
         return self.reason is Reason.ACCEPTED
-
-
-def check_termination(
-    completion: Sequence[int], *, decode: Callable[[Sequence[int]], str], checks: Checks
-) -> str | None:
-    """None if the completion ends as generation ends (EOS, first stop string, or length), else why not."""
-    for i, token in enumerate(completion[:-1]):
-        if token in checks.eos_token_ids:
-            return f"EOS at position {i} before the end"
-    if completion[-1] in checks.eos_token_ids:
-        return None
-    stops = [s for s in checks.stop if s]
-    if stops:
-        if any(s in decode(completion[:-1]) for s in stops):
-            return "a stop string appears before the last token"
-        if any(s in decode(completion) for s in stops):
-            return None
-    if len(completion) != checks.max_new_tokens:
-        return f"ends after {len(completion)} tokens without EOS or stop string"
-    return None
 
 
 def validate_batch(
@@ -191,6 +189,7 @@ def validate_batch(
         for p in pending:
             if p.alive:
                 _sample_checks(batch, p, tasks, decode, checks)
+        _reject_rest(pending)  # a structural failure anywhere: the batch costs no prefill
         if any(p.alive for p in pending):
             backend = backend_for(batch.policy_version)
             if backend is None:
@@ -200,25 +199,45 @@ def validate_batch(
                 _model_checks(pending, backend, checks, observe)
         _reward_checks(pending, tasks, decode, checks)
         advantages = _group_checks(pending, checks)
-    except RetryLater:
+        _reject_rest(pending)
+    except (RetryLater, AssignmentKeyMismatch):
         raise
     except Exception as exc:  # a validator bug must reject, not crash the process
         return [_verdict(p.index, Reason.INTERNAL_ERROR, f"{exc!r:.300}") for p in pending]
-    return [_verdict(p.index, p.reason, p.detail, p.reward, advantages.get(p.index)) for p in pending]
+    return [
+        _verdict(p.index, p.reason, p.detail, p.reward, advantages.get(p.index), p.logprobs) for p in pending
+    ]
 
 
 def _verdict(
-    index: int, reason: Reason, detail: str, reward: float | None = None, advantage: float | None = None
+    index: int,
+    reason: Reason,
+    detail: str,
+    reward: float | None = None,
+    advantage: float | None = None,
+    logprobs: Sequence[float] = (),
 ) -> Verdict:
-    """The wire verdict (reward/advantage 0 where the checks stopped before computing them)."""
+    """The wire verdict (reward/advantage 0 where the checks stopped before computing them; the
+    recomputed log-probs only when accepted: they are what the trainer learns from)."""
+    accepted = reason is Reason.ACCEPTED
     return Verdict(
         sample_index=index,
-        accepted=reason is Reason.ACCEPTED,
+        accepted=accepted,
         reason=str(reason),
         detail=detail[:MAX_DETAIL_CHARS],
         reward=float(reward) if reward is not None else 0.0,
         advantage=float(advantage) if advantage is not None else 0.0,
+        logprobs=list(logprobs) if accepted else [],
     )
+
+
+def _reject_rest(pending: list[_Pending]) -> None:
+    """A lease is accepted whole or not at all: once one sample fails, reject the others too, so a
+    worker cannot drop the groups it did badly on by answering them wrongly on purpose."""
+    failed = next((p for p in pending if not p.alive), None)
+    if failed is not None:
+        for p in pending:
+            p.reject(Reason.LEASE_REJECTED, f"sample {failed.index} of the batch was rejected: {failed.reason}")
 
 
 def _batch_checks(
@@ -234,40 +253,24 @@ def _batch_checks(
     if version > newest:
         for p in pending:
             p.reject(Reason.FUTURE_POLICY, f"policy {version} is newer than the newest version {newest}")
-    lease = batch.lease
-    problem = ""
-    if lease is None:
-        problem = "no lease was issued for this batch"
-    elif (lease.worker_id, lease.step, lease.batch_index) != (batch.worker_id, batch.step, batch.batch_index):
-        problem = "the lease belongs to another batch"
-    else:
-        try:
-            expected = assignment.task_ids(
-                run_seed=checks.run_seed,
-                worker_id=lease.source_worker_id,
-                step=lease.source_step,
-                batch_index=lease.source_batch_index,
-                num_tasks=tasks.num_tasks,
-                prompts_per_batch=checks.prompts_per_batch,
-            )
-        except AssignmentError as exc:
-            problem = f"assignment cannot be recomputed: {exc}"
-        else:
-            if tuple(lease.task_ids) != expected:
-                problem = "the lease's tasks differ from the recomputed assignment"
-    if problem:
+    problem = lease_problem(
+        batch, key=checks.assignment_key, num_tasks=tasks.num_tasks, prompts_per_batch=checks.prompts_per_batch
+    )
+    if problem is not None:
         for p in pending:
             p.reject(Reason.UNASSIGNED_TASK, problem)
+        return
+    assert batch.lease is not None
+    samples = [(p.sample.task_id, p.sample.group_index) for p in pending]
+    for p, found in zip(pending, coverage_problems(samples, batch.lease.task_ids, checks.group_size), strict=True):
+        if found is not None:
+            p.reject(Reason(found[0]), found[1])
 
 
 def _sample_checks(
     batch: PendingBatch, p: _Pending, tasks: TaskScorer, decode: Callable[[Sequence[int]], str], checks: Checks
 ) -> None:
     s = p.sample
-    assert batch.lease is not None  # _batch_checks rejected lease-less batches
-    if s.task_id not in batch.lease.task_ids:
-        p.reject(Reason.UNASSIGNED_TASK, f"task {s.task_id} is not in the lease")
-        return
     if tuple(tasks.prompt_tokens(s.task_id)) != tuple(s.prompt_tokens):
         p.reject(Reason.PROMPT_MISMATCH, "prompt tokens differ from the task's prompt")
     if max(s.prompt_tokens + s.completion_tokens) >= checks.vocab_size:
@@ -277,7 +280,7 @@ def _sample_checks(
     if not math.isclose(s.temperature, checks.temperature, rel_tol=0, abs_tol=1e-9):
         p.reject(Reason.SAMPLING_PARAMS_MISMATCH, f"temperature {s.temperature} != {checks.temperature}")
     expected_seed = assignment.sampling_seed(
-        run_seed=checks.run_seed,
+        key=checks.assignment_key,
         worker_id=batch.worker_id,
         step=batch.step,
         batch_index=batch.batch_index,
@@ -287,10 +290,19 @@ def _sample_checks(
     if s.sampling_seed != expected_seed:
         p.reject(Reason.SEED_MISMATCH, f"seed {s.sampling_seed} != assigned {expected_seed}")
     if p.alive:
-        why = check_termination(s.completion_tokens, decode=decode, checks=checks)
+        why = termination_problem(
+            s.completion_tokens,
+            decode=decode,
+            eos_token_ids=checks.eos_token_ids,
+            stop=checks.stop,
+            max_new_tokens=checks.max_new_tokens,
+        )
         if why is not None:
             p.reject(Reason.BAD_TERMINATION, why)
     p.proofs = s.proofs
+    why = proof_problem(p.proofs, len(s.completion_tokens), proof_topk(checks.hidden_size))
+    if why is not None:
+        p.reject(Reason.MALFORMED_PROOF, why)
 
 
 def _model_checks(
@@ -333,6 +345,7 @@ def _model_checks(
         if why is not None:
             p.reject(Reason.SAMPLING_FAILED, why)
             continue
+        p.logprobs = tuple(float(x) for x in recomputed.tolist())  # what the trainer gets, never the claim
         gap = (recomputed - torch.tensor(sample.inference_logprobs)).abs().mean().item()
         if not gap <= checks.logprob_atol:
             p.reject(Reason.LOGPROBS_MISMATCH, f"mean |log-prob error| {gap:.4g} > {checks.logprob_atol}")

@@ -12,6 +12,10 @@ that crossed it is rejected (``banned_worker``). One ``evidence`` metrics line p
 A batch whose version cannot be fetched *right now* (relay lagging, network) stays pending and is
 retried on the next poll; a version that is not published is judged ``unknown_policy``. Nothing a
 worker submits can crash the loop: ``validate_batch`` turns every surprise into a rejection.
+
+The validator is a trusted process: it reads the run's admin token and assignment key
+(``api/secrets.py``). It stops (exit code 2) rather than judge when the orchestrator refuses its
+token or issues leases its key does not reproduce: either would reject every honest worker.
 """
 
 from __future__ import annotations
@@ -28,15 +32,22 @@ from typing import TYPE_CHECKING
 import torch
 
 import toploc
-from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
+from prime_rl.api.client import (
+    ClientRequestError,
+    OrchestratorClient,
+    OrchestratorUnavailable,
+    orchestrator_reachable,
+)
 from prime_rl.api.protocol import PendingBatch, VerdictRequest
+from prime_rl.api.secrets import SecretsError, run_secrets
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.devices import choose_device
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.run_tasks import run_tasks
-from prime_rl.metrics import get_metrics, init_process
+from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics, init_process
 from prime_rl.validator import noise
 from prime_rl.validator.checks import (
+    AssignmentKeyMismatch,
     Checks,
     GenerationBackend,
     Reason,
@@ -75,11 +86,19 @@ class FailureTracker:
         return None
 
 
-def checks_from(config: RunConfig, vocab_size: int, eos_token_ids: frozenset[int]) -> Checks:
-    """The validator's :class:`Checks` from the run configuration."""
+def checks_from(
+    config: RunConfig,
+    vocab_size: int,
+    eos_token_ids: frozenset[int],
+    *,
+    assignment_key: bytes,
+    hidden_size: int,
+) -> Checks:
+    """The validator's :class:`Checks` from the run configuration, the run's assignment key and the model."""
     v = config.validator
     return Checks(
-        run_seed=config.orchestrator.seed,
+        assignment_key=assignment_key,
+        hidden_size=hidden_size,
         prompts_per_batch=config.orchestrator.prompts_per_batch,
         async_level=config.orchestrator.async_level,
         group_size=config.sampling.group_size,
@@ -105,6 +124,9 @@ def checks_from(config: RunConfig, vocab_size: int, eos_token_ids: frozenset[int
 class Validator:
     """Holds one backend and switches its weights to the version each batch claims."""
 
+    wait_log_every_s = WAIT_LOG_EVERY_S
+    """Seconds between progress lines while there is nothing to judge."""
+
     def __init__(self, config: RunConfig) -> None:
         self.run = config
         self.cfg: ValidatorConfig = config.validator
@@ -123,9 +145,16 @@ class Validator:
             keep=config.orchestrator.async_level + 3,
         )
         self.tasks = run_tasks(config, tokenizer)
-        vocab = int(self.backend.model.get_output_embeddings().weight.shape[0])
-        self.checks = checks_from(config, vocab, self.backend.eos_token_ids)
-        self.client = OrchestratorClient(config.orchestrator.url, admin_token=config.orchestrator.admin_token)
+        vocab, hidden = self.backend.model.get_output_embeddings().weight.shape
+        trusted = run_secrets(config)
+        self.checks = checks_from(
+            config,
+            int(vocab),
+            self.backend.eos_token_ids,
+            assignment_key=trusted.assignment_key,
+            hidden_size=int(hidden),
+        )
+        self.client = OrchestratorClient(config.orchestrator.url, admin_token=trusted.admin_token)
         self.failures = FailureTracker(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
         self.evidence: EvidenceLedger | None = None
         self.evidence_bans_posted: set[str] = set()
@@ -173,11 +202,19 @@ class Validator:
         """Validate and post one batch; False if it must be retried later."""
         started = time.monotonic()
         observed: list[toploc.Observations] = []
+        loaded: list[int] = []  # a backend was handed out: the whole batch was prefilled, else none was
+
+        def backend_for(version: int) -> GenerationBackend | None:
+            backend = self.backend_for(version)
+            if backend is not None:
+                loaded.append(version)
+            return backend
+
         try:
             verdicts = validate_batch(
                 batch,
                 tasks=self.tasks,
-                backend_for=self.backend_for,
+                backend_for=backend_for,
                 decode=self.decode,
                 checks=self.checks,
                 newest_version=newest_version,
@@ -230,6 +267,7 @@ class Validator:
             # why, for the first rejections (group mates repeat the first reason; a few suffice)
             details={str(v.sample_index): f"{v.reason}: {v.detail}" for v in rejections[:4]},
             seconds=time.monotonic() - started,
+            prefilled=len(verdicts) if loaded else 0,
         )
         ban = self.failures.record(batch.worker_id, accepted=accepted, rejected=rejected)
         if evidence_ban is not None and batch.worker_id not in self.evidence_bans_posted:
@@ -255,10 +293,13 @@ class Validator:
         return self.evidence.ban_reasons.get(batch.worker_id)
 
     def run_loop(self) -> None:
+        idle = WaitLog(self.wait_log_every_s)
         while not self.cfg.max_batches or self.done < self.cfg.max_batches:
             try:
                 pending = self.client.pending(self.cfg.batches_per_poll)
             except (OrchestratorUnavailable, ClientRequestError) as exc:
+                if isinstance(exc, ClientRequestError) and exc.status == 401:
+                    raise  # a wrong admin token never heals by waiting
                 log.warning("cannot fetch pending batches: %s", exc)
                 time.sleep(self.cfg.poll_interval_s)
                 continue
@@ -267,7 +308,16 @@ class Validator:
             for batch in pending.batches:
                 if batch.batch_id not in self.refused:
                     progressed |= self.judge(batch, pending.policy_version)
-            if not progressed:
+            if progressed:
+                idle = WaitLog(self.wait_log_every_s)
+            else:
+                if (waited := idle.due()) is not None:  # an idle validator must not look hung
+                    log.info(
+                        "no batch to judge for %.0f s (orchestrator at policy v%d; %d batches judged so far)",
+                        waited,
+                        pending.policy_version,
+                        self.done,
+                    )
                 time.sleep(self.cfg.poll_interval_s)
 
     def close(self) -> None:
@@ -278,12 +328,21 @@ def main(config: RunConfig, name: str = "validator") -> int:
     """Entry point of ``prime-rl validator``."""
     torch.set_num_threads(config.validator.num_threads)
     init_process("validator", name, config.run_dir)
-    validator = Validator(config)
+    if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
+        return 1
+    try:
+        validator = Validator(config)
+    except SecretsError as error:
+        log.error("cannot start: %s", error)
+        return 2
     signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         validator.run_loop()
     except SystemExit as stop:
         log.info("stopping (%s)", stop)
+    except (AssignmentKeyMismatch, ClientRequestError) as error:  # 401 or another key: judging would be wrong
+        log.error("stopping without judging: %s", error)
+        return 2
     finally:
         validator.close()
     return 0

@@ -30,13 +30,13 @@ from pathlib import Path
 import torch
 
 import shardcast
+from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog
 from prime_rl.weights.files import save_policy
 from prime_rl.weights.layout import policy_file, version_dirs
 
 __all__ = ["PolicyStore", "PolicyUnavailable", "VersionFollower"]
 
 log = logging.getLogger(__name__)
-
 
 class PolicyUnavailable(RuntimeError):
     """A policy version cannot be obtained (not published, or no server reachable)."""
@@ -65,7 +65,8 @@ class PolicyStore:
         deadline_s: float = 600.0,
     ) -> None:
         self.cache_dir = Path(cache_dir)
-        self.client = shardcast.Client(list(servers)) if servers else None
+        self.servers = list(servers)
+        self.client = shardcast.Client(self.servers) if servers else None
         self.keep = keep
         self.deadline_s = deadline_s
         self._lock = threading.Lock()
@@ -112,15 +113,28 @@ class PolicyStore:
             self._prune(version)
         return target
 
-    def wait_for_published(self, minimum: int, *, timeout_s: float, poll_s: float) -> int:
+    def wait_for_published(
+        self, minimum: int, *, timeout_s: float, poll_s: float, log_every_s: float = WAIT_LOG_EVERY_S
+    ) -> int:
         """Block until a server holds a complete version >= ``minimum``; fetch the oldest such.
 
         Returns that version (its file is then :meth:`path`). A version retired between the listing
-        and the fetch is skipped for the next one. Raises :class:`PolicyUnavailable` (permanent)
-        when none appears within ``timeout_s``.
+        and the fetch is skipped for the next one. Every ``log_every_s`` it logs (INFO) which version
+        it waits for, for how long, and from which servers. Raises :class:`PolicyUnavailable`
+        (permanent) when none appears within ``timeout_s``.
         """
         deadline = time.monotonic() + timeout_s
+        progress = WaitLog(log_every_s)
         while True:
+            if (waited := progress.due()) is not None:
+                log.info(
+                    "still waiting for policy >= v%d after %.0f s of %.0f s (newest listed: v%d; servers %s)",
+                    minimum,
+                    waited,
+                    timeout_s,
+                    self.newest_available(),
+                    ", ".join(self.servers) or "none",
+                )
             for version in self._complete_at_least(minimum):
                 try:
                     self.ensure(version)

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from prime_rl.api import assignment
 from prime_rl.api.protocol import RolloutBatch, RolloutSample, TaskLease
 from prime_rl.inference.backend import (
     Completion,
@@ -95,15 +94,14 @@ class HostileWorker:
     """Builds rollout batches for one behaviour (``"honest"`` = the real worker's answer).
 
     ``encode(text)`` tokenises a prompt, ``score(task_id, text, num_tokens)`` is the worker's reward,
-    ``prompt_tokens(task_id)`` gives any task's prompt (for unassigned tasks), ``run_seed`` and
-    ``num_tasks`` are the run's (public) assignment inputs.
+    ``prompt_tokens(task_id)`` gives any task's prompt (for unassigned tasks), ``num_tasks`` is
+    the task set's size. (No worker can compute the assignment: it is keyed with a secret.)
     """
 
     behaviour: str
     encode: Callable[[str], Sequence[int]]
     score: Callable[[int, str, int], float]
     prompt_tokens: Callable[[int], Sequence[int]]
-    run_seed: int
     num_tasks: int
     _other: GenerationBackend | None = field(default=None, repr=False)
 
@@ -210,16 +208,8 @@ class HostileWorker:
         assigned = {t.task_id for t in lease.tasks}
         free = [t for t in range(self.num_tasks) if t not in assigned]
         plan = []
-        for original, task_id in zip(lease.tasks, free, strict=False):
-            seeds = assignment.sampling_seeds(
-                run_seed=self.run_seed,
-                worker_id=lease.worker_id,
-                step=lease.step,
-                batch_index=lease.batch_index,
-                task_id=task_id,
-                group_size=len(original.sampling_seeds),
-            )
-            plan.append(PlannedTask(task_id, tuple(self.prompt_tokens(task_id)), seeds))
+        for original, task_id in zip(lease.tasks, free, strict=False):  # the lease's seeds, other tasks
+            plan.append(PlannedTask(task_id, tuple(self.prompt_tokens(task_id)), tuple(original.sampling_seeds)))
         return plan
 
 

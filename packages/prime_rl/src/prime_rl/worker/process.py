@@ -30,12 +30,17 @@ import requests
 import torch
 
 import toploc
-from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
+from prime_rl.api.client import (
+    ClientRequestError,
+    OrchestratorClient,
+    OrchestratorUnavailable,
+    orchestrator_reachable,
+)
 from prime_rl.config.worker import WorkerConfig
 from prime_rl.devices import choose_device
 from prime_rl.inference.backend import GenerationError, HFBackend
 from prime_rl.inference.run_tasks import run_tasks
-from prime_rl.metrics import get_metrics, init_process
+from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics, init_process
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable, VersionFollower
 from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, HostileWorker, garbage_body
 from prime_rl.worker.rollout import build_batch
@@ -48,6 +53,9 @@ log = logging.getLogger(__name__)
 
 class Worker:
     """State of one worker process (see the module docstring)."""
+
+    wait_log_every_s = WAIT_LOG_EVERY_S
+    """Seconds between progress lines while it waits for a policy version."""
 
     def __init__(self, config: RunConfig, name: str) -> None:
         self.run = config
@@ -81,7 +89,6 @@ class Worker:
                 self.tasks.encode,
                 self.tasks.score,
                 self.tasks.prompt_tokens,
-                config.orchestrator.seed,
                 self.tasks.num_tasks,
             )
         )
@@ -117,7 +124,16 @@ class Worker:
             return
         started = time.monotonic()
         log.info("waiting for policy >= v%d (holding v%d)", minimum, self.backend.policy_version)
+        progress = WaitLog(self.wait_log_every_s)
         while not self.stop_event.is_set():
+            if (waited := progress.due()) is not None:
+                log.info(
+                    "still waiting for policy >= v%d after %.0f s (holding v%d; weights from %s)",
+                    minimum,
+                    waited,
+                    self.backend.policy_version,
+                    ", ".join(self.store.servers) or "none",
+                )
             try:
                 published = self.store.newest_available()
                 newest = max(minimum, min(published, self.client.status().policy_version))
@@ -207,7 +223,7 @@ class Worker:
             log.info("garbage body failed: %s", exc)
 
     def run_loop(self) -> int:
-        self.client.wait_until_up()
+        self.client.wait_until_up(self.run.orchestrator.connect_timeout_s)
         self.worker_id = self.client.register(self.cfg.name or self.name).worker_id
         log.info("registered as %s (behaviour %s)", self.worker_id, self.cfg.behaviour)
         get_metrics().log("registered", worker_id=self.worker_id, behaviour=self.cfg.behaviour)
@@ -245,6 +261,9 @@ def main(config: RunConfig, name: str = "worker") -> int:
     """Entry point of ``prime-rl worker``."""
     torch.set_num_threads(config.workers.num_threads)
     init_process("worker", name, config.run_dir)
+    # before loading the model: a wrong URL is reported in seconds, not after the model load
+    if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
+        return 1
     worker = Worker(config, name)
     signal.signal(signal.SIGTERM, _exit_cleanly)
     try:

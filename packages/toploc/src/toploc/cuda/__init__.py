@@ -31,8 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from toploc.commitment import commit
 from toploc.errors import ActivationError
 from toploc.field import INVERSE_SIGNED, P
+from toploc.selection import select_topk
 
 _SOURCE = Path(__file__).with_name("toploc_cuda.cu")
 _LOCK = threading.Lock()
@@ -118,9 +120,6 @@ def _passes_self_test(lib: ctypes.CDLL, device: torch.device) -> bool:
 
 def _self_test(lib: ctypes.CDLL, device: torch.device) -> bool:
     """Run both kernels once against the torch/host path (random and tie-heavy chunks)."""
-    from toploc.proofs import commit
-    from toploc.selection import select_topk
-
     g = torch.Generator().manual_seed(0)
     chunks = torch.cat(
         [torch.randn(2, 4096, generator=g), torch.randint(-2, 3, (2, 4096), generator=g).float()]

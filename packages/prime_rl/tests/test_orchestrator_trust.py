@@ -1,0 +1,309 @@
+"""Issue 13 on the orchestrator's side: secrets, trusted endpoints, keyed assignment, lease rules.
+
+In-process and fast: the ledger with an injected clock, or the HTTP server on loopback. The
+red-team run against real processes is ``test_redteam.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from prime_rl.api.assignment import AssignmentError, mac64, sampling_seed, task_ids
+from prime_rl.api.errors import ApiFailure
+from prime_rl.api.protocol import ClaimRequest, RolloutBatch, RolloutSample, Verdict, VerdictRequest
+from prime_rl.api.secrets import SecretsError, check_bind_address, is_loopback, run_secrets, secrets_path
+from prime_rl.config import ConfigError, load_config
+from prime_rl.orchestrator.ledger import Ledger
+from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.orchestrator.store import RolloutStore
+from prime_rl.tasks import TaskSet
+
+TRUSTED = [
+    ("GET", "/validator/pending", None),
+    ("POST", "/validator/verdicts", {"batch_id": "x", "verdicts": []}),
+    ("POST", "/workers/ban", {"worker_id": "w0000", "reason": "x"}),
+    ("POST", "/trainer/claim", {"step": 0, "min_samples": 1}),
+    ("POST", "/trainer/commit", {"step": 0, "policy_version": 1}),
+]
+
+# ---------------------------------------------------------------- secrets
+
+
+def test_secrets_are_generated_once_private_and_shared_by_every_trusted_process(tmp_path: Path) -> None:
+    config = load_config(None, ["--run_dir", str(tmp_path)])
+    first = run_secrets(config)
+    path = secrets_path(tmp_path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert len(first.admin_token) >= 32 and len(first.assignment_key) >= 32
+    assert run_secrets(config) == first  # a second process reads the same file
+    assert "admin_token" not in repr(first) and first.admin_token not in repr(first)
+    configured = load_config(
+        None,
+        ["--run_dir", str(tmp_path), "--orchestrator.admin_token", "t" * 20, "--orchestrator.assignment_secret", "k" * 20],
+    )  # fmt: skip
+    both = run_secrets(configured)
+    assert (both.admin_token, both.assignment_key) == ("t" * 20, b"k" * 20)
+
+
+def test_unsafe_or_corrupt_secrets_files_are_refused(tmp_path: Path) -> None:
+    config = load_config(None, ["--run_dir", str(tmp_path)])
+    run_secrets(config)
+    path = secrets_path(tmp_path)
+    os.chmod(path, 0o644)
+    with pytest.raises(SecretsError, match="chmod 600"):
+        run_secrets(config)
+    os.chmod(path, 0o600)
+    path.write_text(json.dumps({"admin_token": "short", "assignment_secret": "x" * 64}))
+    with pytest.raises(SecretsError, match="incomplete"):
+        run_secrets(config)
+    path.write_text("{not json")
+    with pytest.raises(SecretsError, match="unreadable"):
+        run_secrets(config)
+
+
+def test_short_configured_secrets_are_config_errors() -> None:
+    for key in ("admin_token", "assignment_secret"):
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, [f"--orchestrator.{key}", "s3cret"])
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("127.5.0.9", True), ("localhost", True), ("::1", True), ("[::1]", True),
+     ("0.0.0.0", False), ("::", False), ("10.0.0.3", False), ("", False), ("orchestrator.example", False)],
+)  # fmt: skip
+def test_only_loopback_may_serve_without_a_configured_token(host: str, loopback: bool) -> None:
+    assert is_loopback(host) == loopback
+    if loopback:
+        check_bind_address(host, "")
+    else:
+        with pytest.raises(SecretsError, match="admin_token must be set"):
+            check_bind_address(host, "")
+    check_bind_address(host, "a-token-of-16-chars")
+
+
+def test_orchestrator_off_loopback_refuses_to_start_without_a_token(tmp_path: Path) -> None:
+    config = load_config(None, ["--run_dir", str(tmp_path), "--orchestrator.host", "0.0.0.0", "--orchestrator.port", "0"])
+    with pytest.raises(SecretsError, match=r"orchestrator\.admin_token"):
+        OrchestratorServer(config, TaskSet([{"prompt": "q"}] * 8))
+    command = [sys.executable, "-m", "prime_rl.cli", "orchestrator", "--run_dir", str(tmp_path),
+               "--orchestrator.host", "0.0.0.0", "--orchestrator.port", "0"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "orchestrator.admin_token must be set" in done.stdout + done.stderr
+
+
+def test_every_trusted_endpoint_needs_the_generated_token(server: Any) -> None:
+    token = json.loads(secrets_path(server.config.run_dir).read_text())["admin_token"]
+    assert token == server.admin_token
+    for method, path, body in TRUSTED:
+        for headers in ({}, {"Authorization": "Bearer "}, {"Authorization": f"Bearer {token[:-1]}"}):
+            answer = requests.request(method, server.url + path, json=body, headers=headers, timeout=10)
+            assert answer.status_code == 401 and answer.json()["error"] == "unauthorized", (path, headers)
+        answer = requests.request(
+            method, server.url + path, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10
+        )
+        assert answer.status_code != 401, (path, answer.text)
+
+
+# ---------------------------------------------------------------- keyed assignment
+
+
+def test_assignment_is_hmac_sha256_of_the_documented_text() -> None:
+    key = b"0123456789abcdef-key"
+    text = "prime-rl/task/w0007/3/5/0"
+    expected = int.from_bytes(hmac.new(key, text.encode(), hashlib.sha256).digest()[:8], "big")
+    assert mac64(key, "task", "w0007", 3, 5, 0) == expected
+    ids = task_ids(key=key, worker_id="w0007", step=3, batch_index=5, num_tasks=1000, prompts_per_batch=4)
+    assert ids[0] == expected % 1000 and len(set(ids)) == 4
+    seed = sampling_seed(key=key, worker_id="w0007", step=3, batch_index=5, task_id=ids[0], group_index=2)
+    assert seed == mac64(key, "sample", "w0007", 3, 5, ids[0], 2) & (2**63 - 1)
+    with pytest.raises(AssignmentError, match="16 bytes"):
+        task_ids(key=b"short", worker_id="w", step=0, batch_index=0, num_tasks=10, prompts_per_batch=1)
+
+
+def test_a_worker_cannot_predict_its_leases(client: Any, server: Any) -> None:
+    """Without the key, the formerly public function (run seed 0) predicts a lease no better than chance."""
+
+    def public_tasks(worker_id: str, batch_index: int) -> list[int]:
+        ids: list[int] = []
+        for draw in range(1000):
+            text = f"prime-rl/task/0/{worker_id}/0/{batch_index}/{draw}"
+            t = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") % 50
+            if t not in ids:
+                ids.append(t)
+            if len(ids) == 2:
+                return ids
+        raise AssertionError
+
+    hits = 0
+    for _ in range(8):
+        worker_id = client.register().worker_id
+        lease = client.get_tasks(worker_id)
+        hits += [t.task_id for t in lease.tasks] == public_tasks(worker_id, 0)
+        key = server.trusted.assignment_key
+        assert [t.task_id for t in lease.tasks] == list(
+            task_ids(key=key, worker_id=worker_id, step=0, batch_index=0, num_tasks=50, prompts_per_batch=2)
+        )
+    assert hits == 0  # chance: 8 leases x 1/(50*49)
+
+
+# ---------------------------------------------------------------- leases: caps, abandonment, backpressure
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _ledger(config_for: Any, *overrides: str) -> tuple[Ledger, _Clock]:
+    clock = _Clock()
+    config = config_for("--orchestrator.task_timeout_s", "10", *overrides)
+    tasks = TaskSet([{"prompt": f"q{i}"} for i in range(20)])
+    return Ledger(config, tasks, RolloutStore(config.orchestrator_data_dir), clock=clock), clock
+
+
+def _batch(lease: Any, version: int = 0) -> RolloutBatch:
+    samples = [
+        RolloutSample(
+            task_id=task.task_id, group_index=g, prompt_tokens=[1], completion_tokens=[2, 3], sampling_seed=seed,
+            temperature=1.0, reward=float(g), advantage=float(g) - 0.5, proofs=base64.b64encode(b"p").decode(),
+            inference_logprobs=[-9.0, -9.0],
+        )
+        for task in lease.tasks
+        for g, seed in enumerate(task.sampling_seeds)
+    ]  # fmt: skip
+    return RolloutBatch(
+        worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index, policy_version=version,
+        samples=samples,
+    )  # fmt: skip
+
+
+def _submit(ledger: Ledger, worker: Any, batch: RolloutBatch) -> Any:
+    return ledger.submit(worker, batch, hashlib.sha256(batch.model_dump_json().encode()).hexdigest())
+
+
+def _accept(ledger: Ledger, batch_id: str, logprobs: list[float] | None = None) -> None:
+    n = len(ledger.batches[batch_id].task_ids)
+    verdicts = [
+        Verdict(sample_index=i, accepted=True, reason="ok", reward=float(i % 2), advantage=float(i % 2) - 0.5,
+                logprobs=logprobs if logprobs is not None else [-0.25, -0.75])
+        for i in range(n)
+    ]  # fmt: skip
+    ledger.record_verdicts(VerdictRequest(batch_id=batch_id, verdicts=verdicts))
+
+
+def test_abandoned_leases_lower_the_allowance_then_ban(config_for: Any) -> None:
+    ledger, clock = _ledger(config_for)
+    worker = ledger.workers[ledger.register("abandons").worker_id]
+    assert ledger.lease_allowance(worker.worker_id) == 4
+    for _ in range(2):
+        ledger.lease(worker, None, None)
+    clock.now += 11
+    assert ledger.expire_leases() == 2
+    assert ledger.lease_allowance(worker.worker_id) == 2 and not worker.banned
+    ledger.lease(worker, None, None)
+    ledger.lease(worker, None, None)
+    with pytest.raises(ApiFailure) as refused:  # its allowance (4 - 2 expired) is used up
+        ledger.lease(worker, None, None)
+    assert refused.value.status == 409 and "let expire" in refused.value.message
+    clock.now += 11
+    ledger.expire_leases()  # 4 of 4 leases expired: >= ban_abandoned_leases (3) and >= 25 %
+    assert worker.banned and "abandoned 4 of 4 leases" in worker.ban_reason
+    with pytest.raises(ApiFailure) as banned:
+        ledger.lease(worker, None, None)
+    assert banned.value.status == 403
+    # An honest worker that answers its leases keeps its full allowance and is never banned.
+    honest = ledger.workers[ledger.register("answers").worker_id]
+    for _ in range(10):
+        _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))
+        clock.now += 11
+        ledger.expire_leases()
+    assert ledger.lease_allowance(honest.worker_id) == 4 and not honest.banned
+
+
+def test_an_occasional_lost_lease_is_tolerated(config_for: Any) -> None:
+    ledger, clock = _ledger(config_for)
+    worker = ledger.workers[ledger.register("long-lived").worker_id]
+    for index in range(20):
+        lease = ledger.lease(worker, None, None)
+        if index % 8 != 7:  # loses 2 of 20 leases (a restart, a network blip)
+            _submit(ledger, worker, _batch(lease))
+        clock.now += 11
+        ledger.expire_leases()
+    assert not worker.banned and ledger.leases.expired(worker.worker_id) == 2
+    assert ledger.lease_allowance(worker.worker_id) == 2
+
+
+def test_open_leases_are_capped_per_address(config_for: Any) -> None:
+    ledger, _ = _ledger(config_for, "--orchestrator.max_open_leases_per_address", "6")
+    hoarders = [ledger.workers[ledger.register(f"h{i}").worker_id] for i in range(3)]
+    taken = 0
+    for worker in hoarders:
+        for _ in range(4):
+            try:
+                ledger.lease(worker, None, None, "10.0.0.7")
+                taken += 1
+            except ApiFailure as failure:
+                assert failure.status == 429 and "max_open_leases_per_address" in failure.message
+    assert taken == 6
+    other = ledger.workers[ledger.register("elsewhere").worker_id]
+    assert ledger.lease(other, None, None, "10.0.0.8").batch_index == 0  # another address is unaffected
+
+
+def test_hoarded_leases_never_stop_others_from_leasing(config_for: Any) -> None:
+    ledger, _ = _ledger(config_for, "--orchestrator.max_buffered_samples", "20", "--trainer.samples_per_step", "8")
+    for i in range(4):  # 16 open leases = 64 samples, far over the buffer, never answered
+        hoarder = ledger.workers[ledger.register(f"h{i}").worker_id]
+        for _ in range(4):
+            ledger.lease(hoarder, None, None, f"10.0.0.{i}")
+    honest = ledger.workers[ledger.register("honest").worker_id]
+    first = _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))
+    _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))  # 8 answered samples buffered
+    _accept(ledger, first.batch_id)
+    assert ledger.buffered_samples() == 8
+    _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))
+    _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))
+    _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))  # 16 answered samples < 20: leased
+    with pytest.raises(ApiFailure) as busy:  # 20 answered samples: answered work is what fills the buffer
+        ledger.lease(honest, None, None)
+    assert busy.value.status == 429
+
+
+def test_the_trainer_gets_the_validators_values_and_nothing_from_banned_workers(config_for: Any) -> None:
+    ledger, _ = _ledger(config_for)
+    good = ledger.workers[ledger.register("good").worker_id]
+    bad = ledger.workers[ledger.register("bad").worker_id]
+    good_batch = _submit(ledger, good, _batch(ledger.lease(good, None, None)))
+    bad_batch = _submit(ledger, bad, _batch(ledger.lease(bad, None, None)))
+    with pytest.raises(ApiFailure) as incomplete:  # accepted without the validator's log-probs: refused
+        _accept(ledger, good_batch.batch_id, logprobs=[-0.25])
+    assert incomplete.value.status == 400 and "log-probs" in incomplete.value.message
+    _accept(ledger, bad_batch.batch_id)
+    _accept(ledger, good_batch.batch_id)
+    ledger.workers.ban(bad, "caught later")  # e.g. by per-worker evidence, after its samples were accepted
+    claim = ledger.claim(ClaimRequest(step=0, min_samples=8, filter_zero_advantage=False))
+    assert not claim.ready and claim.available_samples == 4  # only the good worker's 4 samples
+    claim = ledger.claim(ClaimRequest(step=0, min_samples=4, filter_zero_advantage=False))
+    assert claim.ready and {s.worker_id for s in claim.samples} == {good.worker_id}
+    for sample in claim.samples:  # the worker claimed -9.0 and rewards 0/1, advantages -0.5/0.5 per group index
+        assert sample.behaviour_logprobs == [-0.25, -0.75]
+        index = int(sample.sample_id.rsplit("/", 1)[1])
+        assert (sample.reward, sample.advantage) == (float(index % 2), float(index % 2) - 0.5)
+    # A restarted orchestrator replays the same claim with the same values.
+    restarted = Ledger(ledger.config, ledger.tasks, RolloutStore(ledger.config.orchestrator_data_dir))
+    assert restarted.claim(ClaimRequest(step=0, min_samples=4)).samples == claim.samples

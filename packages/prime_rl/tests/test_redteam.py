@@ -1,0 +1,511 @@
+"""Red team: a worker written from API.md alone attacks a real ``prime-rl run`` (issue 13).
+
+One run, every role a real process on loopback (orchestrator, shardcast origin and relay, trainer,
+validator, two honest workers, started by ``prime-rl run``), and one attacker: this test process,
+an HTTP client with its own copy of the model, that follows the policy versions through shardcast
+like any worker. It never reads the run's secrets. Every attack gets fresh identities:
+
+=================  ==========================================================================
+attack             what the attacker does
+=================  ==========================================================================
+admin_no_token     calls every trusted endpoint without a token: reads pending batches, posts
+                   "accepted" verdicts for its own made-up batch, bans one of its identities,
+                   claims and commits future steps
+half_lease         answers only the first prompt of each lease (a whole group for it)
+truncated          drops the last token of every completion (unterminated completions)
+grind              predicts its tasks and seeds with the formerly public assignment function
+                   (run seed 0) and answers the predicted tasks
+nudged_logprobs    honest samples whose claimed inference log-probs are shifted by +0.04
+malformed_proofs   honest samples whose proofs are cut short (valid base64, wrong length)
+hoarding           identities from another address (127.0.0.2) take every lease they can and
+                   never answer
+=================  ==========================================================================
+
+What the run left on disk decides: the orchestrator's store (verdicts, claims), the metrics files,
+and the claims replayed through the orchestrator's own ledger (what the trainer received).
+Guarantees checked: no sample of the attacker in any trainer claim (for nudged log-probs: the
+trainer receives the validator's log-probs, never the claimed ones); the honest workers have no
+rejected sample, are never banned, and keep getting leases while the hoarders hold theirs;
+malformed proofs cost the validator no prefill.
+
+``REDTEAM_REPORT=path`` writes the measured numbers as JSON (the issue's before/after table).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import torch
+
+from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorBusy, OrchestratorClient
+from prime_rl.api.protocol import ClaimRequest, LeaseTask, RolloutBatch, RolloutSample, TaskLease
+from prime_rl.config import RunConfig, load_config
+from prime_rl.inference.backend import HFBackend, build_proofs
+from prime_rl.inference.run_tasks import run_tasks
+from prime_rl.orchestrator.ledger import Ledger
+from prime_rl.orchestrator.store import RolloutStore
+from prime_rl.tasks import load_tasks
+from prime_rl.weights.store import PolicyStore, PolicyUnavailable
+from prime_rl.worker.rollout import build_batch
+
+pytestmark = pytest.mark.slow
+
+NUDGE = 0.04
+# Attack batches must be judged (not expire) and, if accepted, claimed: a deep async level keeps them
+# fresh and a small buffer keeps the validator's queue short (steps take ~3 s on the tiny model).
+ASYNC_LEVEL = 6
+SAMPLES_PER_STEP = 32
+BUFFER = 48
+TASK_TIMEOUT_S = 20.0
+HOARD_ADDRESS = "127.0.0.2"
+HOARDERS = 6  # more than max_open_leases_per_address (16) / max_open_leases (4) lets through
+PER_ADDRESS = 16
+CONTENT_ATTACKS = ("half_lease", "truncated", "grind", "nudged_logprobs", "malformed_proofs")
+
+
+class _SourceAddress(requests.adapters.HTTPAdapter):
+    """Send from another loopback address, as a second machine would."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        super().__init__()
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["source_address"] = (self.address, 0)
+        super().init_poolmanager(*args, **kwargs)
+
+
+def _public_hash64(*parts: object) -> int:
+    """The assignment hash API.md documented before issue 13 (BLAKE2b-64 of the joined parts)."""
+    text = "prime-rl/" + "/".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+def _predicted_tasks(worker_id: str, step: int, batch_index: int, num_tasks: int, count: int) -> list[int]:
+    ids: list[int] = []
+    for draw in range(64 * count + num_tasks):
+        task_id = _public_hash64("task", 0, worker_id, step, batch_index, draw) % num_tasks
+        if task_id not in ids:
+            ids.append(task_id)
+        if len(ids) == count:
+            break
+    return ids
+
+
+def _predicted_seed(worker_id: str, step: int, batch_index: int, task_id: int, group_index: int) -> int:
+    return _public_hash64("sample", 0, worker_id, step, batch_index, task_id, group_index) & (2**63 - 1)
+
+
+class Attacker:
+    """The untrusted client: its own model copy, its own identities, the public API only."""
+
+    def __init__(self, config: RunConfig, cache: Path) -> None:
+        self.config = config
+        self.url = config.orchestrator.url
+        self.backend = HFBackend(config.model.path, dtype=config.model.dtype)
+        self.tasks = run_tasks(config, self.backend.tokenizer)
+        self.weights = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
+        self.identities: dict[str, str] = {}  # worker_id -> attack
+        self.submitted: dict[str, RolloutBatch] = {}  # batch_id -> batch as submitted
+        self.events: dict[str, Any] = defaultdict(list)
+
+    def client(
+        self, attack: str, source: str | None = None, retries: int = 3
+    ) -> tuple[OrchestratorClient, str]:
+        client = OrchestratorClient(self.url, timeout_s=10, retries=3, backoff_s=0.5)
+        if source is not None:
+            client._session.mount("http://", _SourceAddress(source))
+        worker_id = client.register(f"attack-{attack}").worker_id
+        client.retries = retries
+        self.identities[worker_id] = attack
+        return client, worker_id
+
+    def lease(self, client: OrchestratorClient, worker_id: str) -> TaskLease:
+        """``GET /tasks``, waiting out backpressure (429 busy) like an honest worker."""
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                return client.get_tasks(worker_id)
+            except OrchestratorBusy:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def follow_policy(self, minimum: int) -> None:
+        """Hold the newest committed version the relay serves, at least ``minimum`` (like an honest worker)."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            committed = OrchestratorClient(self.url, timeout_s=10).status().policy_version
+            version = max(minimum, min(committed, self.weights.newest_available()))
+            if version <= self.backend.policy_version:
+                return
+            try:
+                self.backend.load_weights(self.weights.ensure(version), version)
+            except PolicyUnavailable:  # not on the relay yet
+                time.sleep(0.5)
+        raise TimeoutError(f"policy version {minimum} never became available")
+
+    def honest(self, lease: TaskLease) -> RolloutBatch:
+        return build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
+
+    def submit(self, client: OrchestratorClient, batch: RolloutBatch) -> str | None:
+        try:
+            answer = client.submit_rollouts(batch)
+        except ClientRequestError as error:
+            self.events["refused_submissions"].append((batch.worker_id, error.status, error.error))
+            return None
+        self.submitted[answer.batch_id] = batch
+        return answer.batch_id
+
+    # ------------------------------------------------------------------ attacks
+
+    def admin_no_token(self) -> dict[str, int]:
+        """Every trusted endpoint without a token; the HTTP status of each attempt."""
+        client, worker_id = self.client("admin_no_token")
+        _, victim = self.client("admin_no_token")  # one of its own identities: honest ones stay untouched
+        lease = self.lease(client, worker_id)
+        samples = [
+            RolloutSample(
+                task_id=task.task_id, group_index=g, prompt_tokens=[5, 6, 7], completion_tokens=[8, 9],
+                sampling_seed=seed, temperature=lease.temperature, reward=1.0, advantage=float(g % 2) - 0.5,
+                proofs=base64.b64encode(b"\x00\x01" + b"\x00" * 256).decode(), inference_logprobs=[-0.1, -0.1],
+            )
+            for task in lease.tasks
+            for g, seed in enumerate(task.sampling_seeds)
+        ]  # fmt: skip
+        batch = RolloutBatch(
+            worker_id=worker_id,
+            step=lease.step,
+            batch_index=lease.batch_index,
+            policy_version=0,
+            samples=samples,
+        )
+        batch_id = self.submit(client, batch)
+        status = OrchestratorClient(self.url).status()
+        verdicts = {
+            "batch_id": batch_id,
+            "verdicts": [
+                {"sample_index": i, "accepted": True, "reason": "ok", "reward": 1.0, "advantage": 1.0}
+                for i in range(len(samples))
+            ],
+        }
+        attempts = {
+            "GET /validator/pending": ("GET", "/validator/pending", None),
+            "POST /validator/verdicts": ("POST", "/validator/verdicts", verdicts),
+            "POST /workers/ban": ("POST", "/workers/ban", {"worker_id": victim, "reason": "attacker"}),
+            "POST /trainer/claim": ("POST", "/trainer/claim", {"step": status.step + 50, "min_samples": 1}),
+            "POST /trainer/commit": (
+                "POST", "/trainer/commit", {"step": status.step + 50, "policy_version": status.step + 51}
+            ),
+        }  # fmt: skip
+        codes = {}
+        for name, (method, path, body) in attempts.items():
+            answer = requests.request(method, self.url + path, json=body, timeout=10)
+            codes[name] = answer.status_code
+        return codes
+
+    def content_attack(self, attack: str) -> None:
+        """One lease answered the way ``attack`` does (see the module docstring)."""
+        client, worker_id = self.client(attack)
+        lease = self.lease(client, worker_id)
+        self.follow_policy(lease.min_policy_version)
+        if attack == "grind":
+            self.submit(client, self._grind(lease))
+            return
+        batch = self.honest(lease)
+        samples = list(batch.samples)
+        if attack == "half_lease":
+            samples = [s for s in samples if s.task_id == lease.tasks[0].task_id]
+        elif attack == "truncated":
+            samples = [self._truncate(s) for s in samples]
+        elif attack == "nudged_logprobs":
+            samples = [
+                s.model_copy(update={"inference_logprobs": [x + NUDGE for x in s.inference_logprobs]})
+                for s in samples
+            ]
+        elif attack == "malformed_proofs":
+            samples = [
+                s.model_copy(update={"proofs": s.proofs[:-2]})  # bytes in-process, base64 on the wire
+                for s in samples
+            ]
+        self.submit(client, batch.model_copy(update={"samples": samples}))
+
+    def _truncate(self, sample: RolloutSample) -> RolloutSample:
+        """The completion without its last token, with proofs and log-probs that match the prefix."""
+        tokens = sample.completion_tokens[:-1]
+        if not tokens:
+            return sample
+        prefill = self.backend.prefill([sample.prompt_tokens], [tokens])[0]
+        text = self.backend.tokenizer.decode(tokens, skip_special_tokens=True)
+        return sample.model_copy(
+            update={
+                "completion_tokens": tokens,
+                "inference_logprobs": sample.inference_logprobs[:-1],
+                "proofs": build_proofs(prefill.hidden),
+                "reward": float(self.tasks.score(sample.task_id, text, len(tokens))),
+            }
+        )
+
+    def _grind(self, lease: TaskLease) -> RolloutBatch:
+        """Answer the tasks the public assignment function predicts for this lease (with its seeds)."""
+        predicted = _predicted_tasks(
+            lease.worker_id, lease.step, lease.batch_index, self.tasks.num_tasks, len(lease.tasks)
+        )
+        self.events["grind_predicted_right"].append(predicted == [t.task_id for t in lease.tasks])
+        tasks = [
+            {
+                "task_id": task_id,
+                "prompt": self.tasks.task_set.prompt(task_id),
+                "sampling_seeds": [
+                    _predicted_seed(lease.worker_id, lease.step, lease.batch_index, task_id, g)
+                    for g in range(lease.group_size)
+                ],
+            }
+            for task_id in predicted
+        ]
+        return self.honest(lease.model_copy(update={"tasks": [LeaseTask(**t) for t in tasks]}))
+
+    def hoard(self, stop: threading.Event) -> None:
+        """Identities from another address take every lease they can and never answer (until ``stop``)."""
+        clients = []
+        for _ in range(HOARDERS):
+            try:
+                clients.append(self.client("hoarding", source=HOARD_ADDRESS, retries=0))
+            except ApiError as error:
+                self.events["hoard_register_refused"].append(str(error)[:100])
+        while not stop.is_set():
+            for client, worker_id in clients:
+                try:
+                    client.get_tasks(worker_id)
+                    self.events["hoard_leases"].append(time.time())
+                except ClientRequestError as error:
+                    self.events["hoard_refusals"].append(error.status)
+                except ApiError:  # 429 busy (per-address cap)
+                    self.events["hoard_refusals"].append(429)
+            stop.wait(1.0)
+
+
+# ---------------------------------------------------------------------- the run
+
+
+def _start(config_path: Path) -> subprocess.Popen[str]:
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+    return subprocess.Popen(
+        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+
+
+def _stop(run: subprocess.Popen[str]) -> str:
+    if run.poll() is None:
+        run.send_signal(signal.SIGINT)
+    try:
+        output, _ = run.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        output, _ = run.communicate()
+    return output
+
+
+def _commits(run_dir: Path, helpers: Any) -> int:
+    return sum(1 for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "commit")
+
+
+def _leases_per_minute(events: list[dict[str, Any]], workers: set[str], start: float, end: float) -> float:
+    count = sum(
+        1 for e in events if e["event"] == "lease" and e["worker_id"] in workers and start <= e["time"] < end
+    )
+    return 60.0 * count / max(end - start, 1e-9)
+
+
+def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp_path: Path) -> None:
+    config_path, run_dir = tiny_run(
+        orchestrator={
+            "async_level": ASYNC_LEVEL,
+            "max_buffered_samples": BUFFER,
+            "task_timeout_s": TASK_TIMEOUT_S,
+            "max_open_leases_per_address": PER_ADDRESS,
+        },
+        trainer={"total_steps": 200, "samples_per_step": SAMPLES_PER_STEP},
+        workers={"count": 2, "hostile": []},
+    )
+    config = load_config(config_path)
+    run = _start(config_path)
+    results: dict[str, Any] = {}
+    try:
+        OrchestratorClient(config.orchestrator.url).wait_until_up(120)
+        helpers.wait_for(lambda: _commits(run_dir, helpers) >= 1, 240, "the first trained step")
+        attacker = Attacker(config, tmp_path / "attacker")
+        results["admin_no_token"] = attacker.admin_no_token()
+        for attack in CONTENT_ATTACKS:
+            for _ in range(2):
+                attacker.content_attack(attack)
+        # Hoarding: honest lease rate in the 20 s before and while the hoarders hold their leases
+        # (two lease timeouts, so two waves of expiries and what follows them are included).
+        baseline_start = time.time()
+        time.sleep(20)
+        hoard_start = time.time()
+        stop = threading.Event()
+        hoarder = threading.Thread(target=attacker.hoard, args=(stop,), daemon=True)
+        hoarder.start()
+        time.sleep(2 * TASK_TIMEOUT_S + 8)
+        stop.set()
+        hoarder.join(30)
+        hoard_end = time.time()
+        # Let the validator judge every attack batch and the trainer claim twice after that.
+        store = RolloutStore(run_dir / "orchestrator")
+        helpers.wait_for(
+            lambda: set(attacker.submitted) <= set(store.all_verdicts()),
+            180,
+            "verdicts on every attack batch",
+        )
+        judged_at = _commits(run_dir, helpers)
+        helpers.wait_for(lambda: _commits(run_dir, helpers) >= judged_at + 2, 180, "two more trained steps")
+    finally:
+        output = _stop(run)
+    assert run.returncode in (0, 128 + signal.SIGINT), output[-3000:]
+
+    # ------------------------------------------------------------------ what the run left behind
+    events = helpers.metrics_of(run_dir, "orchestrator")
+    names = {e["worker_id"]: e["worker_name"] for e in events if e["event"] == "register"}
+    honest = {w for w, n in names.items() if n.startswith("worker-")}
+    store = RolloutStore(run_dir / "orchestrator")
+    verdicts = store.all_verdicts()
+    batches = {record.meta.batch_id: record for record in store.batch_records()}
+    ledger = Ledger(config, load_tasks(config.tasks), store)  # what the trainer received, replayed
+    trained = {
+        sample.sample_id: sample
+        for claim in store.claims()
+        for sample in ledger.claim(ClaimRequest(step=claim.step, min_samples=1)).samples
+    }
+    attack_of = {b: attacker.identities.get(r.meta.worker_id) for b, r in batches.items()}
+
+    per_attack: dict[str, dict[str, Any]] = defaultdict(lambda: defaultdict(int))
+    for batch_id, attack in attack_of.items():
+        if attack is None:
+            continue
+        row = per_attack[attack]
+        row["batches"] += 1
+        for verdict in verdicts.get(batch_id, []):
+            row["samples"] += 1
+            row["accepted"] += verdict.accepted
+            if not verdict.accepted:
+                row.setdefault("reasons", defaultdict(int))[verdict.reason] += 1
+        row["in_trainer_claims"] += sum(1 for s in trained.values() if s.batch_id == batch_id)
+    for row in per_attack.values():
+        row["reasons"] = dict(row.get("reasons", {}))
+    # Nudged log-probs: what the trainer got vs what the attacker claimed.
+    nudged = [
+        (s, attacker.submitted[s.batch_id].samples[int(s.sample_id.rsplit("/", 1)[1])])
+        for s in trained.values()
+        if attack_of.get(s.batch_id) == "nudged_logprobs"
+    ]
+    per_attack["nudged_logprobs"]["trainer_got_claimed_logprobs"] = sum(
+        1 for got, sent in nudged if got.behaviour_logprobs == sent.inference_logprobs
+    )
+    # Malformed proofs: validator seconds per batch (vs honest batches of the same size).
+    seconds = {e["batch_id"]: e for e in helpers.metrics_of(run_dir, "validator") if e["event"] == "verdict"}
+    malformed = [seconds[b] for b, a in attack_of.items() if a == "malformed_proofs" and b in seconds]
+    honest_seconds = sorted(
+        seconds[b]["seconds"] for b, r in batches.items() if r.meta.worker_id in honest and b in seconds
+    )
+    per_attack["malformed_proofs"]["validator_seconds_max"] = max(
+        (e["seconds"] for e in malformed), default=None
+    )
+    per_attack["malformed_proofs"]["prefilled_samples"] = sum(int(e.get("prefilled", -1)) for e in malformed)
+    per_attack["malformed_proofs"]["honest_validator_seconds_median"] = (
+        honest_seconds[len(honest_seconds) // 2] if honest_seconds else None
+    )
+    per_attack["grind"]["predicted_right"] = sum(attacker.events["grind_predicted_right"])
+    per_attack["grind"]["predictions"] = len(attacker.events["grind_predicted_right"])
+    # Hoarding.
+    per_attack["hoarding"]["leases_taken"] = len(attacker.events["hoard_leases"])
+    per_attack["hoarding"]["leases_taken_before_first_expiry"] = sum(
+        1 for t in attacker.events["hoard_leases"] if t < hoard_start + TASK_TIMEOUT_S
+    )
+    per_attack["hoarding"]["refusals"] = dict(
+        (str(code), attacker.events["hoard_refusals"].count(code))
+        for code in set(attacker.events["hoard_refusals"])
+    )
+    per_attack["hoarding"]["honest_leases_per_min_before"] = _leases_per_minute(
+        events, honest, baseline_start, hoard_start
+    )
+    per_attack["hoarding"]["honest_leases_per_min_during"] = _leases_per_minute(
+        events, honest, hoard_start + 3, hoard_end
+    )
+    workers = {w.worker_id: w for w in ledger.workers_view().workers}
+    hoarders = [workers[w] for w, a in attacker.identities.items() if a == "hoarding"]
+    per_attack["hoarding"]["hoarders_banned"] = sum(w.banned for w in hoarders)
+    per_attack["hoarding"]["hoarders_over_the_abandon_limit"] = sum(
+        w.leases_expired >= 3 and w.leases_expired >= 0.25 * w.leases_issued for w in hoarders
+    )
+    honest_rejected = sum(
+        1
+        for b, r in batches.items()
+        if r.meta.worker_id in honest
+        for v in verdicts.get(b, [])
+        if not v.accepted and v.reason != "expired"
+    )
+    results.update(
+        attacks={k: dict(v) for k, v in per_attack.items()},
+        honest={
+            "samples_accepted": sum(workers[w].samples_accepted for w in honest),
+            "samples_rejected": honest_rejected,
+            "banned": sum(workers[w].banned for w in honest),
+            "leases_expired": sum(workers[w].leases_expired for w in honest),
+        },
+        trained_steps=len(store.claims()),
+    )
+    report = json.dumps(results, indent=2, default=str)
+    print(report)
+    if os.environ.get("REDTEAM_REPORT"):
+        Path(os.environ["REDTEAM_REPORT"]).write_text(report)
+
+    # ------------------------------------------------------------------ the guarantees
+    assert all(code == 401 for code in results["admin_no_token"].values()), results["admin_no_token"]
+    for attack in ("admin_no_token", "half_lease", "truncated", "grind", "malformed_proofs", "hoarding"):
+        assert per_attack[attack]["in_trainer_claims"] == 0, (attack, dict(per_attack[attack]))
+        assert per_attack[attack]["accepted"] == 0, (attack, dict(per_attack[attack]))
+    expected = {
+        "half_lease": "incomplete_lease",
+        "truncated": "bad_termination",
+        "grind": "not_assigned",
+        "malformed_proofs": "malformed_proof",
+    }
+    for attack, reason in expected.items():  # judged by the validator for what it is (not just expired)
+        assert reason in per_attack[attack]["reasons"], (attack, dict(per_attack[attack]))
+    assert per_attack["grind"]["predicted_right"] == 0
+    assert nudged, "no nudged sample reached a claim: the log-prob check below would be vacuous"
+    assert per_attack["nudged_logprobs"]["trainer_got_claimed_logprobs"] == 0
+    for got, sent in nudged:  # the validator's log-probs: the honest ones, NUDGE below the claim
+        assert torch.allclose(
+            torch.tensor(got.behaviour_logprobs, dtype=torch.float64),
+            torch.tensor(sent.inference_logprobs, dtype=torch.float64) - NUDGE,
+            atol=1e-4,
+        )
+    assert malformed and all(e.get("prefilled") == 0 for e in malformed), malformed
+    assert per_attack["malformed_proofs"]["reasons"].keys() <= {"malformed_proof", "lease_rejected"}
+    hoarding = per_attack["hoarding"]
+    assert hoarding["honest_leases_per_min_during"] >= 0.5 * hoarding["honest_leases_per_min_before"] > 0, (
+        hoarding
+    )
+    assert hoarding["leases_taken_before_first_expiry"] <= PER_ADDRESS, hoarding
+    # Banned exactly when its expired leases reach ban_abandoned_leases (3) and 25 % of its leases.
+    assert hoarding["hoarders_banned"] == hoarding["hoarders_over_the_abandon_limit"] >= HOARDERS - 2, (
+        hoarding
+    )
+    assert results["honest"]["samples_rejected"] == 0 and results["honest"]["banned"] == 0, results["honest"]
+    assert results["honest"]["leases_expired"] == 0, results["honest"]
