@@ -26,15 +26,17 @@ from prime_rl.validator.evidence import EvidenceLedger, reject_banned, sampling_
 from prime_rl.validator.process import Validator
 from prime_rl.worker.hostile import HostileWorker
 
-RUN_SEED = 3
+KEY = b"evidence-test-assignment-key"
 NUM_TASKS = 40
 GROUP = 4
 PER_BATCH = 2
 MAX_NEW = 12
 TOKENIZER = make_tiny_tokenizer()
 CHECKS = Checks(
-    run_seed=RUN_SEED,
+    assignment_key=KEY,
+    hidden_size=64,
     prompts_per_batch=PER_BATCH,
+    async_level=1,
     group_size=GROUP,
     temperature=1.0,
     max_new_tokens=MAX_NEW,
@@ -103,7 +105,7 @@ def steering(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def lease(worker_id: str, batch_index: int) -> tuple[TaskLease, LeaseRecord]:
     ids = assignment.task_ids(
-        run_seed=RUN_SEED, worker_id=worker_id, step=0, batch_index=batch_index,
+        key=KEY, worker_id=worker_id, step=0, batch_index=batch_index,
         num_tasks=NUM_TASKS, prompts_per_batch=PER_BATCH,
     )  # fmt: skip
     tasks = [
@@ -112,7 +114,7 @@ def lease(worker_id: str, batch_index: int) -> tuple[TaskLease, LeaseRecord]:
             prompt=TASKS.prompt(t),
             sampling_seeds=list(
                 assignment.sampling_seeds(
-                    run_seed=RUN_SEED, worker_id=worker_id, step=0, batch_index=batch_index,
+                    key=KEY, worker_id=worker_id, step=0, batch_index=batch_index,
                     task_id=t, group_size=GROUP,
                 )
             ),
@@ -135,7 +137,7 @@ def judge_batches(
     """Answer ``batches`` leases as an honest worker (steering if patched) and judge them."""
     ledger = EvidenceLedger(tests)
     encode = lambda text: TOKENIZER(text)["input_ids"]  # noqa: E731
-    worker = HostileWorker("honest", encode, TASKS.score, TASKS.prompt_tokens, RUN_SEED, NUM_TASKS)
+    worker = HostileWorker("honest", encode, TASKS.score, TASKS.prompt_tokens, NUM_TASKS)
     verdicts, states, everything = [], [], []
     for b in range(batches):
         task_lease, record = lease(worker_id, b)
@@ -226,7 +228,7 @@ def test_validator_process_bans_a_steering_worker_through_the_orchestrator(
                 ids[behaviour] = client.register(behaviour).worker_id
                 worker = HostileWorker(
                     "honest", validator.tasks.encode, validator.tasks.score, validator.tasks.prompt_tokens,
-                    config.orchestrator.seed, validator.tasks.num_tasks,
+                    validator.tasks.num_tasks,
                 )  # fmt: skip
                 with monkeypatch.context() as patch:
                     if behaviour == "steer":

@@ -29,7 +29,12 @@ class ValidatorConfig(Section):
     sampling_max_mismatch_fraction: float = Field(
         default=0.0, ge=0, le=1, description="Share of tokens allowed beyond the sampling tolerance."
     )
-    logprob_atol: float = Field(default=0.05, gt=0, description="Max mean |claimed - recomputed| inference log-prob.")
+    logprob_atol: float = Field(
+        default=0.05,
+        gt=0,
+        description="Max mean |claimed - recomputed| inference log-prob (widened to 3x the largest honest "
+        "per-token gap of the noise profile when evidence is on).",
+    )
     reward_atol: float = Field(default=1e-6, ge=0, description="Tolerance on the claimed reward.")
     advantage_atol: float = Field(default=1e-4, ge=0, description="Tolerance on the claimed advantage.")
     ban_failure_rate: float = Field(

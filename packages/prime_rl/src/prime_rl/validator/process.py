@@ -164,10 +164,15 @@ class Validator:
                 false_ban_rate=self.cfg.false_ban_rate, horizon_samples=self.cfg.evidence_horizon_samples
             )
             self.evidence = EvidenceLedger(toploc.EvidenceTests.from_profile(profile, policy))
-            # Per sample, only gross deviations: honest drift is the profile's (bf16 margins of 0.45
-            # must pass); whatever hides inside the tolerance is left to the evidence.
-            tolerance = max(self.checks.sampling_tolerance, profile.per_sample_limit("sampling_margin"))
-            self.checks = dataclasses.replace(self.checks, sampling_tolerance=tolerance)
+            # Per sample, only gross deviations: a rejected sample rejects its whole lease, so honest
+            # drift (bf16 margins of 0.45, log-prob gaps of 0.45) must pass; whatever hides inside
+            # these tolerances is left to the evidence. The log-prob rule bounds a sample's mean gap,
+            # so 3x the largest honest per-token gap is at least as loose.
+            self.checks = dataclasses.replace(
+                self.checks,
+                sampling_tolerance=max(self.checks.sampling_tolerance, profile.per_sample_limit("sampling_margin")),
+                logprob_atol=max(self.checks.logprob_atol, profile.per_sample_limit("logprob_gap")),
+            )
         self.done = 0
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
 
