@@ -35,8 +35,12 @@ def stream_scores(tests: toploc.EvidenceTests, stream: Sequence[Any], budgets: S
     return out
 
 
-def honest_segments(stream: Sequence[Any], n: int) -> list[list[Any]]:
-    """Disjoint runs of whole samples covering at least n tokens each (the last one is cut in scoring)."""
+def segments(stream: Sequence[Any], n: int) -> list[list[Any]]:
+    """Disjoint runs of whole samples covering at least n tokens each (the last one is cut in scoring).
+
+    Each run, scored from a fresh ledger, is the first n tokens of one worker (other prompts and
+    seeds): honest streams and deviating streams are both split this way, so a budget n has as many
+    workers of each kind as the streams hold n-token runs."""
     segments, current, tokens = [], [], 0
     for sample in stream:
         current.append(sample)
@@ -91,7 +95,9 @@ def report(
         bounds = ", ".join(f"{t:g}: {p:.1e}" for t, p in zip(s.thresholds, s.rate_bounds, strict=True) if p < 0.2)
         print(f"| {s.name} | {s.observations} | {s.maximum:.3g} | {bounds} |")
     tolerance = max(0.25, profile.per_sample_limit("sampling_margin"))
-    print(f"\n{len(tests)} tests, ban at score >= {tests.log_threshold:.1f} nats; per-sample sampling tolerance {tolerance:.3g}")
+    atol = max(0.05, profile.per_sample_limit("logprob_gap"))
+    print(f"\n{len(tests)} tests, ban at score >= {tests.log_threshold:.1f} nats; per-sample sampling tolerance "
+          f"{tolerance:.3g}, log-prob tolerance {atol:.3g} (the validator's, widened from the profile)")  # fmt: skip
 
     honest_tokens = sum(s.margins.size for st in honest for s in st)
     long_samples = sum(1 for st in honest for s in st if s.margins.size >= 1000)
@@ -103,36 +109,37 @@ def report(
             worst = max(worst, state.fraction)
         banned += evidence.banned
     old = sum(per_sample_rejected(s, 0.25) for st in honest for s in st)
-    new = sum(per_sample_rejected(s, tolerance) for st in honest for s in st)
+    new = sum(per_sample_rejected(s, tolerance, atol) for st in honest for s in st)
     count = sum(len(st) for st in honest)
     print(f"\nhonest held-out: {len(honest)} workers, {count} samples ({long_samples} of >= 1000 tokens), "
           f"{honest_tokens} tokens: {banned} banned, largest score {worst:.3f} of the threshold; "
-          f"per-sample rejections {old}/{count} at tolerance 0.25, {new}/{count} at {tolerance:.3g}")  # fmt: skip
+          f"per-sample rejections {old}/{count} with the fixed rules (0.25, 0.05), {new}/{count} with the widened ones")  # fmt: skip
     result["honest"] = {"workers": len(honest), "samples": count, "tokens": honest_tokens, "long_samples": long_samples,
                         "banned": banned, "max_fraction": worst, "rejected_fixed": old, "rejected_new": new}  # fmt: skip
 
-    honest_at = {n: [stream_scores(tests, seg, [n]).get(n, -np.inf) for st in honest for seg in honest_segments(st, n)] for n in budgets}
+    honest_at = {n: [stream_scores(tests, seg, [n]).get(n, -np.inf) for st in honest for seg in segments(st, n)] for n in budgets}
     header = " | ".join(f"n={n}" for n in budgets)
-    print(f"\n## {dtype}: share of deviating workers banned within n tokens / AUC vs honest workers at n\n")
+    print(f"\n## {dtype}: share of deviating workers banned within n tokens (workers) / AUC vs honest workers at n\n")
     print(f"| deviation | workers | per-sample rejected | AUC >= 0.999 at | all banned at | {header} |")
     print("|---|---|---|---|---|" + "---|" * len(budgets))
     print(f"| (honest workers at n) | | | | | {' | '.join(str(len(honest_at[n])) for n in budgets)} |")
     result["curves"] = {}
     for attack, attack_streams in streams.items():
-        scores = [stream_scores(tests, st, budgets) for st in attack_streams]
-        rejected = np.mean([per_sample_rejected(s, tolerance) for st in attack_streams for s in st])
+        rejected = np.mean([per_sample_rejected(s, tolerance, atol) for st in attack_streams for s in st])
         cells, curve = [], {}
         for n in budgets:
-            at = [s[n] for s in scores if n in s]
+            at = [stream_scores(tests, seg, [n]).get(n, -np.inf) for st in attack_streams for seg in segments(st, n)]
+            at = [x for x in at if x > -np.inf]
             if not at:
                 cells.append("")
                 continue
             share = float(np.mean([x >= tests.log_threshold for x in at]))
             area = auc(at, honest_at[n])
-            cells.append(f"{share:.2f} / {area:.3f}")
+            cells.append(f"{share:.2f} ({len(at)}) / {area:.3f}")
             curve[n] = {"banned": share, "auc": area, "workers": len(at)}
         first_auc = next((str(n) for n in budgets if n in curve and curve[n]["auc"] >= 0.999), "-")
         first_all = next((str(n) for n in budgets if n in curve and curve[n]["banned"] == 1.0), "-")
-        print(f"| {attack} | {len(attack_streams)} | {rejected:.2f} | {first_auc} | {first_all} | {' | '.join(cells)} |")
+        tokens = sum(s.margins.size for st in attack_streams for s in st)
+        print(f"| {attack} | {len(attack_streams)} ({tokens} tokens) | {rejected:.2f} | {first_auc} | {first_all} | {' | '.join(cells)} |")
         result["curves"][attack] = {"per_sample_rejected": float(rejected), "budgets": curve}
     return result
