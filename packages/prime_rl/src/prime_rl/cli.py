@@ -11,6 +11,7 @@ never imports torch):
   origin        the shardcast origin serving published policy versions (prime_rl.weights.broadcast)
   relay         a shardcast relay (``--index i`` picks shardcast.relay_ports[i])
   run           all of the above on this machine (prime_rl.launch.supervisor)
+  calibrate-noise  measure honest decode-vs-prefill noise for validator.noise_profile (prime_rl.validator.noise)
 
 ``prime-rl <role> --help`` lists the keys that role reads (type, default, description), generated
 from the config models; ``--print-config`` prints the resolved configuration as JSON and exits.
@@ -49,6 +50,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "origin": ("prime_rl.weights.broadcast", "origin_main"),
     "relay": ("prime_rl.weights.broadcast", "relay_main"),
     "run": ("prime_rl.launch.supervisor", "main"),
+    "calibrate-noise": ("prime_rl.validator.noise", "main"),
 }
 
 ROLE_SUMMARY = {

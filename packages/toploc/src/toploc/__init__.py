@@ -1,6 +1,8 @@
 """Verifiable inference proofs (TOPLOC): 258-byte commitments to an LLM's hidden states, checked with one prefill."""
 
 from toploc.errors import ActivationError, ProofFormatError
+from toploc.evidence import EvidencePolicy, EvidenceState, EvidenceTests, WorkerEvidence
+from toploc.noise import EvidenceError, NoiseProfile, Observations, StatisticNoise, sampling_margins
 from toploc.proofs import (
     build_proofs,
     build_proofs_base64,
@@ -18,13 +20,21 @@ __version__ = "0.2.0"
 
 __all__ = [
     "ActivationError",
+    "EvidenceError",
+    "EvidencePolicy",
+    "EvidenceState",
+    "EvidenceTests",
+    "NoiseProfile",
+    "Observations",
     "ProofBuilder",
     "ProofFormatError",
     "ProofPoly",
     "SamplingCheck",
+    "StatisticNoise",
     "Thresholds",
     "Verdict",
     "VerificationResult",
+    "WorkerEvidence",
     "__version__",
     "build_proofs",
     "build_proofs_base64",
@@ -32,6 +42,7 @@ __all__ = [
     "check_sampling",
     "gumbel_noise",
     "sample_tokens",
+    "sampling_margins",
     "split_proofs",
     "verify_proofs",
     "verify_proofs_base64",

@@ -21,18 +21,44 @@ class ValidatorConfig(Section):
     max_mant_err_median: float = Field(default=8.0, ge=0, description="toploc: allowed median mantissa error.")
     sign_mismatches_per_128: float = Field(default=8.0, ge=0, description="toploc: allowed sign mismatches per 128.")
     sampling_tolerance: float = Field(
-        default=0.25, ge=0, description="Logit margin a sampled token may fall short by."
+        default=0.25,
+        ge=0,
+        description="Logit margin a sampled token may fall short by (widened to 3x the largest honest margin "
+        "of the noise profile when evidence is on).",
     )
     sampling_max_mismatch_fraction: float = Field(
         default=0.0, ge=0, le=1, description="Share of tokens allowed beyond the sampling tolerance."
     )
-    logprob_atol: float = Field(default=0.05, gt=0, description="Max mean |claimed - recomputed| inference log-prob.")
+    logprob_atol: float = Field(
+        default=0.05,
+        gt=0,
+        description="Max mean |claimed - recomputed| inference log-prob (widened to 3x the largest honest "
+        "per-token gap of the noise profile when evidence is on).",
+    )
     reward_atol: float = Field(default=1e-6, ge=0, description="Tolerance on the claimed reward.")
     advantage_atol: float = Field(default=1e-4, ge=0, description="Tolerance on the claimed advantage.")
     ban_failure_rate: float = Field(
         default=0.5, gt=0, le=1, description="Ban a worker once this share of its samples fails."
     )
     ban_min_samples: int = Field(default=16, ge=1, description="Samples seen before a worker can be banned.")
+    evidence: bool = Field(
+        default=True,
+        description="Accumulate per-worker evidence (sampling margins, log-prob gaps, proof mismatches) "
+        "against measured honest noise and ban at a bounded false-ban rate.",
+    )
+    noise_profile: str = Field(
+        default="",
+        description="Honest-noise profile JSON (prime-rl calibrate-noise writes it); '' = measure at start.",
+    )
+    calibration_tokens: int = Field(
+        default=1024, ge=1, description="Tokens decoded to measure honest noise (at start, or by calibrate-noise)."
+    )
+    false_ban_rate: float = Field(
+        default=1e-6, gt=0, lt=1, description="Bound on P(an honest worker is ever banned by evidence)."
+    )
+    evidence_horizon_samples: int = Field(
+        default=1_000_000, ge=1, description="Samples per worker that false_ban_rate covers."
+    )
     batches_per_poll: int = Field(default=8, ge=1, le=256, description="Pending batches fetched per poll.")
     poll_interval_s: float = Field(default=0.5, gt=0, description="Seconds between polls when nothing is pending.")
     max_batch_size: int = Field(default=64, ge=1, description="Sequences per prefill batch.")

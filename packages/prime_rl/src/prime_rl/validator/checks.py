@@ -51,11 +51,11 @@ from prime_rl.api.protocol import PendingBatch, RolloutSample, Verdict
 from prime_rl.inference.backend import (
     GenerationBackend,
     GenerationError,
-    check_sampled,
     proof_topk,
     token_logprobs,
     verify_proofs,
 )
+from prime_rl.validator.evidence import sampling_margins, sampling_problem
 from prime_rl.validator.structure import (
     AssignmentKeyMismatch,
     coverage_problems,
@@ -63,6 +63,10 @@ from prime_rl.validator.structure import (
     proof_problem,
     termination_problem,
 )
+from toploc import Observations
+
+Observer = Callable[[int, Observations], None]
+"""Receives (sample index, evidence statistics) of each prefilled sample; see ``validator.evidence``."""
 
 
 class Reason(enum.StrEnum):
@@ -169,12 +173,15 @@ def validate_batch(
     decode: Callable[[Sequence[int]], str],
     checks: Checks,
     newest_version: int | None = None,
+    observe: Observer | None = None,
 ) -> list[Verdict]:
     """Verdicts for every sample of one batch, in submission order; never raises on hostile content.
 
     ``backend_for(version)`` returns a backend holding that policy version (None: unavailable);
     ``newest_version`` is the newest committed policy version (None: the lease's step). A worker may
     answer a step-``s`` lease with a newer version committed meanwhile; that is fresher, not wrong.
+    ``observe(sample_index, observations)`` receives the per-worker evidence statistics of every
+    sample whose proofs passed (``validator.evidence``), in submission order.
     """
     pending = [_Pending(i, s) for i, s in enumerate(batch.samples)]
     try:
@@ -189,7 +196,7 @@ def validate_batch(
                 for p in pending:
                     p.reject(Reason.UNKNOWN_POLICY, f"policy version {batch.policy_version} is not available")
             else:
-                _model_checks(pending, backend, checks)
+                _model_checks(pending, backend, checks, observe)
         _reward_checks(pending, tasks, decode, checks)
         advantages = _group_checks(pending, checks)
         _reject_rest(pending)
@@ -298,7 +305,9 @@ def _sample_checks(
         p.reject(Reason.MALFORMED_PROOF, why)
 
 
-def _model_checks(pending: list[_Pending], backend: GenerationBackend, checks: Checks) -> None:
+def _model_checks(
+    pending: list[_Pending], backend: GenerationBackend, checks: Checks, observe: Observer | None
+) -> None:
     """One prefill for every live sample, then the proof, sampling and log-prob checks."""
     alive = [p for p in pending if p.alive]
     try:
@@ -324,22 +333,18 @@ def _model_checks(pending: list[_Pending], backend: GenerationBackend, checks: C
             )
             continue
         tokens = torch.tensor(sample.completion_tokens, dtype=torch.long)
-        sampling = check_sampled(
-            pre.logits,
-            tokens,
-            sample.sampling_seed,
-            sample.temperature,
-            tolerance=checks.sampling_tolerance,
-            max_mismatches=int(checks.sampling_max_mismatch_fraction * len(tokens)),
-        )
-        if not sampling.passed:
-            p.reject(
-                Reason.SAMPLING_FAILED,
-                f"{sampling.num_mismatches}/{len(tokens)} tokens are not what the seeded sampler draws "
-                f"(first at {sampling.mismatch_positions[:1]}, max margin {sampling.max_margin:.3g})",
-            )
-            continue
+        margins = sampling_margins(pre.logits, tokens, sample.sampling_seed, sample.temperature)
         recomputed = token_logprobs(pre.logits, tokens, sample.temperature)
+        if observe is not None:  # evidence from every sample whose proofs pass, accepted or not
+            observe(p.index, Observations.from_checks(margins, sample.inference_logprobs, recomputed, results))
+        why = sampling_problem(
+            margins,
+            tolerance=checks.sampling_tolerance,
+            max_mismatch_fraction=checks.sampling_max_mismatch_fraction,
+        )
+        if why is not None:
+            p.reject(Reason.SAMPLING_FAILED, why)
+            continue
         p.logprobs = tuple(float(x) for x in recomputed.tolist())  # what the trainer gets, never the claim
         gap = (recomputed - torch.tensor(sample.inference_logprobs)).abs().mean().item()
         if not gap <= checks.logprob_atol:

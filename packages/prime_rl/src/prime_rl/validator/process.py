@@ -4,7 +4,10 @@ Loop: ``GET /validator/pending`` (freshest policy version first, then submission
 grouped by policy version (one weight reload per version) -> :func:`prime_rl.validator.checks.validate_batch` with the claimed
 version's weights (fetched through shardcast by :class:`~prime_rl.weights.store.PolicyStore`) ->
 ``POST /validator/verdicts`` -> per-worker failure tracker; a worker whose rejected share reaches
-``ban_failure_rate`` after ``ban_min_samples`` samples is banned (``POST /workers/ban``).
+``ban_failure_rate`` after ``ban_min_samples`` samples is banned (``POST /workers/ban``). Every
+prefilled sample also adds to its worker's evidence (``evidence.py``, ``validator.evidence``): a
+worker whose evidence passes the false-ban-bounded threshold is banned the same way, and the batch
+that crossed it is rejected (``banned_worker``). One ``evidence`` metrics line per judged batch.
 
 A batch whose version cannot be fetched *right now* (relay lagging, network) stays pending and is
 retried on the next poll; a version that is not published is judged ``unknown_policy``. Nothing a
@@ -17,6 +20,7 @@ token or issues leases its key does not reproduce: either would reject every hon
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import time
@@ -41,6 +45,7 @@ from prime_rl.devices import choose_device
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics, init_process
+from prime_rl.validator import noise
 from prime_rl.validator.checks import (
     AssignmentKeyMismatch,
     Checks,
@@ -49,6 +54,7 @@ from prime_rl.validator.checks import (
     RetryLater,
     validate_batch,
 )
+from prime_rl.validator.evidence import EvidenceLedger, metrics_fields, reject_banned
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable
 
 if TYPE_CHECKING:
@@ -150,8 +156,37 @@ class Validator:
         )
         self.client = OrchestratorClient(config.orchestrator.url, admin_token=trusted.admin_token)
         self.failures = FailureTracker(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
+        self.evidence: EvidenceLedger | None = None
+        self.evidence_bans_posted: set[str] = set()
+        if self.cfg.evidence:
+            profile = self._noise_profile(config)
+            policy = toploc.EvidencePolicy(
+                false_ban_rate=self.cfg.false_ban_rate, horizon_samples=self.cfg.evidence_horizon_samples
+            )
+            self.evidence = EvidenceLedger(toploc.EvidenceTests.from_profile(profile, policy))
+            # Per sample, only gross deviations: a rejected sample rejects its whole lease, so honest
+            # drift (bf16 margins of 0.45, log-prob gaps of 0.45) must pass; whatever hides inside
+            # these tolerances is left to the evidence. The log-prob rule bounds a sample's mean gap,
+            # so 3x the largest honest per-token gap is at least as loose.
+            self.checks = dataclasses.replace(
+                self.checks,
+                sampling_tolerance=max(self.checks.sampling_tolerance, profile.per_sample_limit("sampling_margin")),
+                logprob_atol=max(self.checks.logprob_atol, profile.per_sample_limit("logprob_gap")),
+            )
         self.done = 0
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
+
+    def _noise_profile(self, config: RunConfig) -> toploc.NoiseProfile:
+        """``validator.noise_profile`` if set, else measured now on this backend (and saved for reading)."""
+        if self.cfg.noise_profile:
+            return toploc.NoiseProfile.load(self.cfg.noise_profile)
+        started = time.monotonic()
+        profile = noise.calibrate_for_run(config, self.backend, self.cfg.calibration_tokens)
+        path = Path(config.run_dir) / "validator" / "noise-profile.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        profile.save(path)
+        log.info("honest noise profile measured in %.1fs: %s", time.monotonic() - started, path)
+        return profile
 
     def decode(self, tokens: Sequence[int]) -> str:
         return str(self.backend.tokenizer.decode(list(tokens), skip_special_tokens=True))
@@ -171,6 +206,7 @@ class Validator:
     def judge(self, batch: PendingBatch, newest_version: int) -> bool:
         """Validate and post one batch; False if it must be retried later."""
         started = time.monotonic()
+        observed: list[toploc.Observations] = []
         loaded: list[int] = []  # a backend was handed out: the whole batch was prefilled, else none was
 
         def backend_for(version: int) -> GenerationBackend | None:
@@ -187,10 +223,15 @@ class Validator:
                 decode=self.decode,
                 checks=self.checks,
                 newest_version=newest_version,
+                observe=lambda index, observations: observed.append(observations),
             )
         except RetryLater as exc:
             log.warning("batch %s: %s; retrying later", batch.batch_id, exc)
             return False
+        evidence_ban = self._record_evidence(batch, observed)
+        if evidence_ban is not None:  # a worker banned by evidence trains nothing more
+            verdicts = reject_banned(verdicts, evidence_ban)
+            self.failures.banned.add(batch.worker_id)
         try:
             self.client.post_verdicts(VerdictRequest(batch_id=batch.batch_id, verdicts=verdicts))
         except ClientRequestError as exc:  # e.g. the orchestrator already settled the batch: skip it
@@ -234,6 +275,9 @@ class Validator:
             prefilled=len(verdicts) if loaded else 0,
         )
         ban = self.failures.record(batch.worker_id, accepted=accepted, rejected=rejected)
+        if evidence_ban is not None and batch.worker_id not in self.evidence_bans_posted:
+            ban = evidence_ban
+            self.evidence_bans_posted.add(batch.worker_id)
         if ban is not None:
             try:
                 self.client.ban(batch.worker_id, ban)
@@ -243,6 +287,15 @@ class Validator:
             get_metrics().log("ban", worker_id=batch.worker_id, reason=ban)
         self.done += 1
         return True
+
+    def _record_evidence(self, batch: PendingBatch, observed: list[toploc.Observations]) -> str | None:
+        """Add a batch to its worker's evidence; the worker's evidence ban reason, if it is banned."""
+        if self.evidence is None:
+            return None
+        state = self.evidence.record(batch.worker_id, batch.batch_id, observed)
+        if state is not None:  # None: judged before and already counted (its post failed)
+            get_metrics().log("evidence", batch_id=batch.batch_id, **metrics_fields(batch.worker_id, state))
+        return self.evidence.ban_reasons.get(batch.worker_id)
 
     def run_loop(self) -> None:
         idle = WaitLog(self.wait_log_every_s)

@@ -1,0 +1,145 @@
+"""Tables of ``detection_bench.py``: noise profile, detection curves, per-sample checks, false bans."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import toploc
+
+
+def stream_scores(tests: toploc.EvidenceTests, stream: Sequence[Any], budgets: Sequence[int]) -> dict[int, float]:
+    """Per budget n: the highest evidence score of ``stream`` within its first n tokens.
+
+    Samples are replayed in order; the sample that crosses n is cut after its n-th token (as if the
+    worker had submitted that shorter sample). Budgets beyond the stream's length are left out.
+    """
+    total = sum(s.margins.size for s in stream)
+    out: dict[int, float] = {}
+    for n in budgets:
+        if n > total:
+            continue
+        evidence = toploc.WorkerEvidence(tests)
+        best, used = -np.inf, 0
+        for sample in stream:
+            take = min(sample.margins.size, n - used)
+            observations = sample.observations()
+            best = max(best, evidence.update(observations if take == sample.margins.size else observations.prefix(take)).score)
+            used += take
+            if used >= n:
+                break
+        out[n] = float(best)
+    return out
+
+
+def segments(stream: Sequence[Any], n: int) -> list[list[Any]]:
+    """Disjoint runs of whole samples covering at least n tokens each (the last one is cut in scoring).
+
+    Each run, scored from a fresh ledger, is the first n tokens of one worker (other prompts and
+    seeds): honest streams and deviating streams are both split this way, so a budget n has as many
+    workers of each kind as the streams hold n-token runs."""
+    segments, current, tokens = [], [], 0
+    for sample in stream:
+        current.append(sample)
+        tokens += sample.margins.size
+        if tokens >= n:
+            segments.append(current)
+            current, tokens = [], 0
+    return segments
+
+
+def auc(positive: Sequence[float], negative: Sequence[float]) -> float:
+    """P(score of a deviating worker > score of an honest one), ties counted one half."""
+    if not positive or not negative:
+        return float("nan")
+    p, q = np.asarray(positive)[:, None], np.asarray(negative)[None, :]
+    return float(((p > q).sum() + 0.5 * (p == q).sum()) / (p.size * q.size))
+
+
+def per_sample_rejected(sample: Any, sampling_tolerance: float, logprob_atol: float = 0.05) -> bool:
+    """The validator's fixed per-sample rules: toploc thresholds, max margin, mean |log-prob gap|."""
+    thresholds = toploc.Thresholds()
+    for e, mean, median, sign in zip(sample.exp_mismatches, sample.mant_err_mean, sample.mant_err_median, sample.sign_mismatches, strict=True):
+        if not thresholds.check(toploc.VerificationResult(int(e), float(mean), float(median), int(sign))).passed:
+            return True
+    if sample.margins.size and sample.margins.max() > sampling_tolerance:
+        return True
+    return bool(np.abs(sample.claimed - sample.recomputed).mean() > logprob_atol)
+
+
+def report(
+    jobs: Sequence[Any],
+    data: Path,
+    dtype: str,
+    budgets: Sequence[int],
+    load: Callable[[Path], list[Any]],
+    calibrate: Callable[..., toploc.NoiseProfile],
+) -> dict[str, Any]:
+    profile = calibrate(jobs, data, dtype)
+    tests = toploc.EvidenceTests.from_profile(profile)
+    streams: dict[str, list[list[Any]]] = {}
+    for job in jobs:
+        path = data / f"{job.name}.npz"
+        if job.phase != "calibrate" and path.exists():
+            streams.setdefault(job.worker, []).append(load(path))
+    honest = streams.pop("honest", [])
+    result: dict[str, Any] = {"dtype": dtype, "log_threshold": tests.log_threshold, "tests": len(tests)}
+
+    print(f"\n## {dtype}: honest noise (calibration, {profile.statistic('logprob_gap').observations} tokens)\n")
+    print("| statistic | observations | honest max | thresholds with their honest rate bound p0 |")
+    print("|---|---|---|---|")
+    for s in profile.statistics:
+        bounds = ", ".join(f"{t:g}: {p:.1e}" for t, p in zip(s.thresholds, s.rate_bounds, strict=True) if p < 0.2)
+        print(f"| {s.name} | {s.observations} | {s.maximum:.3g} | {bounds} |")
+    tolerance = max(0.25, profile.per_sample_limit("sampling_margin"))
+    atol = max(0.05, profile.per_sample_limit("logprob_gap"))
+    print(f"\n{len(tests)} tests, ban at score >= {tests.log_threshold:.1f} nats; per-sample sampling tolerance "
+          f"{tolerance:.3g}, log-prob tolerance {atol:.3g} (the validator's, widened from the profile)")  # fmt: skip
+
+    honest_tokens = sum(s.margins.size for st in honest for s in st)
+    long_samples = sum(1 for st in honest for s in st if s.margins.size >= 1000)
+    worst, banned = 0.0, 0
+    for stream in honest:
+        evidence = toploc.WorkerEvidence(tests)
+        for sample in stream:
+            state = evidence.update(sample.observations())
+            worst = max(worst, state.fraction)
+        banned += evidence.banned
+    old = sum(per_sample_rejected(s, 0.25) for st in honest for s in st)
+    new = sum(per_sample_rejected(s, tolerance, atol) for st in honest for s in st)
+    count = sum(len(st) for st in honest)
+    print(f"\nhonest held-out: {len(honest)} workers, {count} samples ({long_samples} of >= 1000 tokens), "
+          f"{honest_tokens} tokens: {banned} banned, largest score {worst:.3f} of the threshold; "
+          f"per-sample rejections {old}/{count} with the fixed rules (0.25, 0.05), {new}/{count} with the widened ones")  # fmt: skip
+    result["honest"] = {"workers": len(honest), "samples": count, "tokens": honest_tokens, "long_samples": long_samples,
+                        "banned": banned, "max_fraction": worst, "rejected_fixed": old, "rejected_new": new}  # fmt: skip
+
+    honest_at = {n: [stream_scores(tests, seg, [n]).get(n, -np.inf) for st in honest for seg in segments(st, n)] for n in budgets}
+    header = " | ".join(f"n={n}" for n in budgets)
+    print(f"\n## {dtype}: share of deviating workers banned within n tokens (workers) / AUC vs honest workers at n\n")
+    print(f"| deviation | workers | per-sample rejected | AUC >= 0.999 at | all banned at | {header} |")
+    print("|---|---|---|---|---|" + "---|" * len(budgets))
+    print(f"| (honest workers at n) | | | | | {' | '.join(str(len(honest_at[n])) for n in budgets)} |")
+    result["curves"] = {}
+    for attack, attack_streams in streams.items():
+        rejected = np.mean([per_sample_rejected(s, tolerance, atol) for st in attack_streams for s in st])
+        cells, curve = [], {}
+        for n in budgets:
+            at = [stream_scores(tests, seg, [n]).get(n, -np.inf) for st in attack_streams for seg in segments(st, n)]
+            at = [x for x in at if x > -np.inf]
+            if not at:
+                cells.append("")
+                continue
+            share = float(np.mean([x >= tests.log_threshold for x in at]))
+            area = auc(at, honest_at[n])
+            cells.append(f"{share:.2f} ({len(at)}) / {area:.3f}")
+            curve[n] = {"banned": share, "auc": area, "workers": len(at)}
+        first_auc = next((str(n) for n in budgets if n in curve and curve[n]["auc"] >= 0.999), "-")
+        first_all = next((str(n) for n in budgets if n in curve and curve[n]["banned"] == 1.0), "-")
+        tokens = sum(s.margins.size for st in attack_streams for s in st)
+        print(f"| {attack} | {len(attack_streams)} ({tokens} tokens) | {rejected:.2f} | {first_auc} | {first_all} | {' | '.join(cells)} |")
+        result["curves"][attack] = {"per_sample_rejected": float(rejected), "budgets": curve}
+    return result

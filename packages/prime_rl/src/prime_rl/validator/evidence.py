@@ -1,0 +1,119 @@
+"""Per-worker evidence in the validator: every judged sample adds to its worker's statistics.
+
+Per-sample checks (``checks.py``) stop gross deviations; their tolerances must leave room for the
+honest drift between a worker's decode and the validator's prefill, and a worker can hide inside
+that room (choose the runner-up token wherever it is within the sampling tolerance, run cheaper
+weights, lag one optimizer step). This module accumulates what each sample shows (per-token
+sampling margins and log-prob gaps, per-chunk proof mismatches: :class:`toploc.Observations`)
+per worker, and bans a worker once its evidence passes the threshold of toploc's CUSUM
+likelihood-ratio tests (:mod:`toploc.evidence`: P(an honest worker is ever banned) <= the
+configured ``false_ban_rate`` over ``evidence_horizon_samples`` samples, given a noise profile
+that bounds honest behaviour).
+
+The honest noise profile comes from ``validator.noise_profile`` (a JSON file written by
+``prime-rl calibrate-noise``, see ``noise.py``) or, when that is empty, is measured at start-up
+on the validator's own backend.
+
+Pitfall: evidence needs tokens. A deviating worker's samples judged before its ban were accepted
+and may be trained on; ``benchmarks/detection_bench.py`` measures how many tokens each deviation
+needs (README).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+import toploc
+from prime_rl.api.fields import MAX_DETAIL_CHARS
+from prime_rl.api.protocol import Verdict
+from prime_rl.inference.backend import SAMPLER_SEED
+
+
+def sampling_margins(logits: torch.Tensor, tokens: torch.Tensor, seed: int, temperature: float) -> torch.Tensor:
+    """Per completion token, the shortfall of the claimed token below the seeded sampler's choice.
+
+    ``logits [n, V]`` recomputed at the completion's positions, ``tokens [n]``; the sampler of
+    ``prime_rl.inference.backend`` (toploc seed ``SAMPLER_SEED``, sequence id = the sample's seed,
+    position = completion index). Returns ``[n]`` float64, ``inf`` where the logits are NaN.
+    """
+    positions = torch.arange(tokens.numel(), device=logits.device)
+    return toploc.sampling_margins(logits, tokens, SAMPLER_SEED, seed, positions, temperature)
+
+
+def sampling_problem(margins: torch.Tensor, *, tolerance: float, max_mismatch_fraction: float) -> str | None:
+    """The per-sample sampling rule on ``margins``: None if at most ``max_mismatch_fraction`` of the
+    tokens fall short by more than ``tolerance``, else why not (same rule as ``toploc.check_sampling``)."""
+    bad = torch.nonzero(margins > tolerance).flatten()
+    if bad.numel() <= int(max_mismatch_fraction * margins.numel()):
+        return None
+    return (
+        f"{bad.numel()}/{margins.numel()} tokens are not what the seeded sampler draws "
+        f"(first at ({int(bad[0])},), max margin {float(margins.max()):.3g})"
+    )
+
+
+@dataclass
+class EvidenceLedger:
+    """One :class:`toploc.WorkerEvidence` per worker; each batch is counted once.
+
+    ``record`` returns the worker's :class:`toploc.EvidenceState` after the batch's samples (in
+    submission order), or None when the batch was already counted (a batch judged again after a
+    failed post must not count twice: repeated samples are not independent evidence).
+    ``ban_reasons`` holds, per banned worker, why (set once, when its evidence first crosses).
+    """
+
+    tests: toploc.EvidenceTests
+    workers: dict[str, toploc.WorkerEvidence] = field(default_factory=dict)
+    counted_batches: set[str] = field(default_factory=set)
+    ban_reasons: dict[str, str] = field(default_factory=dict)
+
+    def record(
+        self, worker_id: str, batch_id: str, observations: Sequence[toploc.Observations]
+    ) -> toploc.EvidenceState | None:
+        if batch_id in self.counted_batches:
+            return None
+        self.counted_batches.add(batch_id)
+        evidence = self.workers.setdefault(worker_id, toploc.WorkerEvidence(self.tests))
+        for sample in observations:
+            evidence.update(sample)
+        state = evidence.state()
+        if state.banned and worker_id not in self.ban_reasons:
+            self.ban_reasons[worker_id] = ban_reason(state)
+        return state
+
+
+def ban_reason(state: toploc.EvidenceState) -> str:
+    """The ban reason sent to the orchestrator (and shown to the worker; at most 200 characters)."""
+    reason = (
+        f"evidence {state.score:.1f} >= {state.log_threshold:.1f} nats after {state.samples} samples "
+        f"({state.tokens} tokens): {state.strongest}"
+    )
+    return reason[:200]
+
+
+def reject_banned(verdicts: Sequence[Verdict], reason: str) -> list[Verdict]:
+    """The batch of a worker banned by evidence trains nothing: its accepted verdicts become
+    ``banned_worker`` rejections (the evidence that banned it includes these very samples)."""
+    return [
+        v.model_copy(update={"accepted": False, "reason": "banned_worker", "detail": reason[:MAX_DETAIL_CHARS]})
+        if v.accepted
+        else v
+        for v in verdicts
+    ]
+
+
+def metrics_fields(worker_id: str, state: toploc.EvidenceState) -> dict[str, object]:
+    """The ``evidence`` metrics line of one worker after a batch."""
+    return {
+        "worker_id": worker_id,
+        "score": round(state.score, 4),
+        "log_threshold": round(state.log_threshold, 4),
+        "fraction": round(state.fraction, 5),
+        "strongest": state.strongest,
+        "samples": state.samples,
+        "tokens": state.tokens,
+        "banned": state.banned,
+    }

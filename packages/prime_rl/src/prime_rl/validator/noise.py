@@ -1,0 +1,150 @@
+"""Measure honest noise: decode with the run's model and settings, prefill as the validator does.
+
+``prime-rl calibrate-noise --config run.toml [--validator.noise_profile FILE]`` generates honest
+completions of the run's task prompts with the run's model, dtype, temperature and stop rules
+(``HFBackend`` decode at several batch sizes, so padding and batch shapes vary), recomputes them
+with one prefill per batch, and writes the :class:`toploc.NoiseProfile` of the differences
+(``toploc.NoiseProfile.calibrate``). If the file exists, the new measurement is *merged* into it
+(worst case per threshold): run the command on every kind of machine workers use (GPU models,
+vLLM, CPU) and point the validator at the one file. The validator measures a profile the same
+way at start-up when ``validator.noise_profile`` is empty (``validator.calibration_tokens``).
+
+Pitfall: a profile measured on the validator's machine covers workers that compute the same way
+(same hardware class, kernels and dtype). A worker on other hardware (a GPU with TF32 matmuls in
+an fp32 run, another attention kernel) has other honest noise; measure it there and merge.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+import toploc
+from prime_rl.inference.backend import HFBackend, SamplingParams, token_logprobs, verify_proofs
+from prime_rl.validator.evidence import sampling_margins
+
+if TYPE_CHECKING:
+    from prime_rl.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_SEED = 1 << 40
+"""First sampling seed of calibration samples (far from anything a lease assigns; seeds are opaque)."""
+
+BATCH_SIZES = (1, 4, 16)
+"""Decode batch sizes cycled through, so that both padding and batch shapes vary."""
+
+
+def measure(
+    backend: HFBackend,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    *,
+    tokens: int,
+    batch_sizes: Sequence[int] = BATCH_SIZES,
+) -> list[toploc.Observations]:
+    """Honest observations of at least ``tokens`` generated tokens (or every prompt once, if fewer).
+
+    Prompts are taken in order, ``batch_sizes`` cycled; each batch is decoded with ``backend`` and
+    then prefilled by the same backend, exactly as a worker's sample meets the validator.
+    """
+    if not prompts:
+        raise ValueError("calibration needs at least one prompt")
+    observations: list[toploc.Observations] = []
+    measured, start, round_index = 0, 0, 0
+    while measured < tokens and start < len(prompts):
+        size = batch_sizes[round_index % len(batch_sizes)]
+        batch = [list(p) for p in prompts[start : start + size]]
+        seeds = [CALIBRATION_SEED + start + i for i in range(len(batch))]
+        completions = backend.generate(batch, seeds, params)
+        prefills = backend.prefill(batch, [c.completion_tokens for c in completions])
+        for completion, pre in zip(completions, prefills, strict=True):
+            ids = torch.tensor(completion.completion_tokens, dtype=torch.long)
+            margins = sampling_margins(pre.logits, ids, completion.seed, params.temperature)
+            recomputed = token_logprobs(pre.logits, ids, params.temperature)
+            results = verify_proofs(pre.hidden, completion.proofs)
+            observations.append(
+                toploc.Observations.from_checks(margins.cpu(), completion.logprobs, recomputed.cpu(), results)
+            )
+            measured += ids.numel()
+        start += len(batch)
+        round_index += 1
+    return observations
+
+
+def describe(config: RunConfig, backend: HFBackend) -> dict[str, str]:
+    """What a profile was measured on (kept in the file, merged with ' | ')."""
+    return {
+        "model": str(config.model.path),
+        "dtype": config.model.dtype,
+        "device": str(backend.device),
+        "backend": "prime_rl HFBackend (transformers)",
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "temperature": f"{config.sampling.temperature:g}",
+        "threads": str(torch.get_num_threads()),
+    }
+
+
+def calibrate(config: RunConfig, backend: HFBackend, prompts: Sequence[Sequence[int]], tokens: int) -> toploc.NoiseProfile:
+    """The honest noise profile of ``backend`` on ``prompts`` under the run's sampling settings."""
+    params = SamplingParams(
+        temperature=config.sampling.temperature,
+        max_new_tokens=config.sampling.max_new_tokens,
+        stop=tuple(config.sampling.stop),
+    )
+    observations = measure(backend, prompts, params, tokens=tokens)
+    profile = toploc.NoiseProfile.calibrate(observations, description=describe(config, backend))
+    log.info(
+        "honest noise measured on %d samples (%d tokens): max sampling margin %.3g, max log-prob gap %.3g",
+        len(observations),
+        sum(o.num_tokens for o in observations),
+        profile.statistic("sampling_margin").maximum,
+        profile.statistic("logprob_gap").maximum,
+    )
+    return profile
+
+
+def task_prompts(config: RunConfig, backend: HFBackend, count: int) -> list[tuple[int, ...]]:
+    """The prompts of the first ``count`` tasks of the run (as workers feed them)."""
+    from prime_rl.inference.run_tasks import run_tasks
+
+    tasks = run_tasks(config, backend.tokenizer)
+    return [tuple(tasks.prompt_tokens(i)) for i in range(min(count, tasks.num_tasks))]
+
+
+def calibrate_for_run(config: RunConfig, backend: HFBackend, tokens: int) -> toploc.NoiseProfile:
+    """Measure on the run's task prompts: enough prompts for ``tokens`` even at the shortest completion."""
+    prompts = task_prompts(config, backend, max(16, tokens))
+    return calibrate(config, backend, prompts, tokens)
+
+
+def main(config: RunConfig, name: str = "calibrate-noise") -> int:
+    """Entry point of ``prime-rl calibrate-noise``: measure, merge into the file, report."""
+    from prime_rl.devices import choose_device
+    from prime_rl.metrics import init_process
+
+    torch.set_num_threads(config.validator.num_threads)
+    init_process("validator", name, config.run_dir)
+    path = Path(config.validator.noise_profile or Path(config.run_dir) / "validator" / "noise-profile.json")
+    backend = HFBackend(
+        config.model.path,
+        dtype=config.model.dtype,
+        device=choose_device(config.validator.device),
+        max_batch_size=max(BATCH_SIZES),
+    )
+    profile = calibrate_for_run(config, backend, max(config.validator.calibration_tokens, 1))
+    if path.exists():
+        profile = toploc.NoiseProfile.merge(toploc.NoiseProfile.load(path), profile)
+        log.info("merged into the existing profile %s", path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(path)
+    print(f"wrote {path}")
+    for s in profile.statistics:
+        print(f"  {s.name}: {s.observations} observations, honest max {s.maximum:.3g}")
+    return 0

@@ -1,0 +1,251 @@
+"""Per-worker evidence in the validator: honest workers are never banned, steering inside the
+per-sample tolerance is, and the process bans through the orchestrator (tiny model, CPU)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+from tiny_lm import make_tiny_lm, make_tiny_tokenizer
+
+import prime_rl.inference.backend as backend_module
+import toploc
+from prime_rl.api import assignment
+from prime_rl.api.client import OrchestratorClient
+from prime_rl.api.protocol import LeaseRecord, LeaseTask, PendingBatch, TaskLease, Verdict
+from prime_rl.config import load_config
+from prime_rl.inference.backend import SAMPLER_SEED, HFBackend, SamplingParams, check_sampled
+from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.tasks import load_tasks
+from prime_rl.validator import noise, process
+from prime_rl.validator.checks import Checks, validate_batch
+from prime_rl.validator.evidence import EvidenceLedger, reject_banned, sampling_margins, sampling_problem
+from prime_rl.validator.process import Validator
+from prime_rl.worker.hostile import HostileWorker
+
+KEY = b"evidence-test-assignment-key"
+NUM_TASKS = 40
+GROUP = 4
+PER_BATCH = 2
+MAX_NEW = 12
+TOKENIZER = make_tiny_tokenizer()
+CHECKS = Checks(
+    assignment_key=KEY,
+    hidden_size=64,
+    prompts_per_batch=PER_BATCH,
+    async_level=1,
+    group_size=GROUP,
+    temperature=1.0,
+    max_new_tokens=MAX_NEW,
+    vocab_size=100,
+    eos_token_ids=frozenset({2}),
+)
+STEER_WITHIN = 0.2
+"""The steering worker takes the runner-up only when it is this close: inside the 0.25 tolerance."""
+
+
+class Tasks:
+    num_tasks = NUM_TASKS
+
+    def prompt(self, task_id: int) -> str:
+        return f"{task_id}*{task_id + 7}="
+
+    def prompt_tokens(self, task_id: int) -> list[int]:
+        return TOKENIZER(self.prompt(task_id))["input_ids"]
+
+    def score(self, task_id: int, completion: str, num_tokens: int) -> float:
+        return sum(ch.isdigit() for ch in completion) / max(len(completion), 1)
+
+
+TASKS = Tasks()
+
+
+class Recorder:
+    """Stands in for the process's metrics writer."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict[str, object]]] = []
+
+    def log(self, event: str, **fields: object) -> None:
+        self.lines.append((event, fields))
+
+
+@pytest.fixture(scope="module")
+def backend() -> HFBackend:
+    return HFBackend("unused", model=make_tiny_lm(), tokenizer=TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def tests(backend: HFBackend) -> toploc.EvidenceTests:
+    """Honest noise of this backend measured on 1,024 tokens of other prompts (the validator's way)."""
+    prompts = [TOKENIZER(f"{i}-{i * 5}=")["input_ids"] for i in range(400)]
+    observations = noise.measure(backend, prompts, SamplingParams(1.0, MAX_NEW), tokens=1024)
+    return toploc.EvidenceTests.from_profile(toploc.NoiseProfile.calibrate(observations))
+
+
+def steer(logits: torch.Tensor, seeds: torch.Tensor, position: int, temperature: float) -> torch.Tensor:
+    """``sample_next`` of a steering worker: the runner-up wherever it scores within STEER_WITHIN."""
+    positions = torch.full_like(seeds, position)
+    scores = logits.double() + temperature * toploc.gumbel_noise(SAMPLER_SEED, seeds, positions, logits.shape[-1])
+    top = scores.topk(2, dim=-1)
+    tokens = top.indices[:, 0].clone()
+    close = (top.values[:, 0] - top.values[:, 1]) < STEER_WITHIN
+    tokens[close] = top.indices[close, 1]
+    return tokens
+
+
+@pytest.fixture
+def steering(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(backend_module, "sample_next", steer)
+    yield
+
+
+def lease(worker_id: str, batch_index: int) -> tuple[TaskLease, LeaseRecord]:
+    ids = assignment.task_ids(
+        key=KEY, worker_id=worker_id, step=0, batch_index=batch_index,
+        num_tasks=NUM_TASKS, prompts_per_batch=PER_BATCH,
+    )  # fmt: skip
+    tasks = [
+        LeaseTask(
+            task_id=t,
+            prompt=TASKS.prompt(t),
+            sampling_seeds=list(
+                assignment.sampling_seeds(
+                    key=KEY, worker_id=worker_id, step=0, batch_index=batch_index,
+                    task_id=t, group_size=GROUP,
+                )
+            ),
+        )
+        for t in ids
+    ]
+    now = time.time()
+    common = {"worker_id": worker_id, "step": 0, "batch_index": batch_index}
+    return (
+        TaskLease(**common, min_policy_version=0, deadline=now + 60, group_size=GROUP, temperature=1.0,
+                  max_new_tokens=MAX_NEW, stop=[], tasks=tasks),
+        LeaseRecord(**common, task_ids=list(ids), issued_at=now, deadline=now + 60, source_worker_id=worker_id,
+                    source_step=0, source_batch_index=batch_index),
+    )  # fmt: skip
+
+
+def judge_batches(
+    backend: HFBackend, tests: toploc.EvidenceTests, worker_id: str, batches: int
+) -> tuple[list[list[Verdict]], list[toploc.EvidenceState], list[toploc.Observations]]:
+    """Answer ``batches`` leases as an honest worker (steering if patched) and judge them."""
+    ledger = EvidenceLedger(tests)
+    encode = lambda text: TOKENIZER(text)["input_ids"]  # noqa: E731
+    worker = HostileWorker("honest", encode, TASKS.score, TASKS.prompt_tokens, NUM_TASKS)
+    verdicts, states, everything = [], [], []
+    for b in range(batches):
+        task_lease, record = lease(worker_id, b)
+        batch = worker.answer(task_lease, backend)
+        observed: list[toploc.Observations] = []
+        verdicts.append(
+            validate_batch(
+                PendingBatch(batch_id=f"{worker_id}-{b}", worker_id=worker_id, step=0, batch_index=b,
+                             policy_version=0, received_at=time.time(), lease=record, samples=batch.samples),
+                tasks=TASKS,
+                backend_for=lambda v: backend,
+                decode=lambda tokens: TOKENIZER.decode(list(tokens), skip_special_tokens=True),
+                checks=CHECKS,
+                observe=lambda index, observations, sink=observed: sink.append(observations),
+            )
+        )
+        state = ledger.record(worker_id, f"{worker_id}-{b}", observed)
+        assert state is not None and ledger.record(worker_id, f"{worker_id}-{b}", observed) is None  # once
+        states.append(state)
+        everything.extend(observed)
+    return verdicts, states, everything
+
+
+def test_honest_worker_is_never_banned(backend: HFBackend, tests: toploc.EvidenceTests) -> None:
+    verdicts, states, observed = judge_batches(backend, tests, "honest-w", 12)
+    assert all(v.reason == "ok" for batch in verdicts for v in batch)
+    assert len(observed) == 12 * PER_BATCH * GROUP  # every sample observed once
+    # fp32 decode vs prefill on one machine: every claimed token is exactly the sampler's choice
+    assert all((o.sampling_margin == 0).all() for o in observed)
+    assert not any(s.banned for s in states)
+    assert max(s.fraction for s in states) < 0.2  # far from the threshold, not just under it
+
+
+def test_steering_inside_the_tolerance_passes_every_sample_check_but_is_banned(
+    backend: HFBackend, tests: toploc.EvidenceTests, steering: None
+) -> None:
+    verdicts, states, observed = judge_batches(backend, tests, "steer-w", 12)
+    margins = torch.tensor([m for o in observed for m in o.sampling_margin.tolist()])
+    assert 0 < margins.max() < STEER_WITHIN  # steered, and always inside the per-sample tolerance
+    assert (margins > 0).float().mean() > 0.05
+    assert all(v.reason == "ok" for batch in verdicts for v in batch)  # no sample alone looks wrong
+    banned_at = next(i for i, s in enumerate(states) if s.banned)  # banned ...
+    assert all(s.banned for s in states[banned_at:])  # ... for good
+    assert "sampling_margin" in states[banned_at].strongest
+    reason = "evidence 40.0 >= 31.0 nats"
+    rejected = reject_banned(verdicts[banned_at], reason)
+    assert {(v.accepted, v.reason, v.detail) for v in rejected} == {(False, "banned_worker", reason)}
+
+
+def test_margins_equal_the_sampling_check(backend: HFBackend) -> None:
+    prompts = [TOKENIZER("12*3=")["input_ids"]] * 3
+    completions = backend.generate(prompts, [5, 6, 7], SamplingParams(1.0, MAX_NEW))
+    prefills = backend.prefill(prompts, [c.completion_tokens for c in completions])
+    for completion, pre in zip(completions, prefills, strict=True):
+        forged = torch.tensor(completion.completion_tokens)
+        forged[1] = (forged[1] + 1) % 100
+        margins = sampling_margins(pre.logits, forged, completion.seed, 1.0)
+        for tolerance in (0.0, 0.25, 100.0):
+            check = check_sampled(pre.logits, forged, completion.seed, 1.0, tolerance=tolerance, max_mismatches=0)
+            assert (sampling_problem(margins, tolerance=tolerance, max_mismatch_fraction=0.0) is None) == check.passed
+        assert float(margins.max()) == check.max_margin
+
+
+def test_validator_process_bans_a_steering_worker_through_the_orchestrator(
+    tmp_path, tiny_lm_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = load_config(
+        None,
+        [
+            "--run_dir", str(tmp_path), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "40",
+            "--orchestrator.port", str(port), "--orchestrator.prompts_per_batch", "2",
+            "--sampling.group_size", "4", "--sampling.max_new_tokens", "16",
+            "--validator.max_batches", "8", "--validator.calibration_tokens", "512",
+            "--validator.false_ban_rate", "1e-3", "--validator.evidence_horizon_samples", "1000",
+        ],
+    )  # fmt: skip
+    metrics = Recorder()
+    monkeypatch.setattr(process, "get_metrics", lambda: metrics)
+    with OrchestratorServer(config, load_tasks(config.tasks)) as server:
+        validator = Validator(config)  # measures the honest noise of its backend at start
+        assert (tmp_path / "validator" / "noise-profile.json").exists()
+        ids = {}
+        for behaviour in ("honest", "steer"):
+            with OrchestratorClient(server.url) as client:
+                ids[behaviour] = client.register(behaviour).worker_id
+                worker = HostileWorker(
+                    "honest", validator.tasks.encode, validator.tasks.score, validator.tasks.prompt_tokens,
+                    validator.tasks.num_tasks,
+                )  # fmt: skip
+                with monkeypatch.context() as patch:
+                    if behaviour == "steer":
+                        patch.setattr(backend_module, "sample_next", steer)
+                    for _ in range(4):
+                        client.submit_rollouts(worker.answer(client.get_tasks(ids[behaviour]), validator.backend))
+        validator.run_loop()
+        validator.close()
+        with OrchestratorClient(server.url) as client:
+            stats = {w.worker_id: w for w in client.workers().workers}
+    honest, steering_worker = stats[ids["honest"]], stats[ids["steer"]]
+    assert (honest.samples_accepted, honest.samples_rejected, honest.banned) == (32, 0, False)
+    assert steering_worker.banned and steering_worker.ban_reason.startswith("evidence ")
+    assert steering_worker.samples_rejected >= 8  # at least the batch that crossed the threshold
+    assert set(steering_worker.rejected_reasons) == {"banned_worker"}  # no per-sample check fired
+    evidence = [fields for event, fields in metrics.lines if event == "evidence"]
+    assert len(evidence) == 8 and {line["worker_id"] for line in evidence} == set(ids.values())
+    assert not any(line["banned"] for line in evidence if line["worker_id"] == ids["honest"])
+    assert [line["samples"] for line in evidence if line["worker_id"] == ids["honest"]] == [8, 16, 24, 32]
+    assert ("ban", {"worker_id": ids["steer"], "reason": steering_worker.ban_reason}) in metrics.lines

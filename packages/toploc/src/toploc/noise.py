@@ -1,0 +1,380 @@
+"""Honest noise: what a worker's claims look like next to the validator's prefill, measured.
+
+Observations (:class:`Observations`, one sample; the validator derives them from its prefill):
+
+* ``sampling_margin`` per token: how far the claimed token's seeded-sampler score falls short of
+  the best one (:func:`sampling_margins`; 0 when the claim is the sampler's choice);
+* ``logprob_gap`` per token: ``|claimed - recomputed|`` inference log-prob;
+* ``proof_exp_mismatches`` and ``proof_mant_err_mean`` per 32-token proof chunk.
+
+Honest noise (:class:`NoiseProfile`) is *measured*, never guessed: for each statistic and each
+threshold of a fixed grid (:data:`DEFAULT_GRIDS`), the share of honest observations above it
+(a worker's decode vs the validator's prefill on the run's model, dtype and backend), turned
+into an upper confidence bound ``p0`` (Chernoff/KL bound at confidence ``1 - delta``, times a
+safety factor for the correlation between tokens of one sample and for configurations the
+calibration did not see). Profiles of several machines merge by taking the worst bound per
+threshold. :mod:`toploc.evidence` tests a worker's observations against these bounds.
+
+Pitfall: a profile is only as good as the runs it measured. Honest noise on CPU fp32 says
+nothing about a GPU worker with TF32 matmuls; calibrate on the hardware and precision workers
+actually use, and merge the profiles.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from toploc.results import VerificationResult
+from toploc.sampling import _best_and_claimed
+
+STATISTICS = ("sampling_margin", "logprob_gap", "proof_exp_mismatches", "proof_mant_err_mean")
+"""Names of the statistics, in the order :class:`Observations` stores them."""
+
+DEFAULT_GRIDS: dict[str, tuple[float, ...]] = {
+    # logit units; 1e-6 counts "non-zero" margins (fp32 drift is ~1e-5 at most)
+    "sampling_margin": (1e-6, 1e-5, 1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.2, 0.3, 0.5, 1.0),
+    # nats; honest fp32 decode-vs-prefill gaps are ~1e-6, bf16 ones ~1e-2
+    "logprob_gap": (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0),
+    # per 32-token chunk: more than 0, 1, 3, 7, 15 of 128 exponents differ
+    "proof_exp_mismatches": (0.5, 1.5, 3.5, 7.5, 15.5),
+    # per chunk: mean |mantissa difference| in bf16 ULPs
+    "proof_mant_err_mean": (0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
+}
+"""Thresholds at which honest exceedance rates are measured and tested (fixed, so profiles merge)."""
+
+
+class EvidenceError(ValueError):
+    """Unusable observations or noise profile (wrong shape, unknown statistic, bad JSON)."""
+
+
+def sampling_margins(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    seed: int,
+    sequence_id: int,
+    positions: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Per-token shortfall of the claimed token below the seeded sampler's best score.
+
+    Same computation as :func:`toploc.check_sampling` (``margin_t = max_v s[t, v] - s[t, token_t]``
+    with ``s = logits + T·g``), but returned per token so that a validator can both apply its
+    per-sample tolerance (``margins.max()``) and accumulate evidence from one pass.
+
+    Args:
+        logits: ``[T, V]`` recomputed logits at the positions that produced ``tokens``.
+        tokens: ``[T]`` claimed tokens, each in ``[0, V)``.
+        seed, sequence_id, positions, temperature: as given to :func:`toploc.sample_tokens`.
+    Returns:
+        ``[T]`` float64 margins >= 0 on ``logits.device``; ``inf`` where the logits are NaN.
+    """
+    tokens = torch.as_tensor(tokens, device=logits.device).reshape(-1).to(torch.int64)
+    positions = torch.as_tensor(positions, device=logits.device).reshape(-1)
+    if logits.dim() != 2 or tokens.numel() != logits.shape[0] or positions.numel() != logits.shape[0]:
+        raise ValueError("logits must be [T, V] with T tokens and T positions")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= logits.shape[1]):
+        raise ValueError(f"tokens must lie in [0, {logits.shape[1]})")
+    sequence_ids = torch.full_like(positions, sequence_id, dtype=torch.int64)
+    _, best, claimed = _best_and_claimed(logits, seed, sequence_ids, positions, temperature, tokens)
+    assert claimed is not None
+    return torch.nan_to_num(best - claimed, nan=float("inf"))
+
+
+def _float64(values: Any) -> np.ndarray:
+    """A 1-D float64 host array from a list, numpy array or tensor on any device."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(values, dtype=np.float64).reshape(-1)
+
+
+def _as_vector(name: str, values: Any) -> np.ndarray:
+    array = _float64(values)
+    if np.isnan(array).any():
+        raise EvidenceError(f"{name} contains NaN; map undefined values to +inf (maximal evidence)")
+    if (array < 0).any():
+        raise EvidenceError(f"{name} must be >= 0")
+    return array
+
+
+@dataclass(frozen=True)
+class Observations:
+    """The statistics of one sample, as 1-D float64 arrays (all values >= 0, ``inf`` allowed).
+
+    ``sampling_margin`` and ``logprob_gap`` have one entry per completion token; the two proof
+    statistics one per 32-token proof chunk. Build with :meth:`from_checks` or directly.
+    """
+
+    sampling_margin: np.ndarray
+    logprob_gap: np.ndarray
+    proof_exp_mismatches: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    proof_mant_err_mean: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def __post_init__(self) -> None:
+        for name in STATISTICS:
+            object.__setattr__(self, name, _as_vector(name, getattr(self, name)))
+        if self.sampling_margin.size != self.logprob_gap.size:
+            raise EvidenceError(
+                f"{self.sampling_margin.size} sampling margins but {self.logprob_gap.size} log-prob gaps"
+            )
+        if self.proof_exp_mismatches.size != self.proof_mant_err_mean.size:
+            raise EvidenceError("proof statistics must have one entry per chunk each")
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.sampling_margin.size)
+
+    def values(self, name: str) -> np.ndarray:
+        if name not in STATISTICS:
+            raise EvidenceError(f"unknown statistic {name!r}; expected one of {STATISTICS}")
+        return getattr(self, name)  # type: ignore[no-any-return]
+
+    def prefix(self, num_tokens: int, chunk_size: int = 32) -> Observations:
+        """The observations a sample cut after ``num_tokens`` tokens would give (whole chunks only)."""
+        chunks = num_tokens // chunk_size
+        return Observations(
+            self.sampling_margin[:num_tokens],
+            self.logprob_gap[:num_tokens],
+            self.proof_exp_mismatches[:chunks],
+            self.proof_mant_err_mean[:chunks],
+        )
+
+    @classmethod
+    def from_checks(
+        cls,
+        margins: Any,
+        claimed_logprobs: Any,
+        recomputed_logprobs: Any,
+        proof_results: Sequence[VerificationResult] = (),
+    ) -> Observations:
+        """From per-token margins, claimed and recomputed log-probs, and per-chunk proof results.
+
+        Arrays may be lists, numpy arrays or tensors on any device. A non-finite log-prob on either
+        side gives an infinite gap (maximal evidence).
+        """
+        claimed, recomputed = _float64(claimed_logprobs), _float64(recomputed_logprobs)
+        if claimed.shape != recomputed.shape:
+            raise EvidenceError(f"{claimed.size} claimed log-probs but {recomputed.size} recomputed")
+        with np.errstate(invalid="ignore"):
+            gap = np.abs(claimed - recomputed)
+        gap[~np.isfinite(gap)] = np.inf
+        margin = np.nan_to_num(_float64(margins), nan=np.inf)
+        return cls(
+            margin,
+            gap,
+            np.array([r.exp_mismatches for r in proof_results], dtype=np.float64),
+            np.nan_to_num(np.array([r.mant_err_mean for r in proof_results], dtype=np.float64), nan=np.inf),
+        )
+
+
+def rate_upper_bound(exceedances: int, observations: int, delta: float) -> float:
+    """Upper confidence bound on a rate from ``exceedances`` of ``observations`` Bernoulli trials.
+
+    The Chernoff bound: the largest u >= k/n with ``n · KL(k/n || u) <= log(1/delta)``, so
+    P(true rate > u) <= delta for independent trials. For k = 0 it is exactly ``1 - delta^(1/n)``.
+    """
+    if observations <= 0:
+        return 1.0
+    if not 0 <= exceedances <= observations:
+        raise EvidenceError(f"exceedances {exceedances} must lie in [0, {observations}]")
+    if not 0 < delta < 1:
+        raise EvidenceError(f"delta must lie in (0, 1), got {delta}")
+    target = math.log(1 / delta) / observations
+    rate = exceedances / observations
+    if exceedances == 0:
+        return -math.expm1(-target)
+    if exceedances == observations:
+        return 1.0
+
+    def kl(u: float) -> float:
+        return rate * math.log(rate / u) + (1 - rate) * math.log((1 - rate) / (1 - u))
+
+    low, high = rate, 1.0
+    for _ in range(100):  # bisection to ~1e-30: kl is increasing in u above the observed rate
+        middle = (low + high) / 2
+        if middle >= 1.0 or kl(middle) > target:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+@dataclass(frozen=True)
+class StatisticNoise:
+    """Honest noise of one statistic: upper bounds on P(x > threshold) per grid threshold.
+
+    Attributes:
+        name: one of :data:`STATISTICS`.
+        thresholds: the grid, ascending.
+        rate_bounds: per threshold, the upper bound p0 on the honest exceedance rate (after the
+            safety factor), non-increasing along the grid.
+        observations: honest observations measured (tokens or proof chunks).
+        maximum: the largest honest value seen.
+    """
+
+    name: str
+    thresholds: tuple[float, ...]
+    rate_bounds: tuple[float, ...]
+    observations: int
+    maximum: float
+
+    def __post_init__(self) -> None:
+        if self.name not in STATISTICS:
+            raise EvidenceError(f"unknown statistic {self.name!r}; expected one of {STATISTICS}")
+        if len(self.thresholds) != len(self.rate_bounds) or not self.thresholds:
+            raise EvidenceError(f"{self.name}: one rate bound per threshold is required")
+        if list(self.thresholds) != sorted(set(self.thresholds)):
+            raise EvidenceError(f"{self.name}: thresholds must be strictly ascending")
+        if not all(0 < p <= 1 for p in self.rate_bounds):
+            raise EvidenceError(f"{self.name}: rate bounds must lie in (0, 1]")
+
+
+@dataclass(frozen=True)
+class NoiseProfile:
+    """Measured honest noise of one run configuration (model, dtype, backend, hardware).
+
+    ``description`` says what was measured (free-form key/value strings); ``statistics`` holds
+    one :class:`StatisticNoise` per statistic. Build with :meth:`calibrate`, combine with
+    :meth:`merge`, store with :meth:`save` / :meth:`load` (a small JSON file).
+    """
+
+    description: tuple[tuple[str, str], ...]
+    statistics: tuple[StatisticNoise, ...]
+
+    def __post_init__(self) -> None:
+        names = [s.name for s in self.statistics]
+        if sorted(names) != sorted(STATISTICS):
+            raise EvidenceError(f"a profile needs exactly the statistics {STATISTICS}, got {names}")
+
+    def statistic(self, name: str) -> StatisticNoise:
+        for s in self.statistics:
+            if s.name == name:
+                return s
+        raise EvidenceError(f"unknown statistic {name!r}")
+
+    @classmethod
+    def calibrate(
+        cls,
+        honest: Iterable[Observations],
+        *,
+        description: Mapping[str, str] | None = None,
+        delta: float = 1e-3,
+        safety: float = 2.0,
+        grids: Mapping[str, Sequence[float]] = DEFAULT_GRIDS,
+    ) -> NoiseProfile:
+        """Measure exceedance rates of honest observations (decode vs prefill) on the grids.
+
+        ``p0 = min(1, safety · rate_upper_bound(k, n, delta))`` per threshold, made
+        non-increasing along the grid (a higher threshold is never exceeded more often).
+        """
+        if safety < 1:
+            raise EvidenceError(f"safety must be >= 1, got {safety}")
+        samples = list(honest)
+        statistics = []
+        for name in STATISTICS:
+            grid = tuple(float(t) for t in grids[name])
+            values = (
+                np.concatenate([s.values(name) for s in samples]) if samples else np.zeros(0)
+            )
+            counts = (values[:, None] > np.asarray(grid)[None, :]).sum(axis=0)
+            bounds = [min(1.0, safety * rate_upper_bound(int(k), values.size, delta)) for k in counts]
+            bounds = list(np.minimum.accumulate(bounds))
+            statistics.append(
+                StatisticNoise(
+                    name=name,
+                    thresholds=grid,
+                    rate_bounds=tuple(float(b) for b in bounds),
+                    observations=int(values.size),
+                    maximum=float(values.max()) if values.size else 0.0,
+                )
+            )
+        return cls(tuple(sorted((description or {}).items())), tuple(statistics))
+
+    @classmethod
+    def merge(cls, *profiles: NoiseProfile) -> NoiseProfile:
+        """The worst case of several profiles (same grids): max bound and max honest value per
+        threshold; observations add up. Use it to cover several worker configurations."""
+        if not profiles:
+            raise EvidenceError("merge needs at least one profile")
+        statistics = []
+        for name in STATISTICS:
+            parts = [p.statistic(name) for p in profiles]
+            if any(p.thresholds != parts[0].thresholds for p in parts):
+                raise EvidenceError(f"{name}: profiles with different grids cannot merge")
+            statistics.append(
+                StatisticNoise(
+                    name=name,
+                    thresholds=parts[0].thresholds,
+                    rate_bounds=tuple(max(b) for b in zip(*(p.rate_bounds for p in parts), strict=True)),
+                    observations=sum(p.observations for p in parts),
+                    maximum=max(p.maximum for p in parts),
+                )
+            )
+        description: dict[str, str] = {}
+        for p in profiles:
+            for key, value in p.description:
+                description[key] = value if key not in description else f"{description[key]} | {value}"
+        return cls(tuple(sorted(description.items())), tuple(statistics))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": "toploc-noise-profile/1",
+                "description": dict(self.description),
+                "statistics": [
+                    {
+                        "name": s.name,
+                        "thresholds": list(s.thresholds),
+                        "rate_bounds": list(s.rate_bounds),
+                        "observations": s.observations,
+                        "maximum": s.maximum,
+                    }
+                    for s in self.statistics
+                ],
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> NoiseProfile:
+        try:
+            data = json.loads(text)
+            if data.get("format") != "toploc-noise-profile/1":
+                raise EvidenceError(f"not a toploc noise profile (format {data.get('format')!r})")
+            return cls(
+                tuple(sorted((str(k), str(v)) for k, v in data["description"].items())),
+                tuple(
+                    StatisticNoise(
+                        name=str(s["name"]),
+                        thresholds=tuple(float(t) for t in s["thresholds"]),
+                        rate_bounds=tuple(float(b) for b in s["rate_bounds"]),
+                        observations=int(s["observations"]),
+                        maximum=float(s["maximum"]),
+                    )
+                    for s in data["statistics"]
+                ),
+            )
+        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+            raise EvidenceError(f"malformed noise profile: {exc!r}") from exc
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> NoiseProfile:
+        return cls.from_json(Path(path).read_text())
+
+    def per_sample_limit(self, name: str, *, factor: float = 3.0, floor: float = 0.0) -> float:
+        """A per-sample tolerance for ``name``: ``max(floor, factor · largest honest value)``.
+
+        Per-sample checks only need to stop gross deviations; anything below this limit is left
+        to the per-worker evidence, so honest drift (bf16 margins of 0.45) is never rejected.
+        """
+        return max(floor, factor * self.statistic(name).maximum)
