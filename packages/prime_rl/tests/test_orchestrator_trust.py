@@ -156,7 +156,9 @@ def test_a_worker_cannot_predict_its_leases(client: Any, server: Any) -> None:
         assert [t.task_id for t in lease.tasks] == list(
             task_ids(key=key, worker_id=worker_id, step=0, batch_index=0, num_tasks=50, prompts_per_batch=2)
         )
-    assert hits == 0  # chance: 8 leases x 1/(50*49)
+    # With the public function every lease would be predicted (8/8); by chance each is with p = 1/(50*49),
+    # so 3 or more chance hits have probability ~4e-9 (0 hits would fail by chance in 0.3% of runs).
+    assert hits <= 2
 
 
 # ---------------------------------------------------------------- leases: caps, abandonment, backpressure
