@@ -21,6 +21,7 @@ from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa:
 import toploc  # noqa: E402
 from prime_rl.inference.backend import HFBackend, SamplingParams, check_sampled, verify_proofs  # noqa: E402
 from prime_rl.inference.vllm_backend import EngineMemory, VLLMBackend  # noqa: E402
+from prime_rl.validator import noise  # noqa: E402
 from prime_rl.weights.files import WeightsMismatchError, save_policy  # noqa: E402
 
 pytestmark = pytest.mark.timeout(1200)  # engine start-up takes minutes on a loaded 2-core machine
@@ -180,3 +181,48 @@ def torch_logprobs(logits: torch.Tensor, tokens) -> torch.Tensor:
     from prime_rl.inference.backend import token_logprobs
 
     return token_logprobs(logits, torch.tensor(tokens), 1.0)
+
+
+class _Counted:
+    """A backend whose ``generate`` calls are counted (which engine did the decoding?)."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.calls = inner, 0
+
+    def generate(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return self.inner.generate(*args, **kwargs)
+
+
+def test_noise_calibration_decodes_with_the_workers_engine(hf, engine) -> None:
+    """``prime-rl calibrate-noise --workers.backend vllm``: vLLM decodes, the HF backend prefills, and
+    the honest observations are those of the vLLM decode (fp32: margins 0, tiny log-prob gaps)."""
+    decoder = _Counted(engine)
+    prompts = _encode(hf, PROMPTS)
+    observations = noise.measure(
+        hf, prompts, SamplingParams(temperature=1.0, max_new_tokens=16), tokens=32, generator=decoder
+    )
+    assert decoder.calls >= 1
+    assert sum(o.num_tokens for o in observations) >= 32
+    assert max(float(o.sampling_margin.max()) for o in observations) == 0.0
+    assert max(float(o.logprob_gap.max()) for o in observations) < 1e-4
+    without = noise.measure(hf, prompts, SamplingParams(temperature=1.0, max_new_tokens=16), tokens=32)
+    assert [o.num_tokens for o in without] == [o.num_tokens for o in observations]  # same seeds, same tokens
+
+
+def test_a_vllm_run_measures_its_workers_noise_before_it_starts(model_dir, tmp_path) -> None:
+    """``prime-rl run`` with vLLM workers: a ``calibrate-noise`` child measures both decodes (HF and the
+    workers' vLLM engine) and hands the merged profile to the validator."""
+    from prime_rl.config import load_config
+    from prime_rl.launch.local import measure_worker_noise
+
+    overrides = [
+        "--run_dir", str(tmp_path / "run"), "--model.path", str(model_dir), "--tasks.num_tasks", "20",
+        "--sampling.max_new_tokens", "8", "--workers.backend", "vllm", "--validator.calibration_tokens", "48",
+        "--workers.vllm_kv_cache_mb", "32", "--workers.vllm_max_model_len", "256",
+    ]  # fmt: skip
+    path = measure_worker_noise(load_config(None, overrides), None, overrides)
+    profile = toploc.NoiseProfile.load(path)
+    backends = dict(profile.description)["backend"]
+    assert "decode HFBackend" in backends and "decode VLLMBackend" in backends, backends
+    assert profile.statistic("sampling_margin").observations >= 2 * 48  # both decodes counted

@@ -62,6 +62,7 @@ ROLE_SUMMARY = {
     "origin": "the shardcast origin serving published policy versions",
     "relay": "a shardcast relay (--index i picks shardcast.relay_ports[i])",
     "run": "every process of a run on this machine, supervised",
+    "calibrate-noise": "measure honest decode-vs-prefill noise (the workers' backend) into validator.noise_profile",
 }
 
 # The sections each role reads (the top-level keys, e.g. run_dir, come with every role).
@@ -75,8 +76,9 @@ ROLE_SECTIONS: dict[str, list[str]] = {
     "origin": ["shardcast"],
     "relay": ["shardcast"],
     "run": [name for name in RunConfig.model_fields if name != "run_dir"],
+    "calibrate-noise": ["model", "tasks", "sampling", "validator", "workers"],
 }
-MODEL_ROLES = frozenset({"worker", "validator", "trainer", "evaluator", "run"})
+MODEL_ROLES = frozenset({"worker", "validator", "trainer", "evaluator", "run", "calibrate-noise"})
 """Roles that load the policy, so an empty ``model.path`` is resolved to the demo model for them."""
 
 _EPILOG = (
@@ -154,7 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.help:
         return _emit(role_help(args.role))
     if args.role is None:
-        print(f"{_parser().format_usage().rstrip()}\nprime-rl: error: choose a role ({', '.join(ROLES)})", file=sys.stderr)
+        print(
+            f"{_parser().format_usage().rstrip()}\nprime-rl: error: choose a role ({', '.join(ROLES)})",
+            file=sys.stderr,
+        )
         return 2
     try:
         config: RunConfig = load_config(args.config, overrides)

@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from prime_rl.config import RunConfig, with_overrides
 from prime_rl.launch.demo_model import prepare_model, read_provenance
@@ -25,7 +27,7 @@ from prime_rl.launch.report import ProgressTracker, write_report
 from prime_rl.launch.supervisor import Supervisor, plan_children, remove_weight_copies
 from prime_rl.metrics import init_process
 
-__all__ = ["StepPrinter", "local_overrides", "run_local"]
+__all__ = ["StepPrinter", "local_overrides", "measure_worker_noise", "run_local"]
 
 
 def free_port() -> int:
@@ -61,6 +63,28 @@ class StepPrinter:
         sys.stdout.flush()
 
 
+def measure_worker_noise(config: RunConfig, config_path: str | None, overrides: Sequence[str]) -> Path:
+    """The honest-noise profile of the workers' engine, measured before the run (``prime-rl
+    calibrate-noise`` as a child: an in-process vLLM engine would take the validator's threads).
+
+    Raises ``RuntimeError`` naming the log file when the measurement fails.
+    """
+    path = Path(config.run_dir) / "validator" / "noise-profile.json"
+    log_path = Path(config.run_dir) / "logs" / "calibrate-noise.out"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "prime_rl.cli", "calibrate-noise"]
+    argv += ["--config", config_path] if config_path else []
+    argv += [*overrides, "--validator.noise_profile", str(path)]
+    print(
+        f"validator: measuring honest noise of the {config.workers.backend} workers' decode first ({log_path})"
+    )
+    with open(log_path, "ab") as output:
+        done = subprocess.run(argv, stdout=output, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0 or not path.is_file():
+        raise RuntimeError(f"measuring honest noise failed (exit {done.returncode}); see {log_path}")
+    return path
+
+
 def run_local(
     config: RunConfig,
     config_path: str | None,
@@ -87,6 +111,10 @@ def run_local(
         print(f"model: {model_dir} ({source.get('gguf_file_type')} -> {source.get('dtype')}, ready)")
         config = with_overrides(config, ["--model.path", str(model_dir)])
         added += ["--model.path", str(model_dir)]
+    if config.validator.evidence and not config.validator.noise_profile and config.workers.backend != "hf":
+        profile = measure_worker_noise(config, config_path, [*overrides, *added])
+        config = with_overrides(config, ["--validator.noise_profile", str(profile)])
+        added += ["--validator.noise_profile", str(profile)]
     overrides = [*overrides, *added]
 
     print("processes: " + ", ".join(child.name for child in plan_children(config)))

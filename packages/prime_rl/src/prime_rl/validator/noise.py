@@ -20,7 +20,7 @@ import logging
 import platform
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -47,12 +47,16 @@ def measure(
     *,
     tokens: int,
     batch_sizes: Sequence[int] = BATCH_SIZES,
+    generator: Any = None,
 ) -> list[toploc.Observations]:
     """Honest observations of at least ``tokens`` generated tokens (or every prompt once, if fewer).
 
-    Prompts are taken in order, ``batch_sizes`` cycled; each batch is decoded with ``backend`` and
-    then prefilled by the same backend, exactly as a worker's sample meets the validator.
+    Prompts are taken in order, ``batch_sizes`` cycled; each batch is decoded with ``generator``
+    (any backend with the HF backend's ``generate`` contract, e.g. the workers' vLLM engine; default
+    ``backend`` itself) and then prefilled by ``backend``, exactly as a worker's sample meets the
+    validator.
     """
+    generator = backend if generator is None else generator
     if not prompts:
         raise ValueError("calibration needs at least one prompt")
     observations: list[toploc.Observations] = []
@@ -61,7 +65,7 @@ def measure(
         size = batch_sizes[round_index % len(batch_sizes)]
         batch = [list(p) for p in prompts[start : start + size]]
         seeds = [CALIBRATION_SEED + start + i for i in range(len(batch))]
-        completions = backend.generate(batch, seeds, params)
+        completions = generator.generate(batch, seeds, params)
         prefills = backend.prefill(batch, [c.completion_tokens for c in completions])
         for completion, pre in zip(completions, prefills, strict=True):
             ids = torch.tensor(completion.completion_tokens, dtype=torch.long)
@@ -77,13 +81,13 @@ def measure(
     return observations
 
 
-def describe(config: RunConfig, backend: HFBackend) -> dict[str, str]:
+def describe(config: RunConfig, backend: HFBackend, generator: Any = None) -> dict[str, str]:
     """What a profile was measured on (kept in the file, merged with ' | ')."""
     return {
         "model": str(config.model.path),
         "dtype": config.model.dtype,
         "device": str(backend.device),
-        "backend": "prime_rl HFBackend (transformers)",
+        "backend": f"decode {type(generator or backend).__name__}, prefill HFBackend (transformers)",
         "torch": torch.__version__,
         "machine": platform.machine(),
         "temperature": f"{config.sampling.temperature:g}",
@@ -91,15 +95,22 @@ def describe(config: RunConfig, backend: HFBackend) -> dict[str, str]:
     }
 
 
-def calibrate(config: RunConfig, backend: HFBackend, prompts: Sequence[Sequence[int]], tokens: int) -> toploc.NoiseProfile:
-    """The honest noise profile of ``backend`` on ``prompts`` under the run's sampling settings."""
+def calibrate(
+    config: RunConfig,
+    backend: HFBackend,
+    prompts: Sequence[Sequence[int]],
+    tokens: int,
+    generator: Any = None,
+) -> toploc.NoiseProfile:
+    """The honest noise profile of ``generator``'s decode (default ``backend``'s) against ``backend``'s
+    prefill on ``prompts`` under the run's sampling settings."""
     params = SamplingParams(
         temperature=config.sampling.temperature,
         max_new_tokens=config.sampling.max_new_tokens,
         stop=tuple(config.sampling.stop),
     )
-    observations = measure(backend, prompts, params, tokens=tokens)
-    profile = toploc.NoiseProfile.calibrate(observations, description=describe(config, backend))
+    observations = measure(backend, prompts, params, tokens=tokens, generator=generator)
+    profile = toploc.NoiseProfile.calibrate(observations, description=describe(config, backend, generator))
     log.info(
         "honest noise measured on %d samples (%d tokens): max sampling margin %.3g, max log-prob gap %.3g",
         len(observations),
@@ -118,10 +129,21 @@ def task_prompts(config: RunConfig, backend: HFBackend, count: int) -> list[tupl
     return [tuple(tasks.prompt_tokens(i)) for i in range(min(count, tasks.num_tasks))]
 
 
-def calibrate_for_run(config: RunConfig, backend: HFBackend, tokens: int) -> toploc.NoiseProfile:
-    """Measure on the run's task prompts: enough prompts for ``tokens`` even at the shortest completion."""
+def calibrate_for_run(
+    config: RunConfig, backend: HFBackend, tokens: int, generator: Any = None
+) -> toploc.NoiseProfile:
+    """Measure on the run's task prompts: enough prompts for ``tokens`` even at the shortest completion.
+
+    With a ``generator`` (the workers' engine when it is not the HF backend), its decode is
+    measured as well and the two profiles merged, so honest workers of either backend stay inside.
+    """
     prompts = task_prompts(config, backend, max(16, tokens))
-    return calibrate(config, backend, prompts, tokens)
+    profile = calibrate(config, backend, prompts, tokens)
+    if generator is None:
+        return profile
+    return toploc.NoiseProfile.merge(
+        profile, calibrate(config, backend, prompts, tokens, generator=generator)
+    )
 
 
 def main(config: RunConfig, name: str = "calibrate-noise") -> int:
@@ -138,7 +160,14 @@ def main(config: RunConfig, name: str = "calibrate-noise") -> int:
         device=choose_device(config.validator.device),
         max_batch_size=max(BATCH_SIZES),
     )
-    profile = calibrate_for_run(config, backend, max(config.validator.calibration_tokens, 1))
+    generator = None
+    if config.workers.backend != "hf":  # this process is the measurement's own: an engine may change it
+        from prime_rl.inference.select import make_backend
+
+        generator = make_backend(
+            config, backend=config.workers.backend, device=backend.device, max_batch_size=max(BATCH_SIZES)
+        )
+    profile = calibrate_for_run(config, backend, max(config.validator.calibration_tokens, 1), generator)
     if path.exists():
         profile = toploc.NoiseProfile.merge(toploc.NoiseProfile.load(path), profile)
         log.info("merged into the existing profile %s", path)

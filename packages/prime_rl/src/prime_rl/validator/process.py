@@ -163,14 +163,27 @@ class Validator:
             policy = toploc.EvidencePolicy(
                 false_ban_rate=self.cfg.false_ban_rate, horizon_samples=self.cfg.evidence_horizon_samples
             )
-            self.evidence = EvidenceLedger(toploc.EvidenceTests.from_profile(profile, policy))
+            try:
+                tests = toploc.EvidenceTests.from_profile(profile, policy)
+            except toploc.EvidenceError as error:
+                # Too few honest tokens measured to bound any honest rate (a tiny task set, very
+                # short completions): run on the per-sample checks alone rather than not at all.
+                log.warning(
+                    "per-worker evidence is off: %s; measure more honest tokens (validator.calibration_tokens, "
+                    "or a profile from `prime-rl calibrate-noise`) to turn it on",
+                    error,
+                )
+                tests = None
+            self.evidence = None if tests is None else EvidenceLedger(tests)
             # Per sample, only gross deviations: a rejected sample rejects its whole lease, so honest
             # drift (bf16 margins of 0.45, log-prob gaps of 0.45) must pass; whatever hides inside
             # these tolerances is left to the evidence. The log-prob rule bounds a sample's mean gap,
             # so 3x the largest honest per-token gap is at least as loose.
             self.checks = dataclasses.replace(
                 self.checks,
-                sampling_tolerance=max(self.checks.sampling_tolerance, profile.per_sample_limit("sampling_margin")),
+                sampling_tolerance=max(
+                    self.checks.sampling_tolerance, profile.per_sample_limit("sampling_margin")
+                ),
                 logprob_atol=max(self.checks.logprob_atol, profile.per_sample_limit("logprob_gap")),
             )
         self.done = 0
@@ -180,6 +193,16 @@ class Validator:
         """``validator.noise_profile`` if set, else measured now on this backend (and saved for reading)."""
         if self.cfg.noise_profile:
             return toploc.NoiseProfile.load(self.cfg.noise_profile)
+        if config.workers.backend != "hf":
+            # An in-process vLLM engine would take this process's threads; `prime-rl run` measures it
+            # apart (launch.local.measure_worker_noise), a validator started alone says so.
+            log.warning(
+                "measuring honest noise with the HF decode only, but workers decode with %r (fp32 vLLM log-prob "
+                "gaps run ~2x the HF decode's): run `prime-rl calibrate-noise --workers.backend %s` and set "
+                "validator.noise_profile to its file",
+                config.workers.backend,
+                config.workers.backend,
+            )
         started = time.monotonic()
         profile = noise.calibrate_for_run(config, self.backend, self.cfg.calibration_tokens)
         path = Path(config.run_dir) / "validator" / "noise-profile.json"
