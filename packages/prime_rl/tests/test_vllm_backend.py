@@ -153,6 +153,35 @@ def test_too_long_requests_fail_clearly(hf, engine) -> None:
         engine.generate([[]], [1], SamplingParams())
 
 
+class _Counted:
+    """A backend whose ``generate`` calls are counted (which engine did the decoding?)."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.calls = inner, 0
+
+    def generate(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return self.inner.generate(*args, **kwargs)
+
+
+def test_noise_calibration_decodes_with_the_workers_engine(hf, engine) -> None:
+    """``prime-rl calibrate-noise --workers.backend vllm``: vLLM decodes, the HF backend prefills, and
+    the honest observations are those of the vLLM decode (fp32: margins 0, tiny log-prob gaps)."""
+    decoder = _Counted(engine)
+    prompts = _encode(hf, PROMPTS)
+    observations = noise.measure(
+        hf, prompts, SamplingParams(temperature=1.0, max_new_tokens=16), tokens=32, generator=decoder
+    )
+    assert decoder.calls >= 1
+    assert sum(o.num_tokens for o in observations) >= 32
+    assert max(float(o.sampling_margin.max()) for o in observations) == 0.0
+    assert max(float(o.logprob_gap.max()) for o in observations) < 1e-4
+    without = noise.measure(hf, prompts, SamplingParams(temperature=1.0, max_new_tokens=16), tokens=32)
+    assert [o.num_tokens for o in without] == [o.num_tokens for o in observations]  # same seeds, same tokens
+
+
+# Last of the tests on the module's engine: the bf16 engine's clean-up below tears down vLLM's
+# process groups, which that engine needs.
 def test_bfloat16_engine_passes_the_validators_checks(model_dir) -> None:
     """bf16 on both sides: proofs and sampling verify against the bf16 HF prefill; tokens differ from
     the HF bf16 decode only after a draw whose margin is within bf16 logit noise (counted)."""
@@ -181,33 +210,6 @@ def torch_logprobs(logits: torch.Tensor, tokens) -> torch.Tensor:
     from prime_rl.inference.backend import token_logprobs
 
     return token_logprobs(logits, torch.tensor(tokens), 1.0)
-
-
-class _Counted:
-    """A backend whose ``generate`` calls are counted (which engine did the decoding?)."""
-
-    def __init__(self, inner: object) -> None:
-        self.inner, self.calls = inner, 0
-
-    def generate(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        self.calls += 1
-        return self.inner.generate(*args, **kwargs)
-
-
-def test_noise_calibration_decodes_with_the_workers_engine(hf, engine) -> None:
-    """``prime-rl calibrate-noise --workers.backend vllm``: vLLM decodes, the HF backend prefills, and
-    the honest observations are those of the vLLM decode (fp32: margins 0, tiny log-prob gaps)."""
-    decoder = _Counted(engine)
-    prompts = _encode(hf, PROMPTS)
-    observations = noise.measure(
-        hf, prompts, SamplingParams(temperature=1.0, max_new_tokens=16), tokens=32, generator=decoder
-    )
-    assert decoder.calls >= 1
-    assert sum(o.num_tokens for o in observations) >= 32
-    assert max(float(o.sampling_margin.max()) for o in observations) == 0.0
-    assert max(float(o.logprob_gap.max()) for o in observations) < 1e-4
-    without = noise.measure(hf, prompts, SamplingParams(temperature=1.0, max_new_tokens=16), tokens=32)
-    assert [o.num_tokens for o in without] == [o.num_tokens for o in observations]  # same seeds, same tokens
 
 
 def test_a_vllm_run_measures_its_workers_noise_before_it_starts(model_dir, tmp_path) -> None:
