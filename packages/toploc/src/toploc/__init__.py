@@ -2,7 +2,7 @@
 
 from toploc.errors import ActivationError, ProofFormatError
 from toploc.evidence import EvidencePolicy, EvidenceState, EvidenceTests, WorkerEvidence
-from toploc.noise import EvidenceError, NoiseProfile, Observations, StatisticNoise, sampling_margins
+from toploc.noise import EvidenceError, NoiseProfile, Observations, StatisticNoise
 from toploc.proofs import (
     build_proofs,
     build_proofs_base64,
@@ -12,7 +12,7 @@ from toploc.proofs import (
     verify_proofs_bytes,
 )
 from toploc.results import Thresholds, Verdict, VerificationResult
-from toploc.sampling import SamplingCheck, check_sampling, gumbel_noise, sample_tokens
+from toploc.sampling import SamplingCheck, check_sampling, gumbel_noise, sample_tokens, sampling_margins
 from toploc.streaming import ProofBuilder, split_proofs
 from toploc.wire import ProofPoly
 

@@ -3,7 +3,7 @@
 Observations (:class:`Observations`, one sample; the validator derives them from its prefill):
 
 * ``sampling_margin`` per token: how far the claimed token's seeded-sampler score falls short of
-  the best one (:func:`sampling_margins`; 0 when the claim is the sampler's choice);
+  the best one (:func:`toploc.sampling_margins`; 0 when the claim is the sampler's choice);
 * ``logprob_gap`` per token: ``|claimed - recomputed|`` inference log-prob;
 * ``proof_exp_mismatches`` and ``proof_mant_err_mean`` per 32-token proof chunk.
 
@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 from toploc.results import VerificationResult
-from toploc.sampling import _best_and_claimed
 
 STATISTICS = ("sampling_margin", "logprob_gap", "proof_exp_mismatches", "proof_mant_err_mean")
 """Names of the statistics, in the order :class:`Observations` stores them."""
@@ -53,39 +52,6 @@ DEFAULT_GRIDS: dict[str, tuple[float, ...]] = {
 
 class EvidenceError(ValueError):
     """Unusable observations or noise profile (wrong shape, unknown statistic, bad JSON)."""
-
-
-def sampling_margins(
-    logits: torch.Tensor,
-    tokens: torch.Tensor,
-    seed: int,
-    sequence_id: int,
-    positions: torch.Tensor,
-    temperature: float = 1.0,
-) -> torch.Tensor:
-    """Per-token shortfall of the claimed token below the seeded sampler's best score.
-
-    Same computation as :func:`toploc.check_sampling` (``margin_t = max_v s[t, v] - s[t, token_t]``
-    with ``s = logits + T·g``), but returned per token so that a validator can both apply its
-    per-sample tolerance (``margins.max()``) and accumulate evidence from one pass.
-
-    Args:
-        logits: ``[T, V]`` recomputed logits at the positions that produced ``tokens``.
-        tokens: ``[T]`` claimed tokens, each in ``[0, V)``.
-        seed, sequence_id, positions, temperature: as given to :func:`toploc.sample_tokens`.
-    Returns:
-        ``[T]`` float64 margins >= 0 on ``logits.device``; ``inf`` where the logits are NaN.
-    """
-    tokens = torch.as_tensor(tokens, device=logits.device).reshape(-1).to(torch.int64)
-    positions = torch.as_tensor(positions, device=logits.device).reshape(-1)
-    if logits.dim() != 2 or tokens.numel() != logits.shape[0] or positions.numel() != logits.shape[0]:
-        raise ValueError("logits must be [T, V] with T tokens and T positions")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= logits.shape[1]):
-        raise ValueError(f"tokens must lie in [0, {logits.shape[1]})")
-    sequence_ids = torch.full_like(positions, sequence_id, dtype=torch.int64)
-    _, best, claimed = _best_and_claimed(logits, seed, sequence_ids, positions, temperature, tokens)
-    assert claimed is not None
-    return torch.nan_to_num(best - claimed, nan=float("inf"))
 
 
 def _float64(values: Any) -> np.ndarray:

@@ -251,6 +251,52 @@ def check_sampling(
     Margin_t = max_v s[t, v] - s[t, token_t] with s = logits + T·g; NaN logits count as mismatches.
     """
     tokens = torch.as_tensor(tokens, device=logits.device).reshape(-1).to(torch.int64)
+    best_tokens, margin = _claimed_margins(logits, tokens, seed, sequence_id, positions, temperature)
+    bad = torch.nonzero(margin > tolerance).flatten().tolist()
+    return SamplingCheck(
+        passed=len(bad) <= max_mismatches,
+        num_tokens=int(tokens.numel()),
+        num_mismatches=len(bad),
+        mismatch_positions=tuple(int(i) for i in bad),
+        max_margin=float(margin.max()) if margin.numel() else 0.0,
+        exact_matches=int((best_tokens == tokens).sum()),
+    )
+
+
+def sampling_margins(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    seed: int,
+    sequence_id: int,
+    positions: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Per-token shortfall of the claimed token below the seeded sampler's best score.
+
+    Same computation as :func:`check_sampling` (``margin_t = max_v s[t, v] - s[t, token_t]``
+    with ``s = logits + T·g``), but returned per token so that a validator can both apply its
+    per-sample tolerance (``margins.max()``) and accumulate evidence from one pass.
+
+    Args:
+        logits: ``[T, V]`` recomputed logits at the positions that produced ``tokens``.
+        tokens: ``[T]`` claimed tokens, each in ``[0, V)``.
+        seed, sequence_id, positions, temperature: as given to :func:`sample_tokens`.
+    Returns:
+        ``[T]`` float64 margins >= 0 on ``logits.device``; ``inf`` where the logits are NaN.
+    """
+    tokens = torch.as_tensor(tokens, device=logits.device).reshape(-1).to(torch.int64)
+    return _claimed_margins(logits, tokens, seed, sequence_id, positions, temperature)[1]
+
+
+def _claimed_margins(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    seed: int,
+    sequence_id: int,
+    positions: torch.Tensor,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(best tokens, margins)`` of int64 ``tokens`` against ``logits`` (shapes and range checked)."""
     positions = torch.as_tensor(positions, device=logits.device).reshape(-1)
     if logits.dim() != 2 or tokens.numel() != logits.shape[0] or positions.numel() != logits.shape[0]:
         raise ValueError("logits must be [T, V] with T tokens and T positions")
@@ -261,13 +307,4 @@ def check_sampling(
         logits, seed, sequence_ids, positions, temperature, tokens
     )
     assert claimed is not None
-    margin = torch.nan_to_num(best_scores - claimed, nan=float("inf"))
-    bad = torch.nonzero(margin > tolerance).flatten().tolist()
-    return SamplingCheck(
-        passed=len(bad) <= max_mismatches,
-        num_tokens=int(tokens.numel()),
-        num_mismatches=len(bad),
-        mismatch_positions=tuple(int(i) for i in bad),
-        max_margin=float(margin.max()) if margin.numel() else 0.0,
-        exact_matches=int((best_tokens == tokens).sum()),
-    )
+    return best_tokens, torch.nan_to_num(best_scores - claimed, nan=float("inf"))
