@@ -8,11 +8,13 @@ import socket
 import threading
 import time
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 
+import toploc
 from prime_rl.api import assignment
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.api.protocol import LeaseRecord, LeaseTask, PendingBatch, RolloutBatch, TaskLease
@@ -350,6 +352,31 @@ def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir, caplog
     assert (honest.samples_accepted, honest.samples_rejected, honest.banned) == (4, 0, False)
     assert (bad.samples_accepted, bad.samples_rejected, bad.banned) == (0, 4, True)
     assert set(bad.rejected_reasons) <= {"reward_mismatch", "group_rejected", "lease_rejected"}
+
+
+def test_a_profile_too_small_for_evidence_leaves_the_per_sample_tolerances_as_configured(tmp_path, tiny_lm_dir):
+    """Evidence off (no usable test in a two-token profile) must not widen the per-sample rules: the
+    widening to 3x the honest maxima (here 0.6 and 0.09) is only safe with the evidence behind it."""
+    profile = toploc.NoiseProfile.calibrate(
+        [toploc.Observations(sampling_margin=np.array([0.2, 0.0]), logprob_gap=np.array([0.03, 0.0]))]
+    )
+    profile.save(tmp_path / "tiny-profile.json")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = load_config(
+        None,
+        [
+            "--run_dir", str(tmp_path / "run"), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "20",
+            "--orchestrator.port", str(port), "--validator.noise_profile", str(tmp_path / "tiny-profile.json"),
+        ],
+    )  # fmt: skip
+    with OrchestratorServer(config, load_tasks(config.tasks)):
+        validator = Validator(config)
+        validator.close()
+    assert validator.evidence is None
+    assert validator.checks.sampling_tolerance == config.validator.sampling_tolerance == 0.25
+    assert validator.checks.logprob_atol == config.validator.logprob_atol == 0.05
 
 
 # ---------------------------------------------------------------- issue 13: whole leases, cheap checks first

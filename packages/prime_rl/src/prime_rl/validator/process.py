@@ -167,25 +167,26 @@ class Validator:
                 tests = toploc.EvidenceTests.from_profile(profile, policy)
             except toploc.EvidenceError as error:
                 # Too few honest tokens measured to bound any honest rate (a tiny task set, very
-                # short completions): run on the per-sample checks alone rather than not at all.
+                # short completions): run on the per-sample checks alone, at their configured
+                # tolerances, rather than not at all.
                 log.warning(
                     "per-worker evidence is off: %s; measure more honest tokens (validator.calibration_tokens, "
                     "or a profile from `prime-rl calibrate-noise`) to turn it on",
                     error,
                 )
-                tests = None
-            self.evidence = None if tests is None else EvidenceLedger(tests)
-            # Per sample, only gross deviations: a rejected sample rejects its whole lease, so honest
-            # drift (bf16 margins of 0.45, log-prob gaps of 0.45) must pass; whatever hides inside
-            # these tolerances is left to the evidence. The log-prob rule bounds a sample's mean gap,
-            # so 3x the largest honest per-token gap is at least as loose.
-            self.checks = dataclasses.replace(
-                self.checks,
-                sampling_tolerance=max(
-                    self.checks.sampling_tolerance, profile.per_sample_limit("sampling_margin")
-                ),
-                logprob_atol=max(self.checks.logprob_atol, profile.per_sample_limit("logprob_gap")),
-            )
+            else:
+                self.evidence = EvidenceLedger(tests)
+                # Per sample, only gross deviations: a rejected sample rejects its whole lease, so
+                # honest drift (bf16 margins of 0.45, log-prob gaps of 0.45) must pass; whatever
+                # hides inside these tolerances is left to the evidence. The log-prob rule bounds a
+                # sample's mean gap, so 3x the largest honest per-token gap is at least as loose.
+                self.checks = dataclasses.replace(
+                    self.checks,
+                    sampling_tolerance=max(
+                        self.checks.sampling_tolerance, profile.per_sample_limit("sampling_margin")
+                    ),
+                    logprob_atol=max(self.checks.logprob_atol, profile.per_sample_limit("logprob_gap")),
+                )
         self.done = 0
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
 
