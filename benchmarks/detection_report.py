@@ -86,6 +86,13 @@ def report(
         if job.phase != "calibrate" and path.exists():
             streams.setdefault(job.worker, []).append(load(path))
     honest = streams.pop("honest", [])
+    by_config: dict[str, list[list[Any]]] = {}  # held-out honest streams per configuration
+    for job in jobs:
+        path = data / f"{job.name}.npz"
+        if job.phase == "honest" and path.exists():
+            label = (f"{job.backend} {job.attn if job.backend == 'hf' else ''} batch {job.batch}, {job.threads} threads, "
+                     f"{'GRPO groups' if job.groups else 'mixed prompts'}, {job.tokens} tokens").replace("  ", " ")  # fmt: skip
+            by_config.setdefault(label, []).append(load(path))
     result: dict[str, Any] = {"dtype": dtype, "log_threshold": tests.log_threshold, "tests": len(tests)}
 
     print(f"\n## {dtype}: honest noise (calibration, {profile.statistic('logprob_gap').observations} tokens)\n")
@@ -108,14 +115,33 @@ def report(
             state = evidence.update(sample.observations())
             worst = max(worst, state.fraction)
         banned += evidence.banned
+    # The strictest reading: every held-out honest sample judged as the output of one single worker.
+    one = toploc.WorkerEvidence(tests)
+    one_worst = max((one.update(s.observations()).fraction for st in honest for s in st), default=0.0)
     old = sum(per_sample_rejected(s, 0.25) for st in honest for s in st)
     new = sum(per_sample_rejected(s, tolerance, atol) for st in honest for s in st)
     count = sum(len(st) for st in honest)
     print(f"\nhonest held-out: {len(honest)} workers, {count} samples ({long_samples} of >= 1000 tokens), "
           f"{honest_tokens} tokens: {banned} banned, largest score {worst:.3f} of the threshold; "
-          f"per-sample rejections {old}/{count} with the fixed rules (0.25, 0.05), {new}/{count} with the widened ones")  # fmt: skip
+          f"per-sample rejections {old}/{count} with the fixed rules (0.25, 0.05), {new}/{count} with the widened ones; "
+          f"all {honest_tokens} tokens as one worker: {'banned' if one.banned else 'not banned'}, "
+          f"largest score {one_worst:.3f} of the threshold")  # fmt: skip
     result["honest"] = {"workers": len(honest), "samples": count, "tokens": honest_tokens, "long_samples": long_samples,
-                        "banned": banned, "max_fraction": worst, "rejected_fixed": old, "rejected_new": new}  # fmt: skip
+                        "banned": banned, "max_fraction": worst, "rejected_fixed": old, "rejected_new": new,
+                        "one_worker_banned": bool(one.banned), "one_worker_max_fraction": one_worst}  # fmt: skip
+
+    print("\n| honest configuration | workers | samples | tokens | banned | largest score / threshold | rejected per sample |")
+    print("|---|---|---|---|---|---|---|")
+    for label, config_streams in by_config.items():
+        fractions, config_banned = [], 0
+        for stream in config_streams:
+            evidence = toploc.WorkerEvidence(tests)
+            fractions += [evidence.update(s.observations()).fraction for s in stream]
+            config_banned += evidence.banned
+        samples = [s for st in config_streams for s in st]
+        rejected = sum(per_sample_rejected(s, tolerance, atol) for s in samples)
+        print(f"| {label} | {len(config_streams)} | {len(samples)} | {sum(s.margins.size for s in samples)} | "
+              f"{config_banned} | {max(fractions, default=0.0):.3f} | {rejected}/{len(samples)} |")  # fmt: skip
 
     honest_at = {n: [stream_scores(tests, seg, [n]).get(n, -np.inf) for st in honest for seg in segments(st, n)] for n in budgets}
     header = " | ".join(f"n={n}" for n in budgets)

@@ -30,6 +30,7 @@ import contextlib
 import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -46,6 +47,9 @@ from prime_rl.inference.backend import (
     verify_proofs,
 )
 from prime_rl.launch.demo_model import prepare_model
+
+if TYPE_CHECKING:
+    from prime_rl.inference.vllm_backend import VLLMBackend
 
 TOPICS = (
     "a dragon who learns to bake bread", "the history of the printing press", "how volcanoes form",
@@ -89,6 +93,16 @@ def make_backend(model: torch.nn.Module, tokenizer: object, max_batch_size: int 
     dtype = "bfloat16" if next(model.parameters()).dtype == torch.bfloat16 else "float32"
     backend = HFBackend("", dtype=dtype, model=model, tokenizer=tokenizer, max_batch_size=max_batch_size)
     backend.eos_token_ids = frozenset()  # fixed lengths: every sample runs to max_new_tokens
+    return backend
+
+
+def make_vllm_backend(dtype: str, max_batch_size: int = 64) -> VLLMBackend:
+    """prime_rl's vLLM worker backend on the same checkpoint, sized for 64 x 1,100-token sequences."""
+    from prime_rl.inference.vllm_backend import EngineMemory, VLLMBackend
+
+    memory = EngineMemory(kv_cache_bytes=4 << 30, max_model_len=2048)
+    backend = VLLMBackend(prepare_model(dtype="float32"), dtype=dtype, max_batch_size=max_batch_size, memory=memory)
+    backend.eos_token_ids = frozenset()  # fixed lengths, as make_backend
     return backend
 
 

@@ -17,7 +17,14 @@ generates the same number of tokens):
   the same model saved to a temporary directory. The validator accepts the VLLMBackend completions
   too. vLLM keeps ``--threads`` torch threads because ``OMP_NUM_THREADS`` is set for it.
 
-Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/rollout_bench.py [--repeats 3] [--threads 2]``.
+``--model smollm2`` runs every row on the real SmolLM2-135M-Instruct instead (the demo model,
+``prime_rl.launch.demo_model``; the issue's own setting), on chat prompts of mixed lengths
+(``detection_workers.prompt_texts``, left-padded for the HF rows), ``--batch`` x ``--new`` tokens.
+``--compile`` lets vLLM compile its model (``enforce_eager=False``, both vLLM rows; the worker
+setting ``vllm_enforce_eager = false``): slower start, faster steps.
+
+Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/rollout_bench.py [--repeats 3] [--threads 2]
+[--vllm] [--model smollm2 --batch 32 --new 128] [--compile]``.
 Reports min and median wall time over repeats and the generated tokens per second.
 """
 
@@ -39,6 +46,25 @@ from prime_rl.inference.backend import HFBackend, SamplingParams, check_sampled,
 
 VOCAB, HIDDEN, LAYERS = 32000, 256, 4
 BATCH, PROMPT, NEW = 16, 32, 64
+
+
+def build_smollm2(batch: int) -> tuple[torch.nn.Module, object, list[list[int]]]:
+    """The demo model (fp32) and ``batch`` chat prompts of mixed lengths."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from detection_workers import load_model, load_tokenizer, prompt_texts
+
+    tokenizer = load_tokenizer()
+    return load_model("float32"), tokenizer, prompt_texts(tokenizer, batch, offset=4242)
+
+
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
 
 
 def build() -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
@@ -69,24 +95,38 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--vllm", action="store_true", help="also measure the vLLM backend and plain vLLM")
+    parser.add_argument("--model", choices=["random", "smollm2"], default="random")
+    parser.add_argument("--batch", type=int, default=BATCH, help="sequences (smollm2 only)")
+    parser.add_argument("--new", type=int, default=NEW, help="new tokens per sequence (smollm2 only)")
+    parser.add_argument("--compile", action="store_true", help="vLLM with enforce_eager=False")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # vLLM's CPU engine leaves torch threads alone then
     torch.set_num_threads(args.threads)
-    model, tokenizer = build()
-    backend = HFBackend("unused", model=model, tokenizer=tokenizer, max_batch_size=BATCH)
-    prompts = torch.randint(2, VOCAB, (BATCH, PROMPT), generator=torch.Generator().manual_seed(1))
-    seeds = list(range(BATCH))
-    params = SamplingParams(temperature=1.0, max_new_tokens=NEW)
+    if args.model == "smollm2":
+        batch, new = args.batch, args.new
+        model, tokenizer, prompt_lists = build_smollm2(batch)
+        prompts, mask = left_padded(prompt_lists, int(tokenizer.pad_token_id or 0))
+        described = f"SmolLM2-135M-Instruct fp32, {batch} chat prompts ({min(map(len, prompt_lists))}-{max(map(len, prompt_lists))} tokens) + {new} new"
+    else:
+        batch, new = BATCH, NEW
+        model, tokenizer = build()
+        prompts = torch.randint(2, VOCAB, (BATCH, PROMPT), generator=torch.Generator().manual_seed(1))
+        mask, prompt_lists = torch.ones_like(prompts), prompts.tolist()
+        described = f"random Llama h={HIDDEN} L={LAYERS} V={VOCAB}, {BATCH} seqs x {PROMPT}+{NEW} tokens"
+    backend = HFBackend("unused", model=model, tokenizer=tokenizer, max_batch_size=batch)
+    backend.eos_token_ids = frozenset()  # every row generates exactly `new` tokens
+    seeds = list(range(batch))
+    params = SamplingParams(temperature=1.0, max_new_tokens=new)
 
     def hf_generate():
         with torch.no_grad():
             return model.generate(
-                prompts, attention_mask=torch.ones_like(prompts), do_sample=True, max_new_tokens=NEW,
-                min_new_tokens=NEW, top_k=0, top_p=1.0, pad_token_id=0,
+                prompts, attention_mask=mask, do_sample=True, max_new_tokens=new, min_new_tokens=new,
+                top_k=0, top_p=1.0, pad_token_id=int(tokenizer.pad_token_id or 0),
             )  # fmt: skip
 
     def ours():
-        return backend.generate(prompts.tolist(), seeds, params)
+        return backend.generate(prompt_lists, seeds, params)
 
     def validate(completions):
         pre = backend.prefill(
@@ -103,7 +143,7 @@ def main() -> None:
 
     hf_min, hf_med, _ = timed(hf_generate, args.repeats)
     our_min, our_med, completions = timed(ours, args.repeats)
-    assert all(len(c.completion_tokens) == NEW for c in completions)  # type: ignore[union-attr]
+    assert all(len(c.completion_tokens) == new for c in completions)  # type: ignore[union-attr]
     val_min, val_med, ok = timed(lambda: validate(completions), args.repeats)
     rows = [
         ("hf generate (no proofs)", hf_min, hf_med),
@@ -112,21 +152,21 @@ def main() -> None:
     ]
     vllm_note = ""
     if args.vllm:
-        vllm_rows, vllm_ok = measure_vllm(model, tokenizer, prompts.tolist(), seeds, params, args.repeats, validate)
+        vllm_rows, vllm_ok = measure_vllm(
+            model, tokenizer, prompt_lists, seeds, params, args.repeats, validate, args.compile
+        )
         rows += vllm_rows
         plain, ours_vllm = vllm_rows[0][1], vllm_rows[1][1]
         vllm_note = (
             f"; VLLMBackend vs HFBackend: {our_min / ours_vllm:.2f}x faster, proofs+sampler cost "
-            f"{ours_vllm / plain - 1:+.0%} over plain vLLM; validator accepted {vllm_ok}/{BATCH} vLLM completions"
+            f"{ours_vllm / plain - 1:+.0%} over plain vLLM; validator accepted {vllm_ok}/{batch} vLLM completions"
         )
-    tokens = BATCH * NEW
-    print(
-        f"random Llama h={HIDDEN} L={LAYERS} V={VOCAB}, {BATCH} seqs x {PROMPT}+{NEW} tokens, {args.threads} threads"
-    )
+    tokens = batch * new
+    print(f"{described}, {args.threads} threads" + (", vLLM compiled" if args.compile else ""))
     print(f"{'path':<34}{'min s':>8}{'median s':>10}{'tok/s (min)':>13}{'rollouts/s':>12}")
     for name, lo, med in rows:
-        print(f"{name:<34}{lo:>8.3f}{med:>10.3f}{tokens / lo:>13.0f}{BATCH / lo:>12.2f}")
-    print(f"generation overhead vs hf generate: {our_min / hf_min:.2f}x; validator accepted {ok}/{BATCH}{vllm_note}")
+        print(f"{name:<34}{lo:>8.3f}{med:>10.3f}{tokens / lo:>13.0f}{batch / lo:>12.2f}")
+    print(f"generation overhead vs hf generate: {our_min / hf_min:.2f}x; validator accepted {ok}/{batch}{vllm_note}")
     print(draw_row(args.repeats))
 
 
@@ -146,7 +186,7 @@ def draw_row(repeats: int) -> str:
     )
 
 
-def measure_vllm(model, tokenizer, prompts, seeds, params, repeats, validate):
+def measure_vllm(model, tokenizer, prompts, seeds, params, repeats, validate, compile_model=False):
     """Rows for plain vLLM and VLLMBackend on the same weights, and how many completions validate."""
     import tempfile
 
@@ -158,9 +198,13 @@ def measure_vllm(model, tokenizer, prompts, seeds, params, repeats, validate):
     folder = tempfile.mkdtemp(prefix="rollout_bench_")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    memory = EngineMemory(kv_cache_bytes=256 << 20, max_model_len=PROMPT + NEW + 8)
-    backend = VLLMBackend(folder, max_batch_size=BATCH, memory=memory)
-    plain_params = VLLMParams(temperature=1.0, max_tokens=NEW, ignore_eos=True)
+    longest = max(len(p) for p in prompts) + params.max_new_tokens
+    kv_bytes = max(256 << 20, 2 * len(prompts) * longest * 4 * model.config.num_hidden_layers
+                   * model.config.num_key_value_heads * (model.config.hidden_size // model.config.num_attention_heads))  # fmt: skip
+    memory = EngineMemory(kv_cache_bytes=kv_bytes, max_model_len=longest + 8, enforce_eager=not compile_model)
+    backend = VLLMBackend(folder, max_batch_size=len(prompts), memory=memory)
+    backend.eos_token_ids = frozenset()  # as the HF rows: exactly max_new_tokens each
+    plain_params = VLLMParams(temperature=1.0, max_tokens=params.max_new_tokens, ignore_eos=True)
     token_prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
     def plain():

@@ -99,6 +99,24 @@ def test_stop_strings_end_completions_like_hf(hf, engine) -> None:
     assert "stop" in {c.finish_reason for c in got}
 
 
+def test_an_empty_eos_set_runs_every_completion_to_max_new_tokens_like_hf(hf, engine) -> None:
+    """``eos_token_ids = frozenset()`` turns EOS stops off in both backends (fixed-length benchmarks)."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=60)
+    prompts = _encode(hf, PROMPTS)
+    stopped = engine.generate(prompts, SEEDS, params)
+    assert "eos" in {c.finish_reason for c in stopped}  # these seeds draw the tokenizer's EOS
+    saved = engine.eos_token_ids, hf.eos_token_ids
+    engine.eos_token_ids = hf.eos_token_ids = frozenset()
+    try:
+        got, want = engine.generate(prompts, SEEDS, params), hf.generate(prompts, SEEDS, params)
+    finally:
+        engine.eos_token_ids, hf.eos_token_ids = saved
+    assert all(c.finish_reason == "length" and len(c.completion_tokens) == 60 for c in got)
+    assert [c.completion_tokens for c in got] == [c.completion_tokens for c in want]
+    for short, full in zip(stopped, got, strict=True):  # the same draws, only no longer cut at EOS
+        assert full.completion_tokens[: len(short.completion_tokens)] == short.completion_tokens
+
+
 def test_reload_gives_the_new_weights_outputs(hf, engine, model_dir, tmp_path) -> None:
     new = make_tiny_lm(hidden_size=128, seed=1)
     path = tmp_path / "policy_v3.safetensors"

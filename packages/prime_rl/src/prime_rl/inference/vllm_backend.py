@@ -178,6 +178,7 @@ class VLLMBackend:
             max_tokens=params.max_new_tokens,
             stop=list(params.stop) or None,
             stop_token_ids=sorted(self.eos_token_ids),
+            ignore_eos=not self.eos_token_ids,  # as HFBackend: an empty eos_token_ids set never stops early
             include_stop_str_in_output=True,
             skip_special_tokens=True,
         )
