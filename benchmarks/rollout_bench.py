@@ -99,6 +99,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=BATCH, help="sequences (smollm2 only)")
     parser.add_argument("--new", type=int, default=NEW, help="new tokens per sequence (smollm2 only)")
     parser.add_argument("--compile", action="store_true", help="vLLM with enforce_eager=False")
+    parser.add_argument("--eos", action="store_true", help="smollm2: keep EOS stops (the RL workload: ragged lengths)")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # vLLM's CPU engine leaves torch threads alone then
     torch.set_num_threads(args.threads)
@@ -114,16 +115,20 @@ def main() -> None:
         mask, prompt_lists = torch.ones_like(prompts), prompts.tolist()
         described = f"random Llama h={HIDDEN} L={LAYERS} V={VOCAB}, {BATCH} seqs x {PROMPT}+{NEW} tokens"
     backend = HFBackend("unused", model=model, tokenizer=tokenizer, max_batch_size=batch)
-    backend.eos_token_ids = frozenset()  # every row generates exactly `new` tokens
+    eos = args.eos and args.model == "smollm2"
+    eos_id = int(tokenizer.eos_token_id) if eos else None
+    if not eos:
+        backend.eos_token_ids = frozenset()  # every row generates exactly `new` tokens
     seeds = list(range(batch))
     params = SamplingParams(temperature=1.0, max_new_tokens=new)
 
     def hf_generate():
         with torch.no_grad():
-            return model.generate(
-                prompts, attention_mask=mask, do_sample=True, max_new_tokens=new, min_new_tokens=new,
-                top_k=0, top_p=1.0, pad_token_id=int(tokenizer.pad_token_id or 0),
+            out = model.generate(
+                prompts, attention_mask=mask, do_sample=True, max_new_tokens=new, min_new_tokens=0 if eos else new,
+                top_k=0, top_p=1.0, pad_token_id=int(tokenizer.pad_token_id or 0), eos_token_id=eos_id,
             )  # fmt: skip
+        return sum(_length(row, eos_id) for row in out[:, prompts.shape[1] :].tolist())
 
     def ours():
         return backend.generate(prompt_lists, seeds, params)
@@ -141,31 +146,35 @@ def main() -> None:
             ok += proofs_ok and sampled_ok and gap < 0.05
         return ok
 
-    hf_min, hf_med, _ = timed(hf_generate, args.repeats)
+    hf_min, hf_med, hf_tokens = timed(hf_generate, args.repeats)
     our_min, our_med, completions = timed(ours, args.repeats)
-    assert all(len(c.completion_tokens) == new for c in completions)  # type: ignore[union-attr]
+    our_tokens = sum(len(c.completion_tokens) for c in completions)  # type: ignore[union-attr]
+    assert eos or our_tokens == batch * new
     val_min, val_med, ok = timed(lambda: validate(completions), args.repeats)
     rows = [
-        ("hf generate (no proofs)", hf_min, hf_med),
-        ("HFBackend.generate (proofs+seed)", our_min, our_med),
-        ("validator check (prefill+verify)", val_min, val_med),
+        ("hf generate (no proofs)", hf_min, hf_med, hf_tokens),
+        ("HFBackend.generate (proofs+seed)", our_min, our_med, our_tokens),
+        ("validator check (prefill+verify)", val_min, val_med, our_tokens),
     ]
     vllm_note = ""
     if args.vllm:
-        vllm_rows, vllm_ok = measure_vllm(
-            model, tokenizer, prompt_lists, seeds, params, args.repeats, validate, args.compile
+        vllm_rows, vllm_ok, vllm_completions = measure_vllm(
+            model, tokenizer, prompt_lists, seeds, params, args.repeats, validate, args.compile, eos
         )
         rows += vllm_rows
-        plain, ours_vllm = vllm_rows[0][1], vllm_rows[1][1]
+        plain, ours_vllm = vllm_rows[0], vllm_rows[1]
+        same = sum(a.completion_tokens == b.completion_tokens for a, b in zip(completions, vllm_completions, strict=True))
         vllm_note = (
-            f"; VLLMBackend vs HFBackend: {our_min / ours_vllm:.2f}x faster, proofs+sampler cost "
-            f"{ours_vllm / plain - 1:+.0%} over plain vLLM; validator accepted {vllm_ok}/{batch} vLLM completions"
+            f"; VLLMBackend vs HFBackend (same {same}/{batch} completions): {our_min / ours_vllm[1]:.2f}x faster; "
+            f"proofs+sampler cost {plain[3] / plain[1] / (ours_vllm[3] / ours_vllm[1]) - 1:+.0%} (min) and "
+            f"{plain[3] / plain[2] / (ours_vllm[3] / ours_vllm[2]) - 1:+.0%} (median) per token over plain vLLM; "
+            f"validator accepted {vllm_ok}/{batch} vLLM completions"
         )
-    tokens = batch * new
-    print(f"{described}, {args.threads} threads" + (", vLLM compiled" if args.compile else ""))
-    print(f"{'path':<34}{'min s':>8}{'median s':>10}{'tok/s (min)':>13}{'rollouts/s':>12}")
-    for name, lo, med in rows:
-        print(f"{name:<34}{lo:>8.3f}{med:>10.3f}{tokens / lo:>13.0f}{batch / lo:>12.2f}")
+    print(f"{described}, {args.threads} threads" + (", vLLM compiled" if args.compile else "")
+          + (", EOS stops on" if eos else ""))  # fmt: skip
+    print(f"{'path':<34}{'min s':>8}{'median s':>10}{'tokens':>8}{'tok/s (min)':>13}{'rollouts/s':>12}")
+    for name, lo, med, tokens in rows:
+        print(f"{name:<34}{lo:>8.3f}{med:>10.3f}{tokens:>8}{tokens / lo:>13.0f}{batch / lo:>12.2f}")
     print(f"generation overhead vs hf generate: {our_min / hf_min:.2f}x; validator accepted {ok}/{batch}{vllm_note}")
     print(draw_row(args.repeats))
 
@@ -186,7 +195,12 @@ def draw_row(repeats: int) -> str:
     )
 
 
-def measure_vllm(model, tokenizer, prompts, seeds, params, repeats, validate, compile_model=False):
+def _length(row: list[int], eos_id: int | None) -> int:
+    """Tokens of one generated row up to and including its first EOS (all of them without EOS stops)."""
+    return row.index(eos_id) + 1 if eos_id is not None and eos_id in row else len(row)
+
+
+def measure_vllm(model, tokenizer, prompts, seeds, params, repeats, validate, compile_model=False, eos=False):
     """Rows for plain vLLM and VLLMBackend on the same weights, and how many completions validate."""
     import tempfile
 
@@ -203,8 +217,9 @@ def measure_vllm(model, tokenizer, prompts, seeds, params, repeats, validate, co
                    * model.config.num_key_value_heads * (model.config.hidden_size // model.config.num_attention_heads))  # fmt: skip
     memory = EngineMemory(kv_cache_bytes=kv_bytes, max_model_len=longest + 8, enforce_eager=not compile_model)
     backend = VLLMBackend(folder, max_batch_size=len(prompts), memory=memory)
-    backend.eos_token_ids = frozenset()  # as the HF rows: exactly max_new_tokens each
-    plain_params = VLLMParams(temperature=1.0, max_tokens=params.max_new_tokens, ignore_eos=True)
+    if not eos:
+        backend.eos_token_ids = frozenset()  # as the HF rows: exactly max_new_tokens each
+    plain_params = VLLMParams(temperature=1.0, max_tokens=params.max_new_tokens, ignore_eos=not eos)
     token_prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
     def plain():
@@ -214,13 +229,15 @@ def measure_vllm(model, tokenizer, prompts, seeds, params, repeats, validate, co
         return backend.generate(prompts, seeds, params)
 
     plain(), ours()  # start-up: the first calls compile and warm caches
-    plain_min, plain_med, _ = timed(plain, repeats)
+    plain_min, plain_med, outputs = timed(plain, repeats)
     ours_min, ours_med, completions = timed(ours, repeats)
     ok = validate(completions)
+    plain_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    our_tokens = sum(len(c.completion_tokens) for c in completions)
     return [
-        ("vllm plain (no proofs)", plain_min, plain_med),
-        ("VLLMBackend.generate (proofs+seed)", ours_min, ours_med),
-    ], ok
+        ("vllm plain (no proofs)", plain_min, plain_med, plain_tokens),
+        ("VLLMBackend.generate (proofs+seed)", ours_min, ours_med, our_tokens),
+    ], ok, completions
 
 
 if __name__ == "__main__":
