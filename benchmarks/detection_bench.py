@@ -85,17 +85,20 @@ class Job:
 
 
 # (attention, decode batch, threads, groups, tokens per sample, samples, backend): the honest
-# configurations (attention and threads apply to the HF backend; vLLM runs its own CPU kernels)
+# configurations (attention and threads apply to the HF backend; vLLM runs its own CPU kernels).
+# At --scale 1.0 the held-out streams hold 104,448 tokens (the acceptance budget: >= 100k per
+# dtype), 73,728 of them in completions of 512 and 1,024 tokens; most come from the wide vLLM
+# batches, the fastest way through that budget on a CPU.
 HONEST_CONFIGS = (
-    ("sdpa", 16, 2, False, 256, 64, "hf"),
-    ("eager", 16, 1, False, 256, 64, "hf"),
-    ("sdpa", 4, 1, False, 256, 32, "hf"),
-    ("sdpa", 32, 2, True, 128, 128, "hf"),
-    ("eager", 1, 2, False, 256, 16, "hf"),
-    ("sdpa", 16, 1, False, 256, 64, "hf"),
-    ("sdpa", 8, 2, False, 1024, 24, "hf"),
-    ("sdpa", 16, 2, False, 1024, 64, "vllm"),
-    ("sdpa", 64, 2, False, 512, 128, "vllm"),
+    ("sdpa", 16, 2, False, 256, 32, "hf"),
+    ("eager", 16, 1, False, 256, 16, "hf"),
+    ("sdpa", 4, 1, False, 256, 16, "hf"),
+    ("sdpa", 32, 2, True, 128, 64, "hf"),
+    ("eager", 1, 2, False, 256, 8, "hf"),
+    ("sdpa", 16, 1, False, 256, 16, "hf"),
+    ("sdpa", 8, 2, False, 1024, 8, "hf"),
+    ("sdpa", 16, 2, False, 1024, 32, "vllm"),
+    ("sdpa", 64, 2, False, 512, 64, "vllm"),
 )
 
 CALIBRATION_CONFIGS = (0, 1, 6, 7)
@@ -111,11 +114,12 @@ def plan(
     max_tokens: int = 0,
     calibration_configs: Sequence[int] = CALIBRATION_CONFIGS,
     honest_configs: Sequence[int] = tuple(range(len(HONEST_CONFIGS))),
+    rounds: int = 0,
 ) -> list[Job]:
     """Jobs in collection order: calibration, then rounds of one worker per deviation plus a slice of
     every held-out honest configuration, so that an interrupted run still fills every table row.
     ``scale`` shrinks sample counts (at least one decode batch each), ``max_tokens`` (smoke tests)
-    caps tokens per sample."""
+    caps tokens per sample, ``rounds`` sets the deviating workers per attack (default: from ``scale``)."""
     prefix = "fp32" if dtype == "float32" else "bf16"
     jobs: list[Job] = []
     for i, (attn, batch, threads, groups, tokens, samples, backend) in enumerate(HONEST_CONFIGS):
@@ -123,7 +127,7 @@ def plan(
             continue
         count = max(batch, round(samples * scale / 6 / batch) * batch)  # 1/6 of held-out, >= one batch
         jobs.append(Job(f"{prefix}-calibrate-{i}", "calibrate", "honest", count, tokens, batch, attn, threads, groups, 10_000 * i, backend))
-    rounds = max(2, round(6 * math.sqrt(scale)))
+    rounds = rounds or max(2, round(6 * math.sqrt(scale)))
     attacks = ATTACKS if dtype == "float32" else ("steer10", "steer1")
     for w in range(rounds):
         for attack in attacks:
@@ -344,12 +348,13 @@ if __name__ == "__main__":
     parser.add_argument("--max-tokens", type=int, default=0, help="cap tokens per sample (smoke tests)")
     parser.add_argument("--calibration-configs", type=int, nargs="+", default=list(CALIBRATION_CONFIGS))
     parser.add_argument("--honest-configs", type=int, nargs="+", default=list(range(len(HONEST_CONFIGS))))
+    parser.add_argument("--rounds", type=int, default=0, help="deviating workers per attack (default: from --scale)")
     parser.add_argument("--json", type=Path, help="also write the report's numbers here")
     args = parser.parse_args()
     args.data.mkdir(parents=True, exist_ok=True)
     results = {}
     for dtype in args.dtype:
-        jobs = plan(dtype, args.scale, args.max_tokens, args.calibration_configs, args.honest_configs)
+        jobs = plan(dtype, args.scale, args.max_tokens, args.calibration_configs, args.honest_configs, args.rounds)
         collect(jobs, args.data, dtype, args.phases)
         if "report" in args.phases:
             results[dtype] = report(jobs, args.data, dtype, BUDGETS, load, calibrate)
