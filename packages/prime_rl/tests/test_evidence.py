@@ -10,18 +10,18 @@ from collections.abc import Iterator
 import pytest
 import torch
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
+from validator_setup import TinyRun
 
 import prime_rl.inference.backend as backend_module
 import toploc
-from prime_rl.api import assignment
 from prime_rl.api.client import OrchestratorClient
-from prime_rl.api.protocol import LeaseRecord, LeaseTask, PendingBatch, TaskLease, Verdict
+from prime_rl.api.protocol import PendingBatch, Verdict
 from prime_rl.config import load_config
 from prime_rl.inference.backend import SAMPLER_SEED, HFBackend, SamplingParams, check_sampled
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
 from prime_rl.validator import noise, process
-from prime_rl.validator.checks import Checks, validate_batch
+from prime_rl.validator.checks import validate_batch
 from prime_rl.validator.evidence import EvidenceLedger, reject_banned, sampling_margins, sampling_problem
 from prime_rl.validator.process import Validator
 from prime_rl.worker.hostile import HostileWorker
@@ -32,35 +32,10 @@ GROUP = 4
 PER_BATCH = 2
 MAX_NEW = 12
 TOKENIZER = make_tiny_tokenizer()
-CHECKS = Checks(
-    assignment_key=KEY,
-    hidden_size=64,
-    prompts_per_batch=PER_BATCH,
-    async_level=1,
-    group_size=GROUP,
-    temperature=1.0,
-    max_new_tokens=MAX_NEW,
-    vocab_size=100,
-    eos_token_ids=frozenset({2}),
-)
+RUN = TinyRun(KEY, TOKENIZER, lambda t: f"{t}*{t + 7}=", NUM_TASKS, GROUP, PER_BATCH, MAX_NEW)
+CHECKS = RUN.checks()
 STEER_WITHIN = 0.2
 """The steering worker takes the runner-up only when it is this close: inside the 0.25 tolerance."""
-
-
-class Tasks:
-    num_tasks = NUM_TASKS
-
-    def prompt(self, task_id: int) -> str:
-        return f"{task_id}*{task_id + 7}="
-
-    def prompt_tokens(self, task_id: int) -> list[int]:
-        return TOKENIZER(self.prompt(task_id))["input_ids"]
-
-    def score(self, task_id: int, completion: str, num_tokens: int) -> float:
-        return sum(ch.isdigit() for ch in completion) / max(len(completion), 1)
-
-
-TASKS = Tasks()
 
 
 class Recorder:
@@ -103,53 +78,24 @@ def steering(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def lease(worker_id: str, batch_index: int) -> tuple[TaskLease, LeaseRecord]:
-    ids = assignment.task_ids(
-        key=KEY, worker_id=worker_id, step=0, batch_index=batch_index,
-        num_tasks=NUM_TASKS, prompts_per_batch=PER_BATCH,
-    )  # fmt: skip
-    tasks = [
-        LeaseTask(
-            task_id=t,
-            prompt=TASKS.prompt(t),
-            sampling_seeds=list(
-                assignment.sampling_seeds(
-                    key=KEY, worker_id=worker_id, step=0, batch_index=batch_index,
-                    task_id=t, group_size=GROUP,
-                )
-            ),
-        )
-        for t in ids
-    ]
-    now = time.time()
-    common = {"worker_id": worker_id, "step": 0, "batch_index": batch_index}
-    return (
-        TaskLease(**common, min_policy_version=0, deadline=now + 60, group_size=GROUP, temperature=1.0,
-                  max_new_tokens=MAX_NEW, stop=[], tasks=tasks),
-        LeaseRecord(**common, task_ids=list(ids), issued_at=now, deadline=now + 60, source_worker_id=worker_id,
-                    source_step=0, source_batch_index=batch_index),
-    )  # fmt: skip
-
-
 def judge_batches(
     backend: HFBackend, tests: toploc.EvidenceTests, worker_id: str, batches: int
 ) -> tuple[list[list[Verdict]], list[toploc.EvidenceState], list[toploc.Observations]]:
     """Answer ``batches`` leases as an honest worker (steering if patched) and judge them."""
     ledger = EvidenceLedger(tests)
-    encode = lambda text: TOKENIZER(text)["input_ids"]  # noqa: E731
-    worker = HostileWorker("honest", encode, TASKS.score, TASKS.prompt_tokens, NUM_TASKS)
+    worker = RUN.worker("honest")
     verdicts, states, everything = [], [], []
     for b in range(batches):
-        task_lease, record = lease(worker_id, b)
+        task_lease, record = RUN.lease(worker_id, 0, b)
         batch = worker.answer(task_lease, backend)
         observed: list[toploc.Observations] = []
         verdicts.append(
             validate_batch(
                 PendingBatch(batch_id=f"{worker_id}-{b}", worker_id=worker_id, step=0, batch_index=b,
                              policy_version=0, received_at=time.time(), lease=record, samples=batch.samples),
-                tasks=TASKS,
+                tasks=RUN,
                 backend_for=lambda v: backend,
-                decode=lambda tokens: TOKENIZER.decode(list(tokens), skip_special_tokens=True),
+                decode=RUN.decode,
                 checks=CHECKS,
                 observe=lambda index, observations, sink=observed: sink.append(observations),
             )

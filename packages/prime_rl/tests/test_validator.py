@@ -13,16 +13,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
+from validator_setup import TinyRun
 
 import toploc
-from prime_rl.api import assignment
 from prime_rl.api.client import OrchestratorClient
-from prime_rl.api.protocol import LeaseRecord, LeaseTask, PendingBatch, RolloutBatch, TaskLease
+from prime_rl.api.protocol import LeaseRecord, PendingBatch, RolloutBatch
 from prime_rl.config import load_config
 from prime_rl.inference.backend import HFBackend
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
-from prime_rl.validator.checks import Checks, Reason, validate_batch
+from prime_rl.validator.checks import Reason, validate_batch
 from prime_rl.validator.process import FailureTracker, Validator
 from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 
@@ -32,93 +32,13 @@ GROUP = 4
 PER_BATCH = 2
 MAX_NEW = 6
 TOKENIZER = make_tiny_tokenizer()
-
-
-class Tasks:
-    """Arithmetic prompts; reward = share of digit characters (varies even for a random model)."""
-
-    num_tasks = NUM_TASKS
-
-    def prompt(self, task_id: int) -> str:
-        return f"{task_id}+{task_id * 3}="
-
-    def prompt_tokens(self, task_id: int) -> list[int]:
-        return TOKENIZER(self.prompt(task_id))["input_ids"]
-
-    def score(self, task_id: int, completion: str, num_tokens: int) -> float:
-        return sum(ch.isdigit() for ch in completion) / max(len(completion), 1)
-
-
-TASKS = Tasks()
-CHECKS = Checks(
-    assignment_key=KEY,
-    hidden_size=64,
-    prompts_per_batch=PER_BATCH,
-    async_level=1,
-    group_size=GROUP,
-    temperature=1.0,
-    max_new_tokens=MAX_NEW,
-    vocab_size=100,
-    eos_token_ids=frozenset({2}),
-)
+RUN = TinyRun(KEY, TOKENIZER, lambda t: f"{t}+{t * 3}=", NUM_TASKS, GROUP, PER_BATCH, MAX_NEW)
+CHECKS = RUN.checks()
 
 
 @pytest.fixture(scope="module")
 def backend():
     return HFBackend("unused", model=make_tiny_lm(), tokenizer=TOKENIZER)
-
-
-def lease_for(worker_id: str, step: int, batch_index: int) -> tuple[TaskLease, LeaseRecord]:
-    ids = assignment.task_ids(
-        key=KEY,
-        worker_id=worker_id,
-        step=step,
-        batch_index=batch_index,
-        num_tasks=NUM_TASKS,
-        prompts_per_batch=PER_BATCH,
-    )
-    tasks = [
-        LeaseTask(
-            task_id=t,
-            prompt=TASKS.prompt(t),
-            sampling_seeds=list(
-                assignment.sampling_seeds(
-                    key=KEY,
-                    worker_id=worker_id,
-                    step=step,
-                    batch_index=batch_index,
-                    task_id=t,
-                    group_size=GROUP,
-                )
-            ),
-        )
-        for t in ids
-    ]
-    now = time.time()
-    lease = TaskLease(
-        worker_id=worker_id,
-        step=step,
-        batch_index=batch_index,
-        min_policy_version=max(0, step - 1),
-        deadline=now + 60,
-        group_size=GROUP,
-        temperature=1.0,
-        max_new_tokens=MAX_NEW,
-        stop=[],
-        tasks=tasks,
-    )
-    record = LeaseRecord(
-        worker_id=worker_id,
-        step=step,
-        batch_index=batch_index,
-        task_ids=list(ids),
-        issued_at=now,
-        deadline=now + 60,
-        source_worker_id=worker_id,
-        source_step=step,
-        source_batch_index=batch_index,
-    )
-    return lease, record
 
 
 def pending(batch: RolloutBatch, record: LeaseRecord | None) -> PendingBatch:
@@ -134,29 +54,20 @@ def pending(batch: RolloutBatch, record: LeaseRecord | None) -> PendingBatch:
     )
 
 
-def worker(behaviour: str) -> HostileWorker:
-    encode = lambda text: TOKENIZER(text)["input_ids"]  # noqa: E731
-    return HostileWorker(behaviour, encode, TASKS.score, TASKS.prompt_tokens, NUM_TASKS)
-
-
-def decode(tokens):
-    return TOKENIZER.decode(list(tokens), skip_special_tokens=True)
-
-
 def verdicts_for(batch, record, backend, **kwargs):
     return validate_batch(
         pending(batch, record),
-        tasks=TASKS,
+        tasks=RUN,
         backend_for=lambda v: backend if v == backend.policy_version else None,
-        decode=decode,
+        decode=RUN.decode,
         checks=kwargs.pop("checks", CHECKS),
         **kwargs,
     )
 
 
 def test_honest_batch_is_accepted_with_recomputed_rewards(backend):
-    lease, record = lease_for("honest-1", 0, 0)
-    batch = worker("honest").answer(lease, backend)
+    lease, record = RUN.lease("honest-1", 0, 0)
+    batch = RUN.worker("honest").answer(lease, backend)
     assert len(batch.samples) == GROUP * PER_BATCH
     verdicts = verdicts_for(batch, record, backend)
     assert [v.reason for v in verdicts] == [Reason.ACCEPTED] * len(verdicts)
@@ -180,8 +91,8 @@ EXPECTED = {
 
 @pytest.mark.parametrize("behaviour", sorted(EXPECTED))
 def test_hostile_behaviour_is_rejected_with_its_reason(backend, behaviour):
-    lease, record = lease_for(f"bad-{behaviour.replace('_', '-')}", 0, 1)
-    batch = worker(behaviour).answer(lease, backend)
+    lease, record = RUN.lease(f"bad-{behaviour.replace('_', '-')}", 0, 1)
+    batch = RUN.worker(behaviour).answer(lease, backend)
     verdicts = verdicts_for(batch, record, backend)
     assert not any(v.accepted for v in verdicts)
     reasons = {v.reason for v in verdicts}
@@ -191,28 +102,28 @@ def test_hostile_behaviour_is_rejected_with_its_reason(backend, behaviour):
 
 def test_stale_policy_is_rejected(backend):
     # Lease of step 3 answered with version 0 while async_level = 1: 0 < 3 - 1.
-    lease, record = lease_for("stale", 3, 0)
-    batch = worker("stale_policy").answer(lease, backend)
+    lease, record = RUN.lease("stale", 3, 0)
+    batch = RUN.worker("stale_policy").answer(lease, backend)
     assert batch.policy_version == 0
     verdicts = verdicts_for(batch, record, backend)
     assert {v.reason for v in verdicts} == {Reason.STALE_POLICY}
 
 
 def test_future_and_unknown_versions_and_missing_lease(backend):
-    lease, record = lease_for("w", 0, 0)
-    batch = worker("honest").answer(lease, backend)
+    lease, record = RUN.lease("w", 0, 0)
+    batch = RUN.worker("honest").answer(lease, backend)
     future = batch.model_copy(update={"policy_version": 5})
     assert {v.reason for v in verdicts_for(future, record, backend)} == {Reason.FUTURE_POLICY}
     none_backend = validate_batch(
-        pending(batch, record), tasks=TASKS, backend_for=lambda v: None, decode=decode, checks=CHECKS
+        pending(batch, record), tasks=RUN, backend_for=lambda v: None, decode=RUN.decode, checks=CHECKS
     )
     assert {v.reason for v in none_backend} == {Reason.UNKNOWN_POLICY}
     assert {v.reason for v in verdicts_for(batch, None, backend)} == {Reason.UNASSIGNED_TASK}
 
 
 def test_seed_temperature_logprobs_and_group_checks(backend):
-    lease, record = lease_for("w2", 0, 0)
-    batch = worker("honest").answer(lease, backend)
+    lease, record = RUN.lease("w2", 0, 0)
+    batch = RUN.worker("honest").answer(lease, backend)
 
     def tamper(index, **update):
         samples = list(batch.samples)
@@ -239,8 +150,8 @@ def test_seed_temperature_logprobs_and_group_checks(backend):
 
 
 def test_early_eos_and_truncation_are_bad_termination(backend):
-    lease, record = lease_for("w3", 0, 0)
-    batch = worker("honest").answer(lease, backend)
+    lease, record = RUN.lease("w3", 0, 0)
+    batch = RUN.worker("honest").answer(lease, backend)
     s = batch.samples[0]
     cut = s.model_copy(
         update={
@@ -260,8 +171,8 @@ def test_early_eos_and_truncation_are_bad_termination(backend):
     logprobs=st.floats(-1e6, 1e6, allow_nan=False),
 )
 def test_validator_never_crashes_on_hostile_samples(backend, proofs, tokens, logprobs):
-    lease, record = lease_for("fuzz", 0, 0)
-    batch = HONEST_CACHE.setdefault("batch", worker("honest").answer(lease, backend))
+    lease, record = RUN.lease("fuzz", 0, 0)
+    batch = HONEST_CACHE.setdefault("batch", RUN.worker("honest").answer(lease, backend))
     s = batch.samples[0].model_copy(
         update={
             "proofs": base64.b64encode(proofs).decode(),
@@ -289,14 +200,14 @@ def test_failure_tracker_bans_over_threshold():
 def test_every_behaviour_name_is_known():
     assert "honest" in BEHAVIOURS
     with pytest.raises(ValueError):
-        worker("nope")
+        RUN.worker("nope")
 
 
 def test_mixed_behaviour_cycles_and_every_batch_is_rejected_as_announced(backend):
-    mixed = worker("mixed")
+    mixed = RUN.worker("mixed")
     seen = set()
     for batch_index in range(len(MIXED_CYCLE)):
-        lease, record = lease_for("mixed", 0, batch_index)
+        lease, record = RUN.lease("mixed", 0, batch_index)
         kind = mixed.resolve(lease)
         seen.add(kind)
         verdicts = verdicts_for(mixed.answer(lease, backend), record, backend)
@@ -387,8 +298,8 @@ def _no_prefill(version):
 
 
 def _honest(backend, worker_id):
-    lease, record = lease_for(worker_id, 0, 0)
-    return worker("honest").answer(lease, backend), record
+    lease, record = RUN.lease(worker_id, 0, 0)
+    return RUN.worker("honest").answer(lease, backend), record
 
 
 def test_half_a_lease_is_rejected_whole_before_any_prefill(backend):
@@ -397,7 +308,7 @@ def test_half_a_lease_is_rejected_whole_before_any_prefill(backend):
     half = batch.model_copy(update={"samples": [s for s in batch.samples if s.task_id == first_task]})
     assert len(half.samples) == GROUP  # a whole, honest group: only the other prompt is missing
     verdicts = validate_batch(
-        pending(half, record), tasks=TASKS, backend_for=_no_prefill, decode=decode, checks=CHECKS
+        pending(half, record), tasks=RUN, backend_for=_no_prefill, decode=RUN.decode, checks=CHECKS
     )
     assert {v.reason for v in verdicts} == {Reason.INCOMPLETE_LEASE} and not any(v.accepted for v in verdicts)
 
@@ -418,7 +329,7 @@ def test_malformed_proofs_cost_no_prefill(backend, cut):
     samples[3] = samples[3].model_copy(update={"proofs": cut(samples[3].proofs)})  # bytes in-process
     verdicts = validate_batch(
         pending(batch.model_copy(update={"samples": samples}), record),
-        tasks=TASKS, backend_for=_no_prefill, decode=decode, checks=CHECKS,
+        tasks=RUN, backend_for=_no_prefill, decode=RUN.decode, checks=CHECKS,
     )  # fmt: skip
     assert verdicts[3].reason == Reason.MALFORMED_PROOF, verdicts[3]
     assert {v.reason for i, v in enumerate(verdicts) if i != 3} <= {Reason.LEASE_REJECTED}
@@ -442,7 +353,7 @@ def test_unterminated_and_extended_completions_are_bad_termination_before_prefil
         samples = [tampered if i == longest else x for i, x in enumerate(batch.samples)]
         verdicts = validate_batch(
             pending(batch.model_copy(update={"samples": samples}), record),
-            tasks=TASKS, backend_for=_no_prefill, decode=decode, checks=CHECKS,
+            tasks=RUN, backend_for=_no_prefill, decode=RUN.decode, checks=CHECKS,
         )  # fmt: skip
         assert verdicts[longest].reason == Reason.BAD_TERMINATION, (name, verdicts[longest])
         assert not any(v.accepted for v in verdicts), name

@@ -1,0 +1,96 @@
+"""A validator's world without processes, for prime_rl's validator tests: a tiny task set, the
+checks a run of it configures, and leases exactly as the orchestrator issues them (keyed
+assignment, ``async_level`` 1)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prime_rl.api import assignment
+from prime_rl.api.protocol import LeaseRecord, LeaseTask, TaskLease
+from prime_rl.validator.checks import Checks
+from prime_rl.worker.hostile import HostileWorker
+
+
+@dataclass(frozen=True)
+class TinyRun:
+    """``num_tasks`` prompts ``prompt_text(task_id)`` for a tiny character-level model. Also the
+    validator's task scorer: reward = share of digit characters, which varies even for a random model."""
+
+    key: bytes
+    tokenizer: Any
+    prompt_text: Callable[[int], str]
+    num_tasks: int
+    group_size: int = 4
+    prompts_per_batch: int = 2
+    max_new_tokens: int = 6
+
+    def prompt(self, task_id: int) -> str:
+        return self.prompt_text(task_id)
+
+    def prompt_tokens(self, task_id: int) -> list[int]:
+        return self.encode(self.prompt(task_id))
+
+    def score(self, task_id: int, completion: str, num_tokens: int) -> float:
+        return sum(ch.isdigit() for ch in completion) / max(len(completion), 1)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text)["input_ids"])
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(tokens), skip_special_tokens=True))
+
+    def checks(self) -> Checks:
+        """The validator's checks for this run (hidden size and vocabulary of ``tiny_lm``)."""
+        return Checks(
+            assignment_key=self.key,
+            hidden_size=64,
+            prompts_per_batch=self.prompts_per_batch,
+            async_level=1,
+            group_size=self.group_size,
+            temperature=1.0,
+            max_new_tokens=self.max_new_tokens,
+            vocab_size=100,
+            eos_token_ids=frozenset({2}),
+        )
+
+    def worker(self, behaviour: str) -> HostileWorker:
+        """A worker answering leases of this run (``"honest"`` or a hostile behaviour)."""
+        return HostileWorker(behaviour, self.encode, self.score, self.prompt_tokens, self.num_tasks)
+
+    def lease(self, worker_id: str, step: int, batch_index: int) -> tuple[TaskLease, LeaseRecord]:
+        """The lease the orchestrator hands ``worker_id`` and the record it keeps of it."""
+        where = {"worker_id": worker_id, "step": step, "batch_index": batch_index}
+        ids = assignment.task_ids(key=self.key, **where, num_tasks=self.num_tasks, prompts_per_batch=self.prompts_per_batch)
+        tasks = [
+            LeaseTask(
+                task_id=t,
+                prompt=self.prompt(t),
+                sampling_seeds=list(assignment.sampling_seeds(key=self.key, **where, task_id=t, group_size=self.group_size)),
+            )
+            for t in ids
+        ]
+        now = time.time()
+        lease = TaskLease(
+            **where,
+            min_policy_version=max(0, step - 1),
+            deadline=now + 60,
+            group_size=self.group_size,
+            temperature=1.0,
+            max_new_tokens=self.max_new_tokens,
+            stop=[],
+            tasks=tasks,
+        )
+        record = LeaseRecord(
+            **where,
+            task_ids=list(ids),
+            issued_at=now,
+            deadline=now + 60,
+            source_worker_id=worker_id,
+            source_step=step,
+            source_batch_index=batch_index,
+        )
+        return lease, record
