@@ -355,14 +355,19 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
             for _ in range(2):
                 attacker.content_attack(attack)
         # Hoarding: honest lease rate in the 20 s before and while the hoarders hold their leases
-        # (two lease timeouts, so two waves of expiries and what follows them are included).
+        # (two lease timeouts from their first lease, so two waves of expiries and what follows
+        # them are included: an identity that got 2 leases in the first wave passes the abandon
+        # limit only in the second). Registering the hoarders takes a while: the window starts at
+        # their first lease, not at the thread's start.
         baseline_start = time.time()
         time.sleep(20)
-        hoard_start = time.time()
+        baseline_end = time.time()
         stop = threading.Event()
         hoarder = threading.Thread(target=attacker.hoard, args=(stop,), daemon=True)
         hoarder.start()
-        time.sleep(2 * TASK_TIMEOUT_S + 8)
+        helpers.wait_for(lambda: attacker.events["hoard_leases"], 120, "the hoarders' first lease")
+        hoard_start = attacker.events["hoard_leases"][0]
+        time.sleep(max(0.0, hoard_start + 2 * TASK_TIMEOUT_S + 20 - time.time()))
         stop.set()
         hoarder.join(30)
         hoard_end = time.time()
@@ -442,7 +447,7 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         for code in set(attacker.events["hoard_refusals"])
     )
     per_attack["hoarding"]["honest_leases_per_min_before"] = _leases_per_minute(
-        events, honest, baseline_start, hoard_start
+        events, honest, baseline_start, baseline_end
     )
     per_attack["hoarding"]["honest_leases_per_min_during"] = _leases_per_minute(
         events, honest, hoard_start + 3, hoard_end
