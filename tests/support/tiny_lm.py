@@ -50,8 +50,10 @@ def make_tiny_lm(
     num_layers: int = 2,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    tie_word_embeddings: bool = False,
 ) -> PreTrainedModel:
-    """A 2-layer causal LM with random weights drawn from ``seed``."""
+    """A 2-layer causal LM with random weights drawn from ``seed`` (``tie_word_embeddings``: the
+    output head shares the input embedding, as in SmolLM2)."""
     vocab_size = len(SPECIAL_TOKENS) + len(CHARACTERS)
     common = dict(
         vocab_size=vocab_size,
@@ -64,7 +66,7 @@ def make_tiny_lm(
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
     )
     config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
     torch.manual_seed(seed)

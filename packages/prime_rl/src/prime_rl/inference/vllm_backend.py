@@ -12,8 +12,8 @@ other stop tokens than the HF backend.
 
 ``load_weights`` reloads a safetensors policy file (HF parameter names, as shardcast delivers
 it) into the running engine with vLLM's in-place ``reload_weights`` (which re-applies its
-post-load weight processing), then drops the prefix cache, whose KV blocks belong to the old
-weights. ``prefill`` is not offered: validators recompute with :class:`HFBackend`.
+post-load weight processing; a head tied to the input embedding is re-processed by hand, as
+vLLM skips it), then drops the prefix cache, whose KV blocks belong to the old weights. ``prefill`` is not offered: validators recompute with :class:`HFBackend`.
 
 The engine must live in this process (``toploc.vllm.checkable_llm`` sets
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``); vLLM's CPU build also drops torch to one thread and
@@ -91,7 +91,25 @@ def _reload(worker: Any, path: str) -> int:
                 yield name, handle.get_tensor(name)
 
     worker.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+    _refresh_tied_head(worker.model_runner.model)
     return os.getpid()
+
+
+def _refresh_tied_head(model: Any) -> bool:
+    """Re-run the output head's post-load processing when it shares the input embedding's weight.
+
+    vLLM's reload re-processes the layers it loaded; a head tied to the embedding (SmolLM2, Qwen2
+    small models) loads no tensor of its own, so it is skipped, and on CPU it keeps the packed
+    copy of the *old* weights that its GEMM uses: the logits then mix two policies (log-prob gaps
+    of ~1e-2 after one small update, and the validator's evidence rightly bans the worker).
+    Re-processing is idempotent (the tied weight itself is never removed)."""
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    method = getattr(head, "quant_method", None)
+    if head is None or embed is None or method is None or getattr(head, "weight", None) is not embed.weight:
+        return False
+    method.process_weights_after_loading(head)
+    return True
 
 
 class VLLMBackend:
