@@ -290,7 +290,10 @@ def test_malformed_latex_is_not_equal_to_a_number(warm_pool, junk):
 
 # ------------------------------------------------------------------ timeouts
 
-SLOW = "\\sin(10^{60000})"  # 200k-bit argument: mpmath needs seconds
+# Twelve 200k-bit arguments (at the MAX_BITS guard): ~0.75 s on a quiet machine even when the
+# worker already holds pi to that precision (one such sin alone then takes ~0.07 s, which made the
+# 0.2 s timeouts below flaky); each term's argument reduction is paid again.
+SLOW = "+".join(f"\\sin(10^{{{e}}})" for e in range(60000, 59988, -1))
 
 
 def test_timeout_kills_worker_and_pool_recovers(warm_pool):
