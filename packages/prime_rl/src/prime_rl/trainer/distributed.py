@@ -48,8 +48,14 @@ def init_distributed(timeout_s: float = 600.0) -> bool:
     return True
 
 
-def shutdown_distributed() -> None:
+def shutdown_distributed(*, barrier: bool = True) -> None:
+    """Leave the process group. After a clean finish, a barrier first, so that no rank tears down
+    its gloo connections while a peer still reads from them (that race aborted both ranks with
+    "terminate called without an active exception" in one CI run); ``barrier=False`` on error
+    paths, where a peer may never arrive."""
     if is_distributed():
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -363,17 +363,19 @@ def main(config: RunConfig, name: str = "trainer") -> int:
     loss_fn = build_loss(config)  # a config error (ComponentError) stops it before any wait
     # every rank asks (they share the URL), so all stop alike instead of some waiting on collectives
     if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
-        distributed.shutdown_distributed()
+        distributed.shutdown_distributed(barrier=False)
         return 1
     trainer = Trainer(config, loss_fn)
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    finished = False
     try:
         trainer.run_loop()
+        finished = True
     except SystemExit as stop:
         log.info("stopping at step %d (%s); resume continues from the last checkpoint", trainer.step, stop)
     finally:
         trainer.close()
-        distributed.shutdown_distributed()
+        distributed.shutdown_distributed(barrier=finished)
     return 0
 
 
