@@ -10,6 +10,7 @@ prefill, the log-probs are those of the unmodified softmax(logits / T).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -66,8 +67,12 @@ def _restored_process_state() -> Iterator[list]:
     assert not torch.distributed.is_initialized()
 
 
+ENVIRON_BEFORE: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def llm(model_dir):
+    ENVIRON_BEFORE.update(os.environ)
     with _restored_process_state() as engines:
         engine = checkable_llm(
             str(model_dir),
@@ -215,6 +220,15 @@ def test_reported_logprobs_are_the_unmodified_distribution(runs, hf_model, tempe
             assert torch.allclose(reported, torch.tensor(result.logprobs), atol=1e-6, rtol=0)
         else:
             assert not torch.allclose(reported, torch.tensor(result.logprobs), atol=1e-3, rtol=0)
+
+
+def test_the_engine_leaves_no_variables_for_later_processes(llm) -> None:
+    """vLLM's CPU platform writes LD_PRELOAD (tcmalloc, libgomp) and LOCAL_WORLD_SIZE for its worker
+    processes; an in-process engine has none, and later subprocesses must not inherit them."""
+    from toploc.vllm.engine import CHILD_ENV
+
+    assert {name: os.environ.get(name) for name in CHILD_ENV} == {name: ENVIRON_BEFORE.get(name) for name in CHILD_ENV}
+    assert "libtcmalloc" not in os.environ.get("LD_PRELOAD", "")
 
 
 def test_requests_without_toploc_args_are_untouched(llm) -> None:

@@ -9,6 +9,13 @@ The engine must run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the 
 and the capture hook leave their results in this process's ``TRACES``. ``checkable_llm`` sets
 that, and ``VLLM_USE_V2_MODEL_RUNNER=0`` (the sampler implements the V1 model runner's
 logits-processor interface), unless the environment already says otherwise.
+
+Pitfall: creating an engine writes variables meant for vLLM's own worker processes into this
+process's environment (on CPU: ``LD_PRELOAD`` of tcmalloc and torch's libgomp,
+``LOCAL_WORLD_SIZE``). In-process there are no such workers, but every process started later
+would inherit them (a preloaded allocator and OpenMP runtime in a sandboxed verifier, or in a
+``torchrun`` of the trainer started from the same process). ``checkable_llm`` puts ``CHILD_ENV``
+back as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from toploc.vllm.capture import install
 from toploc.vllm.trace import EXTRA_ARGS_KEY, TRACES, CheckableOutput, SamplerArgs, TraceError
 
 IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+CHILD_ENV = ("LD_PRELOAD", "LOCAL_WORLD_SIZE", "LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""Variables vLLM may set for its worker processes that ``checkable_llm`` restores (module docstring)."""
 
 
 def checkable(
@@ -79,7 +89,15 @@ def checkable_llm(model: str, **llm_kwargs: Any) -> Any:
     processors = list(llm_kwargs.pop("logits_processors", None) or [])
     if SeededSampler not in processors:
         processors.append(SeededSampler)
-    llm = LLM(model=model, logits_processors=processors, **llm_kwargs)
+    before = {name: os.environ.get(name) for name in CHILD_ENV}
+    try:
+        llm = LLM(model=model, logits_processors=processors, **llm_kwargs)
+    finally:
+        for name, previous in before.items():
+            if previous is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = previous
     attach(llm)
     return llm
 
