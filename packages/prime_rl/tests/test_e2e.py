@@ -293,3 +293,24 @@ def test_run_fails_when_a_child_fails(tiny_run: Any, helpers: Any, tmp_path: Pat
     assert re.search(r"failed with exit code 1: \w+(Error|Exception): \S", failure), output[-3000:]
     started = [e for e in helpers.metrics_of(run_dir, "run") if e["event"] == "child_started"]
     assert started and not [e["child"] for e in started if _alive(e["pid"])]
+
+
+def test_run_stops_when_every_honest_worker_is_banned(tiny_run: Any, helpers: Any) -> None:
+    """The run's only worker cheats (``workers.behaviour``) and is banned: `prime-rl run` exits 1 and
+    names the ban instead of waiting forever for samples nobody will send."""
+    config_path, run_dir = tiny_run(
+        workers={"count": 1, "hostile": [], "behaviour": "fabricated_completion"},
+        validator={"ban_min_samples": 8},
+    )
+    run = _run_process(config_path)
+    try:
+        output, _ = run.communicate(timeout=240)
+    finally:
+        _stop_run(run)
+    assert run.returncode == 1, output[-3000:]
+    assert "every honest worker stopped before the trainer finished" in output, output[-3000:]
+    assert re.search(r"banned workers: worker-0: (evidence|\d+/\d+ samples rejected)", output), output[-3000:]
+    failed = [e for e in helpers.metrics_of(run_dir, "run") if e["event"] == "failed"]
+    assert [e["child"] for e in failed] == ["workers"]
+    started = [e for e in helpers.metrics_of(run_dir, "run") if e["event"] == "child_started"]
+    assert started and not [e["child"] for e in started if _alive(e["pid"])]

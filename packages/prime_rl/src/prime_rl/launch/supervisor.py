@@ -10,7 +10,10 @@ then prints a live progress line (step, policy version, batches awaiting validat
 rejected samples per worker) until the trainer finishes ``trainer.total_steps``. Ctrl-C or SIGTERM
 stops every child (SIGTERM to its process group, SIGKILL after ``STOP_GRACE_S``). Exit code 0 when
 the trainer finished, 1 when any child failed (its name, its error, read from its output by
-:func:`first_error`, and its log are reported), 130/143 when interrupted.
+:func:`first_error`, and its log are reported) or when every honest worker stopped before the
+trainer finished (with no ``workers.max_batches`` a worker stops on its own only when it is
+banned; the orchestrator's ban reasons are reported: a run nobody feeds would wait forever),
+130/143 when interrupted.
 
 Before any child starts, the run's secrets (the admin token of the trusted endpoints and the
 assignment key) are created in ``<run_dir>/secrets/run.json`` (mode 0600) unless configured; the
@@ -227,6 +230,27 @@ class Supervisor:
         )
         self.metrics.log("failed", child=child.spec.name, code=child.exit_code, error=error)
 
+    def honest_workers_gone(self) -> bool:
+        """Every honest worker this run started has exited on its own (banned: none has a batch
+        limit), so no sample will come from this machine any more."""
+        if getattr(self.config.workers, "max_batches", 0):
+            return False
+        honest = [c for c in self.children if c.spec.role == "worker" and c.spec.name.startswith("worker-")]
+        return bool(honest) and all(c.exit_code == 0 for c in honest)
+
+    def report_workers_gone(self, client: OrchestratorClient) -> None:
+        """Log why the run stops: every honest worker stopped, and the bans the orchestrator knows."""
+        try:
+            bans = [f"{w.name or w.worker_id}: {w.ban_reason}" for w in client.workers().workers if w.banned]
+        except ApiError as error:
+            bans = [f"(the orchestrator did not answer: {error})"]
+        log.error(
+            "every honest worker stopped before the trainer finished, so no more samples will come; "
+            "banned workers: %s",
+            "; ".join(bans) or "none",
+        )
+        self.metrics.log("failed", child="workers", code=0, error="every honest worker stopped", bans=bans)
+
     def wait_for_orchestrator(self, client: OrchestratorClient, child: _Child) -> bool:
         """Wait until the orchestrator answers; False (reported) if it exits or stays silent too long."""
         try:
@@ -325,6 +349,9 @@ class Supervisor:
                 elif child.exit_code != 0:
                     self.report_failure(child)
                     return 1
+            if trainer_done_at is None and self.honest_workers_gone():
+                self.report_workers_gone(client)
+                return 1
             if trainer_done_at is not None:
                 evaluator = [c for c in self.children if c.spec.role == "evaluator" and c.exit_code is None]
                 if not evaluator or time.monotonic() - trainer_done_at > EVALUATOR_GRACE_S:
