@@ -33,6 +33,7 @@ def make_config(tmp_path: Path, *overrides: str) -> RunConfig:
         "--orchestrator.prompts_per_batch", "2",
         "--orchestrator.async_level", "1",
         "--sampling.group_size", "2",
+        "--orchestrator.release_after_tokens", "0",  # claimable once accepted (test_orchestrator_release)
     ]  # fmt: skip
     return load_config(None, [*base, *overrides])
 
@@ -258,6 +259,7 @@ def tiny_run(tmp_path: Path) -> Any:
                 "async_level": 1,
                 "prompts_per_batch": 2,
                 "task_timeout_s": 60.0,
+                "release_after_tokens": 16,  # a batch (8 samples of <= 4 tokens) waits for about its worker's next
             },
             "shardcast": {"origin_port": origin_port, "relay_ports": [relay_port], "keep_versions": 5},
             "trainer": {"total_steps": 3, "samples_per_step": 16, "filter_zero_advantage": False},

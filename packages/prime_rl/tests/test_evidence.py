@@ -133,6 +133,22 @@ def test_steering_inside_the_tolerance_passes_every_sample_check_but_is_banned(
     assert {(v.accepted, v.reason, v.detail) for v in rejected} == {(False, "banned_worker", reason)}
 
 
+def test_the_ban_reason_gives_the_score_of_the_sample_that_crossed(
+    backend: HFBackend, tests: toploc.EvidenceTests, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, honest = judge_batches(backend, tests, "honest-w", 2)
+    with monkeypatch.context() as patch:
+        patch.setattr(backend_module, "sample_next", steer)
+        _, _, steered = judge_batches(backend, tests, "steer-w", 12)
+    replay = toploc.WorkerEvidence(tests)
+    crossing = next(i for i, o in enumerate(steered) if replay.update(o).banned)
+    ledger = EvidenceLedger(tests)  # one batch: steering until it crosses, then honest samples
+    final = ledger.record("w", "b0", [*steered[: crossing + 1], *honest])
+    assert final is not None and final.banned and final.score < tests.log_threshold  # fell back after
+    stated = float(ledger.ban_reasons["w"].split()[1])
+    assert stated >= round(tests.log_threshold, 1)
+
+
 def test_margins_equal_the_sampling_check(backend: HFBackend) -> None:
     prompts = [TOKENIZER("12*3=")["input_ids"]] * 3
     completions = backend.generate(prompts, [5, 6, 7], SamplingParams(1.0, MAX_NEW))
@@ -168,6 +184,14 @@ def test_validator_process_bans_a_steering_worker_through_the_orchestrator(
     with OrchestratorServer(config, load_tasks(config.tasks)) as server:
         validator = Validator(config)  # measures the honest noise of its backend at start
         assert (tmp_path / "validator" / "noise-profile.json").exists()
+        posted: dict[str, float | None] = {}
+        post = validator.client.post_verdicts
+
+        def record_post(request):  # type: ignore[no-untyped-def]
+            posted[request.batch_id] = request.worker_evidence
+            return post(request)
+
+        monkeypatch.setattr(validator.client, "post_verdicts", record_post)
         ids = {}
         for behaviour in ("honest", "steer"):
             with OrchestratorClient(server.url) as client:
@@ -195,3 +219,9 @@ def test_validator_process_bans_a_steering_worker_through_the_orchestrator(
     assert not any(line["banned"] for line in evidence if line["worker_id"] == ids["honest"])
     assert [line["samples"] for line in evidence if line["worker_id"] == ids["honest"]] == [8, 16, 24, 32]
     assert ("ban", {"worker_id": ids["steer"], "reason": steering_worker.ban_reason}) in metrics.lines
+    # Each batch's verdicts carry its worker's evidence after it (never below 0), for the release.
+    assert {line["batch_id"]: max(0.0, line["fraction"]) for line in evidence} == {
+        batch_id: round(fraction, 5) for batch_id, fraction in posted.items() if fraction is not None
+    } and len(posted) == 8
+    steer_first = min((b for b in posted if b.startswith(ids["steer"])), key=lambda b: b.rsplit("-b", 1)[1])
+    assert posted[steer_first] > config.orchestrator.release_max_evidence  # held from its first batch

@@ -19,11 +19,24 @@ nudged_logprobs    honest samples whose claimed inference log-probs are shifted 
 malformed_proofs   honest samples whose proofs are cut short (valid base64, wrong length)
 hoarding           identities from another address (127.0.0.2) take every lease they can and
                    never answer
+steering           samples honestly except where the seeded sampler's runner-up scores within
+                   0.2 of its choice (inside the 0.25 sampling tolerance): takes the runner-up
+bf16_weights       generates with its weights rounded to bf16 (an fp32 run)
+noisy_weights      generates with every weight + 0.1% of its tensor's std of noise
+stale_weights      generates with the previous policy version's weights, claims the current one
+late_steering      answers 6 leases honestly (evidence at rest, samples released), then steers
 =================  ==========================================================================
+
+The last five (statistical) pass every per-sample check most of the time; each identity answers up
+to 16 leases in a row (until banned), and only the validator's per-worker evidence, with the
+orchestrator holding accepted samples until that evidence covers them (``orchestrator/release.py``;
+256 later tokens, and the default evidence limit), keeps them out of training. On the tiny model
+the weight attacks are banned on their first batch; steering needs several.
 
 What the run left on disk decides: the orchestrator's store (verdicts, claims), the metrics files,
 and the claims replayed through the orchestrator's own ledger (what the trainer received).
-Guarantees checked: no sample of the attacker in any trainer claim (nudged log-probs: banned by the
+Guarantees checked: no sample of the attacker in any trainer claim (the statistical attackers are
+banned by their evidence; nudged log-probs: banned by the
 validator's per-worker evidence on its first batch; a trained sample would carry the validator's
 log-probs, never the claimed ones); the honest workers have no
 rejected sample, are never banned, and keep getting leases while the hoarders hold theirs;
@@ -35,6 +48,7 @@ malformed proofs cost the validator no prefill.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -44,6 +58,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +66,12 @@ import pytest
 import requests
 import torch
 
+import prime_rl.inference.backend as backend_module
+import toploc
 from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorBusy, OrchestratorClient
 from prime_rl.api.protocol import ClaimRequest, LeaseTask, RolloutBatch, RolloutSample, TaskLease
 from prime_rl.config import RunConfig, load_config
-from prime_rl.inference.backend import HFBackend, build_proofs
+from prime_rl.inference.backend import SAMPLER_SEED, HFBackend, build_proofs
 from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.store import RolloutStore
@@ -75,6 +92,12 @@ HOARD_ADDRESS = "127.0.0.2"
 HOARDERS = 6  # more than max_open_leases_per_address (16) / max_open_leases (4) lets through
 PER_ADDRESS = 16
 CONTENT_ATTACKS = ("half_lease", "truncated", "grind", "nudged_logprobs", "malformed_proofs")
+STATISTICAL_ATTACKS = ("steering", "bf16_weights", "noisy_weights", "stale_weights", "late_steering")
+STATISTICAL_LEASES = 16
+HONEST_FIRST = 6  # late_steering's honest leases
+RELEASE_AFTER_TOKENS = 384  # ~12 batches of this run: steering needed 256 tokens to be banned in one run
+STEER_WITHIN = 0.2
+NOISE = 1e-3
 
 
 class _SourceAddress(requests.adapters.HTTPAdapter):
@@ -110,6 +133,17 @@ def _predicted_seed(worker_id: str, step: int, batch_index: int, task_id: int, g
     return _public_hash64("sample", 0, worker_id, step, batch_index, task_id, group_index) & (2**63 - 1)
 
 
+def _steer(logits: torch.Tensor, seeds: torch.Tensor, position: int, temperature: float) -> torch.Tensor:
+    """``sample_next`` of the steering attacker: the runner-up wherever it scores within STEER_WITHIN."""
+    positions = torch.full_like(seeds, position)
+    scores = logits.double() + temperature * toploc.gumbel_noise(SAMPLER_SEED, seeds, positions, logits.shape[-1])
+    top = scores.topk(2, dim=-1)
+    tokens = top.indices[:, 0].clone()
+    close = (top.values[:, 0] - top.values[:, 1]) < STEER_WITHIN
+    tokens[close] = top.indices[close, 1]
+    return tokens
+
+
 class Attacker:
     """The untrusted client: its own model copy, its own identities, the public API only."""
 
@@ -121,6 +155,7 @@ class Attacker:
         self.weights = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
         self.identities: dict[str, str] = {}  # worker_id -> attack
         self.submitted: dict[str, RolloutBatch] = {}  # batch_id -> batch as submitted
+        self.deviating: set[str] = set()  # batch ids of the statistical attacks' deviating batches
         self.events: dict[str, Any] = defaultdict(list)
 
     def client(
@@ -244,6 +279,54 @@ class Attacker:
             ]
         self.submit(client, batch.model_copy(update={"samples": samples}))
 
+    def statistical_attack(self, attack: str) -> None:
+        """Up to STATISTICAL_LEASES leases answered the way ``attack`` deviates, until banned."""
+        client, worker_id = self.client(attack)
+        honest_first = HONEST_FIRST if attack == "late_steering" else 0
+        for index in range(honest_first + STATISTICAL_LEASES):
+            try:
+                lease = self.lease(client, worker_id)
+            except ClientRequestError as error:  # 403 banned: the evidence caught it
+                self.events[f"{attack}_refused"].append(error.status)
+                return
+            self.follow_policy(lease.min_policy_version)
+            if index < honest_first:
+                self.submit(client, self.honest(lease))
+            else:
+                with self._deviating(attack):
+                    batch = self.honest(lease)
+                self.deviating.add(self.submit(client, batch) or "")
+            time.sleep(2.0)  # let the validator judge it (a worker of this speed is not unusual)
+
+    @contextlib.contextmanager
+    def _deviating(self, attack: str) -> Iterator[None]:
+        """The attacker's backend deviates inside this block (and is honest again after it)."""
+        model, version = self.backend.model, self.backend.policy_version
+        honest = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+        original_sample_next = backend_module.sample_next
+        with torch.no_grad():
+            if attack in ("steering", "late_steering"):
+                backend_module.sample_next = _steer
+            elif attack == "bf16_weights":
+                for tensor in model.state_dict().values():
+                    if tensor.is_floating_point():
+                        tensor.copy_(tensor.to(torch.bfloat16).float())
+            elif attack == "noisy_weights":
+                generator = torch.Generator().manual_seed(0)
+                for tensor in model.state_dict().values():
+                    if tensor.is_floating_point() and tensor.numel() > 1:
+                        tensor.add_(torch.randn(tensor.shape, generator=generator) * NOISE * tensor.std())
+            elif attack == "stale_weights":
+                assert version >= 1, "the attacks start after the first trained step"
+                self.backend.load_weights(self.weights.ensure(version - 1), version)
+        try:
+            yield
+        finally:
+            backend_module.sample_next = original_sample_next
+            with torch.no_grad():
+                for name, tensor in model.state_dict().items():
+                    tensor.copy_(honest[name])
+
     def _truncate(self, sample: RolloutSample) -> RolloutSample:
         """The completion without its last token, with proofs and log-probs that match the prefix."""
         tokens = sample.completion_tokens[:-1]
@@ -339,6 +422,7 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
             "max_buffered_samples": BUFFER,
             "task_timeout_s": TASK_TIMEOUT_S,
             "max_open_leases_per_address": PER_ADDRESS,
+            "release_after_tokens": RELEASE_AFTER_TOKENS,
         },
         trainer={"total_steps": 200, "samples_per_step": SAMPLES_PER_STEP},
         workers={"count": 2, "hostile": []},
@@ -354,6 +438,8 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         for attack in CONTENT_ATTACKS:
             for _ in range(2):
                 attacker.content_attack(attack)
+        for attack in STATISTICAL_ATTACKS:
+            attacker.statistical_attack(attack)
         # Hoarding: honest lease rate in the 20 s before and while the hoarders hold their leases
         # (two lease timeouts from their first lease, so two waves of expiries and what follows
         # them are included: an identity that got 2 leases in the first wave passes the abandon
@@ -411,6 +497,8 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
             if not verdict.accepted:
                 row.setdefault("reasons", defaultdict(int))[verdict.reason] += 1
         row["in_trainer_claims"] += sum(1 for s in trained.values() if s.batch_id == batch_id)
+        if batch_id in attacker.deviating:
+            row["deviating_in_trainer_claims"] += sum(1 for s in trained.values() if s.batch_id == batch_id)
     for row in per_attack.values():
         row["reasons"] = dict(row.get("reasons", {}))
     # Nudged log-probs: what the trainer got vs what the attacker claimed.
@@ -453,6 +541,10 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         events, honest, hoard_start + 3, hoard_end
     )
     workers = {w.worker_id: w for w in ledger.workers_view().workers}
+    for attack in STATISTICAL_ATTACKS:
+        identities = [workers[w] for w, a in attacker.identities.items() if a == attack]
+        per_attack[attack]["banned"] = sum(w.banned for w in identities)
+        per_attack[attack]["ban_reasons"] = [w.ban_reason[:80] for w in identities if w.banned]
     hoarders = [workers[w] for w, a in attacker.identities.items() if a == "hoarding"]
     per_attack["hoarding"]["hoarders_banned"] = sum(w.banned for w in hoarders)
     per_attack["hoarding"]["hoarders_over_the_abandon_limit"] = sum(
@@ -486,6 +578,13 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
     for attack in every:
         assert per_attack[attack]["in_trainer_claims"] == 0, (attack, dict(per_attack[attack]))
         assert per_attack[attack]["accepted"] == 0, (attack, dict(per_attack[attack]))
+    for attack in STATISTICAL_ATTACKS:  # some samples may pass every per-sample check; none is trained on
+        row = per_attack[attack]
+        assert row["deviating_in_trainer_claims"] == 0 and row["banned"] == 1, (attack, dict(row))
+        if attack != "late_steering":  # (its honest samples may be trained on)
+            assert row["in_trainer_claims"] == 0, (attack, dict(row))
+    # steering never fails a per-sample check: its evidence alone bans it
+    assert set(per_attack["steering"]["reasons"]) == {"banned_worker"}, dict(per_attack["steering"])
     expected = {
         "half_lease": "incomplete_lease",
         "truncated": "bad_termination",

@@ -195,6 +195,7 @@ def trainer_config(tmp_path: Path, tiny_lm_dir: Path, port: int, origin_port: in
             "--trainer.samples_per_step", "4", "--trainer.total_steps", str(total_steps),
             "--trainer.optimizer_steps_per_version", "2", "--trainer.lr", "1e-3",
             "--trainer.wait_log_every_s", "0.2", "--trainer.poll_interval_s", "0.05",
+            "--orchestrator.release_after_tokens", "0",  # one fake worker: nothing would release its batches
         ],
     )  # fmt: skip
 

@@ -300,6 +300,11 @@ class VerdictRequest(ApiModel):
 
     batch_id: str
     verdicts: Annotated[list[Verdict], Field(min_length=1)]
+    worker_evidence: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="The batch's worker's evidence score after this batch, as a fraction of the ban threshold "
+        "(1 bans); null when the validator keeps no per-worker evidence.",
+    )
 
 
 class VerdictResponse(ApiModel):
@@ -365,6 +370,10 @@ class ClaimResponse(ApiModel):
     pending_samples: int = Field(description="Samples still awaiting validation.")
     stale_samples: int = Field(description="Accepted samples too old to train on (never used).")
     zero_advantage_samples: int = Field(description="Accepted samples in all-zero-advantage groups.")
+    held_samples: int = Field(
+        default=0,
+        description="Accepted, fresh samples held until their workers' evidence covers them (orchestrator.release_*).",
+    )
 
 
 class CommitRequest(ApiModel):

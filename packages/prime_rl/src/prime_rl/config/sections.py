@@ -196,6 +196,23 @@ class OrchestratorConfig(Section):
     ban_abandoned_share: float = Field(
         default=0.25, gt=0, le=1, description="Share of a worker's leases abandoned before a ban (see above)."
     )
+    release_after_tokens: int = Field(
+        default=2048,
+        ge=0,
+        description="A worker's accepted samples reach a trainer claim only once the validator has accepted this "
+        "many more of its completion tokens after them, so a deviation its evidence bans within that many tokens "
+        "trains nothing (2,048: steering on 10% of positions and one stale step at lr 1e-5 are banned within "
+        "2,000 on SmolLM2, README). Costs honest workers about one batch of latency; 0 = claimable at once.",
+    )
+    release_max_evidence: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="...and only while that worker's evidence is below this fraction of the validator's ban "
+        "threshold (honest workers stay below 0.06), so a deviation too weak to be banned trains nothing either "
+        "once it lifts its worker's score above it. 1 = only the ban stops release.",
+    )
     max_request_bytes: int = Field(default=64 * 2**20, ge=1024, description="Largest accepted request body.")
     max_samples_per_batch: int = Field(default=4096, ge=1, description="Largest accepted rollout batch.")
     max_tokens_per_sample: int = Field(

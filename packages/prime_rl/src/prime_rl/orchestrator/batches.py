@@ -164,17 +164,19 @@ class BatchBook(Mapping[str, StoredBatch]):
 
     # ------------------------------------------------------------------ validation
 
-    def buffered(self, min_policy_version: int, excluded: frozenset[str], filter_zero_advantage: bool) -> int:
+    def buffered(
+        self, min_policy_version: int, usable: Callable[[StoredBatch], bool], filter_zero_advantage: bool
+    ) -> int:
         """Samples that may still reach the trainer: fresh batches awaiting validation and accepted
         samples the next claim could take (fresh, unclaimed, informative if the trainer filters
-        zero-advantage groups), of workers not in ``excluded`` (banned). Rejected, stale and
+        zero-advantage groups), of the batches ``usable`` admits (not banned, not held). Rejected, stale and
         uninformative samples do not count, so a full buffer always drains (pitfall: counting them
         deadlocked backpressure); nor do open leases (pitfall: counting them let a few identities
         that take leases and never answer starve every honest worker)."""
         fresh = [
             b
             for b in self._batches.values()
-            if b.policy_version >= min_policy_version and b.worker_id not in excluded
+            if b.policy_version >= min_policy_version and usable(b)
         ]
         pending = sum(len(b.task_ids) for b in fresh if b.verdicts is None)
         claimable = select_claim(

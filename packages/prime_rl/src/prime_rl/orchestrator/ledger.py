@@ -5,7 +5,8 @@ step); three collaborators own the rest of the state, each with its store events
 
   - ``WorkerRegistry`` (workers.py): workers, token hashes, bans, malformed counts;
   - ``LeaseBook`` (leases.py): leases, batch indices, reassignment of expired leases;
-  - ``BatchBook`` (batches.py): stored batches, verdicts, expiry of batches too old to use.
+  - ``BatchBook`` (batches.py): stored batches, verdicts, expiry of batches too old to use;
+  - ``ReleaseBook`` (release.py): which accepted batches the worker's evidence already covers.
 
 Every mutating method writes to the ``RolloutStore`` (durably) *before* it changes memory and
 returns, so the HTTP layer can acknowledge as soon as a method returns, and ``Ledger.load``
@@ -21,10 +22,15 @@ reach ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases is bann
 (``max_buffered_samples``) counts answered work only, so leases held by anyone never stop
 others from getting theirs.
 
+Accepted samples are held from claims until the validator has accepted
+``release_after_tokens`` more tokens of the same worker and its evidence is below
+``release_max_evidence`` of the ban threshold (release.py), so what a worker sends before its
+evidence bans it is not trained on.
+
 Invariants (tested): a sample is in at most one claim; a claim for a step never changes once
 written; ``step`` only grows; every sample handed to the trainer for step ``s`` has
 ``policy_version >= s - async_level``, an ``accepted`` verdict, the validator's reward, advantage
-and log-probs, and a worker that was not banned when the claim was made.
+and log-probs, and a worker that was not banned when the claim was made and had it released.
 """
 
 from __future__ import annotations
@@ -56,9 +62,10 @@ from prime_rl.api.protocol import (
 from prime_rl.api.secrets import RunSecrets, run_secrets
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
-from prime_rl.orchestrator.batches import EXPIRED, BatchBook
+from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
 from prime_rl.orchestrator.claims import ClaimSelection, select_claim
 from prime_rl.orchestrator.leases import LeaseBook, TaskPrompts
+from prime_rl.orchestrator.release import ReleaseBook
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
 from prime_rl.weights.layout import POLICY_FILENAME
@@ -98,6 +105,9 @@ class Ledger:
         secrets = secrets or run_secrets(config)
         self.leases = LeaseBook(config, tasks, store, self.metrics, key=secrets.assignment_key)
         self.batches = BatchBook(config, store, self.metrics, clock)
+        self.release = ReleaseBook(
+            store, after_tokens=self.orch.release_after_tokens, max_evidence=self.orch.release_max_evidence
+        )
         self.claims: dict[int, tuple[SampleId, ...]] = {}
         self.committed: set[int] = set()
         if self.orch.prompts_per_batch > len(tasks):
@@ -123,11 +133,15 @@ class Ledger:
                 self.workers.replay(event)
             elif kind in LeaseBook.EVENTS:
                 self.leases.replay(event)
+            elif kind in ReleaseBook.EVENTS:
+                self.release.replay(event)
             elif kind == "commit":
                 self.committed.add(int(event["step"]))
                 self.step = max(self.step, int(event["step"]) + 1)
         for batch in self.batches.load():
             self.leases.mark_answered(batch.worker_id, batch.meta.batch_index)
+            if self._validator_judged(batch) and not self.release.counted(batch.batch_id):
+                self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], None)  # crashed between writes
         for claim in self.store.claims():
             self.claims[claim.step] = claim.sample_ids
             self.batches.mark_claimed(claim.sample_ids)
@@ -209,10 +223,22 @@ class Ledger:
         return frozenset(w.worker_id for w in self.workers.values() if w.banned)
 
     def buffered_samples(self) -> int:
-        """Answered samples that may still reach the trainer (``BatchBook.buffered``; open leases never count)."""
+        """Answered samples that may still reach the trainer soon (``BatchBook.buffered``): held samples
+        and open leases never count (counting held ones would stop the very batches that release them)."""
         return self.batches.buffered(
-            self.min_policy_version, self.banned_workers(), self.config.trainer.filter_zero_advantage
+            self.min_policy_version, self._usable(self.banned_workers()), self.config.trainer.filter_zero_advantage
         )
+
+    def _usable(self, banned: frozenset[str]) -> Callable[[StoredBatch], bool]:
+        """Batches a claim may take from or that may become claimable by judgement alone: of workers
+        not banned, and awaiting validation or released (``ReleaseBook``)."""
+        return lambda batch: batch.worker_id not in banned and (
+            batch.verdicts is None or self.release.released(batch.batch_id, batch.worker_id)
+        )
+
+    @staticmethod
+    def _validator_judged(batch: StoredBatch) -> bool:
+        return batch.verdicts is not None and not all(v.reason == EXPIRED for v in batch.verdicts)
 
     def expire_leases(self) -> int:
         """Mark unanswered leases past their deadline expired, queue their tasks for reassignment, and
@@ -305,7 +331,10 @@ class Ledger:
         return self.batches.pending(limit, self.step)
 
     def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
-        return self.batches.record_verdicts(request)
+        answer = self.batches.record_verdicts(request)
+        batch = self.batches[request.batch_id]
+        self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], request.worker_evidence)
+        return answer
 
     # ------------------------------------------------------------------ trainer
 
@@ -319,17 +348,25 @@ class Ledger:
             )
         self.batches.expire_useless(self.step, self.orch.async_level)
         banned = self.banned_workers()  # banned since their samples were accepted: not trusted any more
+        usable = self._usable(banned)
         selection = select_claim(
-            [b for b in self.batches.values() if b.worker_id not in banned],
+            [b for b in self.batches.values() if usable(b)],
             min_policy_version=min_version,
             min_samples=request.min_samples,
             filter_zero_advantage=request.filter_zero_advantage,
         )
         if not selection.ready:
+            held = select_claim(
+                [b for b in self.batches.values() if b.worker_id not in banned and not usable(b)],
+                min_policy_version=min_version,
+                min_samples=1 << 62,
+                filter_zero_advantage=request.filter_zero_advantage,
+            ).available
             reason = (
                 f"{selection.available} fresh accepted samples available (policy_version >= {min_version}), "
                 f"need {request.min_samples}; {selection.pending_batches} batches ({selection.pending_samples} "
-                "samples) await validation"
+                f"samples) await validation; {held} accepted samples are held until their workers' evidence "
+                "covers them (orchestrator.release_after_tokens)"
             )
             return ClaimResponse(
                 ready=False,
@@ -342,6 +379,7 @@ class Ledger:
                 pending_samples=selection.pending_samples,
                 stale_samples=selection.stale,
                 zero_advantage_samples=selection.zero_advantage,
+                held_samples=held,
             )
         chosen = selection.sample_ids
         self.store.write_claim(ClaimRecord(request.step, min_version, self.clock(), chosen))

@@ -21,6 +21,7 @@ needs (README).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -78,11 +79,18 @@ class EvidenceLedger:
         self.counted_batches.add(batch_id)
         evidence = self.workers.setdefault(worker_id, toploc.WorkerEvidence(self.tests))
         for sample in observations:
-            evidence.update(sample)
-        state = evidence.state()
-        if state.banned and worker_id not in self.ban_reasons:
-            self.ban_reasons[worker_id] = ban_reason(state)
-        return state
+            state = evidence.update(sample)
+            if state.banned and worker_id not in self.ban_reasons:  # the sample that crossed, not the last
+                self.ban_reasons[worker_id] = ban_reason(state)
+        return evidence.state()
+
+
+    def fraction(self, worker_id: str) -> float:
+        """The worker's current evidence as a fraction of the ban threshold (0 before its first
+        sample; a non-finite score reads as far past the threshold)."""
+        evidence = self.workers.get(worker_id)
+        fraction = 0.0 if evidence is None else evidence.state().fraction
+        return max(0.0, fraction) if math.isfinite(fraction) else 1e9
 
 
 def ban_reason(state: toploc.EvidenceState) -> str:

@@ -7,7 +7,9 @@ version's weights (fetched through shardcast by :class:`~prime_rl.weights.store.
 ``ban_failure_rate`` after ``ban_min_samples`` samples is banned (``POST /workers/ban``). Every
 prefilled sample also adds to its worker's evidence (``evidence.py``, ``validator.evidence``): a
 worker whose evidence passes the false-ban-bounded threshold is banned the same way, and the batch
-that crossed it is rejected (``banned_worker``). One ``evidence`` metrics line per judged batch.
+that crossed it is rejected (``banned_worker``). One ``evidence`` metrics line per judged batch;
+the worker's evidence (fraction of the threshold) goes with each batch's verdicts, for the
+orchestrator's release of accepted samples (``orchestrator/release.py``).
 
 A batch whose version cannot be fetched *right now* (relay lagging, network) stays pending and is
 retried on the next poll; a version that is not published is judged ``unknown_policy``. Nothing a
@@ -257,7 +259,13 @@ class Validator:
             verdicts = reject_banned(verdicts, evidence_ban)
             self.failures.banned.add(batch.worker_id)
         try:
-            self.client.post_verdicts(VerdictRequest(batch_id=batch.batch_id, verdicts=verdicts))
+            self.client.post_verdicts(
+                VerdictRequest(
+                    batch_id=batch.batch_id,
+                    verdicts=verdicts,
+                    worker_evidence=self.evidence.fraction(batch.worker_id) if self.evidence else None,
+                )
+            )
         except ClientRequestError as exc:  # e.g. the orchestrator already settled the batch: skip it
             log.warning("verdicts for %s refused: %s", batch.batch_id, exc)
             get_metrics().log(

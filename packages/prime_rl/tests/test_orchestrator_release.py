@@ -1,0 +1,131 @@
+"""Release (orchestrator/release.py) over real HTTP: accepted samples reach a claim only once the
+validator has accepted ``release_after_tokens`` more tokens of the same worker and that worker's
+evidence is below ``release_max_evidence``; held samples never block leases; all of it survives a
+restart, including a crash between a batch's verdicts and its ``judged`` event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prime_rl.api.client import OrchestratorClient
+from prime_rl.api.protocol import Verdict, VerdictRequest
+from prime_rl.orchestrator.release import ReleaseBook
+from prime_rl.orchestrator.store import RolloutStore
+
+SAMPLES = 4  # prompts_per_batch 2 x group_size 2
+TOKENS = 2 * SAMPLES  # the validator's log-probs: 2 per accepted sample
+
+
+def _judge(
+    client: OrchestratorClient, batch_id: str, *, accept: bool = True, evidence: float | None = None
+) -> None:
+    verdicts = [
+        Verdict(
+            sample_index=i,
+            accepted=accept,
+            reason="ok" if accept else "toploc_mismatch",
+            reward=float(i % 2 == 0),
+            advantage=1.0 if i % 2 == 0 else -1.0,
+            logprobs=[-0.25, -0.5] if accept else [],
+        )
+        for i in range(SAMPLES)
+    ]
+    client.post_verdicts(VerdictRequest(batch_id=batch_id, verdicts=verdicts, worker_evidence=evidence))
+
+
+class Run:
+    """One orchestrator and an admin client that also acts for several workers."""
+
+    def __init__(self, server: Any, batch_for: Any) -> None:
+        self.client = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
+        self.batch_for = batch_for
+        self.tokens: dict[str, str] = {}
+
+    def register(self) -> str:
+        worker_id = self.client.register().worker_id
+        self.tokens[worker_id] = self.client.worker_token or ""
+        return worker_id
+
+    def submit(self, worker_id: str) -> str:
+        self.client.worker_token = self.tokens[worker_id]
+        lease = self.client.get_tasks(worker_id)
+        return self.client.submit_rollouts(self.batch_for(lease)).batch_id
+
+
+def test_a_batch_waits_for_later_accepted_tokens_of_its_own_worker(server_factory: Any, batch_for: Any) -> None:
+    server = server_factory("--orchestrator.release_after_tokens", str(TOKENS + 2), "--trainer.samples_per_step", "2")
+    run = Run(server, batch_for)
+    a, b = run.register(), run.register()
+    a1 = run.submit(a)
+    _judge(run.client, a1)
+    waiting = run.client.claim(0, 2)
+    assert not waiting.ready and waiting.available_samples == 0 and waiting.held_samples == SAMPLES
+    assert "held until their workers' evidence covers them" in waiting.reason
+    _judge(run.client, run.submit(b))  # another worker's tokens release nothing of a's
+    _judge(run.client, run.submit(a), accept=False)  # nor do rejected tokens (maybe never prefilled)
+    _judge(run.client, run.submit(a))  # TOKENS after a1: short of TOKENS + 2
+    waiting = run.client.claim(0, 2)
+    assert (waiting.available_samples, waiting.held_samples) == (0, 3 * SAMPLES)
+    _judge(run.client, run.submit(a))  # 2 * TOKENS after a1: a1 released, nothing else
+    claim = run.client.claim(0, SAMPLES)
+    assert claim.ready and {s.batch_id for s in claim.samples} == {a1}
+    assert claim.held_samples == 0  # (counted only when not ready)
+
+
+def test_a_worker_whose_evidence_is_high_trains_nothing_until_it_falls(server_factory: Any, batch_for: Any) -> None:
+    server = server_factory(
+        "--orchestrator.release_after_tokens", "0", "--orchestrator.release_max_evidence", "0.25",
+        "--trainer.samples_per_step", "2",
+    )  # fmt: skip
+    run = Run(server, batch_for)
+    a = run.register()
+    a1 = run.submit(a)
+    _judge(run.client, a1, evidence=0.3)
+    assert run.client.claim(0, 2).held_samples == SAMPLES
+    a2 = run.submit(a)
+    _judge(run.client, a2, evidence=0.25)  # at the limit: still held
+    assert run.client.claim(0, 2).held_samples == 2 * SAMPLES
+    _judge(run.client, run.submit(a), evidence=0.05)  # an honest level again: all three released
+    claim = run.client.claim(0, 3 * SAMPLES)
+    assert claim.ready and len(claim.samples) == 3 * SAMPLES and a1 in {s.batch_id for s in claim.samples}
+
+
+def test_held_samples_never_block_leases(server_factory: Any, batch_for: Any) -> None:
+    server = server_factory(
+        "--orchestrator.release_after_tokens", "1000", "--orchestrator.max_buffered_samples", "6",
+        "--trainer.samples_per_step", "2",
+    )  # fmt: skip
+    run = Run(server, batch_for)
+    a = run.register()
+    for _ in range(6):  # 24 accepted samples, all held: backpressure (6) would refuse were they counted
+        _judge(run.client, run.submit(a))
+    assert run.client.claim(0, 2).held_samples == 6 * SAMPLES
+
+
+def test_release_survives_a_restart_and_a_crash_between_verdicts_and_judged(
+    server_factory: Any, batch_for: Any, tmp_path: Any
+) -> None:
+    flags = ("--orchestrator.release_after_tokens", str(TOKENS), "--trainer.samples_per_step", "2")
+    server = server_factory(*flags)
+    run = Run(server, batch_for)
+    a = run.register()
+    a1, a2, a3 = run.submit(a), run.submit(a), run.submit(a)
+    _judge(run.client, a1)
+    _judge(run.client, a2)
+    before = run.client.claim(0, 1 << 20)
+    assert (before.available_samples, before.held_samples) == (SAMPLES, SAMPLES)  # a1 released, a2 held
+    server.stop()
+    # a3's verdicts reach the store but the orchestrator dies before its ``judged`` event.
+    store = RolloutStore(tmp_path / "orchestrator")
+    verdicts = [
+        Verdict(sample_index=i, accepted=True, reason="ok", reward=0.0, advantage=1.0 - 2 * (i % 2), logprobs=[-1.0, -1.0])
+        for i in range(SAMPLES)
+    ]
+    store.write_verdicts(a3, verdicts)
+    assert a3 not in {e.get("batch_id") for e in store.events() if e.get("event") in ReleaseBook.EVENTS}
+    restarted = server_factory(*flags)
+    client = OrchestratorClient(restarted.url, retries=0, admin_token=restarted.admin_token)
+    after = client.claim(0, 1 << 20)
+    assert (after.available_samples, after.held_samples) == (2 * SAMPLES, SAMPLES)  # a3 counted: a2 released
+    claim = client.claim(0, 2 * SAMPLES)
+    assert {s.batch_id for s in claim.samples} == {a1, a2}
