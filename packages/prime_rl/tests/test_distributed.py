@@ -53,7 +53,9 @@ SCRIPT = textwrap.dedent(
     if distributed.rank() == 0:
         digest = {{k: [float(v.double().sum()), float(v.double().abs().sum())] for k, v in state.items()}}
         json.dump({{"steps": results, "digest": digest, "world": distributed.world_size()}}, open(sys.argv[1], "w"))
+    print(f"rank {{distributed.rank()}}: steps done, shutting down", file=sys.stderr, flush=True)
     distributed.shutdown_distributed()
+    print("shut down", file=sys.stderr, flush=True)  # (an abort after this line is in interpreter teardown)
     """
 )
 
