@@ -115,11 +115,13 @@ def plan(
     calibration_configs: Sequence[int] = CALIBRATION_CONFIGS,
     honest_configs: Sequence[int] = tuple(range(len(HONEST_CONFIGS))),
     rounds: int = 0,
+    attacks: Sequence[str] = ATTACKS,
 ) -> list[Job]:
     """Jobs in collection order: calibration, then rounds of one worker per deviation plus a slice of
     every held-out honest configuration, so that an interrupted run still fills every table row.
     ``scale`` shrinks sample counts (at least one decode batch each), ``max_tokens`` (smoke tests)
-    caps tokens per sample, ``rounds`` sets the deviating workers per attack (default: from ``scale``)."""
+    caps tokens per sample, ``rounds`` sets the deviating workers per attack (default: from ``scale``),
+    ``attacks`` which deviations run (bf16 runs only the steering ones)."""
     prefix = "fp32" if dtype == "float32" else "bf16"
     jobs: list[Job] = []
     for i, (attn, batch, threads, groups, tokens, samples, backend) in enumerate(HONEST_CONFIGS):
@@ -128,7 +130,7 @@ def plan(
         count = max(batch, round(samples * scale / 6 / batch) * batch)  # 1/6 of held-out, >= one batch
         jobs.append(Job(f"{prefix}-calibrate-{i}", "calibrate", "honest", count, tokens, batch, attn, threads, groups, 10_000 * i, backend))
     rounds = rounds or max(2, round(6 * math.sqrt(scale)))
-    attacks = ATTACKS if dtype == "float32" else ("steer10", "steer1")
+    attacks = [a for a in attacks if dtype == "float32" or a in ("steer10", "steer1")]
     for w in range(rounds):
         for attack in attacks:
             long = attack in ("steer10", "steer1", "stale1e-5", "stale3e-7", "noise1e-3")
@@ -349,12 +351,15 @@ if __name__ == "__main__":
     parser.add_argument("--calibration-configs", type=int, nargs="+", default=list(CALIBRATION_CONFIGS))
     parser.add_argument("--honest-configs", type=int, nargs="+", default=list(range(len(HONEST_CONFIGS))))
     parser.add_argument("--rounds", type=int, default=0, help="deviating workers per attack (default: from --scale)")
+    parser.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=ATTACKS)
     parser.add_argument("--json", type=Path, help="also write the report's numbers here")
     args = parser.parse_args()
     args.data.mkdir(parents=True, exist_ok=True)
     results = {}
     for dtype in args.dtype:
-        jobs = plan(dtype, args.scale, args.max_tokens, args.calibration_configs, args.honest_configs, args.rounds)
+        jobs = plan(
+            dtype, args.scale, args.max_tokens, args.calibration_configs, args.honest_configs, args.rounds, args.attacks
+        )
         collect(jobs, args.data, dtype, args.phases)
         if "report" in args.phases:
             results[dtype] = report(jobs, args.data, dtype, BUDGETS, load, calibrate)

@@ -70,6 +70,62 @@ def per_sample_rejected(sample: Any, sampling_tolerance: float, logprob_atol: fl
     return bool(np.abs(sample.claimed - sample.recomputed).mean() > logprob_atol)
 
 
+RELEASE_AFTER_TOKENS = 2048
+RELEASE_MAX_EVIDENCE = 0.25
+"""The orchestrator's release defaults (``orchestrator.release_after_tokens`` / ``release_max_evidence``)."""
+
+
+def release(
+    tests: toploc.EvidenceTests,
+    stream: Sequence[Any],
+    accepted: Callable[[Any], bool],
+    after_tokens: int = RELEASE_AFTER_TOKENS,
+    max_fraction: float = RELEASE_MAX_EVIDENCE,
+) -> dict[str, Any]:
+    """One worker's stream judged sample by sample as the validator and orchestrator would.
+
+    Returns its tokens; ``accepted_before_ban``: tokens of samples accepted before its ban (what a
+    claim could take without release); ``released``: tokens of those samples released to claims
+    (``orchestrator/release.py``: ``after_tokens`` later accepted tokens, and the worker's evidence
+    below ``max_fraction`` of the threshold, both before the ban); ``unreleasable``: accepted tokens
+    too close to the stream's end to be released within it; ``held_by_evidence``: accepted tokens
+    whose token condition was met but that the evidence limit still holds at the stream's end
+    (a ban drops everything held); ``banned_at``: tokens judged when banned (None: never); ``crossed``: tokens judged when
+    its evidence first reached ``max_fraction`` (None: never).
+    """
+    evidence = toploc.WorkerEvidence(tests)
+    waiting: list[list[int]] = []  # per held sample: [accepted tokens that release it, its tokens, held by evidence]
+    total = accepted_tokens = accepted_before_ban = released = 0
+    banned_at = crossed = None
+    for sample in stream:
+        total += sample.margins.size
+        state = evidence.update(sample.observations())
+        if crossed is None and state.fraction >= max_fraction:
+            crossed = total
+        if state.banned:  # this sample is rejected (banned_worker); everything held is dropped
+            banned_at = total
+            waiting = []
+            break
+        if accepted(sample):
+            accepted_tokens += sample.margins.size
+            accepted_before_ban += sample.margins.size
+            waiting.append([accepted_tokens + after_tokens, sample.margins.size, 0])
+        for entry in waiting:
+            if accepted_tokens >= entry[0]:
+                entry[2] = int(state.fraction >= max_fraction)
+                released += entry[1] * (1 - entry[2])
+        waiting = [entry for entry in waiting if accepted_tokens < entry[0] or entry[2]]
+    return {
+        "tokens": total,
+        "accepted_before_ban": accepted_before_ban,
+        "released": released,
+        "held_by_evidence": sum(entry[1] for entry in waiting if entry[2]),
+        "unreleasable": sum(entry[1] for entry in waiting if not entry[2]),
+        "banned_at": banned_at,
+        "crossed": crossed,
+    }
+
+
 def report(
     jobs: Sequence[Any],
     data: Path,
@@ -168,4 +224,23 @@ def report(
         tokens = sum(s.margins.size for st in attack_streams for s in st)
         print(f"| {attack} | {len(attack_streams)} ({tokens} tokens) | {rejected:.2f} | {first_auc} | {first_all} | {' | '.join(cells)} |")
         result["curves"][attack] = {"per_sample_rejected": float(rejected), "budgets": curve}
+
+    print(f"\n## {dtype}: what reaches training, per worker from its first token (release after "
+          f"{RELEASE_AFTER_TOKENS} later accepted tokens, evidence below {RELEASE_MAX_EVIDENCE} of the threshold)\n")
+    print("| worker | workers | tokens | banned | banned at (tokens) | evidence >= limit at (tokens) | "
+          "accepted before the ban | released to training | held by the evidence limit | too close to the end |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    result["release"] = {}
+    kept = lambda sample: not per_sample_rejected(sample, tolerance, atol)  # noqa: E731
+    for name, worker_streams in [("honest (held-out)", honest), *streams.items()]:
+        rows = [release(tests, stream, kept) for stream in worker_streams]
+        if not rows:
+            continue
+        sums = {key: sum(row[key] for row in rows) for key in ("tokens", "accepted_before_ban", "released", "held_by_evidence", "unreleasable")}
+        banned_at = sorted(row["banned_at"] for row in rows if row["banned_at"] is not None)
+        crossed = sorted(row["crossed"] for row in rows if row["crossed"] is not None)
+        span = lambda values: "-" if not values else f"{values[0]}-{values[-1]}"  # noqa: E731
+        print(f"| {name} | {len(rows)} | {sums['tokens']} | {len(banned_at)} | {span(banned_at)} | {span(crossed)} | "
+              f"{sums['accepted_before_ban']} | {sums['released']} | {sums['held_by_evidence']} | {sums['unreleasable']} |")
+        result["release"][name] = {**sums, "workers": len(rows), "banned": len(banned_at), "banned_at": banned_at, "crossed": crossed}
     return result

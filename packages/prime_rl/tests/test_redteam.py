@@ -28,9 +28,9 @@ late_steering      answers 6 leases honestly (evidence at rest, samples released
 =================  ==========================================================================
 
 The last five (statistical) pass every per-sample check most of the time; each identity answers up
-to 16 leases in a row (until banned), and only the validator's per-worker evidence, with the
+to 24 leases in a row (until banned), and only the validator's per-worker evidence, with the
 orchestrator holding accepted samples until that evidence covers them (``orchestrator/release.py``;
-256 later tokens, and the default evidence limit), keeps them out of training. On the tiny model
+384 later tokens here, and the default evidence limit), keeps them out of training. On the tiny model
 the weight attacks are banned on their first batch; steering needs several.
 
 What the run left on disk decides: the orchestrator's store (verdicts, claims), the metrics files,
@@ -93,7 +93,7 @@ HOARDERS = 6  # more than max_open_leases_per_address (16) / max_open_leases (4)
 PER_ADDRESS = 16
 CONTENT_ATTACKS = ("half_lease", "truncated", "grind", "nudged_logprobs", "malformed_proofs")
 STATISTICAL_ATTACKS = ("steering", "bf16_weights", "noisy_weights", "stale_weights", "late_steering")
-STATISTICAL_LEASES = 16
+STATISTICAL_LEASES = 24  # steering was banned after 8-11 of its leases in two runs
 HONEST_FIRST = 6  # late_steering's honest leases
 RELEASE_AFTER_TOKENS = 384  # ~12 batches of this run: steering needed 256 tokens to be banned in one run
 STEER_WITHIN = 0.2
