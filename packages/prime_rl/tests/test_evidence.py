@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from steering import steering_sampler
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
 
@@ -17,7 +18,7 @@ import toploc
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.api.protocol import PendingBatch, Verdict
 from prime_rl.config import load_config
-from prime_rl.inference.backend import SAMPLER_SEED, HFBackend, SamplingParams, check_sampled
+from prime_rl.inference.backend import HFBackend, SamplingParams, check_sampled
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
 from prime_rl.validator import noise, process
@@ -61,15 +62,8 @@ def tests(backend: HFBackend) -> toploc.EvidenceTests:
     return toploc.EvidenceTests.from_profile(toploc.NoiseProfile.calibrate(observations))
 
 
-def steer(logits: torch.Tensor, seeds: torch.Tensor, position: int, temperature: float) -> torch.Tensor:
-    """``sample_next`` of a steering worker: the runner-up wherever it scores within STEER_WITHIN."""
-    positions = torch.full_like(seeds, position)
-    scores = logits.double() + temperature * toploc.gumbel_noise(SAMPLER_SEED, seeds, positions, logits.shape[-1])
-    top = scores.topk(2, dim=-1)
-    tokens = top.indices[:, 0].clone()
-    close = (top.values[:, 0] - top.values[:, 1]) < STEER_WITHIN
-    tokens[close] = top.indices[close, 1]
-    return tokens
+steer = steering_sampler(STEER_WITHIN)
+"""``sample_next`` of a steering worker: the runner-up wherever it scores within STEER_WITHIN."""
 
 
 @pytest.fixture

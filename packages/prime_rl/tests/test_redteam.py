@@ -65,13 +65,13 @@ from typing import Any
 import pytest
 import requests
 import torch
+from steering import steering_sampler
 
 import prime_rl.inference.backend as backend_module
-import toploc
 from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorBusy, OrchestratorClient
 from prime_rl.api.protocol import ClaimRequest, LeaseTask, RolloutBatch, RolloutSample, TaskLease
 from prime_rl.config import RunConfig, load_config
-from prime_rl.inference.backend import SAMPLER_SEED, HFBackend, build_proofs
+from prime_rl.inference.backend import HFBackend, build_proofs
 from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.store import RolloutStore
@@ -133,15 +133,7 @@ def _predicted_seed(worker_id: str, step: int, batch_index: int, task_id: int, g
     return _public_hash64("sample", 0, worker_id, step, batch_index, task_id, group_index) & (2**63 - 1)
 
 
-def _steer(logits: torch.Tensor, seeds: torch.Tensor, position: int, temperature: float) -> torch.Tensor:
-    """``sample_next`` of the steering attacker: the runner-up wherever it scores within STEER_WITHIN."""
-    positions = torch.full_like(seeds, position)
-    scores = logits.double() + temperature * toploc.gumbel_noise(SAMPLER_SEED, seeds, positions, logits.shape[-1])
-    top = scores.topk(2, dim=-1)
-    tokens = top.indices[:, 0].clone()
-    close = (top.values[:, 0] - top.values[:, 1]) < STEER_WITHIN
-    tokens[close] = top.indices[close, 1]
-    return tokens
+_steer = steering_sampler(STEER_WITHIN)
 
 
 class Attacker:
