@@ -19,7 +19,9 @@ def _write_synthetic_run(run_dir: Path) -> None:
         trainer.log("commit", step=step, policy_version=step + 1)
     evaluator = MetricsWriter(run_dir / "metrics" / "evaluator.jsonl", role="evaluator", name="evaluator")
     for version, accuracy in [(0, 0.125), (3, 0.5)]:
-        evaluator.log("eval", policy_version=version, accuracy=accuracy, num_correct=0, num_problems=64)
+        evaluator.log(
+            "eval", policy_version=version, accuracy=accuracy, num_correct=round(accuracy * 64), num_problems=64
+        )
     worker = MetricsWriter(run_dir / "metrics" / "worker-0.jsonl", role="worker", name="worker-0")
     worker.log("rollouts", completion_tokens=300, generate_s=10.0, policy_version=0, reward_mean=0.25)
     worker.log("rollouts", completion_tokens=100, generate_s=10.0, policy_version=2, reward_mean=0.5)
@@ -52,13 +54,14 @@ def _write_synthetic_run(run_dir: Path) -> None:
 
 
 def test_summarize_run_reads_every_metrics_file(tmp_path: Path):
-    from prime_rl.launch.report import summarize_run
+    from prime_rl.launch.report import summarize_run, wilson_interval
 
     _write_synthetic_run(tmp_path)
     summary = summarize_run(tmp_path)
     assert summary.steps_done == 3
     assert summary.reward_by_step == {0: pytest.approx(0.30), 1: 0.5, 2: 0.75}  # (0.25 + 0.35) / 2
     assert summary.accuracy_by_version == {0: 0.125, 3: 0.5}
+    assert summary.accuracy_interval_by_version == {0: wilson_interval(8, 64), 3: wilson_interval(32, 64)}
     assert summary.trainer_wait_s == 6.0 and summary.worker_wait_s == 1.5
     assert summary.tokens_per_s == 20.0  # 400 tokens / 20 s of generation
     assert summary.sampled_reward_by_version == {0: 0.25, 2: 0.5}  # the hostile claim is left out
@@ -77,6 +80,7 @@ def test_write_report_makes_png_and_summary(tmp_path: Path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert (tmp_path / "summary.txt").read_text().strip() == text
     assert "0.125 at v0 -> 0.500 at v3 (+0.375)" in text
+    assert "per version (95% interval): v0: 0.125 [0.06, 0.23]  v3: 0.500 [0.38, 0.62]" in text
     assert "rollout reward of honest workers by policy version: v0: 0.250  v2: 0.500" in text
     assert "hostile-0: 0 accepted, 32 rejected (toploc_mismatch: 32) BANNED" in text
     assert str(tmp_path / "report.png") in text
@@ -138,3 +142,13 @@ def test_progress_tracker_emits_one_line_per_committed_step(tmp_path: Path):
         ["step 3/12", "reward 0.75"],
     ]
     assert tracker.lines() == []
+
+
+def test_wilson_interval_oracles():
+    """Textbook values of the 95% Wilson score interval, and its edges."""
+    from prime_rl.launch.report import wilson_interval
+
+    for (k, n), (lo, hi) in {(5, 10): (0.2366, 0.7634), (0, 10): (0.0, 0.2775), (10, 10): (0.7225, 1.0),
+                             (21, 64): (0.2257, 0.4500)}.items():  # fmt: skip  (21/64: the demo's v0 accuracy)
+        assert wilson_interval(k, n) == (pytest.approx(lo, abs=1e-4), pytest.approx(hi, abs=1e-4)), (k, n)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
