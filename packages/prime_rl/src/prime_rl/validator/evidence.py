@@ -84,7 +84,6 @@ class EvidenceLedger:
                 self.ban_reasons[worker_id] = ban_reason(state)
         return evidence.state()
 
-
     def fraction(self, worker_id: str) -> float:
         """The worker's current evidence as a fraction of the ban threshold (0 before its first
         sample; a non-finite score reads as far past the threshold)."""
