@@ -72,6 +72,11 @@ class StoredBatch:
     def lease(self) -> LeaseRecord | None:
         return self.meta.lease
 
+    @property
+    def expired(self) -> bool:
+        """Judged by the orchestrator's expiry (every verdict ``expired``), not by a validator."""
+        return self.verdicts is not None and all(v.reason == EXPIRED for v in self.verdicts)
+
 
 class BatchBook(Mapping[str, StoredBatch]):
     """All stored batches of a run (see module docstring)."""
@@ -260,8 +265,7 @@ class BatchBook(Mapping[str, StoredBatch]):
         accepted = sum(v.accepted for v in verdicts)
         if accepted:
             self._check_logprobs(batch.batch_id, verdicts)
-        expired_here = batch.verdicts is not None and all(v.reason == EXPIRED for v in batch.verdicts)
-        if batch.verdicts is not None and not expired_here:
+        if batch.verdicts is not None and not batch.expired:
             # (A batch the orchestrator expired while a validator was judging it takes the validator's
             # verdicts instead: its samples stay unusable (too old) but the accounting is the validator's.)
             if batch.verdicts != verdicts:

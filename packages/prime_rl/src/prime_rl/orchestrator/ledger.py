@@ -140,7 +140,8 @@ class Ledger:
                 self.step = max(self.step, int(event["step"]) + 1)
         for batch in self.batches.load():
             self.leases.mark_answered(batch.worker_id, batch.meta.batch_index)
-            if self._validator_judged(batch) and not self.release.counted(batch.batch_id):
+            validator_judged = batch.verdicts is not None and not batch.expired
+            if validator_judged and not self.release.counted(batch.batch_id):
                 self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], None)  # crashed between writes
         for claim in self.store.claims():
             self.claims[claim.step] = claim.sample_ids
@@ -235,10 +236,6 @@ class Ledger:
         return lambda batch: batch.worker_id not in banned and (
             batch.verdicts is None or self.release.released(batch.batch_id, batch.worker_id)
         )
-
-    @staticmethod
-    def _validator_judged(batch: StoredBatch) -> bool:
-        return batch.verdicts is not None and not all(v.reason == EXPIRED for v in batch.verdicts)
 
     def expire_leases(self) -> int:
         """Mark unanswered leases past their deadline expired, queue their tasks for reassignment, and
