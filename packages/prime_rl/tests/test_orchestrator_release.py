@@ -16,10 +16,9 @@ SAMPLES = 4  # prompts_per_batch 2 x group_size 2
 TOKENS = 2 * SAMPLES  # the validator's log-probs: 2 per accepted sample
 
 
-def _judge(
-    client: OrchestratorClient, batch_id: str, *, accept: bool = True, evidence: float | None = None
-) -> None:
-    verdicts = [
+def _verdicts(accept: bool = True) -> list[Verdict]:
+    """One verdict per sample of a batch; accepted ones carry 2 recomputed log-probs (2 tokens)."""
+    return [
         Verdict(
             sample_index=i,
             accepted=accept,
@@ -30,7 +29,12 @@ def _judge(
         )
         for i in range(SAMPLES)
     ]
-    client.post_verdicts(VerdictRequest(batch_id=batch_id, verdicts=verdicts, worker_evidence=evidence))
+
+
+def _judge(
+    client: OrchestratorClient, batch_id: str, *, accept: bool = True, evidence: float | None = None
+) -> None:
+    client.post_verdicts(VerdictRequest(batch_id=batch_id, verdicts=_verdicts(accept), worker_evidence=evidence))
 
 
 class Run:
@@ -117,11 +121,7 @@ def test_release_survives_a_restart_and_a_crash_between_verdicts_and_judged(
     server.stop()
     # a3's verdicts reach the store but the orchestrator dies before its ``judged`` event.
     store = RolloutStore(tmp_path / "orchestrator")
-    verdicts = [
-        Verdict(sample_index=i, accepted=True, reason="ok", reward=0.0, advantage=1.0 - 2 * (i % 2), logprobs=[-1.0, -1.0])
-        for i in range(SAMPLES)
-    ]
-    store.write_verdicts(a3, verdicts)
+    store.write_verdicts(a3, _verdicts())
     assert a3 not in {e.get("batch_id") for e in store.events() if e.get("event") in ReleaseBook.EVENTS}
     restarted = server_factory(*flags)
     client = OrchestratorClient(restarted.url, retries=0, admin_token=restarted.admin_token)
