@@ -216,8 +216,15 @@ def test_mixed_behaviour_cycles_and_every_batch_is_rejected_as_announced(backend
     assert seen == set(MIXED_CYCLE) - {"stale_policy"}  # stale needs min_policy_version > 0
 
 
-def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir, caplog):
+def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir, caplog, monkeypatch):
     # The process loop against a real orchestrator: one honest and one cheating worker.
+    from prime_rl import metrics
+    from verifiers.code import run_tests, sandbox_runs
+
+    writer = metrics.MetricsWriter(tmp_path / "metrics" / "validator.jsonl", role="validator", name="validator")
+    monkeypatch.setattr(metrics, "_METRICS", writer)
+    # One program run in this process beforehand: a verdict's sandbox_runs is the process's cumulative count.
+    run_tests("print(1)", {"inputs": [""], "outputs": ["1"]})
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -263,6 +270,10 @@ def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir, caplog
     assert (honest.samples_accepted, honest.samples_rejected, honest.banned) == (4, 0, False)
     assert (bad.samples_accepted, bad.samples_rejected, bad.banned) == (0, 4, True)
     assert set(bad.rejected_reasons) <= {"reward_mismatch", "group_rejected", "lease_rejected"}
+    writer.close()
+    verdicts = [r for r in metrics.read_metrics(tmp_path / "metrics" / "validator.jsonl") if r["event"] == "verdict"]
+    assert len(verdicts) == 2 and sum(verdicts[-1]["sandbox_runs"].values()) >= 1
+    assert verdicts[-1]["sandbox_runs"] == sandbox_runs()  # arithmetic tasks ran nothing more
 
 
 def test_a_profile_too_small_for_evidence_leaves_the_per_sample_tolerances_as_configured(tmp_path, tiny_lm_dir):

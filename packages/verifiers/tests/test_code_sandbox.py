@@ -65,6 +65,26 @@ def test_language_and_empty_tests():
     assert run_tests("print(1)", {"inputs": [], "outputs": []}).total == 0
 
 
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_sandbox_runs_counts_each_scored_sample_once(sandbox):
+    """One count per run_tests call that ran the program (3 tests -> 1), by kind; calls refused
+    before running anything add nothing; concurrent scoring threads lose no count."""
+    from verifiers import Task, verify_batch
+    from verifiers.code import sandbox_runs
+
+    before = sandbox_runs()
+    run_tests("print(int(input()) * 2)", DOUBLE, sandbox=sandbox)  # 3 test cases, one sample
+    with pytest.raises(ValueError):
+        run_tests("int main(){}", DOUBLE, language="cpp")
+    run_tests("print(1)", {"inputs": [], "outputs": []}, sandbox=sandbox)
+    assert sandbox_runs().get(sandbox, 0) == before.get(sandbox, 0) + 1
+    if sandbox == "bwrap":  # verify's default sandbox: the reward path a validator takes
+        task = Task("Double it.", "prime_rl_code", {"test_cases": DOUBLE})
+        completions = ["```python\nprint(int(input()) * 2)\n```"] * 4
+        verify_batch([task] * 4, completions, max_workers=4)
+        assert sandbox_runs()["bwrap"] == before.get("bwrap", 0) + 5
+
+
 # ------------------------------------------------------------------ hostile programs
 
 ONE = {"inputs": ["1\n"], "outputs": ["1\n"]}

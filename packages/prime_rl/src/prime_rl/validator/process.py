@@ -7,9 +7,12 @@ version's weights (fetched through shardcast by :class:`~prime_rl.weights.store.
 ``ban_failure_rate`` after ``ban_min_samples`` samples is banned (``POST /workers/ban``). Every
 prefilled sample also adds to its worker's evidence (``evidence.py``, ``validator.evidence``): a
 worker whose evidence passes the false-ban-bounded threshold is banned the same way, and the batch
-that crossed it is rejected (``banned_worker``). One ``evidence`` metrics line per judged batch;
-the worker's evidence (fraction of the threshold) goes with each batch's verdicts, for the
-orchestrator's release of accepted samples (``orchestrator/release.py``).
+that crossed it is rejected (``banned_worker``). One ``verdict`` and one ``evidence`` metrics line
+per judged batch; the worker's evidence (fraction of the threshold) goes with each batch's verdicts,
+for the orchestrator's release of accepted samples (``orchestrator/release.py``). Each ``verdict``
+line carries ``sandbox_runs`` ({sandbox kind: count}, cumulative for the process): the code samples
+whose rewards this validator recomputed by running them in ``verifiers``' sandbox, so the last line
+of a run says how many it ran.
 
 A batch whose version cannot be fetched *right now* (relay lagging, network) stays pending and is
 retried on the next poll; a version that is not published is judged ``unknown_policy``. Nothing a
@@ -58,6 +61,7 @@ from prime_rl.validator.checks import (
 )
 from prime_rl.validator.evidence import EvidenceLedger, metrics_fields, reject_banned
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable
+from verifiers.code import sandbox_runs
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -305,6 +309,7 @@ class Validator:
             details={str(v.sample_index): f"{v.reason}: {v.detail}" for v in rejections[:4]},
             seconds=time.monotonic() - started,
             prefilled=len(verdicts) if loaded else 0,
+            sandbox_runs=sandbox_runs(),
         )
         ban = self.failures.record(batch.worker_id, accepted=accepted, rejected=rejected)
         if evidence_ban is not None and batch.worker_id not in self.evidence_bans_posted:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from verifiers.code.compare import outputs_match, results_match
 from verifiers.code.extract import extract_code
-from verifiers.code.run import CodeResult, TestOutcome, run_tests
+from verifiers.code.run import CodeResult, TestOutcome, run_tests, sandbox_runs
 from verifiers.code.sandbox import Limits, bwrap_available, default_sandbox
 from verifiers.code.testcases import TestCase, parse_tests
 
@@ -26,4 +26,5 @@ __all__ = [
     "parse_tests",
     "results_match",
     "run_tests",
+    "sandbox_runs",
 ]

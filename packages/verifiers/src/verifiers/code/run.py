@@ -1,12 +1,30 @@
-"""`run_tests`: run an untrusted program against tests in the sandbox and score it."""
+"""`run_tests`: run an untrusted program against tests in the sandbox and score it; `sandbox_runs`:
+how many programs this process has run there."""
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from dataclasses import dataclass
 
 from verifiers.code.compare import outputs_match, results_match
 from verifiers.code.sandbox import Limits, run_in_sandbox
 from verifiers.code.testcases import TestCase, parse_tests
+
+_RUNS: Counter[str] = Counter()
+_RUNS_LOCK = threading.Lock()  # run_tests is called from verify_batch's threads
+
+
+def sandbox_runs() -> dict[str, int]:
+    """Programs `run_tests` has run in this process so far, by sandbox kind ("bwrap", "rlimit").
+
+    One count per `run_tests` call that started the sandbox, i.e. per scored sample, however many
+    test cases it ran; a call refused before running anything (no tests, another language) is not
+    counted. Cumulative since the process started; thread-safe. Runs in other processes (a
+    `multiprocessing` pool's workers) count there, not here.
+    """
+    with _RUNS_LOCK:
+        return dict(_RUNS)
 
 
 @dataclass(frozen=True)
@@ -99,6 +117,8 @@ def run_tests(
         for report in raw.tests:
             case = cases[indices[report["index"]]]
             outcomes[indices[report["index"]]] = _judge(case, report, rel_tol, abs_tol, order_insensitive)
+    with _RUNS_LOCK:
+        _RUNS[kind] += 1
     final = tuple(o or TestOutcome(False, "not_run") for o in outcomes)
     return CodeResult(sum(o.passed for o in final), len(final), final, kind, error)
 
