@@ -77,6 +77,112 @@ def test_heldout_set_reports_when_training_covers_everything():
         heldout_task_set(tasks, 16, seed=1)
 
 
+def test_heldout_set_carries_the_training_length_budgets():
+    """With a length reward, held-out prompts end with the budget sentence exactly as training
+    prompts do, and target_length(i) is the budget drawn with the held-out seed."""
+    import verifiers
+    from prime_rl.tasks import load_tasks
+
+    budgeted = TINY_TASKS.model_copy(update={"length_reward": "exact", "target_lengths": [64, 128, 256]})
+    training = load_tasks(budgeted)
+    heldout = heldout_task_set(budgeted, 32, seed=7, training=training)
+    plain = heldout_task_set(TINY_TASKS, 32, seed=7)
+    targets = [heldout.target_length(i) for i in range(len(heldout))]
+    assert targets == [verifiers.sample_target_length(7, i, targets=[64, 128, 256]) for i in range(32)]
+    assert set(targets) == {64, 128, 256}  # 32 draws from 3 budgets: all appear (seeded, so stable)
+    for i, target in enumerate(targets):
+        # the same problems as without budgets, each followed by its budget (INTELLECT-2's placement)
+        assert heldout.prompt(i) == f"{plain.prompt(i)} Think for {target} tokens before giving a response."
+    assert training.prompt(0).endswith(f"Think for {training.target_length(0)} tokens before giving a response.")
+    assert plain.target_length(0) is None and "Think for" not in plain.prompt(0)
+
+
+def test_a_generated_source_is_reseeded_like_arithmetic(monkeypatch: pytest.MonkeyPatch):
+    """tasks.source = "mix" (a seeded generator) is re-seeded with the evaluator seed and drawn
+    4 * n + 16 times, like arithmetic, instead of sliced like a file."""
+    from prime_rl import evaluator, tasks
+
+    assert "mix" in evaluator.GENERATED_SOURCES
+    real_load_tasks = tasks.load_tasks
+    requested: list[TasksConfig] = []
+
+    def load_mix_as_arithmetic(config: TasksConfig) -> tasks.TaskSet:  # stands in for the mix generator
+        requested.append(config)
+        return real_load_tasks(config.model_copy(update={"source": "arithmetic"}))
+
+    monkeypatch.setattr(tasks, "load_tasks", load_mix_as_arithmetic)
+    mix = TINY_TASKS.model_copy(update={"source": "mix"})  # model_copy skips validation of the Literal
+    heldout = heldout_task_set(mix, 10, seed=7)
+    assert [(c.seed, c.num_tasks) for c in requested] == [(0, 200), (7, 4 * 10 + 16)]
+    expected = heldout_task_set(TINY_TASKS, 10, seed=7)
+    assert [heldout.prompt(i) for i in range(10)] == [expected.prompt(i) for i in range(10)]
+
+
+class _TextTokenizer:
+    """One token per character (the fake backend reads the prompt back)."""
+
+    def __call__(self, text: str) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) for c in text]}
+
+
+class _BudgetBackend:
+    """Answers each prompt with (its budget + offset) tokens, the offsets in prompt order."""
+
+    policy_version = 5
+    tokenizer = _TextTokenizer()
+
+    def __init__(self, offsets: list[int]) -> None:
+        self.offsets = list(offsets)
+
+    def generate(self, prompts, seeds, params):  # type: ignore[no-untyped-def]
+        import re
+
+        from prime_rl.inference.backend import Completion
+
+        out = []
+        for ids in prompts:
+            budget = re.search(r"Think for (\d+) tokens", "".join(map(chr, ids)))
+            length = (int(budget.group(1)) if budget else 20) + self.offsets.pop(0)
+            out.append(Completion(tuple(ids), (1,) * length, (0.0,) * length, b"", 0, "length", "x"))
+        return out
+
+
+def test_evaluate_reports_accuracy_per_task_type_and_distance_to_the_budget():
+    from types import SimpleNamespace
+
+    from prime_rl.tasks import TaskSet
+
+    # (task_type, reward): a task without task_type counts as "task"; 0.5 is partial credit
+    spec = [("verifiable_math", 1.0), ("verifiable_math", 0.0), ("prime_rl_code", 1.0),
+            ("verifiable_math", 1.0), ("prime_rl_code", 0.5), (None, 0.0)]  # fmt: skip
+    problems = [
+        SimpleNamespace(prompt=f"problem {i}", reward=reward, **({"task_type": kind} if kind else {}))
+        for i, (kind, reward) in enumerate(spec)
+    ]
+    offsets = [-3, 0, 5, -10, 2, 4]  # |offsets| sum to 24 -> mean distance 24 / 6 = 4.0
+    budgeted = TaskSet(problems, length_reward="exact", target_lengths=[8, 16, 32], seed=3)
+    result = evaluate(
+        _BudgetBackend(offsets), budgeted, max_new_tokens=64, batch_size=4, score=lambda task, _: task.reward
+    )
+    assert result.policy_version == 5
+    assert (result.num_correct, result.num_problems) == (3, 6)
+    assert result.accuracy == pytest.approx(3.5 / 6)  # 1 + 0 + 1 + 1 + 0.5 + 0
+    assert result.by_type == {
+        "verifiable_math": {"num_correct": 2, "num_problems": 3, "accuracy": pytest.approx(2 / 3)},
+        "prime_rl_code": {"num_correct": 1, "num_problems": 2, "accuracy": 0.75},
+        "task": {"num_correct": 0, "num_problems": 1, "accuracy": 0.0},
+    }
+    assert result.mean_length_distance == pytest.approx(4.0)
+    targets = [t for i in range(6) if (t := budgeted.target_length(i)) is not None]
+    assert len(targets) == 6 and result.mean_target_length == pytest.approx(sum(targets) / 6)
+    assert result.mean_completion_tokens == pytest.approx((sum(targets) + sum(offsets)) / 6)
+    unbudgeted = evaluate(
+        _BudgetBackend(offsets), TaskSet(problems), max_new_tokens=64, score=lambda task, _: task.reward
+    )
+    assert unbudgeted.mean_length_distance is None and unbudgeted.mean_target_length is None
+    assert unbudgeted.by_type == result.by_type
+
+
 def test_evaluate_matches_reference_greedy_decoding(tiny_lm, tiny_tokenizer):
     from prime_rl.inference.backend import HFBackend
     from prime_rl.tasks import TaskSet
@@ -169,5 +275,9 @@ def test_evaluator_process_follows_published_versions(tmp_path: Path, tiny_lm_di
         assert record["accuracy"] == again.accuracy and record["num_problems"] == 6
         assert record["mean_completion_tokens"] == again.mean_completion_tokens
         assert [tuple(pair) for pair in record["examples"]] == list(again.examples)
+        assert record["by_type"] == again.by_type == {
+            "arithmetic_exact": {"num_correct": again.num_correct, "num_problems": 6, "accuracy": again.accuracy}
+        }
+        assert record["mean_length_distance"] is None and record["mean_target_length"] is None  # no budgets
     # the versions really differ (so the equalities above identify the weights used)
     assert len({tuple(map(tuple, r["examples"])) for r in evals}) == 3

@@ -71,6 +71,93 @@ def test_summarize_run_reads_every_metrics_file(tmp_path: Path):
     ]
 
 
+def _write_task_mix_metrics(run_dir: Path) -> None:
+    """Evaluator records of a math + code held-out set with length budgets, and two validators'
+    cumulative sandbox counts (one of them with a record from before the count existed)."""
+    from prime_rl.metrics import MetricsWriter
+
+    evaluator = MetricsWriter(run_dir / "metrics" / "evaluator.jsonl", role="evaluator", name="evaluator")
+    for version, (math_ok, code_ok, distance) in {0: (15, 2, 41.2), 4: (22, 5, 20.0), 8: (30, 7, 12.5)}.items():
+        evaluator.log(
+            "eval", policy_version=version, accuracy=(math_ok + code_ok) / 64, num_correct=math_ok + code_ok,
+            num_problems=64, mean_length_distance=distance, mean_target_length=384.0,
+            by_type={"verifiable_math": {"num_correct": math_ok, "num_problems": 48, "accuracy": math_ok / 48},
+                     "prime_rl_code": {"num_correct": code_ok, "num_problems": 16, "accuracy": code_ok / 16}},
+        )  # fmt: skip
+    first = MetricsWriter(run_dir / "metrics" / "validator.jsonl", role="validator", name="validator")
+    first.log("verdict", accepted=8, rejected=0)  # an older validator: no count
+    first.log("verdict", accepted=8, rejected=0, sandbox_runs={"bwrap": 3})
+    first.log("verdict", accepted=8, rejected=0, sandbox_runs={"bwrap": 7})
+    second = MetricsWriter(run_dir / "metrics" / "validator-1.jsonl", role="validator", name="validator-1")
+    second.log("verdict", accepted=8, rejected=0, sandbox_runs={"bwrap": 2})
+    for writer in (evaluator, first, second):
+        writer.close()
+
+
+def test_summary_reads_accuracy_per_task_type_length_distance_and_sandbox_runs(tmp_path: Path):
+    from prime_rl.launch.report import render_summary, summarize_run, wilson_interval
+
+    _write_task_mix_metrics(tmp_path)
+    summary = summarize_run(tmp_path)
+    assert summary.accuracy_by_type == {
+        "prime_rl_code": {0: 2 / 16, 4: 5 / 16, 8: 7 / 16},
+        "verifiable_math": {0: 15 / 48, 4: 22 / 48, 8: 30 / 48},
+    }
+    assert summary.accuracy_interval_by_type["prime_rl_code"] == {
+        0: wilson_interval(2, 16), 4: wilson_interval(5, 16), 8: wilson_interval(7, 16)
+    }
+    assert summary.problems_by_type == {"prime_rl_code": 16, "verifiable_math": 48}
+    assert summary.length_distance_by_version == {0: 41.2, 4: 20.0, 8: 12.5}
+    assert summary.sandbox_runs == {"bwrap": 9}  # the last cumulative count of each validator: 7 + 2
+    text = render_summary(summary)
+    # Wilson, 15/48: centre (0.3125 + 1.96²/96) / (1 + 1.96²/48) = 0.3264, half-width 0.1269 -> [0.20, 0.45];
+    # 30/48 -> [0.48, 0.75]; 12.5 / 41.2 = 30%
+    assert "  verifiable_math (48 problems): v0 0.312 [0.20, 0.45] -> v8 0.625 [0.48, 0.75]" in text
+    assert "  prime_rl_code (16 problems): v0 0.125 [0.03, 0.36] -> v8 0.438 [0.23, 0.67]" in text
+    assert "distance to length budget (held-out, greedy): v0 41.2 -> v8 12.5 tokens (30% of v0)" in text
+    assert "code samples run in the sandbox by the validator: 9 (bwrap)" in text
+
+
+def test_sandbox_runs_of_several_kinds_and_of_validators_that_ran_none(tmp_path: Path):
+    from prime_rl.launch.report import render_summary, summarize_run
+    from prime_rl.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path / "metrics" / "validator.jsonl", role="validator", name="validator")
+    writer.log("verdict", sandbox_runs={})
+    writer.close()
+    assert summarize_run(tmp_path).sandbox_runs == {}  # counted, none run: the line says 0
+    assert "code samples run in the sandbox by the validator: 0\n" in render_summary(summarize_run(tmp_path)) + "\n"
+    writer = MetricsWriter(tmp_path / "metrics" / "validator-1.jsonl", role="validator", name="validator-1")
+    writer.log("verdict", sandbox_runs={"rlimit": 1, "bwrap": 4})
+    writer.close()
+    text = render_summary(summarize_run(tmp_path))
+    assert "code samples run in the sandbox by the validator: 5 (bwrap 4, rlimit 1)" in text
+
+
+def _png_width(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[16:20], "big")  # IHDR width, right after the signature
+
+
+def test_plot_adds_the_length_panel_and_a_line_per_task_type(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from prime_rl.launch import report
+
+    drawn: list[tuple[str, ...]] = []
+    real = report._plot_accuracy_by_type
+
+    def spy(axis: object, summary: report.RunSummary) -> None:
+        drawn.append(tuple(summary.accuracy_by_type))
+        real(axis, summary)
+
+    monkeypatch.setattr(report, "_plot_accuracy_by_type", spy)
+    _write_task_mix_metrics(tmp_path / "mix")
+    report.write_report(tmp_path / "mix")
+    assert _png_width(tmp_path / "mix" / "report.png") == 2000  # 4 panels of 5 inches at 100 dpi
+    assert drawn == [("prime_rl_code", "verifiable_math")]
+    _write_synthetic_run(tmp_path / "old")  # records from before by_type and the length distance
+    report.write_report(tmp_path / "old")
+    assert _png_width(tmp_path / "old" / "report.png") == 1500 and len(drawn) == 1
+
+
 def test_write_report_makes_png_and_summary(tmp_path: Path):
     from prime_rl.launch.report import write_report
 
@@ -85,6 +172,10 @@ def test_write_report_makes_png_and_summary(tmp_path: Path):
     assert "hostile-0: 0 accepted, 32 rejected (toploc_mismatch: 32) BANNED" in text
     assert str(tmp_path / "report.png") in text
     assert summary.files["plot"] == tmp_path / "report.png"
+    # metrics from before the task mix: no per-type, length or sandbox lines
+    assert summary.accuracy_by_type == {} and summary.length_distance_by_version == {}
+    assert summary.sandbox_runs is None
+    assert "problems):" not in text and "length budget" not in text and "sandbox" not in text
 
 
 def test_report_without_matplotlib_writes_the_summary_and_says_why_there_is_no_plot(
@@ -117,7 +208,7 @@ def test_report_of_an_empty_run_does_not_crash(tmp_path: Path):
 
 
 def test_progress_tracker_emits_one_line_per_committed_step(tmp_path: Path):
-    from prime_rl.launch.report import ProgressTracker
+    from prime_rl.launch.progress import ProgressTracker
     from prime_rl.metrics import MetricsWriter
 
     tracker = ProgressTracker(tmp_path, total_steps=12)

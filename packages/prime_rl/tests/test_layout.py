@@ -50,7 +50,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 # Module-name prefixes that must never reach torch: the control plane runs on any small machine.
 TORCH_FREE = ("prime_rl.config", "prime_rl.api", "prime_rl.orchestrator", "prime_rl.tasks", "prime_rl.metrics",
-              "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report", "prime_rl.durable",
+              "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report", "prime_rl.launch.progress", "prime_rl.durable",
               "prime_rl.weights.layout", "prime_rl.launch.model_cache", "prime_rl.launch.trackers")
 TORCH_MODULES = {"torch", "transformers", "safetensors", "vllm"}
 

@@ -8,12 +8,20 @@ greedy completion per held-out problem and scores it with the same ``verifiers``
 workers use. One metrics record per evaluation::
 
     {"event": "eval", "policy_version": 4, "accuracy": 0.42, "num_correct": 27, "num_problems": 64,
-     "mean_completion_tokens": 3.1, "seconds": 6.2}
+     "mean_completion_tokens": 310.5, "seconds": 6.2,
+     "by_type": {"verifiable_math": {"num_correct": 20, "num_problems": 48, "accuracy": 0.4167},
+                 "prime_rl_code": {"num_correct": 7, "num_problems": 16, "accuracy": 0.4375}},
+     "mean_length_distance": 41.2, "mean_target_length": 384.0, "examples": [...]}
 
-Held-out set: the ``[tasks]`` generator (same ops, digits and prompt template) re-seeded with
-``evaluator.seed``, the rows of a task file after the training slice, or any task set named by
-``evaluator.tasks`` (the ``[tasks]`` keys to change, e.g. ``{path = "test.parquet"}``); any
-problem whose prompt also occurs in the training task set is dropped, so accuracy measures
+``accuracy`` is the ``verifiers`` reward alone (no length term); with ``tasks.length_reward`` set,
+held-out prompts carry a thinking budget exactly as training prompts do and
+``mean_length_distance`` = mean over problems of |completion tokens - budget| says how well the
+policy keeps to it (both length fields are null without budgets).
+
+Held-out set: the ``[tasks]`` generator (same ops, digits, task mix and prompt template)
+re-seeded with ``evaluator.seed``, the rows of a task file after the training slice, or any task
+set named by ``evaluator.tasks`` (the ``[tasks]`` keys to change, e.g. ``{path = "test.parquet"}``);
+any problem whose prompt also occurs in the training task set is dropped, so accuracy measures
 generalisation, not memorisation of training prompts. Too few problems left is a warning; none
 left ends the evaluator alone (exit 0, ``eval_skipped`` in its metrics), never the run. Greedy decoding
 (temperature 0) makes the number a deterministic function of the weights.
@@ -28,7 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +58,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+GENERATED_SOURCES = ("arithmetic", "mix")
+"""``tasks.source`` values made by a seeded generator: re-seeded for the held-out set, not sliced."""
+
 
 class EvaluatorError(RuntimeError):
     """The held-out set cannot be built or a policy version never appeared."""
@@ -59,9 +70,13 @@ class EvaluatorError(RuntimeError):
 class EvalResult:
     """Greedy accuracy of one policy version on the held-out set.
 
-    ``accuracy`` = mean reward over problems (rewards are 0/1 for arithmetic, so this is the
-    fraction solved); ``num_correct`` counts rewards == 1; ``examples`` are the first few
-    ``(prompt tail, completion)`` pairs, for people reading the metrics.
+    ``accuracy`` = mean reward over problems (the task reward without the length term; 0/1 for
+    arithmetic, math and binary code rewards, so this is the fraction solved); ``num_correct``
+    counts rewards == 1; ``by_type``: the same three numbers per task type
+    (``{task_type: {"num_correct", "num_problems", "accuracy"}}``, "task" for tasks without one);
+    ``mean_length_distance``: mean over problems of |completion tokens - thinking budget| and
+    ``mean_target_length`` the mean budget (both None when the prompts carry no budget);
+    ``examples`` are the first few ``(prompt tail, completion)`` pairs, for people reading the metrics.
     """
 
     policy_version: int
@@ -71,6 +86,9 @@ class EvalResult:
     mean_completion_tokens: float
     seconds: float
     examples: tuple[tuple[str, str], ...] = ()
+    by_type: dict[str, dict[str, float]] = field(default_factory=dict)
+    mean_length_distance: float | None = None
+    mean_target_length: float | None = None
 
 
 def versions_to_evaluate(total_steps: int, every: int) -> list[int]:
@@ -102,17 +120,21 @@ def heldout_task_set(
     """The fixed held-out problems, with every training prompt removed.
 
     Where they come from: ``overrides`` (``evaluator.tasks``) set -> the task set ``[tasks]`` with
-    those keys replaced (a separate file: its first rows; arithmetic: re-seeded); unset -> the
-    ``[tasks]`` generator re-seeded with ``seed`` (arithmetic) or the rows after the first
-    ``tasks.num_tasks`` (files). Fewer than ``num_problems`` left is logged and the smaller set
-    used; none left raises ``EvaluatorError`` with advice for that source.
+    those keys replaced (a separate file: its first rows; a generator: re-seeded); unset -> the
+    ``[tasks]`` generator (:data:`GENERATED_SOURCES`) re-seeded with ``seed``, or the rows after
+    the first ``tasks.num_tasks`` (files). Fewer than ``num_problems`` left is logged and the
+    smaller set used; none left raises ``EvaluatorError`` with advice for that source.
+
+    Length budgets are set as for training (``length_reward``, ``target_lengths``) with ``seed``
+    as the budget seed, so a held-out prompt ends with "Think for T tokens ..." whenever a
+    training prompt does, and ``target_length(i)`` is that T.
     """
     from prime_rl.tasks import TaskSet, load_tasks
 
     train = training if training is not None else load_tasks(tasks)
     seen = {_prompt_of(train.task(i)) for i in range(len(train))}
     spec = TasksConfig.model_validate({**tasks.model_dump(), **overrides}) if overrides else tasks
-    if spec.source == "arithmetic":
+    if spec.source in GENERATED_SOURCES:
         # Draw extra candidates so that dropping training prompts still leaves num_problems.
         candidates = load_tasks(spec.model_copy(update={"seed": seed, "num_tasks": 4 * num_problems + 16}))
         pool = [candidates.task(i) for i in range(len(candidates))]
@@ -133,7 +155,7 @@ def heldout_task_set(
         if len(chosen) == num_problems:
             break
     if not chosen or len(chosen) < num_problems:
-        if spec.source == "arithmetic":
+        if spec.source in GENERATED_SOURCES:
             advice = "lower evaluator.num_problems or widen tasks.digits/ops"
         else:
             advice = (
@@ -145,7 +167,13 @@ def heldout_task_set(
             raise EvaluatorError(message)
         log.warning("%s (evaluating on %d)", message, len(chosen))
     return TaskSet(
-        chosen, spec.prompt_template, chat_template=spec.chat_template, system_prompt=spec.system_prompt
+        chosen,
+        spec.prompt_template,
+        length_reward=spec.length_reward,
+        target_lengths=spec.target_lengths,
+        seed=seed,
+        chat_template=spec.chat_template,
+        system_prompt=spec.system_prompt,
     )
 
 
@@ -169,7 +197,7 @@ def evaluate(
 
     Args:
         backend: a :class:`prime_rl.inference.backend.GenerationBackend` (its ``policy_version`` is reported).
-        task_set: the held-out problems (prompts already carry the template).
+        task_set: the held-out problems (prompts already carry the template and any length budget).
         max_new_tokens / stop: as the workers' sampling (temperature is 0 here).
         score: ``(task, completion_text) -> reward in [0, 1]``; default ``verifiers.verify``.
         num_examples: how many (prompt tail, completion) pairs to keep in the result.
@@ -180,16 +208,24 @@ def evaluate(
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop=tuple(stop))
     rewards: list[float] = []
     lengths: list[int] = []
+    types: list[str] = []
     examples: list[tuple[str, str]] = []
     for start in range(0, len(task_set), batch_size):
         ids = range(start, min(start + batch_size, len(task_set)))
         prompts = [task_set.encode(backend.tokenizer, task_set.prompt(i)) for i in ids]
         completions = backend.generate(prompts, [0] * len(prompts), params)
         for task_id, completion in zip(ids, completions, strict=True):
-            rewards.append(score(task_set.task(task_id), completion.text))
+            task = task_set.task(task_id)
+            rewards.append(score(task, completion.text))
             lengths.append(len(completion.completion_tokens))
+            types.append(str(getattr(task, "task_type", None) or "task"))
             if len(examples) < num_examples:
                 examples.append((task_set.prompt(task_id)[-40:], completion.text))
+    budgets = [t for i in range(len(task_set)) if (t := task_set.target_length(i)) is not None]
+    distance = mean_target = None
+    if budgets:  # a TaskSet gives every prompt a budget or none
+        distance = sum(abs(n - t) for n, t in zip(lengths, budgets, strict=True)) / len(lengths)
+        mean_target = sum(budgets) / len(budgets)
     return EvalResult(
         policy_version=int(backend.policy_version),
         accuracy=sum(rewards) / len(rewards),
@@ -198,7 +234,25 @@ def evaluate(
         mean_completion_tokens=sum(lengths) / len(lengths),
         seconds=time.perf_counter() - started,
         examples=tuple(examples),
+        by_type=_accuracy_by_type(types, rewards),
+        mean_length_distance=distance,
+        mean_target_length=mean_target,
     )
+
+
+def _accuracy_by_type(types: Sequence[str], rewards: Sequence[float]) -> dict[str, dict[str, float]]:
+    """``{task_type: {"num_correct", "num_problems", "accuracy"}}``, types in order of first appearance."""
+    grouped: dict[str, list[float]] = {}
+    for task_type, reward in zip(types, rewards, strict=True):
+        grouped.setdefault(task_type, []).append(reward)
+    return {
+        task_type: {
+            "num_correct": sum(reward >= 1.0 for reward in values),
+            "num_problems": len(values),
+            "accuracy": sum(values) / len(values),
+        }
+        for task_type, values in grouped.items()
+    }
 
 
 def main(config: RunConfig, name: str = "evaluator") -> int:
@@ -258,12 +312,15 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
             batch_size=cfg.batch_size,
         )
         metrics.log("eval", **result.__dict__)
+        per_type = (f"{name} {c['num_correct']:.0f}/{c['num_problems']:.0f}" for name, c in result.by_type.items())
         log.info(
-            "policy version %d: held-out accuracy %.3f (%d/%d) in %.1fs",
+            "policy version %d: held-out accuracy %.3f (%d/%d; %s), length distance %s in %.1fs",
             result.policy_version,
             result.accuracy,
             result.num_correct,
             result.num_problems,
+            ", ".join(per_type),
+            "-" if result.mean_length_distance is None else f"{result.mean_length_distance:.1f}",
             result.seconds,
         )
     return 0

