@@ -97,25 +97,25 @@ def test_heldout_set_carries_the_training_length_budgets():
     assert plain.target_length(0) is None and "Think for" not in plain.prompt(0)
 
 
-def test_a_generated_source_is_reseeded_like_arithmetic(monkeypatch: pytest.MonkeyPatch):
-    """tasks.source = "mix" (a seeded generator) is re-seeded with the evaluator seed and drawn
-    4 * n + 16 times, like arithmetic, instead of sliced like a file."""
-    from prime_rl import evaluator, tasks
+def test_the_mix_source_is_reseeded_and_keeps_both_task_types():
+    """tasks.source = "mix" (a seeded generator) is re-seeded with the evaluator seed, like arithmetic,
+    instead of sliced like a file: both task types, budgets on, no training prompt."""
+    from prime_rl.config import GENERATED_SOURCES
+    from prime_rl.tasks import load_tasks
 
-    assert "mix" in evaluator.GENERATED_SOURCES
-    real_load_tasks = tasks.load_tasks
-    requested: list[TasksConfig] = []
-
-    def load_mix_as_arithmetic(config: TasksConfig) -> tasks.TaskSet:  # stands in for the mix generator
-        requested.append(config)
-        return real_load_tasks(config.model_copy(update={"source": "arithmetic"}))
-
-    monkeypatch.setattr(tasks, "load_tasks", load_mix_as_arithmetic)
-    mix = TINY_TASKS.model_copy(update={"source": "mix"})  # model_copy skips validation of the Literal
-    heldout = heldout_task_set(mix, 10, seed=7)
-    assert [(c.seed, c.num_tasks) for c in requested] == [(0, 200), (7, 4 * 10 + 16)]
-    expected = heldout_task_set(TINY_TASKS, 10, seed=7)
-    assert [heldout.prompt(i) for i in range(10)] == [expected.prompt(i) for i in range(10)]
+    assert "mix" in GENERATED_SOURCES
+    mix = TasksConfig(source="mix", num_tasks=200, length_reward="exact", target_lengths=[40, 48])
+    training = load_tasks(mix)
+    heldout = heldout_task_set(mix, 40, seed=7, training=training)
+    seen = {training.task(i).prompt for i in range(len(training))}
+    held = [heldout.task(i) for i in range(len(heldout))]
+    assert len(held) == 40 and not seen & {t.prompt for t in held}
+    assert {t.task_type for t in held} == {"verifiable_math", "prime_rl_code"}
+    assert {heldout.target_length(i) for i in range(40)} == {40, 48}
+    again = heldout_task_set(mix, 40, seed=7, training=training)
+    assert [again.prompt(i) for i in range(40)] == [heldout.prompt(i) for i in range(40)]
+    other = heldout_task_set(mix, 40, seed=8, training=training)
+    assert [other.prompt(i) for i in range(40)] != [heldout.prompt(i) for i in range(40)]
 
 
 class _TextTokenizer:

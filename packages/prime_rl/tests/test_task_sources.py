@@ -38,6 +38,31 @@ def test_columns_map_a_question_answer_parquet_onto_math_tasks(tmp_path: Path):
     assert verifiers.verify(task, "\\boxed{16}").reward == 0.0
 
 
+def test_the_mix_source_interleaves_math_and_code_tasks_with_their_own_settings():
+    """source = "mix": math tasks from the arithmetic settings (scored by the math verifier) and
+    tasks.code.share code tasks from [tasks.code], in a seeded order; no path needed."""
+    config = TasksConfig(
+        source="mix", num_tasks=40, ops=["+"], digits=1, arithmetic_template="Q: {expression}?",
+        code={"share": 0.25, "ops": ["*"], "min_digits": 2, "digits": 2},
+    )  # fmt: skip
+    tasks = load_tasks(config)
+    by_type: dict[str, list] = {}
+    for i in range(len(tasks)):
+        by_type.setdefault(tasks.task(i).task_type, []).append(tasks.task(i))
+    assert {k: len(v) for k, v in by_type.items()} == {"verifiable_math": 30, "prime_rl_code": 10}
+    assert all(t.prompt.startswith("Q: ") and " + " in t.prompt for t in by_type["verifiable_math"])
+    for task in by_type["prime_rl_code"]:
+        left, right = task.verification_info["expression"].split(" * ")
+        assert task.prompt == f"Use Python to compute {left} * {right}." and 10 <= int(left) <= 99
+    types = [tasks.task(i).task_type for i in range(len(tasks))]
+    assert types != sorted(types)  # interleaved, not 30 math then 10 code
+    assert [tasks.prompt(i) for i in range(40)] == [load_tasks(config).prompt(i) for i in range(40)]
+    reseeded = load_tasks(config.model_copy(update={"seed": 1}))
+    assert [reseeded.prompt(i) for i in range(40)] != [tasks.prompt(i) for i in range(40)]
+    with pytest.raises(ValueError, match="min_digits"):
+        TasksConfig(source="mix", code={"min_digits": 3, "digits": 2})
+
+
 def test_jsonl_with_intellect2_columns_needs_no_mapping_and_bad_mappings_are_named(tmp_path: Path):
     path = tmp_path / "rows.jsonl"
     rows = [{"prompt": "1+1?", "task_type": "verifiable_math", "verification_info": json.dumps({"ground_truth": "2"})}]

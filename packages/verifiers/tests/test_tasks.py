@@ -47,6 +47,37 @@ def test_arithmetic_is_seeded_and_controllable():
         arithmetic_tasks(1, digits=(3, 2))
 
 
+def test_arithmetic_as_math_tasks_count_only_a_boxed_equivalent_answer():
+    """task_type="verifiable_math": the same problems, scored by the math verifier with no fallback
+    (INTELLECT-2's extraction): a boxed equivalent answer is right, the bare number is not."""
+    exact = arithmetic_tasks(6, seed=5, ops=("+", "*"))
+    math = arithmetic_tasks(6, seed=5, ops=("+", "*"), task_type="verifiable_math")
+    assert [t.verification_info["expression"] for t in math] == [t.verification_info["expression"] for t in exact]
+    assert math[0].prompt == f"What is {math[0].verification_info['expression']}?"
+    for task, twin in zip(math, exact, strict=True):
+        answer = twin.verification_info["answer"]
+        assert task.task_type == "verifiable_math"
+        assert verify(task, f"So it is \\boxed{{{answer}}}.").reward == 1.0
+        assert verify(task, f"\\boxed{{{answer}.0}}").reward == 1.0  # equivalence, not string match
+        assert verify(task, f"The answer is {answer}.").reward == 0.0  # no box: no answer
+        assert verify(task, f"\\boxed{{{answer + 1}}}").reward == 0.0
+
+
+def test_arithmetic_as_code_tasks_run_the_program_in_the_sandbox():
+    """task_type="prime_rl_code": the last fenced Python block runs in the sandbox and must print the
+    answer; computing it right in the prose earns nothing."""
+    task = arithmetic_tasks(1, seed=2, ops=("*",), digits=(2, 2), task_type="prime_rl_code")[0]
+    expression = task.verification_info["expression"]
+    answer = eval(expression, {"__builtins__": {}})
+    assert task.prompt == f"Use Python to compute {expression}."
+    right = verify(task, f"Easy:\n```python\nprint({expression})\n```")
+    assert right.reward == 1.0 and right.details["sandbox"] in ("bwrap", "rlimit")
+    assert verify(task, f"```python\nprint({answer + 1})\n```").reward == 0.0
+    assert verify(task, f"It is {answer}.").reward == 0.0  # no program
+    with pytest.raises(ValueError, match="task_type"):
+        arithmetic_tasks(1, task_type="verifiable_code")
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
 def test_save_and_load_round_trip(tmp_path, suffix):
     tasks = arithmetic_tasks(10, seed=1)

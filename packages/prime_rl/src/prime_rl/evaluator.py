@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prime_rl.config import EvaluatorConfig, TasksConfig
+from prime_rl.config import GENERATED_SOURCES, EvaluatorConfig, TasksConfig
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -57,10 +57,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-GENERATED_SOURCES = ("arithmetic", "mix")
-"""``tasks.source`` values made by a seeded generator: re-seeded for the held-out set, not sliced."""
-
 
 class EvaluatorError(RuntimeError):
     """The held-out set cannot be built or a policy version never appeared."""

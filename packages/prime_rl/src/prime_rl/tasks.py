@@ -7,6 +7,8 @@ prompt tokens differ ("a changed prompt").
 
 Sources (``tasks.source``):
   - ``arithmetic``: ``verifiers``' seeded arithmetic generator (``num_tasks``, ``seed``, ``ops``, ``digits``);
+  - ``mix``: the same generator as math tasks scored by the math verifier (a boxed answer) plus
+    ``tasks.code.share`` code tasks ("Use Python to compute ...", run in the sandbox), seeded order;
   - ``jsonl`` / ``parquet``: one file of rows; ``datasets``: a Hugging Face dataset from local files
     (``datasets.load_from_disk`` for a ``save_to_disk`` folder, else ``datasets.load_dataset`` on the
     folder or file, split ``tasks.split``). Rows follow the INTELLECT-2 schema ``{prompt, task_type,
@@ -145,6 +147,38 @@ def _arithmetic(config: TasksConfig) -> list[Any]:
     )
 
 
+def _mix(config: TasksConfig) -> list[Any]:
+    """Math tasks (the arithmetic settings, ``verifiable_math``) and code tasks (``[tasks.code]``,
+    ``prime_rl_code``) in a seeded order; ``tasks.code.share`` of them are code."""
+    import random
+
+    import verifiers
+
+    code = config.code
+    num_code = round(config.num_tasks * code.share)
+    math = verifiers.arithmetic_tasks(
+        config.num_tasks - num_code,
+        seed=config.seed,
+        ops=tuple(config.ops),
+        digits=(config.min_digits, config.digits),
+        terms=config.terms,
+        template=config.arithmetic_template,
+        task_type="verifiable_math",
+    )
+    programs = verifiers.arithmetic_tasks(
+        num_code,
+        seed=config.seed,
+        ops=tuple(code.ops),
+        digits=(code.min_digits, code.digits),
+        terms=config.terms,
+        template=code.template,
+        task_type="prime_rl_code",
+    )
+    tasks = [*math, *programs]
+    random.Random(f"mix:{config.seed}").shuffle(tasks)
+    return tasks
+
+
 def _dataset_rows(config: TasksConfig) -> Iterator[Mapping[str, Any]]:
     try:
         import datasets
@@ -231,7 +265,8 @@ def _file_tasks(config: TasksConfig) -> list[Any]:
 
 def load_tasks(config: TasksConfig) -> TaskSet:
     """Build the run's ``TaskSet`` from ``[tasks]``; raises ``TaskSourceError`` on bad sources."""
-    tasks = _arithmetic(config) if config.source == "arithmetic" else _file_tasks(config)
+    generators = {"arithmetic": _arithmetic, "mix": _mix}
+    tasks = generators.get(config.source, _file_tasks)(config)
     if config.difficulty_key:
         tasks = [t for t in tasks if _passes_difficulty(t, config)]
     tasks = tasks[: config.num_tasks]

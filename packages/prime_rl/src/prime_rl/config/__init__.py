@@ -14,6 +14,8 @@ from prime_rl.config.evaluator import EvaluatorConfig
 from prime_rl.config.loader import load_config, parse_overrides, with_overrides
 from prime_rl.config.run import RunConfig
 from prime_rl.config.sections import (
+    GENERATED_SOURCES,
+    CodeTasksConfig,
     ModelConfig,
     OrchestratorConfig,
     SamplingConfig,
@@ -26,6 +28,8 @@ from prime_rl.config.validator import ValidatorConfig
 from prime_rl.config.worker import WorkerConfig
 
 __all__ = [
+    "GENERATED_SOURCES",
+    "CodeTasksConfig",
     "ComponentError",
     "ComponentsConfig",
     "ConfigError",

@@ -9,10 +9,22 @@ from pydantic import Field, model_validator
 
 from prime_rl.config.base import Section
 
-__all__ = ["TASK_FIELDS", "ModelConfig", "OrchestratorConfig", "SamplingConfig", "ShardcastConfig", "TasksConfig"]
+__all__ = [
+    "GENERATED_SOURCES",
+    "TASK_FIELDS",
+    "CodeTasksConfig",
+    "ModelConfig",
+    "OrchestratorConfig",
+    "SamplingConfig",
+    "ShardcastConfig",
+    "TasksConfig",
+]
 
 TASK_FIELDS = ("prompt", "answer", "task_type", "verification_info", "problem_id", "solve_rate")
 """The task fields ``[tasks] columns`` may map to a file's columns."""
+
+GENERATED_SOURCES = ("arithmetic", "mix")
+"""``tasks.source`` values that generate seeded problems instead of reading a file."""
 
 
 class ModelConfig(Section):
@@ -26,14 +38,35 @@ class ModelConfig(Section):
     )
 
 
+class CodeTasksConfig(Section):
+    """[tasks.code]: the code family of ``tasks.source = "mix"``: "Use Python to compute 47 * 30.",
+    scored by running the completion's last fenced Python block in verifiers' sandbox."""
+
+    share: float = Field(default=0.5, ge=0, le=1, description="Fraction of the mix's tasks that are code tasks.")
+    ops: list[str] = Field(default_factory=lambda: ["+", "-", "*"], description="Operators of the code tasks.")
+    digits: int = Field(default=2, ge=1, le=18, description="Max digits per operand of a code task.")
+    min_digits: int = Field(default=2, ge=1, le=18, description="Min digits per operand of a code task.")
+    template: str = Field(
+        default="Use Python to compute {expression}.",
+        description="Text of one code task; '{expression}' is replaced by the problem.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> CodeTasksConfig:
+        if self.min_digits > self.digits:
+            raise ValueError("tasks.code.min_digits must be <= tasks.code.digits")
+        return self
+
+
 class TasksConfig(Section):
     """[tasks]: the training task set (identical in every process; task ids index into it)."""
 
-    source: Literal["arithmetic", "jsonl", "parquet", "datasets"] = Field(
+    source: Literal["arithmetic", "mix", "jsonl", "parquet", "datasets"] = Field(
         default="arithmetic",
-        description="Seeded arithmetic generator; a .jsonl or .parquet file; or 'datasets': a Hugging Face dataset "
-        "from local files (a save_to_disk folder, a folder of data files, or one file; pip install "
-        "'intellect2-prime-rl[datasets]').",
+        description="Seeded arithmetic generator; 'mix': seeded math tasks (the [tasks] arithmetic settings, "
+        "scored by the math verifier: a boxed answer) and code tasks ([tasks.code], run in the sandbox); a "
+        ".jsonl or .parquet file; or 'datasets': a Hugging Face dataset from local files (a save_to_disk "
+        "folder, a folder of data files, or one file; pip install 'intellect2-prime-rl[datasets]').",
     )
     path: str = Field(default="", description="File or folder of the tasks (ignored for 'arithmetic').")
     split: str = Field(default="train", description="Split of a 'datasets' source.")
@@ -58,7 +91,7 @@ class TasksConfig(Section):
     num_tasks: int = Field(
         default=1000, ge=1, description="Number of tasks (arithmetic) or max rows to read (files)."
     )
-    seed: int = Field(default=0, ge=0, description="Seed of the arithmetic generator.")
+    seed: int = Field(default=0, ge=0, description="Seed of the arithmetic and mix generators.")
     ops: list[str] = Field(default_factory=lambda: ["+"], description="Arithmetic operators to draw from.")
     digits: int = Field(default=2, ge=1, le=18, description="Max digits per arithmetic operand.")
     min_digits: int = Field(default=1, ge=1, le=18, description="Min digits per arithmetic operand.")
@@ -69,6 +102,9 @@ class TasksConfig(Section):
     arithmetic_template: str = Field(
         default="What is {expression}? Answer with the number only.",
         description="Text of one arithmetic task; '{expression}' is replaced by the problem (e.g. '3 + 4').",
+    )
+    code: CodeTasksConfig = Field(
+        default_factory=CodeTasksConfig, description="The code tasks of tasks.source = 'mix'."
     )
     prompt_template: str = Field(
         default="{prompt}",
@@ -103,7 +139,7 @@ class TasksConfig(Section):
             raise ValueError("tasks.target_lengths must be non-empty positive token counts")
         if self.min_digits > self.digits:
             raise ValueError("tasks.min_digits must be <= tasks.digits")
-        if self.source != "arithmetic" and not self.path:
+        if self.source not in GENERATED_SOURCES and not self.path:
             raise ValueError(f"tasks.path is required for tasks.source = {self.source!r}")
         unknown = set(self.columns) - set(TASK_FIELDS)
         if unknown:

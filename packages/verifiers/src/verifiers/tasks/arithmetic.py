@@ -71,9 +71,21 @@ def arithmetic_tasks(
     terms: int = 2,
     words: bool = False,
     match: str = "first_integer",
-    template: str = "What is {expression}? Answer with the number only.",
+    template: str | None = None,
+    task_type: str = "arithmetic_exact",
 ) -> list[Task]:
-    """`n` tasks of type "arithmetic_exact" whose verification_info holds the exact answer.
+    """`n` seeded problems with exact integer answers, as tasks of one of three verifiers.
+
+    `task_type` picks how a completion is scored (the problems are the same for every type):
+      - "arithmetic_exact": the integer `match` finds equals the answer (verification_info
+        `answer`, `match`, `expression`); default template "What is {expression}? Answer with
+        the number only.";
+      - "verifiable_math": the math verifier: the last `\\boxed{}` answer, symbolically equivalent
+        to the answer (`ground_truth`; `fallbacks` = [] so only a boxed answer counts, as in
+        INTELLECT-2); default template "What is {expression}?";
+      - "prime_rl_code": the code verifier: the last fenced Python block is run in the sandbox
+        and must print the answer (one stdin/stdout test, 2 s); default template "Use Python to
+        compute {expression}.".
 
     Args:
         n: number of tasks; seed: RNG seed (tasks are a pure function of all arguments).
@@ -82,7 +94,8 @@ def arithmetic_tasks(
         words: spell operators out ("3 plus 4") instead of symbols.
         match: how the verifier reads the completion: "first_integer" (default: the demo's
             models answer immediately), "last_integer" or "boxed".
-        template: prompt with an `{expression}` field.
+        template: prompt with an `{expression}` field (None: the task type's default above).
+        task_type: "arithmetic_exact", "verifiable_math" or "prime_rl_code".
 
     >>> t = arithmetic_tasks(1, seed=0)[0]
     >>> t.task_type, sorted(t.verification_info)
@@ -97,6 +110,9 @@ def arithmetic_tasks(
         raise ValueError(f"terms must be >= 2, got {terms}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
+    if task_type not in _TEMPLATES:
+        raise ValueError(f"task_type must be one of {sorted(_TEMPLATES)}, got {task_type!r}")
+    template = _TEMPLATES[task_type] if template is None else template
     rng = random.Random(f"arithmetic:{seed}:{tuple(ops)}:{digits}:{terms}")
     tasks = []
     for i in range(n):
@@ -107,10 +123,26 @@ def arithmetic_tasks(
         tasks.append(
             Task(
                 prompt=template.format(expression=shown),
-                task_type="arithmetic_exact",
-                verification_info={"answer": answer, "match": match, "expression": expression},
+                task_type=task_type,
+                verification_info=_verification_info(task_type, expression, answer, match),
                 problem_id=f"arith-{seed}-{i}",
                 source="verifiers.arithmetic",
             )
         )
     return tasks
+
+
+_TEMPLATES = {
+    "arithmetic_exact": "What is {expression}? Answer with the number only.",
+    "verifiable_math": "What is {expression}?",
+    "prime_rl_code": "Use Python to compute {expression}.",
+}
+
+
+def _verification_info(task_type: str, expression: str, answer: int, match: str) -> dict[str, object]:
+    if task_type == "verifiable_math":
+        return {"ground_truth": str(answer), "fallbacks": [], "expression": expression}
+    if task_type == "prime_rl_code":
+        tests = {"inputs": [""], "outputs": [str(answer)]}
+        return {"test_cases": tests, "timeout_per_test": 2.0, "expression": expression}
+    return {"answer": answer, "match": match, "expression": expression}
