@@ -190,3 +190,45 @@ def test_file_size_limit():
     program = "f = open('big', 'wb')\nwhile True:\n    f.write(bytes(1 << 20))"
     result = run_tests(program, ONE, timeout_per_test=5.0)
     assert result.passed == 0 and "File too large" in result.outcomes[0].stderr_tail
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_spare_runners_outlive_the_thread_that_asked_for_them(sandbox):
+    """bwrap --die-with-parent fires when the *thread* that started a runner exits. Spares used to
+    be started by a short-lived thread and died with it (a handed-out spare then failed with
+    "sandbox failed to start" and scored a correct program 0); now they stay alive and serve."""
+    import threading
+    import time
+
+    from verifiers.code import sandbox as sandbox_module
+
+    pool = sandbox_module._SparePool()
+    try:
+        asker = threading.Thread(target=lambda: sandbox_module._discard(pool.take(sandbox)))
+        asker.start()
+        asker.join()
+        deadline = time.monotonic() + 20
+        while len(pool._spares.get(sandbox, [])) < sandbox_module.SPARES and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the old refill thread had exited by now, and its runners with it
+        spares = list(pool._spares[sandbox])
+        assert len(spares) == sandbox_module.SPARES
+        assert [proc.poll() for proc in spares] == [None] * len(spares)
+    finally:
+        pool.close()
+
+
+def test_a_runner_that_dies_before_it_is_ready_is_replaced(monkeypatch):
+    """A runner that exits before its start report ran nothing, so the run starts a fresh one
+    instead of scoring the program 0 ("sandbox failed to start")."""
+    import subprocess
+
+    from verifiers.code import sandbox as sandbox_module
+
+    kind = sandbox_module.default_sandbox()
+    if kind == "rlimit" and fallback_python().path is None:
+        pytest.skip(NO_FALLBACK)
+    dead = subprocess.Popen(["true"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    monkeypatch.setattr(sandbox_module._SPARES, "take", lambda kind: dead)
+    result = run_tests("print(6 * 7)", {"inputs": [""], "outputs": ["42"]})
+    assert result.all_passed and result.error is None

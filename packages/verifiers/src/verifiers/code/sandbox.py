@@ -33,6 +33,7 @@ import contextlib
 import logging
 import marshal
 import os
+import queue
 import select
 import shutil
 import subprocess
@@ -60,6 +61,7 @@ def _runner_source() -> str:
 RUNNER_SOURCE = _runner_source()
 SANDBOX_KINDS = ("bwrap", "rlimit")
 SPARES = 2  # pre-started runners per mode (each serves one program, then exits)
+START_RETRIES = 2  # fresh runners tried after one that died before reporting ready
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,10 @@ def run_in_sandbox(
     clean = False
     try:
         raw = _drive(_SPARES.take(kind), job, kind, len(inputs), limits)
+        for _ in range(START_RETRIES):  # a runner that never reported ready ran nothing: start another
+            if raw.runner_error is None or raw.isolation:
+                break
+            raw = _drive(_start_runner(kind), job, kind, len(inputs), limits)
         clean = raw.runner_error is None
         return raw
     finally:
@@ -279,17 +285,25 @@ def _start_runner(kind: str) -> subprocess.Popen:
 
 
 class _SparePool:
-    """Runners started ahead of time; `take` hands one out and refills in the background."""
+    """Runners started ahead of time; `take` hands one out and a refill thread replaces it.
+
+    Pitfall: bwrap's `--die-with-parent` is PR_SET_PDEATHSIG, which fires when the *thread*
+    that started the runner exits, not its process. Spares started from a short-lived thread
+    died with it, sometimes after `take` had handed them out: "sandbox failed to start" with
+    an empty stderr, a correct program scored 0, and an honest worker's claimed reward no
+    longer matching the validator's. So all spares come from one long-lived thread.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._spares: dict[str, list[subprocess.Popen]] = {}
         self._pid = os.getpid()
+        self._wanted: queue.SimpleQueue[str] | None = None
 
     def take(self, kind: str) -> subprocess.Popen:
         with self._lock:
-            if self._pid != os.getpid():  # forked: the spares belong to the parent
-                self._spares, self._pid = {}, os.getpid()
+            if self._pid != os.getpid():  # forked: the spares and the refill thread belong to the parent
+                self._spares, self._pid, self._wanted = {}, os.getpid(), None
             spares = self._spares.setdefault(kind, [])
             proc = None
             while spares and proc is None:
@@ -298,16 +312,24 @@ class _SparePool:
                     proc = candidate
                 else:
                     _discard(candidate)
-        threading.Thread(target=self._refill, args=(kind,), daemon=True).start()
+            if self._wanted is None:
+                self._wanted = queue.SimpleQueue()
+                refill = threading.Thread(
+                    target=self._refill_forever, args=(self._wanted,), name="verifiers-sandbox-spares", daemon=True
+                )
+                refill.start()
+            self._wanted.put(kind)
         return proc if proc is not None else _start_runner(kind)
 
-    def _refill(self, kind: str) -> None:
-        with self._lock:
-            missing = SPARES - len(self._spares.get(kind, []))
-        for _ in range(max(0, missing)):
-            proc = _start_runner(kind)
+    def _refill_forever(self, wanted: queue.SimpleQueue[str]) -> None:
+        while True:
+            kind = wanted.get()
             with self._lock:
-                self._spares.setdefault(kind, []).append(proc)
+                missing = SPARES - len(self._spares.get(kind, []))
+            for _ in range(max(0, missing)):
+                proc = _start_runner(kind)
+                with self._lock:
+                    self._spares.setdefault(kind, []).append(proc)
 
     def close(self) -> None:
         with self._lock:
