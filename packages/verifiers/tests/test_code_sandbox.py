@@ -232,3 +232,35 @@ def test_a_runner_that_dies_before_it_is_ready_is_replaced(monkeypatch):
     monkeypatch.setattr(sandbox_module._SPARES, "take", lambda kind: dead)
     result = run_tests("print(6 * 7)", {"inputs": [""], "outputs": ["42"]})
     assert result.all_passed and result.error is None
+
+
+def test_a_run_the_machine_spoiled_is_logged(monkeypatch, caplog):
+    """A runner that never starts (all retries) or a timed-out test is the machine's outcome, not
+    the program's: it is logged, so a reward that a re-scorer disagrees with can be traced."""
+    import subprocess
+
+    from verifiers.code import sandbox as sandbox_module
+
+    kind = sandbox_module.default_sandbox()
+    if kind == "rlimit" and fallback_python().path is None:
+        pytest.skip(NO_FALLBACK)
+
+    def dead_runner(kind: str) -> subprocess.Popen:
+        return subprocess.Popen(["true"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    monkeypatch.setattr(sandbox_module._SPARES, "take", dead_runner)
+    monkeypatch.setattr(sandbox_module, "_start_runner", dead_runner)
+    with caplog.at_level("WARNING", logger="verifiers.code"):
+        result = run_tests("print(6 * 7)", {"inputs": [""], "outputs": ["42"]})
+    assert not result.all_passed and "failed to start" in (result.error or "")
+    assert any("failed to start" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="verifiers.code"):
+        result = run_tests("while True: pass", {"inputs": [""], "outputs": ["42"]}, timeout_per_test=0.5)
+    assert [o.status for o in result.outcomes] == ["timeout"]
+    assert any("timed out" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="verifiers.code"):
+        assert run_tests("print(41)", {"inputs": [""], "outputs": ["42"]}).passed == 0  # a wrong answer is not
+    assert not caplog.records

@@ -3,6 +3,7 @@ how many programs this process has run there."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 from verifiers.code.compare import outputs_match, results_match
 from verifiers.code.sandbox import Limits, run_in_sandbox
 from verifiers.code.testcases import TestCase, parse_tests
+
+log = logging.getLogger("verifiers.code")
 
 _RUNS: Counter[str] = Counter()
 _RUNS_LOCK = threading.Lock()  # run_tests is called from verify_batch's threads
@@ -120,6 +123,9 @@ def run_tests(
     with _RUNS_LOCK:
         _RUNS[kind] += 1
     final = tuple(o or TestOutcome(False, "not_run") for o in outcomes)
+    if error is not None or any(o.status == "timeout" for o in final):
+        # Not the program's answer but the machine's: a scorer and a re-scorer can disagree here.
+        log.warning("sandbox %s: %s", kind, error or f"tests timed out: {[o.status for o in final]}")
     return CodeResult(sum(o.passed for o in final), len(final), final, kind, error)
 
 
