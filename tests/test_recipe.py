@@ -57,12 +57,17 @@ def test_tiny_cpu_config_is_the_demo():
     assert config.model.path == "" and config.model.dtype == "float32"  # filled in by model_source
     assert config.workers.count == 2 and len(config.workers.hostile) == 1
     assert config.evaluator.enabled and config.trainer.total_steps % config.evaluator.every == 0
-    assert config.sampling.group_size == 8 and config.sampling.stop == ["\n"]
-    # the few-shot prompt is what the model sees: examples, then the task in the same format
+    assert config.sampling.group_size == 8 and config.sampling.stop == ["\n\n"]
+    # INTELLECT-2's task families and length budget: math and sandboxed code, each prompt with a budget
     from prime_rl.tasks import load_tasks
 
-    prompt = load_tasks(config.tasks).prompt(0)
-    assert prompt.startswith("3 + 4 = 7\n12 + 5 = 17\n40 + 21 = 61\n") and prompt.endswith(" =")
+    tasks = load_tasks(config.tasks)
+    assert {tasks.task(i).task_type for i in range(len(tasks))} == {"verifiable_math", "prime_rl_code"}
+    assert config.tasks.length_reward != "none" and min(config.tasks.target_lengths) >= 32  # a full toploc chunk
+    # the few-shot prompt is what the model sees: examples, then the task with its budget
+    prompt = tasks.prompt(0)
+    assert prompt.startswith("Question: What is 6 + 7? Think for 40 tokens before giving a response.\n")
+    assert prompt.endswith(f"Think for {tasks.target_length(0)} tokens before giving a response.\nAnswer:")
 
 
 def test_recipe_hands_every_component_by_a_path_the_roles_accept():
