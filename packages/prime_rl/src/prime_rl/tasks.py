@@ -156,25 +156,17 @@ def _mix(config: TasksConfig) -> list[Any]:
 
     code = config.code
     num_code = round(config.num_tasks * code.share)
-    math = verifiers.arithmetic_tasks(
-        config.num_tasks - num_code,
-        seed=config.seed,
-        ops=tuple(config.ops),
-        digits=(config.min_digits, config.digits),
-        terms=config.terms,
-        template=config.arithmetic_template,
-        task_type="verifiable_math",
-    )
-    programs = verifiers.arithmetic_tasks(
-        num_code,
-        seed=config.seed,
-        ops=tuple(code.ops),
-        digits=(code.min_digits, code.digits),
-        terms=config.terms,
-        template=code.template,
-        task_type="prime_rl_code",
-    )
-    tasks = [*math, *programs]
+    families = (  # (count, ops, digits, template, task type)
+        (config.num_tasks - num_code, config.ops, (config.min_digits, config.digits), config.arithmetic_template, "verifiable_math"),
+        (num_code, code.ops, (code.min_digits, code.digits), code.template, "prime_rl_code"),
+    )  # fmt: skip
+    tasks = [
+        task
+        for count, ops, digits, template, task_type in families
+        for task in verifiers.arithmetic_tasks(
+            count, seed=config.seed, ops=tuple(ops), digits=digits, terms=config.terms, template=template, task_type=task_type
+        )
+    ]
     random.Random(f"mix:{config.seed}").shuffle(tasks)
     return tasks
 
