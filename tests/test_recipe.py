@@ -204,7 +204,12 @@ def test_run_local_finishes_its_clean_stop_through_a_second_sigterm(
 
     stopped = []
 
-    def run(self: object) -> int:
+    copies: list[Path] = []
+
+    def run(self: local.Supervisor) -> int:
+        copies.append(Path(self.config.run_dir) / "worker-0" / "policies" / "v1" / "model.safetensors")
+        copies[0].parent.mkdir(parents=True)
+        copies[0].write_bytes(b"weights")  # a worker's copy of a policy, left by the interrupted run
         os.kill(os.getpid(), signal.SIGTERM)  # the first SIGTERM ends the run ...
         time.sleep(30)
         raise AssertionError("SIGTERM did not stop the run")
@@ -222,4 +227,7 @@ def test_run_local_finishes_its_clean_stop_through_a_second_sigterm(
     assert signal.getsignal(signal.SIGTERM) is before
     (run_dir,) = tmp_path.glob("run-*")
     assert (run_dir / "summary.txt").is_file() and (run_dir / "report.png").is_file()
-    assert "(exit code 143)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(exit code 143)" in out
+    # an interrupted run's weight copies are deleted too (killed demo runs once filled the disk)
+    assert not copies[0].exists() and "removed 0.0 GiB of per-process weight copies" in out

@@ -144,7 +144,7 @@ def run_local(
             metrics.log("shutdown", code=code)
             _, text = write_report(config.run_dir)
             print(f"\n{text}\ntotal wall time {time.monotonic() - started:.0f}s (exit code {code})")
-            if code == 0 and not keep_weights:
+            if not keep_weights:  # a failed or interrupted run's copies are as useless, and as large
                 freed = remove_weight_copies(config)
                 print(
                     f"removed {freed / 2**30:.1f} GiB of per-process weight copies (final policy and checkpoints kept)"
