@@ -58,6 +58,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+
 class EvaluatorError(RuntimeError):
     """The held-out set cannot be built or a policy version never appeared."""
 

@@ -346,6 +346,11 @@ def _plot_accuracy_by_type(axis: Any, summary: RunSummary) -> None:
         )  # fmt: skip
 
 
+def _interval(band: tuple[float, float] | None) -> str:
+    """" [0.31, 0.54]" for a Wilson interval, "" without one."""
+    return "" if band is None else f" [{band[0]:.2f}, {band[1]:.2f}]"
+
+
 def format_or_dash(value: float | None, spec: str = ".3f") -> str:
     """``format(value, spec)``, or "-" for a missing number."""
     return "-" if value is None else format(value, spec)
@@ -358,10 +363,7 @@ def render_summary(summary: RunSummary) -> str:
     if acc:
         first, last = min(acc), max(acc)
         bands = summary.accuracy_interval_by_version
-        trail = "  ".join(
-            f"v{v}: {a:.3f}" + (f" [{bands[v][0]:.2f}, {bands[v][1]:.2f}]" if v in bands else "")
-            for v, a in acc.items()
-        )
+        trail = "  ".join(f"v{v}: {a:.3f}{_interval(bands.get(v))}" for v, a in acc.items())
         lines.append(
             f"held-out accuracy ({summary.problems_evaluated} problems, greedy): "
             f"{acc[first]:.3f} at v{first} -> {acc[last]:.3f} at v{last} ({acc[last] - acc[first]:+.3f})"
@@ -371,11 +373,7 @@ def render_summary(summary: RunSummary) -> str:
         for task_type, by_version in summary.accuracy_by_type.items():
             type_bands = summary.accuracy_interval_by_type.get(task_type, {})
             first, last = min(by_version), max(by_version)
-            ends = [
-                f"v{v} {by_version[v]:.3f}"
-                + (f" [{type_bands[v][0]:.2f}, {type_bands[v][1]:.2f}]" if v in type_bands else "")
-                for v in (first, last)
-            ]
+            ends = [f"v{v} {by_version[v]:.3f}{_interval(type_bands.get(v))}" for v in (first, last)]
             problems = summary.problems_by_type.get(task_type, "?")
             lines.append(f"  {task_type} ({problems} problems): {ends[0]} -> {ends[1]}")
     distance = summary.length_distance_by_version
