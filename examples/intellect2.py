@@ -9,8 +9,11 @@ tasks, untrusted workers sampling and proving, a trusted validator recomputing e
 trainer stepping the loss, and a shardcast tree broadcasting each new policy.
 
 To try another reward or loss, edit its line below. Every process imports `reward` and `loss`
-from this file by the import paths the run puts in `[components]`; a process on another machine
-needs this file at the same path, or `[components]` set to an importable `module:attribute`.
+from this file by the import paths the run puts in `[components] reward` and `[trainer.loss]`; a
+process on another machine needs this file at the same path, or those keys set to an importable
+`module:attribute`. A config that sets `[trainer.loss]` itself (configs/*.toml do, so the file
+says which loss it was measured with) must name this loss: two different losses stop the run
+before it starts, naming both.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ import shardcast
 from prime_rl.api.client import OrchestratorClient, OrchestratorUnavailable, orchestrator_reachable
 from prime_rl.api.protocol import TrainSample
 from prime_rl.api.secrets import run_secrets
-from prime_rl.config import ComponentError, load_component
+from prime_rl.config.loss import load_loss
 from prime_rl.config.trainer import TrainerConfig
 from prime_rl.devices import choose_device, torch_dtype
 from prime_rl.metrics import get_metrics, init_process
@@ -60,45 +60,14 @@ log = logging.getLogger(__name__)
 
 
 def build_loss(config: RunConfig) -> grpo.Loss:
-    """The run's loss: the object ``[components] loss`` names (a recipe's), else ``[trainer.loss]``.
+    """The run's loss: the ``[trainer.loss]`` table's, or the object its import path names.
 
-    A component replaces ``[trainer.loss]``; where the two differ, a warning names both.
+    Raises ``ComponentError`` for an import path that does not load or names a loss this runtime
+    cannot train on (:func:`prime_rl.config.loss.load_loss`).
     """
-    path = config.components.loss
-    if not path:
-        return grpo.Loss(config.trainer.loss)
-    loss = load_loss(path)
-    if loss.config.is_correction is not None and config.trainer.old_logprobs == "inference":
-        raise ComponentError(
-            f"components.loss = {path!r} sets is_correction, which weights by π_old/μ = 1 when "
-            "[trainer] old_logprobs = 'inference'; use 'recompute' with it"
-        )
-    if loss.config != config.trainer.loss:
-        log.warning("the loss is %s (%r); it replaces [trainer.loss] %r", path, loss.config, config.trainer.loss)
-    return loss
-
-
-def load_loss(path: str) -> grpo.Loss:
-    """The ``grpo.Loss`` (or ``grpo.LossConfig``, made a ``Loss``) ``path`` names; ``ComponentError`` otherwise.
-
-    Pitfall: the trainer steps on the advantages the validator recomputed, which are group z-scores
-    (eps 1e-6) by protocol; a loss with another advantage estimator is refused rather than trained
-    on advantages it does not name.
-    """
-
-    def accepts(value: object) -> str | None:
-        if not isinstance(value, grpo.Loss | grpo.LossConfig):
-            return f"must be a grpo.Loss or grpo.LossConfig, got {type(value).__name__} {value!r:.80}"
-        config = value.config if isinstance(value, grpo.Loss) else value
-        if (config.advantage, config.std_eps) != ("group_zscore", 1e-6):
-            return (
-                f"its advantage is {config.advantage} (std_eps {config.std_eps}), but this runtime trains on "
-                "group z-score advantages (std_eps 1e-6) that workers compute and the validator checks"
-            )
-        return None
-
-    loss = load_component("components.loss", path, accepts)
-    return loss if isinstance(loss, grpo.Loss) else grpo.Loss(loss)  # type: ignore[arg-type]
+    setting = config.trainer.loss
+    loss = setting if isinstance(setting, grpo.LossConfig) else load_loss(setting, config.trainer.old_logprobs)
+    return grpo.Loss(loss) if isinstance(loss, grpo.LossConfig) else loss
 
 
 class Trainer:
