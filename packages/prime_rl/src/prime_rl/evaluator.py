@@ -256,6 +256,7 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
     """Process entry of ``prime-rl evaluator``: evaluate versions until the final one; returns 0."""
     import torch
 
+    from prime_rl.devices import choose_device
     from prime_rl.inference.select import make_backend
     from prime_rl.metrics import init_process
     from prime_rl.tasks import load_tasks
@@ -271,8 +272,11 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
         log.warning("no held-out evaluation: %s", error)
         metrics.log("eval_skipped", reason=str(error))
         return 0
-    backend = make_backend(
-        config, backend=config.workers.backend, device=torch.device("cpu"), max_batch_size=cfg.batch_size
+    backend = make_backend(  # generates as the workers do, on their device
+        config,
+        backend=config.workers.backend,
+        device=choose_device(config.workers.device),
+        max_batch_size=cfg.batch_size,
     )
     max_new_tokens = cfg.max_new_tokens or config.sampling.max_new_tokens
     # Version 0 is the backend's own initial weights, so the cache holds only fetched versions.

@@ -190,10 +190,13 @@ def check_sampled(
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``log_softmax(logits / T)[token]`` per row in fp32; ``T = 1`` when greedy. Shapes ``[N, V], [N] -> [N]``."""
+    """``log_softmax(logits / T)[token]`` per row in fp32; ``T = 1`` when greedy. Shapes ``[N, V], [N] -> [N]``.
+
+    ``tokens`` may be on the host: they are moved to the logits' device (a no-op when already there).
+    """
     scale = temperature if temperature > 0 else 1.0
     logp = torch.log_softmax(logits.float() / scale, dim=-1)
-    return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+    return logp.gather(-1, tokens.to(logits.device, torch.long).unsqueeze(-1)).squeeze(-1)
 
 
 class HFBackend:

@@ -332,9 +332,9 @@ def _model_checks(
                 Reason.PROOF_FAILED, f"{len(failed)}/{len(verdicts)} proof chunks fail: {failed[0].reason}"
             )
             continue
-        tokens = torch.tensor(sample.completion_tokens, dtype=torch.long)
+        tokens = torch.tensor(sample.completion_tokens, dtype=torch.long, device=pre.logits.device)
         margins = sampling_margins(pre.logits, tokens, sample.sampling_seed, sample.temperature)
-        recomputed = token_logprobs(pre.logits, tokens, sample.temperature)
+        recomputed = token_logprobs(pre.logits, tokens, sample.temperature).cpu()  # compared with the claim
         if observe is not None:  # evidence from every sample whose proofs pass, accepted or not
             observe(p.index, Observations.from_checks(margins, sample.inference_logprobs, recomputed, results))
         why = sampling_problem(
@@ -346,7 +346,7 @@ def _model_checks(
             p.reject(Reason.SAMPLING_FAILED, why)
             continue
         p.logprobs = tuple(float(x) for x in recomputed.tolist())  # what the trainer gets, never the claim
-        gap = (recomputed - torch.tensor(sample.inference_logprobs)).abs().mean().item()
+        gap = (recomputed - torch.tensor(sample.inference_logprobs, dtype=recomputed.dtype)).abs().mean().item()
         if not gap <= checks.logprob_atol:
             p.reject(Reason.LOGPROBS_MISMATCH, f"mean |log-prob error| {gap:.4g} > {checks.logprob_atol}")
 
