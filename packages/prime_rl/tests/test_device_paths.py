@@ -19,7 +19,8 @@ from prime_rl.api.protocol import PendingBatch, TrainSample
 from prime_rl.inference.backend import HFBackend, token_logprobs
 from prime_rl.trainer.batching import make_micro_batches
 from prime_rl.trainer.forward import completion_forward
-from prime_rl.validator.checks import Reason, validate_batch
+from prime_rl.validator.checks import Reason
+from prime_rl.validator.verdicts import validate_batch
 
 KEY = b"device-paths-assignment-key"
 TOKENIZER = make_tiny_tokenizer()

@@ -18,13 +18,14 @@ import toploc
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.api.protocol import PendingBatch, Verdict
 from prime_rl.config import load_config
-from prime_rl.inference.backend import HFBackend, SamplingParams, check_sampled
+from prime_rl.inference.backend import SAMPLER_SEED, HFBackend, SamplingParams
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
 from prime_rl.validator import noise, process
-from prime_rl.validator.checks import validate_batch
-from prime_rl.validator.evidence import EvidenceLedger, reject_banned, sampling_margins, sampling_problem
+from prime_rl.validator.checks import sampling_margins, sampling_problem
+from prime_rl.validator.evidence import EvidenceLedger, reject_banned
 from prime_rl.validator.process import Validator
+from prime_rl.validator.verdicts import validate_batch
 from prime_rl.worker.hostile import HostileWorker
 
 KEY = b"evidence-test-assignment-key"
@@ -152,7 +153,10 @@ def test_margins_equal_the_sampling_check(backend: HFBackend) -> None:
         forged[1] = (forged[1] + 1) % 100
         margins = sampling_margins(pre.logits, forged, completion.seed, 1.0)
         for tolerance in (0.0, 0.25, 100.0):
-            check = check_sampled(pre.logits, forged, completion.seed, 1.0, tolerance=tolerance, max_mismatches=0)
+            positions = torch.arange(forged.numel())
+            check = toploc.check_sampling(  # toploc's own rule, the reference
+                pre.logits, forged, SAMPLER_SEED, completion.seed, positions, 1.0, tolerance=tolerance, max_mismatches=0
+            )
             assert (sampling_problem(margins, tolerance=tolerance, max_mismatch_fraction=0.0) is None) == check.passed
         assert float(margins.max()) == check.max_margin
 

@@ -22,8 +22,9 @@ from prime_rl.config import load_config
 from prime_rl.inference.backend import HFBackend
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
-from prime_rl.validator.checks import Reason, validate_batch
+from prime_rl.validator.checks import Reason
 from prime_rl.validator.process import FailureTracker, Validator
+from prime_rl.validator.verdicts import validate_batch
 from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 
 KEY = b"validator-test-assignment-key"
@@ -297,8 +298,8 @@ def test_a_profile_too_small_for_evidence_leaves_the_per_sample_tolerances_as_co
         validator = Validator(config)
         validator.close()
     assert validator.evidence is None
-    assert validator.checks.sampling_tolerance == config.validator.sampling_tolerance == 0.25
-    assert validator.checks.logprob_atol == config.validator.logprob_atol == 0.05
+    assert validator.checks.validator.sampling_tolerance == config.validator.sampling_tolerance == 0.25
+    assert validator.checks.validator.logprob_atol == config.validator.logprob_atol == 0.05
 
 
 # ---------------------------------------------------------------- issue 13: whole leases, cheap checks first
@@ -407,7 +408,7 @@ def test_one_bad_group_rejects_the_whole_lease(backend):
 def test_a_validator_with_another_assignment_key_stops_instead_of_rejecting_honest_work(backend):
     from dataclasses import replace
 
-    from prime_rl.validator.checks import AssignmentKeyMismatch
+    from prime_rl.validator.structure import AssignmentKeyMismatch
 
     batch, record = _honest(backend, "keys")
     with pytest.raises(AssignmentKeyMismatch, match="assignment_secret"):

@@ -16,8 +16,8 @@ from prime_rl.api.client import OrchestratorClient
 from prime_rl.config import load_config
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
-from prime_rl.validator.checks import Reason, validate_batch
-from prime_rl.validator.process import checks_from
+from prime_rl.validator.checks import Checks, Reason
+from prime_rl.validator.verdicts import validate_batch
 from prime_rl.weights.files import save_policy
 from prime_rl.weights.store import PolicyUnavailable
 from prime_rl.worker.hostile import EXPECTED_REASONS, MIXED_CYCLE
@@ -94,8 +94,8 @@ def test_worker_follows_shardcast_versions_and_is_accepted(tmp_path, tiny_lm_dir
         assert len(pending) == 2
         versions = {0: tiny_lm_dir, 1: policy}
         hidden = worker.backend.model.config.hidden_size
-        checks = checks_from(
-            config, 100, worker.backend.eos_token_ids,
+        checks = Checks.from_config(
+            config, vocab_size=100, eos_token_ids=worker.backend.eos_token_ids,
             assignment_key=server.trusted.assignment_key, hidden_size=hidden,
         )  # fmt: skip
         for batch in pending:

@@ -166,29 +166,6 @@ def sample_next(logits: torch.Tensor, seeds: torch.Tensor, position: int, temper
     return toploc.sample_tokens(logits, SAMPLER_SEED, seeds, positions, temperature=temperature)
 
 
-def check_sampled(
-    logits: torch.Tensor,
-    tokens: torch.Tensor,
-    seed: int,
-    temperature: float,
-    *,
-    tolerance: float,
-    max_mismatches: int,
-) -> Any:
-    """toploc's ``SamplingCheck`` of completion ``tokens [n]`` against recomputed ``logits [n, V]``."""
-    positions = torch.arange(tokens.numel())
-    return toploc.check_sampling(
-        logits,
-        tokens,
-        SAMPLER_SEED,
-        seed,
-        positions,
-        temperature,
-        tolerance=tolerance,
-        max_mismatches=max_mismatches,
-    )
-
-
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
     """``log_softmax(logits / T)[token]`` per row in fp32; ``T = 1`` when greedy. Shapes ``[N, V], [N] -> [N]``.
 

@@ -25,35 +25,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 import toploc
 from prime_rl.api.fields import MAX_DETAIL_CHARS
 from prime_rl.api.protocol import Verdict
-from prime_rl.inference.backend import SAMPLER_SEED
-
-
-def sampling_margins(logits: torch.Tensor, tokens: torch.Tensor, seed: int, temperature: float) -> torch.Tensor:
-    """Per completion token, the shortfall of the claimed token below the seeded sampler's choice.
-
-    ``logits [n, V]`` recomputed at the completion's positions, ``tokens [n]``; the sampler of
-    ``prime_rl.inference.backend`` (toploc seed ``SAMPLER_SEED``, sequence id = the sample's seed,
-    position = completion index). Returns ``[n]`` float64, ``inf`` where the logits are NaN.
-    """
-    positions = torch.arange(tokens.numel(), device=logits.device)
-    return toploc.sampling_margins(logits, tokens, SAMPLER_SEED, seed, positions, temperature)
-
-
-def sampling_problem(margins: torch.Tensor, *, tolerance: float, max_mismatch_fraction: float) -> str | None:
-    """The per-sample sampling rule on ``margins``: None if at most ``max_mismatch_fraction`` of the
-    tokens fall short by more than ``tolerance``, else why not (same rule as ``toploc.check_sampling``)."""
-    bad = torch.nonzero(margins > tolerance).flatten()
-    if bad.numel() <= int(max_mismatch_fraction * margins.numel()):
-        return None
-    return (
-        f"{bad.numel()}/{margins.numel()} tokens are not what the seeded sampler draws "
-        f"(first at ({int(bad[0])},), max margin {float(margins.max()):.3g})"
-    )
 
 
 @dataclass

@@ -26,7 +26,7 @@ import torch
 
 import toploc
 from prime_rl.inference.backend import HFBackend, SamplingParams, token_logprobs, verify_proofs
-from prime_rl.validator.evidence import sampling_margins
+from prime_rl.validator.checks import sampling_margins
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig

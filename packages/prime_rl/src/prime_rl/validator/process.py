@@ -1,7 +1,7 @@
 """The trusted validator process: pull submitted batches, judge every sample, post verdicts, ban cheats.
 
 Loop: ``GET /validator/pending`` (freshest policy version first, then submission order) -> batches
-grouped by policy version (one weight reload per version) -> :func:`prime_rl.validator.checks.validate_batch` with the claimed
+grouped by policy version (one weight reload per version) -> :func:`prime_rl.validator.verdicts.validate_batch` with the claimed
 version's weights (fetched through shardcast by :class:`~prime_rl.weights.store.PolicyStore`) ->
 ``POST /validator/verdicts`` -> per-worker failure tracker; a worker whose rejected share reaches
 ``ban_failure_rate`` after ``ban_min_samples`` samples is banned (``POST /workers/ban``). Every
@@ -25,7 +25,7 @@ token or issues leases its key does not reproduce: either would reject every hon
 
 from __future__ import annotations
 
-import dataclasses
+import enum
 import logging
 import signal
 import time
@@ -43,7 +43,7 @@ from prime_rl.api.client import (
     OrchestratorUnavailable,
     orchestrator_reachable,
 )
-from prime_rl.api.protocol import PendingBatch, VerdictRequest
+from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest
 from prime_rl.api.secrets import SecretsError, run_secrets
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.devices import choose_device
@@ -51,15 +51,10 @@ from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics, init_process
 from prime_rl.validator import noise
-from prime_rl.validator.checks import (
-    AssignmentKeyMismatch,
-    Checks,
-    GenerationBackend,
-    Reason,
-    RetryLater,
-    validate_batch,
-)
+from prime_rl.validator.checks import Checks, GenerationBackend, Reason, RetryLater
 from prime_rl.validator.evidence import EvidenceLedger, metrics_fields, reject_banned
+from prime_rl.validator.structure import AssignmentKeyMismatch
+from prime_rl.validator.verdicts import validate_batch
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable
 from verifiers.code import sandbox_runs
 
@@ -92,39 +87,12 @@ class FailureTracker:
         return None
 
 
-def checks_from(
-    config: RunConfig,
-    vocab_size: int,
-    eos_token_ids: frozenset[int],
-    *,
-    assignment_key: bytes,
-    hidden_size: int,
-) -> Checks:
-    """The validator's :class:`Checks` from the run configuration, the run's assignment key and the model."""
-    v = config.validator
-    return Checks(
-        assignment_key=assignment_key,
-        hidden_size=hidden_size,
-        prompts_per_batch=config.orchestrator.prompts_per_batch,
-        async_level=config.orchestrator.async_level,
-        group_size=config.sampling.group_size,
-        temperature=config.sampling.temperature,
-        max_new_tokens=config.sampling.max_new_tokens,
-        stop=tuple(config.sampling.stop),
-        vocab_size=vocab_size,
-        eos_token_ids=eos_token_ids,
-        logprob_atol=v.logprob_atol,
-        reward_atol=v.reward_atol,
-        advantage_atol=v.advantage_atol,
-        sampling_tolerance=v.sampling_tolerance,
-        sampling_max_mismatch_fraction=v.sampling_max_mismatch_fraction,
-        thresholds=toploc.Thresholds(
-            exp_mismatches_per_128=v.exp_mismatches_per_128,
-            max_mant_err_mean=v.max_mant_err_mean,
-            max_mant_err_median=v.max_mant_err_median,
-            sign_mismatches_per_128=v.sign_mismatches_per_128,
-        ),
-    )
+class Posted(enum.Enum):
+    """What became of a batch's verdicts at the orchestrator."""
+
+    OK = "posted"
+    REFUSED = "refused"  # a 4xx (e.g. the batch was settled meanwhile): skip it for good
+    RETRY = "retry"  # the orchestrator is unreachable: judge the batch again on the next poll
 
 
 class Validator:
@@ -153,10 +121,10 @@ class Validator:
         self.tasks = run_tasks(config, tokenizer)
         vocab, hidden = self.backend.model.get_output_embeddings().weight.shape
         trusted = run_secrets(config)
-        self.checks = checks_from(
+        self.checks = Checks.from_config(
             config,
-            int(vocab),
-            self.backend.eos_token_ids,
+            vocab_size=int(vocab),
+            eos_token_ids=self.backend.eos_token_ids,
             assignment_key=trusted.assignment_key,
             hidden_size=int(hidden),
         )
@@ -186,12 +154,9 @@ class Validator:
                 # honest drift (bf16 margins of 0.45, log-prob gaps of 0.45) must pass; whatever
                 # hides inside these tolerances is left to the evidence. The log-prob rule bounds a
                 # sample's mean gap, so 3x the largest honest per-token gap is at least as loose.
-                self.checks = dataclasses.replace(
-                    self.checks,
-                    sampling_tolerance=max(
-                        self.checks.sampling_tolerance, profile.per_sample_limit("sampling_margin")
-                    ),
-                    logprob_atol=max(self.checks.logprob_atol, profile.per_sample_limit("logprob_gap")),
+                self.checks = self.checks.widened(
+                    sampling_tolerance=max(self.cfg.sampling_tolerance, profile.per_sample_limit("sampling_margin")),
+                    logprob_atol=max(self.cfg.logprob_atol, profile.per_sample_limit("logprob_gap")),
                 )
         self.done = 0
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
@@ -234,7 +199,8 @@ class Validator:
         return self.backend
 
     def judge(self, batch: PendingBatch, newest_version: int) -> bool:
-        """Validate and post one batch; False if it must be retried later."""
+        """Validate one batch, then :meth:`post`, :meth:`log` and :meth:`ban`; False if it must be
+        retried later (its version cannot be fetched now, or the orchestrator is unreachable)."""
         started = time.monotonic()
         observed: list[toploc.Observations] = []
         loaded: list[int] = []  # a backend was handed out: the whole batch was prefilled, else none was
@@ -262,6 +228,16 @@ class Validator:
         if evidence_ban is not None:  # a worker banned by evidence trains nothing more
             verdicts = reject_banned(verdicts, evidence_ban)
             self.failures.banned.add(batch.worker_id)
+        posted = self.post(batch, verdicts)
+        if posted is not Posted.OK:
+            return posted is Posted.REFUSED  # refused: settled, never judged again; else retried
+        self.log(batch, verdicts, prefilled=len(verdicts) if loaded else 0, seconds=time.monotonic() - started)
+        self.ban(batch.worker_id, verdicts, evidence_ban)
+        self.done += 1
+        return True
+
+    def post(self, batch: PendingBatch, verdicts: list[Verdict]) -> Posted:
+        """``POST /validator/verdicts`` with the worker's evidence; a refused batch is remembered and skipped."""
         try:
             self.client.post_verdicts(
                 VerdictRequest(
@@ -276,25 +252,27 @@ class Validator:
                 "verdict_refused", batch_id=batch.batch_id, status=exc.status, message=exc.message
             )
             self.refused.add(batch.batch_id)
-            return True
+            return Posted.REFUSED
         except OrchestratorUnavailable as exc:  # judged again on the next poll
             log.warning("cannot post verdicts for %s: %s", batch.batch_id, exc)
-            return False
-        accepted = sum(v.accepted for v in verdicts)
-        rejected = len(verdicts) - accepted
+            return Posted.RETRY
+        return Posted.OK
+
+    def log(self, batch: PendingBatch, verdicts: list[Verdict], *, prefilled: int, seconds: float) -> None:
+        """One log line and one ``verdict`` metrics line for a posted batch."""
         rejections = [v for v in verdicts if not v.accepted]
         reasons: dict[str, int] = {}
-        for v in verdicts:
-            if not v.accepted:
-                reasons[str(v.reason)] = reasons.get(str(v.reason), 0) + 1
+        for v in rejections:
+            reasons[str(v.reason)] = reasons.get(str(v.reason), 0) + 1
+        accepted = len(verdicts) - len(rejections)
         log.info(
             "batch %s (v%d): %d accepted, %d rejected %s in %.2fs",
             batch.batch_id,
             batch.policy_version,
             accepted,
-            rejected,
+            len(rejections),
             reasons or "",
-            time.monotonic() - started,
+            seconds,
         )
         get_metrics().log(
             "verdict",
@@ -303,27 +281,31 @@ class Validator:
             policy_version=batch.policy_version,
             step=batch.step,
             accepted=accepted,
-            rejected=rejected,
+            rejected=len(rejections),
             reasons=reasons,
             # why, for the first rejections (group mates repeat the first reason; a few suffice)
             details={str(v.sample_index): f"{v.reason}: {v.detail}" for v in rejections[:4]},
-            seconds=time.monotonic() - started,
-            prefilled=len(verdicts) if loaded else 0,
+            seconds=seconds,
+            prefilled=prefilled,
             sandbox_runs=sandbox_runs(),
         )
-        ban = self.failures.record(batch.worker_id, accepted=accepted, rejected=rejected)
-        if evidence_ban is not None and batch.worker_id not in self.evidence_bans_posted:
-            ban = evidence_ban
-            self.evidence_bans_posted.add(batch.worker_id)
-        if ban is not None:
-            try:
-                self.client.ban(batch.worker_id, ban)
-            except (ClientRequestError, OrchestratorUnavailable) as exc:
-                log.warning("ban of %s refused: %s", batch.worker_id, exc)
-            log.info("banned worker %s: %s", batch.worker_id, ban)
-            get_metrics().log("ban", worker_id=batch.worker_id, reason=ban)
-        self.done += 1
-        return True
+
+    def ban(self, worker_id: str, verdicts: list[Verdict], evidence_ban: str | None) -> None:
+        """Count a posted batch against its worker; ban it (``POST /workers/ban``) the first time its
+        rejected share crosses ``ban_failure_rate`` or its evidence crosses the threshold."""
+        accepted = sum(v.accepted for v in verdicts)
+        reason = self.failures.record(worker_id, accepted=accepted, rejected=len(verdicts) - accepted)
+        if evidence_ban is not None and worker_id not in self.evidence_bans_posted:
+            reason = evidence_ban
+            self.evidence_bans_posted.add(worker_id)
+        if reason is None:
+            return
+        try:
+            self.client.ban(worker_id, reason)
+        except (ClientRequestError, OrchestratorUnavailable) as exc:
+            log.warning("ban of %s refused: %s", worker_id, exc)
+        log.info("banned worker %s: %s", worker_id, reason)
+        get_metrics().log("ban", worker_id=worker_id, reason=reason)
 
     def _record_evidence(self, batch: PendingBatch, observed: list[toploc.Observations]) -> str | None:
         """Add a batch to its worker's evidence; the worker's evidence ban reason, if it is banned."""
@@ -395,4 +377,4 @@ def _exit_cleanly(signum: int, frame: object) -> None:
     raise SystemExit(f"signal {signum}")
 
 
-__all__ = ["FailureTracker", "Reason", "Validator", "ValidatorConfig", "checks_from", "main"]
+__all__ = ["FailureTracker", "Reason", "Validator", "ValidatorConfig", "main"]
