@@ -22,7 +22,7 @@ from prime_rl.config import load_config
 from prime_rl.inference.backend import HFBackend
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
-from prime_rl.validator.checks import Reason
+from prime_rl.validator.checks import Reason, repetition_problem
 from prime_rl.validator.process import FailureTracker, Validator
 from prime_rl.validator.verdicts import validate_batch
 from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
@@ -99,6 +99,37 @@ def test_hostile_behaviour_is_rejected_with_its_reason(backend, behaviour):
     reasons = {v.reason for v in verdicts}
     assert reasons & EXPECTED[behaviour], (behaviour, [(v.reason, v.detail) for v in verdicts])
     assert reasons <= EXPECTED[behaviour] | {Reason.GROUP_REJECTED, Reason.LEASE_REJECTED}
+
+
+def test_a_completion_repeating_one_token_past_the_limit_is_rejected_with_its_own_reason(backend):
+    """validator.max_repeated_tokens N: a run of N + 1 equal tokens is rejected (repeated_token) before any
+    prefill, a run of exactly N passes the rule; 0 (the default) checks nothing."""
+    assert repetition_problem([5, 7, 7, 7, 7, 5], limit=4) is None  # just inside
+    assert repetition_problem([5, 7, 7, 7, 7, 7], limit=4) == (
+        "token 7 repeats on 5 consecutive positions from 1 (limit 4)"
+    )
+    assert repetition_problem([9] * 50, limit=0) is None and repetition_problem([], limit=1) is None
+    lease, record = RUN.lease("looping", 0, 0)
+    batch = RUN.worker("honest").answer(lease, backend)
+    looping = batch.samples[3].model_copy(update={"completion_tokens": [7] * MAX_NEW})  # ends at max_new_tokens
+    tampered = batch.model_copy(update={"samples": [*batch.samples[:3], looping, *batch.samples[4:]]})
+    limited = RUN.checks("--validator.max_repeated_tokens", str(MAX_NEW - 1))
+    prefilled = []
+
+    def backend_for(version):
+        prefilled.append(version)
+        return backend
+
+    verdicts = validate_batch(
+        pending(tampered, record), tasks=RUN, backend_for=backend_for, decode=RUN.decode, checks=limited
+    )
+    assert (verdicts[3].reason, verdicts[3].detail) == (
+        Reason.REPEATED_TOKEN, f"token 7 repeats on {MAX_NEW} consecutive positions from 0 (limit {MAX_NEW - 1})"
+    )
+    assert {v.reason for v in verdicts[:3] + verdicts[4:]} == {Reason.LEASE_REJECTED} and prefilled == []
+    # Without a limit the same sample is caught later, by the prefill (its proofs are of other tokens).
+    assert verdicts_for(tampered, record, backend)[3].reason == Reason.PROOF_FAILED
+    assert {v.reason for v in verdicts_for(batch, record, backend, checks=limited)} == {Reason.ACCEPTED}
 
 
 def test_stale_policy_is_rejected(backend):

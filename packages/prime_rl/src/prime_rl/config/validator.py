@@ -35,6 +35,12 @@ class ValidatorConfig(Section):
         description="Max mean |claimed - recomputed| inference log-prob (widened to 3x the largest honest "
         "per-token gap of the noise profile when evidence is on).",
     )
+    max_repeated_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Reject a completion that repeats one token on more than this many consecutive positions "
+        "(repeated_token); 0 = no limit. A small model's honest samples can loop, so set it above them.",
+    )
     reward_atol: float = Field(default=1e-6, ge=0, description="Tolerance on the claimed reward.")
     advantage_atol: float = Field(default=1e-4, ge=0, description="Tolerance on the claimed advantage.")
     ban_failure_rate: float = Field(

@@ -9,7 +9,8 @@ first failure. In order, cheapest first:
    (``wrong_prompt``); token ids are in the vocabulary and the length within ``max_new_tokens``
    (``malformed``); the temperature is the run's (``wrong_sampling_params``); the seed is
    ``assignment.sampling_seed`` of the lease (``bad_seed``); the completion ends as generation
-   ends (``bad_termination``); the proofs parse and are as many as the tokens need
+   ends (``bad_termination``); no token repeats on more than ``max_repeated_tokens`` consecutive
+   positions (:func:`repetition_problem`: ``repeated_token``); the proofs parse and are as many as the tokens need
    (``malformed_proof``);
 2. one prefill of prompt + completion with the claimed policy version (:func:`model_checks`):
    toploc proofs of the final hidden states (``malformed_proof`` / ``toploc_mismatch``), the
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -69,6 +71,7 @@ class Reason(enum.StrEnum):
     SAMPLING_PARAMS_MISMATCH = "wrong_sampling_params"
     SEED_MISMATCH = "bad_seed"
     BAD_TERMINATION = "bad_termination"
+    REPEATED_TOKEN = "repeated_token"
     MALFORMED_PROOF = "malformed_proof"
     PROOF_FAILED = "toploc_mismatch"
     SAMPLING_FAILED = "sampling_mismatch"
@@ -218,6 +221,9 @@ def sample_checks(
         )
         if why is not None:
             p.reject(Reason.BAD_TERMINATION, why)
+    why = repetition_problem(s.completion_tokens, limit=checks.validator.max_repeated_tokens)
+    if why is not None:
+        p.reject(Reason.REPEATED_TOKEN, why)
     p.proofs = s.proofs
     why = proof_problem(p.proofs, len(s.completion_tokens), proof_topk(checks.hidden_size))
     if why is not None:
@@ -320,3 +326,13 @@ def sampling_problem(margins: torch.Tensor, *, tolerance: float, max_mismatch_fr
     )
 
 
+def repetition_problem(tokens: Sequence[int], *, limit: int) -> str | None:
+    """None if no token of ``tokens`` repeats on more than ``limit`` consecutive positions (``limit``
+    0: no limit), else which token, how often and from where."""
+    position = 0
+    for token, run in itertools.groupby(tokens):
+        length = sum(1 for _ in run)
+        if limit and length > limit:
+            return f"token {token} repeats on {length} consecutive positions from {position} (limit {limit})"
+        position += length
+    return None
