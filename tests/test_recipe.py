@@ -15,8 +15,8 @@ import pytest
 import grpo
 import verifiers
 from prime_rl.config import ComponentsConfig, ConfigError, load_component, load_config
-from prime_rl.inference.run_tasks import LengthBudget, default_reward, load_reward, run_tasks
 from prime_rl.launch.local import COMPONENT_KEYS
+from prime_rl.reward import LengthBudget, default_reward, load_reward, run_tasks
 from prime_rl.trainer.process import build_loss
 
 ROOT = Path(__file__).resolve().parents[1]

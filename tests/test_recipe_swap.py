@@ -21,6 +21,7 @@ import grpo
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.config import load_component, load_config
 from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.reward import default_reward, run_tasks
 from prime_rl.tasks import load_tasks
 from prime_rl.trainer.process import Trainer
 from prime_rl.validator.process import Validator
@@ -28,13 +29,15 @@ from prime_rl.worker.process import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "examples" / "intellect2.py"
+DEFAULT_REWARD_LINE = "    (default_reward, 1.0),  # verifiers.verify's score, then the length term toward the budget"
 
 
-def edit_one_line(tmp_path: Path, old: str, new: str) -> Path:
-    """A copy of the recipe with the line ``old`` replaced by ``new`` (and nothing else changed)."""
+def edit_one_line(tmp_path: Path, old: str, new: str, *, keep_old: bool = False) -> Path:
+    """A copy of the recipe with the line ``old`` replaced by ``new`` (or, ``keep_old``, followed by
+    ``new``), and nothing else changed."""
     lines = RECIPE.read_text().splitlines(keepends=True)
     (index,) = [i for i, line in enumerate(lines) if line.rstrip("\n") == old]
-    lines[index] = new + "\n"
+    lines[index] = (lines[index] if keep_old else "") + new + "\n"
     copy = tmp_path / "my_recipe.py"
     copy.write_text("".join(lines))
     return copy
@@ -95,13 +98,28 @@ def test_two_different_losses_stop_the_recipe_before_it_starts(tmp_path: Path, e
     assert not (tmp_path / "runs").exists()  # nothing was started
 
 
+def test_one_added_line_adds_a_format_reward(tmp_path: Path, tiny_tokenizer):
+    """The recipe composes default_reward with its own terms: a format bonus is one added line, and the
+    reward workers and the validator score with (run_tasks) is default_reward + 0.25 * the bonus."""
+    bonus = '    (lambda task, completion, num_tokens, budget: float("\\\\boxed{" in completion), 0.25),'
+    edited = edit_one_line(tmp_path, DEFAULT_REWARD_LINE, bonus, keep_old=True)
+    assert len(edited.read_text().splitlines()) == len(RECIPE.read_text().splitlines()) + 1
+    base = ["--tasks.num_tasks", "6", "--tasks.length_reward", "exact", "--tasks.target_lengths", "[4, 9]"]
+    shipped = run_tasks(load_config(None, [*base, "--components.reward", f"{RECIPE}:reward"]), tiny_tokenizer)
+    swapped = run_tasks(load_config(None, [*base, "--components.reward", f"{edited}:reward"]), tiny_tokenizer)
+    for task_id in range(6):
+        answer = str(shipped.task_set.task(task_id).verification_info.get("ground_truth", "7"))
+        for completion in (f"The answer is \\boxed{{{answer}}}.", answer, "no idea"):
+            plain = default_reward(shipped.task_set.task(task_id), completion, 5, shipped.budget(task_id))
+            assert shipped.score(task_id, completion, 5) == plain  # the shipped recipe: default_reward exactly
+            assert swapped.score(task_id, completion, 5) == plain + 0.25 * ("\\boxed{" in completion)
+
+
 def test_one_line_reward_edit_reaches_workers_and_the_validator(tmp_path: Path, tiny_lm_dir: Path):
     """The worker claims the edited reward; a validator with the shipped recipe rejects the claims
     (reward_mismatch), one with the edited recipe accepts them."""
     edited = edit_one_line(
-        tmp_path,
-        "    score = verifiers.verify(task, completion).reward",
-        "    score = 1 - len(completion) / 100  # prefer short answers",
+        tmp_path, DEFAULT_REWARD_LINE, "    (lambda task, completion, num_tokens, budget: 1 - len(completion) / 100, 1.0),"
     )
     base = [
         "--run_dir", str(tmp_path / "run"), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "20",

@@ -14,7 +14,7 @@ import grpo
 from prime_rl.config import ComponentError, ConfigError, load_component, load_config, with_overrides
 from prime_rl.config.components import ImportPath, check_signature
 from prime_rl.config.loss import load_loss
-from prime_rl.inference.run_tasks import RunTasks, default_reward, load_reward, run_tasks
+from prime_rl.reward import RunTasks, default_reward, load_reward, run_tasks
 from prime_rl.tasks import TaskSet
 from prime_rl.trainer.process import build_loss
 

@@ -72,9 +72,9 @@ from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorBusy, 
 from prime_rl.api.protocol import ClaimRequest, LeaseTask, RolloutBatch, RolloutSample, TaskLease
 from prime_rl.config import RunConfig, load_config
 from prime_rl.inference.backend import HFBackend, build_proofs
-from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.store import RolloutStore
+from prime_rl.reward import run_tasks
 from prime_rl.tasks import load_tasks
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable
 from prime_rl.worker.rollout import build_batch

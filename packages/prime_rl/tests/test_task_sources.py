@@ -14,7 +14,7 @@ import pytest
 import verifiers
 from prime_rl.config import ConfigError, TasksConfig, load_config
 from prime_rl.evaluator import EvaluatorError, heldout_task_set
-from prime_rl.inference.run_tasks import run_tasks
+from prime_rl.reward import run_tasks
 from prime_rl.tasks import TaskSourceError, encode_prompt, load_tasks, map_row
 
 PROBLEMS = [{"question": f"What is {a} times 3?", "answer": str(3 * a), "level": a % 3} for a in range(12)]

@@ -123,7 +123,7 @@ def calibrate(
 
 def task_prompts(config: RunConfig, backend: HFBackend, count: int) -> list[tuple[int, ...]]:
     """The prompts of the first ``count`` tasks of the run (as workers feed them)."""
-    from prime_rl.inference.run_tasks import run_tasks
+    from prime_rl.reward import run_tasks
 
     tasks = run_tasks(config, backend.tokenizer)
     return [tuple(tasks.prompt_tokens(i)) for i in range(min(count, tasks.num_tasks))]

@@ -48,8 +48,8 @@ from prime_rl.api.secrets import SecretsError, run_secrets
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.devices import choose_device
 from prime_rl.inference.backend import HFBackend
-from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics, init_process
+from prime_rl.reward import run_tasks
 from prime_rl.validator import noise
 from prime_rl.validator.checks import Checks, GenerationBackend, Reason, RetryLater
 from prime_rl.validator.evidence import EvidenceLedger, metrics_fields, reject_banned

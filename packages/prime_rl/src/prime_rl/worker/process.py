@@ -39,9 +39,9 @@ from prime_rl.api.client import (
 from prime_rl.config.worker import WorkerConfig
 from prime_rl.devices import choose_device
 from prime_rl.inference.backend import GenerationError, HFBackend
-from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.inference.select import make_backend
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics, init_process
+from prime_rl.reward import run_tasks
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable, VersionFollower
 from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, HostileWorker, garbage_body
 from prime_rl.worker.rollout import build_batch
