@@ -30,6 +30,7 @@ _EXPORTS = {
     "ManifestError": "errors",
     "NoServerAvailableError": "errors",
     "PublishError": "errors",
+    "AlreadyPublished": "errors",
     "ShardcastError": "errors",
     "SignatureError": "errors",
     "VersionGoneError": "errors",
@@ -64,6 +65,7 @@ _EXPORTS = {
 
 __all__ = [
     "DEFAULT_SHARD_SIZE",
+    "AlreadyPublished",
     "Client",
     "DataDir",
     "DeadlineExceededError",
@@ -122,6 +124,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .client import Client
     from .errors import (
+        AlreadyPublished,
         DeadlineExceededError,
         IntegrityError,
         ManifestError,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import codec
 from .digest import digest_bytes, new_hasher
-from .errors import PublishError
+from .errors import AlreadyPublished, PublishError
 from .layout import MANIFEST_NAME, DataDir, IndexEntry, delta_name, shard_name
 from .manifest import (
     MAX_FILE_SIZE,
@@ -89,7 +89,8 @@ def publish_file(
         keep / grace_s: retention (see :meth:`DataDir.update_index`).
 
     Raises:
-        PublishError: missing/oversized input, version already present, bad arguments.
+        AlreadyPublished: the version is already present (a ``PublishError``).
+        PublishError: missing/oversized input, bad arguments.
     """
     store = data_dir if isinstance(data_dir, DataDir) else DataDir(data_dir)
     source = Path(path)
@@ -109,7 +110,7 @@ def publish_file(
     with store.locked():
         number = next_version(store) if version is None else version
         if store.version_dir(number).exists():
-            raise PublishError(f"version {number} already exists in {store.root}")
+            raise AlreadyPublished(number, f"version {number} already exists in {store.root}")
         base = _delta_base(store, size) if delta else None
         staging = Path(tempfile.mkdtemp(dir=store.staging, prefix=f"v{number}-"))
         try:

@@ -260,9 +260,7 @@ class Trainer:
         data_dir = self.origin.data_dir if self.origin is not None else self.run.shardcast_data_dir / "origin"
         try:
             shardcast.publish_file(data_dir, path, version=version, keep=self.run.shardcast.keep_versions)
-        except shardcast.PublishError as exc:
-            if "already" not in str(exc):
-                raise
+        except shardcast.AlreadyPublished:
             log.info("policy v%d is already published (replayed step)", version)
         get_metrics().log("published", policy_version=version, bytes=path.stat().st_size)
         log.info("published policy v%d (%d bytes)", version, path.stat().st_size)
