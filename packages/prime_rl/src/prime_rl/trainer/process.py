@@ -29,7 +29,6 @@ prime_rl.cli trainer --config FILE`` (FSDP2; rank 0 talks to the orchestrator an
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,13 +38,14 @@ from transformers import AutoModelForCausalLM
 
 import grpo
 import shardcast
-from prime_rl.api.client import OrchestratorClient, OrchestratorUnavailable, orchestrator_reachable
+from prime_rl.api.client import OrchestratorClient, OrchestratorUnavailable
 from prime_rl.api.protocol import TrainSample
 from prime_rl.api.secrets import run_secrets
 from prime_rl.config.loss import load_loss
 from prime_rl.config.trainer import TrainerConfig
 from prime_rl.devices import choose_device, torch_dtype
-from prime_rl.metrics import get_metrics, init_process
+from prime_rl.metrics import get_metrics
+from prime_rl.role import run_role
 from prime_rl.trainer import distributed
 from prime_rl.trainer.batching import make_micro_batches, split_minibatches
 from prime_rl.trainer.checkpoint import TrainerState, latest_step, load_checkpoint, save_checkpoint
@@ -320,32 +320,14 @@ class Trainer:
 
 
 def main(config: RunConfig, name: str = "trainer") -> int:
-    """Entry point of ``prime-rl trainer``: returns the process exit code."""
-    torch.set_num_threads(config.trainer.num_threads)
+    """Entry point of ``prime-rl trainer`` (:func:`prime_rl.role.run_role`; every rank asks whether the
+    orchestrator is reachable, so all stop alike instead of some waiting on collectives). On SIGTERM
+    it stops at once; resume continues from the last complete checkpoint."""
+    loss_fn = build_loss(config)  # a config error (ComponentError) stops it before any wait
     distributed.init_distributed()
     rank = distributed.rank()
-    init_process(
-        "trainer", name if rank == 0 else f"{name}-rank{rank}", config.run_dir if rank == 0 else None
-    )
-    loss_fn = build_loss(config)  # a config error (ComponentError) stops it before any wait
-    # every rank asks (they share the URL), so all stop alike instead of some waiting on collectives
-    if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
-        distributed.shutdown_distributed(barrier=False)
-        return 1
-    trainer = Trainer(config, loss_fn)
-    signal.signal(signal.SIGTERM, _exit_cleanly)
-    finished = False
-    try:
-        trainer.run_loop()
-        finished = True
-    except SystemExit as stop:
-        log.info("stopping at step %d (%s); resume continues from the last checkpoint", trainer.step, stop)
-    finally:
-        trainer.close()
-        distributed.shutdown_distributed(barrier=finished)
-    return 0
-
-
-def _exit_cleanly(signum: int, frame: object) -> None:
-    """SIGTERM: stop now; an incomplete checkpoint has no COMPLETE marker and is ignored on resume."""
-    raise SystemExit(f"signal {signum}")
+    return run_role(
+        "trainer", name if rank == 0 else f"{name}-rank{rank}", config, num_threads=config.trainer.num_threads,
+        start=lambda: Trainer(config, loss_fn), loop=Trainer.run_loop, log_to_run_dir=rank == 0,
+        after=lambda finished: distributed.shutdown_distributed(barrier=finished),
+    )  # fmt: skip

@@ -5,6 +5,6 @@ log-probs, reward; pure over a backend), the batch around them (``verdicts.py``:
 coverage, groups, advantages; ``structure.py``: the checks that need no model), per-worker
 evidence (``evidence.py``), the honest-noise profile (``noise.py``) and the process that pulls
 pending batches, judges them with one prefill and posts verdicts (``process.py``). May import: ``config``, ``api``,
-``inference``, ``weights``, ``tasks``, ``reward``, ``metrics``, ``devices``; never ``worker``, ``trainer`` or
+``inference``, ``weights``, ``tasks``, ``reward``, ``role``, ``metrics``, ``devices``; never ``worker``, ``trainer`` or
 ``orchestrator``.
 """

@@ -27,29 +27,26 @@ from __future__ import annotations
 
 import enum
 import logging
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 import toploc
 from prime_rl.api.client import (
     ClientRequestError,
     OrchestratorClient,
     OrchestratorUnavailable,
-    orchestrator_reachable,
 )
 from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest
 from prime_rl.api.secrets import SecretsError, run_secrets
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.devices import choose_device
 from prime_rl.inference.backend import HFBackend
-from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics, init_process
+from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.reward import run_tasks
+from prime_rl.role import run_role
 from prime_rl.validator import noise
 from prime_rl.validator.checks import Checks, GenerationBackend, Reason, RetryLater
 from prime_rl.validator.evidence import EvidenceLedger, metrics_fields, reject_banned
@@ -349,32 +346,14 @@ class Validator:
 
 
 def main(config: RunConfig, name: str = "validator") -> int:
-    """Entry point of ``prime-rl validator``."""
-    torch.set_num_threads(config.validator.num_threads)
-    init_process("validator", name, config.run_dir)
-    if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
-        return 1
-    try:
-        validator = Validator(config)
-    except SecretsError as error:
-        log.error("cannot start: %s", error)
-        return 2
-    signal.signal(signal.SIGTERM, _exit_cleanly)
-    try:
-        validator.run_loop()
-    except SystemExit as stop:
-        log.info("stopping (%s)", stop)
-    except (AssignmentKeyMismatch, ClientRequestError) as error:  # 401 or another key: judging would be wrong
-        log.error("stopping without judging: %s", error)
-        return 2
-    finally:
-        validator.close()
-    return 0
-
-
-def _exit_cleanly(signum: int, frame: object) -> None:
-    """SIGTERM: leave at once; an unposted batch stays pending and is judged again after a restart."""
-    raise SystemExit(f"signal {signum}")
+    """Entry point of ``prime-rl validator`` (:func:`prime_rl.role.run_role`). It stops with exit code 2
+    rather than judge when its secrets cannot be read, or the orchestrator refuses its admin token
+    (401) or issues leases its assignment key does not reproduce: either would reject every honest
+    worker. On SIGTERM an unposted batch stays pending and is judged again after a restart."""
+    return run_role(
+        "validator", name, config, num_threads=config.validator.num_threads, start=lambda: Validator(config),
+        loop=Validator.run_loop, refuse=(SecretsError, AssignmentKeyMismatch, ClientRequestError),
+    )  # fmt: skip
 
 
 __all__ = ["FailureTracker", "Reason", "Validator", "ValidatorConfig", "main"]

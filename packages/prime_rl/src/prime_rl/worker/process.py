@@ -21,28 +21,25 @@ of its :class:`~prime_rl.worker.hostile.HostileWorker`, which :class:`Honest` an
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import torch
 
 import toploc
 from prime_rl.api.client import (
     ClientRequestError,
     OrchestratorClient,
     OrchestratorUnavailable,
-    orchestrator_reachable,
 )
 from prime_rl.api.protocol import RolloutBatch, StatusResponse, TaskLease
 from prime_rl.config.worker import WorkerConfig
 from prime_rl.devices import choose_device
 from prime_rl.inference.backend import GenerationBackend, GenerationError, HFBackend
 from prime_rl.inference.select import make_backend
-from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics, init_process
+from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.reward import RunTasks, run_tasks
+from prime_rl.role import run_role
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable, VersionFollower
 from prime_rl.worker.hostile import BEHAVIOURS, HostileWorker
 from prime_rl.worker.rollout import build_batch
@@ -264,23 +261,9 @@ class Worker:
 
 
 def main(config: RunConfig, name: str = "worker") -> int:
-    """Entry point of ``prime-rl worker``."""
-    torch.set_num_threads(config.workers.num_threads)
-    init_process("worker", name, config.run_dir)
-    # before loading the model: a wrong URL is reported in seconds, not after the model load
-    if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
-        return 1
-    worker = Worker(config, name)
-    signal.signal(signal.SIGTERM, _exit_cleanly)
-    try:
-        return worker.run_loop()
-    except SystemExit as stop:
-        log.info("stopping (%s)", stop)
-        return 0
-    finally:
-        worker.close()
-
-
-def _exit_cleanly(signum: int, frame: object) -> None:
-    """SIGTERM: leave at once. Nothing a worker holds needs saving (submissions are atomic)."""
-    raise SystemExit(f"signal {signum}")
+    """Entry point of ``prime-rl worker`` (:func:`prime_rl.role.run_role`). Nothing a worker holds
+    needs saving on SIGTERM: submissions are atomic."""
+    return run_role(
+        "worker", name, config, num_threads=config.workers.num_threads, start=lambda: Worker(config, name),
+        loop=Worker.run_loop,
+    )  # fmt: skip
