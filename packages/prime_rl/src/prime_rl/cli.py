@@ -36,8 +36,8 @@ from typing import Any
 from prime_rl.config import ConfigError, RunConfig, load_config
 from prime_rl.config.help import describe_config
 from prime_rl.launch.model_cache import ModelSourceError, resolve_model_path
-from prime_rl.launch.trackers import TrackerUnavailable, install_trackers
 from prime_rl.metrics import setup_logging
+from prime_rl.trackers import TrackerUnavailable, install_trackers
 
 __all__ = ["MODEL_ROLES", "ROLES", "ROLE_SECTIONS", "main", "role_help"]
 
@@ -46,7 +46,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "worker": ("prime_rl.worker.process", "main"),
     "validator": ("prime_rl.validator.process", "main"),
     "trainer": ("prime_rl.trainer.process", "main"),
-    "evaluator": ("prime_rl.evaluator", "main"),
+    "evaluator": ("prime_rl.evaluator.process", "main"),
     "origin": ("prime_rl.weights.broadcast", "origin_main"),
     "relay": ("prime_rl.weights.broadcast", "relay_main"),
     "run": ("prime_rl.launch.supervisor", "main"),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from prime_rl.api.assignment import sampling_seeds, task_ids
 from prime_rl.api.protocol import LeaseRecord, LeaseSource, LeaseTask, TaskLease
@@ -30,14 +30,13 @@ from prime_rl.orchestrator.store import RolloutStore
 __all__ = ["HeldLease", "LeaseBook", "TaskPrompts"]
 
 
-class TaskPrompts:
-    """What the ledger needs from a task set: its size and each task's prompt text."""
+class TaskPrompts(Protocol):
+    """What the ledger needs from a task set: its size and each task's prompt text
+    (:class:`prime_rl.tasks.TaskSet` has both; a protocol, so nothing subclasses it)."""
 
-    def __len__(self) -> int:  # pragma: no cover - interface
-        raise NotImplementedError
+    def __len__(self) -> int: ...
 
-    def prompt(self, task_id: int) -> str:  # pragma: no cover - interface
-        raise NotImplementedError
+    def prompt(self, task_id: int) -> str: ...
 
 
 @dataclass
