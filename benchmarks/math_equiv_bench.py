@@ -13,9 +13,10 @@ math-verify's `compare_strings` harness). Ours gets the same strings unwrapped, 
 
 Latency is wall time per pair (math-verify: parse both sides + verify; ours: the whole
 `is_equivalent` call, including the round trip to the worker process); we report the median
-over pairs of each repeat, then the min and median over repeats. The two checkers alternate
-pair by pair (who goes first alternates too), so both see the same load on a shared machine.
-Each repeat gives both fresh caches (a new worker for ours; math-verify's caches cleared).
+over pairs of each repeat, then the min and median over repeats. Each repeat runs one full
+pass per checker, back to back, and alternates which goes first; each gives both fresh caches
+(a new worker for ours; math-verify's caches cleared). On a loaded machine our latency suffers
+most (each check waits for the worker process to be scheduled): compare runs at similar load.
 """
 
 from __future__ import annotations
@@ -73,9 +74,17 @@ def math_verify_checker() -> Callable[[dict], bool]:
     return check
 
 
-def run_both(rows: list[dict]) -> tuple[list[bool], list[float], list[bool], list[float]]:
-    """(ours, our latencies, math-verify's, its latencies) per row, in one pass that alternates
-    which checker goes first, so both see the same machine load (the dev box is shared)."""
+def timed(check: Callable[[dict], bool], rows: list[dict]) -> tuple[list[bool], list[float]]:
+    decisions, latencies = [], []
+    for row in rows:
+        start = time.perf_counter()
+        decisions.append(check(row))
+        latencies.append(time.perf_counter() - start)
+    return decisions, latencies
+
+
+def run_both(rows: list[dict], ours_first: bool) -> tuple[list[bool], list[float], list[bool], list[float]]:
+    """(ours, our latencies, math-verify's, its latencies): one full pass each, back to back."""
     from verifiers.math import MathWorkerPool, is_equivalent
 
     pool = MathWorkerPool(1)  # a fresh worker: no cache carried over from an earlier repeat
@@ -94,16 +103,12 @@ def run_both(rows: list[dict]) -> tuple[list[bool], list[float], list[bool], lis
             pool=pool,
         )
 
-    results: dict[str, tuple[list[bool], list[float]]] = {"ours": ([], []), "theirs": ([], [])}
-    for i, row in enumerate(rows):
-        order = [("ours", ours_check), ("theirs", theirs_check)]
-        for name, check in order if i % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            decision = check(row)
-            results[name][1].append(time.perf_counter() - start)
-            results[name][0].append(decision)
+    if ours_first:
+        ours, theirs = timed(ours_check, rows), timed(theirs_check, rows)
+    else:
+        theirs, ours = timed(theirs_check, rows), timed(ours_check, rows)
     pool.close()
-    return (*results["ours"], *results["theirs"])
+    return (*ours, *theirs)
 
 
 def per_category(rows: list[dict], decisions: list[bool]) -> dict[str, tuple[int, int]]:
@@ -132,8 +137,8 @@ def main() -> None:
         sys.exit('math-verify is not installed: pip install "math-verify[antlr4_13_2]==0.9.0" (dev group)')
 
     ours_lat, theirs_lat = [], []
-    for _ in range(args.repeats):
-        ours, lat_ours, theirs, lat_theirs = run_both(rows)
+    for repeat in range(args.repeats):
+        ours, lat_ours, theirs, lat_theirs = run_both(rows, ours_first=repeat % 2 == 0)
         ours_lat.append(statistics.median(lat_ours))
         theirs_lat.append(statistics.median(lat_theirs))
 
