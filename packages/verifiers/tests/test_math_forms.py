@@ -74,6 +74,10 @@ def test_unit_and_function_readings_do_not_swallow_algebra(warm_pool):
     assert is_equivalent("\\sin x \\cdot y", "y\\sin x")  # the argument ends at \cdot
     assert not is_equivalent("\\sin(x) y", "\\sin(xy)")
     assert is_equivalent("\\sin^{-1} x", "\\arcsin x") and not is_equivalent("\\sin^{2} x", "\\arcsin x")
+    assert is_equivalent("\\operatorname{arcsin} \\frac12", "\\frac{\\pi}{6}")
+    assert is_equivalent("x \\in \\mathbb{R}", "(-\\infty, \\infty)")
+    assert is_equivalent("\\{1,2\\} \\cap \\{3\\}", "\\emptyset")
+    assert not is_equivalent("\\$5", "\\$50") and is_equivalent("\\$5", "5 dollars")
 
 
 def test_set_operation_chains_are_decided(warm_pool):
