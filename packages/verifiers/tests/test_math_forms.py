@@ -13,6 +13,9 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from verifiers.math import is_equivalent
 
 DATA = Path(__file__).parent / "data"
@@ -88,3 +91,19 @@ def test_set_operation_chains_are_decided(warm_pool):
     assert verdict.reason not in ("timeout", "error"), verdict
     assert is_equivalent("\\{x, 1\\} \\cup \\{2\\}", "\\{1, 2, x\\}")  # symbols: merged, not evaluated
     assert is_equivalent("(\\{1,2,3\\}\\setminus\\{2\\})\\cup\\{5\\}", "\\{1,3,5\\}")
+
+
+TOKENS = ["\\sin", "\\cos", "\\ln", "\\log_2", "\\arcsin", "^{-1}", "^2", "\\frac", "{", "}", "(", ")",
+          "\\pi", "x", "2", " ", "+", "\\lfloor", "\\rfloor", "\\sqrt", "\\cdot", "e", "\\cap", "\\{1\\}"]  # fmt: skip
+
+
+@given(st.lists(st.sampled_from(TOKENS), max_size=12))
+@settings(max_examples=300, deadline=None)
+def test_latex_conversion_fails_only_with_latex_error(tokens):
+    from verifiers.math.latex import LatexError, normalize, to_sympy_source
+
+    try:
+        source = to_sympy_source(normalize("".join(tokens)))
+    except LatexError:
+        return
+    assert "__" not in source and all(c.isalnum() or c in "_+-*/().,! " for c in source), source
