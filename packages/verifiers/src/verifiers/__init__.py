@@ -8,6 +8,7 @@
 
 __version__ = "0.1.0"
 
+from verifiers._name_clash import warn_on_name_clash as _warn_on_name_clash
 from verifiers.batch import verify_batch, verify_batch_async
 from verifiers.code import CodeResult, run_tests
 from verifiers.errors import (
@@ -23,6 +24,8 @@ from verifiers.registry import get_verifier, register_verifier, registered_task_
 from verifiers.rewards import register_builtin
 from verifiers.task import Score, Task
 from verifiers.tasks import arithmetic_tasks, humaneval_tasks, load_tasks, save_tasks
+
+_warn_on_name_clash("verifiers", "intellect2-verifiers", others_hint="PrimeIntellect's RL-environments library `verifiers` on PyPI")
 
 register_builtin()
 
