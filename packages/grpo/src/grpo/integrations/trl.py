@@ -46,8 +46,8 @@ Metrics: the Loss's metrics go to TRL's log under their TRL names (``clip_ratio/
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+import copy
+from typing import Any, cast
 
 import torch
 
@@ -118,7 +118,12 @@ def _reconcile(args: GRPOConfig, config: LossConfig) -> GRPOConfig:
             f"the Loss corrects the vLLM mismatch itself (is_correction={config.is_correction!r}); "
             "set GRPOConfig(vllm_importance_sampling_correction=False)"
         )
-    return dataclasses.replace(args, **wanted)
+    # A copy with the fields set, not dataclasses.replace: GRPOConfig.__post_init__ refuses to run
+    # again on its own derived fields (generation_batch_size and steps_per_generation).
+    args = copy.copy(args)
+    for name, value in wanted.items():
+        setattr(args, name, value)
+    return args
 
 
 class GrpoTrainer(GRPOTrainer):
@@ -159,6 +164,7 @@ class GrpoTrainer(GRPOTrainer):
         old = inputs.get("old_per_token_logps")
         is_weights = inputs.get("importance_sampling_ratio") if self.grpo_loss.config.is_correction is None else None
         inference = inputs.get("sampling_per_token_logps")
+        norm = self._normalisers(inputs, rows=completion_ids.size(0))
         out = self.grpo_loss(
             logprobs,
             logprobs.detach() if old is None else old,
@@ -168,7 +174,9 @@ class GrpoTrainer(GRPOTrainer):
             is_weights=None if is_weights is None else is_weights.expand_as(logprobs),
             ref_logprobs=inputs.get("ref_per_token_logps"),
             entropy=entropy,
-            **self._normalisers(inputs, rows=completion_ids.size(0)),
+            num_tokens=norm.get("num_tokens"),
+            num_seqs=norm.get("num_seqs"),
+            constant=norm.get("constant"),
         )
         self._log_grpo_metrics(out)
         loss = out.loss
@@ -176,24 +184,28 @@ class GrpoTrainer(GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / self._accumulation()
         return loss
 
+    def _training(self) -> bool:
+        return self.model is not None and self.model.training
+
     def _accumulation(self) -> float:
-        return float(self.current_gradient_accumulation_steps) if self.model.training else 1.0
+        return float(self.current_gradient_accumulation_steps) if self._training() else 1.0
 
     def _normalisers(self, inputs: dict[str, Any], *, rows: int) -> dict[str, float]:
         """Global normalisers of this micro-batch's accumulation window (TRL's own arithmetic)."""
         cfg = self.grpo_loss.config
+        args = cast(GRPOConfig, self.args)
         if cfg.aggregation == "token_mean":
             tokens = float(inputs["num_items_in_batch"].clamp(min=1.0)) / self.accelerator.num_processes
-            if self.model.training:
-                tokens *= self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            if self._training():
+                tokens *= self.current_gradient_accumulation_steps / cast(int, args.steps_per_generation)
             return {"num_tokens": tokens}
         norm = {"num_seqs": float(rows) * self._accumulation()}
         if cfg.aggregation == "constant" and cfg.constant is None:
-            norm["constant"] = float(self.args.max_completion_length)
+            norm["constant"] = float(cast(int, args.max_completion_length))
         return norm
 
     def _log_grpo_metrics(self, out: LossOutput) -> None:
-        mode = "train" if self.model.training else "eval"
+        mode = "train" if self._training() else "eval"
         for name, value in out.metrics.as_dict().items():
             if name != "num_tokens":
                 self._metrics[mode][name].append(value)

@@ -133,13 +133,16 @@ def policy_loss(loss: Loss | LossConfig | str) -> PolicyLossFn:
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         _check_verl_config(cfg, loss_agg_mode, config)
         mask = response_mask.bool()
+        norm = _normalisers(cfg, config, response_mask)
         out = policy_only(
             log_prob,
             old_log_prob,
             advantages,
             mask,
             is_weights=rollout_is_weights,
-            **_normalisers(cfg, config, response_mask),
+            num_tokens=norm.get("num_tokens"),
+            num_seqs=norm.get("num_seqs"),
+            constant=norm.get("constant"),
         )
         m = out.metrics
         old_minus_new = torch.where(mask, old_log_prob.detach() - log_prob.detach(), torch.zeros_like(log_prob))
