@@ -249,6 +249,28 @@ class OrchestratorConfig(Section):
         "threshold (honest workers stay below 0.06), so a deviation too weak to be banned trains nothing either "
         "once it lifts its worker's score above it. 1 = only the ban stops release.",
     )
+    probation_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="A new identity is on probation until the validator accepted this many of its completion "
+        "tokens with its evidence always below probation_max_evidence; its probation batches are released only "
+        "after that, within the run-wide probation budget (null = release_after_tokens; 0 = no probation).",
+    )
+    probation_max_evidence: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Evidence (fraction of the ban threshold) an identity must stay below during probation; one "
+        "that reaches it is never trusted and nothing it sent on probation is trained on.",
+    )
+    probation_release_share: float = Field(
+        default=0.1,
+        ge=0,
+        allow_inf_nan=False,
+        description="Released probation tokens stay within this share of the tokens accepted after probation "
+        "(run-wide), so steering spread over many fresh identities reaches training at most at this rate.",
+    )
     max_request_bytes: int = Field(default=64 * 2**20, ge=1024, description="Largest accepted request body.")
     max_samples_per_batch: int = Field(default=4096, ge=1, description="Largest accepted rollout batch.")
     max_tokens_per_sample: int = Field(
@@ -265,6 +287,11 @@ class OrchestratorConfig(Section):
                     "(or '' to generate one for this run); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
                 )
         return self
+
+    @property
+    def probation_tokens_or_default(self) -> int:
+        """``probation_tokens``, or ``release_after_tokens`` when it is null."""
+        return self.release_after_tokens if self.probation_tokens is None else self.probation_tokens
 
     @property
     def url(self) -> str:
