@@ -275,7 +275,8 @@ class OrchestratorServer:
     """Run the orchestrator in a background thread (for tests and embedding).
 
     ``with OrchestratorServer(config, tasks) as server: server.url``; port 0 picks a free port.
-    ``registration_clock`` drives the registration rate limit (default ``time.monotonic``);
+    ``registration_clock`` drives the registration rate limit (default ``time.monotonic``), ``clock``
+    the ledger's lease deadlines (default ``time.time``; tests step both by hand);
     ``server.admin_token`` is the token of the trusted endpoints (``run_secrets(config)``).
     """
 
@@ -286,13 +287,14 @@ class OrchestratorServer:
         *,
         metrics: MetricsWriter | None = None,
         registration_clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         check_bind_address(config.orchestrator.host, config.orchestrator.admin_token)
         self.config = config
         self.registration_clock = registration_clock
         self.trusted: RunSecrets = run_secrets(config)
         self.store = RolloutStore(config.orchestrator_data_dir)
-        self.ledger = Ledger(config, tasks, self.store, metrics=metrics, secrets=self.trusted)
+        self.ledger = Ledger(config, tasks, self.store, metrics=metrics, secrets=self.trusted, clock=clock)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
