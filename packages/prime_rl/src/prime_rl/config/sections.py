@@ -194,7 +194,21 @@ class OrchestratorConfig(Section):
     )
     registration_token: str = Field(
         default="",
-        description="Bearer token POST /workers/register requires ('' = anyone may register).",
+        description="Bearer token POST /workers/register requires ('' = no token needed).",
+    )
+    registration_allowlist: list[str] = Field(
+        default_factory=list,
+        description="Client addresses or networks (CIDR) that may register; [] = any address.",
+    )
+    registration_hook: str = Field(
+        default="",
+        description="'package.module:function' deciding each registration (stake, proof of work): called with "
+        "name, address, headers; True admits. '' = none.",
+    )
+    open_registration: bool = Field(
+        default=False,
+        description="Let anyone register on a non-loopback bind with no token, allow-list or hook (without it such "
+        "an orchestrator refuses to start). Loopback binds are open when nothing is configured.",
     )
     register_rate_per_minute: float = Field(
         default=30.0,
