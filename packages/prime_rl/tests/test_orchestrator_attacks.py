@@ -42,13 +42,24 @@ class Sim:
             "--run_dir", str(run_dir), "--orchestrator.task_timeout_s", str(TIMEOUT_S),
             "--orchestrator.register_rate_per_minute", "0", *overrides,
         )  # fmt: skip
-        tasks = TaskSet([{"prompt": f"task {i}"} for i in range(50)])
-        self.server = OrchestratorServer(config, tasks, clock=self.clock, registration_clock=self.clock).start()
+        self.config = config
+        self.tasks = TaskSet([{"prompt": f"task {i}"} for i in range(50)])
+        self.server = self._start()
         self.http = OrchestratorClient(self.server.url, retries=0, admin_token=self.server.admin_token)
         self.tokens: dict[str, str] = {}
         self.step = 0
         self.trained: list[TrainSample] = []
         self.fresh_tasks: Counter[int] = Counter()  # tasks of every fresh (not reassigned) lease issued
+
+    def _start(self) -> OrchestratorServer:
+        return OrchestratorServer(self.config, self.tasks, clock=self.clock, registration_clock=self.clock).start()
+
+    def restart(self) -> None:
+        """Stop the orchestrator and start a new one on the same store (state rebuilt from disk)."""
+        self.server.stop()
+        self.http.close()
+        self.server = self._start()
+        self.http = OrchestratorClient(self.server.url, retries=0, admin_token=self.server.admin_token)
 
     def close(self) -> None:
         self.http.close()
@@ -208,9 +219,8 @@ def _honest_leases(sim: Sim, *, hoarders: int, rounds: int = 40) -> tuple[int, i
 def test_hoarding_identities_on_the_same_address_do_not_starve_an_honest_worker(sim_factory: Any) -> None:
     alone, _ = _honest_leases(sim_factory("alone"), hoarders=0)
     crowded, most_open = _honest_leases(sim_factory("crowded"), hoarders=16)
-    assert alone == 40
     assert most_open == 16  # the hoarders did fill the per-address cap (max_open_leases_per_address 16)
-    assert crowded >= 0.8 * alone  # within 20% (in fact equal)
+    assert crowded == alone == 40  # every round's lease granted: within 20% (in fact equal)
 
 
 # ---------------------------------------------------------------- steering inside the tolerances
@@ -289,3 +299,36 @@ def test_sybil_churn_is_bounded_by_the_probation_budget(sim_factory: Any) -> Non
         # A batch is 4 samples x 2 tokens = 8 tokens: at most one steered batch per 80 trusted tokens.
         assert trained_steered * 8 <= 0.1 * release.trusted_tokens, round_
     assert 0 < len(set(steered) & _claimed_batches(sim)) < 10  # the budget releases them slowly, in order
+
+
+def test_a_restart_forgives_nothing(sim_factory: Any) -> None:
+    """Leases, abandonment, evidence, probation and the budget are rebuilt from the store exactly:
+    every batch's release, every identity's allowance and trust are the same after a restart."""
+    sim = sim_factory("restart", "--orchestrator.probation_tokens", "16", "--orchestrator.probation_release_share", "0.5")
+    honest, steerer, walker = sim.register(), sim.register(), sim.register()
+    batches = []
+    for i in range(12):
+        batches.append(sim.answer(sim.lease(honest) or pytest.fail("refused")))
+        batches.append(sim.answer(sim.lease(steerer) or pytest.fail("refused"), evidence=0.3 if i == 4 else 0.0))
+        sim.lease(walker)  # never answered
+        sim.tick(TIMEOUT_S / 2)
+        if i % 4 == 3:
+            sim.train()
+    ledger = sim.server.ledger
+
+    def state() -> Any:
+        release = sim.server.ledger.release
+        workers = (honest, steerer, walker)
+        return (
+            [release.released(b, b.split("-")[0]) for b in batches],
+            [sim.server.ledger.lease_allowance(w) for w in workers],
+            [release.trusted(w) for w in workers],
+            [sim.server.ledger.workers[w].banned for w in workers],
+            (release.trusted_tokens, release.granted_tokens),
+            sim.server.ledger.rules.fresh_cap("127.0.0.1"),
+        )
+
+    before = state()
+    assert before[0].count(False) >= 4 and before[3] == [False, False, True]  # something is held; walker banned
+    sim.restart()
+    assert sim.server.ledger is not ledger and state() == before
