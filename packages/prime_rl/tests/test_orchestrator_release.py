@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.api.protocol import Verdict, VerdictRequest
 from prime_rl.orchestrator.release import ReleaseBook
@@ -147,3 +150,33 @@ def test_release_survives_a_restart_and_a_crash_between_verdicts_and_judged(
     assert (after.available_samples, after.held_samples) == (2 * SAMPLES, SAMPLES)  # a3 counted: a2 released
     claim = client.claim(0, 2 * SAMPLES)
     assert {s.batch_id for s in claim.samples} == {a1, a2}
+
+
+class _NoStore:
+    def append_event(self, event: dict[str, Any]) -> None:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.one_of(st.none(), st.sampled_from([0.0, 0.1, 0.2, 0.25, 0.3]))),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(0, 12),
+)
+def test_release_equals_the_whole_history_reference(judgements: list[tuple[int, float | None]], after: int) -> None:
+    """``released`` (suffix maxima) equals the definition evaluated on the whole history: batch k is
+    released iff the worker's accepted tokens reach its own cumulative count + ``after`` and every
+    evidence reported with judgement k or later is below 0.25."""
+    book = ReleaseBook(_NoStore(), after_tokens=after, max_evidence=0.25)  # type: ignore[arg-type]
+    for k, (samples, evidence) in enumerate(judgements):
+        verdicts = [Verdict(sample_index=i, accepted=True, reason="ok", reward=0.0, advantage=0.0, logprobs=[-1.0])
+                    for i in range(samples)] or _verdicts(accept=False)  # fmt: skip
+        book.judged(f"b{k}", "w", verdicts, evidence)
+    cumulative = [sum(samples for samples, _ in judgements[: k + 1]) for k in range(len(judgements))]
+    for k in range(len(judgements)):
+        later = [e for _, e in judgements[k:] if e is not None]
+        expected = cumulative[-1] >= cumulative[k] + after and all(e < 0.25 for e in later)
+        assert book.released(f"b{k}", "w") == expected, k
