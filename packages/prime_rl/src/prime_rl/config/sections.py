@@ -226,16 +226,22 @@ class OrchestratorConfig(Section):
     max_buffered_samples: int = Field(
         default=0,
         ge=0,
-        description="Refuse new leases (429 busy) while this many usable answered samples (awaiting "
-        "validation, or accepted and claimable) are buffered; open leases do not count (0 = no limit).",
+        description="Refuse new leases (429 busy) to workers with answered samples of their own buffered while "
+        "this many usable answered samples (awaiting validation, or accepted and claimable) are buffered; open "
+        "leases do not count (0 = no limit).",
     )
     max_open_leases: int = Field(
-        default=4, ge=1, description="Unanswered leases one worker may hold (less after abandoned ones)."
+        default=4,
+        ge=1,
+        description="Unanswered leases one worker may hold at most: a new identity 1, one more per lease it "
+        "answered, less one per lease it let expire.",
     )
     max_open_leases_per_address: int = Field(
         default=16,
         ge=1,
-        description="Unanswered leases all workers leasing from one client address (IPv6: /64) may hold.",
+        description="Unanswered leases the identities without accepted work at one client address (IPv6: /64) "
+        "may hold together, less one per abandoned lease there not offset by answered ones (at least 1); "
+        "identities with accepted work are not counted or capped by it.",
     )
     ban_abandoned_leases: int = Field(
         default=3,
