@@ -31,8 +31,8 @@ so the bound is loose; the exact count is ``test_orchestrator_attacks.py``'s); t
 has no rejected sample and no ban. ``REDTEAM_REPORT=path`` writes the numbers as JSON, including
 how many steered samples reached trainer claims: with the validator's 0.25 sampling tolerance in
 fp32 and its CUSUM evidence (which one honest batch resets to 0), weak steering of one batch can
-stay under every evidence bound and train; in one run 0 (hit and run), 8 (diluted) and 16 (Sybil
-churn) steered samples did, while the honest worker's evidence was exactly 0 on all 403 batches.
+stay under every evidence bound and train; in one run 0 (hit and run), 8 (diluted) and 8 (Sybil
+churn) steered samples did, while the honest worker's evidence was exactly 0 on all 400 batches.
 Rejecting such swaps per sample in fp32 is the validator's side of issue 25.
 """
 
