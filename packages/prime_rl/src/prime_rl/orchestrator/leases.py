@@ -7,8 +7,8 @@ events ``lease`` and ``lease_expired`` (durable write before the memory change, 
 the ledger).
 
 Walking away changes nothing: an expired lease's tasks go to the next lease of a worker at
-another client address if one asks, else of another worker at the same address, never back to
-the worker that abandoned them, and ahead of any fresh task. So every task the keyed assignment
+another client address if one asks, else of another worker at the same address, never to the
+worker whose lease just expired, and ahead of any fresh task. So every task the keyed assignment
 hands out is answered by someone, whichever leases their first holder chose to answer, and the
 multiset of answered tasks is the multiset the assignment drew.
 
@@ -16,7 +16,8 @@ A fresh lease's tasks and sampling seeds are the keyed functions of ``api/assign
 ``(worker_id, step, batch_index)`` under the run's assignment key, so the validator (which holds
 the key) can recompute them and a worker cannot predict them; a reissued lease keeps the expired
 lease's tasks and names where they came from (``reassigned_from``). Each lease remembers the
-client address it was handed to, for the per-address cap on open leases.
+client address it was handed to, for the per-address cap on fresh identities' open leases, and
+the book counts answered and expired leases per worker and per address (``lease_rules.py``).
 
 The book refuses nothing; the API's lease rules (current step only, open-lease caps, bans for
 abandoned leases, backpressure) are the ``Ledger``'s.
