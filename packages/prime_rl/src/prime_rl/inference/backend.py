@@ -1,159 +1,62 @@
-"""Generation backends: sample completions with verifiable randomness and capture TOPLOC proofs.
+"""The transformers generation backend: :class:`HFBackend`, a manual decode loop over a KV cache.
 
-A backend turns prompt token ids into completions for an inference worker, and recomputes hidden
-states and logits by one prefill for the validator. Every backend must honour the same contract,
-because the validator re-derives everything a worker claims:
+It implements :class:`prime_rl.inference.contract.GenerationBackend` (seeded toploc sampler,
+proofs of the decode hidden states, fp32 log-probs, in-place weight reload) and is the
+validator's recompute engine (``prefill``). The contract's names are re-exported here
+(``__all__``) for the code that imports them from this module.
 
-* **Sampling** uses toploc's seeded Gumbel-max sampler: the token at completion position ``t`` of
-  a sample with (lease-assigned) seed ``s`` is ``toploc.sample_tokens(logits_t, seed=SAMPLER_SEED,
-  sequence_ids=[s], positions=[t], temperature=T)``, i.e. ``argmax_v(logits_t[v] / T + g(0, s, t, v))``.
-  Keying the noise by the per-sample seed as toploc's *sequence id* lets one call draw a whole
-  batch. Given the same logits anyone can redraw it (``toploc.check_sampling``), so a completion
-  that was not sampled from the claimed policy fails the validator's sampling check.
-  ``temperature == 0`` is greedy.
-* **Hidden states** are the final hidden states (after the final norm, i.e. the input of
-  ``lm_head``) at the positions whose logits sampled each completion token: row ``t`` is the state
-  at absolute position ``len(prompt) + t - 1``. There is one row per completion token and no
-  prefill rows (toploc ``skip_prefill=True``), in chunks of 32 rows per proof, each committing to
-  the top ``proof_topk(H) = min(128, H)`` values (128 for every real model; a tiny test model with
-  ``H = 64`` could not fill a 1-row chunk with 128 values).
-* **Log-probs** are ``log_softmax(logits / T)[token]`` in fp32 (``T = 1`` for greedy): the
-  behaviour policy's log-probs for the trainer's importance-sampling correction.
-* A completion ends at the EOS token (kept), at the first stop string (tokens kept up to and
-  including the token that completed it), or after ``max_new_tokens``.
-
-:class:`HFBackend` implements this with a manual decode loop over a transformers KV cache
-(batched, left padded). A vLLM backend fits the same :class:`GenerationBackend` protocol: sample
-in a logits processor with the same sampler, capture the ``lm_head`` input with a forward pre-hook
-on the logits processor (one row per sequence per step; beware vLLM's async output processing,
-which shifts rows by one), reload weights with ``load_weights`` on the model runner, and implement
-``prefill`` with ``prompt_logprobs`` plus the same hook.
+:func:`sample_next` is the decode loop's per-step draw (the contract's sampling rule for one
+completion position of a batch); tests and benchmarks replace it here to play a steering worker.
+:func:`token_logprobs` is the contract's log-prob rule over fp32 logits, shared by the decode
+loop and the validator's recompute.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 import toploc
 from prime_rl.devices import torch_dtype
+from prime_rl.inference.contract import (
+    PROOF_CHUNK,
+    SAMPLER_SEED,
+    Completion,
+    FinishReason,
+    GenerationBackend,
+    GenerationError,
+    Prefill,
+    SamplingParams,
+    build_proofs,
+    completion_text,
+    proof_size,
+    proof_topk,
+    tokenizer_eos_ids,
+    verify_proofs,
+)
 from prime_rl.weights.files import load_policy_into
 
-FinishReason = Literal["eos", "stop", "length"]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample: temperature (0 = greedy), length limit and stop strings."""
-
-    temperature: float = 1.0
-    max_new_tokens: int = 32
-    stop: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One sampled completion with everything a worker submits about it.
-
-    ``logprobs[t]`` and ``proofs`` follow the conventions of the module docstring;
-    ``proofs`` are the concatenated toploc proofs (258 bytes per 32 tokens by default).
-    """
-
-    prompt_tokens: tuple[int, ...]
-    completion_tokens: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    proofs: bytes
-    seed: int
-    finish_reason: FinishReason
-    text: str
-
-
-@dataclass(frozen=True)
-class Prefill:
-    """Recomputed tensors for one (prompt, completion): rows align with ``completion_tokens``.
-
-    ``hidden``: ``[n, H]`` final hidden states (model dtype); ``logits``: ``[n, V]`` fp32.
-    """
-
-    hidden: torch.Tensor
-    logits: torch.Tensor
-
-
-@runtime_checkable
-class GenerationBackend(Protocol):
-    """What workers and validators need from an inference engine."""
-
-    @property
-    def policy_version(self) -> int:
-        """The policy version of the loaded weights (0 = initial weights)."""
-        ...
-
-    def generate(
-        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], params: SamplingParams
-    ) -> list[Completion]:
-        """Sample one completion per (prompt, seed) pair, in order."""
-        ...
-
-    def prefill(
-        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
-    ) -> list[Prefill]:
-        """Recompute hidden states and logits for each (prompt, completion) by one prefill."""
-        ...
-
-    def load_weights(self, path: str | Path, policy_version: int) -> None:
-        """Replace the weights in place from a safetensors file and record its version."""
-        ...
-
-
-PROOF_CHUNK = 32
-"""Decode rows per toploc proof (INTELLECT-2's ``decode_batching_size``)."""
-
-
-def proof_topk(hidden_size: int) -> int:
-    """Top-k per proof: 128 (INTELLECT-2), capped at the hidden size."""
-    return min(128, hidden_size)
-
-
-def proof_size(topk: int) -> int:
-    """Bytes per proof: big-endian modulus + ``topk`` coefficients (258 for k = 128)."""
-    return 2 + 2 * topk
-
-
-SAMPLER_SEED = 0
-"""toploc sampler ``seed``; the per-sample seed is passed as the sampler's ``sequence_id``."""
-
-
-def build_proofs(hidden_rows: torch.Tensor) -> bytes:
-    """Concatenated toploc proofs of ``[n, H]`` decode rows (no prefill chunk)."""
-    topk = proof_topk(hidden_rows.shape[-1])
-    proofs = toploc.build_proofs_bytes(
-        hidden_rows, decode_batching_size=PROOF_CHUNK, topk=topk, skip_prefill=True
-    )
-    return b"".join(proofs)
-
-
-def verify_proofs(hidden_rows: torch.Tensor, data: bytes) -> list[Any]:
-    """toploc ``VerificationResult`` per proof chunk of ``data`` against recomputed ``[n, H]`` rows.
-
-    Raises ``toploc.ProofFormatError``/``ValueError`` for malformed or wrongly counted proofs.
-    """
-    topk = proof_topk(hidden_rows.shape[-1])
-    return toploc.verify_proofs_bytes(
-        hidden_rows,
-        toploc.split_proofs(data, topk),
-        decode_batching_size=PROOF_CHUNK,
-        topk=topk,
-        skip_prefill=True,
-    )
-
-
-class GenerationError(RuntimeError):
-    """The backend cannot serve the request (empty prompt, context too long, ...)."""
+__all__ = [
+    "PROOF_CHUNK",
+    "SAMPLER_SEED",
+    "Completion",
+    "FinishReason",
+    "GenerationBackend",
+    "GenerationError",
+    "HFBackend",
+    "Prefill",
+    "SamplingParams",
+    "build_proofs",
+    "proof_size",
+    "proof_topk",
+    "sample_next",
+    "token_logprobs",
+    "verify_proofs",
+]
 
 
 def sample_next(logits: torch.Tensor, seeds: torch.Tensor, position: int, temperature: float) -> torch.Tensor:
@@ -224,8 +127,7 @@ class HFBackend:
         self._policy_version = policy_version
         self._decoder = self.model.get_decoder()
         self._lm_head = self.model.get_output_embeddings()
-        eos = self.tokenizer.eos_token_id
-        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else list(eos or []))
+        self.eos_token_ids = tokenizer_eos_ids(self.tokenizer)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
     @property
@@ -282,7 +184,7 @@ class HFBackend:
         return ids.to(self.device), mask.to(self.device)
 
     def _stopped_by_string(self, tokens: list[int], stop: tuple[str, ...]) -> bool:
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        text = completion_text(self.tokenizer, tokens)
         return any(s and s in text for s in stop)
 
     @torch.no_grad()
@@ -335,7 +237,7 @@ class HFBackend:
                     proofs=proofs[i],
                     seed=int(seeds[i]),
                     finish_reason=finish[i] or "length",
-                    text=str(self.tokenizer.decode(tokens[i], skip_special_tokens=True)),
+                    text=completion_text(self.tokenizer, tokens[i]),
                 )
             )
         return results
