@@ -103,7 +103,10 @@ class HFBackend:
     """The default backend: a transformers causal LM with a manual KV-cache decode loop.
 
     ``model_path`` is a ``from_pretrained`` directory with the tokenizer; ``dtype`` is
-    ``"float32"`` or ``"bfloat16"``; ``max_batch_size`` bounds sequences per decode batch.
+    ``"float32"`` or ``"bfloat16"``; ``max_batch_size`` bounds sequences per decode batch;
+    ``sync_every`` is how many decode steps run between the host's reads of the sampled tokens
+    (16: two device-to-host copies per 16 tokens instead of several per token; outputs do not
+    depend on it, only how far past a batch's last stop the device may run).
     """
 
     def __init__(
@@ -116,7 +119,10 @@ class HFBackend:
         policy_version: int = 0,
         model: Any = None,
         tokenizer: Any = None,
+        sync_every: int = 16,
     ) -> None:
+        if sync_every < 1:
+            raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         weights_dtype = torch_dtype(dtype)  # an unknown name fails before any file is read
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_path))
         if model is None:
@@ -124,6 +130,7 @@ class HFBackend:
         self.model = model.to(device).eval()
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
+        self.sync_every = sync_every
         self._policy_version = policy_version
         self._decoder = self.model.get_decoder()
         self._lm_head = self.model.get_output_embeddings()
@@ -191,56 +198,99 @@ class HFBackend:
     def _generate_batch(
         self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], params: SamplingParams
     ) -> list[Completion]:
+        """The decode loop. The device runs ahead of the host: tokens, log-probs and hidden rows
+        stay in preallocated device buffers, and the host reads them once every ``sync_every``
+        steps (two copies), ends rows at EOS or a stop string there, and hands the window's rows
+        of the rows still running to the proof builder. Rows ended inside a window (and a batch
+        that ended early) cost at most ``sync_every - 1`` extra decode steps, never other output.
+        """
         if any(len(p) == 0 for p in prompts):
             raise GenerationError("every prompt needs at least one token")
-        batch = len(prompts)
-        hidden, mask, positions, cache = self._prefill_prompts(prompts)
-        next_position = positions[:, -1] + 1
+        batch, limit = len(prompts), params.max_new_tokens
+        hidden, prompt_mask, positions, cache = self._prefill_prompts(prompts)
+        width, hidden_size = prompt_mask.shape[1], hidden.shape[-1]
+        # One column per decode step, filled in advance: step t attends to width + t + 1 columns.
+        mask = torch.ones((batch, width + limit), dtype=prompt_mask.dtype, device=self.device)
+        mask[:, :width] = prompt_mask
+        decode_positions = positions[:, -1:] + 1 + torch.arange(limit, device=self.device)
         seed_tensor = torch.tensor([int(x) for x in seeds], dtype=torch.long, device=self.device)
-        builder = toploc.ProofBuilder(batch, hidden.shape[-1], PROOF_CHUNK, proof_topk(hidden.shape[-1]))
+        sampled_tokens = torch.empty((batch, limit), dtype=torch.long, device=self.device)
+        sampled_logprobs = torch.empty((batch, limit), dtype=torch.float32, device=self.device)
+        window_rows = torch.empty(
+            (batch, min(self.sync_every, limit), hidden_size), dtype=hidden.dtype, device=self.device
+        )
+        builder = toploc.ProofBuilder(batch, hidden_size, PROOF_CHUNK, proof_topk(hidden_size))
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
         finish: list[FinishReason | None] = [None] * batch
-        for step in range(params.max_new_tokens):
+        window_start = 0
+        for step in range(limit):
             logits = self._lm_head(hidden).float()
             sampled = sample_next(logits, seed_tensor, step, params.temperature)
-            sampled_logp = token_logprobs(logits, sampled, params.temperature).tolist()
-            builder.add(hidden, active_mask=[f is None for f in finish])
-            for i, token in enumerate(sampled.tolist()):
-                if finish[i] is not None:
-                    continue
-                tokens[i].append(token)
-                logprobs[i].append(sampled_logp[i])
-                if token in self.eos_token_ids:
-                    finish[i] = "eos"
-                elif params.stop and self._stopped_by_string(tokens[i], params.stop):
-                    finish[i] = "stop"
-            if all(f is not None for f in finish) or step + 1 == params.max_new_tokens:
+            sampled_tokens[:, step] = sampled
+            sampled_logprobs[:, step] = token_logprobs(logits, sampled, params.temperature)
+            window_rows[:, step - window_start] = hidden
+            if step + 1 - window_start == window_rows.shape[1] or step + 1 == limit:
+                kept = self._settle_window(
+                    sampled_tokens[:, window_start : step + 1], sampled_logprobs[:, window_start : step + 1],
+                    tokens, logprobs, finish, params.stop,
+                )  # fmt: skip
+                builder.extend(window_rows[:, : step + 1 - window_start], kept)
+                window_start = step + 1
+                if all(f is not None for f in finish):
+                    break
+            if step + 1 == limit:
                 break
-            mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=1)
             hidden = self._decoder(
                 input_ids=sampled.unsqueeze(-1),
-                attention_mask=mask,
-                position_ids=next_position.unsqueeze(-1),
+                attention_mask=mask[:, : width + step + 1],
+                position_ids=decode_positions[:, step : step + 1],
                 past_key_values=cache,
                 use_cache=True,
             ).last_hidden_state[:, -1]
-            next_position = next_position + 1
         proofs = builder.finish()
-        results = []
-        for i in range(batch):
-            results.append(
-                Completion(
-                    prompt_tokens=tuple(int(t) for t in prompts[i]),
-                    completion_tokens=tuple(tokens[i]),
-                    logprobs=tuple(logprobs[i]),
-                    proofs=proofs[i],
-                    seed=int(seeds[i]),
-                    finish_reason=finish[i] or "length",
-                    text=completion_text(self.tokenizer, tokens[i]),
-                )
+        return [
+            Completion(
+                prompt_tokens=tuple(int(t) for t in prompts[i]),
+                completion_tokens=tuple(tokens[i]),
+                logprobs=tuple(logprobs[i]),
+                proofs=proofs[i],
+                seed=int(seeds[i]),
+                finish_reason=finish[i] or "length",
+                text=completion_text(self.tokenizer, tokens[i]),
             )
-        return results
+            for i in range(batch)
+        ]
+
+    def _settle_window(
+        self,
+        window_tokens: torch.Tensor,
+        window_logprobs: torch.Tensor,
+        tokens: list[list[int]],
+        logprobs: list[list[float]],
+        finish: list[FinishReason | None],
+        stop: tuple[str, ...],
+    ) -> list[int]:
+        """Append one window ``[B, n]`` of sampled tokens and log-probs to the running rows, in place.
+
+        A row ends at its first EOS token or at the first token that completes a stop string (both
+        kept); ``finish`` records why. Returns how many of the window's positions each row kept
+        (0 for rows that had ended before the window).
+        """
+        new_tokens, new_logprobs = window_tokens.tolist(), window_logprobs.tolist()
+        kept = [0] * len(tokens)
+        for i, row in enumerate(new_tokens):
+            for j, token in enumerate(row):
+                if finish[i] is not None:
+                    break
+                tokens[i].append(token)
+                logprobs[i].append(new_logprobs[i][j])
+                kept[i] = j + 1
+                if token in self.eos_token_ids:
+                    finish[i] = "eos"
+                elif stop and self._stopped_by_string(tokens[i], stop):
+                    finish[i] = "stop"
+        return kept
 
     # -- verification ------------------------------------------------------------------------
     @torch.no_grad()
