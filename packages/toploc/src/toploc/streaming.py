@@ -144,6 +144,13 @@ class ProofBuilder:
         assert self._buffer is not None
         buffer = self._buffer.view(torch.bfloat16)
         n, dbs = rows.shape[1], self.decode_batching_size
+        first = int(self._fill[0])
+        if counts is None and first + n <= dbs and (self._fill == first).all():  # lock-step within one chunk
+            buffer[:, first : first + n] = rows  # a plain strided copy
+            self._fill += n
+            if first + n == dbs:
+                self._close(np.arange(self.num_sequences), dbs)
+            return
         if counts is None:
             counts = np.full(self.num_sequences, n, dtype=np.int64)
         taken = np.zeros(self.num_sequences, dtype=np.int64)
@@ -151,13 +158,13 @@ class ProofBuilder:
             live = np.flatnonzero(counts > taken)
             if live.size == 0:
                 return
-            fill, start = self._fill[live], taken[live]
-            step = np.minimum(counts[live] - start, dbs - fill)  # rows each copies before its chunk is full
-            keys = np.stack([fill, start, step], axis=1)
+            fills, start = self._fill[live], taken[live]
+            step = np.minimum(counts[live] - start, dbs - fills)  # rows each copies before its chunk is full
+            keys = np.stack([fills, start, step], axis=1)
             groups = [keys[0]] if (keys == keys[0]).all() else np.unique(keys, axis=0)
             for f, t, m in (map(int, key) for key in groups):
                 if live.size == self.num_sequences and len(groups) == 1:
-                    buffer[:, f : f + m] = rows[:, t : t + m]  # lock-step fast path: a plain strided copy
+                    buffer[:, f : f + m] = rows[:, t : t + m]
                 else:
                     members = live[(keys == (f, t, m)).all(axis=1)]
                     seq = torch.from_numpy(members).to(rows.device)
@@ -171,12 +178,15 @@ class ProofBuilder:
     def _close(self, sequences: np.ndarray, length: int) -> None:
         """Select (and on CUDA also commit) the open chunks of ``sequences`` (``length`` rows each); reset them."""
         assert self._buffer is not None
-        seq = torch.from_numpy(sequences).to(self._buffer.device)
-        chunk = self._buffer[seq, :length].reshape(len(sequences), length * self.hidden_size)
+        if len(sequences) == self.num_sequences:  # lock-step: the buffer itself, no gather
+            chunk = self._buffer[:, :length].reshape(len(sequences), length * self.hidden_size)
+        else:
+            seq = torch.from_numpy(sequences).to(self._buffer.device)
+            chunk = self._buffer[seq, :length].reshape(len(sequences), length * self.hidden_size)
         positions = self._chunks[sequences].copy()
         if cuda.available(chunk, self.topk):  # fused kernel, asynchronous: flags are read in finish()
             *_, moduli, coeffs, flags = cuda.select_commit(chunk, self.topk)
-            self._closed.append(_Closed(sequences.copy(), positions, None, None, moduli, coeffs, flags != 0))
+            self._closed.append(_Closed(sequences.copy(), positions, None, None, moduli, coeffs, flags))
         elif chunk.device.type == "cpu" and native.available():
             try:  # the native kernel rejects NaN/Inf while selecting
                 indices, values = select_topk(chunk, self.topk, method="native")
@@ -242,7 +252,7 @@ class _Closed:
     values: torch.Tensor | None
     moduli: torch.Tensor | None
     coeffs: torch.Tensor | None
-    bad: torch.Tensor  # NaN/Inf (or kernel failure) per chunk or overall, read once in finish()
+    bad: torch.Tensor  # nonzero: NaN/Inf (or kernel failure) per chunk or overall, read once in finish()
 
 
 def split_proofs(data: bytes, topk: int = 128) -> list[bytes]:
