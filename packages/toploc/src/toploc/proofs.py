@@ -133,20 +133,22 @@ def compare(committed: np.ndarray | torch.Tensor, values: np.ndarray | torch.Ten
     is the upper median (element ⌊n/2⌋ of the sorted errors). Tensors are compared on their
     own device (CUDA after the fused kernel) and only five ``[C]`` counts come back to the host.
     """
-    u = torch.as_tensor(committed).long()
-    v = torch.as_tensor(values).long().to(u.device)
+    u = torch.as_tensor(committed).to(torch.int32)
+    v = torch.as_tensor(values).to(device=u.device, dtype=torch.int32)
     k = v.shape[1]
-    exp_u, exp_v = (u & 0x7F80) >> 7, (v & 0x7F80) >> 7
-    sign_u, sign_v = (u >> 15) & 1, (v >> 15) & 1
+    exp_u, exp_v = (u >> 7) & 0xFF, (v >> 7) & 0xFF
+    same_sign = ((u ^ v) & 0x8000) == 0
     matched = exp_u == exp_v
-    mant_err = ((u & 0x7F) - (v & 0x7F)).abs()
+    # Errors are 0..127 where exponents match; 128 marks the other positions. The upper median
+    # (element n//2 of the sorted errors) is the smallest e whose cumulative count exceeds n//2.
+    mant_err = torch.where(matched, ((u & 0x7F) - (v & 0x7F)).abs(), 128)
     n_matched = matched.sum(dim=1)
-    sums = torch.where(matched, mant_err, 0).sum(dim=1)
-    # Errors are 0..127; 128 marks an unmatched position so that it sorts after every error.
-    ordered = torch.where(matched, mant_err, 128).to(torch.uint8).sort(dim=1).values
-    median = ordered.gather(1, (n_matched // 2).clamp(max=k - 1).unsqueeze(1)).squeeze(1).long()
-    sign_mismatches = (matched & (sign_u != sign_v)).sum(dim=1)
-    agreement = ((sign_u == sign_v) & ((exp_u - exp_v).abs() <= 1)).sum(dim=1)
+    sums = mant_err.sum(dim=1) - 128 * (k - n_matched)
+    histogram = torch.zeros((u.shape[0], 129), dtype=torch.int32, device=u.device)
+    histogram.scatter_add_(1, mant_err.long(), torch.ones_like(mant_err))
+    median = (histogram.cumsum(dim=1) <= (n_matched // 2).unsqueeze(1)).sum(dim=1)
+    sign_mismatches = (matched & ~same_sign).sum(dim=1)
+    agreement = (same_sign & ((exp_u - exp_v).abs() <= 1)).sum(dim=1)
     counts = torch.stack([n_matched, sums, median, sign_mismatches, agreement]).cpu().tolist()
     inf = float("inf")
     return [
