@@ -62,3 +62,17 @@ def test_extend_errors() -> None:
         builder.extend(torch.zeros(2, 3, 8), [4, 0])
     with pytest.raises(ActivationError, match="floating"):
         builder.extend(torch.zeros(2, 3, 8, dtype=torch.int32))
+
+
+@settings(max_examples=30, deadline=None)
+@given(masks=st.lists(st.lists(st.booleans(), min_size=3, max_size=3), min_size=1, max_size=30), seed=st.integers(0, 99))
+def test_add_with_ragged_fills_equals_batch_api(masks, seed) -> None:
+    # Sequences that pause and resume (vLLM batch slots) sit at different fills: rows scatter.
+    rows = torch.randn(len(masks), 3, 16, generator=torch.Generator().manual_seed(seed))
+    builder = ProofBuilder(3, 16, decode_batching_size=4, topk=16)
+    for t, mask in enumerate(masks):
+        builder.add(rows[t], active_mask=mask)
+    proofs = builder.finish()
+    for s in range(3):
+        kept = rows[[t for t, mask in enumerate(masks) if mask[s]], s]
+        assert split_proofs(proofs[s], 16) == (build_proofs_bytes(kept, 4, 16, True) if len(kept) else [])

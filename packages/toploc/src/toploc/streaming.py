@@ -162,6 +162,10 @@ class ProofBuilder:
             step = np.minimum(counts[live] - start, dbs - fills)  # rows each copies before its chunk is full
             keys = np.stack([fills, start, step], axis=1)
             groups = [keys[0]] if (keys == keys[0]).all() else np.unique(keys, axis=0)
+            if len(groups) > 1 and (step == 1).all():  # one row each at ragged fills: one scattered copy
+                seq, at = (torch.from_numpy(a).to(rows.device) for a in (live, fills))
+                buffer[seq, at] = rows[seq, torch.from_numpy(start).to(rows.device)].to(torch.bfloat16)
+                groups = []
             for f, t, m in (map(int, key) for key in groups):
                 if live.size == self.num_sequences and len(groups) == 1:
                     buffer[:, f : f + m] = rows[:, t : t + m]
