@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages" / "prime_rl" / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # the test's tiny_lm
 from rollout_bench import PROMPT, VOCAB, build
 from test_backend_decode import as_tuples, reference_generate
 
