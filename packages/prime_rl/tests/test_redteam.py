@@ -89,7 +89,7 @@ SAMPLES_PER_STEP = 32
 BUFFER = 48
 TASK_TIMEOUT_S = 20.0
 HOARD_ADDRESS = "127.0.0.2"
-HOARDERS = 6  # more than max_open_leases_per_address (16) / max_open_leases (4) lets through
+HOARDERS = 6  # fresh identities: one open lease each, six of the address's cap for fresh identities (16)
 PER_ADDRESS = 16
 CONTENT_ATTACKS = ("half_lease", "truncated", "grind", "nudged_logprobs", "malformed_proofs")
 STATISTICAL_ATTACKS = ("steering", "bf16_weights", "noisy_weights", "stale_weights", "late_steering")
@@ -433,10 +433,10 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         for attack in STATISTICAL_ATTACKS:
             attacker.statistical_attack(attack)
         # Hoarding: honest lease rate in the 20 s before and while the hoarders hold their leases
-        # (two lease timeouts from their first lease, so two waves of expiries and what follows
-        # them are included: an identity that got 2 leases in the first wave passes the abandon
-        # limit only in the second). Registering the hoarders takes a while: the window starts at
-        # their first lease, not at the thread's start.
+        # (three lease timeouts from their first lease: a fresh identity holds one lease at a time,
+        # so it passes the abandon limit, 3 expired, with the third wave; the address's cap for
+        # fresh identities shrinks by one per expired lease, so about four get a third lease).
+        # Registering the hoarders takes a while: the window starts at their first lease.
         baseline_start = time.time()
         time.sleep(20)
         baseline_end = time.time()
@@ -445,7 +445,7 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         hoarder.start()
         helpers.wait_for(lambda: attacker.events["hoard_leases"], 120, "the hoarders' first lease")
         hoard_start = attacker.events["hoard_leases"][0]
-        time.sleep(max(0.0, hoard_start + 2 * TASK_TIMEOUT_S + 20 - time.time()))
+        time.sleep(max(0.0, hoard_start + 3 * TASK_TIMEOUT_S + 20 - time.time()))
         stop.set()
         hoarder.join(30)
         hoard_end = time.time()

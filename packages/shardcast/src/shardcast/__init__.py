@@ -20,6 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.4.0"
 
+from shardcast._name_clash import warn_on_name_clash as _warn_on_name_clash
+
+_warn_on_name_clash("shardcast", "intellect2-shardcast", others_hint="the reference implementation `shardcast` 0.3.2 on PyPI")
+
 _EXPORTS = {
     "Client": "client",
     "FetchResult": "results",

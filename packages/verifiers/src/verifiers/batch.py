@@ -14,13 +14,14 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
+from verifiers.completions import Completion
 from verifiers.registry import as_task, verify
 from verifiers.task import Score, Task
 
 
 def verify_batch(
     tasks: Sequence[Task | Mapping[str, Any]],
-    completions: Sequence[str],
+    completions: Sequence[Completion],
     *,
     max_workers: int = 4,
     timeout: float = 60.0,
@@ -71,7 +72,7 @@ def verify_batch(
 
 async def verify_batch_async(
     tasks: Sequence[Task | Mapping[str, Any]],
-    completions: Sequence[str],
+    completions: Sequence[Completion],
     *,
     max_workers: int = 4,
     timeout: float = 60.0,

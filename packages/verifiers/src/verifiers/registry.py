@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, overload
 
+from verifiers.completions import Completion, completion_text
 from verifiers.errors import TaskFormatError, UnknownTaskTypeError
 from verifiers.task import Score, Task
 
@@ -58,17 +59,18 @@ def as_task(task: Task | Mapping[str, Any]) -> Task:
     return task if isinstance(task, Task) else Task.from_row(task)
 
 
-def verify(task: Task | Mapping[str, Any], completion: str) -> Score:
+def verify(task: Task | Mapping[str, Any], completion: Completion) -> Score:
     """Score `completion` for `task` with the verifier registered for its `task_type`.
 
-    `task` may be a `Task` or a raw dataset row. Malformed tasks raise `TaskFormatError` and
+    `task` may be a `Task` or a raw dataset row. `completion` is text or a chat completion
+    (a message or a list of messages, as TRL passes for conversational data): the verifier
+    reads its assistant messages' text (`verifiers.completion_text`). Malformed tasks raise `TaskFormatError` and
     unknown types `UnknownTaskTypeError`; any other exception inside a verifier becomes
     `Score(0, failure="error")` so one bad item cannot stop a training step.
     """
     task = as_task(task)
     verifier = get_verifier(task.task_type)
-    if not isinstance(completion, str):
-        raise TypeError(f"completion must be a str, got {type(completion).__name__}")
+    completion = completion_text(completion)  # TypeError for anything but text or chat messages
     start = time.perf_counter()
     try:
         score = verifier(task, completion)
