@@ -195,7 +195,8 @@ def test_restore_rejects_bad_snapshots() -> None:
         {**good, "counts": [["sampling_margin", 0.1, 3, 5]]},
         {**good, "counts": "x"},
         {**good, "samples": None},
-        {**good, "recent": {tests.describe(0): float("inf")}},
+        {**good, "recent": [float("inf")] * len(tests)},
+        {**good, "recent": ["x"]},
     ):
         with pytest.raises(EvidenceError):
             WorkerEvidence.restore(tests, bad)

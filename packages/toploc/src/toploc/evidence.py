@@ -60,6 +60,7 @@ a history: the counts stay valid, the guarantee is then the new profile's.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -170,6 +171,14 @@ class EvidenceTests:
         names = np.array(self.statistics)
         groups = [(name, np.flatnonzero(names == name)) for name in STATISTICS if (names == name).any()]
         return exceed_log, stay_log, groups
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A short digest of the tests (statistics, thresholds, p0, p1): equal tests, equal digest."""
+        digest = hashlib.sha256(repr(self.statistics).encode())
+        for array in (self.thresholds, self.null_rates, self.alternative_rates):
+            digest.update(np.ascontiguousarray(array, dtype=np.float64).tobytes())
+        return digest.hexdigest()[:16]
 
     def counts(self, observations: Observations) -> tuple[np.ndarray, np.ndarray]:
         """``[K]`` int64 pair: per test, the sample's observations of its statistic and those above
@@ -286,14 +295,15 @@ class WorkerEvidence:
 
     def snapshot(self) -> dict[str, Any]:
         """The worker's state as JSON-safe data (for a journal): history counts per (statistic,
-        threshold), recent scores per test description, samples, tokens, banned."""
+        threshold), recent scores with the tests' fingerprint, samples, tokens, banned."""
         counts: dict[tuple[str, float], tuple[int, int]] = {}
         for j, (name, threshold) in enumerate(zip(self.tests.statistics, self.tests.thresholds, strict=True)):
             counts[(name, float(threshold))] = (int(self.seen[j]), int(self.exceeded[j]))
         return {
             "format": SNAPSHOT_FORMAT,
             "counts": [[name, threshold, n, k] for (name, threshold), (n, k) in counts.items()],
-            "recent": {self.tests.describe(j): float(self.scores[j]) for j in range(len(self.tests))},
+            "tests": self.tests.fingerprint,
+            "recent": [float(x) for x in self.scores],
             "samples": self.samples,
             "tokens": self.tokens,
             "banned": self.banned,
@@ -304,21 +314,22 @@ class WorkerEvidence:
         """The worker's evidence from :meth:`snapshot`, under ``tests`` (possibly another profile's).
 
         History counts are matched by (statistic, threshold), so they survive a re-measured profile
-        (a threshold the snapshot lacks starts from 0); recent scores are matched by test description
-        and restart at 0 where the test changed. A ban is kept whatever the tests.
+        (a threshold the snapshot lacks starts from 0); recent scores are kept when the tests are the
+        same (fingerprint) and restart at 0 otherwise. A ban is kept whatever the tests.
         """
         if not isinstance(snapshot, Mapping) or snapshot.get("format") != SNAPSHOT_FORMAT:
             raise EvidenceError(f"not a worker evidence snapshot (expected format {SNAPSHOT_FORMAT!r})")
         evidence = cls(tests)
         try:
             counts = {(str(name), float(t)): (int(n), int(k)) for name, t, n, k in snapshot["counts"]}
-            recent = {str(key): float(value) for key, value in snapshot["recent"].items()}
+            recent = np.asarray(snapshot["recent"], dtype=np.float64).reshape(-1)
+            if snapshot["tests"] == tests.fingerprint and recent.size == len(tests):
+                evidence.scores = recent.copy()
             for j, (name, threshold) in enumerate(zip(tests.statistics, tests.thresholds, strict=True)):
                 n, k = counts.get((name, float(threshold)), (0, 0))
                 if not 0 <= k <= n:
                     raise EvidenceError(f"{name} > {threshold:g}: {k} exceedances of {n} observations")
                 evidence.seen[j], evidence.exceeded[j] = n, k
-                evidence.scores[j] = recent.get(tests.describe(j), 0.0)
             evidence.samples = int(snapshot["samples"])
             evidence.tokens = int(snapshot["tokens"])
             evidence.banned = bool(snapshot["banned"])

@@ -60,6 +60,7 @@ from prime_rl.validator.checks import (
     validate_batch,
 )
 from prime_rl.validator.evidence import EvidenceLedger, metrics_fields, reject_banned
+from prime_rl.validator.journal import ValidatorJournal
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable
 from verifiers.code import sandbox_runs
 
@@ -193,6 +194,9 @@ class Validator:
                     ),
                     logprob_atol=max(self.checks.logprob_atol, profile.per_sample_limit("logprob_gap")),
                 )
+        # Per-identity evidence and failure counts survive a restart (journal.py).
+        self.journal = ValidatorJournal(Path(config.run_dir) / "validator" / "journal.jsonl")
+        self.journal.restore(self.evidence, self.failures)
         self.done = 0
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
 
@@ -200,6 +204,9 @@ class Validator:
         """``validator.noise_profile`` if set, else measured now on this backend (and saved for reading)."""
         if self.cfg.noise_profile:
             return toploc.NoiseProfile.load(self.cfg.noise_profile)
+        path = Path(config.run_dir) / "validator" / "noise-profile.json"
+        if path.exists():  # a restart judges on with the tests its journalled evidence was built on
+            return toploc.NoiseProfile.load(path)
         if config.workers.backend != "hf":
             # An in-process vLLM engine would take this process's threads; `prime-rl run` measures it
             # apart (launch.local.measure_worker_noise), a validator started alone says so.
@@ -212,7 +219,6 @@ class Validator:
             )
         started = time.monotonic()
         profile = noise.calibrate_for_run(config, self.backend, self.cfg.calibration_tokens)
-        path = Path(config.run_dir) / "validator" / "noise-profile.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         profile.save(path)
         log.info("honest noise profile measured in %.1fs: %s", time.monotonic() - started, path)
@@ -312,6 +318,7 @@ class Validator:
             sandbox_runs=sandbox_runs(),
         )
         ban = self.failures.record(batch.worker_id, accepted=accepted, rejected=rejected)
+        self.journal.failures(batch.batch_id, batch.worker_id, self.failures)
         if evidence_ban is not None and batch.worker_id not in self.evidence_bans_posted:
             ban = evidence_ban
             self.evidence_bans_posted.add(batch.worker_id)
@@ -331,6 +338,7 @@ class Validator:
             return None
         state = self.evidence.record(batch.worker_id, batch.batch_id, observed)
         if state is not None:  # None: judged before and already counted (its post failed)
+            self.journal.evidence(batch.batch_id, batch.worker_id, self.evidence)
             get_metrics().log("evidence", batch_id=batch.batch_id, **metrics_fields(batch.worker_id, state))
         return self.evidence.ban_reasons.get(batch.worker_id)
 
