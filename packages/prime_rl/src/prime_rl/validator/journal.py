@@ -145,7 +145,7 @@ class ValidatorJournal:
 
     def compact(self, state: JournalState) -> None:
         """Rewrite the journal as ``state`` (one line per worker and kind), atomically and durably."""
-        lines = []
+        lines: list[dict[str, Any]] = []
         for worker, snapshot in state.evidence.items():
             event = {"event": "evidence", "batch_id": "", "worker_id": worker, "state": snapshot}
             lines.append({**event, "batches": state.batches.get(worker, []), "ban_reason": state.ban_reasons.get(worker)})
