@@ -207,7 +207,8 @@ def test_validator_process_bans_a_steering_worker_through_the_orchestrator(
     assert (honest.samples_accepted, honest.samples_rejected, honest.banned) == (32, 0, False)
     assert steering_worker.banned and steering_worker.ban_reason.startswith("evidence ")
     assert steering_worker.samples_rejected >= 8  # at least the batch that crossed the threshold
-    assert set(steering_worker.rejected_reasons) == {"banned_worker"}  # no per-sample check fired
+    # fp32: any runner-up swap fails the per-sample check (tolerances.py); the evidence bans anyway
+    assert "sampling_mismatch" in steering_worker.rejected_reasons
     evidence = [fields for event, fields in metrics.lines if event == "evidence"]
     assert len(evidence) == 8 and {line["worker_id"] for line in evidence} == set(ids.values())
     assert not any(line["banned"] for line in evidence if line["worker_id"] == ids["honest"])

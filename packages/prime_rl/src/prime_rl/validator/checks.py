@@ -63,6 +63,7 @@ from prime_rl.validator.structure import (
     proof_problem,
     termination_problem,
 )
+from prime_rl.validator.tolerances import SamplingRule
 from toploc import Observations
 
 Observer = Callable[[int, Observations], None]
@@ -144,6 +145,8 @@ class Checks:
     sampling_tolerance: float = 0.25
     sampling_max_mismatch_fraction: float = 0.0
     thresholds: Any = field(default_factory=lambda: toploc.Thresholds())
+    sampling_rule: SamplingRule | None = None
+    """The per-precision sampling rule (``tolerances.for_precision``); None: the two fields above."""
 
 
 @dataclass
@@ -337,10 +340,14 @@ def _model_checks(
         recomputed = token_logprobs(pre.logits, tokens, sample.temperature)
         if observe is not None:  # evidence from every sample whose proofs pass, accepted or not
             observe(p.index, Observations.from_checks(margins, sample.inference_logprobs, recomputed, results))
-        why = sampling_problem(
-            margins,
-            tolerance=checks.sampling_tolerance,
-            max_mismatch_fraction=checks.sampling_max_mismatch_fraction,
+        why = (
+            checks.sampling_rule.problem(margins)
+            if checks.sampling_rule is not None
+            else sampling_problem(
+                margins,
+                tolerance=checks.sampling_tolerance,
+                max_mismatch_fraction=checks.sampling_max_mismatch_fraction,
+            )
         )
         if why is not None:
             p.reject(Reason.SAMPLING_FAILED, why)

@@ -25,7 +25,6 @@ token or issues leases its key does not reproduce: either would reject every hon
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import signal
 import time
@@ -50,7 +49,7 @@ from prime_rl.devices import choose_device
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics, init_process
-from prime_rl.validator import noise
+from prime_rl.validator import noise, tolerances
 from prime_rl.validator.checks import (
     AssignmentKeyMismatch,
     Checks,
@@ -165,6 +164,7 @@ class Validator:
         self.failures = FailureTracker(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
         self.evidence: EvidenceLedger | None = None
         self.evidence_bans_posted: set[str] = set()
+        profile: toploc.NoiseProfile | None = None
         if self.cfg.evidence:
             profile = self._noise_profile(config)
             policy = toploc.EvidencePolicy(
@@ -183,17 +183,11 @@ class Validator:
                 )
             else:
                 self.evidence = EvidenceLedger(tests)
-                # Per sample, only gross deviations: a rejected sample rejects its whole lease, so
-                # honest drift (bf16 margins of 0.45, log-prob gaps of 0.45) must pass; whatever
-                # hides inside these tolerances is left to the evidence. The log-prob rule bounds a
-                # sample's mean gap, so 3x the largest honest per-token gap is at least as loose.
-                self.checks = dataclasses.replace(
-                    self.checks,
-                    sampling_tolerance=max(
-                        self.checks.sampling_tolerance, profile.per_sample_limit("sampling_margin")
-                    ),
-                    logprob_atol=max(self.checks.logprob_atol, profile.per_sample_limit("logprob_gap")),
-                )
+        # Per sample, per precision: exact in fp32, statistical in bf16 with the evidence behind it
+        # (a rejected sample rejects its whole lease, so honest drift must pass; tolerances.py).
+        self.checks = tolerances.for_precision(
+            self.checks, config.model.dtype, profile if self.evidence is not None else None
+        )
         # Per-identity evidence and failure counts survive a restart (journal.py).
         self.journal = ValidatorJournal(Path(config.run_dir) / "validator" / "journal.jsonl")
         self.journal.restore(self.evidence, self.failures)
