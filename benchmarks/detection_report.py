@@ -159,7 +159,7 @@ def report(
         print(f"| {s.name} | {s.observations} | {s.maximum:.3g} | {bounds} |")
     tolerance = max(0.25, profile.per_sample_limit("sampling_margin"))
     atol = max(0.05, profile.per_sample_limit("logprob_gap"))
-    print(f"\n{len(tests)} tests, ban at score >= {tests.log_threshold:.1f} nats; per-sample sampling tolerance "
+    print(f"\n{len(tests)} tests, ban at whole-history score >= {tests.history_log_threshold:.1f} or recent (CUSUM) score >= {tests.log_threshold:.1f} nats; per-sample sampling tolerance "
           f"{tolerance:.3g}, log-prob tolerance {atol:.3g} (the validator's, widened from the profile)")  # fmt: skip
 
     honest_tokens = sum(s.margins.size for st in honest for s in st)

@@ -33,8 +33,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import toploc
 from detection_bench import load
+
+import toploc
 from prime_rl.validator.checks import Checks
 from prime_rl.validator.tolerances import for_precision
 
@@ -90,7 +91,7 @@ def main() -> None:
     full = profile_without(None)
     full_rules = rules(full, args.dtype)
     judged: list[tuple[Any, dict[str, bool]]] = []
-    for name, samples in honest.items():
+    for samples in honest.values():
         judged += [(s, {k: bool(f(s)) for k, f in full_rules.items() if not k.startswith("_")}) for s in samples]
     if len(calibration) > 1:  # leave one calibration job out
         for name, samples in calibration.items():
