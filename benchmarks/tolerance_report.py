@@ -64,6 +64,7 @@ def rules(profile: toploc.NoiseProfile, dtype: str) -> dict[str, Any]:
         "widened": lambda s: proofs_fail(s) or s.margins.max() > widened_margin or gap(s) > atol,
         "per-precision": lambda s: proofs_fail(s) or rule.problem(torch.from_numpy(s.margins)) is not None
         or gap(s) > checks.logprob_atol,
+        "_headroom": lambda s: (int((s.margins > rule.tolerance).sum()), rule.allowed(s.margins.size)),
         "_describe": f"per-precision: tolerance {rule.tolerance:.3g}, honest rate {rule.rate:.2g}, hard limit "
         f"{rule.hard_limit:.3g}, allowed beyond the tolerance at 1,024 / 4,096 tokens: {rule.allowed(1024)} / "
         f"{rule.allowed(4096)}; widened worst margin {widened_margin:.3g}; log-prob atol {atol:.3g}",
@@ -100,8 +101,9 @@ def main() -> None:
     print(f"# {args.dtype}: per-sample rules on honest samples ({len(judged)} samples, "
           f"{sum(s.margins.size for s, _ in judged)} tokens; calibration {sum(len(v) for v in calibration.values())} samples)\n")  # fmt: skip
     print(full_rules["_describe"] + "\n")
-    print("| tokens | samples | worst margin p50 / max | mean log-prob gap p50 / max | rejected: fixed | widened | per-precision |")
-    print("|---|---|---|---|---|---|---|")
+    print("| tokens | samples | worst margin p50 / max | mean log-prob gap p50 / max | rejected: fixed | widened | per-precision "
+          "| most tokens beyond the tolerance (allowed) |")
+    print("|---|---|---|---|---|---|---|---|")
     result: dict[str, Any] = {"dtype": args.dtype, "rules": full_rules["_describe"], "buckets": [], "attacks": {}}
     for low, high in BUCKETS:
         rows = [(s, r) for s, r in judged if low <= s.margins.size <= high]
@@ -111,8 +113,9 @@ def main() -> None:
         gaps = np.array([np.abs(s.claimed - s.recomputed).mean() for s, _ in rows])
         counts = {k: sum(r[k] for _, r in rows) for k in ("fixed", "widened", "per-precision")}
         label = f"{low}-{high}" if high < 1 << 30 else f">= {low}"
+        over, allowed = max((full_rules["_headroom"](s) for s, _ in rows), key=lambda pair: pair[0] / max(pair[1], 1))
         print(f"| {label} | {len(rows)} | {np.median(worst):.3g} / {worst.max():.3g} | {np.median(gaps):.3g} / {gaps.max():.3g} | "
-              f"{counts['fixed']} | {counts['widened']} | {counts['per-precision']} |")  # fmt: skip
+              f"{counts['fixed']} | {counts['widened']} | {counts['per-precision']} | {over} ({allowed}) |")  # fmt: skip
         result["buckets"].append({"tokens": label, "samples": len(rows), "worst_margin_p50": float(np.median(worst)),
                                   "worst_margin_max": float(worst.max()), "gap_p50": float(np.median(gaps)),
                                   "gap_max": float(gaps.max()), "rejected": counts})  # fmt: skip
