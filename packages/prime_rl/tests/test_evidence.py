@@ -139,9 +139,9 @@ def test_the_ban_reason_gives_the_score_of_the_sample_that_crossed(
     crossing = next(i for i, o in enumerate(steered) if replay.update(o).banned)
     ledger = EvidenceLedger(tests)  # one batch: steering until it crosses, then honest samples
     final = ledger.record("w", "b0", [*steered[: crossing + 1], *honest])
-    assert final is not None and final.banned and final.score < tests.log_threshold  # fell back after
-    stated = float(ledger.ban_reasons["w"].split()[1])
-    assert stated >= round(tests.log_threshold, 1)
+    assert final is not None and final.banned and final.fraction < 1  # fell back after
+    words = ledger.ban_reasons["w"].split()  # "evidence <score> >= <threshold> nats ..."
+    assert float(words[1]) >= float(words[3]) in (round(tests.log_threshold, 1), round(tests.history_log_threshold, 1))
 
 
 def test_margins_equal_the_sampling_check(backend: HFBackend) -> None:
@@ -211,7 +211,8 @@ def test_validator_process_bans_a_steering_worker_through_the_orchestrator(
     assert (honest.samples_accepted, honest.samples_rejected, honest.banned) == (32, 0, False)
     assert steering_worker.banned and steering_worker.ban_reason.startswith("evidence ")
     assert steering_worker.samples_rejected >= 8  # at least the batch that crossed the threshold
-    assert set(steering_worker.rejected_reasons) == {"banned_worker"}  # no per-sample check fired
+    # fp32: any runner-up swap fails the per-sample check (tolerances.py); the evidence bans anyway
+    assert "sampling_mismatch" in steering_worker.rejected_reasons
     evidence = [fields for event, fields in metrics.lines if event == "evidence"]
     assert len(evidence) == 8 and {line["worker_id"] for line in evidence} == set(ids.values())
     assert not any(line["banned"] for line in evidence if line["worker_id"] == ids["honest"])

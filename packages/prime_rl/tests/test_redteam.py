@@ -20,7 +20,8 @@ malformed_proofs   honest samples whose proofs are cut short (valid base64, wron
 hoarding           identities from another address (127.0.0.2) take every lease they can and
                    never answer
 steering           samples honestly except where the seeded sampler's runner-up scores within
-                   0.2 of its choice (inside the 0.25 sampling tolerance): takes the runner-up
+                   0.2 of its choice (inside bf16's 0.25 sampling tolerance; this fp32 run rejects
+                   any swap per sample): takes the runner-up
 bf16_weights       generates with its weights rounded to bf16 (an fp32 run)
 noisy_weights      generates with every weight + 0.1% of its tensor's std of noise
 stale_weights      generates with the previous policy version's weights, claims the current one
@@ -575,8 +576,9 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         assert row["deviating_in_trainer_claims"] == 0 and row["banned"] == 1, (attack, dict(row))
         if attack != "late_steering":  # (its honest samples may be trained on)
             assert row["in_trainer_claims"] == 0, (attack, dict(row))
-    # steering never fails a per-sample check: its evidence alone bans it
-    assert set(per_attack["steering"]["reasons"]) == {"banned_worker"}, dict(per_attack["steering"])
+    # fp32 decode and prefill agree exactly: a runner-up swap fails the per-sample check itself
+    # (validator/tolerances.py), and the evidence, which sees rejected samples too, bans the identity
+    assert "sampling_mismatch" in per_attack["steering"]["reasons"], dict(per_attack["steering"])
     expected = {
         "half_lease": "incomplete_lease",
         "truncated": "bad_termination",

@@ -22,6 +22,7 @@ from prime_rl.config import load_config
 from prime_rl.inference.backend import HFBackend
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
+from prime_rl.validator import tolerances
 from prime_rl.validator.checks import Reason, repetition_problem
 from prime_rl.validator.process import FailureTracker, Validator
 from prime_rl.validator.verdicts import validate_batch
@@ -324,7 +325,9 @@ def test_a_profile_too_small_for_evidence_leaves_the_per_sample_tolerances_as_co
         validator = Validator(config)
         validator.close()
     assert validator.evidence is None
-    assert validator.checks.validator.sampling_tolerance == config.validator.sampling_tolerance == 0.25
+    # fp32 is exact whatever the evidence: any runner-up swap is rejected (validator/tolerances.py)
+    assert validator.checks.validator.sampling_tolerance == tolerances.FP32_SAMPLING_TOLERANCE
+    assert validator.checks.sampling_rule is not None and validator.checks.sampling_rule.allowed(10_000) == 0
     assert validator.checks.validator.logprob_atol == config.validator.logprob_atol == 0.05
 
 

@@ -23,8 +23,9 @@ class ValidatorConfig(Section):
     sampling_tolerance: float = Field(
         default=0.25,
         ge=0,
-        description="Logit margin a sampled token may fall short by (widened to 3x the largest honest margin "
-        "of the noise profile when evidence is on).",
+        description="bf16: logit margin a sampled token may fall short by as often as honest noise does (with "
+        "evidence: none beyond 3x the profile's largest honest margin). fp32 is exact: any swap beyond 1e-3 "
+        "is rejected (validator/tolerances.py).",
     )
     sampling_max_mismatch_fraction: float = Field(
         default=0.0, ge=0, le=1, description="Share of tokens allowed beyond the sampling tolerance."

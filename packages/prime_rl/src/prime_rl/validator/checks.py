@@ -48,6 +48,7 @@ from prime_rl.inference.backend import (
     verify_proofs,
 )
 from prime_rl.validator.structure import proof_problem, termination_problem
+from prime_rl.validator.tolerances import SamplingRule
 from toploc import Observations
 
 if TYPE_CHECKING:
@@ -165,6 +166,9 @@ class Checks:
             max_mant_err_median=v.max_mant_err_median,
             sign_mismatches_per_128=v.sign_mismatches_per_128,
         )
+    sampling_rule: SamplingRule | None = None
+    """The per-precision sampling rule (``tolerances.for_precision``); None: ``[validator]``'s
+    ``sampling_tolerance`` and ``sampling_max_mismatch_fraction`` as configured."""
 
 
 @dataclass
@@ -263,10 +267,14 @@ def model_checks(
         recomputed = token_logprobs(pre.logits, tokens, sample.temperature).cpu()  # compared with the claim
         if observe is not None:  # evidence from every sample whose proofs pass, accepted or not
             observe(p.index, Observations.from_checks(margins, sample.inference_logprobs, recomputed, results))
-        why = sampling_problem(
-            margins,
-            tolerance=checks.validator.sampling_tolerance,
-            max_mismatch_fraction=checks.validator.sampling_max_mismatch_fraction,
+        why = (
+            checks.sampling_rule.problem(margins)
+            if checks.sampling_rule is not None
+            else sampling_problem(
+                margins,
+                tolerance=checks.validator.sampling_tolerance,
+                max_mismatch_fraction=checks.validator.sampling_max_mismatch_fraction,
+            )
         )
         if why is not None:
             p.reject(Reason.SAMPLING_FAILED, why)

@@ -5,7 +5,7 @@ honest drift between a worker's decode and the validator's prefill, and a worker
 that room (choose the runner-up token wherever it is within the sampling tolerance, run cheaper
 weights, lag one optimizer step). This module accumulates what each sample shows (per-token
 sampling margins and log-prob gaps, per-chunk proof mismatches: :class:`toploc.Observations`)
-per worker, and bans a worker once its evidence passes the threshold of toploc's CUSUM
+per worker, and bans a worker once its evidence passes the threshold of toploc's whole-history and CUSUM
 likelihood-ratio tests (:mod:`toploc.evidence`: P(an honest worker is ever banned) <= the
 configured ``false_ban_rate`` over ``evidence_horizon_samples`` samples, given a noise profile
 that bounds honest behaviour).
@@ -93,6 +93,8 @@ def metrics_fields(worker_id: str, state: toploc.EvidenceState) -> dict[str, obj
         "score": round(state.score, 4),
         "log_threshold": round(state.log_threshold, 4),
         "fraction": round(state.fraction, 5),
+        "history_score": round(state.history_score, 4),
+        "recent_score": round(state.recent_score, 4),
         "strongest": state.strongest,
         "samples": state.samples,
         "tokens": state.tokens,

@@ -47,9 +47,10 @@ from prime_rl.inference.backend import HFBackend
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.reward import run_tasks
 from prime_rl.role import run_role
-from prime_rl.validator import noise
+from prime_rl.validator import noise, tolerances
 from prime_rl.validator.checks import Checks, GenerationBackend, Reason, RetryLater
 from prime_rl.validator.evidence import EvidenceLedger, metrics_fields, reject_banned
+from prime_rl.validator.journal import ValidatorJournal
 from prime_rl.validator.structure import AssignmentKeyMismatch
 from prime_rl.validator.verdicts import validate_batch
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable
@@ -129,6 +130,7 @@ class Validator:
         self.failures = FailureTracker(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
         self.evidence: EvidenceLedger | None = None
         self.evidence_bans_posted: set[str] = set()
+        profile: toploc.NoiseProfile | None = None
         if self.cfg.evidence:
             profile = self._noise_profile(config)
             policy = toploc.EvidencePolicy(
@@ -147,14 +149,14 @@ class Validator:
                 )
             else:
                 self.evidence = EvidenceLedger(tests)
-                # Per sample, only gross deviations: a rejected sample rejects its whole lease, so
-                # honest drift (bf16 margins of 0.45, log-prob gaps of 0.45) must pass; whatever
-                # hides inside these tolerances is left to the evidence. The log-prob rule bounds a
-                # sample's mean gap, so 3x the largest honest per-token gap is at least as loose.
-                self.checks = self.checks.widened(
-                    sampling_tolerance=max(self.cfg.sampling_tolerance, profile.per_sample_limit("sampling_margin")),
-                    logprob_atol=max(self.cfg.logprob_atol, profile.per_sample_limit("logprob_gap")),
-                )
+        # Per sample, per precision: exact in fp32, statistical in bf16 with the evidence behind it
+        # (a rejected sample rejects its whole lease, so honest drift must pass; tolerances.py).
+        self.checks = tolerances.for_precision(
+            self.checks, config.model.dtype, profile if self.evidence is not None else None
+        )
+        # Per-identity evidence and failure counts survive a restart (journal.py).
+        self.journal = ValidatorJournal(Path(config.run_dir) / "validator" / "journal.jsonl")
+        self.journal.restore(self.evidence, self.failures)
         self.done = 0
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
 
@@ -162,6 +164,9 @@ class Validator:
         """``validator.noise_profile`` if set, else measured now on this backend (and saved for reading)."""
         if self.cfg.noise_profile:
             return toploc.NoiseProfile.load(self.cfg.noise_profile)
+        path = Path(config.run_dir) / "validator" / "noise-profile.json"
+        if path.exists():  # a restart judges on with the tests its journalled evidence was built on
+            return toploc.NoiseProfile.load(path)
         if config.workers.backend != "hf":
             # An in-process vLLM engine would take this process's threads; `prime-rl run` measures it
             # apart (launch.local.measure_worker_noise), a validator started alone says so.
@@ -174,7 +179,6 @@ class Validator:
             )
         started = time.monotonic()
         profile = noise.calibrate_for_run(config, self.backend, self.cfg.calibration_tokens)
-        path = Path(config.run_dir) / "validator" / "noise-profile.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         profile.save(path)
         log.info("honest noise profile measured in %.1fs: %s", time.monotonic() - started, path)
@@ -229,7 +233,7 @@ class Validator:
         if posted is not Posted.OK:
             return posted is Posted.REFUSED  # refused: settled, never judged again; else retried
         self.log(batch, verdicts, prefilled=len(verdicts) if loaded else 0, seconds=time.monotonic() - started)
-        self.ban(batch.worker_id, verdicts, evidence_ban)
+        self.ban(batch, verdicts, evidence_ban)
         self.done += 1
         return True
 
@@ -287,11 +291,13 @@ class Validator:
             sandbox_runs=sandbox_runs(),
         )
 
-    def ban(self, worker_id: str, verdicts: list[Verdict], evidence_ban: str | None) -> None:
+    def ban(self, batch: PendingBatch, verdicts: list[Verdict], evidence_ban: str | None) -> None:
         """Count a posted batch against its worker; ban it (``POST /workers/ban``) the first time its
         rejected share crosses ``ban_failure_rate`` or its evidence crosses the threshold."""
+        worker_id = batch.worker_id
         accepted = sum(v.accepted for v in verdicts)
         reason = self.failures.record(worker_id, accepted=accepted, rejected=len(verdicts) - accepted)
+        self.journal.failures(batch.batch_id, worker_id, self.failures)
         if evidence_ban is not None and worker_id not in self.evidence_bans_posted:
             reason = evidence_ban
             self.evidence_bans_posted.add(worker_id)
@@ -310,6 +316,7 @@ class Validator:
             return None
         state = self.evidence.record(batch.worker_id, batch.batch_id, observed)
         if state is not None:  # None: judged before and already counted (its post failed)
+            self.journal.evidence(batch.batch_id, batch.worker_id, self.evidence)
             get_metrics().log("evidence", batch_id=batch.batch_id, **metrics_fields(batch.worker_id, state))
         return self.evidence.ban_reasons.get(batch.worker_id)
 
