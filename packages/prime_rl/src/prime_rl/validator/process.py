@@ -51,7 +51,7 @@ from prime_rl.validator import noise
 from prime_rl.validator.checks import Checks, GenerationBackend, Reason, RetryLater
 from prime_rl.validator.evidence import EvidenceLedger, metrics_fields, reject_banned
 from prime_rl.validator.structure import AssignmentKeyMismatch
-from prime_rl.validator.verdicts import validate_batch
+from prime_rl.validator.verdicts import ban_counts, validate_batch
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable
 from verifiers.code import sandbox_runs
 
@@ -290,8 +290,8 @@ class Validator:
     def ban(self, worker_id: str, verdicts: list[Verdict], evidence_ban: str | None) -> None:
         """Count a posted batch against its worker; ban it (``POST /workers/ban``) the first time its
         rejected share crosses ``ban_failure_rate`` or its evidence crosses the threshold."""
-        accepted = sum(v.accepted for v in verdicts)
-        reason = self.failures.record(worker_id, accepted=accepted, rejected=len(verdicts) - accepted)
+        accepted, rejected = ban_counts(verdicts)  # reward_unverifiable alone is the machine's: not counted
+        reason = self.failures.record(worker_id, accepted=accepted, rejected=rejected)
         if evidence_ban is not None and worker_id not in self.evidence_bans_posted:
             reason = evidence_ban
             self.evidence_bans_posted.add(worker_id)
