@@ -82,14 +82,18 @@ SPOILED = [True] * STARTS_PER_SCORING  # one scoring: every start and retry dies
 CLEAN = [False]  # one scoring: the first start works
 
 
-def judge(run: CodeRun, batch: RolloutBatch, record: LeaseRecord, backend, *overrides: str):
+def judge(run: CodeRun, batch: RolloutBatch, record: LeaseRecord, backend, *overrides: str, observed=None):
     run.scorings.clear()
     pending = PendingBatch(
         batch_id=f"{batch.worker_id}-{batch.batch_index}", worker_id=batch.worker_id, step=batch.step,
         batch_index=batch.batch_index, policy_version=batch.policy_version, received_at=time.time(),
         lease=record, samples=batch.samples,
     )  # fmt: skip
-    return validate_batch(pending, tasks=run, backend_for=lambda v: backend, decode=run.decode, checks=run.checks(*overrides))
+    observe = None if observed is None else (lambda index, observations: observed.append(index))
+    return validate_batch(
+        pending, tasks=run, backend_for=lambda v: backend, decode=run.decode, checks=run.checks(*overrides),
+        observe=observe,
+    )  # fmt: skip
 
 
 def honest_batch(run: CodeRun, backend, worker: str = "honest-w", batch_index: int = 0):
@@ -113,8 +117,12 @@ def test_a_persistent_machine_failure_is_unverifiable_names_its_cause_and_bans_n
     run = code_run()
     batch, record = honest_batch(run, backend)
     sandbox_schedule(monkeypatch, [], then_dead=True)
-    verdicts = judge(run, batch, record, backend)
+    observed: list[int] = []
+    verdicts = judge(run, batch, record, backend, observed=observed)
     assert {v.reason for v in verdicts} == {Reason.REWARD_UNVERIFIABLE} and not any(v.accepted for v in verdicts)
+    # The per-worker evidence sees these samples' tokens exactly as an accepted batch's (their
+    # decode is honest); it counts no rejection, so the machine's failure adds nothing to it.
+    assert observed == list(range(SAMPLES))
     assert "sandbox_start" in verdicts[0].detail and f"after {RESCORES_PER_SAMPLE} re-scores" in verdicts[0].detail
     assert "another sample of the batch was rejected" in verdicts[1].detail  # the lease is lost: no more re-scores
     assert len(run.scorings) == SAMPLES + RESCORES_PER_SAMPLE
