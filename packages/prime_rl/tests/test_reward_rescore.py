@@ -123,7 +123,7 @@ def test_a_persistent_machine_failure_is_unverifiable_names_its_cause_and_bans_n
     # The per-worker evidence sees these samples' tokens exactly as an accepted batch's (their
     # decode is honest); it counts no rejection, so the machine's failure adds nothing to it.
     assert observed == list(range(SAMPLES))
-    assert "sandbox_start" in verdicts[0].detail and f"after {RESCORES_PER_SAMPLE} re-scores" in verdicts[0].detail
+    assert "sandbox_start" in verdicts[0].detail and f"still limited after {RESCORES_PER_SAMPLE} re-scores" in verdicts[0].detail
     assert "another sample of the batch was rejected" in verdicts[1].detail  # the lease is lost: no more re-scores
     assert len(run.scorings) == SAMPLES + RESCORES_PER_SAMPLE
     assert ban_counts(verdicts) == (0, 0)

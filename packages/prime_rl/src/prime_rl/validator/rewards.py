@@ -109,18 +109,16 @@ def _judge(p: Pending, score: Callable[[], Scoring], checks: Checks, budget: lis
     first_cause = scoring.machine_limit
     while not _agrees(claim, scoring.reward, atol) and scoring.machine_limit is not None:
         if lease_lost or rescores >= RESCORES_PER_SAMPLE or budget[0] <= 0:
-            why = (
-                "another sample of the batch was rejected"
-                if lease_lost
-                else "the batch's re-scores are spent"
-                if budget[0] <= 0
-                else f"{rescores} re-scores"
-            )
+            if rescores >= RESCORES_PER_SAMPLE:
+                why = f"still limited after {rescores} re-scores"
+            elif lease_lost:
+                why = f"not re-scored ({rescores} re-scores): another sample of the batch was rejected"
+            else:
+                why = f"not re-scored further ({rescores} re-scores): the batch's re-scores are spent"
             p.reject(
                 Reason.REWARD_UNVERIFIABLE,
                 f"claimed reward {claim:.6g}, recomputed {scoring.reward:.6g} limited by the machine "
-                f"({scoring.machine_limit}: {CAUSES.get(scoring.machine_limit, scoring.machine_limit)}); "
-                f"not settled after {why}",
+                f"({scoring.machine_limit}: {CAUSES.get(scoring.machine_limit, scoring.machine_limit)}); {why}",
             )
             return
         budget[0] -= 1
