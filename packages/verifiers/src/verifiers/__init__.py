@@ -20,6 +20,7 @@ from verifiers.errors import (
     WorkerError,
 )
 from verifiers.length import length_instruction, length_reward, sample_target_length
+from verifiers.machine import MachineLimit, MachineLimits, machine_limits
 from verifiers.math import extract_answer, is_equivalent
 from verifiers.registry import get_verifier, register_verifier, registered_task_types, verify
 from verifiers.reward_funcs import reward_func
@@ -33,6 +34,8 @@ register_builtin()
 
 __all__ = [
     "CodeResult",
+    "MachineLimit",
+    "MachineLimits",
     "SandboxError",
     "Score",
     "Task",
@@ -50,6 +53,7 @@ __all__ = [
     "length_instruction",
     "length_reward",
     "load_tasks",
+    "machine_limits",
     "register_verifier",
     "registered_task_types",
     "reward_func",

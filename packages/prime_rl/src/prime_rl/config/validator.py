@@ -43,6 +43,12 @@ class ValidatorConfig(Section):
         "(repeated_token); 0 = no limit. A small model's honest samples can loop, so set it above them.",
     )
     reward_atol: float = Field(default=1e-6, ge=0, description="Tolerance on the claimed reward.")
+    reward_rescores: int = Field(
+        default=4,
+        ge=0,
+        description="Re-scorings per batch of samples whose reward differs from the claim while the validator's "
+        "scoring was limited by the machine (sandbox start, timeouts); 0 = none (reward_unverifiable at once).",
+    )
     advantage_atol: float = Field(default=1e-4, ge=0, description="Tolerance on the claimed advantage.")
     ban_failure_rate: float = Field(
         default=0.5, gt=0, le=1, description="Ban a worker once this share of its samples fails."

@@ -16,7 +16,8 @@ first failure. In order, cheapest first:
    toploc proofs of the final hidden states (``malformed_proof`` / ``toploc_mismatch``), the
    seeded sampler re-drawn from the recomputed logits (:func:`sampling_margins`,
    :func:`sampling_problem`: ``sampling_mismatch``), the inference log-probs (``logprobs_mismatch``);
-3. the reward recomputed with the run's reward (:func:`reward_checks`: ``reward_mismatch``).
+3. the reward recomputed with the run's reward (``rewards.py``: ``reward_mismatch``, or
+   ``reward_unverifiable`` where the machine, not the worker, may explain the difference).
 
 Accepted samples carry the recomputed reward and per-token log-probs (from the prefill); the
 trainer uses those only. A new check is a rule here, its :class:`Reason`, and, where it has a
@@ -78,6 +79,7 @@ class Reason(enum.StrEnum):
     SAMPLING_FAILED = "sampling_mismatch"
     LOGPROBS_MISMATCH = "logprobs_mismatch"
     REWARD_MISMATCH = "reward_mismatch"
+    REWARD_UNVERIFIABLE = "reward_unverifiable"  # never counts towards a ban (verdicts.ban_counts)
     GROUP_INCOMPLETE = "group_incomplete"
     INCOMPLETE_LEASE = "incomplete_lease"
     GROUP_REJECTED = "group_rejected"
@@ -283,32 +285,6 @@ def model_checks(
         gap = (recomputed - torch.tensor(sample.inference_logprobs, dtype=recomputed.dtype)).abs().mean().item()
         if not gap <= checks.validator.logprob_atol:
             p.reject(Reason.LOGPROBS_MISMATCH, f"mean |log-prob error| {gap:.4g} > {checks.validator.logprob_atol}")
-
-
-def reward_checks(
-    pending: list[Pending],
-    tasks: TaskScorer,
-    decode: Callable[[Sequence[int]], str],
-    checks: Checks,
-) -> None:
-    for p in pending:
-        if not p.alive:
-            continue
-        try:
-            p.reward = float(
-                tasks.score(
-                    p.sample.task_id, decode(p.sample.completion_tokens), len(p.sample.completion_tokens)
-                )
-            )
-        except Exception as exc:  # a verifier bug must not take the validator down
-            p.reject(Reason.INTERNAL_ERROR, f"reward computation failed: {exc!r:.200}")
-            continue
-        if not abs(p.reward - p.sample.reward) <= checks.validator.reward_atol:
-            p.reject(
-                Reason.REWARD_MISMATCH, f"claimed reward {p.sample.reward:.6g}, recomputed {p.reward:.6g}"
-            )
-
-
 
 
 def sampling_margins(logits: torch.Tensor, tokens: torch.Tensor, seed: int, temperature: float) -> torch.Tensor:

@@ -52,7 +52,7 @@ from prime_rl.validator.checks import Checks, GenerationBackend, Reason, RetryLa
 from prime_rl.validator.evidence import EvidenceLedger, metrics_fields, reject_banned
 from prime_rl.validator.journal import ValidatorJournal
 from prime_rl.validator.structure import AssignmentKeyMismatch
-from prime_rl.validator.verdicts import validate_batch
+from prime_rl.validator.verdicts import ban_counts, validate_batch
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable
 from verifiers.code import sandbox_runs
 
@@ -295,8 +295,8 @@ class Validator:
         """Count a posted batch against its worker; ban it (``POST /workers/ban``) the first time its
         rejected share crosses ``ban_failure_rate`` or its evidence crosses the threshold."""
         worker_id = batch.worker_id
-        accepted = sum(v.accepted for v in verdicts)
-        reason = self.failures.record(worker_id, accepted=accepted, rejected=len(verdicts) - accepted)
+        accepted, rejected = ban_counts(verdicts)  # reward_unverifiable alone is the machine's: not counted
+        reason = self.failures.record(worker_id, accepted=accepted, rejected=rejected)
         self.journal.failures(batch.batch_id, worker_id, self.failures)
         if evidence_ban is not None and worker_id not in self.evidence_bans_posted:
             reason = evidence_ban

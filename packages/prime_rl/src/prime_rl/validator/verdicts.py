@@ -42,12 +42,15 @@ from prime_rl.validator.checks import (
     RetryLater,
     TaskScorer,
     model_checks,
-    reward_checks,
     sample_checks,
 )
+from prime_rl.validator.rewards import reward_checks
 from prime_rl.validator.structure import AssignmentKeyMismatch, coverage_problems, lease_problem
 
-__all__ = ["validate_batch"]
+__all__ = ["ban_counts", "validate_batch"]
+
+_FOLLOWERS = frozenset({Reason.LEASE_REJECTED, Reason.GROUP_REJECTED})
+"""Rejections that only follow another sample's failure (this lease's or this group's)."""
 
 
 def validate_batch(
@@ -92,6 +95,21 @@ def validate_batch(
     return [
         _verdict(p.index, p.reason, p.detail, p.reward, advantages.get(p.index), p.logprobs) for p in pending
     ]
+
+
+def ban_counts(verdicts: Sequence[Verdict]) -> tuple[int, int]:
+    """(accepted, rejected) of one judged batch as they count towards its worker's ban.
+
+    A batch whose only own failures are ``reward_unverifiable`` (every other rejection follows
+    them: ``lease_rejected``, ``group_rejected``) counts (0, 0): the machine, not the worker, may
+    explain it, and an honest worker must not near a ban for it (``rewards.py`` says why this
+    gives a cheater nothing). Any other failure in the batch counts the whole batch as before.
+    """
+    accepted = sum(v.accepted for v in verdicts)
+    own = {v.reason for v in verdicts if not v.accepted and v.reason not in _FOLLOWERS}
+    if own == {Reason.REWARD_UNVERIFIABLE}:
+        return 0, 0
+    return accepted, len(verdicts) - accepted
 
 
 def _verdict(
