@@ -28,12 +28,12 @@ released probation work stays within the run-wide budget; every lease the attack
 walked away from was re-leased to another identity, which answered it; the honest worker keeps
 getting leases while 16 identities hoard on its address (rate measured in wall-clock time here,
 so the bound is loose; the exact count is ``test_orchestrator_attacks.py``'s); the honest worker
-has no rejected sample and no ban. ``REDTEAM_REPORT=path`` writes the numbers as JSON, including
-how many steered samples reached trainer claims: with the validator's 0.25 sampling tolerance in
-fp32 and its CUSUM evidence (which one honest batch resets to 0), weak steering of one batch can
-stay under every evidence bound and train; in one run 0 (hit and run), 8 (diluted) and 8 (Sybil
-churn) steered samples did, while the honest worker's evidence was exactly 0 on all 400 batches.
-Rejecting such swaps per sample in fp32 is the validator's side of issue 25.
+has no rejected sample and no ban; and no steered sample reaches a trainer claim (fp32: the
+validator rejects any runner-up swap per sample, ``validator/tolerances.py``). One run on merged
+main: 0 steered samples in claims for hit and run, diluted steering and Sybil churn (all 12
+identities banned), 9/9 abandoned leases answered by another identity, honest leases 172/min
+during hoarding vs 190/min before, honest worker 2,664 accepted, 0 rejected, 0 bans.
+``REDTEAM_REPORT=path`` writes the numbers as JSON.
 """
 
 from __future__ import annotations
@@ -376,7 +376,10 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
         assert largest is None or largest < config.orchestrator.release_max_evidence, (batch_id, largest)
     assert ledger.release.granted_tokens <= config.orchestrator.probation_release_share * ledger.release.trusted_tokens
     for attack in ("hit_and_run", "diluted", "sybil_churn"):
-        assert per_attack[attack]["steered_batches"] >= 1, (attack, dict(per_attack[attack]))
+        row = per_attack[attack]
+        # fp32: the validator rejects any runner-up swap per sample, and what hides below that is
+        # held by release and probation; no steered sample may reach a trainer claim.
+        assert row["steered_batches"] >= 1 and row["steered_in_trainer_claims"] == 0, (attack, dict(row))
     walking = per_attack["walking_away"]
     assert walking["walked_away"] >= 1, dict(walking)
     assert walking["answered_by_another_identity"] == walking["walked_away"], dict(walking)
