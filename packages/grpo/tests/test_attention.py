@@ -207,7 +207,7 @@ def attention_and_grads(backend, dtype, q64, k64, v64, weights, cu_seqlens, max_
 def test_cuda_backends_as_exact_as_per_document_sdpa(backend: str, dtype: torch.dtype) -> None:
     # Against an fp64 reference, each fused backend's error (values and gradients) is at most twice
     # that of per-document SDPA in the same dtype (plus a floor): equal up to rounding.
-    if backend == "flash" and (dtype == torch.float32 or not grpo.attention._has_flash_attn()):
+    if backend == "flash" and (dtype == torch.float32 or not grpo.attention._installed("flash_attn")):
         pytest.skip("flash-attn varlen: fp16/bf16 with flash-attn installed")
     floor = 1e-5 if dtype == torch.float32 else 1e-3
     for lengths in (

@@ -14,8 +14,8 @@ cumulative document starts ``cu_seqlens`` (:meth:`grpo.PackedBatch.cu_seqlens`),
   fused flash kernel, forward and backward). The CPU default: torch's CPU FlexAttention has no
   backward and, uncompiled, materialises the full score matrix.
 
-``"auto"`` picks flash, then flex on CUDA, and sdpa elsewhere. All are exact up to floating point
-(tested against separate forwards, values and gradients).
+``"auto"`` picks flash, then flex (where Triton is installed) on CUDA, and sdpa elsewhere. All are
+exact up to floating point (tested against separate forwards, values and gradients).
 
 Hugging Face models: :func:`use_document_attention` switches a model to the registered attention
 function for a ``with`` block, and :func:`document_kwargs` gives the forward the boundaries under
@@ -99,14 +99,14 @@ def document_attention(
 def _auto_backend(query: torch.Tensor) -> Backend:
     if query.device.type != "cuda":
         return "sdpa"
-    if query.dtype in (torch.float16, torch.bfloat16) and _has_flash_attn():
+    if query.dtype in (torch.float16, torch.bfloat16) and _installed("flash_attn"):
         return "flash"
-    return "flex"
+    return "flex" if _installed("triton") else "sdpa"  # compiled FlexAttention needs Triton
 
 
 @cache
-def _has_flash_attn() -> bool:  # asked once per layer and forward: the search is not free
-    return importlib.util.find_spec("flash_attn") is not None
+def _installed(module: str) -> bool:  # asked once per layer and forward: the search is not free
+    return importlib.util.find_spec(module) is not None
 
 
 def _flatten(x: torch.Tensor) -> torch.Tensor:
