@@ -39,6 +39,8 @@ import tempfile
 import time
 import traceback
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -126,6 +128,19 @@ def environment(device: torch.device) -> dict:
     return env
 
 
+@contextmanager
+def environment_variable(name: str, value: str) -> Iterator[None]:
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = saved
+
+
 def check_toploc(device: torch.device, sizes: Sizes) -> dict:
     """GPU kernels vs torch on the GPU vs the CPU: equal proofs and verdicts, and their timings."""
     import toploc
@@ -162,16 +177,13 @@ def check_toploc(device: torch.device, sizes: Sizes) -> dict:
         return result
     on_gpu = build_acts.to(device), verify_acts.to(device), stream_rows.to(device)
     for name, kernels in (("gpu_kernels", "1"), ("gpu_torch", "0")):
-        saved = os.environ.get("TOPLOC_CUDA")
-        os.environ["TOPLOC_CUDA"] = kernels
-        try:
+        with environment_variable("TOPLOC_CUDA", kernels):  # toploc's switch: "0" runs its torch path
+            toploc.build_proofs_bytes(on_gpu[0])  # warm-up: loads (or compiles) the kernels
             build_times, gpu_proofs = timed(lambda: toploc.build_proofs_bytes(on_gpu[0]), repeats, device)
             verify_times, gpu_results = timed(
                 lambda: toploc.verify_proofs_bytes(on_gpu[1], proofs), repeats, device
             )
             stream_times, gpu_stream = timed(lambda: stream(on_gpu[2]), repeats, device)
-        finally:
-            os.environ.pop("TOPLOC_CUDA") if saved is None else os.environ.__setitem__("TOPLOC_CUDA", saved)
         result[name] = {
             "build_ms": 1e3 * statistics.median(build_times),
             "verify_ms": 1e3 * statistics.median(verify_times),
@@ -179,7 +191,12 @@ def check_toploc(device: torch.device, sizes: Sizes) -> dict:
             "proofs_equal_cpu": gpu_proofs == cpu_proofs and gpu_stream == cpu_stream,
             "verdicts_equal_cpu": gpu_results == cpu_results,
         }
-    result["kernels"] = "available" if toploc.cuda.available(on_gpu[0].view(torch.int16)) else "unavailable"
+    from toploc import cuda as toploc_cuda
+
+    bits = on_gpu[0].view(torch.int16).reshape(1, -1)
+    result["kernels"] = (
+        "available" if toploc_cuda.available(bits, 128) else "unavailable: gpu_kernels ran torch"
+    )
     return result
 
 
