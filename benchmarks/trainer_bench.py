@@ -19,9 +19,15 @@ Memory: peak extra RSS of one step in a fresh child per variant (the kernel's hi
 reset after a warm-up step, so weights and optimizer state are not counted; the step's gradients
 are), with glibc's mmap threshold fixed at 64 KiB so the high-water mark follows live tensors. Time:
 the variants alternate in one child; wall min/median and process CPU time median. tok/s is the
-row's tokens over the median wall time (on a shared machine, CPU time is the steadier figure).
+row's tokens over the least wall time (on a shared machine, CPU time is the steadier figure).
 
-Run: ``.venv/bin/python benchmarks/trainer_bench.py [--repeats 3] [--tokens 1024 4096] [--json PATH]``.
+Attention alone (``--parts attention``): one layer's attention, forward and backward, Qwen2-0.5B's
+heads (14 x 64, 2 KV heads, fp32), on the same row layout: SDPA with the dense mask (as transformers
+runs it: KV heads repeated), ``grpo.document_attention`` and plain causal SDPA over the whole row
+(what the plain HF step computes, across sequences); the mask is built once, outside the timing.
+
+Run: ``.venv/bin/python benchmarks/trainer_bench.py [--repeats 3] [--tokens 1024 4096] [--parts steps attention]
+[--json PATH]``.
 """
 
 from __future__ import annotations
@@ -198,6 +204,39 @@ def measure_time(tokens: int, repeats: int) -> dict[str, dict[str, list[float]]]
     return times
 
 
+def measure_attention(tokens: int, repeats: int) -> dict[str, list[float]]:
+    import torch
+    import torch.nn.functional as F
+
+    import grpo
+
+    g = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim = (
+        QWEN2_05B["heads"],
+        QWEN2_05B["kv_heads"],
+        QWEN2_05B["hidden"] // QWEN2_05B["heads"],
+    )
+    q = torch.randn(1, heads, tokens, dim, generator=g, requires_grad=True)
+    k, v = (torch.randn(1, kv_heads, tokens, dim, generator=g, requires_grad=True) for _ in "kv")
+    cu = torch.arange(0, tokens + 1, tokens // DOCUMENTS, dtype=torch.int32)
+    mask = grpo.block_causal_mask(torch.repeat_interleave(torch.arange(DOCUMENTS), cu.diff())[None])
+    groups = heads // kv_heads
+    ways = {
+        "dense": lambda: F.scaled_dot_product_attention(
+            q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), attn_mask=mask
+        ),
+        "document": lambda: grpo.document_attention(q, k, v, cu),
+        "causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+    }
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    for _ in range(repeats + 1):  # the first round warms up
+        for way, attend in ways.items():
+            start = time.perf_counter()
+            attend().sum().backward()
+            times[way].append(time.perf_counter() - start)
+    return {way: values[1:] for way, values in times.items()}
+
+
 def _child(*args: str) -> dict:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     if args[0] == "memory":
@@ -221,10 +260,29 @@ def run(tokens: int, repeats: int) -> list[dict]:
             "tokens": tokens, "variant": v, "peak_extra_mib": memory[v],
             "wall_min_s": min(times[v]["wall"]), "wall_median_s": statistics.median(times[v]["wall"]),
             "cpu_median_s": statistics.median(times[v]["cpu"]),
-            "tokens_per_s": tokens / statistics.median(times[v]["wall"]),
+            "tokens_per_s": tokens / min(times[v]["wall"]),
         }
         for v in VARIANTS
     ]  # fmt: skip
+
+
+def attention_table(rows: list[dict]) -> str:
+    header = (
+        f"{'tokens':>6} {'attention (fwd+bwd, one layer)':34} {'min ms':>8} {'median ms':>9} {'vs dense':>8}"
+    )
+    lines = [header, "-" * len(header)]
+    titles = {
+        "dense": "SDPA, dense block-causal mask",
+        "document": "grpo.document_attention",
+        "causal": "SDPA causal (crosses sequences)",
+    }
+    for row in rows:
+        dense = next(r for r in rows if r["tokens"] == row["tokens"] and r["way"] == "dense")
+        lines.append(
+            f"{row['tokens']:6d} {titles[row['way']]:34} {1e3 * row['min_s']:8.1f} {1e3 * row['median_s']:9.1f} "
+            f"{row['median_s'] / dense['median_s']:8.3f}"
+        )
+    return "\n".join(lines)
 
 
 def table(rows: list[dict]) -> str:
@@ -253,11 +311,12 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--parts", nargs="+", choices=["steps", "attention"], default=["steps", "attention"])
     args = parser.parse_args()
     if args.child:
         kind, arg, tokens = args.child
-        result = measure_memory(int(tokens), arg) if kind == "memory" else measure_time(int(tokens), int(arg))
-        print(json.dumps(result))
+        measure = {"memory": measure_memory, "time": measure_time, "attention": measure_attention}[kind]
+        print(json.dumps(measure(int(tokens), arg if kind == "memory" else int(arg))))
         return
     import torch
 
@@ -267,12 +326,19 @@ def main() -> None:
         f"{os.getloadavg()[0]:.1f}; Qwen2-shaped ({shape}), fp32; {DOCUMENTS} sequences per row; "
         f"one AdamW step, recipe intellect2; {args.repeats} alternating repeats"
     )
-    rows = [row for tokens in args.tokens for row in run(tokens, args.repeats)]
-    print(table(rows))
+    result: dict = {"torch": torch.__version__, "shape": CPU_SHAPE, "load_average": os.getloadavg()[0]}
+    if "steps" in args.parts:
+        result["rows"] = [row for tokens in args.tokens for row in run(tokens, args.repeats)]
+        print(table(result["rows"]))
+    if "attention" in args.parts:
+        result["attention"] = [
+            {"tokens": tokens, "way": way, "min_s": min(times), "median_s": statistics.median(times)}
+            for tokens in args.tokens
+            for way, times in _child("attention", str(max(args.repeats, 5)), str(tokens)).items()
+        ]
+        print(attention_table(result["attention"]))
     if args.json:
-        args.json.write_text(
-            json.dumps({"torch": torch.__version__, "shape": CPU_SHAPE, "rows": rows}, indent=1)
-        )
+        args.json.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
