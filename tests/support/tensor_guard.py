@@ -1,4 +1,4 @@
-"""A test guard for O(L) memory: record every tensor an op returns, then assert none is ``L x L``."""
+"""Test guards for O(L) attention memory: no dense mask builder runs, and no op returns an ``L x L`` tensor."""
 
 from __future__ import annotations
 
@@ -26,3 +26,18 @@ class LargestTensors(TorchDispatchMode):
         largest = max(self.shapes, key=lambda s: torch.Size(s).numel())
         assert not squares, f"[L, L]-shaped tensors: {squares[:3]}"
         assert torch.Size(largest).numel() < length * length / 4, f"largest tensor {largest}"
+
+
+def forbid_dense_masks(monkeypatch) -> None:
+    """Make ``grpo.block_causal_mask`` and transformers' own ``[B, 1, L, L]`` mask builders raise."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    import grpo
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a dense attention mask was built")
+
+    monkeypatch.setattr(grpo, "block_causal_mask", forbidden)
+    monkeypatch.setattr(grpo.packing, "block_causal_mask", forbidden)
+    for name in ("sdpa", "eager"):
+        monkeypatch.setitem(ALL_MASK_ATTENTION_FUNCTIONS._global_mapping, name, forbidden)

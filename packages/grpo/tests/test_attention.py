@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tensor_guard import LargestTensors
+from tensor_guard import LargestTensors, forbid_dense_masks
 
 import grpo
 from grpo.attention import document_attention, document_block_mask, document_kwargs, use_document_attention
@@ -134,14 +134,8 @@ def test_packed_hf_forward_equals_separate_forwards_values_and_gradients(arch: s
 
 def test_packed_hf_forward_builds_no_square_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
     from tiny_lm import make_tiny_lm
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-    def forbidden(*args, **kwargs):
-        raise AssertionError("a dense attention mask was built")
-
-    monkeypatch.setattr(grpo.packing, "block_causal_mask", forbidden)
-    for name in ("sdpa", "eager"):  # transformers' own [B, 1, L, L] mask builders
-        monkeypatch.setitem(ALL_MASK_ATTENTION_FUNCTIONS._global_mapping, name, forbidden)
+    forbid_dense_masks(monkeypatch)
     model = make_tiny_lm(arch="qwen2").train()
     lengths = [300, 41, 200, 7, 476]  # L = 1024
     packed = packed_rows(lengths, sum(lengths))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensor_guard import LargestTensors
+from tensor_guard import LargestTensors, forbid_dense_masks
 from tiny_lm import make_tiny_lm
 
 import grpo
@@ -135,15 +135,7 @@ def test_packed_row_equals_one_row_per_sequence(fused: bool) -> None:
 def test_train_step_builds_no_dense_mask(fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # A 1,024-token row of five sequences: neither grpo's nor transformers' dense mask builder runs,
     # and no op, forward or backward, returns an [L, L] tensor (the old step built one per forward).
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("a dense attention mask was built")
-
-    monkeypatch.setattr(grpo, "block_causal_mask", forbidden)
-    monkeypatch.setattr(grpo.packing, "block_causal_mask", forbidden)
-    for name in ("sdpa", "eager"):
-        monkeypatch.setitem(ALL_MASK_ATTENTION_FUNCTIONS._global_mapping, name, forbidden)
+    forbid_dense_masks(monkeypatch)
     model = make_tiny_lm().train()
     micro = make_micro_batches(samples_of([(100, 200), (20, 21), (60, 140), (3, 4), (176, 300)]), 1024)
     assert len(micro) == 1 and micro[0].input_ids.shape == (1, 1024)

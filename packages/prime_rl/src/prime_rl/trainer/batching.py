@@ -48,10 +48,11 @@ class MicroBatch:
 
     ``input_ids, position_ids``: ``[1, L]``; ``cu_seqlens``: int32 ``[n + 1]``, the sequences'
     starts in the row and ``L`` (attention stays within a sequence); ``max_seqlen``: the longest
-    sequence; ``placements``: where each sequence lives in the row; ``prompt_lengths``/``completion_lengths``: per
-    sequence; ``mask``: ``[n, C_max]`` bool; ``advantages``: ``[n]``; ``behaviour_logprobs``:
-    ``[n, C_max]`` (0 off-mask), the validator's log-probs of the generating policy (μ of the loss;
-    never a worker's claim); ``sample_ids``: the claimed samples, in row order.
+    sequence; ``placements``: where each sequence lives in the row;
+    ``prompt_lengths``/``completion_lengths``: per sequence; ``mask``: ``[n, C_max]`` bool;
+    ``advantages``: ``[n]``; ``behaviour_logprobs``: ``[n, C_max]`` (0 off-mask), the validator's
+    log-probs of the generating policy (μ of the loss; never a worker's claim); ``sample_ids``: the
+    claimed samples, in row order.
     """
 
     input_ids: torch.Tensor
