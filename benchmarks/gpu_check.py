@@ -271,7 +271,8 @@ def check_rollouts(device: torch.device, sizes: Sizes, dtype: torch.dtype, model
             KEY, tokenizer, texts.__getitem__, 64, sizes.group_size, sizes.prompts, sizes.new_tokens
         )
         worker = run.worker("honest")
-        worker.answer(run.lease("gpu-check", 0, 0)[0], backend)  # warm-up
+        short = dataclasses.replace(run, max_new_tokens=min(8, sizes.new_tokens))
+        worker.answer(short.lease("gpu-check", 0, 0)[0], backend)  # warm-up (8 tokens)
         lease, record = run.lease("gpu-check", 0, 1)
         times, batch = timed(lambda: worker.answer(lease, backend), 1, device)
         worker_tokens = sum(len(s.completion_tokens) for s in batch.samples)
@@ -279,17 +280,24 @@ def check_rollouts(device: torch.device, sizes: Sizes, dtype: torch.dtype, model
                       "worker_tokens_per_s": worker_tokens / times[0]}  # fmt: skip
 
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-        prompts = torch.tensor([s.prompt_tokens for s in batch.samples], device=device)
+        width = max(len(s.prompt_tokens) for s in batch.samples)  # left-padded: a real tokenizer's are ragged
+        prompts = torch.tensor(
+            [[0] * (width - len(s.prompt_tokens)) + s.prompt_tokens for s in batch.samples]
+        )
+        mask = torch.tensor(
+            [[0] * (width - len(s.prompt_tokens)) + [1] * len(s.prompt_tokens) for s in batch.samples]
+        )
+        prompts, mask = prompts.to(device), mask.to(device)
 
-        def plain_generate() -> torch.Tensor:
+        def plain_generate(new_tokens: int) -> torch.Tensor:
             with torch.no_grad():
                 return model.generate(
-                    prompts, attention_mask=torch.ones_like(prompts), do_sample=True, max_new_tokens=sizes.new_tokens,
-                    min_new_tokens=sizes.new_tokens, top_k=0, top_p=1.0, pad_token_id=tokenizer.pad_token_id or 0,
+                    prompts, attention_mask=mask, do_sample=True, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                    top_k=0, top_p=1.0, pad_token_id=0,
                 )  # fmt: skip
 
-        plain_generate()  # warm-up
-        times, _ = timed(plain_generate, 1, device)
+        plain_generate(min(8, sizes.new_tokens))  # warm-up
+        times, _ = timed(lambda: plain_generate(sizes.new_tokens), 1, device)
         generation.update(generate_s=times[0], generate_tokens_per_s=batch_size * sizes.new_tokens / times[0])
 
         eos = tokenizer.eos_token_id
