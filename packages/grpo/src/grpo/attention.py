@@ -27,7 +27,8 @@ skips mask creation for attention implementations it has no mask function for)::
         logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
                        **grpo.document_kwargs(packed.cu_seqlens())).logits
 
-Needs torch >= 2.5 (``enable_gqa``, FlexAttention) and, for the HF glue, transformers >= 4.54.
+Needs torch >= 2.5 (``enable_gqa``, FlexAttention) and, for the HF glue, transformers >= 5.0 (the
+``transformers`` extra; tested with 5.19).
 Pitfall: ``position_ids`` must still restart per document (RoPE); the boundaries only mask.
 """
 
