@@ -222,6 +222,7 @@ def check_trainer(device: torch.device, sizes: Sizes, dtype: torch.dtype) -> lis
                 )  # fmt: skip
             except Exception as exc:  # e.g. out of memory: the other variants still run
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                model.zero_grad(set_to_none=True)  # a step that died midway leaves its gradients
             rows.append(row)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
