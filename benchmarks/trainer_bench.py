@@ -1,19 +1,33 @@
-"""Benchmark: one trainer optimizer step with the chunked LM head vs full logits, on CPU.
+"""Benchmark: one trainer step (document attention, chunked head) vs today's dense-mask step vs plain HF.
 
-``prime_rl.trainer.step.train_minibatch`` on one packed micro-batch, ``fused_lm_head=True``
-(completion log-probs and entropy from ``grpo.logprobs_from_hidden`` inside the forward, the
-default) vs ``False`` (the model's ``[1, L, V]`` logits, then log-softmax: what a plain HF
-trainer does). The model is a random 2-layer Llama with Qwen2.5's vocabulary (V = 151936) and
-hidden size 256, so the LM head dominates as it does in small policies (Qwen2.5-0.5B: the head
-is 14% of the weights, its logits the largest activation). The row holds 8 sequences of 64
-prompt + 192 completion tokens (2048 tokens, 1536 completion tokens); the recipe is
-INTELLECT-2's (entropy bonus on, so both paths also compute the entropy).
+Three ways to take one AdamW step on the same packed row of ``--tokens`` tokens (16 sequences of
+a quarter prompt and three quarters completion; grpo recipe "intellect2", entropy on):
 
-Memory: peak extra RSS of one step in a fresh child process (as in ``grpo_bench.py``: the
-kernel's high-water mark is reset after the model and batch are built). Time: the two variants
-alternate in one child; wall min/median and process CPU time median.
+* ``document``: ``prime_rl.trainer.step.train_minibatch`` as the trainer runs it: document
+  attention from the sequence boundaries (``grpo.document_attention``: SDPA per sequence on CPU,
+  FlexAttention or flash-attention varlen on CUDA) and the chunked LM head;
+* ``dense mask``: the same step with the dense additive ``[1, 1, L, L]`` ``grpo.block_causal_mask``
+  instead (the trainer's attention up to main at fff8989), built inside the step as it was;
+* ``plain HF``: what a plain HF trainer does: ``model(input_ids).logits`` with plain causal
+  attention over the whole row, fp32 log-softmax of all ``[L, V]`` logits, a masked policy loss.
 
-Run: ``.venv/bin/python benchmarks/trainer_bench.py [--repeats 3] [--tokens 2048]``.
+The model is a random Qwen2-shaped model from a config (no hub): on CPU 2 layers, hidden 256,
+4 heads of 64, 2 KV heads, Qwen2's vocabulary (V = 151,936), fp32. ``benchmarks/gpu_check.py``
+runs the same steps on a GPU with Qwen2-0.5B's shape (:data:`QWEN2_05B`).
+
+Memory: peak extra RSS of one step in a fresh child per variant (the kernel's high-water mark is
+reset after a warm-up step, so weights and optimizer state are not counted; the step's gradients
+are), with glibc's mmap threshold fixed at 64 KiB so the high-water mark follows live tensors. Time:
+the variants alternate in one child; wall min/median and process CPU time median. tok/s is the
+row's tokens over the least wall time (on a shared machine, CPU time is the steadier figure).
+
+Attention alone (``--parts attention``): one layer's attention, forward and backward, Qwen2-0.5B's
+heads (14 x 64, 2 KV heads, fp32), on the same row layout: SDPA with the dense mask (as transformers
+runs it: KV heads repeated), ``grpo.document_attention`` and plain causal SDPA over the whole row
+(what the plain HF step computes, across sequences); the mask is built once, outside the timing.
+
+Run: ``.venv/bin/python benchmarks/trainer_bench.py [--repeats 3] [--tokens 1024 4096] [--parts steps attention]
+[--json PATH]``.
 """
 
 from __future__ import annotations
@@ -26,86 +40,265 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 from grpo_bench import reset_peak, status_kib
 
-VOCAB = 151936
-HIDDEN = 256
-PROMPT, COMPLETION = 64, 192
+VARIANTS = ("document", "dense", "plain")
+TITLES = {
+    "document": "document attn + chunked head",
+    "dense": "dense mask + chunked head",
+    "plain": "plain HF",
+}
+DOCUMENTS = 16  # sequences per packed row
+CPU_SHAPE = {"hidden": 256, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 1024, "vocab": 151936}
+QWEN2_05B = {"hidden": 896, "layers": 24, "heads": 14, "kv_heads": 2, "intermediate": 4864, "vocab": 151936}
 
 
-def build(tokens: int):
-    """A model, optimizer and one micro-batch; returns ``step(fused) -> None``."""
+def qwen2_model(shape: dict[str, int], max_positions: int, dtype, device):
+    """A random-weight Qwen2 causal LM of ``shape`` (see :data:`QWEN2_05B`), in train mode."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    import grpo
-    from prime_rl.api.protocol import TrainSample
-    from prime_rl.trainer.batching import make_micro_batches
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=tokens, tie_word_embeddings=False,
+    config = Qwen2Config(
+        vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
+        num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"], max_position_embeddings=max_positions,
+        tie_word_embeddings=True,  # as Qwen2-0.5B
     )  # fmt: skip
-    model = LlamaForCausalLM(config).train()
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=0.0
-    )  # no optimizer state: the step is forward+backward
-    count = tokens // (PROMPT + COMPLETION)
-    samples = [
+    torch.manual_seed(0)
+    with torch.device(device):  # initialised where it runs: a 0.5B model in seconds on a GPU
+        model = Qwen2ForCausalLM(config)
+    return model.to(dtype=dtype).train()
+
+
+def packed_samples(tokens: int, vocab: int):
+    """``DOCUMENTS`` train samples filling one row of ``tokens`` (a quarter prompt each)."""
+    import torch
+
+    from prime_rl.api.protocol import TrainSample
+
+    length = tokens // DOCUMENTS
+    prompt, completion = length // 4, length - length // 4
+    g = torch.Generator().manual_seed(0)
+    return [
         TrainSample(
             sample_id=f"b/{i}", batch_id="b", worker_id="w", task_id=i // 4, group_index=i % 4,
-            policy_version=0, prompt_tokens=torch.randint(0, VOCAB, (PROMPT,)).tolist(),
-            completion_tokens=torch.randint(0, VOCAB, (COMPLETION,)).tolist(),
-            behaviour_logprobs=[-12.0] * COMPLETION, temperature=1.0, reward=float(i % 2), advantage=(-1.0) ** i,
+            policy_version=0, prompt_tokens=torch.randint(0, vocab, (prompt,), generator=g).tolist(),
+            completion_tokens=torch.randint(0, vocab, (completion,), generator=g).tolist(),
+            behaviour_logprobs=[-12.0] * completion, temperature=1.0, reward=float(i % 2), advantage=(-1.0) ** i,
         )
-        for i in range(count)
+        for i in range(DOCUMENTS)
     ]  # fmt: skip
-    micro = make_micro_batches(samples, tokens)
+
+
+@contextmanager
+def dense_mask_attention() -> Iterator[None]:
+    """The trainer's forward as it was: the dense ``block_causal_mask`` (fp32, built per forward)."""
+    import torch
+
+    import grpo
+
+    saved = grpo.document_kwargs, grpo.use_document_attention
+
+    def dense_kwargs(cu_seqlens, max_seqlen=None):
+        index = torch.repeat_interleave(
+            torch.arange(len(cu_seqlens) - 1, device=cu_seqlens.device), cu_seqlens.diff()
+        )
+        return {"attention_mask": grpo.block_causal_mask(index[None])}
+
+    grpo.document_kwargs = dense_kwargs
+    grpo.use_document_attention = lambda model, backend="auto": nullcontext()
+    try:
+        yield
+    finally:
+        grpo.document_kwargs, grpo.use_document_attention = saved
+
+
+def make_steps(model, samples, tokens: int, device) -> dict[str, Callable[[], None]]:
+    """One callable per variant, each a full step: batching, forward, backward, AdamW.
+
+    :data:`VARIANTS`, plus ``document_full``: document attention with the full-logits head.
+    """
+    import torch
+
+    import grpo
+    from prime_rl.trainer.batching import make_micro_batches
+    from prime_rl.trainer.step import train_minibatch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-7)
     loss = grpo.Loss("intellect2")
+    completion = len(samples[0].completion_tokens)
 
-    def step(fused: bool) -> None:
-        from prime_rl.trainer.step import train_minibatch
-
+    def trainer_step(fused: bool = True) -> None:
+        micro = make_micro_batches(samples, tokens)
         train_minibatch(
-            model, optimizer, micro, None, loss, temperature=1.0, constant=float(COMPLETION),
-            max_grad_norm=1.0, device=torch.device("cpu"), fused_lm_head=fused,
+            model, optimizer, micro, None, loss, temperature=1.0, constant=float(completion),
+            max_grad_norm=1.0, device=device, fused_lm_head=fused,
         )  # fmt: skip
         optimizer.zero_grad(set_to_none=True)
 
-    return step
+    def dense_step() -> None:
+        with dense_mask_attention():
+            trainer_step()
+
+    def plain_step() -> None:
+        micro = make_micro_batches(samples, tokens)[0]
+        ids = micro.input_ids.to(device)
+        weights = torch.zeros(ids.shape[1], device=device)  # -advantage on completion-predicting positions
+        for place, prompt, length, advantage in zip(
+            micro.placements,
+            micro.prompt_lengths,
+            micro.completion_lengths,
+            micro.advantages.tolist(),
+            strict=True,
+        ):
+            start = place.offset + prompt - 1
+            weights[start : start + length] = -advantage / (len(samples) * completion)
+        logits = model(input_ids=ids).logits[0, :-1].float()
+        logprobs = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+        (logprobs * weights[:-1]).sum().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return {
+        "document": trainer_step,
+        "document_full": lambda: trainer_step(fused=False),
+        "dense": dense_step,
+        "plain": plain_step,
+    }
 
 
-def measure_memory(tokens: int, fused: bool) -> dict[str, float]:
-    step = build(tokens)
-    step(fused)  # warm-up: lazy init, allocator arenas, gradient buffers exist from here on
+def _cpu_steps(tokens: int) -> dict[str, Callable[[], None]]:
+    import torch
+
+    model = qwen2_model(CPU_SHAPE, tokens, torch.float32, "cpu")
+    return make_steps(model, packed_samples(tokens, CPU_SHAPE["vocab"]), tokens, torch.device("cpu"))
+
+
+def measure_memory(tokens: int, variant: str) -> dict[str, float]:
+    step = _cpu_steps(tokens)[variant]
+    step()  # warm-up: lazy init, allocator arenas, gradients and AdamW state exist from here on
     gc.collect()
     before = status_kib("VmRSS")
     exact = reset_peak()
-    step(fused)
+    step()
     peak = status_kib("VmHWM") if exact else status_kib("VmPeak")
     return {"peak_extra_mib": (peak - before) / 1024}
 
 
 def measure_time(tokens: int, repeats: int) -> dict[str, dict[str, list[float]]]:
-    step = build(tokens)
-    step(True), step(False)
-    times: dict[str, dict[str, list[float]]] = {v: {"wall": [], "cpu": []} for v in ("full", "fused")}
+    steps = _cpu_steps(tokens)
+    for step in steps.values():
+        step()
+    times: dict[str, dict[str, list[float]]] = {v: {"wall": [], "cpu": []} for v in VARIANTS}
     for _ in range(repeats):
-        for variant in ("full", "fused"):
+        for variant in VARIANTS:
             wall, cpu = time.perf_counter(), time.process_time()
-            step(variant == "fused")
+            steps[variant]()
             times[variant]["wall"].append(time.perf_counter() - wall)
             times[variant]["cpu"].append(time.process_time() - cpu)
     return times
 
 
+def measure_attention(tokens: int, repeats: int) -> dict[str, list[float]]:
+    import torch
+    import torch.nn.functional as F
+
+    import grpo
+
+    g = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim = (
+        QWEN2_05B["heads"],
+        QWEN2_05B["kv_heads"],
+        QWEN2_05B["hidden"] // QWEN2_05B["heads"],
+    )
+    q = torch.randn(1, heads, tokens, dim, generator=g, requires_grad=True)
+    k, v = (torch.randn(1, kv_heads, tokens, dim, generator=g, requires_grad=True) for _ in "kv")
+    cu = torch.arange(0, tokens + 1, tokens // DOCUMENTS, dtype=torch.int32)
+    mask = grpo.block_causal_mask(torch.repeat_interleave(torch.arange(DOCUMENTS), cu.diff())[None])
+    groups = heads // kv_heads
+    ways = {
+        "dense": lambda: F.scaled_dot_product_attention(
+            q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), attn_mask=mask
+        ),
+        "document": lambda: grpo.document_attention(q, k, v, cu),
+        "causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+    }
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    for _ in range(repeats + 1):  # the first round warms up
+        for way, attend in ways.items():
+            start = time.perf_counter()
+            attend().sum().backward()
+            times[way].append(time.perf_counter() - start)
+    return {way: values[1:] for way, values in times.items()}
+
+
 def _child(*args: str) -> dict:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    argv = [sys.executable, __file__, "--child", *args]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    if args[0] == "memory":
+        # A fixed mmap threshold: every large tensor is its own mapping, returned on free, so the RSS
+        # high-water mark follows live tensors (glibc's moving threshold adds hundreds of MiB of noise).
+        # Not for timing: a fresh mapping per tensor costs page faults.
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", *args], env=env, capture_output=True, text=True
+    )
+    if proc.returncode:
+        raise RuntimeError(f"child {args} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(tokens: int, repeats: int) -> list[dict]:
+    memory = {v: _child("memory", v, str(tokens))["peak_extra_mib"] for v in VARIANTS}
+    times = _child("time", str(repeats), str(tokens))
+    return [
+        {
+            "tokens": tokens, "variant": v, "peak_extra_mib": memory[v],
+            "wall_min_s": min(times[v]["wall"]), "wall_median_s": statistics.median(times[v]["wall"]),
+            "cpu_median_s": statistics.median(times[v]["cpu"]),
+            "tokens_per_s": tokens / min(times[v]["wall"]),
+        }
+        for v in VARIANTS
+    ]  # fmt: skip
+
+
+def attention_table(rows: list[dict]) -> str:
+    header = (
+        f"{'tokens':>6} {'attention (fwd+bwd, one layer)':34} {'min ms':>8} {'median ms':>9} {'vs dense':>8}"
+    )
+    lines = [header, "-" * len(header)]
+    titles = {
+        "dense": "SDPA, dense block-causal mask",
+        "document": "grpo.document_attention",
+        "causal": "SDPA causal (crosses sequences)",
+    }
+    for row in rows:
+        dense = next(r for r in rows if r["tokens"] == row["tokens"] and r["way"] == "dense")
+        lines.append(
+            f"{row['tokens']:6d} {titles[row['way']]:34} {1e3 * row['min_s']:8.1f} {1e3 * row['median_s']:9.1f} "
+            f"{row['median_s'] / dense['median_s']:8.3f}"
+        )
+    return "\n".join(lines)
+
+
+def table(rows: list[dict]) -> str:
+    header = (
+        f"{'tokens':>6} {'variant':30} {'peak extra MiB':>14} {'wall min s':>10} {'wall med s':>10} "
+        f"{'cpu med s':>9} {'tok/s':>7} {'cpu/plain':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        plain = next(r for r in rows if r["tokens"] == row["tokens"] and r["variant"] == "plain")
+        lines.append(
+            f"{row['tokens']:6d} {TITLES[row['variant']]:30} {row['peak_extra_mib']:14.0f} {row['wall_min_s']:10.3f} "
+            f"{row['wall_median_s']:10.3f} {row['cpu_median_s']:9.3f} {row['tokens_per_s']:7.0f} "
+            f"{row['cpu_median_s'] / plain['cpu_median_s']:9.3f}"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -113,38 +306,39 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--tokens", type=int, default=2048, help="tokens in the packed row")
+    parser.add_argument(
+        "--tokens", type=int, nargs="+", default=[1024, 4096], help="tokens in the packed row"
+    )
+    parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--parts", nargs="+", choices=["steps", "attention"], default=["steps", "attention"])
     args = parser.parse_args()
     if args.child:
-        kind, variant = args.child
-        if kind == "memory":
-            print(json.dumps(measure_memory(args.tokens, variant == "fused")))
-        else:
-            print(json.dumps(measure_time(args.tokens, args.repeats)))
+        kind, arg, tokens = args.child
+        measure = {"memory": measure_memory, "time": measure_time, "attention": measure_attention}[kind]
+        print(json.dumps(measure(int(tokens), arg if kind == "memory" else int(arg))))
         return
     import torch
 
-    logits_mib = args.tokens * VOCAB * 4 / 2**20
+    shape = ", ".join(f"{k} {v}" for k, v in CPU_SHAPE.items())
     print(
         f"trainer step benchmark (CPU): torch {torch.__version__}, {os.cpu_count()} cores, load avg "
-        f"{os.getloadavg()[0]:.1f}; Llama 2 layers H={HIDDEN} V={VOCAB}; one row of {args.tokens} tokens "
-        f"(fp32 logits {logits_mib:.0f} MiB); recipe intellect2 (entropy on); {args.repeats} alternating repeats"
+        f"{os.getloadavg()[0]:.1f}; Qwen2-shaped ({shape}), fp32; {DOCUMENTS} sequences per row; "
+        f"one AdamW step, recipe intellect2; {args.repeats} alternating repeats"
     )
-    memory = {
-        v: _child("memory", v, "--tokens", str(args.tokens))["peak_extra_mib"] for v in ("full", "fused")
-    }
-    times = _child("time", "-", "--tokens", str(args.tokens), "--repeats", str(args.repeats))
-    header = f"{'variant':24} {'peak extra MiB':>14} {'mem/full':>8} {'wall min s':>10} {'wall med s':>10} {'cpu med s':>9} {'cpu/full':>8}"
-    print(header)
-    print("-" * len(header))
-    for variant, title in (("full", "full logits (HF way)"), ("fused", "chunked head (default)")):
-        cpu = statistics.median(times[variant]["cpu"])
-        print(
-            f"{title:24} {memory[variant]:14.0f} {memory[variant] / memory['full']:8.3f} "
-            f"{min(times[variant]['wall']):10.3f} {statistics.median(times[variant]['wall']):10.3f} "
-            f"{cpu:9.3f} {cpu / statistics.median(times['full']['cpu']):8.3f}"
-        )
+    result: dict = {"torch": torch.__version__, "shape": CPU_SHAPE, "load_average": os.getloadavg()[0]}
+    if "steps" in args.parts:
+        result["rows"] = [row for tokens in args.tokens for row in run(tokens, args.repeats)]
+        print(table(result["rows"]))
+    if "attention" in args.parts:
+        result["attention"] = [
+            {"tokens": tokens, "way": way, "min_s": min(times), "median_s": statistics.median(times)}
+            for tokens in args.tokens
+            for way, times in _child("attention", str(max(args.repeats, 5)), str(tokens)).items()
+        ]
+        print(attention_table(result["attention"]))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

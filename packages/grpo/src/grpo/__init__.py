@@ -10,7 +10,8 @@ Three independent axes, each a pure function over tensors:
 
 Plus regularisers (:func:`kl_k1`, :func:`kl_k2`, :func:`kl_k3`, :func:`entropy_bonus`),
 memory-lean log-probs (:func:`selective_log_softmax`, :func:`entropy_from_logits`,
-:func:`logprobs_from_hidden`), filters, sequence packing and the :class:`Loss` recipe helper.
+:func:`logprobs_from_hidden`), filters, sequence packing, attention within the packed sequences
+(:func:`document_attention`, no ``L x L`` mask) and the :class:`Loss` recipe helper.
 
 Import cost: the errors and the recipes as plain data (:class:`LossConfig`, :data:`RECIPES`,
 :func:`loss_config`) load with the package and need no torch, so a config loader can validate a
@@ -35,6 +36,10 @@ _warn_on_name_clash("grpo", "intellect2-grpo", others_hint="an unrelated PyPI pr
 # Name -> submodule, for the names that need torch (imported on first attribute access).
 _TORCH_EXPORTS = {
     "group_center": "advantages",
+    "document_attention": "attention",
+    "document_block_mask": "attention",
+    "document_kwargs": "attention",
+    "use_document_attention": "attention",
     "group_zscore": "advantages",
     "rloo": "advantages",
     "aggregate": "aggregation",
@@ -93,6 +98,9 @@ __all__ = [
     "block_causal_mask",
     "cispo",
     "clip_stats",
+    "document_attention",
+    "document_block_mask",
+    "document_kwargs",
     "dppo_tv_mask",
     "entropy_bonus",
     "entropy_from_logits",
@@ -120,6 +128,7 @@ __all__ = [
     "sequence_mean_log_ratio",
     "soft_overlong_penalty",
     "truncated_is_weights",
+    "use_document_attention",
 ]
 
 
@@ -147,6 +156,12 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from grpo.advantages import group_center, group_zscore, rloo
     from grpo.aggregation import aggregate
+    from grpo.attention import (
+        document_attention,
+        document_block_mask,
+        document_kwargs,
+        use_document_attention,
+    )
     from grpo.correction import importance_log_ratio, masked_is_weights, truncated_is_weights
     from grpo.filters import informative_groups, mask_truncated, nonzero_advantage_mask, soft_overlong_penalty
     from grpo.hidden import LogprobsAndEntropy, logprobs_from_hidden

@@ -10,10 +10,12 @@ length, put each into the first bin with room). Each packed row carries
 so per-token tensors (masks, advantages, old log-probs) are packed with :meth:`PackedBatch.pack`
 and model outputs are unpacked with :meth:`PackedBatch.unpack`.
 
-Attention must not cross sequence boundaries. Pass :func:`block_causal_mask` (a 4D additive
-mask that Hugging Face models use as-is, eager and SDPA) as ``attention_mask`` together with
-``position_ids``; flash-attention varlen kernels take cumulative sequence starts instead
-(:meth:`PackedBatch.cu_seqlens`).
+Attention must not cross sequence boundaries. Give the model the packed ``position_ids`` and
+either the boundaries, :meth:`PackedBatch.cu_seqlens`, for document attention
+(:func:`grpo.use_document_attention` with :func:`grpo.document_kwargs`: FlexAttention or
+flash-attention varlen on CUDA, SDPA per sequence on CPU; memory O(L)), or the dense
+:func:`block_causal_mask` (a 4D additive mask that Hugging Face models use as-is, eager and SDPA;
+memory O(L²), and it rules out the fused attention kernels).
 Pitfall: ``position_ids`` alone are not enough: with transformers 5.23, eager/SDPA and
 ``attention_mask=None`` the packed rows attend across sequences (checked on the tiny Llama:
 log-probs differ by ~0.5), and a 2D all-ones mask does the same.
@@ -111,7 +113,7 @@ class PackedBatch:
         return [packed[p.bin, p.offset : p.offset + p.length] for p in self.placements]
 
     def cu_seqlens(self) -> torch.Tensor:
-        """Cumulative sequence starts over the flattened rows (int32), for varlen attention kernels.
+        """Cumulative sequence starts over the flattened rows (int32), for :func:`grpo.document_attention`.
 
         Padding at the end of a row is its own segment so every token belongs to one segment.
         """
@@ -138,8 +140,8 @@ def pack_sequences(
 
     Shapes: ``sequences`` = list of 1-D token lists/tensors -> :class:`PackedBatch`.
     Within a bin, sequences appear in the order FFD placed them (longest first).
-    Pitfall: give the model the packed ``position_ids`` and a block-diagonal mask
-    (:func:`block_causal_mask`), otherwise attention and RoPE see one long sequence.
+    Pitfall: give the model the packed ``position_ids`` and the boundaries (document attention,
+    see the module docstring), otherwise attention and RoPE see one long sequence.
     """
     if len(sequences) == 0:
         raise InvalidParameterError("no sequences to pack")
@@ -168,7 +170,8 @@ def block_causal_mask(sequence_index: torch.Tensor, dtype: torch.dtype = torch.f
     Query i attends key j iff j <= i and both belong to the same sequence. Padding tokens
     (index −1) attend only to themselves, which keeps softmax rows finite. Hugging Face
     models take a 4D ``attention_mask`` as-is (eager and SDPA attention).
-    Pitfall: memory is O(L²) per row; for long rows use a varlen kernel (``cu_seqlens``).
+    Pitfall: memory is O(L²) per row and it rules out fused kernels; the trainer uses
+    :func:`grpo.document_attention` (from :meth:`PackedBatch.cu_seqlens`) instead.
     """
     if not isinstance(sequence_index, torch.Tensor) or sequence_index.dim() != 2:
         raise ShapeError("sequence_index must be a [num_bins, L] tensor")

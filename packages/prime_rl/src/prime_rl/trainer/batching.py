@@ -8,7 +8,8 @@ with the validator's reward and advantage). Here:
 2. :func:`make_micro_batches` packs a mini-batch's sequences ``prompt ⧺ completion``
    first-fit-decreasing (``grpo.first_fit_decreasing``) into rows of at most ``max_tokens``
    tokens (a longer sequence gets a row of its own), with position ids restarting per sequence and
-   ``grpo.block_causal_mask``, so a packed forward equals separate forwards.
+   the sequence boundaries (``cu_seqlens``) for document attention (``grpo.document_attention``:
+   causal within each sequence, no ``L x L`` mask), so a packed forward equals separate forwards.
 3. :func:`completion_logprobs` turns the packed logits back into a ``[n, C_max]`` matrix of
    completion-token log-probs, one row per sequence, aligned with :attr:`MicroBatch.mask`.
    The loss is then computed on that padded per-sequence layout, so every ``grpo`` aggregation
@@ -45,16 +46,19 @@ def split_minibatches(samples: Sequence[TrainSample], count: int, group_size: in
 class MicroBatch:
     """One packed row and the per-completion tensors of its ``n`` sequences.
 
-    ``input_ids, position_ids``: ``[1, L]``; ``attention_mask``: ``[1, 1, L, L]`` additive;
-    ``placements``: where each sequence lives in the row; ``prompt_lengths``/``completion_lengths``: per
-    sequence; ``mask``: ``[n, C_max]`` bool; ``advantages``: ``[n]``; ``behaviour_logprobs``:
-    ``[n, C_max]`` (0 off-mask), the validator's log-probs of the generating policy (μ of the loss;
-    never a worker's claim); ``sample_ids``: the claimed samples, in row order.
+    ``input_ids, position_ids``: ``[1, L]``; ``cu_seqlens``: int32 ``[n + 1]``, the sequences'
+    starts in the row and ``L`` (attention stays within a sequence); ``max_seqlen``: the longest
+    sequence; ``placements``: where each sequence lives in the row;
+    ``prompt_lengths``/``completion_lengths``: per sequence; ``mask``: ``[n, C_max]`` bool;
+    ``advantages``: ``[n]``; ``behaviour_logprobs``: ``[n, C_max]`` (0 off-mask), the validator's
+    log-probs of the generating policy (μ of the loss; never a worker's claim); ``sample_ids``: the
+    claimed samples, in row order.
     """
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
     placements: tuple[grpo.Placement, ...]
     prompt_lengths: tuple[int, ...]
     completion_lengths: tuple[int, ...]
@@ -85,7 +89,8 @@ def _row(samples: Sequence[TrainSample], pad_token_id: int) -> MicroBatch:
     return MicroBatch(
         input_ids=packed.input_ids,
         position_ids=packed.position_ids,
-        attention_mask=grpo.block_causal_mask(packed.sequence_index),
+        cu_seqlens=packed.cu_seqlens(),
+        max_seqlen=max(len(q) for q in sequences),
         placements=packed.placements,
         prompt_lengths=tuple(len(s.prompt_tokens) for s in samples),
         completion_lengths=tuple(len(s.completion_tokens) for s in samples),
@@ -113,7 +118,8 @@ def empty_micro_batch(pad_token_id: int = 0) -> MicroBatch:
     return MicroBatch(
         input_ids=torch.full((1, 1), pad_token_id, dtype=torch.long),
         position_ids=torch.zeros((1, 1), dtype=torch.long),
-        attention_mask=torch.zeros((1, 1, 1, 1)),
+        cu_seqlens=torch.tensor([0, 1], dtype=torch.int32),
+        max_seqlen=1,
         placements=(placement,),
         prompt_lengths=(1,),
         completion_lengths=(0,),

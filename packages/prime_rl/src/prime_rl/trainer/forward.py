@@ -13,6 +13,11 @@ The full-logits path (``fused=False``) stays for models whose forward post-proce
 (Gemma-2's final soft-capping, Cohere's logit scale) or whose head has a bias; it is chosen
 automatically for them (:func:`supports_fused_head`).
 
+Attention: the packed row's sequences attend only within themselves through
+``grpo.use_document_attention`` (FlexAttention or flash-attention varlen on CUDA, one causal SDPA
+per sequence on CPU), driven by :attr:`MicroBatch.cu_seqlens`; no ``[L, L]`` mask is built, so
+attention memory is O(L) and the fused kernels stay available.
+
 Alignment: a sequence with prompt length ``P`` and completion length ``C`` has its completion
 token ``t`` predicted by the hidden state at sequence position ``P - 1 + t``.
 """
@@ -106,8 +111,22 @@ def completion_forward(
     inputs = {
         "input_ids": micro.input_ids.to(device),
         "position_ids": micro.position_ids.to(device),
-        "attention_mask": micro.attention_mask.to(device),
+        **grpo.document_kwargs(micro.cu_seqlens.to(device), micro.max_seqlen),
     }
+    with grpo.use_document_attention(model):
+        return _forward(model, micro, inputs, device, temperature, entropy=entropy, fused=fused)
+
+
+def _forward(
+    model: torch.nn.Module,
+    micro: MicroBatch,
+    inputs: dict,
+    device: torch.device,
+    temperature: float,
+    *,
+    entropy: bool,
+    fused: bool,
+) -> CompletionOutputs:
     head = _fusable_head(model) if fused else None
     if head is None:
         logits = model(**inputs).logits

@@ -1,0 +1,35 @@
+"""benchmarks/gpu_check.py --smoke: the GPU check's one command runs end to end on the CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_every_section(tmp_path: Path) -> None:
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--device", "cpu", "--out", str(out)],
+        capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    env = result["environment"]
+    assert env["device"] and env["torch"] and env["transformers"] and "driver" in env
+    assert result["toploc"]["cpu"]["build_ms"] > 0 and result["toploc"]["cpu"]["verify_ms"] > 0
+    rows = {row["variant"]: row for row in result["trainer"]}
+    assert set(rows) == {"document", "document_full", "dense", "plain"}
+    assert all("error" not in row and row["tokens_per_s"] > 0 for row in rows.values())
+    generation, validator = result["rollouts"]["generation"], result["rollouts"]["validator"]
+    assert generation["worker_tokens_per_s"] > 0 and generation["generate_tokens_per_s"] > 0
+    # Honest fp32 rollouts judged by the same weights: every one accepted, with near-zero noise.
+    assert validator["accepted"] == validator["samples"] == 4 and validator["rejected"] == {}
+    assert validator["noise"]["mean_logprob_gap"]["max"] < 1e-4
+    assert "trainer" in proc.stdout and "validator" in proc.stdout  # the printed table
