@@ -6,6 +6,7 @@
 
     with Origin("/srv/origin", port=8000) as origin:
         origin.publish("model.safetensors")                    # version 1
+        origin.publish(model.state_dict())                     # version 2, from memory
     Client(["http://origin:8000"]).fetch("latest", "model.safetensors")
     Client(["http://relay:8000"]).follower(reload, output_dir="/ckpt").start()  # hot reloads
 
@@ -49,6 +50,8 @@ _EXPORTS = {
     "ShardSpan": "planning",
     "plan_shards": "planning",
     "publish_file": "publish",
+    "publish_tensors": "publish",
+    "SafetensorsStream": "tensors",
     "Relay": "relay",
     "HttpServer": "server",
     "ServerReport": "servers",
@@ -85,6 +88,7 @@ __all__ = [
     "Progress",
     "PublishError",
     "Relay",
+    "SafetensorsStream",
     "ServerReport",
     "ShardInfo",
     "ShardSpan",
@@ -101,6 +105,7 @@ __all__ = [
     "parse_version_name",
     "plan_shards",
     "publish_file",
+    "publish_tensors",
     "sign_manifest",
     "verify_manifest",
 ]
@@ -139,7 +144,7 @@ if TYPE_CHECKING:
     from .origin import Origin
     from .planning import DEFAULT_SHARD_SIZE, ShardSpan, plan_shards
     from .progress import Progress
-    from .publish import publish_file
+    from .publish import publish_file, publish_tensors
     from .relay import Relay
     from .results import FetchResult, VersionListing
     from .server import HttpServer
@@ -152,3 +157,4 @@ if TYPE_CHECKING:
         sign_manifest,
         verify_manifest,
     )
+    from .tensors import SafetensorsStream
