@@ -50,8 +50,8 @@ html_theme = "alabaster"
 html_title = "INTELLECT-2 libraries"
 
 nitpicky = True
-# Stub generation re-reads the "Public API" tables (names under their own package, on purpose)
-# and would call each one an import cycle; the pages themselves resolve them normally.
+# A package page's "Public API" table names each entry by its full path, under its own package
+# on purpose; autosummary calls that an import cycle, then imports the full path as given.
 suppress_warnings = ["autosummary.import_cycle"]
 autosummary_generate = True
 autosummary_imported_members = False
@@ -86,7 +86,7 @@ autosummary_context = {
 }
 autodoc_default_options = {
     "members": True,
-    "undoc-members": True,  # every public name has a place to link to
+    "undoc-members": True,  # functions, classes, methods without a docstring get an entry too
     "show-inheritance": True,
     "ignore-module-all": True,  # each module documents what it defines; re-exports link there
 }
