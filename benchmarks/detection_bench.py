@@ -290,12 +290,12 @@ def calibrate(jobs: Sequence[Job], data: Path, dtype: str) -> toploc.NoiseProfil
 def cost(models: Models, data: Path, dtype: str, repeats: int = 3) -> dict[str, float]:
     """The validator's time per sample with and without the evidence statistics (same prefills).
 
-    Old path: ``check_sampled`` (per-sample sampling check) + log-prob gap + proof verification.
+    Old path: ``toploc.check_sampling`` (per-sample sampling check) + log-prob gap + proof verification.
     New path: ``sampling_margins`` once (feeds both the per-sample rule and the evidence), the same
     log-prob and proof checks, ``Observations.from_checks`` and ``WorkerEvidence.update``.
     """
-    from prime_rl.inference.backend import check_sampled, token_logprobs, verify_proofs
-    from prime_rl.validator.evidence import sampling_margins, sampling_problem
+    from prime_rl.inference.backend import SAMPLER_SEED, token_logprobs, verify_proofs
+    from prime_rl.validator.checks import sampling_margins, sampling_problem
 
     torch.set_num_threads(2)
     backend = models.backend(f"{dtype}-sdpa")
@@ -316,7 +316,10 @@ def cost(models: Models, data: Path, dtype: str, repeats: int = 3) -> dict[str, 
                 recomputed = token_logprobs(pre.logits, tokens, TEMPERATURE)
                 gap = (recomputed - torch.tensor(c.logprobs)).abs().mean().item()
                 if path == "old":
-                    check_sampled(pre.logits, tokens, c.seed, TEMPERATURE, tolerance=0.25, max_mismatches=0)
+                    positions = torch.arange(tokens.numel())
+                    toploc.check_sampling(
+                        pre.logits, tokens, SAMPLER_SEED, c.seed, positions, TEMPERATURE, tolerance=0.25, max_mismatches=0
+                    )
                 else:
                     margins = sampling_margins(pre.logits, tokens, c.seed, TEMPERATURE)
                     sampling_problem(margins, tolerance=0.25, max_mismatch_fraction=0.0)

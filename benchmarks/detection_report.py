@@ -12,7 +12,7 @@ import toploc
 
 
 def stream_scores(tests: toploc.EvidenceTests, stream: Sequence[Any], budgets: Sequence[int]) -> dict[int, float]:
-    """Per budget n: the highest evidence score of ``stream`` within its first n tokens.
+    """Per budget n: the highest evidence (fraction of the ban threshold) of ``stream`` within its first n tokens.
 
     Samples are replayed in order; the sample that crosses n is cut after its n-th token (as if the
     worker had submitted that shorter sample). Budgets beyond the stream's length are left out.
@@ -27,7 +27,7 @@ def stream_scores(tests: toploc.EvidenceTests, stream: Sequence[Any], budgets: S
         for sample in stream:
             take = min(sample.margins.size, n - used)
             observations = sample.observations()
-            best = max(best, evidence.update(observations if take == sample.margins.size else observations.prefix(take)).score)
+            best = max(best, evidence.update(observations if take == sample.margins.size else observations.prefix(take)).fraction)
             used += take
             if used >= n:
                 break
@@ -159,7 +159,7 @@ def report(
         print(f"| {s.name} | {s.observations} | {s.maximum:.3g} | {bounds} |")
     tolerance = max(0.25, profile.per_sample_limit("sampling_margin"))
     atol = max(0.05, profile.per_sample_limit("logprob_gap"))
-    print(f"\n{len(tests)} tests, ban at score >= {tests.log_threshold:.1f} nats; per-sample sampling tolerance "
+    print(f"\n{len(tests)} tests, ban at whole-history score >= {tests.history_log_threshold:.1f} or recent (CUSUM) score >= {tests.log_threshold:.1f} nats; per-sample sampling tolerance "
           f"{tolerance:.3g}, log-prob tolerance {atol:.3g} (the validator's, widened from the profile)")  # fmt: skip
 
     honest_tokens = sum(s.margins.size for st in honest for s in st)
@@ -215,7 +215,7 @@ def report(
             if not at:
                 cells.append("")
                 continue
-            share = float(np.mean([x >= tests.log_threshold for x in at]))
+            share = float(np.mean([x >= 1.0 for x in at]))
             area = auc(at, honest_at[n])
             cells.append(f"{share:.2f} ({len(at)}) / {area:.3f}")
             curve[n] = {"banned": share, "auc": area, "workers": len(at)}

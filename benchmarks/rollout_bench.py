@@ -42,7 +42,8 @@ from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import toploc
-from prime_rl.inference.backend import HFBackend, SamplingParams, check_sampled, token_logprobs, verify_proofs
+from prime_rl.inference.backend import HFBackend, SamplingParams, token_logprobs, verify_proofs
+from prime_rl.validator.checks import sampling_margins, sampling_problem
 
 VOCAB, HIDDEN, LAYERS = 32000, 256, 4
 BATCH, PROMPT, NEW = 16, 32, 64
@@ -141,7 +142,8 @@ def main() -> None:
         for c, p in zip(completions, pre, strict=True):
             tokens = torch.tensor(c.completion_tokens)
             proofs_ok = all(toploc.Thresholds().check(r).passed for r in verify_proofs(p.hidden, c.proofs))
-            sampled_ok = check_sampled(p.logits, tokens, c.seed, 1.0, tolerance=0.25, max_mismatches=0).passed
+            margins = sampling_margins(p.logits, tokens, c.seed, 1.0)
+            sampled_ok = sampling_problem(margins, tolerance=0.25, max_mismatch_fraction=0.0) is None
             gap = (token_logprobs(p.logits, tokens, 1.0) - torch.tensor(c.logprobs)).abs().mean().item()
             ok += proofs_ok and sampled_ok and gap < 0.05
         return ok

@@ -25,7 +25,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
-from prime_rl.inference.backend import HFBackend, SamplingParams, check_sampled, token_logprobs, verify_proofs
+from prime_rl.inference.backend import HFBackend, SamplingParams, token_logprobs, verify_proofs
+from prime_rl.validator.checks import sampling_margins
 
 
 def noise(backend, validator: HFBackend, prompts: list[list[int]], tokens: int) -> dict[str, float]:
@@ -39,7 +40,8 @@ def noise(backend, validator: HFBackend, prompts: list[list[int]], tokens: int) 
             mant_mean = max(mant_mean, result.mant_err_mean)
             mant_median = max(mant_median, result.mant_err_median)
         drawn = torch.tensor(c.completion_tokens)
-        margin = max(margin, check_sampled(p.logits, drawn, c.seed, 1.0, tolerance=1e9, max_mismatches=0).max_margin)
+        margins = sampling_margins(p.logits, drawn, c.seed, 1.0)
+        margin = max(margin, float(margins.max()) if margins.numel() else 0.0)
         gap = max(gap, (token_logprobs(p.logits, drawn, 1.0) - torch.tensor(c.logprobs)).abs().mean().item())
     return {
         "tokens": sum(len(c.completion_tokens) for c in completions),

@@ -175,9 +175,10 @@ def _resolve_reference(app, env, node, contnode):  # type: ignore[no-untyped-def
     """``missing-reference``: decide what an unresolved Python reference is.
 
     - a name of ours that exists (as Python resolves it from the module whose docstring uses
-      it, or as a dotted path): a link to where it is documented (a re-export such as
-      ``toploc.ProofBuilder`` goes to ``toploc.streaming.ProofBuilder``), or plain text when
-      autodoc gives it no entry (an undocumented constant, a private helper);
+      it, from one of that package's submodules, or as a dotted path): a link to where it is
+      documented (a re-export such as ``toploc.ProofBuilder`` goes to
+      ``toploc.streaming.ProofBuilder``), or plain text when autodoc gives it no entry (an
+      undocumented constant, a private helper);
     - a name of another library, or a fragment of a type annotation that is not a name
       (``Field(ge=0)``'s ``0.0``): plain text;
     - anything else, such as a misspelled or renamed function of ours, stays unresolved and
@@ -188,9 +189,17 @@ def _resolve_reference(app, env, node, contnode):  # type: ignore[no-untyped-def
     target = node["reftarget"].lstrip("~.")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*(\.[A-Za-z_][A-Za-z_0-9]*)*", target) or target == "lambda":
         return contnode  # from a rendered annotation, not a name
-    obj = _lookup(target, node.get("py:module"))
+    module = node.get("py:module")
+    obj = _lookup(target, module)
     if obj is _MISSING and node.get("py:class"):
-        obj = _lookup(f"{node['py:class']}.{target}", node.get("py:module"))
+        obj = _lookup(f"{node['py:class']}.{target}", module)
+    if obj is _MISSING and module:
+        # A package page's tables show each submodule's first sentence in the package's context:
+        # a name there means what it means in that submodule.
+        for submodule in sorted(m for m in sys.modules if m.startswith(f"{module}.")):
+            obj = _lookup(target, submodule)
+            if obj is not _MISSING:
+                break
     if obj is _MISSING:
         return contnode if not _ours(target) and _external(target) else None
     if _defined_in(obj) and not _ours(_defined_in(obj) or ""):

@@ -9,8 +9,11 @@ tasks, untrusted workers sampling and proving, a trusted validator recomputing e
 trainer stepping the loss, and a shardcast tree broadcasting each new policy.
 
 To try another reward or loss, edit its line below. Every process imports `reward` and `loss`
-from this file by the import paths the run puts in `[components]`; a process on another machine
-needs this file at the same path, or `[components]` set to an importable `module:attribute`.
+from this file by the import paths the run puts in `[components] reward` and `[trainer.loss]`; a
+process on another machine needs this file at the same path, or those keys set to an importable
+`module:attribute`. A config that sets `[trainer.loss]` itself (configs/*.toml do, so the file
+says which loss it was measured with) must name this loss: two different losses stop the run
+before it starts, naming both.
 """
 
 from __future__ import annotations
@@ -20,27 +23,23 @@ import sys
 from pathlib import Path
 
 import grpo
-import verifiers
 from prime_rl.config import ConfigError, load_config
-from prime_rl.inference.run_tasks import LengthBudget
 from prime_rl.launch.local import run_local
+from prime_rl.reward import default_reward, weighted
 
 # 1. Tasks and their reward (verifiers) ------------------------------------------------------------
 # The orchestrator leases each worker prompts chosen by a seeded hash of (worker, step, batch), so
 # no worker picks its tasks. A task's `task_type` selects its verifier: "verifiable_math" (the last
 # \boxed{} answer must equal the ground truth under sympy), "prime_rl_code" (the program runs
 # against the task's tests in a sandbox; partial credit), "arithmetic_exact" (the demo's sums).
-# With `[tasks] length_reward`, the prompt names a thinking budget and the reward adds a length
-# term. Workers claim this reward for each completion; the validator recomputes it and rejects a
-# sample whose claim differs.
-
-
-def reward(task: verifiers.Task, completion: str, num_tokens: int, budget: LengthBudget | None) -> float:
-    """The reward of one completion of ``num_tokens`` tokens (``budget``: None without a length term)."""
-    score = verifiers.verify(task, completion).reward
-    if budget is None:
-        return score
-    return verifiers.length_reward(score, num_tokens, budget.target, budget.mode, alpha=budget.alpha)
+# With `[tasks] length_reward`, the prompt names a thinking budget and `default_reward` adds
+# INTELLECT-2's length term. Workers claim this reward for each completion; the validator recomputes
+# it and rejects a sample whose claim differs. The reward is a weighted sum of (term, weight) pairs,
+# added in this order; another term is one more line, e.g. a format bonus:
+#     (lambda task, completion, num_tokens, budget: float("\\boxed{" in completion), 0.1),
+reward = weighted(
+    (default_reward, 1.0),  # verifiers.verify's score, then the length term toward the budget
+)
 
 
 # 2. Sampling and proofs (toploc) ------------------------------------------------------------------

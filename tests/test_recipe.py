@@ -15,7 +15,8 @@ import pytest
 import grpo
 import verifiers
 from prime_rl.config import ComponentsConfig, ConfigError, load_component, load_config
-from prime_rl.inference.run_tasks import LengthBudget, default_reward, load_reward, run_tasks
+from prime_rl.launch.local import COMPONENT_KEYS
+from prime_rl.reward import LengthBudget, default_reward, load_reward, run_tasks
 from prime_rl.trainer.process import build_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,19 +73,25 @@ def test_tiny_cpu_config_is_the_demo():
 
 def test_recipe_hands_every_component_by_a_path_the_roles_accept():
     """Each part the recipe composes is importable by the path a child process gets, is the same object
-    there, and passes the check of the role that uses it; every [components] key is composed."""
+    there, and passes the check of the role that uses it; every component key is composed."""
     components = recipe("COMPONENTS")
-    assert isinstance(components, dict) and set(components) == set(ComponentsConfig.model_fields)
+    assert isinstance(components, dict) and set(components) == set(COMPONENT_KEYS)
+    assert {key for key in COMPONENT_KEYS.values() if key.startswith("components.")} == {
+        f"components.{name}" for name in ComponentsConfig.model_fields
+    }
     for name, value in components.items():
         assert recipe(name) is value
     assert load_reward(f"{RECIPE}:reward") is components["reward"]
-    assert build_loss(load_config(None, ["--components.loss", f"{RECIPE}:loss"])) is components["loss"]
+    assert build_loss(load_config(None, ["--trainer.loss", f"{RECIPE}:loss"])) is components["loss"]
 
 
 @pytest.mark.parametrize("config_name", ["tiny-cpu.toml", "intellect2.toml"])
 def test_recipe_loss_is_the_loss_each_config_names(config_name: str):
-    """Run through the recipe or through `prime-rl run` with either config: the same loss."""
+    """Run through the recipe or through `prime-rl run` with either config: the same loss. Each config's
+    [trainer.loss] table is live: the recipe starts only while its loss line agrees with it."""
     config = load_config(ROOT / "configs" / config_name)
+    assert "loss" in config.trainer.model_fields_set
+    config.trainer.check_recipe_loss(f"{RECIPE}:loss", config_name)  # raises ComponentError on a difference
     loss = recipe("loss")
     assert isinstance(loss, grpo.Loss)
     assert loss.config == build_loss(config).config == config.trainer.loss == grpo.RECIPES["intellect2"]

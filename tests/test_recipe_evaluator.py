@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prime_rl.config import TasksConfig, load_config
-from prime_rl.evaluator import (
+from prime_rl.evaluator.heldout import (
     EvaluatorConfig,
     EvaluatorError,
     evaluate,
@@ -220,7 +220,7 @@ def test_evaluator_process_follows_published_versions(tmp_path: Path, tiny_lm_di
     from transformers import AutoModelForCausalLM
 
     import shardcast
-    from prime_rl import evaluator
+    from prime_rl.evaluator import process as evaluator
     from prime_rl.inference.backend import HFBackend
     from prime_rl.metrics import read_metrics
     from prime_rl.weights.files import save_policy

@@ -1,33 +1,43 @@
 """A one-line edit of ``examples/intellect2.py`` swaps the reward or the loss in every role that uses it.
 
-Each test copies the recipe, edits exactly one line, points ``[components]`` at the copy (as the
-recipe does for its own file) and checks what the roles then do, with the tiny in-code model:
-workers claim the edited reward and only a validator with the same reward accepts it; the
-trainer's loss is the edited recipe.
+Each test copies the recipe, edits exactly one line, points ``[components] reward`` or
+``[trainer.loss]`` at the copy (as the recipe does for its own file) and checks what the roles
+then do, with the tiny in-code model: workers claim the edited reward and only a validator with
+the same reward accepts it; the trainer's loss is the edited recipe. The loss has one home: a
+config whose ``[trainer.loss]`` names another loss than the recipe's stops the recipe before it
+starts (exit 2, naming both), and so does a loss the runtime cannot train on.
 """
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import grpo
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.config import load_component, load_config
 from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.reward import default_reward, run_tasks
 from prime_rl.tasks import load_tasks
 from prime_rl.trainer.process import Trainer
 from prime_rl.validator.process import Validator
 from prime_rl.worker.process import Worker
 
-RECIPE = Path(__file__).resolve().parents[1] / "examples" / "intellect2.py"
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "examples" / "intellect2.py"
+DEFAULT_REWARD_LINE = "    (default_reward, 1.0),  # verifiers.verify's score, then the length term toward the budget"
 
 
-def edit_one_line(tmp_path: Path, old: str, new: str) -> Path:
-    """A copy of the recipe with the line ``old`` replaced by ``new`` (and nothing else changed)."""
+def edit_one_line(tmp_path: Path, old: str, new: str, *, keep_old: bool = False) -> Path:
+    """A copy of the recipe with the line ``old`` replaced by ``new`` (or, ``keep_old``, followed by
+    ``new``), and nothing else changed."""
     lines = RECIPE.read_text().splitlines(keepends=True)
     (index,) = [i for i, line in enumerate(lines) if line.rstrip("\n") == old]
-    lines[index] = new + "\n"
+    lines[index] = (lines[index] if keep_old else "") + new + "\n"
     copy = tmp_path / "my_recipe.py"
     copy.write_text("".join(lines))
     return copy
@@ -46,24 +56,70 @@ def test_one_line_loss_edit_is_the_trainers_loss(tmp_path: Path, tiny_lm_dir: Pa
             None,
             [
                 "--run_dir", str(tmp_path / name), "--model.path", str(tiny_lm_dir), "--trainer.device", "cpu",
-                "--components.loss", f"{path}:loss",
+                "--trainer.loss", f"{path}:loss",
             ],
         )  # fmt: skip
         trainer = Trainer(config)
         try:
-            assert trainer.loss_fn is load_component("components.loss", f"{path}:loss")
+            assert trainer.loss_fn is load_component("trainer.loss", f"{path}:loss")
             assert trainer.loss_fn.config == grpo.RECIPES[name]
         finally:
             trainer.close()
+
+
+def run_recipe(recipe: Path, cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    """``python <recipe> --config configs/tiny-cpu.toml <overrides>`` as ``make run`` starts it."""
+    command = [sys.executable, str(recipe), "--config", str(ROOT / "configs" / "tiny-cpu.toml"), *overrides]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    ("edit", "overrides", "message"),
+    [
+        (None, ("--trainer.loss.eps_high", "0.28"), "differ: eps_high 0.28 vs 0.2 (config vs recipe)"),
+        (("intellect2", "dapo"), (), "differ: eps_high 0.2 vs 0.28, delta 4.0 vs None, aggregation 'constant' vs 'token_mean'"),
+        (("intellect2", "dr_grpo"), (), "its advantage is group_center"),
+    ],
+    ids=["config-override", "recipe-edit", "dr_grpo"],
+)
+def test_two_different_losses_stop_the_recipe_before_it_starts(tmp_path: Path, edit, overrides, message):
+    """configs/tiny-cpu.toml sets [trainer.loss]: an override of it, or a recipe loss line that differs
+    from it, exits 2 naming both (before: the recipe's loss won and the table was dead text); a loss
+    with another advantage estimator than the validator's z-scores is refused before anything starts."""
+    recipe = RECIPE
+    if edit is not None:
+        recipe = edit_one_line(tmp_path, 'loss = grpo.Loss("intellect2")', f'loss = grpo.Loss("{edit[1]}")')
+    done = run_recipe(recipe, tmp_path, *overrides)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr, done.stderr
+    if "differ" in message:
+        assert f"[trainer.loss] in {ROOT / 'configs' / 'tiny-cpu.toml'}" in done.stderr
+        assert f"the recipe's loss {recipe.resolve()}:loss" in done.stderr
+    assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+def test_one_added_line_adds_a_format_reward(tmp_path: Path, tiny_tokenizer):
+    """The recipe composes default_reward with its own terms: a format bonus is one added line, and the
+    reward workers and the validator score with (run_tasks) is default_reward + 0.25 * the bonus."""
+    bonus = '    (lambda task, completion, num_tokens, budget: float("\\\\boxed{" in completion), 0.25),'
+    edited = edit_one_line(tmp_path, DEFAULT_REWARD_LINE, bonus, keep_old=True)
+    assert len(edited.read_text().splitlines()) == len(RECIPE.read_text().splitlines()) + 1
+    base = ["--tasks.num_tasks", "6", "--tasks.length_reward", "exact", "--tasks.target_lengths", "[4, 9]"]
+    shipped = run_tasks(load_config(None, [*base, "--components.reward", f"{RECIPE}:reward"]), tiny_tokenizer)
+    swapped = run_tasks(load_config(None, [*base, "--components.reward", f"{edited}:reward"]), tiny_tokenizer)
+    for task_id in range(6):
+        answer = str(shipped.task_set.task(task_id).verification_info.get("ground_truth", "7"))
+        for completion in (f"The answer is \\boxed{{{answer}}}.", answer, "no idea"):
+            plain = default_reward(shipped.task_set.task(task_id), completion, 5, shipped.budget(task_id))
+            assert shipped.score(task_id, completion, 5) == plain  # the shipped recipe: default_reward exactly
+            assert swapped.score(task_id, completion, 5) == plain + 0.25 * ("\\boxed{" in completion)
 
 
 def test_one_line_reward_edit_reaches_workers_and_the_validator(tmp_path: Path, tiny_lm_dir: Path):
     """The worker claims the edited reward; a validator with the shipped recipe rejects the claims
     (reward_mismatch), one with the edited recipe accepts them."""
     edited = edit_one_line(
-        tmp_path,
-        "    score = verifiers.verify(task, completion).reward",
-        "    score = 1 - len(completion) / 100  # prefer short answers",
+        tmp_path, DEFAULT_REWARD_LINE, "    (lambda task, completion, num_tokens, budget: 1 - len(completion) / 100, 1.0),"
     )
     base = [
         "--run_dir", str(tmp_path / "run"), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "20",

@@ -11,6 +11,7 @@ from typing import Any
 
 from prime_rl.api import assignment
 from prime_rl.api.protocol import LeaseRecord, LeaseTask, TaskLease
+from prime_rl.config import load_config
 from prime_rl.validator.checks import Checks
 from prime_rl.worker.hostile import HostileWorker
 
@@ -43,18 +44,18 @@ class TinyRun:
     def decode(self, tokens: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(tokens), skip_special_tokens=True))
 
-    def checks(self) -> Checks:
-        """The validator's checks for this run (hidden size and vocabulary of ``tiny_lm``)."""
-        return Checks(
-            assignment_key=self.key,
+    def checks(self, *validator_overrides: str) -> Checks:
+        """The validator's checks for this run (hidden size and vocabulary of ``tiny_lm``; every
+        tolerance at its ``[validator]`` default, plus ``validator_overrides``)."""
+        overrides = [
+            "--orchestrator.prompts_per_batch", str(self.prompts_per_batch), "--orchestrator.async_level", "1",
+            "--sampling.group_size", str(self.group_size), "--sampling.temperature", "1.0",
+            "--sampling.max_new_tokens", str(self.max_new_tokens), "--sampling.stop", "[]",
+            *validator_overrides,
+        ]  # fmt: skip
+        return Checks.from_config(
+            load_config(None, overrides), vocab_size=100, eos_token_ids=frozenset({2}), assignment_key=self.key,
             hidden_size=64,
-            prompts_per_batch=self.prompts_per_batch,
-            async_level=1,
-            group_size=self.group_size,
-            temperature=1.0,
-            max_new_tokens=self.max_new_tokens,
-            vocab_size=100,
-            eos_token_ids=frozenset({2}),
         )
 
     def worker(self, behaviour: str) -> HostileWorker:

@@ -75,6 +75,10 @@ def manual(recipe: str, logprobs, old, adv, mask, entropy, ref, constant=None, *
     if recipe == "gspo":
         per_token = grpo.gspo(logprobs, old, adv, mask, eps_low=3e-4, eps_high=4e-4)
         return grpo.aggregate(per_token, mask, "seq_mean_token_mean", **norm)
+    if recipe == "sapo":
+        per_token = grpo.sapo(logprobs, old, adv, mask, tau_pos=1.0, tau_neg=1.05)
+        return grpo.aggregate(per_token, mask, "seq_mean_token_mean", **norm)
+    assert recipe == "cispo", recipe
     return grpo.aggregate(grpo.cispo(logprobs, old, adv, mask, is_cap=5.0), mask, "token_mean", **norm)
 
 

@@ -85,7 +85,7 @@ def test_loss_config_is_recipe_plus_overrides() -> None:
         (lambda: loss_config("intellect2", std_eps=None), "std_eps must be a finite number"),
         (lambda: loss_config("intellect2", constant=0.0), "constant must be > 0"),
         (lambda: loss_config("intellect2", advantage="ppo"), "unknown advantage"),
-        (lambda: loss_config("intellect2", objective="sapo"), "unknown objective"),
+        (lambda: loss_config("intellect2", objective="dppo"), "unknown objective"),
     ],
 )
 def test_bad_values_raise_at_construction(make, message: str) -> None:  # type: ignore[no-untyped-def]

@@ -11,11 +11,11 @@ from prime_rl.inference.backend import (
     HFBackend,
     SamplingParams,
     build_proofs,
-    check_sampled,
     proof_size,
     token_logprobs,
     verify_proofs,
 )
+from prime_rl.validator.checks import sampling_margins, sampling_problem
 from prime_rl.weights.files import WeightsMismatchError, save_policy
 
 PROMPTS = ["12+7=", "3+4=", "100+250=", "9="]
@@ -165,13 +165,14 @@ def test_sampling_is_reproducible_from_prefill_logits(backend):
     pre = backend.prefill([c.prompt_tokens for c in out], [c.completion_tokens for c in out])
     for completion, p in zip(out, pre, strict=True):
         tokens = torch.tensor(completion.completion_tokens)
-        assert check_sampled(p.logits, tokens, completion.seed, 1.0, tolerance=0.25, max_mismatches=0).passed
+        margins = sampling_margins(p.logits, tokens, completion.seed, 1.0)  # the validator's sampling rule
+        assert sampling_problem(margins, tolerance=0.25, max_mismatch_fraction=0.0) is None
         torch.testing.assert_close(
             token_logprobs(p.logits, tokens, 1.0), torch.tensor(completion.logprobs), rtol=0, atol=1e-4
         )
         # The same tokens claimed under another seed are (almost surely) not what the sampler draws.
-        other = check_sampled(p.logits, tokens, completion.seed + 1, 1.0, tolerance=0.25, max_mismatches=0)
-        assert not other.passed or len(tokens) == 1
+        other = sampling_margins(p.logits, tokens, completion.seed + 1, 1.0)
+        assert sampling_problem(other, tolerance=0.25, max_mismatch_fraction=0.0) is not None or len(tokens) == 1
 
 
 def test_shared_prompt_prefill_equals_separate_generation(backend):

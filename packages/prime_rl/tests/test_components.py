@@ -1,5 +1,6 @@
-"""``[components]``: import paths checked when the config loads, imported by the role that uses them,
-with an error naming the key and the problem (module, file, attribute, type, signature)."""
+"""Component import paths (``[components] reward``, ``[trainer.loss]``): checked when the config loads,
+imported by the role that uses them, with an error naming the key and the problem (module, file,
+attribute, type, signature); a loss given twice, differently, is an error naming both."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 import grpo
 from prime_rl.config import ComponentError, ConfigError, load_component, load_config, with_overrides
 from prime_rl.config.components import ImportPath, check_signature
-from prime_rl.inference.run_tasks import RunTasks, default_reward, load_reward, run_tasks
+from prime_rl.config.loss import load_loss
+from prime_rl.reward import RunTasks, default_reward, load_reward, run_tasks
 from prime_rl.tasks import TaskSet
-from prime_rl.trainer.process import build_loss, load_loss
+from prime_rl.trainer.process import build_loss
 
 MODULE = """
 import grpo
@@ -67,21 +69,25 @@ def test_config_checks_the_syntax_without_importing():
     config = load_config(None, ["--components.reward", "surely_not_installed_xyz:reward"])
     assert config.components.reward == "surely_not_installed_xyz:reward"  # imported by the role, not here
     assert "surely_not_installed_xyz" not in sys.modules
-    with pytest.raises(ConfigError, match=r"components\.loss: .*must be 'module:attribute'"):
-        load_config(None, ["--components.loss", "grpo.Loss"])
+    with pytest.raises(ConfigError, match=r"trainer.loss: .*import path 'grpo.Loss' must be 'module:attribute'"):
+        load_config(None, ["--trainer.loss", "grpo.Loss"])
+    with pytest.raises(ConfigError, match=r"the loss is one key, \[trainer.loss\] .*--trainer.loss \"a:b\""):
+        load_config(None, ["--components.loss", "a:b"])  # where the key moved
     with pytest.raises(ConfigError, match=r"unknown key 'components\.optimizer'"):
         load_config(None, ["--components.optimizer", "a:b"])
     with pytest.raises(ConfigError, match=r"components\.reward"):
         with_overrides(config, ["--components.reward", "x:"])
-    assert with_overrides(config, ["--components.loss", "a:b"]).components.loss == "a:b"
+    assert with_overrides(config, ["--trainer.loss", "a:b"]).trainer.loss == "a:b"
+    with pytest.raises(ConfigError, match=r"--trainer.loss.eps_high sets a key inside trainer.loss, which is 'a:b'"):
+        with_overrides(load_config(None, ["--trainer.loss", "a:b"]), ["--trainer.loss.eps_high", "0.3"])  # not dropped
 
 
 def test_module_and_file_paths_load_the_same_objects_once(package: Path):
-    from_module = load_component("components.loss", "my_recipes.components:loss")
-    from_file = load_component("components.loss", f"{package / 'recipe.py'}:loss")
+    from_module = load_component("trainer.loss", "my_recipes.components:loss")
+    from_file = load_component("trainer.loss", f"{package / 'recipe.py'}:loss")
     assert isinstance(from_module, grpo.Loss) and isinstance(from_file, grpo.Loss)
     assert from_module.config == from_file.config == grpo.RECIPES["dapo"]
-    assert load_component("components.loss", f"{package / 'recipe.py'}:loss") is from_file  # imported once
+    assert load_component("trainer.loss", f"{package / 'recipe.py'}:loss") is from_file  # imported once
     nested = load_component("components.reward", "my_recipes.components:Recipe.reward")
     assert nested(None, "abc", 3, None) == 3.0  # type: ignore[operator]
 
@@ -141,41 +147,72 @@ def test_reward_must_return_a_finite_number(package: Path):
 
 
 def test_loss_must_be_a_grpo_loss_the_runtime_can_honour(package: Path):
-    assert load_loss("my_recipes.components:loss").config == grpo.RECIPES["dapo"]
-    from_config = load_loss("my_recipes.components:loss_config")  # a LossConfig becomes a Loss
-    assert isinstance(from_config, grpo.Loss) and from_config.config.eps_high == 0.3
+    assert load_loss("my_recipes.components:loss", "recompute").config == grpo.RECIPES["dapo"]
     with pytest.raises(ComponentError, match=r"must be a grpo\.Loss or grpo\.LossConfig, got function"):
-        load_loss("my_recipes.components:reward")
+        load_loss("my_recipes.components:reward", "recompute")
     with pytest.raises(ComponentError, match=r"its advantage is group_center .* group z-score advantages"):
-        load_loss("my_recipes.components:centred")
+        load_loss("my_recipes.components:centred", "recompute")
     config = load_config(None, ["--trainer.loss.recipe", "grpo"])
-    assert build_loss(config).config == grpo.RECIPES["grpo"]  # no component: [trainer.loss]
-
-
-def test_a_loss_component_replaces_the_trainer_loss_table_and_says_so(package: Path, caplog):
-    base = ["--components.loss", "my_recipes.components:loss"]
-    with caplog.at_level("WARNING", logger="prime_rl.trainer.process"):
-        agreeing = build_loss(load_config(None, [*base, "--trainer.loss.recipe", "dapo"]))
-        assert agreeing.config == grpo.RECIPES["dapo"] and not caplog.records  # nothing to say
-        loss = build_loss(load_config(None, [*base, "--trainer.loss.recipe", "grpo"]))
-    assert loss.config == grpo.RECIPES["dapo"]
-    (record,) = caplog.records
-    assert "the loss is my_recipes.components:loss" in record.getMessage()
-    assert "replaces [trainer.loss]" in record.getMessage()
+    assert build_loss(config).config == grpo.RECIPES["grpo"]  # a table
+    by_path = build_loss(load_config(None, ["--trainer.loss", "my_recipes.components:loss"]))
+    assert by_path is load_component("trainer.loss", "my_recipes.components:loss")  # the recipe's object
+    from_config = build_loss(load_config(None, ["--trainer.loss", "my_recipes.components:loss_config"]))
+    assert isinstance(from_config, grpo.Loss) and from_config.config.eps_high == 0.3  # a LossConfig becomes a Loss
     corrected = load_config(
-        None, ["--components.loss", "my_recipes.components:corrected", "--trainer.old_logprobs", "inference"]
+        None, ["--trainer.loss", "my_recipes.components:corrected", "--trainer.old_logprobs", "inference"]
     )
-    with pytest.raises(ComponentError, match=r"sets is_correction, .* use 'recompute' with it"):
+    with pytest.raises(ComponentError, match=r"^trainer.loss = .*: it sets is_correction, .* use old_logprobs = 'recompute'"):
         build_loss(corrected)
+    with pytest.raises(ConfigError, match=r"\[trainer.loss\]: it sets is_correction, .* old_logprobs = 'recompute'"):
+        load_config(None, ["--trainer.loss.is_correction", "token_mask", "--trainer.old_logprobs", "inference"])
+
+
+def test_a_recipe_loss_and_a_different_trainer_loss_are_an_error_naming_both(package: Path):
+    """A recipe hands its loss over by path (launch/local.py); the config's own [trainer.loss], where it
+    sets one, must be that loss: a difference is an error naming both, never one silently winning."""
+    path = "my_recipes.components:loss"  # grpo.Loss("dapo")
+    load_config(None).trainer.check_recipe_loss(path, "defaults")  # the config sets no loss: the recipe's
+    load_config(None, ["--trainer.loss.recipe", "dapo"]).trainer.check_recipe_loss(path, "x.toml")  # the same
+    load_config(None, ["--trainer.loss", path]).trainer.check_recipe_loss(path, "x.toml")  # the same path
+    conflicting = load_config(None, ["--trainer.loss.recipe", "dapo", "--trainer.loss.eps_high", "0.3"])
+    with pytest.raises(
+        ComponentError,
+        match=r"^two losses: \[trainer.loss\] in x.toml \+ overrides and the recipe's loss my_recipes.components:loss "
+        r"differ: eps_high 0.3 vs 0.28 \(config vs recipe\)",
+    ):
+        conflicting.trainer.check_recipe_loss(path, "x.toml + overrides")
+    other_object = load_config(None, ["--trainer.loss", "my_recipes.components:loss_config"])
+    with pytest.raises(ComponentError, match=r"^two losses: \[trainer.loss\] = 'my_recipes.components:loss_config' "
+                       r"in x.toml is another object than the recipe's loss my_recipes.components:loss"):
+        other_object.trainer.check_recipe_loss(path, "x.toml")
+    with pytest.raises(ComponentError, match=r"^trainer.loss = 'my_recipes.components:centred': its advantage is group_center"):
+        load_config(None).trainer.check_recipe_loss("my_recipes.components:centred", "defaults")  # the guard, always
+
+
+@pytest.mark.parametrize("role", ["orchestrator", "trainer", "validator", "worker", "run"])
+def test_a_loss_table_with_other_advantages_is_refused_when_any_role_loads_the_config(role: str, tmp_path: Path):
+    """`recipe = "dr_grpo"` (advantage group_center) would train on the validator's z-scores while
+    naming another estimator: the config refuses it, so no path starts with it."""
+    config = tmp_path / "run.toml"
+    config.write_text('[trainer.loss]\nrecipe = "dr_grpo"\n')
+    with pytest.raises(ConfigError, match=r"\[trainer.loss\]: its advantage is group_center"):
+        load_config(config)
+    done = subprocess.run(
+        [sys.executable, "-m", "prime_rl.cli", role, "--config", str(config), "--run_dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "[trainer.loss]: its advantage is group_center" in done.stderr
+    assert not (tmp_path / "run").exists()  # nothing started
 
 
 def test_a_role_exits_2_with_the_message_when_its_component_does_not_import(tmp_path: Path):
     """``prime-rl trainer`` fails at start-up, before loading any model, with the config error."""
     command = [
         sys.executable, "-m", "prime_rl.cli", "trainer", "--run_dir", str(tmp_path),
-        "--components.loss", "surely_not_installed_xyz:loss",
+        "--trainer.loss", "surely_not_installed_xyz:loss",
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stdout + done.stderr
-    expected = "prime-rl trainer: components.loss = 'surely_not_installed_xyz:loss': module 'surely_not_installed_xyz' not found"
+    expected = "prime-rl trainer: trainer.loss = 'surely_not_installed_xyz:loss': module 'surely_not_installed_xyz' not found"
     assert expected in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -19,28 +19,20 @@ from typing import Any
 import pytest
 
 from prime_rl.orchestrator.store import RolloutStore
+from prime_rl.worker.hostile import ATTACKS, BEHAVIOURS, MIXED_CYCLE
 
 pytestmark = pytest.mark.slow
 
 ASYNC_LEVEL = 1
 STEPS = 3  # at least this many policy versions are trained
 MAX_STEPS = 12  # the run is stopped (Ctrl-C) once every acceptance condition has been observed
-# Reasons the validator may give a hostile sample: the behaviour's own reason, or group_rejected /
-# lease_rejected for the rest of a batch one of whose samples failed (see prime_rl.worker.hostile).
-EXPECTED_REASONS = {
-    "other_weights": {"toploc_mismatch"},
-    "changed_prompt": {"wrong_prompt"},
-    "fabricated_completion": {"sampling_mismatch"},
-    "inflated_rewards": {"reward_mismatch"},
-    "stale_policy": {"stale_policy"},
-    "unassigned_tasks": {"not_assigned"},
-    "garbage": {"malformed_proof", "toploc_mismatch"},
-}
+# Reasons the validator may give a hostile sample: the attack's own reasons (hostile.ATTACKS), or
+# group_rejected / lease_rejected for the rest of a batch one of whose samples failed.
+EXPECTED_REASONS = {name: set(attack.expected) for name, attack in ATTACKS.items()}
 
 
 def _hostile_behaviour() -> str:
-    from prime_rl.worker import hostile
-    return "mixed" if "mixed" in hostile.BEHAVIOURS else "other_weights"
+    return "mixed" if "mixed" in BEHAVIOURS else "other_weights"
 
 
 def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
@@ -108,10 +100,8 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
         # Each batch was rejected for its own announced attack (checked above); here: the worker
         # really cycles (attack = MIXED_CYCLE[batch_index]), and the validator judged several kinds.
         # How many hostile batches get judged before the run ends depends on the machine's load.
-        from prime_rl.worker.hostile import MIXED_CYCLE
-
         assert hostile_batches <= set(expected_by_batch), "a hostile batch without its announced attack"
-        submitted = [e for e in helpers.metrics_of(run_dir, "hostile-0") if e["event"] == "batch_submitted"]
+        submitted = [e for e in helpers.metrics_of(run_dir, "hostile-0") if e["event"] == "rollouts"]
         for event in submitted:  # stale_policy falls back to inflated_rewards while no version is too old
             scheduled = MIXED_CYCLE[event["batch_index"] % len(MIXED_CYCLE)]
             assert event["behaviour"] in {scheduled} | (
@@ -194,17 +184,12 @@ def _acceptance_observed(run_dir: Path, helpers: Any) -> bool:
 
 
 def _expected_reasons(run_dir: Path, helpers: Any, behaviour: str) -> dict[str, set[str]]:
-    """batch_id -> reasons allowed for the hostile worker's batch (from its own metrics, else its behaviour)."""
+    """batch_id -> reasons allowed for the hostile worker's batch: those of the attack its metrics name
+    for the batch (hostile.ATTACKS; the worker logs what it did, never what the validator should say)."""
     result = {}
     for event in helpers.metrics_of(run_dir, "hostile-0"):
-        if event["event"] == "batch_submitted" and "batch_id" in event:
-            reason = event.get("expected_reason")
-            attack = event.get("behaviour", behaviour)
-            # "a|b" lists the alternatives a behaviour may produce (prime_rl.worker.process.EXPECTED_REASONS).
-            allowed = (
-                set(reason.split("|")) if isinstance(reason, str) else EXPECTED_REASONS.get(attack, set())
-            )
-            result[event["batch_id"]] = allowed
+        if event["event"] == "rollouts" and "batch_id" in event:
+            result[event["batch_id"]] = EXPECTED_REASONS.get(event.get("behaviour", behaviour), set())
     return result
 
 

@@ -26,32 +26,36 @@ from import_graph import find_cycles  # tests/support: the cycle finder the libr
 import prime_rl
 
 PACKAGE_ROOT = Path(prime_rl.__file__).parent
-TOP_LEVEL = {"cli", "tasks", "metrics", "evaluator", "devices", "durable"}  # besides __init__
+TOP_LEVEL = {"cli", "tasks", "reward", "role", "metrics", "trackers", "devices", "durable", "_name_clash"}  # besides __init__
 
 # Room -> rooms it may import (besides itself). Top-level modules count as rooms of their own name.
 ALLOWED: dict[str, set[str]] = {
     "config": set(),
     "metrics": set(),
+    "trackers": {"config", "metrics"},  # W&B / TensorBoard fed from the metrics events, beside metrics.py
     "durable": set(),  # atomic durable writes: the orchestrator's tables, checkpoints, weights files
     "devices": set(),  # config device/dtype names -> torch objects
     "tasks": {"config"},
+    "reward": {"config", "tasks"},  # the reward contract, next to the tasks it scores
+    "role": {"config", "api", "metrics"},  # run_role: the scaffold of the worker, validator and trainer mains
     "api": {"config"},
     "weights": {"config", "metrics", "durable"},
     # weights: only the torch-free layout (POLICY_FILENAME), which TORCH_FREE below enforces
     "orchestrator": {"config", "api", "tasks", "metrics", "durable", "weights"},
     "inference": {"config", "tasks", "weights", "metrics", "devices"},
-    "worker": {"config", "api", "inference", "weights", "tasks", "metrics", "devices"},
-    "validator": {"config", "api", "inference", "weights", "tasks", "metrics", "devices"},
-    "trainer": {"config", "api", "weights", "metrics", "devices", "durable"},
-    "evaluator": {"config", "inference", "weights", "tasks", "metrics"},
+    "worker": {"config", "api", "inference", "weights", "tasks", "reward", "role", "metrics", "devices"},
+    "validator": {"config", "api", "inference", "weights", "tasks", "reward", "role", "metrics", "devices"},
+    "trainer": {"config", "api", "weights", "role", "metrics", "devices", "durable"},
+    "evaluator": {"config", "inference", "weights", "tasks", "metrics", "devices"},
     "launch": {"config", "api", "weights", "metrics", "devices"},
-    "cli": {"config", "launch", "metrics"},  # logging, the demo model's path, the trackers: before a role starts
-    "__init__": {"config", "api"},
+    "cli": {"config", "launch", "metrics", "trackers"},  # logging, the demo model's path, the trackers: before a role starts
+    "_name_clash": set(),  # the import-time warning about another package of the same name
+    "__init__": {"config", "api", "_name_clash"},
 }
 # Module-name prefixes that must never reach torch: the control plane runs on any small machine.
 TORCH_FREE = ("prime_rl.config", "prime_rl.api", "prime_rl.orchestrator", "prime_rl.tasks", "prime_rl.metrics",
               "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report", "prime_rl.launch.progress", "prime_rl.durable",
-              "prime_rl.weights.layout", "prime_rl.launch.model_cache", "prime_rl.launch.trackers")
+              "prime_rl.weights.layout", "prime_rl.launch.model_cache", "prime_rl.trackers")
 TORCH_MODULES = {"torch", "transformers", "safetensors", "vllm"}
 
 
@@ -140,7 +144,7 @@ GRAPH, EXTERNAL = import_graph()
 def test_layout_has_the_rooms_and_few_top_level_modules():
     rooms = {path.name for path in PACKAGE_ROOT.iterdir() if (path / "__init__.py").exists()}
     assert rooms == {"config", "api", "orchestrator", "inference", "worker", "validator", "trainer",
-                     "weights", "launch"}
+                     "weights", "launch", "evaluator"}
     top = {path.stem for path in PACKAGE_ROOT.glob("*.py")} - {"__init__"}
     assert top == TOP_LEVEL
     for name in rooms:

@@ -16,7 +16,7 @@ from prime_rl.api.client import ClientRequestError, OrchestratorClient
 from prime_rl.api.protocol import RolloutBatch
 
 
-def test_lease_is_the_documented_pure_function(client: OrchestratorClient, server: Any) -> None:
+def test_lease_is_the_documented_pure_function(client: OrchestratorClient, server: Any, batch_for: Any) -> None:
     reg = client.register("honest")
     lease = client.get_tasks(reg.worker_id)
     assert lease.step == 0 and lease.batch_index == 0 and lease.reassigned_from is None
@@ -28,8 +28,9 @@ def test_lease_is_the_documented_pure_function(client: OrchestratorClient, serve
         assert tuple(task.sampling_seeds) == sampling_seeds(
             key=key, worker_id=reg.worker_id, step=0, batch_index=0, task_id=task.task_id, group_size=2
         )
-    # Asking for the same live lease again is idempotent; the next one has the next index.
+    # Asking for the same live lease again is idempotent; once answered, the next one has the next index.
     assert client.get_tasks(reg.worker_id, batch_index=0) == lease
+    client.submit_rollouts(batch_for(lease))
     assert client.get_tasks(reg.worker_id).batch_index == 1
     with pytest.raises(ClientRequestError) as error:
         client.get_tasks(reg.worker_id, step=5)

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.api.protocol import Verdict, VerdictRequest
 from prime_rl.orchestrator.release import ReleaseBook
@@ -57,7 +60,10 @@ class Run:
 
 
 def test_a_batch_waits_for_later_accepted_tokens_of_its_own_worker(server_factory: Any, batch_for: Any) -> None:
-    server = server_factory("--orchestrator.release_after_tokens", str(TOKENS + 2), "--trainer.samples_per_step", "2")
+    server = server_factory(
+        "--orchestrator.release_after_tokens", str(TOKENS + 2), "--orchestrator.probation_tokens", "0",
+        "--trainer.samples_per_step", "2",
+    )  # fmt: skip
     run = Run(server, batch_for)
     a, b = run.register(), run.register()
     a1 = run.submit(a)
@@ -76,22 +82,34 @@ def test_a_batch_waits_for_later_accepted_tokens_of_its_own_worker(server_factor
     assert claim.held_samples == 0  # (counted only when not ready)
 
 
-def test_a_worker_whose_evidence_is_high_trains_nothing_until_it_falls(server_factory: Any, batch_for: Any) -> None:
+def test_a_batch_judged_while_evidence_was_high_is_never_released(server_factory: Any, batch_for: Any) -> None:
+    """Release looks at the largest evidence reported with the batch or after it, not the latest:
+    honest batches that bring the evidence back down release themselves, never the earlier ones."""
     server = server_factory(
         "--orchestrator.release_after_tokens", "0", "--orchestrator.release_max_evidence", "0.25",
         "--trainer.samples_per_step", "2",
     )  # fmt: skip
     run = Run(server, batch_for)
     a = run.register()
+    a0 = run.submit(a)
+    _judge(run.client, a0, evidence=0.05)
+    assert run.client.claim(0, SAMPLES).ready  # a0 claimed: below the bound when judged and since
+    run.client.commit(0, 1)
     a1 = run.submit(a)
     _judge(run.client, a1, evidence=0.3)
-    assert run.client.claim(0, 2).held_samples == SAMPLES
+    assert run.client.claim(1, 2).held_samples == SAMPLES
     a2 = run.submit(a)
     _judge(run.client, a2, evidence=0.25)  # at the limit: still held
-    assert run.client.claim(0, 2).held_samples == 2 * SAMPLES
-    _judge(run.client, run.submit(a), evidence=0.05)  # an honest level again: all three released
-    claim = run.client.claim(0, 3 * SAMPLES)
-    assert claim.ready and len(claim.samples) == 3 * SAMPLES and a1 in {s.batch_id for s in claim.samples}
+    assert run.client.claim(1, 2).held_samples == 2 * SAMPLES
+    a3 = run.submit(a)
+    _judge(run.client, a3, evidence=0.05)  # an honest level again: only a3 is released
+    for _ in range(3):
+        _judge(run.client, run.submit(a), evidence=0.0)  # honest tokens wash nothing out
+    waiting = run.client.claim(1, 5 * SAMPLES)
+    assert (waiting.available_samples, waiting.held_samples) == (4 * SAMPLES, 2 * SAMPLES)
+    claim = run.client.claim(1, 4 * SAMPLES)
+    assert claim.ready and a3 in {s.batch_id for s in claim.samples}
+    assert not {a1, a2} & {s.batch_id for s in claim.samples}
 
 
 def test_held_samples_never_block_leases(server_factory: Any, batch_for: Any) -> None:
@@ -109,7 +127,10 @@ def test_held_samples_never_block_leases(server_factory: Any, batch_for: Any) ->
 def test_release_survives_a_restart_and_a_crash_between_verdicts_and_judged(
     server_factory: Any, batch_for: Any, tmp_path: Any
 ) -> None:
-    flags = ("--orchestrator.release_after_tokens", str(TOKENS), "--trainer.samples_per_step", "2")
+    flags = (
+        "--orchestrator.release_after_tokens", str(TOKENS), "--orchestrator.probation_tokens", "0",
+        "--trainer.samples_per_step", "2",
+    )  # fmt: skip
     server = server_factory(*flags)
     run = Run(server, batch_for)
     a = run.register()
@@ -129,3 +150,33 @@ def test_release_survives_a_restart_and_a_crash_between_verdicts_and_judged(
     assert (after.available_samples, after.held_samples) == (2 * SAMPLES, SAMPLES)  # a3 counted: a2 released
     claim = client.claim(0, 2 * SAMPLES)
     assert {s.batch_id for s in claim.samples} == {a1, a2}
+
+
+class _NoStore:
+    def append_event(self, event: dict[str, Any]) -> None:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.one_of(st.none(), st.sampled_from([0.0, 0.1, 0.2, 0.25, 0.3]))),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(0, 12),
+)
+def test_release_equals_the_whole_history_reference(judgements: list[tuple[int, float | None]], after: int) -> None:
+    """``released`` (suffix maxima) equals the definition evaluated on the whole history: batch k is
+    released iff the worker's accepted tokens reach its own cumulative count + ``after`` and every
+    evidence reported with judgement k or later is below 0.25."""
+    book = ReleaseBook(_NoStore(), after_tokens=after, max_evidence=0.25)  # type: ignore[arg-type]
+    for k, (samples, evidence) in enumerate(judgements):
+        verdicts = [Verdict(sample_index=i, accepted=True, reason="ok", reward=0.0, advantage=0.0, logprobs=[-1.0])
+                    for i in range(samples)] or _verdicts(accept=False)  # fmt: skip
+        book.judged(f"b{k}", "w", verdicts, evidence)
+    cumulative = [sum(samples for samples, _ in judgements[: k + 1]) for k in range(len(judgements))]
+    for k in range(len(judgements)):
+        later = [e for _, e in judgements[k:] if e is not None]
+        expected = cumulative[-1] >= cumulative[k] + after and all(e < 0.25 for e in later)
+        assert book.released(f"b{k}", "w") == expected, k

@@ -209,23 +209,31 @@ def _accept(ledger: Ledger, batch_id: str, logprobs: list[float] | None = None) 
     ledger.record_verdicts(VerdictRequest(batch_id=batch_id, verdicts=verdicts))
 
 
-def test_abandoned_leases_lower_the_allowance_then_ban(config_for: Any) -> None:
+def test_allowance_is_earned_by_answers_and_lowered_by_abandonment_then_ban(config_for: Any) -> None:
     ledger, clock = _ledger(config_for)
     worker = ledger.workers[ledger.register("abandons").worker_id]
-    assert ledger.lease_allowance(worker.worker_id) == 4
+    assert ledger.lease_allowance(worker.worker_id) == 1  # fresh: one lease, nothing to choose between
+    first = ledger.lease(worker, None, None)
+    with pytest.raises(ApiFailure) as fresh:
+        ledger.lease(worker, None, None)
+    assert fresh.value.status == 409 and "one more per answered lease" in fresh.value.message
+    _submit(ledger, worker, _batch(first))
+    for _ in range(2):
+        _submit(ledger, worker, _batch(ledger.lease(worker, None, None)))
+    assert ledger.lease_allowance(worker.worker_id) == 4  # min(max_open_leases 4, 1 + 3 answered)
     for _ in range(2):
         ledger.lease(worker, None, None)
     clock.now += 11
     assert ledger.expire_leases() == 2
-    assert ledger.lease_allowance(worker.worker_id) == 2 and not worker.banned
+    assert ledger.lease_allowance(worker.worker_id) == 2 and not worker.banned  # 4 - 2 expired; 2 of 5 issued
     ledger.lease(worker, None, None)
     ledger.lease(worker, None, None)
     with pytest.raises(ApiFailure) as refused:  # its allowance (4 - 2 expired) is used up
         ledger.lease(worker, None, None)
     assert refused.value.status == 409 and "let expire" in refused.value.message
     clock.now += 11
-    ledger.expire_leases()  # 4 of 4 leases expired: >= ban_abandoned_leases (3) and >= 25 %
-    assert worker.banned and "abandoned 4 of 4 leases" in worker.ban_reason
+    ledger.expire_leases()  # 4 of 7 leases expired: >= ban_abandoned_leases (3) and >= 25 %
+    assert worker.banned and "abandoned 4 of 7 leases" in worker.ban_reason
     with pytest.raises(ApiFailure) as banned:
         ledger.lease(worker, None, None)
     assert banned.value.status == 403
@@ -251,28 +259,30 @@ def test_an_occasional_lost_lease_is_tolerated(config_for: Any) -> None:
     assert ledger.lease_allowance(worker.worker_id) == 2
 
 
-def test_open_leases_are_capped_per_address(config_for: Any) -> None:
+def test_fresh_identities_are_capped_per_address_and_workers_with_history_are_not(config_for: Any) -> None:
     ledger, _ = _ledger(config_for, "--orchestrator.max_open_leases_per_address", "6")
-    hoarders = [ledger.workers[ledger.register(f"h{i}").worker_id] for i in range(3)]
+    veteran = ledger.workers[ledger.register("veteran").worker_id]
+    _accept(ledger, _submit(ledger, veteran, _batch(ledger.lease(veteran, None, None, "10.0.0.7"))).batch_id)
+    hoarders = [ledger.workers[ledger.register(f"h{i}").worker_id] for i in range(8)]
     taken = 0
     for worker in hoarders:
-        for _ in range(4):
-            try:
-                ledger.lease(worker, None, None, "10.0.0.7")
-                taken += 1
-            except ApiFailure as failure:
-                assert failure.status == 429 and "max_open_leases_per_address" in failure.message
-    assert taken == 6
+        try:
+            ledger.lease(worker, None, None, "10.0.0.7")
+            taken += 1
+        except ApiFailure as failure:
+            assert failure.status == 429 and "max_open_leases_per_address" in failure.message
+    assert taken == 6  # fresh identities: one lease each, six at this address together
     other = ledger.workers[ledger.register("elsewhere").worker_id]
     assert ledger.lease(other, None, None, "10.0.0.8").batch_index == 0  # another address is unaffected
+    # The veteran (accepted history) is not counted with them and keeps its own allowance (1 + 1 answered).
+    assert [ledger.lease(veteran, None, None, "10.0.0.7").batch_index for _ in range(2)] == [1, 2]
 
 
 def test_hoarded_leases_never_stop_others_from_leasing(config_for: Any) -> None:
     ledger, _ = _ledger(config_for, "--orchestrator.max_buffered_samples", "20", "--trainer.samples_per_step", "8")
-    for i in range(4):  # 16 open leases = 64 samples, far over the buffer, never answered
+    for i in range(16):  # 16 open leases = 64 samples, far over the buffer, never answered
         hoarder = ledger.workers[ledger.register(f"h{i}").worker_id]
-        for _ in range(4):
-            ledger.lease(hoarder, None, None, f"10.0.0.{i}")
+        ledger.lease(hoarder, None, None, f"10.0.0.{i}")
     honest = ledger.workers[ledger.register("honest").worker_id]
     first = _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))
     _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))  # 8 answered samples buffered
@@ -281,9 +291,11 @@ def test_hoarded_leases_never_stop_others_from_leasing(config_for: Any) -> None:
     _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))
     _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))
     _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))  # 16 answered samples < 20: leased
-    with pytest.raises(ApiFailure) as busy:  # 20 answered samples: answered work is what fills the buffer
+    with pytest.raises(ApiFailure) as busy:  # 20 answered samples, its own among them: refused
         ledger.lease(honest, None, None)
-    assert busy.value.status == 429
+    assert busy.value.status == 429 and "yours" in busy.value.message
+    newcomer = ledger.workers[ledger.register("newcomer").worker_id]
+    assert ledger.lease(newcomer, None, None).batch_index == 0  # nothing of its own buffered: not starved
 
 
 def test_the_trainer_gets_the_validators_values_and_nothing_from_banned_workers(config_for: Any) -> None:

@@ -20,7 +20,8 @@ malformed_proofs   honest samples whose proofs are cut short (valid base64, wron
 hoarding           identities from another address (127.0.0.2) take every lease they can and
                    never answer
 steering           samples honestly except where the seeded sampler's runner-up scores within
-                   0.2 of its choice (inside the 0.25 sampling tolerance): takes the runner-up
+                   0.2 of its choice (inside bf16's 0.25 sampling tolerance; this fp32 run rejects
+                   any swap per sample): takes the runner-up
 bf16_weights       generates with its weights rounded to bf16 (an fp32 run)
 noisy_weights      generates with every weight + 0.1% of its tensor's std of noise
 stale_weights      generates with the previous policy version's weights, claims the current one
@@ -72,9 +73,9 @@ from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorBusy, 
 from prime_rl.api.protocol import ClaimRequest, LeaseTask, RolloutBatch, RolloutSample, TaskLease
 from prime_rl.config import RunConfig, load_config
 from prime_rl.inference.backend import HFBackend, build_proofs
-from prime_rl.inference.run_tasks import run_tasks
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.store import RolloutStore
+from prime_rl.reward import run_tasks
 from prime_rl.tasks import load_tasks
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable
 from prime_rl.worker.rollout import build_batch
@@ -89,7 +90,7 @@ SAMPLES_PER_STEP = 32
 BUFFER = 48
 TASK_TIMEOUT_S = 20.0
 HOARD_ADDRESS = "127.0.0.2"
-HOARDERS = 6  # more than max_open_leases_per_address (16) / max_open_leases (4) lets through
+HOARDERS = 6  # fresh identities: one open lease each, six of the address's cap for fresh identities (16)
 PER_ADDRESS = 16
 CONTENT_ATTACKS = ("half_lease", "truncated", "grind", "nudged_logprobs", "malformed_proofs")
 STATISTICAL_ATTACKS = ("steering", "bf16_weights", "noisy_weights", "stale_weights", "late_steering")
@@ -433,10 +434,10 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         for attack in STATISTICAL_ATTACKS:
             attacker.statistical_attack(attack)
         # Hoarding: honest lease rate in the 20 s before and while the hoarders hold their leases
-        # (two lease timeouts from their first lease, so two waves of expiries and what follows
-        # them are included: an identity that got 2 leases in the first wave passes the abandon
-        # limit only in the second). Registering the hoarders takes a while: the window starts at
-        # their first lease, not at the thread's start.
+        # (three lease timeouts from their first lease: a fresh identity holds one lease at a time,
+        # so it passes the abandon limit, 3 expired, with the third wave; the address's cap for
+        # fresh identities shrinks by one per expired lease, so about four get a third lease).
+        # Registering the hoarders takes a while: the window starts at their first lease.
         baseline_start = time.time()
         time.sleep(20)
         baseline_end = time.time()
@@ -445,7 +446,7 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         hoarder.start()
         helpers.wait_for(lambda: attacker.events["hoard_leases"], 120, "the hoarders' first lease")
         hoard_start = attacker.events["hoard_leases"][0]
-        time.sleep(max(0.0, hoard_start + 2 * TASK_TIMEOUT_S + 20 - time.time()))
+        time.sleep(max(0.0, hoard_start + 3 * TASK_TIMEOUT_S + 20 - time.time()))
         stop.set()
         hoarder.join(30)
         hoard_end = time.time()
@@ -575,8 +576,9 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         assert row["deviating_in_trainer_claims"] == 0 and row["banned"] == 1, (attack, dict(row))
         if attack != "late_steering":  # (its honest samples may be trained on)
             assert row["in_trainer_claims"] == 0, (attack, dict(row))
-    # steering never fails a per-sample check: its evidence alone bans it
-    assert set(per_attack["steering"]["reasons"]) == {"banned_worker"}, dict(per_attack["steering"])
+    # fp32 decode and prefill agree exactly: a runner-up swap fails the per-sample check itself
+    # (validator/tolerances.py), and the evidence, which sees rejected samples too, bans the identity
+    assert "sampling_mismatch" in per_attack["steering"]["reasons"], dict(per_attack["steering"])
     expected = {
         "half_lease": "incomplete_lease",
         "truncated": "bad_termination",

@@ -13,8 +13,8 @@ import pytest
 
 import verifiers
 from prime_rl.config import ConfigError, TasksConfig, load_config
-from prime_rl.evaluator import EvaluatorError, heldout_task_set
-from prime_rl.inference.run_tasks import run_tasks
+from prime_rl.evaluator.heldout import EvaluatorError, heldout_task_set
+from prime_rl.reward import run_tasks
 from prime_rl.tasks import TaskSourceError, encode_prompt, load_tasks, map_row
 
 PROBLEMS = [{"question": f"What is {a} times 3?", "answer": str(3 * a), "level": a % 3} for a in range(12)]
@@ -153,7 +153,7 @@ def test_evaluator_on_a_separate_task_set_and_on_a_small_dataset(tmp_path: Path,
 
 def test_evaluator_process_without_held_out_problems_exits_cleanly(tmp_path: Path, tiny_lm_dir: Path):
     """A dataset too small for a held-out set ends the evaluator alone (exit 0), never the run."""
-    from prime_rl.evaluator import main
+    from prime_rl.evaluator.process import main
     from prime_rl.metrics import read_metrics
 
     path = _parquet(tmp_path / "train.parquet", PROBLEMS[:4])

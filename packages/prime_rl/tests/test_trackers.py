@@ -14,7 +14,7 @@ from wandb_records import complete_wandb_records, read_wandb_history  # tests/su
 
 from prime_rl import metrics
 from prime_rl.config import load_config
-from prime_rl.launch.trackers import (
+from prime_rl.trackers import (
     TensorBoardTracker,
     TrackerUnavailable,
     WandbTracker,

@@ -22,9 +22,11 @@ from prime_rl.config import load_config
 from prime_rl.inference.backend import HFBackend
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
-from prime_rl.validator.checks import Reason, validate_batch
+from prime_rl.validator import tolerances
+from prime_rl.validator.checks import Reason, repetition_problem
 from prime_rl.validator.process import FailureTracker, Validator
-from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
+from prime_rl.validator.verdicts import validate_batch
+from prime_rl.worker.hostile import ATTACKS, BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 
 KEY = b"validator-test-assignment-key"
 NUM_TASKS = 12
@@ -79,13 +81,8 @@ def test_honest_batch_is_accepted_with_recomputed_rewards(backend):
         )
 
 
-EXPECTED = {
-    "other_weights": {Reason.PROOF_FAILED},
-    "changed_prompt": {Reason.PROMPT_MISMATCH},
-    "fabricated_completion": {Reason.SAMPLING_FAILED},
-    "inflated_rewards": {Reason.REWARD_MISMATCH},
-    "unassigned_tasks": {Reason.UNASSIGNED_TASK},
-    "garbage": {Reason.MALFORMED_PROOF, Reason.PROOF_FAILED},
+EXPECTED = {  # every attack of the table; stale_policy needs a later step (its own test)
+    name: {Reason(reason) for reason in attack.expected} for name, attack in ATTACKS.items() if name != "stale_policy"
 }
 
 
@@ -98,6 +95,37 @@ def test_hostile_behaviour_is_rejected_with_its_reason(backend, behaviour):
     reasons = {v.reason for v in verdicts}
     assert reasons & EXPECTED[behaviour], (behaviour, [(v.reason, v.detail) for v in verdicts])
     assert reasons <= EXPECTED[behaviour] | {Reason.GROUP_REJECTED, Reason.LEASE_REJECTED}
+
+
+def test_a_completion_repeating_one_token_past_the_limit_is_rejected_with_its_own_reason(backend):
+    """validator.max_repeated_tokens N: a run of N + 1 equal tokens is rejected (repeated_token) before any
+    prefill, a run of exactly N passes the rule; 0 (the default) checks nothing."""
+    assert repetition_problem([5, 7, 7, 7, 7, 5], limit=4) is None  # just inside
+    assert repetition_problem([5, 7, 7, 7, 7, 7], limit=4) == (
+        "token 7 repeats on 5 consecutive positions from 1 (limit 4)"
+    )
+    assert repetition_problem([9] * 50, limit=0) is None and repetition_problem([], limit=1) is None
+    lease, record = RUN.lease("looping", 0, 0)
+    batch = RUN.worker("honest").answer(lease, backend)
+    looping = batch.samples[3].model_copy(update={"completion_tokens": [7] * MAX_NEW})  # ends at max_new_tokens
+    tampered = batch.model_copy(update={"samples": [*batch.samples[:3], looping, *batch.samples[4:]]})
+    limited = RUN.checks("--validator.max_repeated_tokens", str(MAX_NEW - 1))
+    prefilled = []
+
+    def backend_for(version):
+        prefilled.append(version)
+        return backend
+
+    verdicts = validate_batch(
+        pending(tampered, record), tasks=RUN, backend_for=backend_for, decode=RUN.decode, checks=limited
+    )
+    assert (verdicts[3].reason, verdicts[3].detail) == (
+        Reason.REPEATED_TOKEN, f"token 7 repeats on {MAX_NEW} consecutive positions from 0 (limit {MAX_NEW - 1})"
+    )
+    assert {v.reason for v in verdicts[:3] + verdicts[4:]} == {Reason.LEASE_REJECTED} and prefilled == []
+    # Without a limit the same sample is caught later, by the prefill (its proofs are of other tokens).
+    assert verdicts_for(tampered, record, backend)[3].reason == Reason.PROOF_FAILED
+    assert {v.reason for v in verdicts_for(batch, record, backend, checks=limited)} == {Reason.ACCEPTED}
 
 
 def test_stale_policy_is_rejected(backend):
@@ -297,8 +325,10 @@ def test_a_profile_too_small_for_evidence_leaves_the_per_sample_tolerances_as_co
         validator = Validator(config)
         validator.close()
     assert validator.evidence is None
-    assert validator.checks.sampling_tolerance == config.validator.sampling_tolerance == 0.25
-    assert validator.checks.logprob_atol == config.validator.logprob_atol == 0.05
+    # fp32 is exact whatever the evidence: any runner-up swap is rejected (validator/tolerances.py)
+    assert validator.checks.validator.sampling_tolerance == tolerances.FP32_SAMPLING_TOLERANCE
+    assert validator.checks.sampling_rule is not None and validator.checks.sampling_rule.allowed(10_000) == 0
+    assert validator.checks.validator.logprob_atol == config.validator.logprob_atol == 0.05
 
 
 # ---------------------------------------------------------------- issue 13: whole leases, cheap checks first
@@ -407,7 +437,7 @@ def test_one_bad_group_rejects_the_whole_lease(backend):
 def test_a_validator_with_another_assignment_key_stops_instead_of_rejecting_honest_work(backend):
     from dataclasses import replace
 
-    from prime_rl.validator.checks import AssignmentKeyMismatch
+    from prime_rl.validator.structure import AssignmentKeyMismatch
 
     batch, record = _honest(backend, "keys")
     with pytest.raises(AssignmentKeyMismatch, match="assignment_secret"):

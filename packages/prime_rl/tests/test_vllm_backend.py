@@ -19,9 +19,10 @@ from tiny_lm import make_tiny_lm, save_tiny_lm  # noqa: E402
 from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402
 
 import toploc  # noqa: E402
-from prime_rl.inference.backend import HFBackend, SamplingParams, check_sampled, verify_proofs  # noqa: E402
+from prime_rl.inference.backend import HFBackend, SamplingParams, verify_proofs  # noqa: E402
 from prime_rl.inference.vllm_backend import EngineMemory, VLLMBackend  # noqa: E402
 from prime_rl.validator import noise  # noqa: E402
+from prime_rl.validator.checks import sampling_margins, sampling_problem  # noqa: E402
 from prime_rl.weights.files import WeightsMismatchError, save_policy  # noqa: E402
 
 pytestmark = pytest.mark.timeout(1200)  # engine start-up takes minutes on a loaded 2-core machine
@@ -81,11 +82,8 @@ def _assert_same_as_hf(hf: HFBackend, engine: VLLMBackend, params: SamplingParam
         checks = verify_proofs(prefill.hidden, g.proofs)
         assert toploc.Thresholds().check_all(checks).passed
         assert max(c.exp_mismatches for c in checks) <= 2
-        sampling = check_sampled(
-            prefill.logits, torch.tensor(g.completion_tokens), g.seed, params.temperature,
-            tolerance=1e-4, max_mismatches=0,
-        )
-        assert sampling.passed
+        margins = sampling_margins(prefill.logits, torch.tensor(g.completion_tokens), g.seed, params.temperature)
+        assert sampling_problem(margins, tolerance=1e-4, max_mismatch_fraction=0.0) is None
     return got
 
 
@@ -216,10 +214,8 @@ def test_bfloat16_engine_passes_the_validators_checks(model_dir) -> None:
     same = sum(g.completion_tokens == w.completion_tokens for g, w in zip(got, want, strict=True))
     for g, prefill in zip(got, prefills, strict=True):
         assert toploc.Thresholds().check_all(verify_proofs(prefill.hidden, g.proofs)).passed
-        sampling = check_sampled(
-            prefill.logits, torch.tensor(g.completion_tokens), g.seed, 1.0, tolerance=0.25, max_mismatches=0
-        )
-        assert sampling.passed
+        margins = sampling_margins(prefill.logits, torch.tensor(g.completion_tokens), g.seed, 1.0)
+        assert sampling_problem(margins, tolerance=0.25, max_mismatch_fraction=0.0) is None
         gap = (torch.tensor(g.logprobs) - torch_logprobs(prefill.logits, g.completion_tokens)).abs().mean()
         assert gap < 0.05  # the validator's default logprob_atol
     assert same >= len(PROMPTS) - 2, f"only {same}/{len(PROMPTS)} completions equal the HF bf16 decode"

@@ -6,6 +6,7 @@ import logging
 import socket
 import threading
 import time
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -16,11 +17,21 @@ from prime_rl.api.client import OrchestratorClient
 from prime_rl.config import load_config
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
-from prime_rl.validator.checks import Reason, validate_batch
-from prime_rl.validator.process import checks_from
+from prime_rl.validator.checks import Checks, Reason
+from prime_rl.validator.verdicts import validate_batch
 from prime_rl.weights.files import save_policy
 from prime_rl.weights.store import PolicyUnavailable
-from prime_rl.worker.hostile import EXPECTED_REASONS, MIXED_CYCLE
+from prime_rl.worker import hostile
+from prime_rl.worker import process as worker_process
+from prime_rl.worker.hostile import (
+    ATTACKS,
+    BEHAVIOURS,
+    EXPECTED_REASONS,
+    MIXED_CYCLE,
+    Attack,
+    HostileWorker,
+    attack_table,
+)
 from prime_rl.worker.process import Worker
 
 
@@ -94,8 +105,8 @@ def test_worker_follows_shardcast_versions_and_is_accepted(tmp_path, tiny_lm_dir
         assert len(pending) == 2
         versions = {0: tiny_lm_dir, 1: policy}
         hidden = worker.backend.model.config.hidden_size
-        checks = checks_from(
-            config, 100, worker.backend.eos_token_ids,
+        checks = Checks.from_config(
+            config, vocab_size=100, eos_token_ids=worker.backend.eos_token_ids,
             assignment_key=server.trusted.assignment_key, hidden_size=hidden,
         )  # fmt: skip
         for batch in pending:
@@ -110,6 +121,67 @@ def test_worker_follows_shardcast_versions_and_is_accepted(tmp_path, tiny_lm_dir
             )  # fmt: skip
             assert {v.reason for v in verdicts} == {Reason.ACCEPTED}, [(v.reason, v.detail) for v in verdicts]
             assert len(batch.samples) == 2 * 3
+
+
+@pytest.mark.parametrize("behaviour", ["honest", "garbage", "stale_policy"])
+def test_the_loop_meets_a_behaviour_only_through_its_hooks(tmp_path, tiny_lm_dir, caplog, monkeypatch, behaviour):
+    """One loop for every worker: an honest and a garbage worker each submit and log their batch once (no
+    expected verdict in the metrics); garbage first posts its bytes through the client (answered 400);
+    stale_policy takes no lease while no version can be stale yet."""
+    config = load_config(
+        None,
+        [
+            "--run_dir", str(tmp_path / "run"), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "20",
+            "--orchestrator.port", str(free_port()), "--orchestrator.prompts_per_batch", "2",
+            "--sampling.group_size", "3", "--sampling.max_new_tokens", "5", "--workers.behaviour", behaviour,
+            "--workers.poll_interval_s", "0.05",
+        ],
+    )  # fmt: skip
+    events: list[tuple[str, dict]] = []
+
+    class Recorder:
+        def log(self, event: str, **fields: object) -> None:
+            events.append((event, fields))
+
+    monkeypatch.setattr(worker_process, "get_metrics", Recorder)
+    caplog.set_level(logging.INFO, logger="prime_rl.worker.hostile")
+    with (
+        OrchestratorServer(config, load_tasks(config.tasks)) as server,
+        OrchestratorClient(server.url, admin_token=server.admin_token) as admin,
+    ):
+        worker = Worker(config, "w")
+        worker.worker_id = worker.client.register("w").worker_id
+        submitted = worker.one_batch()
+        worker.close()
+        pending = admin.pending(8).batches
+    if behaviour == "stale_policy":
+        assert not submitted and pending == [] and events == []
+        return
+    (batch,) = pending
+    assert submitted and [event for event, _ in events] == ["rollouts"]
+    fields = events[0][1]
+    assert (fields["behaviour"], fields["batch_id"]) == (behaviour, batch.batch_id) and "expected_reason" not in fields
+    refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("garbage body refused")]
+    assert refused == ([] if behaviour == "honest" else [refused[0]]) and (behaviour == "honest" or "HTTP 400" in refused[0])
+
+
+def test_the_attack_table_is_the_one_list_of_attacks():
+    """hostile.ATTACKS renders the module's docstring table, names the behaviours a worker takes, and
+    each entry has the method that builds its batch (a new attack: one entry plus one method)."""
+    assert attack_table() in hostile.__doc__
+    for name, attack in ATTACKS.items():
+        assert f"``{name}``" in hostile.__doc__ and attack.does.split()[0] in hostile.__doc__
+        assert callable(getattr(HostileWorker, f"_{name}"))
+    assert ("honest", *ATTACKS, "mixed") == BEHAVIOURS
+    assert MIXED_CYCLE == (  # the red team's order, unchanged
+        "other_weights", "changed_prompt", "fabricated_completion", "inflated_rewards", "unassigned_tasks",
+        "garbage", "stale_policy",
+    )  # fmt: skip
+    with (
+        patch.dict(ATTACKS, {"new_attack": Attack("does something new", ("malformed",))}),
+        pytest.raises(TypeError, match=r"without a HostileWorker._<name> method: \['new_attack'\]"),
+    ):
+        HostileWorker("other_weights", list, lambda *a: 0.0, list, 1)
 
 
 def test_mixed_cycle_behaviours_have_expected_reasons():

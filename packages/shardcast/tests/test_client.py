@@ -228,6 +228,16 @@ def test_follower_hot_reload(origin_factory, tmp_path: Path) -> None:  # type: i
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["v2"]  # keep=1 pruned v1
 
 
+def test_follower_prunes_only_ascii_version_folders(tmp_path: Path) -> None:
+    """'v²' passes str.isdigit but not int(): pruning must skip it, not crash the follower."""
+    out = tmp_path / "ckpt"
+    for name in ("v1", "v2", "v3", "v²", "v", "vx"):
+        (out / name).mkdir(parents=True)
+    follower = Follower(Client(["http://127.0.0.1:9"]), lambda result: None, output_dir=out, keep=1)
+    follower._prune(1)
+    assert sorted(p.name for p in out.iterdir()) == sorted(["v3", "v²", "v", "vx"])
+
+
 def test_follower_keep_none_leaves_pruning_to_the_caller(origin_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     origin = origin_factory()
     model = write_random(tmp_path / "model.bin", 100_000, seed=3)

@@ -8,7 +8,7 @@ import pytest
 
 from shardcast import codec
 from shardcast.digest import digest_bytes
-from shardcast.errors import PublishError
+from shardcast.errors import AlreadyPublished, PublishError
 from shardcast.layout import DataDir
 from shardcast.manifest import parse_manifest
 from shardcast.publish import publish_file, read_decoded_shard
@@ -33,8 +33,9 @@ def test_versions_increment_and_clash(tmp_path: Path, payload: Path) -> None:
     store = DataDir(tmp_path / "origin")
     assert publish_file(store, payload).version == 1
     assert publish_file(store, payload).version == 2
-    with pytest.raises(PublishError, match="already exists"):
+    with pytest.raises(AlreadyPublished, match="already exists") as clash:  # a PublishError, typed
         publish_file(store, payload, version=2)
+    assert clash.value.version == 2 and isinstance(clash.value, PublishError)
     with pytest.raises(PublishError, match="not a regular file"):
         publish_file(store, tmp_path / "missing")
     with pytest.raises(PublishError, match="encoding"):

@@ -145,7 +145,9 @@ def test_threshold_is_the_union_bound() -> None:
     tests = EvidenceTests.from_profile(_profile(0.01, thresholds=(0.1, 1.0)), policy)
     assert len(tests) == 4  # 2 thresholds x 2 bets; every other statistic has p0 = 1 > max_null_rate
     assert tests.alternative_rates.tolist() == [0.03, 0.3, 0.03, 0.3]
-    assert tests.log_threshold == pytest.approx(math.log(4 * 1000 / 1e-4))
+    # alpha is split in half: history log(2K/alpha), recent (CUSUM) log(2K·H/alpha)
+    assert tests.log_threshold == pytest.approx(math.log(2 * 4 * 1000 / 1e-4))
+    assert tests.history_log_threshold == pytest.approx(math.log(2 * 4 / 1e-4))
     with pytest.raises(EvidenceError, match="no usable test"):
         EvidenceTests.from_profile(_profile(0.5))
 
@@ -157,17 +159,23 @@ def test_log_evidence_by_hand_and_cusum_restart() -> None:
     assert tests.log_evidence(_obs([0.5, 0.0, 0.1, 0.2]))[0] == pytest.approx(2 * exceed + 2 * stay)
     evidence = WorkerEvidence(tests)
     first = evidence.update(_obs([0.0] * 10))
-    assert first.score == pytest.approx(10 * stay) and first.tokens == 10 and first.samples == 1
-    second = evidence.update(_obs([0.5]))  # the negative score restarts at 0 before this sample
-    assert second.score == pytest.approx(exceed)
+    assert first.recent_score == pytest.approx(10 * stay) and first.tokens == 10 and first.samples == 1
+    assert first.history_score == pytest.approx(10 * stay)
+    second = evidence.update(_obs([0.5]))  # the negative recent score restarts at 0 before this sample
+    assert second.recent_score == pytest.approx(exceed)
+    assert second.history_score == pytest.approx(exceed + 10 * stay)  # the history never restarts
     third = evidence.update(_obs([0.5, 0.0]))  # a positive score carries over
-    assert third.score == pytest.approx(2 * exceed + stay)
+    assert third.recent_score == pytest.approx(2 * exceed + stay)
+    assert third.history_score == pytest.approx(2 * exceed + 11 * stay)
     assert "sampling_margin > 0.1" in third.strongest and not third.banned
+    # the binding score is the larger fraction of its own threshold
+    fractions = (third.history_score / tests.history_log_threshold, third.recent_score / tests.log_threshold)
+    assert third.fraction == pytest.approx(max(fractions))
 
 
 def test_ban_is_final() -> None:
     policy = EvidencePolicy(false_ban_rate=0.5, horizon_samples=1, alternatives=(30.0,))
-    tests = EvidenceTests.from_profile(_profile(0.01), policy)  # threshold log(2) = 0.69; one exceedance: log 30
+    tests = EvidenceTests.from_profile(_profile(0.01), policy)  # recent threshold log(2 / 0.5) = 1.39 < log 30
     evidence = WorkerEvidence(tests)
     assert evidence.update(_obs([0.5])).banned
     assert evidence.update(_obs([0.0] * 1000)).banned  # later honesty does not lift a ban

@@ -28,6 +28,10 @@ from grpo.recipes import AGGREGATION_MODES, RECIPES, AggregationMode, LossConfig
 
 __version__ = "0.1.0"
 
+from grpo._name_clash import warn_on_name_clash as _warn_on_name_clash
+
+_warn_on_name_clash("grpo", "intellect2-grpo", others_hint="an unrelated PyPI project `grpo`")
+
 # Name -> submodule, for the names that need torch (imported on first attribute access).
 _TORCH_EXPORTS = {
     "group_center": "advantages",

@@ -18,11 +18,13 @@ recipe          advantage     objective                  aggregation            
 ``dapo``        group_zscore  ppo_clip ε 0.2/0.28        token_mean              none
 ``gspo``        group_zscore  gspo ε 3e-4/4e-4           seq_mean_token_mean     none
 ``cispo``       group_zscore  cispo is_cap 5             token_mean              none
+``sapo``        group_zscore  sapo τ 1.0/1.05            seq_mean_token_mean     none
 ==============  ============  =========================  ======================  ==============
 
 Sources: INTELLECT-2 (arXiv 2505.07291; prime-rl@4bb0ff01f ``train.py`` defaults), GRPO
 (DeepSeekMath arXiv 2402.03300 §4.1, β = 0.04), Dr.GRPO (arXiv 2503.20783), DAPO (arXiv
-2503.14476), GSPO (arXiv 2507.18071 v2 §5.1), CISPO (arXiv 2506.13585; ScaleRL cap 5).
+2503.14476), GSPO (arXiv 2507.18071 v2 §5.1), CISPO (arXiv 2506.13585; ScaleRL cap 5), SAPO
+(arXiv 2511.20347; τ as TRL and verl).
 
 Micro-batching: call the loss once per micro-batch with the *global* normalisers of the
 optimiser step (``num_tokens`` for token_mean, ``num_seqs`` for the sequence modes,
@@ -48,6 +50,7 @@ from grpo.objectives import (
     clip_stats,
     gspo,
     ppo_clip,
+    sapo,
     sequence_mean_log_ratio,
 )
 from grpo.recipes import LossConfig, loss_config
@@ -112,7 +115,9 @@ def _objective(
         return ppo_clip(logprobs, old, adv, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high, delta=cfg.delta)
     if cfg.objective == "gspo":
         return gspo(logprobs, old, adv, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high)
-    return cispo(logprobs, old, adv, mask, is_cap=cfg.is_cap)
+    if cfg.objective == "sapo":
+        return sapo(logprobs, old, adv, mask, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg)
+    return cispo(logprobs, old, adv, mask, is_cap=cfg.is_cap, is_floor=cfg.is_floor)
 
 
 def _masked_mean(values: torch.Tensor, valid: torch.Tensor) -> float:
@@ -148,6 +153,7 @@ class Loss:
         mask: torch.Tensor | None,
         *,
         inference_logprobs: torch.Tensor | None = None,
+        is_weights: torch.Tensor | None = None,
         ref_logprobs: torch.Tensor | None = None,
         entropy: torch.Tensor | None = None,
         num_tokens: float | None = None,
@@ -160,6 +166,10 @@ class Loss:
         ``ref_logprobs``, ``entropy`` ``[B, T]``; ``advantages`` ``[B]`` or ``[B, T]``.
         ``num_tokens`` / ``num_seqs`` / ``constant`` are the aggregation normalisers
         (global counts under micro-batching; local counts by default).
+        ``is_weights [B, T]``: importance weights a trainer already computed for the
+        trainer/inference mismatch (verl's ``rollout_is_weights``, TRL's
+        ``importance_sampling_ratio``); detached, they multiply the objective as
+        ``is_correction`` does, and exclude it.
         Pitfall: a recipe with ``entropy_coef`` > 0 (intellect2) needs ``entropy`` with
         grad, and one with ``kl_coef`` > 0 (grpo) needs ``ref_logprobs``; missing inputs
         raise rather than silently dropping the term.
@@ -170,6 +180,7 @@ class Loss:
             "logprobs",
             logprobs,
             inference_logprobs=inference_logprobs,
+            is_weights=is_weights,
             ref_logprobs=ref_logprobs,
             entropy=entropy,
         )
@@ -206,6 +217,12 @@ class Loss:
                 policy = policy * weights
         elif cfg.is_correction is not None:
             raise InvalidParameterError(f"is_correction={cfg.is_correction!r} needs inference_logprobs")
+        if is_weights is not None:
+            if cfg.is_correction is not None:
+                raise InvalidParameterError(
+                    f"is_weights and is_correction={cfg.is_correction!r} would correct twice; pass one"
+                )
+            policy = policy * torch.where(valid, is_weights.detach(), torch.zeros_like(policy))
         per_token = policy
         kl_value = None
         if ref_logprobs is not None:
@@ -254,11 +271,15 @@ class Loss:
         else:
             log_ratio = torch.where(valid, logprobs.detach() - old_logprobs.detach(), zero)
         ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        if cfg.objective == "cispo":  # CISPO never zeroes a token; "high" = IS weight capped at is_cap
+        if cfg.objective in ("cispo", "sapo"):  # neither zeroes a token's gradient
             count = int(valid.sum())
-            capped = ((ratio > cfg.is_cap) & valid).sum().to(ratio.dtype) / max(count, 1)
             mean_ratio = torch.where(valid, ratio, zero).sum() / max(count, 1)
-            return ClipStats(zero, capped, zero, mean_ratio, count)
+            if cfg.objective == "sapo":
+                return ClipStats(zero, zero, zero, mean_ratio, count)
+            # "low"/"high" = IS weight raised to is_floor / capped at is_cap
+            floored = ((ratio < cfg.is_floor) & valid).sum().to(ratio.dtype) / max(count, 1)
+            capped = ((ratio > cfg.is_cap) & valid).sum().to(ratio.dtype) / max(count, 1)
+            return ClipStats(floored, capped, zero, mean_ratio, count)
         return clip_stats(
             ratio, advantages, valid, eps_low=cfg.eps_low, eps_high=cfg.eps_high, delta=cfg.delta
         )

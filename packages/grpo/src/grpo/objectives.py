@@ -9,8 +9,10 @@ Shared contract of every function here:
 * The returned per-token loss is exactly 0 at masked positions, and NaN/inf in masked
   positions of any input never reaches the loss or its gradient: inputs are *selected*
   with ``torch.where`` before any arithmetic, not multiplied by the mask.
-* Log-ratios ℓ − ℓ_old are clamped to ±20 before ``exp`` (verl does the same), so the
+* Token log-ratios ℓ − ℓ_old are clamped to ±20 before ``exp`` (verl does the same), so the
   ratio r = e^(ℓ − ℓ_old) stays finite; a token beyond the clamp gets zero gradient.
+  GSPO's sequence ratio averages the *unclamped* token log-ratios and clamps the mean to
+  <= 10, in the order of TRL and verl (see :func:`gspo`).
 * Aggregate the result with :func:`grpo.aggregate`; objectives never reduce.
 """
 
@@ -58,9 +60,14 @@ def _prepare(
     valid = as_bool_mask(mask, logprobs)
     adv = broadcast_advantages(advantages, logprobs).to(logprobs.dtype)
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    log_ratio = torch.where(valid, logprobs - old_logprobs.detach(), zero)
-    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = _raw_log_ratio(logprobs, old_logprobs, valid).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return valid, log_ratio, torch.where(valid, adv, zero)
+
+
+def _raw_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """ℓ − ℓ_old at valid positions, 0 elsewhere (selected, so masked NaN/inf never leaks); unclamped."""
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    return torch.where(valid, logprobs - old_logprobs.detach(), zero)
 
 
 def _masked(valid: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
@@ -111,13 +118,14 @@ def sequence_mean_log_ratio(
 ) -> torch.Tensor:
     """GSPO's length-normalised sequence log-ratio: log s_i = (1/|o_i|) Σ_t m·(ℓ − ℓ_old). ``[B]``.
 
-    Rows without valid tokens give 0. Pitfall: this is the *mean* of the token log-ratios;
-    a sequence-level importance weight between two policies uses the *sum*
+    The token log-ratios are averaged unclamped, as TRL and verl do (:func:`gspo` clamps the
+    mean). Rows without valid tokens give 0. Pitfall: this is the *mean* of the token
+    log-ratios; a sequence-level importance weight between two policies uses the *sum*
     (see :mod:`grpo.correction`).
     """
-    valid, log_ratio, _ = _prepare(logprobs, old_logprobs, torch.zeros_like(logprobs), mask)
+    valid, _, _ = _prepare(logprobs, old_logprobs, torch.zeros_like(logprobs), mask)
     lengths = valid.sum(dim=-1).clamp(min=1).to(logprobs.dtype)
-    return log_ratio.sum(dim=-1) / lengths
+    return _raw_log_ratio(logprobs, old_logprobs, valid).sum(dim=-1) / lengths
 
 
 def gspo(
@@ -131,8 +139,10 @@ def gspo(
 ) -> torch.Tensor:
     """GSPO per-token loss with the sequence-level ratio (arXiv 2507.18071), token form.
 
-    Formula: s_i = exp((1/|o_i|) Σ_t m·(ℓ − ℓ_old)) (log clamped to <= 10);
-    per token s_{i,t} = sg[s_i]·e^(ℓ_t − sg[ℓ_t]) (value s_i, gradient s_i w.r.t. ℓ_t);
+    Formula: log s_i = (1/|o_i|) Σ_t m·(ℓ − ℓ_old) over the *unclamped* token log-ratios;
+    per token s_{i,t} = exp(min(sg[log s_i] + ℓ_t − sg[ℓ_t], 10)) (value s_i, gradient s_i
+    w.r.t. ℓ_t; a sequence with log s_i > 10 is capped at e^10 and gets zero gradient, as in
+    verl ``compute_policy_loss_gspo``; TRL 1.16 does not cap);
     L_{i,t} = −min(s_{i,t}·Â_{i,t}, clip(s_{i,t}, 1 − ε_low, 1 + ε_high)·Â_{i,t}).
     With ``aggregate(..., "seq_mean_token_mean")`` and one advantage per sequence this is
     exactly GSPO's 𝓛 = mean_i L_i, gradient ∂𝓛/∂ℓ_t = −Â_i·s_i/(B·|o_i|) when unclipped.
@@ -143,16 +153,21 @@ def gspo(
 
     Defaults: ε_low = 3e-4, ε_high = 4e-4 (GSPO v2 §5.1, via TRL's paper index).
 
+    Order: the token log-ratios are averaged before any clamp, as TRL and verl do; clamping
+    each token to ±20 first would change s_i for any sequence holding a token beyond ±20
+    (the parity suite, ``tests/test_parity.py``, has such a case).
+
     Pitfall: GSPO's ε is ~1000× smaller than token-level PPO's; reusing 0.2 clips nothing.
     Aggregating with ``token_mean`` weights each sequence by its length.
     """
     check_clip(eps_low, eps_high)
-    valid, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask)
+    valid, _, adv = _prepare(logprobs, old_logprobs, advantages, mask)
     lengths = valid.sum(dim=-1, keepdim=True).clamp(min=1).to(logprobs.dtype)
-    seq_log_ratio = (log_ratio.sum(dim=-1, keepdim=True) / lengths).detach().clamp(max=GSPO_LOG_RATIO_MAX)
+    seq_log_ratio = (_raw_log_ratio(logprobs, old_logprobs, valid).sum(dim=-1, keepdim=True) / lengths).detach()
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     current = torch.where(valid, logprobs, zero)
-    token_ratio = torch.exp(seq_log_ratio + current - current.detach())  # [B, T], value s_i
+    # [B, T], value s_i; the cap sits on the gradient-carrying sum, so a capped sequence has no gradient.
+    token_ratio = torch.exp((seq_log_ratio + current - current.detach()).clamp(max=GSPO_LOG_RATIO_MAX))
     clipped = token_ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     return _masked(valid, torch.maximum(-token_ratio * adv, -clipped * adv))
 

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 AdvantageName = Literal["group_zscore", "group_center", "rloo"]
-ObjectiveName = Literal["ppo_clip", "gspo", "cispo"]
+ObjectiveName = Literal["ppo_clip", "gspo", "cispo", "sapo"]
 AggregationMode = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant"]
 """How per-token losses become one scalar (see :func:`grpo.aggregate`)."""
 AGGREGATION_MODES: tuple[str, ...] = get_args(AggregationMode)
@@ -57,7 +57,7 @@ class LossConfig:
     std_eps: float = 1e-6
     """ε of group_zscore (verl / INTELLECT-2 1e-6; TRL 1e-4)."""
     objective: ObjectiveName = "ppo_clip"
-    """Per-token objective: ppo_clip, gspo or cispo."""
+    """Per-token objective: ppo_clip, gspo, cispo or sapo."""
     eps_low: float = 0.2
     """Clip offset below 1 (ppo_clip, gspo)."""
     eps_high: float = 0.2
@@ -66,6 +66,12 @@ class LossConfig:
     """INTELLECT-2 two-sided cap on the ratio (ppo_clip only); must exceed 1 + eps_high."""
     is_cap: float = 5.0
     """CISPO absolute cap on the detached IS weight."""
+    is_floor: float = 0.0
+    """CISPO absolute floor on the detached IS weight (verl's CISPO uses 1 − clip_ratio_low)."""
+    tau_pos: float = 1.0
+    """SAPO gate temperature where Â > 0."""
+    tau_neg: float = 1.05
+    """SAPO gate temperature where Â <= 0."""
     aggregation: AggregationMode = "token_mean"
     """How per-token losses become a scalar (see :func:`grpo.aggregate`)."""
     constant: float | None = None
@@ -99,7 +105,10 @@ class LossConfig:
         if self.delta is not None and self.objective != "ppo_clip":
             raise InvalidParameterError("delta applies to the ppo_clip objective only")
         if self.objective == "cispo":
-            check_weight_band("is_floor", 0.0, "is_cap", self.is_cap)
+            check_weight_band("is_floor", self.is_floor, "is_cap", self.is_cap)
+        elif self.objective == "sapo":
+            check_positive("tau_pos", self.tau_pos)
+            check_positive("tau_neg", self.tau_neg)
         else:
             check_clip(self.eps_low, self.eps_high, self.delta)
         if self.is_correction is not None and self.is_correction.endswith("truncate"):
@@ -120,6 +129,7 @@ RECIPES: Mapping[str, LossConfig] = {
     "dapo": LossConfig(eps_high=0.28, aggregation="token_mean"),
     "gspo": LossConfig(objective="gspo", eps_low=3e-4, eps_high=4e-4, aggregation="seq_mean_token_mean"),
     "cispo": LossConfig(objective="cispo", aggregation="token_mean"),
+    "sapo": LossConfig(objective="sapo", aggregation="seq_mean_token_mean"),
 }
 """The named recipes ``Loss(name)`` and :func:`loss_config` start from (table in :mod:`grpo.loss`)."""
 

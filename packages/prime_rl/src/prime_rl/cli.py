@@ -19,7 +19,7 @@ A role that loads the policy and finds ``model.path = ""`` uses the embedded dem
 (:func:`prime_rl.launch.model_cache.resolve_model_path`); ``run`` resolves it once and hands the
 path to its children. Selected roles feed their metrics events to the experiment trackers of
 ``[tracking]``. Exit codes: the role's own, 2 for a bad command line, configuration (including a
-``[components]`` path the role cannot import, found when the role starts) or missing demo model,
+component import path (``[components] reward``, ``[trainer.loss]``) the role cannot import, found when the role starts) or missing demo model,
 141 when the reader of ``--help``/``--print-config`` output went away (``| head``).
 """
 
@@ -36,8 +36,8 @@ from typing import Any
 from prime_rl.config import ConfigError, RunConfig, load_config
 from prime_rl.config.help import describe_config
 from prime_rl.launch.model_cache import ModelSourceError, resolve_model_path
-from prime_rl.launch.trackers import TrackerUnavailable, install_trackers
 from prime_rl.metrics import setup_logging
+from prime_rl.trackers import TrackerUnavailable, install_trackers
 
 __all__ = ["MODEL_ROLES", "ROLES", "ROLE_SECTIONS", "main", "role_help"]
 
@@ -46,7 +46,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "worker": ("prime_rl.worker.process", "main"),
     "validator": ("prime_rl.validator.process", "main"),
     "trainer": ("prime_rl.trainer.process", "main"),
-    "evaluator": ("prime_rl.evaluator", "main"),
+    "evaluator": ("prime_rl.evaluator.process", "main"),
     "origin": ("prime_rl.weights.broadcast", "origin_main"),
     "relay": ("prime_rl.weights.broadcast", "relay_main"),
     "run": ("prime_rl.launch.supervisor", "main"),
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kwargs["overrides"] = overrides
     try:
         code = entry(config, **kwargs)
-    except ConfigError as error:  # e.g. a [components] import path the role cannot import
+    except ConfigError as error:  # e.g. a component import path the role cannot import
         print(f"prime-rl {args.role}: {error}", file=sys.stderr)
         return 2
     return int(code or 0)

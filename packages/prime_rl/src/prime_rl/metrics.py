@@ -9,7 +9,7 @@ Every process of a run writes
 
 Use ``init_process(role, name, run_dir)`` once in a role's ``main``; library code only calls
 ``logging.getLogger(__name__)`` and ``get_metrics()``. Experiment trackers (W&B, TensorBoard:
-:mod:`prime_rl.launch.trackers`) receive every record a process's writer writes, through
+:mod:`prime_rl.trackers`) receive every record a process's writer writes, through
 ``add_sink``; a sink that raises is dropped with one warning, so a tracker never stops a run.
 
 Pitfall: values must be JSON-serialisable; numpy/torch scalars are converted with ``float()``/

@@ -21,6 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.4.1"
 
+from shardcast._name_clash import warn_on_name_clash as _warn_on_name_clash
+
+_warn_on_name_clash("shardcast", "intellect2-shardcast", others_hint="the reference implementation `shardcast` 0.3.2 on PyPI")
+
 _EXPORTS = {
     "Client": "client",
     "FetchResult": "results",
@@ -31,6 +35,7 @@ _EXPORTS = {
     "ManifestError": "errors",
     "NoServerAvailableError": "errors",
     "PublishError": "errors",
+    "AlreadyPublished": "errors",
     "ShardcastError": "errors",
     "SignatureError": "errors",
     "VersionGoneError": "errors",
@@ -67,6 +72,7 @@ _EXPORTS = {
 
 __all__ = [
     "DEFAULT_SHARD_SIZE",
+    "AlreadyPublished",
     "Client",
     "DataDir",
     "DeadlineExceededError",
@@ -127,6 +133,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .client import Client
     from .errors import (
+        AlreadyPublished,
         DeadlineExceededError,
         IntegrityError,
         ManifestError,

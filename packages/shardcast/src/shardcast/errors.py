@@ -48,5 +48,17 @@ class PublishError(ShardcastError):
     """Publishing a file as a new version failed (bad input file, version clash, disk)."""
 
 
+class AlreadyPublished(PublishError):
+    """The version to publish already exists in the data dir (a replayed publish, or a clash).
+
+    ``version`` is its number. A publisher that replays a step after a crash catches this one type
+    instead of matching the message.
+    """
+
+    def __init__(self, version: int, message: str) -> None:
+        super().__init__(message)
+        self.version = version
+
+
 class MissingExtraError(ShardcastError, ImportError):
     """An optional feature's dependency is not installed; the message names the extra to install."""

@@ -142,7 +142,8 @@ class Follower(threading.Thread):
         versions = sorted(
             int(p.name[1:])
             for p in self.output_dir.iterdir()
-            if p.is_dir() and p.name[1:].isdigit() and p.name[0] == "v"
+            # isascii too: str.isdigit accepts '²', which int() then refuses (the orchestrator's pitfall)
+            if p.is_dir() and p.name[0] == "v" and p.name[1:].isascii() and p.name[1:].isdigit()
         )
         for number in versions[: max(0, len(versions) - keep)]:
             shutil.rmtree(self.output_dir / f"v{number}", ignore_errors=True)

@@ -28,7 +28,7 @@ from typing import Any
 
 from . import codec
 from .digest import digest_bytes, new_hasher
-from .errors import PublishError
+from .errors import AlreadyPublished, PublishError
 from .layout import MANIFEST_NAME, DataDir, IndexEntry, delta_name, shard_name
 from .manifest import (
     MAX_FILE_SIZE,
@@ -96,7 +96,8 @@ def publish_file(
         file_name: the name clients save under (default: ``path``'s base name).
 
     Raises:
-        PublishError: missing/oversized input, version already present, bad arguments.
+        AlreadyPublished: the version is already present (a ``PublishError``).
+        PublishError: missing/oversized input, bad arguments.
     """
     source = Path(path)
     if not source.is_file():
@@ -168,8 +169,9 @@ def publish_tensors(
             :func:`publish_file`.
 
     Raises:
-        PublishError: a value that is not a tensor, an unsupported dtype, bad arguments,
-            version already present (see :class:`shardcast.tensors.SafetensorsStream`).
+        AlreadyPublished: the version is already present (a ``PublishError``).
+        PublishError: a value that is not a tensor, an unsupported dtype, bad arguments (see
+            :class:`shardcast.tensors.SafetensorsStream`).
 
     Pitfall: do not modify the tensors (an optimizer step) until this returns.
     """
@@ -223,7 +225,7 @@ def _publish(
     with store.locked():
         number = next_version(store) if version is None else version
         if store.version_dir(number).exists():
-            raise PublishError(f"version {number} already exists in {store.root}")
+            raise AlreadyPublished(number, f"version {number} already exists in {store.root}")
         base = _delta_base(store, size) if delta else None
         staging = Path(tempfile.mkdtemp(dir=store.staging, prefix=f"v{number}-"))
         try:

@@ -18,6 +18,10 @@ from toploc.wire import ProofPoly
 
 __version__ = "0.2.0"
 
+from toploc._name_clash import warn_on_name_clash as _warn_on_name_clash
+
+_warn_on_name_clash("toploc", "intellect2-toploc", others_hint="the reference implementation `toploc` 0.1.x on PyPI")
+
 __all__ = [
     "ActivationError",
     "EvidenceError",

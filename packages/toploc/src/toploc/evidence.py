@@ -7,32 +7,45 @@ weights in an fp32 run, weights one optimizer step stale. Each leaves small trac
 tokens. This module turns those traces (:class:`toploc.noise.Observations`, compared with a
 measured :class:`toploc.noise.NoiseProfile`) into a ban decision with a bounded false-ban rate.
 
-The test. Every (statistic, threshold, alternative) triple is one Bernoulli likelihood-ratio
+The tests. Every (statistic, threshold, alternative) triple j is one Bernoulli likelihood-ratio
 test of "honest: P(x > threshold | past) <= p0" (p0 from the profile) against "P = p1 = c·p0"
-(c in ``EvidencePolicy.alternatives``). Each observation adds ``log(p1/p0)`` to the test's
-score if it exceeds the threshold and ``log((1-p1)/(1-p0)) < 0`` otherwise. Scores restart at 0
-at a sample boundary whenever they are negative (CUSUM), and a worker is banned once any
-score reaches ``log(K · H / alpha)`` (K tests, H = ``horizon_samples``, alpha =
-``false_ban_rate``).
+(c in ``EvidencePolicy.alternatives``). An observation adds ``a_j = log(p1/p0)`` if it exceeds
+the threshold and ``b_j = log((1-p1)/(1-p0)) < 0`` otherwise. Two scores per test, K tests:
 
-Why this test, and not a fixed-window one-sided test with alpha spending:
+* **history** (never reset): over the worker's whole history of n_j observations of which k_j
+  exceed, ``H_j = k_j·a_j + (n_j - k_j)·b_j``. It depends on the two counts only, so it is
+  journalled as counts and survives any restart. Ban when ``max_j H_j >= log(2K/alpha)``.
+* **recent** (CUSUM): ``R_j`` restarts at 0 at a sample boundary whenever it is negative; ban when
+  ``max_j R_j >= log(2K·H/alpha)`` (H = ``horizon_samples``).
 
-* **Bounded false bans at any time.** Under the honest hypothesis, a test's likelihood ratio
-  started at a sample boundary is a non-negative supermartingale with mean <= 1 (each factor
-  has conditional mean ``1 + (q - p0)(p1/p0 - (1-p1)/(1-p0)) <= 1`` for a true rate q <= p0).
-  Ville's inequality bounds the chance that it *ever* reaches 1/a by a, however long the run
-  and however often we look, so nothing has to be spent per look. The CUSUM score is the
-  maximum over at most H start points of such products; a union bound over starts and tests
-  gives P(an honest worker is ever banned within H samples) <= alpha.
-* **No credit for past honesty.** A plain product (Wald's SPRT) drifts down while a worker is
-  honest, so a worker could bank honest tokens and then cheat for free; the CUSUM restart
-  forgets that credit and costs only ``log H`` nats of threshold.
+The evidence a worker carries (``EvidenceState.fraction``, sent to the orchestrator, which holds
+back a batch while it is high) is ``max(max_j H_j / log(2K/alpha), max_j R_j / log(2K·H/alpha))``.
+
+Why these two, and what they guarantee:
+
+* **Bounded false bans at any time.** Under the honest hypothesis, ``exp(H_j)`` is a
+  non-negative supermartingale with mean <= 1 (each factor has conditional mean
+  ``1 + (q - p0)(p1/p0 - (1-p1)/(1-p0)) <= 1`` for a true rate q <= p0). Ville's inequality
+  bounds the chance that it *ever* reaches 1/a by a, however long the run and however often we
+  look; a union bound over the K tests gives P(history ever bans an honest worker) <= alpha/2.
+  ``exp(R_j)`` is the maximum over at most H start points of such products, so the same holds
+  for the recent score within H samples. In all: P(an honest worker is ever banned) <= alpha.
+* **Honest tokens dilute a deviation but never erase it.** After k deviating exceedances, honest
+  tokens lower ``H_j`` by ``|b_j| ≈ (c-1)·p0`` nats each, i.e. only as fast as honest noise could
+  have produced the same exceedances: a hit-and-run worker's evidence falls back only once its
+  exceedance count is what its token count explains (~0.1/p0 tokens for 2 exceedances), and a
+  deviation that keeps the rate above p0 (steering 1 sample in 10) grows ``H_j`` for ever. The
+  history needs no horizon term, so its threshold is ``log H`` lower (13.8 nats at H = 1e6) than
+  the CUSUM's and the same deviation reads as a larger fraction (``R_j >= H_j`` always: the CUSUM
+  only restarts from negative values, so it never holds less evidence, only against a higher bar).
+  How long a deviation stays visible is set by p0: measure honest noise well (``toploc.noise``).
+* **No credit for past honesty.** The history score drifts down while a worker is honest, so a
+  worker could bank honest tokens and then deviate while its history score climbs back; the
+  recent score has restarted meanwhile and sees the new deviation at once.
 * **Unknown deviation, several bets.** The alternatives 3 to 300 times the honest rate (a
   factor ~3 apart) suit weak but frequent deviations (bf16 weights, steering on many positions)
-  and rare but large ones (steering on 1% of positions, far outside the honest tail). Every
-  true rate q lies within a factor sqrt(3) of a bet, which then grows the score by at most
-  ``0.18·q`` nats per observation less than the best bet, ``q·log(q/p0) - (q - p0)`` (small
-  rates); each extra bet costs only ``log K`` of threshold.
+  and rare but large ones (steering on 1% of positions, far outside the honest tail). Each extra
+  bet costs only ``log K`` of threshold.
 * **Only rate bounds are assumed.** Nothing about the shape of the honest distribution is
   needed beyond "each threshold is exceeded with conditional probability <= p0", which a
   held-out honest run checks (``benchmarks/detection_bench.py``) and which merging profiles
@@ -40,14 +53,18 @@ Why this test, and not a fixed-window one-sided test with alpha spending:
 
 Pitfall: tokens of one sample are not independent; a long near-tied stretch can make honest
 exceedances cluster beyond p0 locally. The profile's safety factor absorbs this in the measured
-runs (0 false bans over >= 100k honest tokens in fp32 and bf16, README); it is not a theorem.
+runs (README); it is not a theorem. And a profile re-measured between restarts changes p0 under
+a history: the counts stay valid, the guarantee is then the new profile's.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -61,9 +78,11 @@ class EvidencePolicy:
     Attributes:
         false_ban_rate: alpha, the bound on the probability that an honest worker is *ever*
             banned within ``horizon_samples`` samples (1e-6: a million honest workers per false
-            ban, if the profile's rate bounds hold).
-        horizon_samples: H, the number of samples per worker the bound covers; beyond it the
-            bound grows linearly (alpha · samples / H).
+            ban, if the profile's rate bounds hold); half of it is spent on the history score,
+            half on the recent one.
+        horizon_samples: H, the number of samples per worker the recent score's bound covers;
+            beyond it that half grows linearly (alpha/2 · samples / H). The history score's
+            bound holds for ever.
         alternatives: bet sizes c, each testing the alternative rate ``p1 = c · p0``.
         max_alternative_rate: cap on p1 (an alternative >= 1 would make one honest miss fatal).
         max_null_rate: thresholds whose honest rate bound p0 exceeds this carry too little
@@ -89,14 +108,15 @@ class EvidencePolicy:
 
 @dataclass(frozen=True)
 class EvidenceTests:
-    """The compiled tests of a (profile, policy) pair: K parallel Bernoulli CUSUMs.
+    """The compiled tests of a (profile, policy) pair: K parallel Bernoulli likelihood-ratio tests.
 
     Attributes (arrays of length K):
         statistics: the statistic each test watches.
         thresholds: its threshold.
         null_rates: p0, the profile's bound on the honest exceedance rate.
         alternative_rates: p1 > p0.
-        log_threshold: ``log(K · H / alpha)``, the score at which a worker is banned (nats).
+        log_threshold: ``log(2K · H / alpha)``, the recent (CUSUM) score that bans (nats).
+        history_log_threshold: ``log(2K / alpha)``, the history score that bans (nats).
     """
 
     statistics: tuple[str, ...]
@@ -104,6 +124,7 @@ class EvidenceTests:
     null_rates: np.ndarray
     alternative_rates: np.ndarray
     log_threshold: float
+    history_log_threshold: float
 
     @classmethod
     def from_profile(cls, profile: NoiseProfile, policy: EvidencePolicy | None = None) -> EvidenceTests:
@@ -129,7 +150,8 @@ class EvidenceTests:
             thresholds=np.array(thresholds, dtype=np.float64),
             null_rates=np.array(nulls, dtype=np.float64),
             alternative_rates=np.array(alternatives, dtype=np.float64),
-            log_threshold=math.log(count * policy.horizon_samples / policy.false_ban_rate),
+            log_threshold=math.log(2 * count * policy.horizon_samples / policy.false_ban_rate),
+            history_log_threshold=math.log(2 * count / policy.false_ban_rate),
         )
 
     def __len__(self) -> int:
@@ -150,19 +172,35 @@ class EvidenceTests:
         groups = [(name, np.flatnonzero(names == name)) for name in STATISTICS if (names == name).any()]
         return exceed_log, stay_log, groups
 
-    def log_evidence(self, observations: Observations) -> np.ndarray:
-        """``[K]`` log-likelihood ratio of one sample's observations under each test (nats).
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A short digest of the tests (statistics, thresholds, p0, p1): equal tests, equal digest."""
+        digest = hashlib.sha256(repr(self.statistics).encode())
+        for array in (self.thresholds, self.null_rates, self.alternative_rates):
+            digest.update(np.ascontiguousarray(array, dtype=np.float64).tobytes())
+        return digest.hexdigest()[:16]
 
-        ``exceed · log(p1/p0) + (n - exceed) · log((1-p1)/(1-p0))`` with ``n`` the statistic's
-        observations in the sample and ``exceed`` those above the test's threshold.
-        """
-        exceed_log, stay_log, groups = self._compiled
-        total = np.zeros(len(self))
+    def counts(self, observations: Observations) -> tuple[np.ndarray, np.ndarray]:
+        """``[K]`` int64 pair: per test, the sample's observations of its statistic and those above
+        its threshold (strictly greater)."""
+        _, _, groups = self._compiled
+        seen = np.zeros(len(self), dtype=np.int64)
+        exceeded = np.zeros(len(self), dtype=np.int64)
         for name, index in groups:
             values = observations.values(name)
-            exceed = (values[:, None] > self.thresholds[index][None, :]).sum(axis=0)
-            total[index] = exceed * exceed_log[index] + (values.size - exceed) * stay_log[index]
-        return total
+            seen[index] = values.size
+            exceeded[index] = (values[:, None] > self.thresholds[index][None, :]).sum(axis=0)
+        return seen, exceeded
+
+    def log_ratio(self, seen: np.ndarray, exceeded: np.ndarray) -> np.ndarray:
+        """``[K]`` log-likelihood ratio of ``exceeded`` of ``seen`` observations under each test (nats):
+        ``exceeded · log(p1/p0) + (seen - exceeded) · log((1-p1)/(1-p0))``."""
+        exceed_log, stay_log, _ = self._compiled
+        return np.asarray(exceeded * exceed_log + (seen - exceeded) * stay_log, dtype=np.float64)
+
+    def log_evidence(self, observations: Observations) -> np.ndarray:
+        """``[K]`` log-likelihood ratio of one sample's observations under each test (nats)."""
+        return self.log_ratio(*self.counts(observations))
 
 
 @dataclass(frozen=True)
@@ -170,12 +208,13 @@ class EvidenceState:
     """A worker's evidence after its latest sample.
 
     Attributes:
-        score: the largest CUSUM score over the tests (nats; >= the log of the strongest
-            likelihood ratio against honest behaviour since the last restart).
-        log_threshold: the score that bans.
-        banned: ``score >= log_threshold`` now or at any earlier sample.
-        strongest: the test holding ``score``, described.
+        score, log_threshold: the binding score (history or recent, whichever is the larger
+            fraction of its threshold) and that threshold (nats).
+        banned: a score reached its threshold now or at any earlier sample.
+        strongest: the test holding ``score``, described, with which score it is.
         samples, tokens: what the worker submitted so far.
+        history_score, history_log_threshold: ``max_j H_j`` over the whole history, its threshold.
+        recent_score, recent_log_threshold: ``max_j R_j`` (CUSUM), its threshold.
     """
 
     score: float
@@ -184,15 +223,23 @@ class EvidenceState:
     strongest: str
     samples: int
     tokens: int
+    history_score: float = 0.0
+    history_log_threshold: float = 1.0
+    recent_score: float = 0.0
+    recent_log_threshold: float = 1.0
 
     @property
     def fraction(self) -> float:
-        """``score / log_threshold``: 1.0 bans."""
+        """``score / log_threshold``, the larger of the two scores' fractions: 1.0 bans."""
         return self.score / self.log_threshold
 
 
+SNAPSHOT_FORMAT = "toploc-worker-evidence/1"
+"""Format tag of :meth:`WorkerEvidence.snapshot`."""
+
+
 class WorkerEvidence:
-    """The running CUSUM scores of one worker; feed it every judged sample in order.
+    """The running scores of one worker; feed it every judged sample in order.
 
     >>> evidence = WorkerEvidence(EvidenceTests.from_profile(profile))   # doctest: +SKIP
     >>> state = evidence.update(observations)                          # doctest: +SKIP
@@ -201,27 +248,95 @@ class WorkerEvidence:
 
     def __init__(self, tests: EvidenceTests) -> None:
         self.tests = tests
-        self.scores = np.zeros(len(tests))
+        self.scores = np.zeros(len(tests))  # recent (CUSUM) scores R_j
+        self.seen = np.zeros(len(tests), dtype=np.int64)  # n_j over the whole history
+        self.exceeded = np.zeros(len(tests), dtype=np.int64)  # k_j over the whole history
         self.samples = 0
         self.tokens = 0
         self.banned = False
 
     def update(self, observations: Observations) -> EvidenceState:
-        """Add one sample: scores restart at 0 if negative, then add the sample's log-evidence."""
-        self.scores = np.maximum(self.scores, 0.0) + self.tests.log_evidence(observations)
+        """Add one sample: recent scores restart at 0 if negative, then every score adds the
+        sample's log-evidence; the history counts grow."""
+        seen, exceeded = self.tests.counts(observations)
+        self.scores = np.maximum(self.scores, 0.0) + self.tests.log_ratio(seen, exceeded)
+        self.seen += seen
+        self.exceeded += exceeded
         self.samples += 1
         self.tokens += observations.num_tokens
         return self.state()
 
+    def history_scores(self) -> np.ndarray:
+        """``[K]`` whole-history log-likelihood ratios ``H_j`` (from the counts)."""
+        return self.tests.log_ratio(self.seen, self.exceeded)
+
     def state(self) -> EvidenceState:
-        best = int(np.argmax(self.scores)) if len(self.scores) else 0
-        score = float(self.scores[best]) if len(self.scores) else 0.0
-        self.banned = self.banned or score >= self.tests.log_threshold
+        history = self.history_scores()
+        best_history, best_recent = int(np.argmax(history)), int(np.argmax(self.scores))
+        history_score, recent_score = float(history[best_history]), float(self.scores[best_recent])
+        history_threshold, recent_threshold = self.tests.history_log_threshold, self.tests.log_threshold
+        self.banned = self.banned or history_score >= history_threshold or recent_score >= recent_threshold
+        if history_score / history_threshold >= recent_score / recent_threshold:
+            score, threshold, strongest = history_score, history_threshold, f"history: {self.tests.describe(best_history)}"
+        else:
+            score, threshold, strongest = recent_score, recent_threshold, f"recent: {self.tests.describe(best_recent)}"
         return EvidenceState(
             score=score,
-            log_threshold=self.tests.log_threshold,
+            log_threshold=threshold,
             banned=self.banned,
-            strongest=self.tests.describe(best),
+            strongest=strongest,
             samples=self.samples,
             tokens=self.tokens,
+            history_score=history_score,
+            history_log_threshold=history_threshold,
+            recent_score=recent_score,
+            recent_log_threshold=recent_threshold,
         )
+
+    def snapshot(self) -> dict[str, Any]:
+        """The worker's state as JSON-safe data (for a journal): history counts per (statistic,
+        threshold), recent scores with the tests' fingerprint, samples, tokens, banned."""
+        counts: dict[tuple[str, float], tuple[int, int]] = {}
+        for j, (name, threshold) in enumerate(zip(self.tests.statistics, self.tests.thresholds, strict=True)):
+            counts[(name, float(threshold))] = (int(self.seen[j]), int(self.exceeded[j]))
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "counts": [[name, threshold, n, k] for (name, threshold), (n, k) in counts.items()],
+            "tests": self.tests.fingerprint,
+            "recent": [float(x) for x in self.scores],
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "banned": self.banned,
+        }
+
+    @classmethod
+    def restore(cls, tests: EvidenceTests, snapshot: Mapping[str, Any]) -> WorkerEvidence:
+        """The worker's evidence from :meth:`snapshot`, under ``tests`` (possibly another profile's).
+
+        History counts are matched by (statistic, threshold), so they survive a re-measured profile
+        (a threshold the snapshot lacks starts from 0); recent scores are kept when the tests are the
+        same (fingerprint) and restart at 0 otherwise. A ban is kept whatever the tests.
+        """
+        if not isinstance(snapshot, Mapping) or snapshot.get("format") != SNAPSHOT_FORMAT:
+            raise EvidenceError(f"not a worker evidence snapshot (expected format {SNAPSHOT_FORMAT!r})")
+        evidence = cls(tests)
+        try:
+            counts = {(str(name), float(t)): (int(n), int(k)) for name, t, n, k in snapshot["counts"]}
+            recent = np.asarray(snapshot["recent"], dtype=np.float64).reshape(-1)
+            if snapshot["tests"] == tests.fingerprint and recent.size == len(tests):
+                evidence.scores = recent.copy()
+            for j, (name, threshold) in enumerate(zip(tests.statistics, tests.thresholds, strict=True)):
+                n, k = counts.get((name, float(threshold)), (0, 0))
+                if not 0 <= k <= n:
+                    raise EvidenceError(f"{name} > {threshold:g}: {k} exceedances of {n} observations")
+                evidence.seen[j], evidence.exceeded[j] = n, k
+            evidence.samples = int(snapshot["samples"])
+            evidence.tokens = int(snapshot["tokens"])
+            evidence.banned = bool(snapshot["banned"])
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, EvidenceError):
+                raise
+            raise EvidenceError(f"malformed worker evidence snapshot: {exc!r}") from exc
+        if not np.isfinite(evidence.scores).all():
+            raise EvidenceError("malformed worker evidence snapshot: non-finite recent score")
+        return evidence

@@ -140,6 +140,20 @@ class Observations:
         )
 
 
+def calibration_floor(observations: int, *, delta: float = 1e-3, safety: float = 2.0) -> float:
+    """The smallest p0 :meth:`NoiseProfile.calibrate` can give from ``observations`` honest values
+    (none above the threshold): ``safety · (1 - delta^(1/n)) ≈ safety · log(1/delta) / n``."""
+    return min(1.0, safety * rate_upper_bound(0, observations, delta))
+
+
+def tokens_for_floor(floor: float, *, delta: float = 1e-3, safety: float = 2.0) -> int:
+    """Honest observations needed for :func:`calibration_floor` to reach ``floor`` (e.g. 1e-4:
+    138,152 tokens at the defaults; the floor falls as 1/n)."""
+    if not 0 < floor < safety:
+        raise EvidenceError(f"floor must lie in (0, safety), got {floor}")
+    return max(1, math.ceil(math.log(delta) / math.log1p(-floor / safety)))
+
+
 def rate_upper_bound(exceedances: int, observations: int, delta: float) -> float:
     """Upper confidence bound on a rate from ``exceedances`` of ``observations`` Bernoulli trials.
 
@@ -183,6 +197,8 @@ class StatisticNoise:
             safety factor), non-increasing along the grid.
         observations: honest observations measured (tokens or proof chunks).
         maximum: the largest honest value seen.
+        exceedances: per threshold, the honest observations above it (k; the measured rate is
+            k / observations); empty for profiles written before they were kept, or merged ones.
     """
 
     name: str
@@ -190,6 +206,7 @@ class StatisticNoise:
     rate_bounds: tuple[float, ...]
     observations: int
     maximum: float
+    exceedances: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.name not in STATISTICS:
@@ -200,6 +217,26 @@ class StatisticNoise:
             raise EvidenceError(f"{self.name}: thresholds must be strictly ascending")
         if not all(0 < p <= 1 for p in self.rate_bounds):
             raise EvidenceError(f"{self.name}: rate bounds must lie in (0, 1]")
+        if self.exceedances and (
+            len(self.exceedances) != len(self.thresholds)
+            or not all(0 <= k <= self.observations for k in self.exceedances)
+        ):
+            raise EvidenceError(f"{self.name}: one exceedance count in [0, observations] per threshold")
+
+    def rates(self) -> tuple[float, ...]:
+        """The measured honest rates ``k / n`` per threshold (empty when the counts were not kept)."""
+        if not self.exceedances or not self.observations:
+            return ()
+        return tuple(k / self.observations for k in self.exceedances)
+
+    def summary(self) -> str:
+        """One line: per threshold ``k/n`` measured and the bound p0 the tests use, e.g.
+        ``sampling_margin (32768 obs, max 0.53): >1e-06 0/32768 <= 4.2e-04, >0.1 5/32768 <= ...``."""
+        parts = []
+        for i, (threshold, bound) in enumerate(zip(self.thresholds, self.rate_bounds, strict=True)):
+            measured = f"{self.exceedances[i]}/{self.observations}" if self.exceedances else "?"
+            parts.append(f">{threshold:g} {measured} <= {bound:.2g}")
+        return f"{self.name} ({self.observations} obs, max {self.maximum:.3g}): " + ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -238,7 +275,12 @@ class NoiseProfile:
         """Measure exceedance rates of honest observations (decode vs prefill) on the grids.
 
         ``p0 = min(1, safety · rate_upper_bound(k, n, delta))`` per threshold, made
-        non-increasing along the grid (a higher threshold is never exceeded more often).
+        non-increasing along the grid (a higher threshold is never exceeded more often). Exact
+        zeros count as zeros: fp32 decode and prefill agree exactly, so most margins are 0.0 and
+        exceed no threshold, and then p0 is the floor ``safety · (1 - delta^(1/n))`` of n tokens
+        (:func:`calibration_floor`; 0.013 at the old default of 1,024 tokens, whatever the noise).
+        Pitfall: the floor, not the noise, then sets how fast deviations are seen; measure enough
+        tokens (:func:`tokens_for_floor`) and report the measured ``k/n`` next to p0 (``summary``).
         """
         if safety < 1:
             raise EvidenceError(f"safety must be >= 1, got {safety}")
@@ -259,6 +301,7 @@ class NoiseProfile:
                     rate_bounds=tuple(float(b) for b in bounds),
                     observations=int(values.size),
                     maximum=float(values.max()) if values.size else 0.0,
+                    exceedances=tuple(int(k) for k in counts),
                 )
             )
         return cls(tuple(sorted((description or {}).items())), tuple(statistics))
@@ -281,6 +324,11 @@ class NoiseProfile:
                     rate_bounds=tuple(max(b) for b in zip(*(p.rate_bounds for p in parts), strict=True)),
                     observations=sum(p.observations for p in parts),
                     maximum=max(p.maximum for p in parts),
+                    exceedances=(
+                        tuple(sum(k) for k in zip(*(p.exceedances for p in parts), strict=True))
+                        if all(p.exceedances for p in parts)
+                        else ()
+                    ),
                 )
             )
         description: dict[str, str] = {}
@@ -301,6 +349,7 @@ class NoiseProfile:
                         "rate_bounds": list(s.rate_bounds),
                         "observations": s.observations,
                         "maximum": s.maximum,
+                        "exceedances": list(s.exceedances),
                     }
                     for s in self.statistics
                 ],
@@ -323,6 +372,7 @@ class NoiseProfile:
                         rate_bounds=tuple(float(b) for b in s["rate_bounds"]),
                         observations=int(s["observations"]),
                         maximum=float(s["maximum"]),
+                        exceedances=tuple(int(k) for k in s.get("exceedances", ())),
                     )
                     for s in data["statistics"]
                 ),

@@ -64,9 +64,10 @@ def _commit_groups(groups: list[ChunkGroup], topk: int) -> tuple[np.ndarray, np.
 
 def _evaluate_groups(
     groups: list[ChunkGroup], moduli: np.ndarray, coeffs: np.ndarray, topk: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(committed, values)``, both ``[C, k]`` int64: f_c at the verifier's top-k, and its own patterns."""
-    committed, values = [np.zeros((0, topk), np.int64)], [np.zeros((0, topk), np.int64)]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(committed, values)``, both ``[C, k]`` 16-bit patterns in an integer dtype: f_c at the verifier's
+    top-k, and its own patterns. On the activations' device where the CUDA kernel ran (no copy back)."""
+    committed, values = [], []
     first = 0
     for group in groups:
         last = first + group.bits.shape[0]
@@ -76,14 +77,15 @@ def _evaluate_groups(
                 group.bits, topk, torch.from_numpy(group_moduli), torch.from_numpy(group_coeffs)
             )
             cuda.raise_on_flags(flags)
-            committed.append(evaluated.cpu().numpy())
-            values.append(val.cpu().numpy().view(np.uint16).astype(np.int64))
+            committed.append(evaluated.long())
+            values.append(val.long() & 0xFFFF)  # int16 bits -> the unsigned pattern
         else:
             idx, val_np = _select_group(group, topk)
-            committed.append(evaluate_at(group_coeffs, group_moduli, idx))
-            values.append(val_np)
+            committed.append(torch.from_numpy(evaluate_at(group_coeffs, group_moduli, idx)))
+            values.append(torch.from_numpy(val_np))
         first = last
-    return np.concatenate(committed), np.concatenate(values)
+    device = committed[0].device
+    return torch.cat([c.to(device) for c in committed]), torch.cat([v.to(device) for v in values])
 
 
 def build_proofs_bytes(
@@ -125,39 +127,43 @@ def build_proofs_base64(
     return [base64.b64encode(p).decode("ascii") for p in proofs]
 
 
-def compare(committed: np.ndarray, values: np.ndarray) -> list[VerificationResult]:
-    """Compare committed patterns ``u`` with the verifier's patterns ``v``, both ``[C, k]`` int64.
+def compare(committed: np.ndarray | torch.Tensor, values: np.ndarray | torch.Tensor) -> list[VerificationResult]:
+    """Compare committed patterns ``u`` with the verifier's patterns ``v``, both ``[C, k]`` integers in 0..65535.
 
     exponent = (p & 0x7F80) >> 7, mantissa = p & 0x7F, sign = p >> 15 (16-bit p).
     Mantissa errors and sign mismatches count only where exponents match; the median
-    is the upper median (element ⌊n/2⌋ of the sorted errors).
+    is the upper median (element ⌊n/2⌋ of the sorted errors). Tensors are compared on their
+    own device (CUDA after the fused kernel) and only five ``[C]`` counts come back to the host.
     """
-    num_chunks_, k = values.shape
-    exp_u, exp_v = (committed & 0x7F80) >> 7, (values & 0x7F80) >> 7
-    sign_u, sign_v = (committed >> 15) & 1, (values >> 15) & 1
+    u = torch.as_tensor(committed).to(torch.int32)
+    v = torch.as_tensor(values).to(device=u.device, dtype=torch.int32)
+    k = v.shape[1]
+    exp_u, exp_v = (u >> 7) & 0xFF, (v >> 7) & 0xFF
+    same_sign = ((u ^ v) & 0x8000) == 0
     matched = exp_u == exp_v
-    mant_err = np.abs((committed & 0x7F) - (values & 0x7F))
-    n_matched = matched.sum(axis=1)
-    exp_mismatches = k - n_matched
-    sums = np.where(matched, mant_err, 0).sum(axis=1)
-    ordered = np.sort(np.where(matched, mant_err, 1 << 20), axis=1)
-    median = ordered[np.arange(num_chunks_), np.minimum(n_matched // 2, k - 1)]
-    sign_mismatches = (matched & (sign_u != sign_v)).sum(axis=1)
-    agreement = ((sign_u == sign_v) & (np.abs(exp_u - exp_v) <= 1)).sum(axis=1)
-    results = []
-    for c in range(num_chunks_):  # builds the small result objects only
-        n = int(n_matched[c])
-        results.append(
-            VerificationResult(
-                exp_mismatches=int(exp_mismatches[c]),
-                mant_err_mean=float(sums[c]) / n if n else float("inf"),
-                mant_err_median=float(median[c]) if n else float("inf"),
-                sign_mismatches=int(sign_mismatches[c]),
-                index_agreement=int(agreement[c]),
-                topk=k,
-            )
+    # Errors are 0..127 where exponents match; 128 marks the other positions. The upper median
+    # (element n//2 of the sorted errors) is the smallest e whose cumulative count exceeds n//2.
+    mant_err = torch.where(matched, ((u & 0x7F) - (v & 0x7F)).abs(), 128)
+    n_matched = matched.sum(dim=1)
+    sums = mant_err.sum(dim=1) - 128 * (k - n_matched)
+    histogram = torch.zeros((u.shape[0], 129), dtype=torch.int32, device=u.device)
+    histogram.scatter_add_(1, mant_err.long(), torch.ones_like(mant_err))
+    median = (histogram.cumsum(dim=1) <= (n_matched // 2).unsqueeze(1)).sum(dim=1)
+    sign_mismatches = (matched & ~same_sign).sum(dim=1)
+    agreement = (same_sign & ((exp_u - exp_v).abs() <= 1)).sum(dim=1)
+    counts = torch.stack([n_matched, sums, median, sign_mismatches, agreement]).cpu().tolist()
+    inf = float("inf")
+    return [
+        VerificationResult(
+            exp_mismatches=k - n,
+            mant_err_mean=total / n if n else inf,
+            mant_err_median=float(middle) if n else inf,
+            sign_mismatches=signs,
+            index_agreement=agree,
+            topk=k,
         )
-    return results
+        for n, total, middle, signs, agree in zip(*counts, strict=True)
+    ]
 
 
 def _verify_parsed(

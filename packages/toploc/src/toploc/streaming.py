@@ -7,8 +7,12 @@
         builder.add(last_hidden[:, -1, :], active_mask=unfinished)  # [num_seq, H], CPU or CUDA
     proofs = builder.finish()  # list[bytes]: per sequence, its 258-byte proofs concatenated
 
-Per ``add`` the builder copies the rows into a ``[num_seq, dbs, H]`` bf16 buffer on the
-rows' device (one indexed copy). When sequences complete a chunk of ``dbs`` rows, their
+or, from a loop that reads its finished flags only every ``n`` steps,
+``builder.extend(rows [num_seq, n, H], counts)`` (``counts[i]``: rows sequence ``i`` keeps).
+
+Per ``add`` (or ``extend``) the builder copies the rows into a ``[num_seq, dbs, H]`` bf16
+buffer on the rows' device: one copy, rounding to bf16 as it goes, for the sequences in
+lock-step, an indexed copy per group otherwise. When sequences complete a chunk of ``dbs`` rows, their
 top-k indices and values are selected in one batched call (on CUDA with no host sync)
 and kept on the device; ``finish`` moves the small ``[chunks, k]`` selections to the host
 once and interpolates all of them in one vectorised call. The result for each sequence
@@ -76,10 +80,50 @@ class ProofBuilder:
             active_mask: ``[num_sequences]`` bools; rows of inactive sequences are ignored
                 (finished sequences, padding). ``None`` means all active.
         """
+        if active_mask is None:
+            counts = None
+        else:
+            mask = np.asarray(torch.as_tensor(active_mask).detach().cpu(), dtype=bool).reshape(-1)
+            if mask.shape != (self.num_sequences,):
+                raise ValueError(f"active_mask must have {self.num_sequences} entries, got {mask.shape[0]}")
+            counts = mask.astype(np.int64)
+        rows = self._checked(hidden_rows)
+        self._append(self._shaped(hidden_rows, rows.reshape(rows.shape[0], 1, -1)), counts)
+
+    def extend(self, hidden_rows: torch.Tensor, counts: Sequence[int] | np.ndarray | None = None) -> None:
+        """Append up to ``n`` rows per sequence at once: sequence ``i`` takes ``hidden_rows[i, :counts[i]]``.
+
+        Equal to ``n`` calls of :meth:`add` with ``active_mask = [j < counts[i] for i]`` for
+        ``j = 0..n-1``, in far fewer device operations: sequences in lock-step (same open-chunk
+        fill and count) are copied together, one strided copy per chunk they touch. A decode loop
+        that learns its finished sequences only every ``n`` steps buffers their rows and hands
+        them over here.
+
+        Args:
+            hidden_rows: ``[num_sequences, n, hidden_size]`` floating tensor on any device.
+            counts: ``[num_sequences]`` ints in ``0..n`` (host data); ``None`` means ``n`` each.
+        """
+        rows = self._checked(hidden_rows)
+        if rows.dim() != 3:
+            raise ActivationError(f"hidden_rows must be [num_sequences, n, hidden_size], got {tuple(rows.shape)}")
+        rows = self._shaped(hidden_rows, rows)
+        if counts is not None:
+            counts = np.asarray(counts, dtype=np.int64).reshape(-1)
+            if counts.shape != (self.num_sequences,) or (counts < 0).any() or (counts > rows.shape[1]).any():
+                raise ValueError(f"counts must be {self.num_sequences} ints in 0..{rows.shape[1]}")
+        self._append(rows, counts)
+
+    def _checked(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """``hidden_rows`` detached, once it is known to be a floating tensor and the builder open."""
         if self._finished:
             raise RuntimeError("ProofBuilder.finish() was already called")
-        rows = to_bf16_bits(hidden_rows).reshape(hidden_rows.shape[0], -1)
-        if tuple(rows.shape) != (self.num_sequences, self.hidden_size):
+        if not isinstance(hidden_rows, torch.Tensor) or not hidden_rows.dtype.is_floating_point:
+            to_bf16_bits(hidden_rows)  # raises the ActivationError that names the problem
+        return hidden_rows.detach()
+
+    def _shaped(self, hidden_rows: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``rows``, the ``[num_sequences, n, hidden_size]`` view of ``hidden_rows``, checked; allocates the buffer."""
+        if rows.shape[0] != self.num_sequences or rows.shape[-1] != self.hidden_size:
             raise ActivationError(
                 f"hidden_rows must be [{self.num_sequences}, {self.hidden_size}], got {tuple(hidden_rows.shape)}"
             )
@@ -91,35 +135,64 @@ class ProofBuilder:
                 dtype=torch.int16,
                 device=rows.device,
             )
-        if active_mask is None:
-            active = np.arange(self.num_sequences)
-        else:
-            mask = np.asarray(torch.as_tensor(active_mask).detach().cpu(), dtype=bool).reshape(-1)
-            if mask.shape != (self.num_sequences,):
-                raise ValueError(f"active_mask must have {self.num_sequences} entries, got {mask.shape[0]}")
-            active = np.flatnonzero(mask)
-        if active.size == 0:
+        return rows
+
+    def _append(self, rows: torch.Tensor, counts: np.ndarray | None) -> None:
+        """Sequence ``i`` appends ``rows[i, :counts[i]]`` (all ``n`` when ``counts`` is None); closes full chunks.
+
+        Rows are rounded to bf16 by the copy into the buffer's bf16 view (the same rounding as
+        ``to_bf16_bits``), so a lock-step group costs one device copy per chunk it touches.
+        """
+        assert self._buffer is not None
+        buffer = self._buffer.view(torch.bfloat16)
+        n, dbs = rows.shape[1], self.decode_batching_size
+        first = int(self._fill[0])
+        if counts is None and first + n <= dbs and (self._fill == first).all():  # lock-step within one chunk
+            buffer[:, first : first + n] = rows  # a plain strided copy
+            self._fill += n
+            if first + n == dbs:
+                self._close(np.arange(self.num_sequences), dbs)
             return
-        fill = self._fill[active]
-        if active.size == self.num_sequences and (fill == fill[0]).all():
-            self._buffer[:, int(fill[0])] = rows  # lock-step fast path: a plain strided copy
-        else:
-            seq = torch.from_numpy(active).to(rows.device)
-            self._buffer[seq, torch.from_numpy(fill).to(rows.device)] = rows[seq]
-        self._fill[active] += 1
-        full = active[self._fill[active] == self.decode_batching_size]
-        if full.size:
-            self._close(full, self.decode_batching_size)
+        if counts is None:
+            counts = np.full(self.num_sequences, n, dtype=np.int64)
+        taken = np.zeros(self.num_sequences, dtype=np.int64)
+        while True:
+            live = np.flatnonzero(counts > taken)
+            if live.size == 0:
+                return
+            fills, start = self._fill[live], taken[live]
+            step = np.minimum(counts[live] - start, dbs - fills)  # rows each copies before its chunk is full
+            keys = np.stack([fills, start, step], axis=1)
+            groups = [keys[0]] if (keys == keys[0]).all() else np.unique(keys, axis=0)
+            if len(groups) > 1 and (step == 1).all():  # one row each at ragged fills: one scattered copy
+                seq, at = (torch.from_numpy(a).to(rows.device) for a in (live, fills))
+                buffer[seq, at] = rows[seq, torch.from_numpy(start).to(rows.device)].to(torch.bfloat16)
+                groups = []
+            for f, t, m in (map(int, key) for key in groups):
+                if live.size == self.num_sequences and len(groups) == 1:
+                    buffer[:, f : f + m] = rows[:, t : t + m]
+                else:
+                    members = live[(keys == (f, t, m)).all(axis=1)]
+                    seq = torch.from_numpy(members).to(rows.device)
+                    buffer[seq, f : f + m] = rows[seq, t : t + m].to(torch.bfloat16)
+            self._fill[live] += step
+            taken[live] += step
+            full = live[self._fill[live] == dbs]
+            if full.size:
+                self._close(full, dbs)
 
     def _close(self, sequences: np.ndarray, length: int) -> None:
         """Select (and on CUDA also commit) the open chunks of ``sequences`` (``length`` rows each); reset them."""
         assert self._buffer is not None
-        seq = torch.from_numpy(sequences).to(self._buffer.device)
-        chunk = self._buffer[seq, :length].reshape(len(sequences), length * self.hidden_size)
+        if len(sequences) == self.num_sequences:  # lock-step: the buffer itself, no gather
+            chunk = self._buffer[:, :length].reshape(len(sequences), length * self.hidden_size)
+        else:
+            seq = torch.from_numpy(sequences).to(self._buffer.device)
+            chunk = self._buffer[seq, :length].reshape(len(sequences), length * self.hidden_size)
         positions = self._chunks[sequences].copy()
         if cuda.available(chunk, self.topk):  # fused kernel, asynchronous: flags are read in finish()
             *_, moduli, coeffs, flags = cuda.select_commit(chunk, self.topk)
-            self._closed.append(_Closed(sequences.copy(), positions, None, None, moduli, coeffs, flags != 0))
+            self._closed.append(_Closed(sequences.copy(), positions, None, None, moduli, coeffs, flags))
         elif chunk.device.type == "cpu" and native.available():
             try:  # the native kernel rejects NaN/Inf while selecting
                 indices, values = select_topk(chunk, self.topk, method="native")
@@ -185,7 +258,7 @@ class _Closed:
     values: torch.Tensor | None
     moduli: torch.Tensor | None
     coeffs: torch.Tensor | None
-    bad: torch.Tensor  # NaN/Inf (or kernel failure) per chunk or overall, read once in finish()
+    bad: torch.Tensor  # nonzero: NaN/Inf (or kernel failure) per chunk or overall, read once in finish()
 
 
 def split_proofs(data: bytes, topk: int = 128) -> list[bytes]:

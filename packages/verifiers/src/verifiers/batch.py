@@ -9,24 +9,28 @@ inside a running asyncio loop (use `verify_batch_async` there to keep the loop s
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
+from verifiers import machine
+from verifiers.completions import Completion
 from verifiers.registry import as_task, verify
 from verifiers.task import Score, Task
 
 
 def verify_batch(
     tasks: Sequence[Task | Mapping[str, Any]],
-    completions: Sequence[str],
+    completions: Sequence[Completion],
     *,
     max_workers: int = 4,
     timeout: float = 60.0,
 ) -> list[Score]:
     """Scores in input order. Each item gets `timeout` seconds from the moment it starts;
-    a late item scores `Score(0, failure="deadline")`.
+    a late item scores `Score(0, failure="deadline", machine_limit="deadline")`. Scores made inside a
+    `verifiers.machine_limits()` block are reported to it, from every thread.
 
     Malformed tasks and unknown task types raise before any work starts.
     """
@@ -48,7 +52,10 @@ def verify_batch(
     results: list[Score | None] = [None] * len(parsed)
     executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="verify")
     try:
-        futures: dict[Future[Score], int] = {executor.submit(run, i): i for i in range(len(parsed))}
+        # each item in its own copy of the caller's context, so a machine_limits() block sees it
+        futures: dict[Future[Score], int] = {
+            executor.submit(contextvars.copy_context().run, run, i): i for i in range(len(parsed))
+        }
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
@@ -63,15 +70,20 @@ def verify_batch(
                 index = futures[future]
                 if index in started and now - started[index] > timeout:
                     pending.discard(future)
-                    results[index] = Score(0.0, {"timeout_s": timeout}, "deadline")
+                    results[index] = _late({"timeout_s": timeout})
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
-    return [r if r is not None else Score(0.0, {}, "deadline") for r in results]
+    return [r if r is not None else _late({}) for r in results]
+
+
+def _late(details: dict[str, Any]) -> Score:
+    machine.report("deadline", wall_clock=True)
+    return Score(0.0, details, "deadline", machine_limit="deadline")
 
 
 async def verify_batch_async(
     tasks: Sequence[Task | Mapping[str, Any]],
-    completions: Sequence[str],
+    completions: Sequence[Completion],
     *,
     max_workers: int = 4,
     timeout: float = 60.0,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, overload
 
+from verifiers import machine
+from verifiers.completions import Completion, completion_text
 from verifiers.errors import TaskFormatError, UnknownTaskTypeError
 from verifiers.task import Score, Task
 
@@ -58,17 +61,19 @@ def as_task(task: Task | Mapping[str, Any]) -> Task:
     return task if isinstance(task, Task) else Task.from_row(task)
 
 
-def verify(task: Task | Mapping[str, Any], completion: str) -> Score:
+def verify(task: Task | Mapping[str, Any], completion: Completion) -> Score:
     """Score `completion` for `task` with the verifier registered for its `task_type`.
 
-    `task` may be a `Task` or a raw dataset row. Malformed tasks raise `TaskFormatError` and
+    `task` may be a `Task` or a raw dataset row. `completion` is text or a chat completion
+    (a message or a list of messages, as TRL passes for conversational data): the verifier
+    reads its assistant messages' text (`verifiers.completion_text`). Malformed tasks raise `TaskFormatError` and
     unknown types `UnknownTaskTypeError`; any other exception inside a verifier becomes
-    `Score(0, failure="error")` so one bad item cannot stop a training step.
+    `Score(0, failure="error")` so one bad item cannot stop a training step. Every score is
+    reported to the enclosing `verifiers.machine_limits()` block, if any (`Score.machine_limit`).
     """
     task = as_task(task)
     verifier = get_verifier(task.task_type)
-    if not isinstance(completion, str):
-        raise TypeError(f"completion must be a str, got {type(completion).__name__}")
+    completion = completion_text(completion)  # TypeError for anything but text or chat messages
     start = time.perf_counter()
     try:
         score = verifier(task, completion)
@@ -79,7 +84,6 @@ def verify(task: Task | Mapping[str, Any], completion: str) -> Score:
     if not isinstance(score, Score):
         raise TypeError(f"verifier for {task.task_type!r} returned {type(score).__name__}, not Score")
     if "elapsed_s" not in score.details:
-        score = Score(
-            score.reward, {**score.details, "elapsed_s": time.perf_counter() - start}, score.failure
-        )
+        score = dataclasses.replace(score, details={**score.details, "elapsed_s": time.perf_counter() - start})
+    machine.report(score.machine_limit, wall_clock=score.wall_clock_checked)
     return score

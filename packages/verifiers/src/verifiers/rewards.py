@@ -55,9 +55,15 @@ def verify_math(task: Task, completion: str) -> Score:
     for gold in golds:
         verdict = compare_answers(gold, answer, timeout=float(info.get("timeout", 5.0)))
         if verdict.equal:
-            return Score(1.0, {"answer": answer, "gold": gold, "reason": verdict.reason})
+            return Score(1.0, {"answer": answer, "gold": gold, "reason": verdict.reason}, wall_clock_checked=True)
         timed_out = timed_out or verdict.reason == "timeout"
-    return Score(0.0, {"answer": answer, "gold": golds}, "timeout" if timed_out else "mismatch")
+    return Score(
+        0.0,
+        {"answer": answer, "gold": golds},
+        "timeout" if timed_out else "mismatch",
+        machine_limit="math_timeout" if timed_out else None,
+        wall_clock_checked=True,
+    )
 
 
 def _score_code(task: Task, completion: str, *, partial_default: bool) -> Score:
@@ -86,7 +92,16 @@ def _score_code(task: Task, completion: str, *, partial_default: bool) -> Score:
     }
     if result.error and result.passed < result.total:
         details["error"] = result.error
-    return Score(reward, details, None if result.all_passed else "tests_failed")
+    # Limited by the machine only where a re-run could raise the reward: with partial credit, any
+    # test the machine failed; binary, only when the machine failed every test that failed.
+    limited = result.machine_failed > 0 and (partial or result.passed + result.machine_failed == result.total)
+    return Score(
+        reward,
+        details,
+        None if result.all_passed else "tests_failed",
+        machine_limit=result.machine_limit if limited else None,  # type: ignore[arg-type]
+        wall_clock_checked=True,
+    )
 
 
 def verify_code(task: Task, completion: str) -> Score:

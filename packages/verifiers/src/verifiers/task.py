@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verifiers.errors import TaskFormatError
+from verifiers.machine import MACHINE_LIMITS, MachineLimit
 
 
 def decode_info(info: object) -> dict[str, Any]:
@@ -119,14 +120,26 @@ class Score:
         failure: None when the completion was judged on its merits, else why it scored 0:
             "no_answer", "mismatch", "timeout", "no_code", "tests_failed", "sandbox_error",
             "error", "deadline".
+        machine_limit: None when the machine cannot have lowered `reward`, else the wall-clock-limited
+            check that may have (`verifiers.machine.MachineLimit`: "sandbox_start", "test_timeout",
+            "math_timeout", "deadline"); a re-run may score higher. Set only where it matters: a
+            binary code reward whose failing tests include a program's wrong answer is not limited.
+        wall_clock_checked: the verifier ran a wall-clock-limited check (a sandbox run, a symbolic
+            comparison under a timeout), limited or not: a spoiled run elsewhere could score lower.
     """
 
     reward: float
     details: Mapping[str, Any] = field(default_factory=dict, hash=False)
     failure: str | None = None
+    machine_limit: MachineLimit | None = None
+    wall_clock_checked: bool = False
 
     def __post_init__(self) -> None:
         reward = float(self.reward)
         if not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
             raise ValueError(f"reward must be in [0, 1], got {self.reward!r}")
         object.__setattr__(self, "reward", reward)
+        if self.machine_limit is not None and self.machine_limit not in MACHINE_LIMITS:
+            raise ValueError(f"machine_limit must be None or one of {MACHINE_LIMITS}, got {self.machine_limit!r}")
+        if self.machine_limit is not None:
+            object.__setattr__(self, "wall_clock_checked", True)

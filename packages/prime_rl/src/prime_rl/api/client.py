@@ -178,14 +178,18 @@ class OrchestratorClient:
         path: str,
         response_model: type[R],
         *,
-        body: BaseModel | None = None,
+        body: BaseModel | bytes | None = None,
         params: dict[str, Any] | None = None,
         token: str = "",
         retries: int | None = None,
     ) -> R:
-        """Send one request with retries; parse the 2xx body into ``response_model``."""
+        """Send one request with retries; parse the 2xx body into ``response_model``.
+
+        ``body`` is a message (sent as its JSON) or raw bytes sent as they are (the red team's
+        garbage, which the server must refuse).
+        """
         url = self.base_url + path
-        data = body.model_dump_json().encode() if body is not None else None
+        data = body if isinstance(body, bytes) or body is None else body.model_dump_json().encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
         if token:
             headers["Authorization"] = f"Bearer {token}"

@@ -2,8 +2,9 @@
 
 Owns: the typed sections (``sections.py`` for the shared ones, one module per role's section),
 ``RunConfig`` composed from them by plain imports (``run.py``), the TOML + ``--section.key
-value`` loader (``loader.py``) and the ``[components]`` import paths with their loader
-(``components.py``; a component is imported only when the role that uses it asks).
+value`` loader (``loader.py``), the components' import paths with their loader
+(``components.py``; a component is imported only when the role that uses it asks) and the loss's
+one key, a recipe table or an import path, with its guard (``loss.py``).
 May import: pydantic, the standard library and ``grpo.recipes`` (the loss as torch-free plain
 data) only; never a role room, never torch. Every other room may import it.
 """

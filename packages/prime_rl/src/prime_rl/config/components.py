@@ -1,4 +1,4 @@
-"""``[components]``: the algorithm's swappable parts, named by import path, and the loader for them.
+"""Import paths of the algorithm's swappable parts (``[components]`` and ``[trainer.loss]``), and their loader.
 
 A run's reward and loss are Python objects (``examples/intellect2.py`` builds them from
 ``verifiers`` and ``grpo``); processes on other machines get the same objects by importing them
@@ -6,7 +6,9 @@ from the path in the config:
 
     [components]
     reward = "examples.intellect2:reward"          # module:attribute (the module must be importable)
-    loss = "/srv/recipes/intellect2.py:loss"       # or path/to/file.py:attribute
+
+    [trainer]
+    loss = "/srv/recipes/intellect2.py:loss"       # or path/to/file.py:attribute (config/loss.py)
 
 The config checks only the syntax (no import: the control plane stays torch-free). The role that
 uses a component imports it at start-up with :func:`load_component`, which raises
@@ -21,14 +23,16 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import json
 import keyword
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from prime_rl.config.base import ConfigError, Section
 
@@ -36,7 +40,8 @@ __all__ = ["ComponentError", "ComponentsConfig", "ImportPath", "check_signature"
 
 
 class ComponentError(ConfigError):
-    """A ``[components]`` import path cannot be imported or names an object of the wrong kind."""
+    """A component's import path cannot be imported or names an object of the wrong kind, or two
+    sources name two different components for one key."""
 
 
 @dataclass(frozen=True)
@@ -74,20 +79,25 @@ class ImportPath:
 
 
 class ComponentsConfig(Section):
-    """[components]: the reward and the loss by import path ('' = the runtime's built-in one)."""
+    """[components]: the reward by import path ('' = the runtime's built-in one; the loss is [trainer.loss])."""
 
     reward: str = Field(
         default="",
         description="Callable reward(task, completion, num_tokens, budget) -> float used by workers and the "
         "validator ('' = verifiers.verify plus the [tasks] length term).",
     )
-    loss: str = Field(
-        default="",
-        description="A grpo.Loss or grpo.LossConfig the trainer uses ('' = [trainer.loss]; when set it replaces "
-        "[trainer.loss], and the trainer logs a warning if the two differ).",
-    )
 
-    @field_validator("reward", "loss")
+    @model_validator(mode="before")
+    @classmethod
+    def _the_loss_lives_in_the_trainer(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "loss" in data:
+            raise ValueError(
+                f"the loss is one key, [trainer.loss] (a recipe table or an import path): "
+                f"--trainer.loss {json.dumps(data['loss'])}, not components.loss"
+            )
+        return data
+
+    @field_validator("reward")
     @classmethod
     def _syntax(cls, value: str) -> str:
         if value:

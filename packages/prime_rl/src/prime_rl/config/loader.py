@@ -64,11 +64,22 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     return result
 
 
-def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+def _merge(base: dict[str, Any], update: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``update`` over ``base``, table by table; a value replaces a value or a whole table.
+
+    Raises ``ConfigError`` when ``update`` sets keys inside a key that ``base`` holds as a plain
+    value (``--trainer.loss.eps_high 0.3`` over ``loss = "recipe.py:loss"``): the value would be
+    dropped without a word.
+    """
     merged = dict(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
+            merged[key] = _merge(merged[key], value, f"{prefix}{key}.")
+        elif isinstance(value, dict) and merged.get(key) is not None:
+            raise ConfigError(
+                f"--{prefix}{key}.{next(iter(value), '')} sets a key inside {prefix}{key}, which is "
+                f"{merged[key]!r}, not a table; replace the whole value (--{prefix}{key} ...) instead"
+            )
         else:
             merged[key] = value
     return merged

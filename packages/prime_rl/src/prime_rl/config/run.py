@@ -62,7 +62,7 @@ class RunConfig(BaseModel):
         default_factory=lambda: EvaluatorConfig(), description="Held-out evaluator (prime_rl.evaluator)."
     )
     tracking: TrackingConfig = Field(
-        default_factory=TrackingConfig, description="Experiment trackers (prime_rl.launch.trackers)."
+        default_factory=TrackingConfig, description="Experiment trackers (prime_rl.trackers)."
     )
 
     components: ComponentsConfig = Field(

@@ -194,7 +194,21 @@ class OrchestratorConfig(Section):
     )
     registration_token: str = Field(
         default="",
-        description="Bearer token POST /workers/register requires ('' = anyone may register).",
+        description="Bearer token POST /workers/register requires ('' = no token needed).",
+    )
+    registration_allowlist: list[str] = Field(
+        default_factory=list,
+        description="Client addresses or networks (CIDR) that may register; [] = any address.",
+    )
+    registration_hook: str = Field(
+        default="",
+        description="'package.module:function' deciding each registration (stake, proof of work): called with "
+        "name, address, headers; True admits. '' = none.",
+    )
+    open_registration: bool = Field(
+        default=False,
+        description="Let anyone register on a non-loopback bind with no token, allow-list or hook (without it such "
+        "an orchestrator refuses to start). Loopback binds are open when nothing is configured.",
     )
     register_rate_per_minute: float = Field(
         default=30.0,
@@ -212,16 +226,22 @@ class OrchestratorConfig(Section):
     max_buffered_samples: int = Field(
         default=0,
         ge=0,
-        description="Refuse new leases (429 busy) while this many usable answered samples (awaiting "
-        "validation, or accepted and claimable) are buffered; open leases do not count (0 = no limit).",
+        description="Refuse new leases (429 busy) to workers with answered samples of their own buffered while "
+        "this many usable answered samples (awaiting validation, or accepted and claimable) are buffered; open "
+        "leases do not count (0 = no limit).",
     )
     max_open_leases: int = Field(
-        default=4, ge=1, description="Unanswered leases one worker may hold (less after abandoned ones)."
+        default=4,
+        ge=1,
+        description="Unanswered leases one worker may hold at most: a new identity 1, one more per lease it "
+        "answered, less one per lease it let expire.",
     )
     max_open_leases_per_address: int = Field(
         default=16,
         ge=1,
-        description="Unanswered leases all workers leasing from one client address (IPv6: /64) may hold.",
+        description="Unanswered leases the identities without accepted work at one client address (IPv6: /64) "
+        "may hold together, less one per abandoned lease there not offset by answered ones (at least 1); "
+        "identities with accepted work are not counted or capped by it.",
     )
     ban_abandoned_leases: int = Field(
         default=3,
@@ -249,6 +269,28 @@ class OrchestratorConfig(Section):
         "threshold (honest workers stay below 0.06), so a deviation too weak to be banned trains nothing either "
         "once it lifts its worker's score above it. 1 = only the ban stops release.",
     )
+    probation_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="A new identity is on probation until the validator accepted this many of its completion "
+        "tokens with its evidence always below probation_max_evidence; its probation batches are released only "
+        "after that, within the run-wide probation budget (null = release_after_tokens; 0 = no probation).",
+    )
+    probation_max_evidence: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Evidence (fraction of the ban threshold) an identity must stay below during probation; one "
+        "that reaches it is never trusted and nothing it sent on probation is trained on.",
+    )
+    probation_release_share: float = Field(
+        default=0.1,
+        ge=0,
+        allow_inf_nan=False,
+        description="Released probation tokens stay within this share of the tokens accepted after probation "
+        "(run-wide), so steering spread over many fresh identities reaches training at most at this rate.",
+    )
     max_request_bytes: int = Field(default=64 * 2**20, ge=1024, description="Largest accepted request body.")
     max_samples_per_batch: int = Field(default=4096, ge=1, description="Largest accepted rollout batch.")
     max_tokens_per_sample: int = Field(
@@ -265,6 +307,11 @@ class OrchestratorConfig(Section):
                     "(or '' to generate one for this run); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
                 )
         return self
+
+    @property
+    def probation_tokens_or_default(self) -> int:
+        """``probation_tokens``, or ``release_after_tokens`` when it is null."""
+        return self.release_after_tokens if self.probation_tokens is None else self.probation_tokens
 
     @property
     def url(self) -> str:

@@ -1,50 +1,26 @@
-"""``[trainer]`` section, with its ``[trainer.loss]`` table: a ``grpo.LossConfig``.
+"""``[trainer]`` section, with its ``[trainer.loss]`` key (``config/loss.py``: a recipe table or an import path).
 
 Light on purpose (pydantic and ``grpo.recipes``, which is plain data without torch), so processes
 that never train build ``RunConfig`` fast and still reject a bad loss at start-up.
-
-``[trainer.loss]`` is a grpo recipe plus single-field overrides, validated by grpo itself::
-
-    [trainer.loss]
-    recipe = "intellect2"        # a name in grpo.RECIPES (default intellect2)
-    delta = 4.0                  # any grpo.LossConfig field: eps_low, eps_high, entropy_coef, ...
-
-or ``--trainer.loss.delta 4`` on the command line. The section holds the resolved
-``grpo.LossConfig`` (every field, so ``--print-config`` shows the loss that will run).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import Field, PlainSerializer, PlainValidator, model_validator
+from pydantic import Field, model_validator
 
-from grpo.recipes import RECIPES, LossConfig, loss_config
+from grpo.recipes import RECIPES, LossConfig
 from prime_rl.config.base import Section
-
-DEFAULT_RECIPE = "intellect2"
-LOSS_KEYS = frozenset({"recipe"} | {field.name for field in dataclasses.fields(LossConfig)})
-
-
-def _loss_from_table(value: object) -> LossConfig:
-    """``{"recipe": name, **fields}`` -> ``grpo.loss_config(name, **fields)`` (grpo's own errors)."""
-    if isinstance(value, LossConfig):
-        return value
-    if not isinstance(value, Mapping):
-        raise ValueError(
-            f"[trainer.loss] must be a table of grpo.LossConfig fields and 'recipe', got {value!r}"
-        )
-    fields = dict(value)
-    return loss_config(fields.pop("recipe", DEFAULT_RECIPE), **fields)
-
-
-LossTable = Annotated[
-    LossConfig,
-    PlainValidator(_loss_from_table),
-    PlainSerializer(dataclasses.asdict, return_type=dict[str, Any]),
-]
+from prime_rl.config.loss import (
+    DEFAULT_RECIPE,
+    LOSS_FIELDS,
+    LossSetting,
+    check_one_loss,
+    load_loss,
+    loss_problem,
+)
 
 
 class TrainerConfig(Section):
@@ -55,11 +31,12 @@ class TrainerConfig(Section):
     weight_decay: float = Field(default=0.01, ge=0, description="AdamW weight decay (INTELLECT-2: 0.01).")
     warmup_steps: int = Field(default=0, ge=0, description="Optimizer steps of linear LR warmup (INTELLECT-2: 25).")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient-norm clip (INTELLECT-2: 0.1).")
-    loss: LossTable = Field(
+    loss: LossSetting = Field(
         default=RECIPES[DEFAULT_RECIPE],
-        description="[trainer.loss]: 'recipe' (a name in grpo.RECIPES) plus any grpo.LossConfig field "
-        "(eps_low, eps_high, delta, entropy_coef, kl_coef, is_correction, is_threshold, ...). "
-        "constant unset = sampling.max_new_tokens.",
+        description="[trainer.loss]: a table, 'recipe' (a name in grpo.RECIPES) plus any grpo.LossConfig field "
+        "(eps_low, eps_high, delta, entropy_coef, kl_coef, is_correction, is_threshold, ...; constant unset = "
+        "sampling.max_new_tokens), or an import path 'module:attribute' / 'file.py:attribute' of a grpo.Loss "
+        "or grpo.LossConfig, which the trainer imports when it starts. Either must use group z-score advantages.",
     )
     old_logprobs: Literal["recompute", "inference"] = Field(
         default="recompute",
@@ -98,7 +75,7 @@ class TrainerConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _loss_keys_live_in_the_loss_table(cls, data: Any) -> Any:
-        misplaced = sorted(LOSS_KEYS & set(data)) if isinstance(data, Mapping) else []
+        misplaced = sorted(LOSS_FIELDS & set(data)) if isinstance(data, Mapping) else []
         if misplaced:
             raise ValueError(
                 f"loss settings go in the [trainer.loss] table, not in [trainer]: {', '.join(misplaced)} "
@@ -107,10 +84,20 @@ class TrainerConfig(Section):
         return data
 
     @model_validator(mode="after")
-    def _check(self) -> TrainerConfig:
-        if self.loss.is_correction is not None and self.old_logprobs == "inference":
-            raise ValueError(
-                "trainer.loss.is_correction weights by π_old/μ, which is 1 when old_logprobs = 'inference'; "
-                "use old_logprobs = 'recompute' with it, or drop is_correction"
-            )
+    def _trainable_loss(self) -> TrainerConfig:
+        problem = loss_problem(self.loss, self.old_logprobs) if isinstance(self.loss, LossConfig) else None
+        if problem:  # an import path passes the same guard when it is imported (load_loss)
+            raise ValueError(f"[trainer.loss]: {problem}")
         return self
+
+    def check_recipe_loss(self, path: str, source: str) -> None:
+        """The loss a recipe hands over by import path: past the guard, and the same as ``[trainer.loss]``
+        where this config (read from ``source``) sets one.
+
+        Raises ``ComponentError`` naming both losses when they differ (never a warning: the two
+        homes would otherwise have one of them silently ignored), or naming ``path`` when it
+        cannot be imported or trained on.
+        """
+        recipe_loss = load_loss(path, self.old_logprobs)
+        if "loss" in self.model_fields_set:
+            check_one_loss(self.loss, path, recipe_loss, source)

@@ -23,8 +23,9 @@ class ValidatorConfig(Section):
     sampling_tolerance: float = Field(
         default=0.25,
         ge=0,
-        description="Logit margin a sampled token may fall short by (widened to 3x the largest honest margin "
-        "of the noise profile when evidence is on).",
+        description="bf16: logit margin a sampled token may fall short by as often as honest noise does (with "
+        "evidence: none beyond 3x the profile's largest honest margin). fp32 is exact: any swap beyond 1e-3 "
+        "is rejected (validator/tolerances.py).",
     )
     sampling_max_mismatch_fraction: float = Field(
         default=0.0, ge=0, le=1, description="Share of tokens allowed beyond the sampling tolerance."
@@ -35,7 +36,19 @@ class ValidatorConfig(Section):
         description="Max mean |claimed - recomputed| inference log-prob (widened to 3x the largest honest "
         "per-token gap of the noise profile when evidence is on).",
     )
+    max_repeated_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Reject a completion that repeats one token on more than this many consecutive positions "
+        "(repeated_token); 0 = no limit. A small model's honest samples can loop, so set it above them.",
+    )
     reward_atol: float = Field(default=1e-6, ge=0, description="Tolerance on the claimed reward.")
+    reward_rescores: int = Field(
+        default=4,
+        ge=0,
+        description="Re-scorings per batch of samples whose reward differs from the claim while the validator's "
+        "scoring was limited by the machine (sandbox start, timeouts); 0 = none (reward_unverifiable at once).",
+    )
     advantage_atol: float = Field(default=1e-4, ge=0, description="Tolerance on the claimed advantage.")
     ban_failure_rate: float = Field(
         default=0.5, gt=0, le=1, description="Ban a worker once this share of its samples fails."

@@ -1,159 +1,62 @@
-"""Generation backends: sample completions with verifiable randomness and capture TOPLOC proofs.
+"""The transformers generation backend: :class:`HFBackend`, a manual decode loop over a KV cache.
 
-A backend turns prompt token ids into completions for an inference worker, and recomputes hidden
-states and logits by one prefill for the validator. Every backend must honour the same contract,
-because the validator re-derives everything a worker claims:
+It implements :class:`prime_rl.inference.contract.GenerationBackend` (seeded toploc sampler,
+proofs of the decode hidden states, fp32 log-probs, in-place weight reload) and is the
+validator's recompute engine (``prefill``). The contract's names are re-exported here
+(``__all__``) for the code that imports them from this module.
 
-* **Sampling** uses toploc's seeded Gumbel-max sampler: the token at completion position ``t`` of
-  a sample with (lease-assigned) seed ``s`` is ``toploc.sample_tokens(logits_t, seed=SAMPLER_SEED,
-  sequence_ids=[s], positions=[t], temperature=T)``, i.e. ``argmax_v(logits_t[v] / T + g(0, s, t, v))``.
-  Keying the noise by the per-sample seed as toploc's *sequence id* lets one call draw a whole
-  batch. Given the same logits anyone can redraw it (``toploc.check_sampling``), so a completion
-  that was not sampled from the claimed policy fails the validator's sampling check.
-  ``temperature == 0`` is greedy.
-* **Hidden states** are the final hidden states (after the final norm, i.e. the input of
-  ``lm_head``) at the positions whose logits sampled each completion token: row ``t`` is the state
-  at absolute position ``len(prompt) + t - 1``. There is one row per completion token and no
-  prefill rows (toploc ``skip_prefill=True``), in chunks of 32 rows per proof, each committing to
-  the top ``proof_topk(H) = min(128, H)`` values (128 for every real model; a tiny test model with
-  ``H = 64`` could not fill a 1-row chunk with 128 values).
-* **Log-probs** are ``log_softmax(logits / T)[token]`` in fp32 (``T = 1`` for greedy): the
-  behaviour policy's log-probs for the trainer's importance-sampling correction.
-* A completion ends at the EOS token (kept), at the first stop string (tokens kept up to and
-  including the token that completed it), or after ``max_new_tokens``.
-
-:class:`HFBackend` implements this with a manual decode loop over a transformers KV cache
-(batched, left padded). A vLLM backend fits the same :class:`GenerationBackend` protocol: sample
-in a logits processor with the same sampler, capture the ``lm_head`` input with a forward pre-hook
-on the logits processor (one row per sequence per step; beware vLLM's async output processing,
-which shifts rows by one), reload weights with ``load_weights`` on the model runner, and implement
-``prefill`` with ``prompt_logprobs`` plus the same hook.
+:func:`sample_next` is the decode loop's per-step draw (the contract's sampling rule for one
+completion position of a batch); tests and benchmarks replace it here to play a steering worker.
+:func:`token_logprobs` is the contract's log-prob rule over fp32 logits, shared by the decode
+loop and the validator's recompute.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 import toploc
 from prime_rl.devices import torch_dtype
+from prime_rl.inference.contract import (
+    PROOF_CHUNK,
+    SAMPLER_SEED,
+    Completion,
+    FinishReason,
+    GenerationBackend,
+    GenerationError,
+    Prefill,
+    SamplingParams,
+    build_proofs,
+    completion_text,
+    proof_size,
+    proof_topk,
+    tokenizer_eos_ids,
+    verify_proofs,
+)
 from prime_rl.weights.files import load_policy_into
 
-FinishReason = Literal["eos", "stop", "length"]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample: temperature (0 = greedy), length limit and stop strings."""
-
-    temperature: float = 1.0
-    max_new_tokens: int = 32
-    stop: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One sampled completion with everything a worker submits about it.
-
-    ``logprobs[t]`` and ``proofs`` follow the conventions of the module docstring;
-    ``proofs`` are the concatenated toploc proofs (258 bytes per 32 tokens by default).
-    """
-
-    prompt_tokens: tuple[int, ...]
-    completion_tokens: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    proofs: bytes
-    seed: int
-    finish_reason: FinishReason
-    text: str
-
-
-@dataclass(frozen=True)
-class Prefill:
-    """Recomputed tensors for one (prompt, completion): rows align with ``completion_tokens``.
-
-    ``hidden``: ``[n, H]`` final hidden states (model dtype); ``logits``: ``[n, V]`` fp32.
-    """
-
-    hidden: torch.Tensor
-    logits: torch.Tensor
-
-
-@runtime_checkable
-class GenerationBackend(Protocol):
-    """What workers and validators need from an inference engine."""
-
-    @property
-    def policy_version(self) -> int:
-        """The policy version of the loaded weights (0 = initial weights)."""
-        ...
-
-    def generate(
-        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], params: SamplingParams
-    ) -> list[Completion]:
-        """Sample one completion per (prompt, seed) pair, in order."""
-        ...
-
-    def prefill(
-        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
-    ) -> list[Prefill]:
-        """Recompute hidden states and logits for each (prompt, completion) by one prefill."""
-        ...
-
-    def load_weights(self, path: str | Path, policy_version: int) -> None:
-        """Replace the weights in place from a safetensors file and record its version."""
-        ...
-
-
-PROOF_CHUNK = 32
-"""Decode rows per toploc proof (INTELLECT-2's ``decode_batching_size``)."""
-
-
-def proof_topk(hidden_size: int) -> int:
-    """Top-k per proof: 128 (INTELLECT-2), capped at the hidden size."""
-    return min(128, hidden_size)
-
-
-def proof_size(topk: int) -> int:
-    """Bytes per proof: big-endian modulus + ``topk`` coefficients (258 for k = 128)."""
-    return 2 + 2 * topk
-
-
-SAMPLER_SEED = 0
-"""toploc sampler ``seed``; the per-sample seed is passed as the sampler's ``sequence_id``."""
-
-
-def build_proofs(hidden_rows: torch.Tensor) -> bytes:
-    """Concatenated toploc proofs of ``[n, H]`` decode rows (no prefill chunk)."""
-    topk = proof_topk(hidden_rows.shape[-1])
-    proofs = toploc.build_proofs_bytes(
-        hidden_rows, decode_batching_size=PROOF_CHUNK, topk=topk, skip_prefill=True
-    )
-    return b"".join(proofs)
-
-
-def verify_proofs(hidden_rows: torch.Tensor, data: bytes) -> list[Any]:
-    """toploc ``VerificationResult`` per proof chunk of ``data`` against recomputed ``[n, H]`` rows.
-
-    Raises ``toploc.ProofFormatError``/``ValueError`` for malformed or wrongly counted proofs.
-    """
-    topk = proof_topk(hidden_rows.shape[-1])
-    return toploc.verify_proofs_bytes(
-        hidden_rows,
-        toploc.split_proofs(data, topk),
-        decode_batching_size=PROOF_CHUNK,
-        topk=topk,
-        skip_prefill=True,
-    )
-
-
-class GenerationError(RuntimeError):
-    """The backend cannot serve the request (empty prompt, context too long, ...)."""
+__all__ = [
+    "PROOF_CHUNK",
+    "SAMPLER_SEED",
+    "Completion",
+    "FinishReason",
+    "GenerationBackend",
+    "GenerationError",
+    "HFBackend",
+    "Prefill",
+    "SamplingParams",
+    "build_proofs",
+    "proof_size",
+    "proof_topk",
+    "sample_next",
+    "token_logprobs",
+    "verify_proofs",
+]
 
 
 def sample_next(logits: torch.Tensor, seeds: torch.Tensor, position: int, temperature: float) -> torch.Tensor:
@@ -166,41 +69,24 @@ def sample_next(logits: torch.Tensor, seeds: torch.Tensor, position: int, temper
     return toploc.sample_tokens(logits, SAMPLER_SEED, seeds, positions, temperature=temperature)
 
 
-def check_sampled(
-    logits: torch.Tensor,
-    tokens: torch.Tensor,
-    seed: int,
-    temperature: float,
-    *,
-    tolerance: float,
-    max_mismatches: int,
-) -> Any:
-    """toploc's ``SamplingCheck`` of completion ``tokens [n]`` against recomputed ``logits [n, V]``."""
-    positions = torch.arange(tokens.numel())
-    return toploc.check_sampling(
-        logits,
-        tokens,
-        SAMPLER_SEED,
-        seed,
-        positions,
-        temperature,
-        tolerance=tolerance,
-        max_mismatches=max_mismatches,
-    )
-
-
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``log_softmax(logits / T)[token]`` per row in fp32; ``T = 1`` when greedy. Shapes ``[N, V], [N] -> [N]``."""
+    """``log_softmax(logits / T)[token]`` per row in fp32; ``T = 1`` when greedy. Shapes ``[N, V], [N] -> [N]``.
+
+    ``tokens`` may be on the host: they are moved to the logits' device (a no-op when already there).
+    """
     scale = temperature if temperature > 0 else 1.0
     logp = torch.log_softmax(logits.float() / scale, dim=-1)
-    return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+    return logp.gather(-1, tokens.to(logits.device, torch.long).unsqueeze(-1)).squeeze(-1)
 
 
 class HFBackend:
     """The default backend: a transformers causal LM with a manual KV-cache decode loop.
 
     ``model_path`` is a ``from_pretrained`` directory with the tokenizer; ``dtype`` is
-    ``"float32"`` or ``"bfloat16"``; ``max_batch_size`` bounds sequences per decode batch.
+    ``"float32"`` or ``"bfloat16"``; ``max_batch_size`` bounds sequences per decode batch;
+    ``sync_every`` is how many decode steps run between the host's reads of the sampled tokens
+    (16: two device-to-host copies per 16 tokens instead of several per token; outputs do not
+    depend on it, only how far past a batch's last stop the device may run).
     """
 
     def __init__(
@@ -213,7 +99,10 @@ class HFBackend:
         policy_version: int = 0,
         model: Any = None,
         tokenizer: Any = None,
+        sync_every: int = 16,
     ) -> None:
+        if sync_every < 1:
+            raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         weights_dtype = torch_dtype(dtype)  # an unknown name fails before any file is read
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_path))
         if model is None:
@@ -221,11 +110,11 @@ class HFBackend:
         self.model = model.to(device).eval()
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
+        self.sync_every = sync_every
         self._policy_version = policy_version
         self._decoder = self.model.get_decoder()
         self._lm_head = self.model.get_output_embeddings()
-        eos = self.tokenizer.eos_token_id
-        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else list(eos or []))
+        self.eos_token_ids = tokenizer_eos_ids(self.tokenizer)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
     @property
@@ -282,63 +171,106 @@ class HFBackend:
         return ids.to(self.device), mask.to(self.device)
 
     def _stopped_by_string(self, tokens: list[int], stop: tuple[str, ...]) -> bool:
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        text = completion_text(self.tokenizer, tokens)
         return any(s and s in text for s in stop)
 
     @torch.no_grad()
     def _generate_batch(
         self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], params: SamplingParams
     ) -> list[Completion]:
+        """The decode loop. The device runs ahead of the host: tokens, log-probs and hidden rows
+        stay in preallocated device buffers, and the host reads them once every ``sync_every``
+        steps (two copies), ends rows at EOS or a stop string there, and hands the window's rows
+        of the rows still running to the proof builder. Rows ended inside a window (and a batch
+        that ended early) cost at most ``sync_every - 1`` extra decode steps, never other output.
+        """
         if any(len(p) == 0 for p in prompts):
             raise GenerationError("every prompt needs at least one token")
-        batch = len(prompts)
-        hidden, mask, positions, cache = self._prefill_prompts(prompts)
-        next_position = positions[:, -1] + 1
+        batch, limit = len(prompts), params.max_new_tokens
+        hidden, prompt_mask, positions, cache = self._prefill_prompts(prompts)
+        width, hidden_size = prompt_mask.shape[1], hidden.shape[-1]
+        # One column per decode step, filled in advance: step t attends to width + t + 1 columns.
+        mask = torch.ones((batch, width + limit), dtype=prompt_mask.dtype, device=self.device)
+        mask[:, :width] = prompt_mask
+        decode_positions = positions[:, -1:] + 1 + torch.arange(limit, device=self.device)
         seed_tensor = torch.tensor([int(x) for x in seeds], dtype=torch.long, device=self.device)
-        builder = toploc.ProofBuilder(batch, hidden.shape[-1], PROOF_CHUNK, proof_topk(hidden.shape[-1]))
+        sampled_tokens = torch.empty((batch, limit), dtype=torch.long, device=self.device)
+        sampled_logprobs = torch.empty((batch, limit), dtype=torch.float32, device=self.device)
+        window_rows = torch.empty(
+            (batch, min(self.sync_every, limit), hidden_size), dtype=hidden.dtype, device=self.device
+        )
+        builder = toploc.ProofBuilder(batch, hidden_size, PROOF_CHUNK, proof_topk(hidden_size))
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
         finish: list[FinishReason | None] = [None] * batch
-        for step in range(params.max_new_tokens):
+        window_start = 0
+        for step in range(limit):
             logits = self._lm_head(hidden).float()
             sampled = sample_next(logits, seed_tensor, step, params.temperature)
-            sampled_logp = token_logprobs(logits, sampled, params.temperature).tolist()
-            builder.add(hidden, active_mask=[f is None for f in finish])
-            for i, token in enumerate(sampled.tolist()):
-                if finish[i] is not None:
-                    continue
-                tokens[i].append(token)
-                logprobs[i].append(sampled_logp[i])
-                if token in self.eos_token_ids:
-                    finish[i] = "eos"
-                elif params.stop and self._stopped_by_string(tokens[i], params.stop):
-                    finish[i] = "stop"
-            if all(f is not None for f in finish) or step + 1 == params.max_new_tokens:
+            sampled_tokens[:, step] = sampled
+            sampled_logprobs[:, step] = token_logprobs(logits, sampled, params.temperature)
+            window_rows[:, step - window_start] = hidden
+            if step + 1 - window_start == window_rows.shape[1] or step + 1 == limit:
+                kept = self._settle_window(
+                    sampled_tokens[:, window_start : step + 1], sampled_logprobs[:, window_start : step + 1],
+                    tokens, logprobs, finish, params.stop,
+                )  # fmt: skip
+                builder.extend(window_rows[:, : step + 1 - window_start], kept)
+                window_start = step + 1
+                if all(f is not None for f in finish):
+                    break
+            if step + 1 == limit:
                 break
-            mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=1)
             hidden = self._decoder(
                 input_ids=sampled.unsqueeze(-1),
-                attention_mask=mask,
-                position_ids=next_position.unsqueeze(-1),
+                attention_mask=mask[:, : width + step + 1],
+                position_ids=decode_positions[:, step : step + 1],
                 past_key_values=cache,
                 use_cache=True,
             ).last_hidden_state[:, -1]
-            next_position = next_position + 1
         proofs = builder.finish()
-        results = []
-        for i in range(batch):
-            results.append(
-                Completion(
-                    prompt_tokens=tuple(int(t) for t in prompts[i]),
-                    completion_tokens=tuple(tokens[i]),
-                    logprobs=tuple(logprobs[i]),
-                    proofs=proofs[i],
-                    seed=int(seeds[i]),
-                    finish_reason=finish[i] or "length",
-                    text=str(self.tokenizer.decode(tokens[i], skip_special_tokens=True)),
-                )
+        return [
+            Completion(
+                prompt_tokens=tuple(int(t) for t in prompts[i]),
+                completion_tokens=tuple(tokens[i]),
+                logprobs=tuple(logprobs[i]),
+                proofs=proofs[i],
+                seed=int(seeds[i]),
+                finish_reason=finish[i] or "length",
+                text=completion_text(self.tokenizer, tokens[i]),
             )
-        return results
+            for i in range(batch)
+        ]
+
+    def _settle_window(
+        self,
+        window_tokens: torch.Tensor,
+        window_logprobs: torch.Tensor,
+        tokens: list[list[int]],
+        logprobs: list[list[float]],
+        finish: list[FinishReason | None],
+        stop: tuple[str, ...],
+    ) -> list[int]:
+        """Append one window ``[B, n]`` of sampled tokens and log-probs to the running rows, in place.
+
+        A row ends at its first EOS token or at the first token that completes a stop string (both
+        kept); ``finish`` records why. Returns how many of the window's positions each row kept
+        (0 for rows that had ended before the window).
+        """
+        new_tokens, new_logprobs = window_tokens.tolist(), window_logprobs.tolist()
+        kept = [0] * len(tokens)
+        for i, row in enumerate(new_tokens):
+            for j, token in enumerate(row):
+                if finish[i] is not None:
+                    break
+                tokens[i].append(token)
+                logprobs[i].append(new_logprobs[i][j])
+                kept[i] = j + 1
+                if token in self.eos_token_ids:
+                    finish[i] = "eos"
+                elif stop and self._stopped_by_string(tokens[i], stop):
+                    finish[i] = "stop"
+        return kept
 
     # -- verification ------------------------------------------------------------------------
     @torch.no_grad()

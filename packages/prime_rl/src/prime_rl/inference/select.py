@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
+
+from prime_rl.inference.contract import GenerationBackend
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
 
 
-def make_backend(config: RunConfig, *, backend: str, device: torch.device, max_batch_size: int) -> Any:
-    """An ``HFBackend`` or ``VLLMBackend`` for the run's model (``GenerationBackend`` contract).
+def make_backend(
+    config: RunConfig, *, backend: str, device: torch.device, max_batch_size: int
+) -> GenerationBackend:
+    """An ``HFBackend`` or ``VLLMBackend`` for the run's model, behind the :class:`GenerationBackend` contract.
+
+    Adding an engine: one module implementing the contract plus one branch here.
 
     Raises:
         ValueError: an unknown backend name, or ``"vllm"`` where vLLM cannot be imported.

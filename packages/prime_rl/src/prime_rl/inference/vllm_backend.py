@@ -32,7 +32,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoTokenizer
 
-from prime_rl.inference.backend import (
+from prime_rl.inference.contract import (
     PROOF_CHUNK,
     SAMPLER_SEED,
     Completion,
@@ -40,7 +40,9 @@ from prime_rl.inference.backend import (
     GenerationError,
     Prefill,
     SamplingParams,
+    completion_text,
     proof_topk,
+    tokenizer_eos_ids,
 )
 from prime_rl.weights.files import WeightsMismatchError
 
@@ -113,7 +115,7 @@ def _refresh_tied_head(model: Any) -> bool:
 
 
 class VLLMBackend:
-    """Generation on vLLM (``model_path``: a HF directory with the tokenizer; ``dtype``: float32 or bfloat16)."""
+    """Generation on vLLM, a :class:`~prime_rl.inference.contract.GenerationBackend` (``model_path``: a HF directory with the tokenizer; ``dtype``: float32 or bfloat16)."""
 
     def __init__(
         self,
@@ -149,8 +151,7 @@ class VLLMBackend:
         self.llm = checkable_llm(str(model_path), **engine)
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self._policy_version = policy_version
-        eos = self.tokenizer.eos_token_id
-        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else list(eos or []))
+        self.eos_token_ids = tokenizer_eos_ids(self.tokenizer)
 
     @property
     def policy_version(self) -> int:
@@ -225,7 +226,7 @@ class VLLMBackend:
                     proofs=result.proofs,
                     seed=int(seed),
                     finish_reason=_finish_reason(output.outputs[0]),
-                    text=str(self.tokenizer.decode(tokens, skip_special_tokens=True)),
+                    text=completion_text(self.tokenizer, tokens),
                 )
             )
         return completions

@@ -3,8 +3,10 @@
 :func:`run_local` takes the loaded config and the recipe's components (import paths) and adds
 only what is local to this machine: the demo model when ``model.path`` is empty (SmolLM2-135M
 from PyPI, converted once), a fresh run directory per run, free ports for the local services (the
-configured ones may be taken by another run), and the components as ``[components]`` settings,
-so every child process imports the same reward and loss. Then it supervises the children
+configured ones may be taken by another run), and the components as settings (the reward as
+``[components] reward``, the loss as ``[trainer.loss]``), so every child process imports the same
+reward and loss. A config that sets ``[trainer.loss]`` itself must name the recipe's loss: two
+different losses stop the run before it starts (``ComponentError``, exit code 2), naming both. Then it supervises the children
 (:class:`prime_rl.launch.supervisor.Supervisor`), prints one line per finished policy step, and
 ends with the report (``report.png`` + ``summary.txt``) and, after a successful run, removes the
 per-process weight copies.
@@ -28,7 +30,10 @@ from prime_rl.launch.report import write_report
 from prime_rl.launch.supervisor import Supervisor, plan_children, remove_weight_copies
 from prime_rl.metrics import init_process
 
-__all__ = ["StepPrinter", "local_overrides", "measure_worker_noise", "run_local"]
+__all__ = ["COMPONENT_KEYS", "StepPrinter", "local_overrides", "measure_worker_noise", "run_local"]
+
+COMPONENT_KEYS = {"reward": "components.reward", "loss": "trainer.loss"}
+"""The config key each component a recipe hands over is set as (an import path)."""
 
 
 def free_port() -> int:
@@ -97,12 +102,17 @@ def run_local(
 ) -> int:
     """Run every process of ``config`` here (loaded from ``config_path`` + ``overrides``); the exit code.
 
-    ``components`` maps ``[components]`` keys to import paths (``{"loss": "recipe.py:loss"}``);
-    every child gets them as overrides. Raises ``ConfigError`` for an unknown component name or a
-    malformed path, before anything starts.
+    ``components`` maps component names (:data:`COMPONENT_KEYS`) to import paths
+    (``{"loss": "recipe.py:loss"}``); every child gets them as overrides. Raises ``ConfigError``
+    before anything starts for an unknown component name, a malformed path, or a loss that cannot
+    be trained on or differs from the one ``[trainer.loss]`` of the config sets.
     """
     started = time.monotonic()
-    added = [item for name, path in components.items() for item in (f"--components.{name}", json.dumps(path))]
+    if "loss" in components:
+        read_from = (config_path or "defaults") + (" + overrides" if overrides else "")
+        config.trainer.check_recipe_loss(components["loss"], read_from)
+    keys = [COMPONENT_KEYS.get(name, f"components.{name}") for name in components]  # unknown: a config error
+    added = [item for key, path in zip(keys, components.values(), strict=True) for item in (f"--{key}", json.dumps(path))]
     added += local_overrides(config, keep_ports=keep_ports)
     config = with_overrides(config, added)  # a bad component path fails here, before anything starts
     if not config.model.path:

@@ -2,14 +2,22 @@
 
 ``LeaseBook`` owns every lease ever issued (keyed by ``(worker_id, batch_index)``), each worker's
 next batch index, and the queue of expired, unanswered leases whose tasks the next lease of
-*any* worker takes over. It writes and replays the store events ``lease`` and
-``lease_expired`` (durable write before the memory change, like the rest of the ledger).
+*another* worker takes over before any fresh task is handed out. It writes and replays the store
+events ``lease`` and ``lease_expired`` (durable write before the memory change, like the rest of
+the ledger).
+
+Walking away changes nothing: an expired lease's tasks go to the next lease of a worker at
+another client address if one asks, else of another worker at the same address, never to the
+worker whose lease just expired, and ahead of any fresh task. So every task the keyed assignment
+hands out is answered by someone, whichever leases their first holder chose to answer, and the
+multiset of answered tasks is the multiset the assignment drew.
 
 A fresh lease's tasks and sampling seeds are the keyed functions of ``api/assignment.py`` of
 ``(worker_id, step, batch_index)`` under the run's assignment key, so the validator (which holds
 the key) can recompute them and a worker cannot predict them; a reissued lease keeps the expired
 lease's tasks and names where they came from (``reassigned_from``). Each lease remembers the
-client address it was handed to, for the per-address cap on open leases.
+client address it was handed to, for the per-address cap on fresh identities' open leases, and
+the book counts answered and expired leases per worker and per address (``lease_rules.py``).
 
 The book refuses nothing; the API's lease rules (current step only, open-lease caps, bans for
 abandoned leases, backpressure) are the ``Ledger``'s.
@@ -18,8 +26,9 @@ abandoned leases, backpressure) are the ``Ledger``'s.
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from prime_rl.api.assignment import sampling_seeds, task_ids
 from prime_rl.api.protocol import LeaseRecord, LeaseSource, LeaseTask, TaskLease
@@ -30,14 +39,13 @@ from prime_rl.orchestrator.store import RolloutStore
 __all__ = ["HeldLease", "LeaseBook", "TaskPrompts"]
 
 
-class TaskPrompts:
-    """What the ledger needs from a task set: its size and each task's prompt text."""
+class TaskPrompts(Protocol):
+    """What the ledger needs from a task set: its size and each task's prompt text
+    (:class:`prime_rl.tasks.TaskSet` has both; a protocol, so nothing subclasses it)."""
 
-    def __len__(self) -> int:  # pragma: no cover - interface
-        raise NotImplementedError
+    def __len__(self) -> int: ...
 
-    def prompt(self, task_id: int) -> str:  # pragma: no cover - interface
-        raise NotImplementedError
+    def prompt(self, task_id: int) -> str: ...
 
 
 @dataclass
@@ -75,6 +83,9 @@ class LeaseBook:
         self._next_index: dict[str, int] = {}
         self._issued: Counter[str] = Counter()
         self._expired: Counter[str] = Counter()
+        self._answered: Counter[str] = Counter()
+        self._expired_at: Counter[str] = Counter()  # per client address
+        self._answered_at: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ queries
 
@@ -89,15 +100,35 @@ class LeaseBook:
         """Unanswered, unexpired leases ``worker_id`` holds."""
         return sum(1 for (owner, _), lease in self._leases.items() if owner == worker_id and lease.open)
 
-    def open_at(self, address: str) -> int:
-        """Unanswered, unexpired leases handed to client ``address`` (any worker)."""
-        return sum(1 for lease in self._leases.values() if lease.open and lease.address == address)
+    def open_at(self, address: str, among: Callable[[str], bool] = lambda worker_id: True) -> int:
+        """Unanswered, unexpired leases handed to client ``address`` to workers ``among`` admits."""
+        return sum(
+            1
+            for lease in self._leases.values()
+            if lease.open and lease.address == address and among(lease.record.worker_id)
+        )
 
     def issued(self, worker_id: str) -> int:
         return self._issued[worker_id]
 
     def expired(self, worker_id: str) -> int:
         return self._expired[worker_id]
+
+    def answered(self, worker_id: str) -> int:
+        """Leases of ``worker_id`` a stored batch answers (late answers to expired leases included)."""
+        return self._answered[worker_id]
+
+    def expired_at(self, address: str) -> int:
+        """Leases handed to client ``address`` that expired unanswered (any worker there)."""
+        return self._expired_at[address]
+
+    def answered_at(self, address: str) -> int:
+        """Leases handed to client ``address`` that a stored batch answers."""
+        return self._answered_at[address]
+
+    def awaiting_reassignment(self) -> int:
+        """Expired, unanswered leases whose tasks no other lease has taken over yet."""
+        return sum(1 for lease in self._reassign_queue if not lease.answered)
 
     # ------------------------------------------------------------------ recovery
 
@@ -113,8 +144,7 @@ class LeaseBook:
         else:
             lease = self._leases.get((event["worker_id"], event["batch_index"]))
             if lease is not None:
-                lease.expired = True
-                self._expired[lease.record.worker_id] += 1
+                self._mark_expired(lease)
 
     def queue_expired_after_replay(self) -> None:
         """Rebuild the reassignment queue (deadline order) once every event and batch is replayed."""
@@ -133,11 +163,18 @@ class LeaseBook:
 
     # ------------------------------------------------------------------ changes
 
+    def _mark_expired(self, lease: HeldLease) -> None:
+        lease.expired = True
+        self._expired[lease.record.worker_id] += 1
+        self._expired_at[lease.address] += 1
+
     def mark_answered(self, worker_id: str, batch_index: int) -> None:
-        """A batch answering this lease is stored (no-op for a lease never issued)."""
+        """A batch answering this lease is stored (no-op for a lease never issued or already answered)."""
         lease = self._leases.get((worker_id, batch_index))
-        if lease is not None:
+        if lease is not None and not lease.answered:
             lease.answered = True
+            self._answered[worker_id] += 1
+            self._answered_at[lease.address] += 1
 
     def expire(self, now: float) -> list[LeaseRecord]:
         """Mark open leases past their deadline expired and queue their tasks for reassignment;
@@ -154,8 +191,7 @@ class LeaseBook:
                         "time": now,
                     }
                 )
-                lease.expired = True
-                self._expired[record.worker_id] += 1
+                self._mark_expired(lease)
                 self._reassign_queue.append(lease)
                 expired.append(record)
                 self._metrics.log(
@@ -167,17 +203,27 @@ class LeaseBook:
                 )
         return expired
 
+    def _take_reassignment(self, worker_id: str, address: str) -> HeldLease | None:
+        """The oldest expired, unanswered lease abandoned at another address, else the oldest one
+        abandoned by another worker at ``address``; None when only ``worker_id``'s own wait."""
+        self._reassign_queue = deque(lease for lease in self._reassign_queue if not lease.answered)
+        others = [lease for lease in self._reassign_queue if lease.record.worker_id != worker_id]
+        chosen = next((lease for lease in others if lease.address != address), None)
+        chosen = chosen or next(iter(others), None)
+        if chosen is not None:
+            self._reassign_queue.remove(chosen)
+        return chosen
+
     def issue(self, worker_id: str, step: int, now: float, address: str = "") -> LeaseRecord:
         """A new lease for ``worker_id`` (handed to client ``address``) at its next batch index: the
-        oldest expired, unanswered lease's tasks if one waits for reassignment, else the assignment
-        function's fresh tasks."""
+        tasks of an expired, unanswered lease another worker abandoned if one waits for reassignment
+        (``_take_reassignment``), else the assignment function's fresh tasks."""
         orch = self._config.orchestrator
         index = self.next_index(worker_id)
-        while self._reassign_queue and self._reassign_queue[0].answered:  # answered late: nothing to redo
-            self._reassign_queue.popleft()
         reissues: tuple[str, int] | None = None
-        if self._reassign_queue:
-            source = self._reassign_queue.popleft().record
+        taken = self._take_reassignment(worker_id, address)
+        if taken is not None:
+            source = taken.record
             reissues = (source.worker_id, source.batch_index)
             ids = list(source.task_ids)
             origin = (source.source_worker_id, source.source_step, source.source_batch_index)

@@ -15,12 +15,13 @@ for requests the API refuses; the HTTP layer turns it into the JSON error answer
 
 Not thread-safe: the HTTP layer calls one method at a time (under one lock).
 
-Leases a worker cannot hoard or abandon for free: a worker holds at most
-``max_open_leases`` unanswered leases, less one per lease it let expire, and all workers leasing
-from one client address at most ``max_open_leases_per_address``; a worker whose expired leases
-reach ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases is banned. Backpressure
-(``max_buffered_samples``) counts answered work only, so leases held by anyone never stop
-others from getting theirs.
+Leases a worker cannot hoard or abandon for free (``LeaseRules``, lease_rules.py): a fresh
+identity holds one unanswered lease, one more per answered lease up to ``max_open_leases``, less
+one per lease it let expire; identities without accepted work share a per-address cap that
+identities with accepted work are exempt from; a worker whose expired leases reach
+``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases is banned; abandoned tasks go
+to other workers first (``LeaseBook``). Backpressure (``max_buffered_samples``) counts answered
+work only, so leases held by anyone never stop others from getting theirs.
 
 Accepted samples are held from claims until the validator has accepted
 ``release_after_tokens`` more tokens of the same worker and its evidence is below
@@ -64,6 +65,7 @@ from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
 from prime_rl.orchestrator.claims import ClaimSelection, select_claim
+from prime_rl.orchestrator.lease_rules import LeaseRules
 from prime_rl.orchestrator.leases import LeaseBook, TaskPrompts
 from prime_rl.orchestrator.release import ReleaseBook
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
@@ -106,7 +108,19 @@ class Ledger:
         self.leases = LeaseBook(config, tasks, store, self.metrics, key=secrets.assignment_key)
         self.batches = BatchBook(config, store, self.metrics, clock)
         self.release = ReleaseBook(
-            store, after_tokens=self.orch.release_after_tokens, max_evidence=self.orch.release_max_evidence
+            store,
+            after_tokens=self.orch.release_after_tokens,
+            max_evidence=self.orch.release_max_evidence,
+            probation_tokens=self.orch.probation_tokens_or_default,
+            probation_max_evidence=self.orch.probation_max_evidence,
+            probation_release_share=self.orch.probation_release_share,
+        )
+        self.rules = LeaseRules(
+            self.orch,
+            self.leases,
+            self.workers,
+            has_history=lambda worker_id: self.release.worker_tokens(worker_id) > 0,
+            buffered=self._buffered_of,
         )
         self.claims: dict[int, tuple[SampleId, ...]] = {}
         self.committed: set[int] = set()
@@ -230,6 +244,17 @@ class Ledger:
             self.min_policy_version, self._usable(self.banned_workers()), self.config.trainer.filter_zero_advantage
         )
 
+    def _buffered_of(self, worker_id: str | None) -> int:
+        """``buffered_samples`` of one worker (None: of all)."""
+        if worker_id is None:
+            return self.buffered_samples()
+        usable = self._usable(self.banned_workers())
+        return self.batches.buffered(
+            self.min_policy_version,
+            lambda batch: batch.worker_id == worker_id and usable(batch),
+            self.config.trainer.filter_zero_advantage,
+        )
+
     def _usable(self, banned: frozenset[str]) -> Callable[[StoredBatch], bool]:
         """Batches a claim may take from or that may become claimable by judgement alone: of workers
         not banned, and awaiting validation or released (``ReleaseBook``)."""
@@ -242,21 +267,12 @@ class Ledger:
         ban the workers whose abandoned leases pass ``ban_abandoned_leases`` and
         ``ban_abandoned_share``; returns how many leases expired."""
         expired = self.leases.expire(self.clock())
-        for worker_id in sorted({record.worker_id for record in expired}):
-            worker = self.workers.get(worker_id)
-            abandoned, issued = self.leases.expired(worker_id), self.leases.issued(worker_id)
-            if (
-                worker is not None
-                and not worker.banned
-                and abandoned >= self.orch.ban_abandoned_leases
-                and abandoned >= self.orch.ban_abandoned_share * issued
-            ):
-                self.workers.ban(worker, f"abandoned {abandoned} of {issued} leases (expired unanswered)")
+        self.rules.ban_abandoners({record.worker_id for record in expired})
         return len(expired)
 
     def lease_allowance(self, worker_id: str) -> int:
-        """Open leases ``worker_id`` may hold: ``max_open_leases`` less one per lease it let expire."""
-        return max(1, self.orch.max_open_leases - self.leases.expired(worker_id))
+        """Open leases ``worker_id`` may hold (``LeaseRules.allowance``)."""
+        return self.rules.allowance(worker_id)
 
     def lease(
         self, worker: WorkerRecord, step: int | None, batch_index: int | None, address: str = ""
@@ -280,26 +296,7 @@ class Ledger:
         self.expire_leases()
         if worker.banned:  # its abandoned leases just passed the limit
             raise ApiFailure(403, "banned", f"worker {worker.worker_id} is banned: {worker.ban_reason}")
-        open_leases, allowance = self.leases.open_count(worker.worker_id), self.lease_allowance(worker.worker_id)
-        if open_leases >= allowance:
-            raise ApiFailure(
-                409,
-                "conflict",
-                f"{open_leases} unanswered leases open (you may hold {allowance}: orchestrator.max_open_leases "
-                "less one per lease you let expire); submit them first",
-            )
-        at_address, per_address = self.leases.open_at(address), self.orch.max_open_leases_per_address
-        if at_address >= per_address:
-            raise ApiFailure(
-                429,
-                "busy",
-                f"{at_address} unanswered leases are open from your address {address} "
-                f"(orchestrator.max_open_leases_per_address = {per_address}); retry later",
-                retry_after_s=min(10.0, self.orch.task_timeout_s),
-            )
-        limit = self.orch.max_buffered_samples
-        if limit and (buffered := self.buffered_samples()) >= limit:
-            raise ApiFailure(429, "busy", f"{buffered} samples already buffered (limit {limit}); retry later")
+        self.rules.check(worker, address)
         return self.leases.answer(self.leases.issue(worker.worker_id, self.step, self.clock(), address))
 
     # ------------------------------------------------------------------ rollouts and verdicts

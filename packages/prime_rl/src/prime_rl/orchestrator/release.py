@@ -10,30 +10,48 @@ worker sent before its ban could be trained on. So a worker's accepted batch is 
     tokens of the same worker after it (tokens of accepted samples only: those were prefilled,
     so they added to the evidence; a rejected sample may have been refused before any prefill),
     and
-  - that worker's evidence, as the validator reported it with its latest verdicts, is below
-    ``orchestrator.release_max_evidence`` of the ban threshold.
+  - the *largest* evidence the validator reported for that worker with this batch's verdicts
+    or any later ones is below ``orchestrator.release_max_evidence`` of the ban threshold. Not
+    the latest: a deviation that lifted the evidence once holds every batch judged up to then
+    for good, however many honest tokens follow and whatever the statistic does after.
+
+**Probation.** An identity is *on probation* until the validator has accepted
+``orchestrator.probation_tokens`` of its tokens (default: ``release_after_tokens``) while the
+largest evidence ever reported for it stayed below ``orchestrator.probation_max_evidence``; it
+is *trusted* from the judgement that completes that, and never again on probation. An identity
+whose evidence reaches the probation bound first is never trusted, so nothing it sent during
+probation is released. Batches judged while their worker was on probation (*probation batches*)
+are released, beyond the two rules above, only when their worker is trusted *and* a run-wide
+budget covers them: released probation tokens stay within ``orchestrator.probation_release_share``
+of the accepted tokens of batches judged after their workers' probations (*trusted work*),
+granted first come first served in the order the identities became trusted. So steering hidden
+in fresh identities' first batches reaches training at most at that share of real trusted work,
+however many identities it is spread over: each identity pays ``probation_tokens`` of accepted
+work before any of its work counts, and all of them share one budget.
 
 A deviation the evidence bans within ``release_after_tokens`` of its start therefore trains
-nothing, whether the worker deviates from its first token or after a long honest stretch (the
-evidence is a CUSUM: honest tokens before do not dilute it). A deviation too weak to be banned
-still trains nothing once it lifts its worker's score above ``release_max_evidence`` (honest
-workers stay below 6% of the threshold: README). Held samples are not buffered work
-(``BatchBook.buffered``), so holding never stops leases.
+nothing; a deviation too weak to be banned trains nothing either once it lifts its worker's score
+above ``release_max_evidence`` (honest workers stay below 6% of the threshold: README). Held
+samples are not buffered work (``BatchBook.buffered``), so holding never stops leases.
 
 What it costs honest workers: each batch waits for ``release_after_tokens`` of its worker's later
-accepted tokens, i.e. about one batch of latency when a batch has at least that many tokens,
-and a worker's last batches before it leaves are never trained on.
+accepted tokens, i.e. about one batch of latency when a batch has at least that many tokens; a
+worker's last batches before it leaves are never trained on; a new worker's probation batches wait
+for the budget (about ``1 / probation_release_share`` times their tokens of trusted work).
 
 Durable like the rest of the ledger: one ``judged`` store event per batch whose verdicts the
 validator posted (the worker's accepted tokens and evidence after it); ``replay`` rebuilds the
-same state. A batch with verdicts but no ``judged`` event (a crash between the two writes) is
-counted when the ledger loads.
+same state, probation and budget included, since both are functions of the ``judged`` events in
+order. A batch with verdicts but no ``judged`` event (a crash between the two writes) is counted
+when the ledger loads.
 """
 
 from __future__ import annotations
 
+import bisect
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prime_rl.api.protocol import Verdict
@@ -50,24 +68,67 @@ def accepted_tokens(verdicts: Sequence[Verdict]) -> int:
 @dataclass
 class _Worker:
     accepted_tokens: int = 0
-    evidence: float | None = None  # latest fraction of the ban threshold; None = not reported
+    judgements: int = 0
+    max_evidence: float = 0.0  # over the whole history (probation)
+    trusted: bool = False
+    probation_batches: list[str] = field(default_factory=list)
+    # Suffix maxima of the reported evidence: (judgement number, value), values strictly decreasing,
+    # so the largest evidence reported at judgement >= n is the first entry whose number is >= n.
+    suffix_max: list[tuple[int, float]] = field(default_factory=list)
+
+    def report(self, evidence: float) -> None:
+        self.max_evidence = max(self.max_evidence, evidence)
+        while self.suffix_max and self.suffix_max[-1][1] <= evidence:
+            self.suffix_max.pop()
+        self.suffix_max.append((self.judgements, evidence))
+
+    def max_since(self, judgement: int) -> float | None:
+        """The largest evidence reported with judgement ``judgement`` or later (None: none reported)."""
+        at = bisect.bisect_left(self.suffix_max, (judgement, -1.0))
+        return self.suffix_max[at][1] if at < len(self.suffix_max) else None
+
+
+@dataclass
+class _Batch:
+    worker_id: str
+    judgement: int  # its worker's judgement number
+    release_at: int  # its worker's accepted tokens that release it
+    tokens: int
+    probation: bool
+    granted: bool = False
 
 
 class ReleaseBook:
     """Which judged batches are released to claims (see module docstring).
 
-    ``after_tokens`` 0 and ``max_evidence`` None release every judged batch at once.
+    ``after_tokens`` 0, ``max_evidence`` None and ``probation_tokens`` 0 release every judged
+    batch at once.
     """
 
     EVENTS = frozenset({"judged"})
     """Store event kinds this book writes and replays."""
 
-    def __init__(self, store: RolloutStore, *, after_tokens: int, max_evidence: float | None) -> None:
+    def __init__(
+        self,
+        store: RolloutStore,
+        *,
+        after_tokens: int,
+        max_evidence: float | None,
+        probation_tokens: int = 0,
+        probation_max_evidence: float = 1.0,
+        probation_release_share: float = 1.0,
+    ) -> None:
         self._store = store
         self.after_tokens = after_tokens
         self.max_evidence = max_evidence
+        self.probation_tokens = probation_tokens
+        self.probation_max_evidence = probation_max_evidence
+        self.probation_release_share = probation_release_share
         self._workers: dict[str, _Worker] = {}
-        self._release_at: dict[str, int] = {}  # batch id -> its worker's accepted tokens that release it
+        self._batches: dict[str, _Batch] = {}
+        self._grant_queue: deque[str] = deque()  # probation batches of trusted workers awaiting budget
+        self.trusted_tokens = 0
+        self.granted_tokens = 0
 
     def replay(self, event: dict[str, Any]) -> None:
         """Apply one logged event of a kind in ``EVENTS`` (restart rebuild)."""
@@ -77,7 +138,7 @@ class ReleaseBook:
     def judged(self, batch_id: str, worker_id: str, verdicts: Sequence[Verdict], evidence: float | None) -> None:
         """Count a batch the validator just judged (once per batch; ``evidence``: the worker's
         evidence as a fraction of the ban threshold after it, None when the validator keeps none)."""
-        if batch_id in self._release_at:
+        if batch_id in self._batches:
             return
         tokens = accepted_tokens(verdicts)
         self._store.append_event(
@@ -86,23 +147,58 @@ class ReleaseBook:
         self._apply(batch_id, worker_id, tokens, evidence)
 
     def counted(self, batch_id: str) -> bool:
-        return batch_id in self._release_at
+        return batch_id in self._batches
+
+    def worker_tokens(self, worker_id: str) -> int:
+        """Completion tokens of ``worker_id``'s samples the validator accepted (0 for a fresh identity)."""
+        worker = self._workers.get(worker_id)
+        return worker.accepted_tokens if worker else 0
+
+    def trusted(self, worker_id: str) -> bool:
+        """Whether ``worker_id`` has completed its probation (always, with ``probation_tokens`` 0)."""
+        worker = self._workers.get(worker_id)
+        return self.probation_tokens == 0 or (worker is not None and worker.trusted)
 
     def _apply(self, batch_id: str, worker_id: str, tokens: int, evidence: float | None) -> None:
-        if batch_id in self._release_at:
+        if batch_id in self._batches:
             return
-        worker = self._workers.setdefault(worker_id, _Worker())
+        worker = self._workers.setdefault(worker_id, _Worker(trusted=self.probation_tokens == 0))
+        worker.judgements += 1
         worker.accepted_tokens += tokens
         if evidence is not None:
-            worker.evidence = float(evidence)
-        self._release_at[batch_id] = worker.accepted_tokens + self.after_tokens
+            worker.report(float(evidence))
+        batch = _Batch(worker_id, worker.judgements, worker.accepted_tokens + self.after_tokens, tokens, not worker.trusted)
+        self._batches[batch_id] = batch
+        if batch.probation:
+            worker.probation_batches.append(batch_id)
+            if worker.accepted_tokens >= self.probation_tokens and worker.max_evidence < self.probation_max_evidence:
+                worker.trusted = True
+                self._grant_queue.extend(worker.probation_batches)
+                worker.probation_batches.clear()
+        else:
+            self.trusted_tokens += tokens
+        self._grant()
+
+    def _grant(self) -> None:
+        """Grant queued probation batches, first come first served, while the budget covers them."""
+        budget = self.probation_release_share * self.trusted_tokens
+        while self._grant_queue:
+            batch = self._batches[self._grant_queue[0]]
+            if self.granted_tokens + batch.tokens > budget:
+                return
+            self._grant_queue.popleft()
+            batch.granted = True
+            self.granted_tokens += batch.tokens
 
     def released(self, batch_id: str, worker_id: str) -> bool:
         """Whether the judged batch ``batch_id`` of ``worker_id`` may be claimed now."""
-        release_at = self._release_at.get(batch_id)
-        if release_at is None:  # not judged by the validator (awaiting validation, or expired)
+        batch = self._batches.get(batch_id)
+        if batch is None:  # not judged by the validator (awaiting validation, or expired)
             return False
         worker = self._workers[worker_id]
-        if worker.accepted_tokens < release_at:
+        if worker.accepted_tokens < batch.release_at or (batch.probation and not batch.granted):
             return False
-        return self.max_evidence is None or worker.evidence is None or worker.evidence < self.max_evidence
+        if self.max_evidence is None:
+            return True
+        largest = worker.max_since(batch.judgement)
+        return largest is None or largest < self.max_evidence

@@ -9,8 +9,11 @@ never dies on a request. A background task expires leases every second.
 Registration is open to untrusted clients, so ``POST /workers/register`` is rate limited per
 client address (token buckets of rate_limit.py: ``orchestrator.register_rate_per_minute`` and
 ``register_burst``; 429 ``rate_limited`` with ``Retry-After``), needs
-``orchestrator.registration_token`` when one is set (401 otherwise), and the ledger caps the
-unbanned workers at ``orchestrator.max_workers`` (503 ``worker_limit``).
+``orchestrator.registration_token`` when one is set (401 otherwise), must pass the configured
+allow-list and hook (admission.py; 403 ``forbidden``), and the ledger caps the unbanned workers at
+``orchestrator.max_workers`` (503 ``worker_limit``). Bound to a non-loopback address, the
+orchestrator refuses to start unless one admission rule is configured or
+``orchestrator.open_registration`` is set.
 
 Every trusted endpoint (``/validator/*``, ``/trainer/*``, ``POST /workers/ban``) requires the
 run's admin token, always: the configured ``orchestrator.admin_token``, else the one generated for
@@ -48,6 +51,7 @@ from prime_rl.api.protocol import (
 from prime_rl.api.secrets import RunSecrets, SecretsError, check_bind_address, run_secrets
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter, get_metrics, init_process
+from prime_rl.orchestrator.admission import check_admission, load_admission
 from prime_rl.orchestrator.http import (
     bearer,
     errors_middleware,
@@ -99,6 +103,7 @@ class _Api:
         self.ledger = ledger
         self.admin_token = admin_token
         self.registration_token = orch.registration_token
+        self.admission = load_admission(orch)
         # Only touched on the event loop thread (no await between check and spend): needs no lock.
         self.registrations = TokenBuckets(
             orch.register_rate_per_minute, orch.register_burst, clock=registration_clock
@@ -145,6 +150,8 @@ class _Api:
         self.admit_registration(request)  # first: wrong tokens and bad bodies count against the rate too
         require_token(request, self.registration_token, "registration token")
         body = await self.body(request, RegisterRequest)
+        # Off the ledger's lock: a hook may take time (a stake lookup) and must not stall other requests.
+        await asyncio.to_thread(self.admission.admit, body.name, request.remote or "", dict(request.headers))
         return model_response(await self.call(self.ledger.register, body.name))
 
     async def tasks(self, request: web.Request) -> web.Response:
@@ -275,7 +282,8 @@ class OrchestratorServer:
     """Run the orchestrator in a background thread (for tests and embedding).
 
     ``with OrchestratorServer(config, tasks) as server: server.url``; port 0 picks a free port.
-    ``registration_clock`` drives the registration rate limit (default ``time.monotonic``);
+    ``registration_clock`` drives the registration rate limit (default ``time.monotonic``), ``clock``
+    the ledger's lease deadlines (default ``time.time``; tests step both by hand);
     ``server.admin_token`` is the token of the trusted endpoints (``run_secrets(config)``).
     """
 
@@ -286,13 +294,15 @@ class OrchestratorServer:
         *,
         metrics: MetricsWriter | None = None,
         registration_clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         check_bind_address(config.orchestrator.host, config.orchestrator.admin_token)
+        check_admission(config.orchestrator)
         self.config = config
         self.registration_clock = registration_clock
         self.trusted: RunSecrets = run_secrets(config)
         self.store = RolloutStore(config.orchestrator_data_dir)
-        self.ledger = Ledger(config, tasks, self.store, metrics=metrics, secrets=self.trusted)
+        self.ledger = Ledger(config, tasks, self.store, metrics=metrics, secrets=self.trusted, clock=clock)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -383,6 +393,7 @@ def main(config: RunConfig, name: str = "orchestrator") -> int:
     init_process("orchestrator", name, config.run_dir)
     try:
         check_bind_address(config.orchestrator.host, config.orchestrator.admin_token)
+        check_admission(config.orchestrator)
         trusted = run_secrets(config)
     except SecretsError as error:
         log.error("refusing to start: %s", error)

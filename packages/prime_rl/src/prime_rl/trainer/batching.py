@@ -156,7 +156,7 @@ def gather_completions(per_position: torch.Tensor, micro: MicroBatch) -> torch.T
 
 def completion_logprobs(logits: torch.Tensor, micro: MicroBatch, temperature: float) -> torch.Tensor:
     """Log-probs ``[n, C_max]`` of the completion tokens from packed ``logits [1, L, V]`` (fp32, with grad)."""
-    targets = torch.roll(micro.input_ids, shifts=-1, dims=1)  # the last position's target is unused
+    targets = torch.roll(micro.input_ids.to(logits.device), shifts=-1, dims=1)  # the last one is unused
     per_position = grpo.selective_log_softmax(logits, targets, temperature=temperature)
     return gather_completions(per_position, micro)
 

@@ -84,11 +84,19 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: full_tensor(t.detach()).cpu() for name, t in model.state_dict().items()}
 
 
+def collective_device() -> torch.device:
+    """Where a tensor handed to a collective must live: the rank's GPU under NCCL (which has no
+    CPU transport), else the CPU (gloo, or no process group)."""
+    if is_distributed() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce_sum(value: float | int) -> float:
     """Sum a Python number over ranks (identity when not distributed)."""
     if not is_distributed():
         return float(value)
-    tensor = torch.tensor([float(value)], dtype=torch.float64)
+    tensor = torch.tensor([float(value)], dtype=torch.float64, device=collective_device())
     dist.all_reduce(tensor)
     return float(tensor.item())
 

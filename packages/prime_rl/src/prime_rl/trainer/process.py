@@ -29,7 +29,6 @@ prime_rl.cli trainer --config FILE`` (FSDP2; rank 0 talks to the orchestrator an
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,13 +38,14 @@ from transformers import AutoModelForCausalLM
 
 import grpo
 import shardcast
-from prime_rl.api.client import OrchestratorClient, OrchestratorUnavailable, orchestrator_reachable
+from prime_rl.api.client import OrchestratorClient, OrchestratorUnavailable
 from prime_rl.api.protocol import TrainSample
 from prime_rl.api.secrets import run_secrets
-from prime_rl.config import ComponentError, load_component
+from prime_rl.config.loss import load_loss
 from prime_rl.config.trainer import TrainerConfig
 from prime_rl.devices import choose_device, torch_dtype
-from prime_rl.metrics import get_metrics, init_process
+from prime_rl.metrics import get_metrics
+from prime_rl.role import run_role
 from prime_rl.trainer import distributed
 from prime_rl.trainer.batching import make_micro_batches, split_minibatches
 from prime_rl.trainer.checkpoint import TrainerState, latest_step, load_checkpoint, save_checkpoint
@@ -60,45 +60,14 @@ log = logging.getLogger(__name__)
 
 
 def build_loss(config: RunConfig) -> grpo.Loss:
-    """The run's loss: the object ``[components] loss`` names (a recipe's), else ``[trainer.loss]``.
+    """The run's loss: the ``[trainer.loss]`` table's, or the object its import path names.
 
-    A component replaces ``[trainer.loss]``; where the two differ, a warning names both.
+    Raises ``ComponentError`` for an import path that does not load or names a loss this runtime
+    cannot train on (:func:`prime_rl.config.loss.load_loss`).
     """
-    path = config.components.loss
-    if not path:
-        return grpo.Loss(config.trainer.loss)
-    loss = load_loss(path)
-    if loss.config.is_correction is not None and config.trainer.old_logprobs == "inference":
-        raise ComponentError(
-            f"components.loss = {path!r} sets is_correction, which weights by π_old/μ = 1 when "
-            "[trainer] old_logprobs = 'inference'; use 'recompute' with it"
-        )
-    if loss.config != config.trainer.loss:
-        log.warning("the loss is %s (%r); it replaces [trainer.loss] %r", path, loss.config, config.trainer.loss)
-    return loss
-
-
-def load_loss(path: str) -> grpo.Loss:
-    """The ``grpo.Loss`` (or ``grpo.LossConfig``, made a ``Loss``) ``path`` names; ``ComponentError`` otherwise.
-
-    Pitfall: the trainer steps on the advantages the validator recomputed, which are group z-scores
-    (eps 1e-6) by protocol; a loss with another advantage estimator is refused rather than trained
-    on advantages it does not name.
-    """
-
-    def accepts(value: object) -> str | None:
-        if not isinstance(value, grpo.Loss | grpo.LossConfig):
-            return f"must be a grpo.Loss or grpo.LossConfig, got {type(value).__name__} {value!r:.80}"
-        config = value.config if isinstance(value, grpo.Loss) else value
-        if (config.advantage, config.std_eps) != ("group_zscore", 1e-6):
-            return (
-                f"its advantage is {config.advantage} (std_eps {config.std_eps}), but this runtime trains on "
-                "group z-score advantages (std_eps 1e-6) that workers compute and the validator checks"
-            )
-        return None
-
-    loss = load_component("components.loss", path, accepts)
-    return loss if isinstance(loss, grpo.Loss) else grpo.Loss(loss)  # type: ignore[arg-type]
+    setting = config.trainer.loss
+    loss = setting if isinstance(setting, grpo.LossConfig) else load_loss(setting, config.trainer.old_logprobs)
+    return grpo.Loss(loss) if isinstance(loss, grpo.LossConfig) else loss
 
 
 class Trainer:
@@ -291,9 +260,7 @@ class Trainer:
         data_dir = self.origin.data_dir if self.origin is not None else self.run.shardcast_data_dir / "origin"
         try:
             shardcast.publish_file(data_dir, path, version=version, keep=self.run.shardcast.keep_versions)
-        except shardcast.PublishError as exc:
-            if "already" not in str(exc):
-                raise
+        except shardcast.AlreadyPublished:
             log.info("policy v%d is already published (replayed step)", version)
         get_metrics().log("published", policy_version=version, bytes=path.stat().st_size)
         log.info("published policy v%d (%d bytes)", version, path.stat().st_size)
@@ -353,32 +320,14 @@ class Trainer:
 
 
 def main(config: RunConfig, name: str = "trainer") -> int:
-    """Entry point of ``prime-rl trainer``: returns the process exit code."""
-    torch.set_num_threads(config.trainer.num_threads)
+    """Entry point of ``prime-rl trainer`` (:func:`prime_rl.role.run_role`; every rank asks whether the
+    orchestrator is reachable, so all stop alike instead of some waiting on collectives). On SIGTERM
+    it stops at once; resume continues from the last complete checkpoint."""
+    loss_fn = build_loss(config)  # a config error (ComponentError) stops it before any wait
     distributed.init_distributed()
     rank = distributed.rank()
-    init_process(
-        "trainer", name if rank == 0 else f"{name}-rank{rank}", config.run_dir if rank == 0 else None
-    )
-    loss_fn = build_loss(config)  # a config error (ComponentError) stops it before any wait
-    # every rank asks (they share the URL), so all stop alike instead of some waiting on collectives
-    if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
-        distributed.shutdown_distributed(barrier=False)
-        return 1
-    trainer = Trainer(config, loss_fn)
-    signal.signal(signal.SIGTERM, _exit_cleanly)
-    finished = False
-    try:
-        trainer.run_loop()
-        finished = True
-    except SystemExit as stop:
-        log.info("stopping at step %d (%s); resume continues from the last checkpoint", trainer.step, stop)
-    finally:
-        trainer.close()
-        distributed.shutdown_distributed(barrier=finished)
-    return 0
-
-
-def _exit_cleanly(signum: int, frame: object) -> None:
-    """SIGTERM: stop now; an incomplete checkpoint has no COMPLETE marker and is ignored on resume."""
-    raise SystemExit(f"signal {signum}")
+    return run_role(
+        "trainer", name if rank == 0 else f"{name}-rank{rank}", config, num_threads=config.trainer.num_threads,
+        start=lambda: Trainer(config, loss_fn), loop=Trainer.run_loop, log_to_run_dir=rank == 0,
+        after=lambda finished: distributed.shutdown_distributed(barrier=finished),
+    )  # fmt: skip

@@ -150,7 +150,9 @@ def train_minibatch(
     grad_norm_value = float(distributed.full_tensor(grad_norm))
     optimizer.step()
     if distributed.is_distributed():
+        sums = sums.to(distributed.collective_device())
         torch.distributed.all_reduce(sums)
+        sums = sums.cpu()
     counted = max(float(sums[7]), 1.0)
     return StepMetrics(
         loss=float(sums[0]),

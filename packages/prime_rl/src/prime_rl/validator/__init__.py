@@ -1,8 +1,10 @@
 """The trusted validator (``prime-rl validator``).
 
-Owns: the per-sample checks (``checks.py``: assignment, prompt, proofs, sampling, log-probs,
-rewards, advantages; pure over a backend) and the process that pulls pending batches, judges them
-with one prefill and posts verdicts (``process.py``). May import: ``config``, ``api``,
-``inference``, ``weights``, ``tasks``, ``metrics``; never ``worker``, ``trainer`` or
+Owns: the per-sample checks (``checks.py``: prompt, seed, termination, proofs, sampling,
+log-probs, reward; pure over a backend), the batch around them (``verdicts.py``: lease, version,
+coverage, groups, advantages; ``structure.py``: the checks that need no model), per-worker
+evidence (``evidence.py``), the honest-noise profile (``noise.py``) and the process that pulls
+pending batches, judges them with one prefill and posts verdicts (``process.py``). May import: ``config``, ``api``,
+``inference``, ``weights``, ``tasks``, ``reward``, ``role``, ``metrics``, ``devices``; never ``worker``, ``trainer`` or
 ``orchestrator``.
 """

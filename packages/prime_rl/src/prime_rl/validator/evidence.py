@@ -5,7 +5,7 @@ honest drift between a worker's decode and the validator's prefill, and a worker
 that room (choose the runner-up token wherever it is within the sampling tolerance, run cheaper
 weights, lag one optimizer step). This module accumulates what each sample shows (per-token
 sampling margins and log-prob gaps, per-chunk proof mismatches: :class:`toploc.Observations`)
-per worker, and bans a worker once its evidence passes the threshold of toploc's CUSUM
+per worker, and bans a worker once its evidence passes the threshold of toploc's whole-history and CUSUM
 likelihood-ratio tests (:mod:`toploc.evidence`: P(an honest worker is ever banned) <= the
 configured ``false_ban_rate`` over ``evidence_horizon_samples`` samples, given a noise profile
 that bounds honest behaviour).
@@ -25,35 +25,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 import toploc
 from prime_rl.api.fields import MAX_DETAIL_CHARS
 from prime_rl.api.protocol import Verdict
-from prime_rl.inference.backend import SAMPLER_SEED
-
-
-def sampling_margins(logits: torch.Tensor, tokens: torch.Tensor, seed: int, temperature: float) -> torch.Tensor:
-    """Per completion token, the shortfall of the claimed token below the seeded sampler's choice.
-
-    ``logits [n, V]`` recomputed at the completion's positions, ``tokens [n]``; the sampler of
-    ``prime_rl.inference.backend`` (toploc seed ``SAMPLER_SEED``, sequence id = the sample's seed,
-    position = completion index). Returns ``[n]`` float64, ``inf`` where the logits are NaN.
-    """
-    positions = torch.arange(tokens.numel(), device=logits.device)
-    return toploc.sampling_margins(logits, tokens, SAMPLER_SEED, seed, positions, temperature)
-
-
-def sampling_problem(margins: torch.Tensor, *, tolerance: float, max_mismatch_fraction: float) -> str | None:
-    """The per-sample sampling rule on ``margins``: None if at most ``max_mismatch_fraction`` of the
-    tokens fall short by more than ``tolerance``, else why not (same rule as ``toploc.check_sampling``)."""
-    bad = torch.nonzero(margins > tolerance).flatten()
-    if bad.numel() <= int(max_mismatch_fraction * margins.numel()):
-        return None
-    return (
-        f"{bad.numel()}/{margins.numel()} tokens are not what the seeded sampler draws "
-        f"(first at ({int(bad[0])},), max margin {float(margins.max()):.3g})"
-    )
 
 
 @dataclass
@@ -119,6 +93,8 @@ def metrics_fields(worker_id: str, state: toploc.EvidenceState) -> dict[str, obj
         "score": round(state.score, 4),
         "log_threshold": round(state.log_threshold, 4),
         "fraction": round(state.fraction, 5),
+        "history_score": round(state.history_score, 4),
+        "recent_score": round(state.recent_score, 4),
         "strongest": state.strongest,
         "samples": state.samples,
         "tokens": state.tokens,

@@ -26,7 +26,8 @@ import torch
 
 import toploc
 from prime_rl.inference.backend import HFBackend, SamplingParams, token_logprobs, verify_proofs
-from prime_rl.validator.evidence import sampling_margins
+from prime_rl.validator.checks import sampling_margins
+from toploc.noise import calibration_floor, tokens_for_floor
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 
 CALIBRATION_SEED = 1 << 40
 """First sampling seed of calibration samples (far from anything a lease assigns; seeds are opaque)."""
+
+FLOOR_WARNING = 1e-3
+"""Warn when the calibration cannot bound an honest rate below this (13,800 tokens at the defaults)."""
 
 BATCH_SIZES = (1, 4, 16)
 """Decode batch sizes cycled through, so that both padding and batch shapes vary."""
@@ -111,19 +115,24 @@ def calibrate(
     )
     observations = measure(backend, prompts, params, tokens=tokens, generator=generator)
     profile = toploc.NoiseProfile.calibrate(observations, description=describe(config, backend, generator))
-    log.info(
-        "honest noise measured on %d samples (%d tokens): max sampling margin %.3g, max log-prob gap %.3g",
-        len(observations),
-        sum(o.num_tokens for o in observations),
-        profile.statistic("sampling_margin").maximum,
-        profile.statistic("logprob_gap").maximum,
-    )
+    tokens = sum(o.num_tokens for o in observations)
+    log.info("honest noise measured on %d samples (%d tokens)", len(observations), tokens)
+    for statistic in profile.statistics:
+        log.info("  %s", statistic.summary())
+    if calibration_floor(tokens) > FLOOR_WARNING:
+        log.warning(
+            "%d honest tokens bound no honest rate below %.2g (the floor of the measurement, not the noise): "
+            "deviations are seen slowly; measure >= %d tokens (`prime-rl calibrate-noise`, calibration_tokens)",
+            tokens,
+            calibration_floor(tokens),
+            tokens_for_floor(FLOOR_WARNING),
+        )
     return profile
 
 
 def task_prompts(config: RunConfig, backend: HFBackend, count: int) -> list[tuple[int, ...]]:
     """The prompts of the first ``count`` tasks of the run (as workers feed them)."""
-    from prime_rl.inference.run_tasks import run_tasks
+    from prime_rl.reward import run_tasks
 
     tasks = run_tasks(config, backend.tokenizer)
     return [tuple(tasks.prompt_tokens(i)) for i in range(min(count, tasks.num_tasks))]
@@ -175,5 +184,5 @@ def main(config: RunConfig, name: str = "calibrate-noise") -> int:
     profile.save(path)
     print(f"wrote {path}")
     for s in profile.statistics:
-        print(f"  {s.name}: {s.observations} observations, honest max {s.maximum:.3g}")
+        print(f"  {s.summary()}")
     return 0

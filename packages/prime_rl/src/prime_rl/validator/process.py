@@ -1,7 +1,7 @@
 """The trusted validator process: pull submitted batches, judge every sample, post verdicts, ban cheats.
 
 Loop: ``GET /validator/pending`` (freshest policy version first, then submission order) -> batches
-grouped by policy version (one weight reload per version) -> :func:`prime_rl.validator.checks.validate_batch` with the claimed
+grouped by policy version (one weight reload per version) -> :func:`prime_rl.validator.verdicts.validate_batch` with the claimed
 version's weights (fetched through shardcast by :class:`~prime_rl.weights.store.PolicyStore`) ->
 ``POST /validator/verdicts`` -> per-worker failure tracker; a worker whose rejected share reaches
 ``ban_failure_rate`` after ``ban_min_samples`` samples is banned (``POST /workers/ban``). Every
@@ -25,41 +25,34 @@ token or issues leases its key does not reproduce: either would reject every hon
 
 from __future__ import annotations
 
-import dataclasses
+import enum
 import logging
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 import toploc
 from prime_rl.api.client import (
     ClientRequestError,
     OrchestratorClient,
     OrchestratorUnavailable,
-    orchestrator_reachable,
 )
-from prime_rl.api.protocol import PendingBatch, VerdictRequest
+from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest
 from prime_rl.api.secrets import SecretsError, run_secrets
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.devices import choose_device
 from prime_rl.inference.backend import HFBackend
-from prime_rl.inference.run_tasks import run_tasks
-from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics, init_process
-from prime_rl.validator import noise
-from prime_rl.validator.checks import (
-    AssignmentKeyMismatch,
-    Checks,
-    GenerationBackend,
-    Reason,
-    RetryLater,
-    validate_batch,
-)
+from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
+from prime_rl.reward import run_tasks
+from prime_rl.role import run_role
+from prime_rl.validator import noise, tolerances
+from prime_rl.validator.checks import Checks, GenerationBackend, Reason, RetryLater
 from prime_rl.validator.evidence import EvidenceLedger, metrics_fields, reject_banned
+from prime_rl.validator.journal import ValidatorJournal
+from prime_rl.validator.structure import AssignmentKeyMismatch
+from prime_rl.validator.verdicts import ban_counts, validate_batch
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable
 from verifiers.code import sandbox_runs
 
@@ -92,39 +85,12 @@ class FailureTracker:
         return None
 
 
-def checks_from(
-    config: RunConfig,
-    vocab_size: int,
-    eos_token_ids: frozenset[int],
-    *,
-    assignment_key: bytes,
-    hidden_size: int,
-) -> Checks:
-    """The validator's :class:`Checks` from the run configuration, the run's assignment key and the model."""
-    v = config.validator
-    return Checks(
-        assignment_key=assignment_key,
-        hidden_size=hidden_size,
-        prompts_per_batch=config.orchestrator.prompts_per_batch,
-        async_level=config.orchestrator.async_level,
-        group_size=config.sampling.group_size,
-        temperature=config.sampling.temperature,
-        max_new_tokens=config.sampling.max_new_tokens,
-        stop=tuple(config.sampling.stop),
-        vocab_size=vocab_size,
-        eos_token_ids=eos_token_ids,
-        logprob_atol=v.logprob_atol,
-        reward_atol=v.reward_atol,
-        advantage_atol=v.advantage_atol,
-        sampling_tolerance=v.sampling_tolerance,
-        sampling_max_mismatch_fraction=v.sampling_max_mismatch_fraction,
-        thresholds=toploc.Thresholds(
-            exp_mismatches_per_128=v.exp_mismatches_per_128,
-            max_mant_err_mean=v.max_mant_err_mean,
-            max_mant_err_median=v.max_mant_err_median,
-            sign_mismatches_per_128=v.sign_mismatches_per_128,
-        ),
-    )
+class Posted(enum.Enum):
+    """What became of a batch's verdicts at the orchestrator."""
+
+    OK = "posted"
+    REFUSED = "refused"  # a 4xx (e.g. the batch was settled meanwhile): skip it for good
+    RETRY = "retry"  # the orchestrator is unreachable: judge the batch again on the next poll
 
 
 class Validator:
@@ -153,10 +119,10 @@ class Validator:
         self.tasks = run_tasks(config, tokenizer)
         vocab, hidden = self.backend.model.get_output_embeddings().weight.shape
         trusted = run_secrets(config)
-        self.checks = checks_from(
+        self.checks = Checks.from_config(
             config,
-            int(vocab),
-            self.backend.eos_token_ids,
+            vocab_size=int(vocab),
+            eos_token_ids=self.backend.eos_token_ids,
             assignment_key=trusted.assignment_key,
             hidden_size=int(hidden),
         )
@@ -164,6 +130,7 @@ class Validator:
         self.failures = FailureTracker(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
         self.evidence: EvidenceLedger | None = None
         self.evidence_bans_posted: set[str] = set()
+        profile: toploc.NoiseProfile | None = None
         if self.cfg.evidence:
             profile = self._noise_profile(config)
             policy = toploc.EvidencePolicy(
@@ -182,17 +149,14 @@ class Validator:
                 )
             else:
                 self.evidence = EvidenceLedger(tests)
-                # Per sample, only gross deviations: a rejected sample rejects its whole lease, so
-                # honest drift (bf16 margins of 0.45, log-prob gaps of 0.45) must pass; whatever
-                # hides inside these tolerances is left to the evidence. The log-prob rule bounds a
-                # sample's mean gap, so 3x the largest honest per-token gap is at least as loose.
-                self.checks = dataclasses.replace(
-                    self.checks,
-                    sampling_tolerance=max(
-                        self.checks.sampling_tolerance, profile.per_sample_limit("sampling_margin")
-                    ),
-                    logprob_atol=max(self.checks.logprob_atol, profile.per_sample_limit("logprob_gap")),
-                )
+        # Per sample, per precision: exact in fp32, statistical in bf16 with the evidence behind it
+        # (a rejected sample rejects its whole lease, so honest drift must pass; tolerances.py).
+        self.checks = tolerances.for_precision(
+            self.checks, config.model.dtype, profile if self.evidence is not None else None
+        )
+        # Per-identity evidence and failure counts survive a restart (journal.py).
+        self.journal = ValidatorJournal(Path(config.run_dir) / "validator" / "journal.jsonl")
+        self.journal.restore(self.evidence, self.failures)
         self.done = 0
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
 
@@ -200,6 +164,9 @@ class Validator:
         """``validator.noise_profile`` if set, else measured now on this backend (and saved for reading)."""
         if self.cfg.noise_profile:
             return toploc.NoiseProfile.load(self.cfg.noise_profile)
+        path = Path(config.run_dir) / "validator" / "noise-profile.json"
+        if path.exists():  # a restart judges on with the tests its journalled evidence was built on
+            return toploc.NoiseProfile.load(path)
         if config.workers.backend != "hf":
             # An in-process vLLM engine would take this process's threads; `prime-rl run` measures it
             # apart (launch.local.measure_worker_noise), a validator started alone says so.
@@ -212,7 +179,6 @@ class Validator:
             )
         started = time.monotonic()
         profile = noise.calibrate_for_run(config, self.backend, self.cfg.calibration_tokens)
-        path = Path(config.run_dir) / "validator" / "noise-profile.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         profile.save(path)
         log.info("honest noise profile measured in %.1fs: %s", time.monotonic() - started, path)
@@ -234,7 +200,8 @@ class Validator:
         return self.backend
 
     def judge(self, batch: PendingBatch, newest_version: int) -> bool:
-        """Validate and post one batch; False if it must be retried later."""
+        """Validate one batch, then :meth:`post`, :meth:`log` and :meth:`ban`; False if it must be
+        retried later (its version cannot be fetched now, or the orchestrator is unreachable)."""
         started = time.monotonic()
         observed: list[toploc.Observations] = []
         loaded: list[int] = []  # a backend was handed out: the whole batch was prefilled, else none was
@@ -262,6 +229,16 @@ class Validator:
         if evidence_ban is not None:  # a worker banned by evidence trains nothing more
             verdicts = reject_banned(verdicts, evidence_ban)
             self.failures.banned.add(batch.worker_id)
+        posted = self.post(batch, verdicts)
+        if posted is not Posted.OK:
+            return posted is Posted.REFUSED  # refused: settled, never judged again; else retried
+        self.log(batch, verdicts, prefilled=len(verdicts) if loaded else 0, seconds=time.monotonic() - started)
+        self.ban(batch, verdicts, evidence_ban)
+        self.done += 1
+        return True
+
+    def post(self, batch: PendingBatch, verdicts: list[Verdict]) -> Posted:
+        """``POST /validator/verdicts`` with the worker's evidence; a refused batch is remembered and skipped."""
         try:
             self.client.post_verdicts(
                 VerdictRequest(
@@ -276,25 +253,27 @@ class Validator:
                 "verdict_refused", batch_id=batch.batch_id, status=exc.status, message=exc.message
             )
             self.refused.add(batch.batch_id)
-            return True
+            return Posted.REFUSED
         except OrchestratorUnavailable as exc:  # judged again on the next poll
             log.warning("cannot post verdicts for %s: %s", batch.batch_id, exc)
-            return False
-        accepted = sum(v.accepted for v in verdicts)
-        rejected = len(verdicts) - accepted
+            return Posted.RETRY
+        return Posted.OK
+
+    def log(self, batch: PendingBatch, verdicts: list[Verdict], *, prefilled: int, seconds: float) -> None:
+        """One log line and one ``verdict`` metrics line for a posted batch."""
         rejections = [v for v in verdicts if not v.accepted]
         reasons: dict[str, int] = {}
-        for v in verdicts:
-            if not v.accepted:
-                reasons[str(v.reason)] = reasons.get(str(v.reason), 0) + 1
+        for v in rejections:
+            reasons[str(v.reason)] = reasons.get(str(v.reason), 0) + 1
+        accepted = len(verdicts) - len(rejections)
         log.info(
             "batch %s (v%d): %d accepted, %d rejected %s in %.2fs",
             batch.batch_id,
             batch.policy_version,
             accepted,
-            rejected,
+            len(rejections),
             reasons or "",
-            time.monotonic() - started,
+            seconds,
         )
         get_metrics().log(
             "verdict",
@@ -303,27 +282,33 @@ class Validator:
             policy_version=batch.policy_version,
             step=batch.step,
             accepted=accepted,
-            rejected=rejected,
+            rejected=len(rejections),
             reasons=reasons,
             # why, for the first rejections (group mates repeat the first reason; a few suffice)
             details={str(v.sample_index): f"{v.reason}: {v.detail}" for v in rejections[:4]},
-            seconds=time.monotonic() - started,
-            prefilled=len(verdicts) if loaded else 0,
+            seconds=seconds,
+            prefilled=prefilled,
             sandbox_runs=sandbox_runs(),
         )
-        ban = self.failures.record(batch.worker_id, accepted=accepted, rejected=rejected)
-        if evidence_ban is not None and batch.worker_id not in self.evidence_bans_posted:
-            ban = evidence_ban
-            self.evidence_bans_posted.add(batch.worker_id)
-        if ban is not None:
-            try:
-                self.client.ban(batch.worker_id, ban)
-            except (ClientRequestError, OrchestratorUnavailable) as exc:
-                log.warning("ban of %s refused: %s", batch.worker_id, exc)
-            log.info("banned worker %s: %s", batch.worker_id, ban)
-            get_metrics().log("ban", worker_id=batch.worker_id, reason=ban)
-        self.done += 1
-        return True
+
+    def ban(self, batch: PendingBatch, verdicts: list[Verdict], evidence_ban: str | None) -> None:
+        """Count a posted batch against its worker; ban it (``POST /workers/ban``) the first time its
+        rejected share crosses ``ban_failure_rate`` or its evidence crosses the threshold."""
+        worker_id = batch.worker_id
+        accepted, rejected = ban_counts(verdicts)  # reward_unverifiable alone is the machine's: not counted
+        reason = self.failures.record(worker_id, accepted=accepted, rejected=rejected)
+        self.journal.failures(batch.batch_id, worker_id, self.failures)
+        if evidence_ban is not None and worker_id not in self.evidence_bans_posted:
+            reason = evidence_ban
+            self.evidence_bans_posted.add(worker_id)
+        if reason is None:
+            return
+        try:
+            self.client.ban(worker_id, reason)
+        except (ClientRequestError, OrchestratorUnavailable) as exc:
+            log.warning("ban of %s refused: %s", worker_id, exc)
+        log.info("banned worker %s: %s", worker_id, reason)
+        get_metrics().log("ban", worker_id=worker_id, reason=reason)
 
     def _record_evidence(self, batch: PendingBatch, observed: list[toploc.Observations]) -> str | None:
         """Add a batch to its worker's evidence; the worker's evidence ban reason, if it is banned."""
@@ -331,6 +316,7 @@ class Validator:
             return None
         state = self.evidence.record(batch.worker_id, batch.batch_id, observed)
         if state is not None:  # None: judged before and already counted (its post failed)
+            self.journal.evidence(batch.batch_id, batch.worker_id, self.evidence)
             get_metrics().log("evidence", batch_id=batch.batch_id, **metrics_fields(batch.worker_id, state))
         return self.evidence.ban_reasons.get(batch.worker_id)
 
@@ -367,32 +353,14 @@ class Validator:
 
 
 def main(config: RunConfig, name: str = "validator") -> int:
-    """Entry point of ``prime-rl validator``."""
-    torch.set_num_threads(config.validator.num_threads)
-    init_process("validator", name, config.run_dir)
-    if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
-        return 1
-    try:
-        validator = Validator(config)
-    except SecretsError as error:
-        log.error("cannot start: %s", error)
-        return 2
-    signal.signal(signal.SIGTERM, _exit_cleanly)
-    try:
-        validator.run_loop()
-    except SystemExit as stop:
-        log.info("stopping (%s)", stop)
-    except (AssignmentKeyMismatch, ClientRequestError) as error:  # 401 or another key: judging would be wrong
-        log.error("stopping without judging: %s", error)
-        return 2
-    finally:
-        validator.close()
-    return 0
+    """Entry point of ``prime-rl validator`` (:func:`prime_rl.role.run_role`). It stops with exit code 2
+    rather than judge when its secrets cannot be read, or the orchestrator refuses its admin token
+    (401) or issues leases its assignment key does not reproduce: either would reject every honest
+    worker. On SIGTERM an unposted batch stays pending and is judged again after a restart."""
+    return run_role(
+        "validator", name, config, num_threads=config.validator.num_threads, start=lambda: Validator(config),
+        loop=Validator.run_loop, refuse=(SecretsError, AssignmentKeyMismatch, ClientRequestError),
+    )  # fmt: skip
 
 
-def _exit_cleanly(signum: int, frame: object) -> None:
-    """SIGTERM: leave at once; an unposted batch stays pending and is judged again after a restart."""
-    raise SystemExit(f"signal {signum}")
-
-
-__all__ = ["FailureTracker", "Reason", "Validator", "ValidatorConfig", "checks_from", "main"]
+__all__ = ["FailureTracker", "Reason", "Validator", "ValidatorConfig", "main"]

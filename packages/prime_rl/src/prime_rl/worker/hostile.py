@@ -1,42 +1,36 @@
 """Hostile worker behaviours, selectable by name, for tests and red-team runs.
 
-Each behaviour answers a lease the way a cheating worker would; the validator must reject every
-sample with the reason in parentheses (the honest worker's samples must all be accepted):
+Each attack answers a lease the way a cheating worker would; the validator must reject every
+sample with one of the reasons in its row (the honest worker's samples must all be accepted).
+The table is rendered from :data:`ATTACKS`, the one list of attacks (``prime-rl worker
+--workers.behaviour NAME`` takes a name from it, ``"honest"`` or ``"mixed"``):
 
-=========================  ====================================================  ======================
-name                       what it does                                          expected verdict
-=========================  ====================================================  ======================
-``other_weights``          samples with a perturbed copy of the policy           ``toploc_mismatch``
-``changed_prompt``         generates for (and submits) an edited prompt          ``wrong_prompt``
-``fabricated_completion``  submits made-up completions "proved" by one prefill   ``sampling_mismatch``
-                           (honest proofs and log-probs over unsampled tokens)
-``inflated_rewards``       claims reward + 1 for every completion                ``reward_mismatch``
-``stale_policy``           never reloads weights, claims its true old version    ``stale_policy``
-                           (the worker loop only takes leases once
-                           ``min_policy_version > 0``, so every batch is stale)
-``unassigned_tasks``       answers tasks that are not in its lease               ``not_assigned``
-``garbage``                posts garbage bytes (answered 400) and submits        ``malformed_proof``
-                           random proof bytes                                    or ``toploc_mismatch``
-``mixed``                  one of the above per batch (``MIXED_CYCLE`` by batch  the chosen one's
-                           index); its ``stale_policy`` claims version
-                           ``min_policy_version - 1`` (inflated rewards while
-                           that would be negative)
-=========================  ====================================================  ======================
+{table}
 
-Other members of a rejected sample's group get ``group_rejected``.
+``mixed`` answers each lease with the attack ``MIXED_CYCLE[batch_index % len(MIXED_CYCLE)]`` (the
+attacks marked "mixed", in table order). Other members of a rejected sample's group get
+``group_rejected``, the rest of its batch ``lease_rejected``.
+
+A new attack is one :data:`ATTACKS` entry plus a ``HostileWorker._<name>(lease, backend)`` method
+that builds its batch; the worker loop reaches it only through :class:`HostileWorker`'s hooks
+(:attr:`~HostileWorker.follows_new_weights`, :meth:`~HostileWorker.ready`,
+:meth:`~HostileWorker.answer`, :meth:`~HostileWorker.before_submit`).
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import random
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from prime_rl.api.protocol import RolloutBatch, RolloutSample, TaskLease
+from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
+from prime_rl.api.protocol import RolloutBatch, RolloutSample, StatusResponse, SubmitResponse, TaskLease
 from prime_rl.inference.backend import (
     Completion,
     GenerationBackend,
@@ -53,40 +47,71 @@ from prime_rl.worker.rollout import (
     to_samples,
 )
 
-BEHAVIOURS = (
-    "honest",
-    "other_weights",
-    "changed_prompt",
-    "fabricated_completion",
-    "inflated_rewards",
-    "stale_policy",
-    "unassigned_tasks",
-    "garbage",
-    "mixed",
-)
+log = logging.getLogger(__name__)
 
-MIXED_CYCLE = (
-    "other_weights",
-    "changed_prompt",
-    "fabricated_completion",
-    "inflated_rewards",
-    "unassigned_tasks",
-    "garbage",
-    "stale_policy",
-)
+@dataclass(frozen=True)
+class Attack:
+    """One hostile behaviour: what it does, the verdict reasons its samples get, and whether
+    ``mixed`` cycles through it."""
+
+    does: str
+    expected: tuple[str, ...]
+    mixed: bool = True
+
+
+ATTACKS: dict[str, Attack] = {
+    "other_weights": Attack("samples with a perturbed copy of the policy", ("toploc_mismatch",)),
+    "changed_prompt": Attack("generates for (and submits) an edited prompt", ("wrong_prompt",)),
+    "fabricated_completion": Attack(
+        'submits made-up completions "proved" by one prefill (honest proofs and log-probs over unsampled tokens)',
+        ("sampling_mismatch",),
+    ),
+    "inflated_rewards": Attack("claims reward + 1 for every completion", ("reward_mismatch",)),
+    "unassigned_tasks": Attack("answers tasks that are not in its lease", ("not_assigned",)),
+    "garbage": Attack(
+        "posts garbage bytes (answered 400) and submits random proof bytes", ("malformed_proof", "toploc_mismatch")
+    ),
+    "stale_policy": Attack(
+        "never reloads weights and claims its true old version; takes leases only once min_policy_version > 0, "
+        "so every batch is stale (in mixed: claims min_policy_version - 1, or inflates rewards while that "
+        "would be negative)",
+        ("stale_policy",),
+    ),
+}
+"""Every attack by name, in ``mixed``'s order: the table above, the tests and the red team read it."""
+
+BEHAVIOURS = ("honest", *ATTACKS, "mixed")
+"""The names ``workers.behaviour`` takes."""
+
+MIXED_CYCLE = tuple(name for name, attack in ATTACKS.items() if attack.mixed)
 """The order in which ``mixed`` cycles through the attacks (by lease batch index)."""
 
-EXPECTED_REASONS: dict[str, tuple[str, ...]] = {
-    "honest": ("ok",),
-    "other_weights": ("toploc_mismatch",),
-    "changed_prompt": ("wrong_prompt",),
-    "fabricated_completion": ("sampling_mismatch",),
-    "inflated_rewards": ("reward_mismatch",),
-    "stale_policy": ("stale_policy",),
-    "unassigned_tasks": ("not_assigned",),
-    "garbage": ("malformed_proof", "toploc_mismatch"),
+EXPECTED_REASONS: dict[str, tuple[str, ...]] = {"honest": ("ok",)} | {
+    name: attack.expected for name, attack in ATTACKS.items()
 }
 """Verdict reasons each behaviour's samples must get (group mates of a rejected sample: ``group_rejected``)."""
+
+
+def attack_table(width: int = 54) -> str:
+    """:data:`ATTACKS` as the reStructuredText table of this module's docstring."""
+    rows = [("name", "what it does", "expected verdict", "mixed")]
+    for name, attack in ATTACKS.items():
+        does = textwrap.wrap(attack.does, width)
+        reasons = [f"``{reason}``" + (" or" if i < len(attack.expected) - 1 else "") for i, reason in enumerate(attack.expected)]
+        for line in range(max(len(does), len(reasons))):
+            rows.append((
+                f"``{name}``" if line == 0 else "",
+                does[line] if line < len(does) else "",
+                reasons[line] if line < len(reasons) else "",
+                ("yes" if attack.mixed else "no") if line == 0 else "",
+            ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    rule = "  ".join("=" * w for w in widths)
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join([rule, lines[0], rule, *lines[1:], rule])
+
+
+__doc__ = (__doc__ or "").replace("{table}", attack_table())
 
 
 @dataclass
@@ -108,10 +133,19 @@ class HostileWorker:
     def __post_init__(self) -> None:
         if self.behaviour not in BEHAVIOURS:
             raise ValueError(f"unknown behaviour {self.behaviour!r}; choose one of {BEHAVIOURS}")
+        missing = [name for name in ATTACKS if not callable(getattr(self, f"_{name}", None))]
+        if missing:  # an ATTACKS entry without its method: fail at start, not on the batch that needs it
+            raise TypeError(f"attacks without a HostileWorker._<name> method: {missing}")
 
+    # -- the hooks the worker loop calls -------------------------------------------------------
     @property
     def follows_new_weights(self) -> bool:
+        """False for ``stale_policy``: it never reloads (nor waits for) a newer policy version."""
         return self.behaviour != "stale_policy"
+
+    def ready(self, status: StatusResponse) -> bool:
+        """Whether to take a lease now: ``stale_policy`` waits until a version can be too old."""
+        return self.behaviour != "stale_policy" or status.min_policy_version > 0
 
     def resolve(self, lease: TaskLease) -> str:
         """The concrete behaviour used for ``lease`` (``mixed`` picks one by batch index)."""
@@ -123,35 +157,47 @@ class HostileWorker:
         return kind
 
     def answer(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
-        """The batch this behaviour submits for ``lease``."""
-        kind = self.resolve(lease)
-        if kind == "stale_policy" and self.behaviour == "mixed":
-            # Generated with current weights, but claims a version older than the lease allows.
-            batch = build_batch(lease, backend, encode=self.encode, score=self.score)[0]
-            return batch.model_copy(update={"policy_version": lease.min_policy_version - 1})
-        if kind in ("honest", "stale_policy"):
-            return build_batch(lease, backend, encode=self.encode, score=self.score)[0]
-        if kind == "other_weights":
-            return self._with_other_weights(lease, backend)
-        if kind == "changed_prompt":
-            plan = [
-                PlannedTask(t.task_id, _edit(t.prompt_tokens), t.seeds)
-                for t in plan_lease(lease, self.encode)
-            ]
-            return build_batch(lease, backend, encode=self.encode, score=self.score, plan=plan)[0]
-        if kind == "fabricated_completion":
-            return self._fabricate(lease, backend)
-        if kind == "inflated_rewards":
-            batch = build_batch(lease, backend, encode=self.encode, score=self.score)[0]
-            return _inflate(batch)
-        if kind == "unassigned_tasks":
-            return build_batch(
-                lease, backend, encode=self.encode, score=self.score, plan=self._unassigned(lease)
-            )[0]
-        batch = build_batch(lease, backend, encode=self.encode, score=self.score)[0]
-        return _garble(batch)
+        """The batch this behaviour submits for ``lease`` (built by its ``_<name>`` method)."""
+        build: Callable[[TaskLease, GenerationBackend], RolloutBatch] = getattr(self, f"_{self.resolve(lease)}")
+        return build(lease, backend)
 
-    def _with_other_weights(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+    def before_submit(self, lease: TaskLease, client: OrchestratorClient) -> None:
+        """``garbage`` first posts random bytes as a rollout body (the orchestrator must answer 400)."""
+        if self.resolve(lease) != "garbage":
+            return
+        try:
+            client.request("POST", "/rollouts", SubmitResponse, body=garbage_body(), token=client.worker_token, retries=0)
+            log.warning("garbage body was accepted")
+        except (ClientRequestError, OrchestratorUnavailable) as exc:
+            log.info("garbage body refused: %s", exc)
+
+    # -- one method per attack: _<name>(lease, backend) -> the batch it submits -------------------
+    def _build(self, lease: TaskLease, backend: GenerationBackend, plan: list[PlannedTask] | None = None) -> RolloutBatch:
+        return build_batch(lease, backend, encode=self.encode, score=self.score, plan=plan)[0]
+
+    def _honest(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        return self._build(lease, backend)
+
+    def _stale_policy(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        batch = self._build(lease, backend)  # with the weights it never reloaded: its version is old
+        if self.behaviour == "mixed":  # current weights, but claims a version older than the lease allows
+            return batch.model_copy(update={"policy_version": lease.min_policy_version - 1})
+        return batch
+
+    def _changed_prompt(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        plan = [PlannedTask(t.task_id, _edit(t.prompt_tokens), t.seeds) for t in plan_lease(lease, self.encode)]
+        return self._build(lease, backend, plan)
+
+    def _inflated_rewards(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        return _inflate(self._build(lease, backend))
+
+    def _unassigned_tasks(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        return self._build(lease, backend, self._unassigned(lease))
+
+    def _garbage(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        return _garble(self._build(lease, backend))
+
+    def _other_weights(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
         if self._other is None:
             if not isinstance(backend, HFBackend):
                 raise TypeError("other_weights needs an HFBackend to copy")
@@ -167,7 +213,7 @@ class HostileWorker:
         batch = build_batch(lease, self._other, encode=self.encode, score=self.score)[0]
         return batch.model_copy(update={"policy_version": backend.policy_version})
 
-    def _fabricate(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+    def _fabricated_completion(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
         """Made-up completions with proofs and log-probs from one honest prefill over them."""
         params = sampling_params(lease)
         rng = random.Random(lease.batch_index)

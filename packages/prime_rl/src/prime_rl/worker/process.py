@@ -14,42 +14,62 @@ Loop (``prime-rl worker --config FILE [--workers.behaviour NAME]``):
    the group advantages and ``POST /rollouts``.
 
 ``behaviour`` selects a hostile behaviour from :mod:`prime_rl.worker.hostile` (for tests and red-team
-runs); ``"mixed"`` cycles through all of them, one per batch (``hostile.MIXED_CYCLE``).
+runs; ``"mixed"`` cycles through them, one per batch). It enters the loop only through the hooks
+of its :class:`~prime_rl.worker.hostile.HostileWorker`, which :class:`Honest` answers honestly.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import requests
-import torch
 
 import toploc
 from prime_rl.api.client import (
     ClientRequestError,
     OrchestratorClient,
     OrchestratorUnavailable,
-    orchestrator_reachable,
 )
+from prime_rl.api.protocol import RolloutBatch, StatusResponse, TaskLease
 from prime_rl.config.worker import WorkerConfig
 from prime_rl.devices import choose_device
-from prime_rl.inference.backend import GenerationError, HFBackend
-from prime_rl.inference.run_tasks import run_tasks
+from prime_rl.inference.backend import GenerationBackend, GenerationError, HFBackend
 from prime_rl.inference.select import make_backend
-from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics, init_process
+from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
+from prime_rl.reward import RunTasks, run_tasks
+from prime_rl.role import run_role
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable, VersionFollower
-from prime_rl.worker.hostile import BEHAVIOURS, EXPECTED_REASONS, HostileWorker, garbage_body
+from prime_rl.worker.hostile import BEHAVIOURS, HostileWorker
 from prime_rl.worker.rollout import build_batch
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
 
 log = logging.getLogger(__name__)
+
+
+class Honest:
+    """The honest worker's answers, behind the hooks a :class:`HostileWorker` overrides: it follows
+    every policy version, is always ready, builds the batch with the run's tasks, sends nothing else."""
+
+    follows_new_weights = True
+
+    def __init__(self, tasks: RunTasks) -> None:
+        self.tasks = tasks
+
+    def ready(self, status: StatusResponse) -> bool:
+        return True
+
+    def resolve(self, lease: TaskLease) -> str:
+        return "honest"
+
+    def answer(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        return build_batch(lease, backend, encode=self.tasks.encode, score=self.tasks.score)[0]
+
+    def before_submit(self, lease: TaskLease, client: OrchestratorClient) -> None:
+        return None
 
 
 class Worker:
@@ -85,8 +105,8 @@ class Worker:
         self.stop_event = threading.Event()
         # The honest path never goes through the red-team module: a hostile worker exists only when
         # a hostile behaviour is configured.
-        self.hostile = (
-            None
+        self.answers: Honest | HostileWorker = (
+            Honest(self.tasks)
             if self.cfg.behaviour == "honest"
             else HostileWorker(
                 self.cfg.behaviour,
@@ -159,34 +179,30 @@ class Worker:
     def one_batch(self) -> bool:
         """Fetch, answer and submit one lease; False if there was no work to do."""
         status = self.client.status()
-        stale_worker = self.cfg.behaviour == "stale_policy"
-        if stale_worker and status.min_policy_version == 0:
-            self.stop_event.wait(
-                self.cfg.poll_interval_s
-            )  # cannot be stale yet: wait for the step to advance
+        if not self.answers.ready(status):
+            self.stop_event.wait(self.cfg.poll_interval_s)
             return False
-        if not stale_worker:
+        if self.answers.follows_new_weights:
             self.reload_newest(status.policy_version)
         lease = self.client.get_tasks(self.worker_id)
-        if not stale_worker:
+        if self.answers.follows_new_weights:
             self.wait_for_version(lease.min_policy_version)
         started = time.monotonic()
-        if self.hostile is None:
-            behaviour = "honest"
-            batch = build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
-        else:
-            behaviour = self.hostile.resolve(lease)
-            batch = self.hostile.answer(lease, self.backend)
+        batch = self.answers.answer(lease, self.backend)
         seconds = time.monotonic() - started
-        if behaviour == "garbage":
-            self._post_garbage()
+        self.answers.before_submit(lease, self.client)
         answer = self.client.submit_rollouts(batch)
         self.submitted += 1
+        self.log_batch(lease, batch, answer.batch_id, seconds)
+        return True
+
+    def log_batch(self, lease: TaskLease, batch: RolloutBatch, batch_id: str, seconds: float) -> None:
+        """One ``rollouts`` metrics line and one log line per submitted batch."""
         tokens = sum(len(s.completion_tokens) for s in batch.samples)
         rewards = [s.reward for s in batch.samples]
+        behaviour = self.answers.resolve(lease)
         fields = {
-            "batch_id": answer.batch_id,
-            "expected_reason": "ok" if self.hostile is None else "|".join(EXPECTED_REASONS[behaviour]),
+            "batch_id": batch_id,
             "step": lease.step,
             "batch_index": lease.batch_index,
             "policy_version": batch.policy_version,
@@ -197,7 +213,6 @@ class Worker:
             "reward_mean": sum(rewards) / len(rewards),
             "behaviour": behaviour,
         }
-        get_metrics().log("batch_submitted", **fields)
         get_metrics().log("rollouts", **fields)
         log.info(
             "submitted step %d batch %d (v%d, %s): %d samples, %.1f tok/s, mean reward %.3f",
@@ -209,22 +224,6 @@ class Worker:
             fields["tokens_per_s"],
             fields["reward_mean"],
         )
-        return True
-
-    def _post_garbage(self) -> None:
-        try:
-            answer = requests.post(
-                self.run.orchestrator.url + "/rollouts",
-                data=garbage_body(),
-                headers={
-                    "Authorization": f"Bearer {self.client.worker_token}",
-                    "Content-Type": "application/json",
-                },
-                timeout=30,
-            )
-            log.info("garbage body answered HTTP %d", answer.status_code)
-        except requests.RequestException as exc:
-            log.info("garbage body failed: %s", exc)
 
     def run_loop(self) -> int:
         self.client.wait_until_up(self.run.orchestrator.connect_timeout_s)
@@ -232,7 +231,7 @@ class Worker:
         log.info("registered as %s (behaviour %s)", self.worker_id, self.cfg.behaviour)
         get_metrics().log("registered", worker_id=self.worker_id, behaviour=self.cfg.behaviour)
         get_metrics().log("weights_loaded", policy_version=0, source="initial")
-        if self.cfg.behaviour != "stale_policy":
+        if self.answers.follows_new_weights:
             self.follower.start()
         while not self.stop_event.is_set() and (
             not self.cfg.max_batches or self.submitted < self.cfg.max_batches
@@ -262,23 +261,9 @@ class Worker:
 
 
 def main(config: RunConfig, name: str = "worker") -> int:
-    """Entry point of ``prime-rl worker``."""
-    torch.set_num_threads(config.workers.num_threads)
-    init_process("worker", name, config.run_dir)
-    # before loading the model: a wrong URL is reported in seconds, not after the model load
-    if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
-        return 1
-    worker = Worker(config, name)
-    signal.signal(signal.SIGTERM, _exit_cleanly)
-    try:
-        return worker.run_loop()
-    except SystemExit as stop:
-        log.info("stopping (%s)", stop)
-        return 0
-    finally:
-        worker.close()
-
-
-def _exit_cleanly(signum: int, frame: object) -> None:
-    """SIGTERM: leave at once. Nothing a worker holds needs saving (submissions are atomic)."""
-    raise SystemExit(f"signal {signum}")
+    """Entry point of ``prime-rl worker`` (:func:`prime_rl.role.run_role`). Nothing a worker holds
+    needs saving on SIGTERM: submissions are atomic."""
+    return run_role(
+        "worker", name, config, num_threads=config.workers.num_threads, start=lambda: Worker(config, name),
+        loop=Worker.run_loop,
+    )  # fmt: skip

@@ -51,6 +51,10 @@ class CodeResult:
         passed: tests passed; total: tests run; outcomes: one `TestOutcome` per test.
         sandbox: "bwrap" (namespaces + rlimits) or "rlimit" (the weaker fallback).
         error: why the run ended early (runner killed, sandbox failed), else None.
+        machine_limit: None when every failed test failed on the program's own account, else the
+            first machine cause among them ("sandbox_start": the runner never started after its
+            retries; "test_timeout": a test hit its wall-clock limit, or the run its deadline).
+        machine_failed: how many tests failed for such a cause (a re-run might pass them).
     """
 
     passed: int
@@ -58,6 +62,8 @@ class CodeResult:
     outcomes: tuple[TestOutcome, ...]
     sandbox: str
     error: str | None = None
+    machine_limit: str | None = None
+    machine_failed: int = 0
 
     @property
     def fraction(self) -> float:
@@ -107,6 +113,7 @@ def run_tests(
         by_mode.setdefault(case.fn_name, []).append(i)
     outcomes: list[TestOutcome | None] = [None] * len(cases)
     kind, error = sandbox or "", None
+    run_limit: str | None = None  # why a run ended early for the machine's sake (its not_run tests)
     for fn_name, indices in by_mode.items():
         raw = run_in_sandbox(
             program,
@@ -117,6 +124,7 @@ def run_tests(
             sandbox=sandbox,
         )
         kind, error = raw.sandbox, error or raw.runner_error
+        run_limit = run_limit or raw.machine_limit
         for report in raw.tests:
             case = cases[indices[report["index"]]]
             outcomes[indices[report["index"]]] = _judge(case, report, rel_tol, abs_tol, order_insensitive)
@@ -126,7 +134,22 @@ def run_tests(
     if error is not None or any(o.status == "timeout" for o in final):
         # Not the program's answer but the machine's: a scorer and a re-scorer can disagree here.
         log.warning("sandbox %s: %s", kind, error or f"tests timed out: {[o.status for o in final]}")
-    return CodeResult(sum(o.passed for o in final), len(final), final, kind, error)
+    causes = [_machine_cause(o, run_limit) for o in final if not o.passed]
+    found = [c for c in causes if c is not None]
+    return CodeResult(
+        sum(o.passed for o in final), len(final), final, kind, error, found[0] if found else None, len(found)
+    )
+
+
+def _machine_cause(outcome: TestOutcome, run_limit: str | None) -> str | None:
+    """Why a failed test may be the machine's fault, or None when it is the program's: a wall-clock
+    timeout, or a test never run because the runner never started or the run hit its deadline.
+    (A test not run because the runner died mid-run is the program's: it can kill its runner.)"""
+    if outcome.status == "timeout":
+        return "test_timeout"
+    if outcome.status == "not_run":
+        return run_limit
+    return None
 
 
 def _judge(

@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import atexit
 import contextlib
+import dataclasses
 import logging
 import marshal
 import os
@@ -171,12 +172,17 @@ class RawRun:
     `isolation` is the runner's start report: {"uid", "net_isolated", "fs_readonly",
     "proc_private", "no_new_privs"} (all but uid None under bwrap, which does all of it
     itself), or {} when the runner never started.
+
+    `machine_limit` says when the run ended early for the machine's sake, not the program's:
+    "sandbox_start" (no runner started, after `START_RETRIES` fresh ones; or the fallback has no
+    interpreter it may run) or "test_timeout" (the run passed its overall wall-clock deadline).
     """
 
     tests: list[dict]
     sandbox: str
     runner_error: str | None
     isolation: dict = field(default_factory=dict)
+    machine_limit: str | None = None
 
 
 def run_in_sandbox(
@@ -197,7 +203,7 @@ def run_in_sandbox(
     # As root, tests run under a fresh unprivileged uid (RLIMIT_NPROC is not enforced for
     # root). The fallback refuses to run at all when it cannot drop privileges.
     if kind == "rlimit" and fallback_python().path is None:
-        return RawRun([], kind, fallback_python().reason)
+        return RawRun([], kind, fallback_python().reason, machine_limit="sandbox_start")
     uid = fresh_uid() if os.getuid() == 0 else None
     job = {
         "program": program,
@@ -230,6 +236,8 @@ def run_in_sandbox(
                 break
             raw = _drive(_start_runner(kind), job, kind, len(inputs), limits)
         clean = raw.runner_error is None
+        if raw.runner_error is not None and not raw.isolation:  # no runner ever started: the machine's
+            raw = dataclasses.replace(raw, machine_limit="sandbox_start")
         return raw
     finally:
         if kind == "rlimit" and uid is not None and not clean:
@@ -357,6 +365,7 @@ def _drive(proc: subprocess.Popen, job: dict, kind: str, n_tests: int, limits: L
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     tests: list[dict] = []
     error = None
+    machine_limit = None
     isolation: dict = {}
     try:
         try:
@@ -371,6 +380,7 @@ def _drive(proc: subprocess.Popen, job: dict, kind: str, n_tests: int, limits: L
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 error = "sandbox exceeded its overall deadline"
+                machine_limit = "test_timeout"
                 break
             ready, _, _ = select.select([fd], [], [], remaining)
             if not ready:
@@ -401,7 +411,7 @@ def _drive(proc: subprocess.Popen, job: dict, kind: str, n_tests: int, limits: L
             stream.close()
     if error and not ready_seen:
         error = f"sandbox failed to start: {stderr.decode('utf-8', 'replace').strip()[:500]}"
-    return RawRun(tests, kind, error, isolation)
+    return RawRun(tests, kind, error, isolation, machine_limit)
 
 
 _WARNED: set[str] = set()

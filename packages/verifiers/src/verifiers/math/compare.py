@@ -141,10 +141,71 @@ def _set_like(v: st.Value) -> bool:
     return isinstance(v, st.Interval | st.Union) or (isinstance(v, st.Seq) and v.kind == "set")
 
 
+def _constant(value: st.Value) -> sympy.Basic | None:
+    """The exact value of a constant expression (`\\infty` -> oo), or None."""
+    if not isinstance(value, st.Atom):
+        return None
+    if value.text.replace(" ", "") in ("\\infty", "+\\infty", "-\\infty"):
+        return -sympy.oo if value.text.strip().startswith("-") else sympy.oo
+    expr, too_big = to_sympy(value.text)
+    if too_big or expr.free_symbols or not expr.is_real:
+        return None
+    return expr
+
+
+def as_sympy_set(value: st.Value) -> sympy.Set | None:
+    """A set of real constants as a sympy set (finite sets, intervals, a 2-tuple as an open
+    interval, unions, `∩`, `∖`), or None when any part is not a real constant."""
+    if isinstance(value, st.Seq) and value.kind == "set":
+        items = [_constant(v) for v in value.items]
+        return None if any(v is None for v in items) else sympy.FiniteSet(*items)
+    interval = _as_interval(value)
+    if interval is not None:
+        lo, hi = _constant(interval.lo), _constant(interval.hi)
+        if lo is None or hi is None:
+            return None
+        return sympy.Interval(lo, hi, interval.left_open, interval.right_open)
+    if isinstance(value, st.Union):
+        parts = [as_sympy_set(v) for v in value.parts]
+        return None if any(v is None for v in parts) else sympy.Union(*parts)
+    if isinstance(value, st.SetOp):
+        left, right = as_sympy_set(value.left), as_sympy_set(value.right)
+        if left is None or right is None:
+            return None
+        return sympy.Intersection(left, right) if value.op == "∩" else sympy.Complement(left, right)
+    return None
+
+
+def _sets_equal(g: st.Value, p: st.Value) -> bool:
+    """Both sides evaluate to the same set of reals (`\\{1,3\\} ∪ \\{2,4\\}` = `\\{1,2,3,4\\}`)."""
+    try:
+        a, b = as_sympy_set(g), as_sympy_set(p)
+    except LatexError:
+        return False
+    if a is None or b is None:
+        return False
+    return bool(a == b) or (
+        sympy.Complement(a, b) is sympy.S.EmptySet and sympy.Complement(b, a) is sympy.S.EmptySet
+    )
+
+
+def _merged(value: st.Value) -> st.Value:
+    """A union of finite sets as one set (`\\{x, 1\\} ∪ \\{2\\}` = `\\{x, 1, 2\\}`, symbols allowed)."""
+    if isinstance(value, st.Union) and all(isinstance(v, st.Seq) and v.kind == "set" for v in value.parts):
+        return st.Seq("set", tuple(item for part in value.parts for item in part.items))  # type: ignore[union-attr]
+    return value
+
+
 def values_equal(g: st.Value, p: st.Value, opts: Options) -> bool:
     """Gold-first structural equivalence (see module docstring for the direction rules)."""
     if g == p:
         return True
+    if isinstance(g, st.Union | st.SetOp) or isinstance(p, st.Union | st.SetOp):
+        if _sets_equal(g, p):
+            return True
+        if isinstance(g, st.SetOp) or isinstance(p, st.SetOp):
+            return False
+        g, p = _merged(g), _merged(p)
     if isinstance(g, st.Seq) and len(g.items) == 1 and g.kind != "tuple":
         return values_equal(g.items[0], p, opts)
     if isinstance(p, st.Seq) and len(p.items) == 1 and p.kind != "tuple":

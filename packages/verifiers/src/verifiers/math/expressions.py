@@ -14,9 +14,11 @@ anything this estimate misses.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import itertools
 import re
+import types
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -30,7 +32,7 @@ from sympy.parsing.sympy_parser import (
 )
 
 from verifiers.math.latex import SAFE_NAMES, LatexError, to_sympy_source
-from verifiers.math.numbers import Number, decimal_matches, numbers_equal, parse_number
+from verifiers.math.numbers import Number, decimal_matches, numbers_equal, parse_number, values_with_percent
 
 _TRANSFORMS = (*standard_transformations, implicit_multiplication, rationalize, factorial_notation)
 POINTS = (
@@ -40,6 +42,19 @@ POINTS = (
     sympy.Rational(4127, 1000),
 )
 MAX_BITS = 200_000
+
+
+def _sympy_globals() -> dict[str, object]:
+    """The namespace `parse_expr` builds when given none (`from sympy import *` plus the builtin
+    functions), built once: rebuilding it on every call was most of a comparison's time."""
+    names: dict[str, object] = {}
+    exec("from sympy import *", names)
+    names.update({k: v for k, v in vars(builtins).items() if isinstance(v, types.BuiltinFunctionType)})
+    names.update(max=sympy.Max, min=sympy.Min)
+    return names
+
+
+_GLOBALS = _sympy_globals()
 
 
 @dataclass(frozen=True)
@@ -88,10 +103,13 @@ def to_sympy(text: str) -> tuple[sympy.Basic, bool]:
     src = to_sympy_source(text.replace("%", ""))
     names = _local_names(src)
     try:
-        lazy = parse_expr(src, local_dict=names, transformations=_TRANSFORMS, evaluate=False)
-        if _too_big(lazy):
-            return lazy, True
-        expr = parse_expr(src, local_dict=names, transformations=_TRANSFORMS)
+        if re.search(r"\*\*|!|factorial|binomial", src):  # only powers and factorials can explode
+            lazy = parse_expr(
+                src, local_dict=names, global_dict=dict(_GLOBALS), transformations=_TRANSFORMS, evaluate=False
+            )
+            if _too_big(lazy):
+                return lazy, True
+        expr = parse_expr(src, local_dict=names, global_dict=dict(_GLOBALS), transformations=_TRANSFORMS)
     except MemoryError:
         raise
     except Exception as exc:  # sympy's parser raises TokenError, IndexError, ... on junk
@@ -161,6 +179,15 @@ def _decimal_vs_expression(literal: Number, expr: sympy.Basic, opts: Options) ->
     return decimal_matches(literal, exact, opts.float_rounding)
 
 
+def _candidates(text: str, number: Number | None) -> tuple[list[sympy.Basic], bool]:
+    """Values `text` may stand for (`28%`: 28 and 0.28), and whether it is too big to evaluate.
+    A plain number is taken exactly as `numbers.py` reads it (`1.5e3`, `33\\frac{1}{3}%`)."""
+    if number is not None:
+        return [sympy.Rational(v.numerator, v.denominator) for v in values_with_percent(number)], False
+    expr, too_big = to_sympy(text)
+    return ([expr, expr / 100] if "%" in text else [expr]), too_big
+
+
 def atoms_equal(a: str, b: str, opts: Options) -> bool:
     """Equivalence of two expression strings (gold `a`, prediction `b`)."""
     if a == b:
@@ -172,17 +199,17 @@ def atoms_equal(a: str, b: str, opts: Options) -> bool:
     if letters[0] and letters[1]:
         la, lb = letters[0].group(1), letters[1].group(1)
         return la == lb or (la.isupper() and la.lower() == lb.lower() and la in "ABCDEFGHIJ")
-    ea, big_a = to_sympy(a)
-    eb, big_b = to_sympy(b)
+    candidates_a, big_a = _candidates(a, na)
+    candidates_b, big_b = _candidates(b, nb)
+    ea, eb = candidates_a[0], candidates_b[0]
     if big_a or big_b:
         return sympy.srepr(ea) == sympy.srepr(eb)
     if not opts.strict:
-        eb = rename(eb, ea)
+        candidates_b = [rename(y, ea) for y in candidates_b]
+        eb = candidates_b[0]
     for literal, other in ((na, eb), (nb, ea)):
         if literal is not None and _decimal_vs_expression(literal, other, opts):
             return True
-    candidates_a = [ea, ea / 100] if "%" in a else [ea]
-    candidates_b = [eb, eb / 100] if "%" in b else [eb]
     for x, y in itertools.product(candidates_a, candidates_b):
         if not x.free_symbols and not y.free_symbols:
             if _constants_equal(x, y):

@@ -231,4 +231,4 @@ def answer_span(text: str) -> str:
     span = last_math_span(text)
     if span is not None:
         return span
-    return text.replace("$", "").strip()
+    return re.sub(r"(?<!\\)\$", "", text).strip()  # keeps a currency "\$" for normalize

@@ -40,6 +40,13 @@ _RELATIONS = (
 )
 
 
+_DEGREES = re.compile(r"(\d+(?:\.\d+)?)\s*(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![a-zA-Z]))")
+_TRIG = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)(?![a-zA-Z])")
+_OPERATOR_NAME = re.compile(
+    r"\\operatorname\*?\s*\{\s*(arcsin|arccos|arctan|sin|cos|tan|cot|sec|csc|sinh|cosh|tanh|ln|log|exp)\s*\}"
+)
+
+
 def _unwrap_font_commands(s: str) -> str:
     while True:
         m = _FONT.search(s)
@@ -55,15 +62,21 @@ def normalize(text: str) -> str:
     """Canonical spelling of an answer string (no parsing; idempotent on its output)."""
     s = text.strip()
     s = re.sub(r"\\\\(?=[a-zA-Z])", r"\\", s)  # "\\le" written with an escaped backslash
+    s = s.replace("\\$", "")  # currency first: "\$1,000" is 1,000, not "\1,000"
     s = s.replace("$", "").replace("**", "")
     s = re.sub(r",\\!\s*(?=\d{3})", "", s)  # 32,\!349
     s = re.sub(r"(?<!\\)\{\s*,\s*\}\s*", "", s)  # 32{,}349 and 14 {, }916
+    s = re.sub(r"\\mathbb\s*\{?\s*R\s*\}?", r"(-\\infty, \\infty)", s)
+    s = re.sub(r"\\(?:emptyset|varnothing)(?![a-zA-Z])|∅", r"\\{\\}", s)
+    s = _OPERATOR_NAME.sub(lambda m: "\\" + m.group(1), s)  # \operatorname{arcsin} -> \arcsin
     s = _unwrap_font_commands(s)
     s = _SIZING.sub("", s)
     s = re.sub(r"\\q?quad", " ", s)  # also "\quadx" (seen in datasets)
     s = _SPACING.sub(" ", s).replace("~", " ")
     s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
     s = re.sub(r"\\[dt]binom(?![a-zA-Z])", r"\\binom", s)
+    if _TRIG.search(s):  # \sin 30^\circ is sin(pi/6); elsewhere "30^\circ" just states 30
+        s = _DEGREES.sub(lambda m: f"{{\\frac{{{m.group(1)}\\pi}}{{180}}}}", s)
     s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![a-zA-Z])", "", s)
     s = re.sub(r"\\%|％", "%", s)
     s = re.sub(r"\s*(?:percent|pct)\b", "%", s)
@@ -76,6 +89,8 @@ def normalize(text: str) -> str:
     s = re.sub(r"\\(?:pm)(?![a-zA-Z])|±", "±", s)
     s = re.sub(r"\\mp(?![a-zA-Z])|∓", "∓", s)
     s = re.sub(r"\\cup(?![a-zA-Z])|∪", " ∪ ", s)
+    s = re.sub(r"\\cap(?![a-zA-Z])|∩", " ∩ ", s)
+    s = re.sub(r"\\(?:setminus|backslash)(?![a-zA-Z])|∖", " ∖ ", s)
     s = re.sub(r"\\in(?![a-zA-Z])|∈", " ∈ ", s)
     s = re.sub(r"\\(?:infty|infinity)(?![a-zA-Z])|∞", "\\\\infty", s)
     s = re.sub(r"\s+", " ", s).strip()
@@ -93,10 +108,30 @@ _TRAILING_WORDS = re.compile(r"^(.*[\d}])\s+((?:[a-zA-Z]{2,}\s*)+)$")
 _NOT_UNITS = {"and", "or", "sin", "cos", "tan", "log", "ln", "exp", "pi"}
 
 
+# Units a bare letter may stand for after a space ("9.8 m/s^2"); any other single letter is a
+# variable ("3 x^2" stays 3x^2).
+_UNIT_NAMES = (
+    "m|s|g|h|L|N|J|W|K|V|A|cm|mm|km|nm|dm|kg|mg|ms|min|hr|mL|ml|kJ|kW|kPa|Pa|Hz|mol|ft|in|yd|mi|"
+    "lb|lbs|oz|mph|kmh|cc|cal|kcal|sq"
+)
+_POWER = r"(?:\^\s*\{?\s*-?\d\s*\}?|[²³])"
+_KNOWN_UNIT = rf"(?:{_UNIT_NAMES}){_POWER}?"
+_UNIT_TAIL = re.compile(rf"^(.*?(?:[\d}}]|\\pi))\s+({_KNOWN_UNIT}(?:\s*(?:/|\\cdot|\s)\s*{_KNOWN_UNIT})*)$")
+
+
+_GLUED_UNIT = re.compile(rf"(?:{_UNIT_NAMES}|[a-zA-Z]{{3,}})(?![a-zA-Z])")
+
+
 def strip_units(s: str) -> str:
-    """`125 miles` -> `125`, `1,000.99m²` -> `1,000.99`, `\\frac{1}{3} meters` -> `\\frac{1}{3}`;
-    `5x` and `2\\pi` are left alone."""
+    """`125 miles` -> `125`, `1,000.99m²` -> `1,000.99`, `\\frac{1}{3} meters` -> `\\frac{1}{3}`,
+    `9.8 m/s^2` -> `9.8`, `25\\pi cm^2` -> `25\\pi`; `5x`, `3 x^2` and `2\\pi` are left alone."""
+    m = _UNIT_TAIL.match(s)
+    if m:
+        return m.group(1).strip()
     m = _UNIT.match(s)
+    glued = m is not None and not s[len(m.group(1)) :][:1].isspace()
+    if glued and not _GLUED_UNIT.match(s[len(m.group(1)) :]):  # type: ignore[union-attr]
+        m = None  # "5xy" is a product; "5cm", "1,000.99m²" and "125miles" state units
     if m and not re.search(r"[a-zA-Z\\]", m.group(1)):
         return m.group(1).strip()
     m = _TRAILING_WORDS.match(s)
@@ -120,8 +155,10 @@ GREEK = {
 }  # fmt: skip
 SAFE_NAMES = {
     "sqrt", "root", "Abs", "factorial", "binomial", "pi", "oo", "E", "I", "log10",
-    "floor", "ceiling", *FUNCTIONS.values(),
+    "floor", "ceiling", "asinh", "acosh", "atanh", *FUNCTIONS.values(),
 }  # fmt: skip
+_INVERSE = {"sin": "asin", "cos": "acos", "tan": "atan", "sinh": "asinh", "cosh": "acosh", "tanh": "atanh"}
+_BRACKETS = {"lfloor": " floor(", "rfloor": ")", "lceil": " ceiling(", "rceil": ")"}
 _OPERATORS = {"cdot": "*", "times": "*", "div": "/", "ast": "*", "pi": " pi ", "infty": " oo "}
 
 
@@ -167,14 +204,44 @@ class _Converter:
                 j += 1
             inner, self.i = s[self.i + 1 : j], j + 1
             return convert(inner)
-        m = re.match(r"\s*(\\?[a-zA-Z]+|\d+(?:\.\d+)?|\{)", s[self.i :])
-        if m is None:
-            raise LatexError("function without argument")
-        if m.group(1) == "{":
+        if self.i < len(s) and s[self.i] == "{":
             return self.arg()
-        token = m.group(1)
+        # No brackets: the argument is the run of juxtaposed factors that follows, with their
+        # powers (`\sin 2x` = sin(2x), `\ln e^2` = ln(e^2), `\cos\frac{\pi}{4}`); it ends at an
+        # operator, a closing bracket or the next function (`2\sin x\cos x`).
+        factors: list[str] = []
+        while True:
+            while self.i < len(s) and s[self.i] == " ":
+                self.i += 1
+            factor = self._factor()
+            if factor is None:
+                break
+            if self.s.startswith("^", self.i):
+                self.i += 1
+                factor = f"({factor})**({self.arg()})"
+            factors.append(factor)
+        if not factors:
+            raise LatexError("function without argument")
+        return "*".join(factors)
+
+    def _factor(self) -> str | None:
+        """One factor of an unbracketed function argument, or None where the argument ends."""
+        s = self.s
+        if self.i >= len(s):
+            return None
+        if s[self.i] == "{":
+            return "(" + self.arg() + ")"
+        if s[self.i] == "\\":
+            m = re.match(r"\\([a-zA-Z]+)", s[self.i :])
+            if m is None or not (m.group(1) in ("frac", "sqrt", "binom", "pi") or m.group(1) in GREEK):
+                return None
+            self.i += m.end()
+            return "(" + self.command(m.group(1)) + ")"
+        m = re.match(r"\d+(?:\.\d+)?|[A-Za-z]", s[self.i :])
+        if m is None:
+            return None
         self.i += m.end()
-        return convert(token)
+        return m.group(0)
 
     def run(self) -> str:
         out: list[str] = []
@@ -241,8 +308,13 @@ class _Converter:
                 self.i += 1
                 base = self.arg()
             argument = self.function_argument()
-            call = f"{FUNCTIONS[name]}({argument})" if base is None else f"log({argument},{base})"
+            function = FUNCTIONS[name]
+            if power.replace(" ", "") in ("-1", "(-1)") and function in _INVERSE:
+                function, power = _INVERSE[function], ""  # \sin^{-1} x is arcsin x
+            call = f" {function}({argument})" if base is None else f" log({argument},{base})"  # "y sin"
             return f"({call}**({power}))" if power else call
+        if name in _BRACKETS:
+            return _BRACKETS[name]
         if name in _OPERATORS:
             return _OPERATORS[name]
         if name in GREEK:

@@ -3,7 +3,7 @@ relations, memberships, matrices, expressions and free text (pure string work, n
 
 Grammar, outermost first: `;` and "and"/"or" separate answers; `\\pm` expands to two
 answers; top-level commas make a list (unless the whole string is one number such as
-`7,425,000`); `\\cup` makes a union, `\\in` a membership, `= < <= > >= !=` a relation chain;
+`7,425,000`); `\\cup` makes a union, `\\cap`/`\\setminus` a `SetOp`, `\\in` a membership, `= < <= > >= !=` a relation chain;
 `(a, b)` is a tuple that may stand for an open interval, `[a, b)` an interval, `\\{a, b\\}` a
 set, `\\begin{pmatrix}` a matrix; what is left is an expression (`Atom`) or `Text`.
 """
@@ -54,6 +54,15 @@ class Union:
 
 
 @dataclass(frozen=True)
+class SetOp:
+    """`left ∩ right` (op "∩") or `left ∖ right` (op "∖"), left-associative."""
+
+    op: str
+    left: Value
+    right: Value
+
+
+@dataclass(frozen=True)
 class Relation:
     """A chain `terms[0] ops[0] terms[1] ...`; ops are `= != < <= > >=`."""
 
@@ -74,7 +83,7 @@ class Matrix:
     rows: tuple[tuple[Value, ...], ...]
 
 
-Value = Atom | Text | Seq | Interval | Union | Relation | Member | Matrix
+Value = Atom | Text | Seq | Interval | Union | SetOp | Relation | Member | Matrix
 
 _OPEN = "([{"
 _CLOSE = ")]}"
@@ -208,6 +217,14 @@ def parse(s: str) -> Value:
     parts = split_top(s, "∪")
     if len(parts) > 1:
         return Union(tuple(parse(p) for p in parts[:MAX_ITEMS]))
+    operators = [m for m in re.finditer("[∩∖]", s) if depths[m.start()] == 0]
+    if len(operators) > MAX_ITEMS:
+        return Text(s)
+    if operators:  # left-associative: A ∩ B ∖ C = (A ∩ B) ∖ C
+        last = operators[-1]
+        left, right = s[: last.start()].strip(), s[last.end() :].strip()
+        if left and right:
+            return SetOp(last.group(0), parse(left), parse(right))
     parts = split_top(s, "∈")
     if len(parts) == 2 and parts[0].strip():
         return Member(parts[0].strip(), parse(parts[1]))

@@ -1,14 +1,17 @@
-"""The run's tasks as workers and the validator use them: prompt tokens and the run's reward.
+"""The reward, next to the tasks it scores: the contract every worker and the validator share.
 
-Wraps CONTROL's :class:`prime_rl.tasks.TaskSet` (the same task ids the orchestrator leases) with
-the model tokenizer, implementing :class:`prime_rl.validator.checks.TaskScorer`. Both sides tokenise
-with :meth:`prime_rl.tasks.TaskSet.encode` (:func:`prime_rl.tasks.encode_prompt` with the run's chat
-settings) and score with the same reward, so an honest worker's claims match the validator's
-recomputation exactly.
+A reward is ``reward(task, completion, num_tokens, budget) -> float`` (:data:`Reward`):
+:func:`default_reward` (``verifiers.verify`` plus INTELLECT-2's length term toward the task's
+:class:`LengthBudget`), or the callable ``[components] reward`` names
+(``examples/intellect2.py:reward``), imported when the worker or validator starts
+(:func:`load_reward`). A recipe composes its reward from weighted terms (:func:`weighted`), the
+way TRL and ``verifiers`` take ``reward_funcs`` with ``reward_weights``: ``default_reward`` plus
+its own terms, one line each.
 
-The reward is ``reward(task, completion, num_tokens, budget) -> float``: :func:`default_reward`
-(``verifiers.verify`` plus INTELLECT-2's length term), or the callable ``[components] reward``
-names (``examples/intellect2.py:reward``), imported when the worker or validator starts.
+:class:`RunTasks` is the run's tasks as both sides use them: prompt tokens through
+:meth:`prime_rl.tasks.TaskSet.encode` (the run's chat settings) and ``score`` with the run's
+reward, implementing :class:`prime_rl.validator.checks.TaskScorer`, so an honest worker's claims
+match the validator's recomputation exactly.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ __all__ = [
     "LengthBudget",
     "Reward",
     "RunTasks",
+    "WeightedReward",
     "default_reward",
     "load_reward",
     "run_tasks",
+    "weighted",
 ]
 
 
@@ -64,6 +69,40 @@ def default_reward(task: Any, completion: str, num_tokens: int, budget: LengthBu
     return float(verifiers.length_reward(score, num_tokens, budget.target, budget.mode, alpha=budget.alpha))
 
 
+@dataclass(frozen=True)
+class WeightedReward:
+    """``sum(weight * term(...))`` over ``terms``, in order; a term of weight 0 is not computed
+    (TRL logs such a term as a metric; nothing here logs per-term values yet).
+
+    Pitfall: the sum must come out bit-identical on every worker and on the validator, so the
+    terms are added in their listed order (a single term of weight 1 is that term's value exactly).
+    """
+
+    terms: tuple[tuple[Reward, float], ...]
+
+    def __post_init__(self) -> None:
+        for term, weight in self.terms:
+            problem = check_signature(REWARD_PARAMETERS)(term)
+            if problem or not math.isfinite(weight):
+                raise ValueError(f"reward term {term!r}: {problem or f'weight {weight} is not finite'}")
+
+    def __call__(self, task: Any, completion: str, num_tokens: int, budget: LengthBudget | None) -> float:
+        total = 0.0
+        for term, weight in self.terms:
+            if weight:
+                total += weight * float(term(task, completion, num_tokens, budget))
+        return total
+
+
+def weighted(*terms: tuple[Reward, float]) -> WeightedReward:
+    """The reward ``sum(weight * term)`` of ``(term, weight)`` pairs, e.g.
+    ``weighted((default_reward, 1.0), (format_reward, 0.2))``.
+
+    Raises ``ValueError`` for a term that is not a reward or a weight that is not finite.
+    """
+    return WeightedReward(tuple(terms))
+
+
 def load_reward(path: str) -> Reward:
     """The reward ``path`` names (``module:attribute``); ``ComponentError`` if it is not one."""
     return load_component("components.reward", path, check_signature(REWARD_PARAMETERS))  # type: ignore[return-value]
@@ -84,24 +123,27 @@ class RunTasks:
         self.tokenizer = tokenizer
         self.reward = reward
         self.length_alpha = length_alpha
-        self.prompt_tokens = lru_cache(maxsize=4096)(self._prompt_tokens)  # type: ignore[method-assign]
+        # Tokenising a few-shot prompt costs more than judging its sample's structure; a worker and
+        # the validator see the same few tasks again and again.
+        self._cached_prompt_tokens = lru_cache(maxsize=4096)(self._encode_prompt)
 
     @property
     def num_tasks(self) -> int:
         return len(self.task_set)
 
-    def _prompt_tokens(self, task_id: int) -> tuple[int, ...]:
+    def _encode_prompt(self, task_id: int) -> tuple[int, ...]:
         return tuple(self.task_set.encode(self.tokenizer, self.task_set.prompt(task_id)))
 
-    def prompt_tokens(self, task_id: int) -> tuple[int, ...]:  # replaced by the cached version
-        return self._prompt_tokens(task_id)
+    def prompt_tokens(self, task_id: int) -> tuple[int, ...]:
+        """The token ids a worker must feed for task ``task_id`` (cached)."""
+        return self._cached_prompt_tokens(task_id)
 
     def encode(self, text: str) -> list[int]:
         return self.task_set.encode(self.tokenizer, text)
 
     def budget(self, task_id: int) -> LengthBudget | None:
         """The task's thinking budget, or None when ``[tasks] length_reward = "none"``."""
-        target = self.task_set.target_length(task_id) if hasattr(self.task_set, "target_length") else None
+        target = self.task_set.target_length(task_id)
         if target is None:
             return None
         return LengthBudget(target, self.task_set.length_reward, self.length_alpha)

@@ -1,0 +1,168 @@
+"""The generation-backend contract: what every engine must do so that the validator can re-derive it.
+
+A backend turns prompt token ids into completions for an inference worker, and (optionally)
+recomputes hidden states and logits by one prefill for the validator. Every backend must honour
+the same rules, because the validator re-derives everything a worker claims:
+
+* **Sampling** uses toploc's seeded Gumbel-max sampler: the token at completion position ``t`` of
+  a sample with (lease-assigned) seed ``s`` is ``toploc.sample_tokens(logits_t, seed=SAMPLER_SEED,
+  sequence_ids=[s], positions=[t], temperature=T)``, i.e. ``argmax_v(logits_t[v] / T + g(0, s, t, v))``.
+  Keying the noise by the per-sample seed as toploc's *sequence id* lets one call draw a whole
+  batch. Given the same logits anyone can redraw it (``toploc.check_sampling``), so a completion
+  that was not sampled from the claimed policy fails the validator's sampling check.
+  ``temperature == 0`` is greedy.
+* **Hidden states** are the final hidden states (after the final norm, i.e. the input of
+  ``lm_head``) at the positions whose logits sampled each completion token: row ``t`` is the state
+  at absolute position ``len(prompt) + t - 1``. There is one row per completion token and no
+  prefill rows (toploc ``skip_prefill=True``), in chunks of :data:`PROOF_CHUNK` rows per proof,
+  each committing to the top ``proof_topk(H) = min(128, H)`` values (128 for every real model; a
+  tiny test model with ``H = 64`` could not fill a 1-row chunk with 128 values).
+* **Log-probs** are ``log_softmax(logits / T)[token]`` in fp32 (``T = 1`` for greedy), the
+  behaviour policy's log-probs for the trainer's importance-sampling correction
+  (``backend.token_logprobs``, which the validator recomputes them with).
+* A completion ends at an EOS token of the tokenizer (kept; :func:`tokenizer_eos_ids`), at the first
+  stop string (tokens kept up to and including the token that completed it), or after
+  ``max_new_tokens``. Its ``text`` is :func:`completion_text`.
+
+Implementations: ``backend.HFBackend`` (transformers) and ``vllm_backend.VLLMBackend``; a new
+engine is one module implementing :class:`GenerationBackend` plus one line in ``select.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+import toploc
+
+FinishReason = Literal["eos", "stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: temperature (0 = greedy), length limit and stop strings."""
+
+    temperature: float = 1.0
+    max_new_tokens: int = 32
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion with everything a worker submits about it.
+
+    ``logprobs[t]`` and ``proofs`` follow the conventions of the module docstring;
+    ``proofs`` are the concatenated toploc proofs (258 bytes per 32 tokens by default).
+    """
+
+    prompt_tokens: tuple[int, ...]
+    completion_tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    proofs: bytes
+    seed: int
+    finish_reason: FinishReason
+    text: str
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """Recomputed tensors for one (prompt, completion): rows align with ``completion_tokens``.
+
+    ``hidden``: ``[n, H]`` final hidden states (model dtype); ``logits``: ``[n, V]`` fp32.
+    """
+
+    hidden: torch.Tensor
+    logits: torch.Tensor
+
+
+class GenerationError(RuntimeError):
+    """The backend cannot serve the request (empty prompt, context too long, ...)."""
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """What workers, validators and the evaluator need from an inference engine."""
+
+    tokenizer: Any
+    """The model's tokenizer (``encode``/``decode``/``apply_chat_template``; transformers API)."""
+
+    eos_token_ids: frozenset[int]
+    """Token ids that end a completion (kept in it); empty = only stop strings and the length limit."""
+
+    @property
+    def policy_version(self) -> int:
+        """The policy version of the loaded weights (0 = initial weights)."""
+        ...
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], params: SamplingParams
+    ) -> list[Completion]:
+        """Sample one completion per (prompt, seed) pair, in order."""
+        ...
+
+    def prefill(
+        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+    ) -> list[Prefill]:
+        """Recompute hidden states and logits for each (prompt, completion) by one prefill."""
+        ...
+
+    def load_weights(self, path: str | Path, policy_version: int) -> None:
+        """Replace the weights in place from a safetensors file and record its version."""
+        ...
+
+
+PROOF_CHUNK = 32
+"""Decode rows per toploc proof (INTELLECT-2's ``decode_batching_size``)."""
+
+
+def proof_topk(hidden_size: int) -> int:
+    """Top-k per proof: 128 (INTELLECT-2), capped at the hidden size."""
+    return min(128, hidden_size)
+
+
+def proof_size(topk: int) -> int:
+    """Bytes per proof: big-endian modulus + ``topk`` coefficients (258 for k = 128)."""
+    return 2 + 2 * topk
+
+
+SAMPLER_SEED = 0
+"""toploc sampler ``seed``; the per-sample seed is passed as the sampler's ``sequence_id``."""
+
+
+def build_proofs(hidden_rows: torch.Tensor) -> bytes:
+    """Concatenated toploc proofs of ``[n, H]`` decode rows (no prefill chunk)."""
+    topk = proof_topk(hidden_rows.shape[-1])
+    proofs = toploc.build_proofs_bytes(
+        hidden_rows, decode_batching_size=PROOF_CHUNK, topk=topk, skip_prefill=True
+    )
+    return b"".join(proofs)
+
+
+def verify_proofs(hidden_rows: torch.Tensor, data: bytes) -> list[Any]:
+    """toploc ``VerificationResult`` per proof chunk of ``data`` against recomputed ``[n, H]`` rows.
+
+    Raises ``toploc.ProofFormatError``/``ValueError`` for malformed or wrongly counted proofs.
+    """
+    topk = proof_topk(hidden_rows.shape[-1])
+    return toploc.verify_proofs_bytes(
+        hidden_rows,
+        toploc.split_proofs(data, topk),
+        decode_batching_size=PROOF_CHUNK,
+        topk=topk,
+        skip_prefill=True,
+    )
+
+
+def tokenizer_eos_ids(tokenizer: Any) -> frozenset[int]:
+    """The tokenizer's EOS ids as a set (``eos_token_id`` may be one id, a list, or ``None``)."""
+    eos = tokenizer.eos_token_id
+    return frozenset([eos] if isinstance(eos, int) else list(eos or []))
+
+
+def completion_text(tokenizer: Any, tokens: Sequence[int]) -> str:
+    """A completion's ``text``: its tokens decoded without special tokens."""
+    return str(tokenizer.decode(list(tokens), skip_special_tokens=True))

@@ -1,0 +1,117 @@
+"""Who may take one more lease now: per-identity allowances earned by answered work, a cap on what
+fresh identities may hold per client address, and backpressure on answered work.
+
+The rules (``LeaseRules.check`` raises the API's refusal; ``LeaseBook`` counts, ``ReleaseBook``
+knows whose tokens the validator accepted):
+
+  - **Own allowance** (409 ``conflict``): a worker may hold
+    ``max(1, min(max_open_leases, 1 + answered) - expired)`` unanswered leases, where
+    ``answered`` counts its leases a stored batch answers and ``expired`` those it let expire. A
+    fresh identity therefore holds one lease at a time and cannot choose between leases: to
+    hold a second, it must first answer one.
+  - **Fresh identities per address** (429 ``busy``): identities without accepted history (no
+    completion token of theirs accepted by the validator) leasing from one client address
+    (IPv6: its /64) may hold at most ``max(1, max_open_leases_per_address - unforgiven)`` open
+    leases together, where ``unforgiven = max(0, expired_at - answered_at)`` counts the address's
+    abandoned leases not offset by answered ones. Identities *with* accepted history are not
+    counted and not capped here: however many fresh identities share their address, they keep
+    their own allowance (at most ``max_open_leases`` each). The documented bound: the fresh
+    identities at one address, however many, hold at most ``max_open_leases_per_address`` leases.
+  - **Backpressure** (429 ``busy``): while ``max_buffered_samples`` usable answered samples are
+    buffered, a worker that has answered samples of its own among them is refused; one with none
+    buffered still gets its lease (so a flood of answered work by others cannot starve it; the
+    buffer may then exceed the limit by at most one lease per such worker).
+  - **Abandonment bans** (``expired``): once a worker's expired leases reach
+    ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases, it is banned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prime_rl.api.errors import ApiFailure
+from prime_rl.config.sections import OrchestratorConfig
+from prime_rl.orchestrator.leases import LeaseBook
+from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
+
+__all__ = ["LeaseRules"]
+
+
+class LeaseRules:
+    """The lease rules of the module docstring over the ledger's books.
+
+    ``has_history(worker_id)``: whether the validator accepted any of the worker's tokens.
+    ``buffered(worker_id | None)``: usable answered samples buffered (of that worker; None = all).
+    """
+
+    def __init__(
+        self,
+        orch: OrchestratorConfig,
+        leases: LeaseBook,
+        workers: WorkerRegistry,
+        *,
+        has_history: Callable[[str], bool],
+        buffered: Callable[[str | None], int],
+    ) -> None:
+        self._orch = orch
+        self._leases = leases
+        self._workers = workers
+        self._has_history = has_history
+        self._buffered = buffered
+
+    def allowance(self, worker_id: str) -> int:
+        """Open leases ``worker_id`` may hold (module docstring, "own allowance")."""
+        earned = min(self._orch.max_open_leases, 1 + self._leases.answered(worker_id))
+        return max(1, earned - self._leases.expired(worker_id))
+
+    def fresh_cap(self, address: str) -> int:
+        """Open leases the fresh identities at ``address`` may hold together."""
+        unforgiven = max(0, self._leases.expired_at(address) - self._leases.answered_at(address))
+        return max(1, self._orch.max_open_leases_per_address - unforgiven)
+
+    def fresh_open_at(self, address: str) -> int:
+        """Open leases at ``address`` held by identities without accepted history."""
+        return self._leases.open_at(address, among=lambda worker_id: not self._has_history(worker_id))
+
+    def ban_abandoners(self, worker_ids: set[str]) -> None:
+        """Ban those of ``worker_ids`` whose expired leases pass both abandonment limits."""
+        for worker_id in sorted(worker_ids):
+            worker = self._workers.get(worker_id)
+            abandoned, issued = self._leases.expired(worker_id), self._leases.issued(worker_id)
+            if (
+                worker is not None
+                and not worker.banned
+                and abandoned >= self._orch.ban_abandoned_leases
+                and abandoned >= self._orch.ban_abandoned_share * issued
+            ):
+                self._workers.ban(worker, f"abandoned {abandoned} of {issued} leases (expired unanswered)")
+
+    def check(self, worker: WorkerRecord, address: str) -> None:
+        """ApiFailure 409 / 429 when ``worker`` (leasing from ``address``) may not take a lease now."""
+        worker_id = worker.worker_id
+        open_leases, allowance = self._leases.open_count(worker_id), self.allowance(worker_id)
+        if open_leases >= allowance:
+            raise ApiFailure(
+                409,
+                "conflict",
+                f"{open_leases} unanswered leases open (you may hold {allowance}: one more per answered lease up "
+                "to orchestrator.max_open_leases, less one per lease you let expire); submit them first",
+            )
+        if not self._has_history(worker_id):
+            at_address, cap = self.fresh_open_at(address), self.fresh_cap(address)
+            if at_address >= cap:
+                raise ApiFailure(
+                    429,
+                    "busy",
+                    f"{at_address} unanswered leases are open to identities without accepted work at your "
+                    f"address {address} (they may hold {cap}: orchestrator.max_open_leases_per_address less "
+                    "the address's abandoned leases not offset by answered ones); retry later",
+                    retry_after_s=min(10.0, self._orch.task_timeout_s),
+                )
+        limit = self._orch.max_buffered_samples
+        if limit and (buffered := self._buffered(None)) >= limit and (own := self._buffered(worker_id)) > 0:
+            raise ApiFailure(
+                429,
+                "busy",
+                f"{buffered} samples already buffered (limit {limit}), {own} of them yours; retry later",
+            )

@@ -1,0 +1,203 @@
+"""One verdict per sample of a submitted batch: the batch's checks around the per-sample ones.
+
+Input is a :class:`prime_rl.api.protocol.PendingBatch` (structurally valid: the orchestrator already
+rejected bad JSON, types and base64). A lease is accepted whole or not at all: once any sample
+fails, every other sample of the batch is rejected too (``lease_rejected``), and when a failure is
+found before the prefill, the batch costs no prefill at all (``structure.py``). In order:
+
+1. lease and version: the batch answers a lease whose task ids, recomputed with
+   ``assignment.task_ids`` under the run's assignment key, are the lease's (a mismatch on a lease
+   the orchestrator issued means this validator holds another key: ``AssignmentKeyMismatch``);
+   the batch answers every task of its lease with all ``group_size`` completions
+   (``incomplete_lease``, ``group_incomplete``); the policy version is
+   ``>= step - async_level`` of the lease (``stale_policy``), not newer than the newest
+   committed version (``future_policy``; default: the lease step) and available (``unknown_policy``);
+2. every sample's own checks (``checks.py``: prompt, seed, termination, proofs, sampling,
+   log-probs, reward);
+3. groups: all ``group_size`` completions of a task present once (``group_incomplete``); a group
+   with a rejected member is rejected whole (``group_rejected``), because its advantages depend on
+   every member; advantages recomputed with ``grpo.group_zscore`` from the recomputed rewards
+   (``advantage_mismatch``).
+
+Accepted verdicts carry the recomputed reward, advantage and per-token log-probs (from the
+prefill); the trainer uses those only.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import torch
+
+import grpo
+from prime_rl.api.fields import MAX_DETAIL_CHARS
+from prime_rl.api.protocol import PendingBatch, Verdict
+from prime_rl.inference.backend import GenerationBackend
+from prime_rl.validator.checks import (
+    Checks,
+    Observer,
+    Pending,
+    Reason,
+    RetryLater,
+    TaskScorer,
+    model_checks,
+    sample_checks,
+)
+from prime_rl.validator.rewards import reward_checks
+from prime_rl.validator.structure import AssignmentKeyMismatch, coverage_problems, lease_problem
+
+__all__ = ["ban_counts", "validate_batch"]
+
+_FOLLOWERS = frozenset({Reason.LEASE_REJECTED, Reason.GROUP_REJECTED})
+"""Rejections that only follow another sample's failure (this lease's or this group's)."""
+
+
+def validate_batch(
+    batch: PendingBatch,
+    *,
+    tasks: TaskScorer,
+    backend_for: Callable[[int], GenerationBackend | None],
+    decode: Callable[[Sequence[int]], str],
+    checks: Checks,
+    newest_version: int | None = None,
+    observe: Observer | None = None,
+) -> list[Verdict]:
+    """Verdicts for every sample of one batch, in submission order; never raises on hostile content.
+
+    ``backend_for(version)`` returns a backend holding that policy version (None: unavailable);
+    ``newest_version`` is the newest committed policy version (None: the lease's step). A worker may
+    answer a step-``s`` lease with a newer version committed meanwhile; that is fresher, not wrong.
+    ``observe(sample_index, observations)`` receives the per-worker evidence statistics of every
+    sample whose proofs passed (``validator.evidence``), in submission order.
+    """
+    pending = [Pending(i, s) for i, s in enumerate(batch.samples)]
+    try:
+        _batch_checks(batch, pending, tasks, checks, newest_version)
+        for p in pending:
+            if p.alive:
+                sample_checks(batch, p, tasks, decode, checks)
+        _reject_rest(pending)  # a structural failure anywhere: the batch costs no prefill
+        if any(p.alive for p in pending):
+            backend = backend_for(batch.policy_version)
+            if backend is None:
+                for p in pending:
+                    p.reject(Reason.UNKNOWN_POLICY, f"policy version {batch.policy_version} is not available")
+            else:
+                model_checks(pending, backend, checks, observe)
+        reward_checks(pending, tasks, decode, checks)
+        advantages = _group_checks(pending, checks)
+        _reject_rest(pending)
+    except (RetryLater, AssignmentKeyMismatch):
+        raise
+    except Exception as exc:  # a validator bug must reject, not crash the process
+        return [_verdict(p.index, Reason.INTERNAL_ERROR, f"{exc!r:.300}") for p in pending]
+    return [
+        _verdict(p.index, p.reason, p.detail, p.reward, advantages.get(p.index), p.logprobs) for p in pending
+    ]
+
+
+def ban_counts(verdicts: Sequence[Verdict]) -> tuple[int, int]:
+    """(accepted, rejected) of one judged batch as they count towards its worker's ban.
+
+    A batch whose only own failures are ``reward_unverifiable`` (every other rejection follows
+    them: ``lease_rejected``, ``group_rejected``) counts (0, 0): the machine, not the worker, may
+    explain it, and an honest worker must not near a ban for it (``rewards.py`` says why this
+    gives a cheater nothing). Any other failure in the batch counts the whole batch as before.
+    """
+    accepted = sum(v.accepted for v in verdicts)
+    own = {v.reason for v in verdicts if not v.accepted and v.reason not in _FOLLOWERS}
+    if own == {Reason.REWARD_UNVERIFIABLE}:
+        return 0, 0
+    return accepted, len(verdicts) - accepted
+
+
+def _verdict(
+    index: int,
+    reason: Reason,
+    detail: str,
+    reward: float | None = None,
+    advantage: float | None = None,
+    logprobs: Sequence[float] = (),
+) -> Verdict:
+    """The wire verdict (reward/advantage 0 where the checks stopped before computing them; the
+    recomputed log-probs only when accepted: they are what the trainer learns from)."""
+    accepted = reason is Reason.ACCEPTED
+    return Verdict(
+        sample_index=index,
+        accepted=accepted,
+        reason=str(reason),
+        detail=detail[:MAX_DETAIL_CHARS],
+        reward=float(reward) if reward is not None else 0.0,
+        advantage=float(advantage) if advantage is not None else 0.0,
+        logprobs=list(logprobs) if accepted else [],
+    )
+
+
+def _reject_rest(pending: list[Pending]) -> None:
+    """A lease is accepted whole or not at all: once one sample fails, reject the others too, so a
+    worker cannot drop the groups it did badly on by answering them wrongly on purpose."""
+    failed = next((p for p in pending if not p.alive), None)
+    if failed is not None:
+        for p in pending:
+            p.reject(Reason.LEASE_REJECTED, f"sample {failed.index} of the batch was rejected: {failed.reason}")
+
+
+def _batch_checks(
+    batch: PendingBatch, pending: list[Pending], tasks: TaskScorer, checks: Checks, newest_version: int | None
+) -> None:
+    reference = batch.step
+    newest = max(batch.step, newest_version) if newest_version is not None else batch.step
+    version = batch.policy_version
+    if version < reference - checks.async_level:
+        why = f"policy {version} < step {reference} - async_level {checks.async_level}"
+        for p in pending:
+            p.reject(Reason.STALE_POLICY, why)
+    if version > newest:
+        for p in pending:
+            p.reject(Reason.FUTURE_POLICY, f"policy {version} is newer than the newest version {newest}")
+    problem = lease_problem(
+        batch, key=checks.assignment_key, num_tasks=tasks.num_tasks, prompts_per_batch=checks.prompts_per_batch
+    )
+    if problem is not None:
+        for p in pending:
+            p.reject(Reason.UNASSIGNED_TASK, problem)
+        return
+    assert batch.lease is not None
+    samples = [(p.sample.task_id, p.sample.group_index) for p in pending]
+    for p, found in zip(pending, coverage_problems(samples, batch.lease.task_ids, checks.group_size), strict=True):
+        if found is not None:
+            p.reject(Reason(found[0]), found[1])
+
+
+def _group_checks(pending: list[Pending], checks: Checks) -> dict[int, float]:
+    """Reject incomplete or contaminated groups; recomputed advantages by sample index."""
+    groups: dict[int, list[Pending]] = defaultdict(list)
+    for p in pending:
+        groups[p.sample.task_id].append(p)
+    advantages: dict[int, float] = {}
+    for task_id, members in groups.items():
+        indices = sorted(m.sample.group_index for m in members)
+        if indices != list(range(checks.group_size)):
+            for m in members:
+                m.reject(Reason.GROUP_INCOMPLETE, f"task {task_id}: group indices {indices[:16]}")
+            continue
+        bad = next((m for m in members if not m.alive), None)
+        if bad is not None:
+            for m in members:
+                m.reject(Reason.GROUP_REJECTED, f"sample {bad.index} of the group was rejected: {bad.reason}")
+            continue
+        members.sort(key=lambda m: m.sample.group_index)
+        rewards = torch.tensor([m.reward for m in members], dtype=torch.float64)
+        recomputed = [float(a) for a in grpo.group_zscore(rewards, checks.group_size).tolist()]
+        wrong = {
+            m.index
+            for m, a in zip(members, recomputed, strict=True)
+            if not abs(m.sample.advantage - a) <= checks.validator.advantage_atol
+        }
+        for m, a in zip(members, recomputed, strict=True):
+            advantages[m.index] = a
+            if wrong:
+                reason = Reason.ADVANTAGE_MISMATCH if m.index in wrong else Reason.GROUP_REJECTED
+                m.reject(reason, f"claimed advantage {m.sample.advantage:.6g}, recomputed {a:.6g}")
+    return advantages

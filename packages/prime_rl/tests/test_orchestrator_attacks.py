@@ -1,0 +1,334 @@
+"""Issue 25 on the orchestrator's side, against the real HTTP server with a hand-stepped clock:
+walking away, starving neighbours, hit and run, diluted steering and Sybil churn.
+
+Every client here reaches the server from 127.0.0.1, so all identities share one client address,
+the worst case for per-address rules. The validator and trainer are played by this test (admin
+client): it posts verdicts with the ``worker_evidence`` a validator would report and claims
+everything released. Counts, not wall-clock time: leases granted per simulated round.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prime_rl.api.client import ClientRequestError, OrchestratorBusy, OrchestratorClient
+from prime_rl.api.protocol import TaskLease, TrainSample, Verdict, VerdictRequest
+from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.tasks import TaskSet
+
+TIMEOUT_S = 10.0
+TOKENS_PER_SAMPLE = 2  # make_batch's completions; the verdicts below carry 2 log-probs each
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Sim:
+    """One orchestrator over HTTP; this object plays workers, the validator and the trainer."""
+
+    def __init__(self, run_dir: Path, config_for: Any, make_batch: Any, *overrides: str) -> None:
+        self.clock = Clock()
+        self.make_batch = make_batch
+        config = config_for(
+            "--run_dir", str(run_dir), "--orchestrator.task_timeout_s", str(TIMEOUT_S),
+            "--orchestrator.register_rate_per_minute", "0", *overrides,
+        )  # fmt: skip
+        self.config = config
+        self.tasks = TaskSet([{"prompt": f"task {i}"} for i in range(50)])
+        self.server = self._start()
+        self.http = OrchestratorClient(self.server.url, retries=0, admin_token=self.server.admin_token)
+        self.tokens: dict[str, str] = {}
+        self.step = 0
+        self.trained: list[TrainSample] = []
+        self.fresh_tasks: Counter[int] = Counter()  # tasks of every fresh (not reassigned) lease issued
+
+    def _start(self) -> OrchestratorServer:
+        return OrchestratorServer(self.config, self.tasks, clock=self.clock, registration_clock=self.clock).start()
+
+    def restart(self) -> None:
+        """Stop the orchestrator and start a new one on the same store (state rebuilt from disk)."""
+        self.server.stop()
+        self.http.close()
+        self.server = self._start()
+        self.http = OrchestratorClient(self.server.url, retries=0, admin_token=self.server.admin_token)
+
+    def close(self) -> None:
+        self.http.close()
+        self.server.stop()
+
+    def register(self) -> str:
+        worker_id = self.http.register().worker_id
+        self.tokens[worker_id] = self.http.worker_token or ""
+        return worker_id
+
+    def lease(self, worker_id: str) -> TaskLease | None:
+        """A lease, or None when refused (409 allowance, 429 busy, 403 banned)."""
+        self.http.worker_token = self.tokens[worker_id]
+        try:
+            lease = self.http.get_tasks(worker_id)
+        except OrchestratorBusy:  # 429
+            return None
+        except ClientRequestError as refused:
+            assert refused.status in (403, 409), refused
+            return None
+        if lease.reassigned_from is None:
+            self.fresh_tasks.update(task.task_id for task in lease.tasks)
+        return lease
+
+    def answer(self, lease: TaskLease, *, evidence: float | None = 0.0) -> str:
+        """Submit ``lease`` and judge it: every sample accepted, the worker's evidence ``evidence``."""
+        self.http.worker_token = self.tokens[lease.worker_id]
+        batch_id = self.http.submit_rollouts(self.make_batch(lease, self.step)).batch_id
+        samples = len(lease.tasks) * lease.group_size
+        verdicts = [
+            Verdict(sample_index=i, accepted=True, reason="ok", reward=float(i % 2), advantage=float(i % 2) - 0.5,
+                    logprobs=[-0.5] * TOKENS_PER_SAMPLE)
+            for i in range(samples)
+        ]  # fmt: skip
+        self.http.post_verdicts(VerdictRequest(batch_id=batch_id, verdicts=verdicts, worker_evidence=evidence))
+        return batch_id
+
+    def train(self) -> list[TrainSample]:
+        """Claim every released sample for the current step and commit it (a trainer that takes all)."""
+        available = self.http.claim(self.step, 1 << 20, filter_zero_advantage=False).available_samples
+        if not available:
+            return []
+        claim = self.http.claim(self.step, available, filter_zero_advantage=False)
+        assert claim.ready
+        self.http.commit(self.step, self.step + 1)
+        self.step += 1
+        self.trained.extend(claim.samples)
+        return claim.samples
+
+    def tick(self, seconds: float) -> None:
+        self.clock.now += seconds
+        self.server.ledger.expire_leases()  # the server's own loop does this every second; here at once
+
+
+@pytest.fixture
+def sim_factory(tmp_path: Path, config_for: Any, batch_for: Any) -> Any:
+    sims: list[Sim] = []
+
+    def make(name: str, *overrides: str) -> Sim:
+        sim = Sim(tmp_path / name, config_for, batch_for, *overrides)
+        sims.append(sim)
+        return sim
+
+    yield make
+    for sim in sims:
+        sim.close()
+
+
+def trained_tasks(sim: Sim, group_size: int = 2) -> Counter[int]:
+    counts = Counter(sample.task_id for sample in sim.trained)
+    assert all(n % group_size == 0 for n in counts.values())
+    return Counter({task: n // group_size for task, n in counts.items()})
+
+
+# ---------------------------------------------------------------- walking away
+
+
+def _walking_away(sim: Sim, *, attacker: bool, rounds: int = 60) -> None:
+    honest = [sim.register(), sim.register()]
+    abandoner = sim.register() if attacker else ""
+    kept_own: list[str] = []
+    for round_ in range(rounds):
+        for worker_id in honest:
+            lease = sim.lease(worker_id)
+            assert lease is not None, f"honest {worker_id} refused in round {round_}"
+            sim.answer(lease)
+        if attacker:
+            lease = sim.lease(abandoner)
+            if lease is None and sim.server.ledger.workers[abandoner].banned:
+                abandoner = sim.register()  # banned for walking away: a fresh identity
+                lease = sim.lease(abandoner)
+            if lease is not None:
+                if lease.reassigned_from is not None and lease.reassigned_from.worker_id == abandoner:
+                    kept_own.append(abandoner)
+                if all(task.task_id < 25 for task in lease.tasks):  # keeps only the "easy" half's leases
+                    sim.answer(lease)
+        sim.train()
+        sim.tick(TIMEOUT_S / 3)
+    sim.tick(2 * TIMEOUT_S)  # every abandoned lease expires
+    while sim.server.ledger.leases.awaiting_reassignment():  # honest workers answer what was left
+        sim.answer(sim.lease(honest[0]) or pytest.fail("honest worker refused"))
+    sim.train()
+    assert not kept_own  # an abandoned lease never goes back to the identity that abandoned it
+
+
+def test_walking_away_changes_nothing_that_is_trained(sim_factory: Any) -> None:
+    attacked = sim_factory("attacked")
+    _walking_away(attacked, attacker=True)
+    baseline = sim_factory("baseline")
+    _walking_away(baseline, attacker=False)
+    # Oracle: what is trained is exactly what the keyed assignment drew (every fresh lease's tasks,
+    # once each), whichever leases the attacker kept; a dropped or duplicated abandoned task fails it.
+    assert trained_tasks(attacked) == attacked.fresh_tasks
+    assert trained_tasks(baseline) == baseline.fresh_tasks
+    stats = {w.worker_id: w for w in attacked.http.workers().workers}
+    abandoned = sum(w.leases_expired for w in stats.values())
+    assert abandoned >= 8 and sum(w.banned for w in stats.values()) >= 2  # walking away was tried, and cost
+    # The attacker kept only leases of tasks < 25; the trained share of those stays what the draws give,
+    # as without it: two-proportion z-test, |z| < 4 (chance failure ~6e-5).
+    shares = []
+    for sim in (attacked, baseline):
+        tasks = trained_tasks(sim)
+        easy, total = sum(n for t, n in tasks.items() if t < 25), sum(tasks.values())
+        shares.append((easy, total))
+    (e1, n1), (e2, n2) = shares
+    pooled = (e1 + e2) / (n1 + n2)
+    z = (e1 / n1 - e2 / n2) / (pooled * (1 - pooled) * (1 / n1 + 1 / n2)) ** 0.5
+    assert abs(z) < 4, (shares, z)
+
+
+# ---------------------------------------------------------------- starvation by neighbours
+
+
+def _honest_leases(sim: Sim, *, hoarders: int, rounds: int = 40) -> tuple[int, int]:
+    """(leases granted to the honest worker, most open hoarder leases at once) over ``rounds``."""
+    honest = sim.register()
+    for _ in range(3):  # accepted history before the hoarders arrive
+        sim.answer(sim.lease(honest) or pytest.fail("refused"))
+    hoarding = [sim.register() for _ in range(hoarders)]
+    granted, most_open = 0, 0
+    for _ in range(rounds):
+        for i, worker_id in enumerate(hoarding):
+            if sim.server.ledger.workers[worker_id].banned:
+                hoarding[i] = worker_id = sim.register()  # banned for abandoning: a fresh one takes its place
+            while sim.lease(worker_id) is not None:  # take all it can, answer nothing
+                pass
+        most_open = max(most_open, sum(sim.server.ledger.leases.open_count(w) for w in hoarding))
+        lease = sim.lease(honest)
+        if lease is not None:
+            granted += 1
+            sim.answer(lease)
+        sim.train()
+        sim.tick(TIMEOUT_S / 4)
+    return granted, most_open
+
+
+def test_hoarding_identities_on_the_same_address_do_not_starve_an_honest_worker(sim_factory: Any) -> None:
+    alone, _ = _honest_leases(sim_factory("alone"), hoarders=0)
+    crowded, most_open = _honest_leases(sim_factory("crowded"), hoarders=16)
+    assert most_open == 16  # the hoarders did fill the per-address cap (max_open_leases_per_address 16)
+    assert crowded == alone == 40  # every round's lease granted: within 20% (in fact equal)
+
+
+# ---------------------------------------------------------------- steering inside the tolerances
+
+
+def _claimed_batches(sim: Sim) -> set[str]:
+    return {sample.sample_id.rsplit("/", 1)[0] for sample in sim.trained}
+
+
+def test_hit_and_run_never_trains_its_steered_batch(sim_factory: Any) -> None:
+    """A fresh identity steers its first lease (the evidence rises to 0.15 of the ban threshold),
+    then answers honestly while a CUSUM-like evidence falls back to 0: the steered batch stays held
+    for good, both during probation (bound 0.1 never met) and for a trusted identity (bound 0.25)."""
+    sim = sim_factory("hit", "--orchestrator.probation_tokens", "16", "--orchestrator.probation_release_share", "1")
+    honest = sim.register()
+    runner = sim.register()
+    steered = sim.answer(sim.lease(runner) or pytest.fail("refused"), evidence=0.15)
+    for _ in range(10):
+        sim.answer(sim.lease(honest) or pytest.fail("refused"))
+        sim.answer(sim.lease(runner) or pytest.fail("refused"), evidence=0.0)
+        sim.train()
+    assert steered not in _claimed_batches(sim)
+    assert {s.worker_id for s in sim.trained} == {honest}  # never trusted: nothing of the runner's trains
+    # A trusted identity doing the same: the batches judged up to the steered one (0.3) and the one
+    # after it (0.26) stay held; the one judged at 0.2 and later honest ones are released.
+    trusted = sim.register()
+    before = [sim.answer(sim.lease(trusted) or pytest.fail("refused"), evidence=0.0) for _ in range(3)]
+    steered = sim.answer(sim.lease(trusted) or pytest.fail("refused"), evidence=0.3)
+    also_held = sim.answer(sim.lease(trusted) or pytest.fail("refused"), evidence=0.26)
+    after = [sim.answer(sim.lease(trusted) or pytest.fail("refused"), evidence=e) for e in [0.2] + [0.0] * 20]
+    for _ in range(10):
+        sim.answer(sim.lease(honest) or pytest.fail("refused"))
+        sim.train()
+    claimed = _claimed_batches(sim)
+    assert not {*before, steered, also_held} & claimed and set(after) <= claimed
+
+
+def test_diluted_steering_below_the_release_bound_never_passes_probation(sim_factory: Any) -> None:
+    """One batch in ten steered, evidence peaking at 0.18 of the ban threshold (under the release
+    bound 0.25, as measured in issue 25) and falling back in between: on probation that is over the
+    stricter 0.1, so nothing the identity sends is ever trained on."""
+    sim = sim_factory("diluted", "--orchestrator.probation_tokens", "64", "--orchestrator.probation_release_share", "1")
+    honest, steerer = sim.register(), sim.register()
+    for i in range(60):
+        sim.answer(sim.lease(honest) or pytest.fail("refused"))
+        sim.answer(sim.lease(steerer) or pytest.fail("refused"), evidence=0.18 if i % 10 == 0 else 0.02)
+        sim.train()
+    assert sim.trained and {s.worker_id for s in sim.trained} == {honest}
+    assert not sim.server.ledger.release.trusted(steerer) and sim.server.ledger.release.trusted(honest)
+
+
+def test_sybil_churn_is_bounded_by_the_probation_budget(sim_factory: Any) -> None:
+    """Ten fresh identities each steer their first batch weakly (evidence 0.05, under every bound)
+    and then pass probation honestly. Their probation batches share one run-wide budget: released
+    probation tokens stay within probation_release_share (0.1) of the trusted tokens, so the ten
+    steered batches together reach training no faster than one identity's would."""
+    sim = sim_factory(
+        "sybil", "--orchestrator.probation_tokens", "16", "--orchestrator.probation_release_share", "0.1",
+        "--orchestrator.async_level", "1000",  # a trainer that takes everything, however late it is released
+    )  # fmt: skip
+    honest = sim.register()
+    for _ in range(3):
+        sim.answer(sim.lease(honest) or pytest.fail("refused"))
+    steered: list[str] = []
+    for _ in range(10):
+        sybil = sim.register()
+        steered.append(sim.answer(sim.lease(sybil) or pytest.fail("refused"), evidence=0.05))
+        sim.answer(sim.lease(sybil) or pytest.fail("refused"), evidence=0.0)  # 8 + 8 accepted tokens: trusted
+        assert sim.server.ledger.release.trusted(sybil)
+    for round_ in range(40):
+        sim.answer(sim.lease(honest) or pytest.fail("refused"))
+        sim.train()
+        release = sim.server.ledger.release
+        assert release.granted_tokens <= 0.1 * release.trusted_tokens
+        trained_steered = len(set(steered) & _claimed_batches(sim))
+        # A batch is 4 samples x 2 tokens = 8 tokens: at most one steered batch per 80 trusted tokens.
+        assert trained_steered * 8 <= 0.1 * release.trusted_tokens, round_
+    assert 0 < len(set(steered) & _claimed_batches(sim)) < 10  # the budget releases them slowly, in order
+
+
+def test_a_restart_forgives_nothing(sim_factory: Any) -> None:
+    """Leases, abandonment, evidence, probation and the budget are rebuilt from the store exactly:
+    every batch's release, every identity's allowance and trust are the same after a restart."""
+    sim = sim_factory("restart", "--orchestrator.probation_tokens", "16", "--orchestrator.probation_release_share", "0.5")
+    honest, steerer, walker = sim.register(), sim.register(), sim.register()
+    batches = []
+    for i in range(12):
+        batches.append(sim.answer(sim.lease(honest) or pytest.fail("refused")))
+        batches.append(sim.answer(sim.lease(steerer) or pytest.fail("refused"), evidence=0.3 if i == 4 else 0.0))
+        sim.lease(walker)  # never answered
+        sim.tick(TIMEOUT_S / 2)
+        if i % 4 == 3:
+            sim.train()
+    ledger = sim.server.ledger
+
+    def state() -> Any:
+        release = sim.server.ledger.release
+        workers = (honest, steerer, walker)
+        return (
+            [release.released(b, b.split("-")[0]) for b in batches],
+            [sim.server.ledger.lease_allowance(w) for w in workers],
+            [release.trusted(w) for w in workers],
+            [sim.server.ledger.workers[w].banned for w in workers],
+            (release.trusted_tokens, release.granted_tokens),
+            sim.server.ledger.rules.fresh_cap("127.0.0.1"),
+        )
+
+    before = state()
+    assert before[0].count(False) >= 4 and before[3] == [False, False, True]  # something is held; walker banned
+    sim.restart()
+    assert sim.server.ledger is not ledger and state() == before

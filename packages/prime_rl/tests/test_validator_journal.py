@@ -1,0 +1,138 @@
+"""The validator's journal: per-identity evidence and failure counts survive a restart."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import numpy as np
+import pytest
+from steering import steering_sampler
+
+import prime_rl.inference.backend as backend_module
+import toploc
+from prime_rl.api.client import OrchestratorClient
+from prime_rl.config import load_config
+from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.tasks import load_tasks
+from prime_rl.validator.evidence import EvidenceLedger
+from prime_rl.validator.journal import ValidatorJournal
+from prime_rl.validator.process import FailureTracker, Validator
+from prime_rl.worker.hostile import HostileWorker
+
+
+def _tests() -> toploc.EvidenceTests:
+    honest = [toploc.Observations(np.zeros(1000), np.zeros(1000))]
+    return toploc.EvidenceTests.from_profile(toploc.NoiseProfile.calibrate(honest))
+
+
+def _obs(margins: list[float]) -> toploc.Observations:
+    return toploc.Observations(np.array(margins), np.zeros(len(margins)))
+
+
+def _judge(journal: ValidatorJournal, ledger: EvidenceLedger, tracker: FailureTracker, worker: str, batch: str,
+           margins: list[list[float]], accepted: int, rejected: int) -> None:  # fmt: skip
+    """What the validator does per batch: evidence (journalled before the post), then failure counts."""
+    assert ledger.record(worker, batch, [_obs(m) for m in margins]) is not None
+    journal.evidence(batch, worker, ledger)
+    tracker.record(worker, accepted=accepted, rejected=rejected)
+    journal.failures(batch, worker, tracker)
+
+
+def test_journal_restores_evidence_counts_and_bans_and_compacts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    tests, path = _tests(), tmp_path / "validator" / "journal.jsonl"
+    journal, ledger, tracker = ValidatorJournal(path), EvidenceLedger(tests), FailureTracker(0.5, 4)
+    _judge(journal, ledger, tracker, "honest", "h-0", [[0.0] * 16] * 4, 4, 0)
+    _judge(journal, ledger, tracker, "steer", "s-0", [[0.5] * 16] * 4, 4, 0)  # every token exceeds: banned
+    _judge(journal, ledger, tracker, "honest", "h-1", [[0.0] * 16] * 4, 4, 0)
+    _judge(journal, ledger, tracker, "cheat", "c-0", [[0.0] * 8], 0, 4)  # banned by its rejected share
+    assert "steer" in ledger.ban_reasons and tracker.banned == {"cheat"}
+    with open(path, "a") as handle:  # a crash mid-write, and garbage that must not stop a restart
+        handle.write('{"event": "failures", "worker_id": "x"}\n["not", "an", "event"]\n{"event": "evid')
+    restored_ledger, restored_tracker = EvidenceLedger(tests), FailureTracker(0.5, 4)
+    ValidatorJournal(path).restore(restored_ledger, restored_tracker)
+    for worker in ("honest", "steer", "cheat"):
+        assert restored_ledger.workers[worker].state() == ledger.workers[worker].state()
+    assert restored_ledger.counted_batches == {"h-0", "h-1", "s-0", "c-0"} == ledger.counted_batches
+    assert restored_ledger.ban_reasons == ledger.ban_reasons
+    assert restored_tracker.counts == tracker.counts == {"honest": [8, 0], "steer": [4, 0], "cheat": [0, 4]}
+    assert restored_tracker.banned == {"cheat"}
+    # a batch judged again after the restart (its post had failed) is not counted twice
+    assert restored_ledger.record("honest", "h-1", [_obs([0.5] * 16)]) is None
+    # compacted: one evidence and one failures line per worker, and replaying it gives the same state
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sorted((e["event"], e["worker_id"]) for e in lines) == sorted(
+        [("evidence", w) for w in ("honest", "steer", "cheat")] + [("failures", w) for w in ("honest", "steer", "cheat")]
+    )
+    again_ledger, again_tracker = EvidenceLedger(tests), FailureTracker(0.5, 4)
+    ValidatorJournal(path).restore(again_ledger, again_tracker)
+    assert again_ledger.counted_batches == ledger.counted_batches and again_tracker.counts == tracker.counts
+    assert again_ledger.workers["steer"].state() == ledger.workers["steer"].state()
+
+
+def test_evidence_off_keeps_failure_counts_and_journalled_evidence(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "journal.jsonl"
+    journal, ledger, tracker = ValidatorJournal(path), EvidenceLedger(_tests()), FailureTracker(0.5, 4)
+    _judge(journal, ledger, tracker, "w", "b", [[0.0] * 4], 2, 1)
+    tracker_off = FailureTracker(0.5, 4)
+    state = ValidatorJournal(path).restore(None, tracker_off)  # a validator started without evidence
+    assert tracker_off.counts == {"w": [2, 1]} and "w" in state.evidence
+    back = EvidenceLedger(_tests())
+    ValidatorJournal(path).restore(back, FailureTracker(0.5, 4))  # and turned on again: still there
+    assert back.workers["w"].state() == ledger.workers["w"].state()
+
+
+def test_a_restarted_validator_process_forgives_nothing(tmp_path, tiny_lm_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A real validator judges two workers through a real orchestrator, stops, and starts again on
+    the same run directory: evidence, counted batches and failure counts are as before the stop."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = load_config(
+        None,
+        [
+            "--run_dir", str(tmp_path), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "40",
+            "--orchestrator.port", str(port), "--orchestrator.prompts_per_batch", "2",
+            "--sampling.group_size", "4", "--sampling.max_new_tokens", "12",
+            "--validator.max_batches", "4", "--validator.calibration_tokens", "512",
+        ],
+    )  # fmt: skip
+    with OrchestratorServer(config, load_tasks(config.tasks)) as server:
+        validator = Validator(config)
+        ids = {}
+        for behaviour in ("honest", "steer"):
+            with OrchestratorClient(server.url) as client:
+                ids[behaviour] = client.register(behaviour).worker_id
+                worker = HostileWorker(
+                    "honest", validator.tasks.encode, validator.tasks.score, validator.tasks.prompt_tokens,
+                    validator.tasks.num_tasks,
+                )  # fmt: skip
+                with monkeypatch.context() as patch:
+                    if behaviour == "steer":
+                        patch.setattr(backend_module, "sample_next", steering_sampler(0.2))
+                    for _ in range(2):
+                        client.submit_rollouts(worker.answer(client.get_tasks(ids[behaviour]), validator.backend))
+        validator.run_loop()
+        validator.close()
+        assert validator.evidence is not None
+        before = {w: e.state() for w, e in validator.evidence.workers.items()}
+        assert before[ids["steer"]].history_score > before[ids["honest"]].history_score
+        restarted = Validator(config)  # same run directory: the same profile, the journal replayed
+        restarted.close()
+    assert restarted.evidence is not None
+    assert {w: e.state() for w, e in restarted.evidence.workers.items()} == before
+    assert restarted.evidence.counted_batches == validator.evidence.counted_batches and len(before) == 2
+    assert len(restarted.evidence.counted_batches) == 4
+    assert restarted.failures.counts == validator.failures.counts
+    assert sum(a + r for a, r in restarted.failures.counts.values()) == 32
+    assert restarted.evidence.ban_reasons == validator.evidence.ban_reasons
+    assert restarted.failures.banned == validator.failures.banned
+
+
+@pytest.mark.parametrize("bad", ["", "[]", '{"event": "evidence", "worker_id": "w", "batch_id": "b", "state": 3}'])
+def test_a_malformed_journal_never_stops_a_restart(tmp_path, bad: str) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "journal.jsonl"
+    path.write_text(bad + "\n")
+    ledger, tracker = EvidenceLedger(_tests()), FailureTracker(0.5, 4)
+    ValidatorJournal(path).restore(ledger, tracker)
+    assert not ledger.workers and not tracker.counts
