@@ -1,7 +1,8 @@
 # The two commands of the README's quick start:
 #   make run    set everything up, then run the INTELLECT-2 recipe on its tiny CPU default
 #               (honest workers and evaluator generate with vLLM; make run BACKEND=hf: transformers)
-#   make test   set everything up, then lint, type-check and run every test
+#   make test   set everything up, then lint, type-check, build the API reference and run every test
+#   make docs   the API reference from the docstrings, into build/docs (warnings are errors)
 # Both create (or reuse) a virtualenv in $(VENV) with the five packages installed editable.
 
 PYTHON ?= python3
@@ -25,7 +26,7 @@ PYTEST_ARGS ?=
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup run test lint typecheck pytest bench clean
+.PHONY: setup run test lint typecheck docs pytest bench clean
 
 setup: $(STAMP)
 
@@ -59,13 +60,18 @@ $(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
 run: setup
 	$(PY) examples/intellect2.py --config $(RUN_CONFIG) --workers.backend $(BACKEND)
 
-test: lint typecheck pytest
+test: lint typecheck docs pytest
 
 lint: setup
 	$(PY) -m ruff check .
 
 typecheck: setup
 	$(PY) -m mypy
+
+# -n: every reference to one of our objects must resolve; -W: any warning fails (docs/conf.py).
+docs: setup
+	rm -rf docs/api  # autosummary writes a page per module here; a removed module must not linger
+	$(PY) -m sphinx -b html -n -W --keep-going -q docs build/docs
 
 pytest: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -74,4 +80,4 @@ bench: setup
 	@for b in benchmarks/*_bench.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build/docs docs/api

@@ -22,8 +22,13 @@ restarts are reported.
 `--compression` instead measures zstd and XOR-delta sizes on a real safetensors checkpoint
 (random Llama, bf16) after one AdamW step (needs torch + transformers).
 
+`--memory` instead publishes one bf16 state dict of `--size` bytes both ways in one run: from
+memory (`publish_tensors`: written once, as shards) and through a file (`save_file` +
+`publish_file`: written twice), and prints time, bytes written, disk used and peak memory.
+
     OMP_WAIT_POLICY=PASSIVE python benchmarks/shardcast_bench.py --size 1GiB --repeat 1
     python benchmarks/shardcast_bench.py --compression
+    python benchmarks/shardcast_bench.py --memory --size 1GiB --repeat 5
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ from pathlib import Path
 
 # The parts live next to this script (it is run as a script, so its folder is on sys.path):
 # shardcast_procs.py (process plumbing), shardcast_systems.py (ours, reference, limits),
-# shardcast_compression.py (--compression). This file parses the CLI and prints the table.
+# shardcast_compression.py (--compression), shardcast_memory.py (--memory). This file parses the
+# CLI and prints the table.
 from shardcast_compression import main_compression
+from shardcast_memory import main_memory
 from shardcast_procs import Run
 from shardcast_systems import REF_VERSION, reference_venv, run_limits, run_ours, run_reference
 
@@ -162,12 +169,17 @@ def main() -> None:
         "--compression", action="store_true", help="measure zstd/delta on a safetensors checkpoint"
     )
     parser.add_argument(
+        "--memory", action="store_true", help="publish a state dict from memory vs through a file"
+    )
+    parser.add_argument(
         "--hidden", type=int, default=512, help="--compression: model hidden size (default 512)"
     )
     parser.add_argument("--layers", type=int, default=8, help="--compression: model layers (default 8)")
     args = parser.parse_args()
     if args.compression:
         main_compression(args)
+    elif args.memory:
+        main_memory(args)
     else:
         main_transfer(args)
 

@@ -11,10 +11,8 @@ prefill, the log-probs are those of the unmodified softmax(logits / T).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 import torch
@@ -258,17 +256,3 @@ def test_collect_needs_checkable_requests(llm) -> None:
         collect([plain], outputs)
     with pytest.raises(TraceError, match="not drawn"):
         collect([checkable(plain, seed=1, sequence_id=0)], outputs)
-
-
-def test_readme_example_runs(model_dir, capsys) -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = re.search(r"## Make your vLLM outputs checkable\n\n```python\n(.*?)```", readme, re.DOTALL).group(1)
-    namespace = {"MODEL": str(model_dir)}
-    with _restored_process_state() as engines:
-        try:
-            exec(compile(code, "README.md", "exec"), namespace)
-        finally:
-            if "llm" in namespace:
-                engines.append(namespace["llm"])
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[-2:] == ["40 40 516", "True True"]

@@ -9,17 +9,17 @@ torch-free plain data in :mod:`grpo.recipes`; :class:`Loss` is what computes wit
 
 Per-token loss = w_IS · objective + kl_coef · KL − entropy_coef · H, then :func:`grpo.aggregate`.
 
-=============  ===============  ==================================  ====================  =================
-recipe         advantage        objective                           aggregation           regularisers
-=============  ===============  ==================================  ====================  =================
-``intellect2``  group_zscore    ppo_clip ε 0.2/0.2, δ = 4           constant (C = seq len) entropy 0.001
-``grpo``       group_zscore     ppo_clip ε 0.2/0.2                  seq_mean_token_mean   k3 KL β = 0.04
-``dr_grpo``    group_center     ppo_clip ε 0.2/0.2                  constant (C = max gen) none
-``dapo``       group_zscore     ppo_clip ε 0.2/0.28                 token_mean            none
-``gspo``       group_zscore     gspo ε 3e-4/4e-4                    seq_mean_token_mean   none
-``cispo``      group_zscore     cispo is_cap 5                      token_mean            none
-``sapo``       group_zscore     sapo τ 1.0/1.05                     seq_mean_token_mean   none
-=============  ===============  ==================================  ====================  =================
+==============  ============  =========================  ======================  ==============
+recipe          advantage     objective                  aggregation             regularisers
+==============  ============  =========================  ======================  ==============
+``intellect2``  group_zscore  ppo_clip ε 0.2/0.2, δ = 4  constant (C = seq len)  entropy 0.001
+``grpo``        group_zscore  ppo_clip ε 0.2/0.2         seq_mean_token_mean     k3 KL β = 0.04
+``dr_grpo``     group_center  ppo_clip ε 0.2/0.2         constant (C = max gen)  none
+``dapo``        group_zscore  ppo_clip ε 0.2/0.28        token_mean              none
+``gspo``        group_zscore  gspo ε 3e-4/4e-4           seq_mean_token_mean     none
+``cispo``       group_zscore  cispo is_cap 5             token_mean              none
+``sapo``        group_zscore  sapo τ 1.0/1.05            seq_mean_token_mean     none
+==============  ============  =========================  ======================  ==============
 
 Sources: INTELLECT-2 (arXiv 2505.07291; prime-rl@4bb0ff01f ``train.py`` defaults), GRPO
 (DeepSeekMath arXiv 2402.03300 §4.1, β = 0.04), Dr.GRPO (arXiv 2503.20783), DAPO (arXiv

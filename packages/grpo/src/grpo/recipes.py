@@ -41,7 +41,9 @@ __all__ = [
 AdvantageName = Literal["group_zscore", "group_center", "rloo"]
 ObjectiveName = Literal["ppo_clip", "gspo", "cispo", "sapo"]
 AggregationMode = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant"]
+"""How per-token losses become one scalar (see :func:`grpo.aggregate`)."""
 AGGREGATION_MODES: tuple[str, ...] = get_args(AggregationMode)
+"""The names of :data:`AggregationMode`, for validation and choices."""
 KLEstimator = Literal["k1", "k2", "k3"]
 ISCorrection = Literal["token_truncate", "sequence_truncate", "token_mask", "sequence_mask"]
 
@@ -51,7 +53,7 @@ class LossConfig:
     """Every axis of a recipe as a flat, validated, immutable config."""
 
     advantage: AdvantageName = "group_zscore"
-    """Advantage estimator used by :meth:`Loss.advantages`."""
+    """Advantage estimator used by :meth:`grpo.Loss.advantages`."""
     std_eps: float = 1e-6
     """ε of group_zscore (verl / INTELLECT-2 1e-6; TRL 1e-4)."""
     objective: ObjectiveName = "ppo_clip"
@@ -129,6 +131,7 @@ RECIPES: Mapping[str, LossConfig] = {
     "cispo": LossConfig(objective="cispo", aggregation="token_mean"),
     "sapo": LossConfig(objective="sapo", aggregation="seq_mean_token_mean"),
 }
+"""The named recipes ``Loss(name)`` and :func:`loss_config` start from (table in :mod:`grpo.loss`)."""
 
 
 def loss_config(recipe: str | LossConfig = "intellect2", **overrides: Any) -> LossConfig:

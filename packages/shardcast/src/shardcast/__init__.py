@@ -6,6 +6,7 @@
 
     with Origin("/srv/origin", port=8000) as origin:
         origin.publish("model.safetensors")                    # version 1
+        origin.publish(model.state_dict())                     # version 2, from memory
     Client(["http://origin:8000"]).fetch("latest", "model.safetensors")
     Client(["http://relay:8000"]).follower(reload, output_dir="/ckpt").start()  # hot reloads
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.4.0"
+__version__ = "0.4.1"
 
 from shardcast._name_clash import warn_on_name_clash as _warn_on_name_clash
 
@@ -54,6 +55,8 @@ _EXPORTS = {
     "ShardSpan": "planning",
     "plan_shards": "planning",
     "publish_file": "publish",
+    "publish_tensors": "publish",
+    "SafetensorsStream": "tensors",
     "Relay": "relay",
     "HttpServer": "server",
     "ServerReport": "servers",
@@ -91,6 +94,7 @@ __all__ = [
     "Progress",
     "PublishError",
     "Relay",
+    "SafetensorsStream",
     "ServerReport",
     "ShardInfo",
     "ShardSpan",
@@ -107,6 +111,7 @@ __all__ = [
     "parse_version_name",
     "plan_shards",
     "publish_file",
+    "publish_tensors",
     "sign_manifest",
     "verify_manifest",
 ]
@@ -146,7 +151,7 @@ if TYPE_CHECKING:
     from .origin import Origin
     from .planning import DEFAULT_SHARD_SIZE, ShardSpan, plan_shards
     from .progress import Progress
-    from .publish import publish_file
+    from .publish import publish_file, publish_tensors
     from .relay import Relay
     from .results import FetchResult, VersionListing
     from .server import HttpServer
@@ -159,3 +164,4 @@ if TYPE_CHECKING:
         sign_manifest,
         verify_manifest,
     )
+    from .tensors import SafetensorsStream

@@ -1,15 +1,17 @@
-"""The origin: publishes files as versions and serves its data directory over HTTP."""
+"""The origin: publishes files or in-memory state dicts as versions and serves its data directory over HTTP."""
 
 from __future__ import annotations
 
 import logging
 import os
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 from .layout import DataDir
 from .manifest import Manifest
 from .planning import DEFAULT_SHARD_SIZE
-from .publish import DEFAULT_GRACE_S, DEFAULT_KEEP, publish_file
+from .publish import DEFAULT_GRACE_S, DEFAULT_KEEP, publish_file, publish_tensors
 from .server import HttpServer
 from .signing import SigningKey
 
@@ -23,6 +25,7 @@ class Origin:
 
         with Origin("/srv/shardcast", port=8000) as origin:
             manifest = origin.publish("model.safetensors")   # -> version 1, 2, ...
+            manifest = origin.publish(model.state_dict())    # from memory: no file written first
 
     Args:
         data_dir: served directory (layout in :mod:`shardcast.layout`).
@@ -31,7 +34,9 @@ class Origin:
         token: require ``Authorization: Bearer <token>`` on every request.
         signing_key: sign every manifest (clients pin the matching key).
         keep: versions kept listed (default 5); older ones are deleted ``grace_s`` (default
-            300 s) after they stop being listed, so in-flight downloads finish.
+            300 s) after they stop being listed, so in-flight downloads finish. Each kept
+            version is a full copy: the directory holds up to ``keep`` x the checkpoint size
+            (see "Retention and disk use" in the README).
         shard_size / encoding / delta: defaults for :meth:`publish`.
     """
 
@@ -68,9 +73,19 @@ class Origin:
         return self.server.url
 
     def publish(
-        self, path: str | os.PathLike[str], *, version: int | None = None, **overrides: object
+        self,
+        source: str | os.PathLike[str] | Mapping[str, Any],
+        *,
+        version: int | None = None,
+        **overrides: object,
     ) -> Manifest:
-        """Publish ``path`` as a new version (see :func:`shardcast.publish.publish_file`)."""
+        """Publish a new version from a file path or from a state dict in memory.
+
+        A path goes through :func:`shardcast.publish.publish_file`; a mapping of name ->
+        tensor through :func:`shardcast.publish.publish_tensors` (laid out as the safetensors
+        file ``save_file`` would write; ``file_name=`` and ``metadata=`` may be passed). Other
+        keyword arguments override this origin's defaults for this version only.
+        """
         options: dict[str, object] = {
             "shard_size": self.shard_size,
             "encoding": self.encoding,
@@ -80,7 +95,9 @@ class Origin:
             "grace_s": self.grace_s,
         }
         options.update(overrides)
-        return publish_file(self.data_dir, path, version=version, **options)  # type: ignore[arg-type]
+        if isinstance(source, Mapping):
+            return publish_tensors(self.data_dir, source, version=version, **options)  # type: ignore[arg-type]
+        return publish_file(self.data_dir, source, version=version, **options)  # type: ignore[arg-type]
 
     def collect_garbage(self) -> list[int]:
         """Delete retired versions whose grace period is over; returns their numbers."""

@@ -1,9 +1,10 @@
-"""Publishing a file as a new version into an origin's data directory.
+"""Publishing a file, or a state dict from memory, as a new version into an origin's data directory.
 
 Order of operations (what makes it safe for concurrent readers):
 
 1. Shards are written into a private directory ``.staging/v<N>-<random>/``, hashing each
-   shard and the whole file in the same pass (one read of the input).
+   shard and the whole file in the same pass (one read of the input: the file, or the
+   tensors laid out as a safetensors file by :mod:`shardcast.tensors`).
 2. ``manifest.json`` is written last into that directory.
 3. The directory is renamed to ``v<N>`` (one atomic ``rename``): readers see either no
    ``v<N>`` or a complete one.
@@ -20,8 +21,10 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from . import codec
 from .digest import digest_bytes, new_hasher
@@ -36,8 +39,9 @@ from .manifest import (
     parse_manifest,
     validate_file_name,
 )
-from .planning import DEFAULT_SHARD_SIZE, MAX_SHARDS, plan_shards
+from .planning import DEFAULT_SHARD_SIZE, MAX_SHARDS, ShardSpan, plan_shards
 from .signing import SigningKey, sign_manifest
+from .tensors import SafetensorsStream
 
 log = logging.getLogger("shardcast.publish")
 
@@ -86,22 +90,133 @@ def publish_file(
         delta: also write ``xor-zstd`` delta shards against the newest listed version when it
             has the same file size; clients holding that version download only the deltas.
         signing_key: sign the manifest (see :mod:`shardcast.signing`).
-        keep / grace_s: retention (see :meth:`DataDir.update_index`).
+        keep / grace_s: retention (see :meth:`DataDir.update_index`); every kept version is a
+            full copy on disk, so a data directory holds up to ``keep`` (plus those retired
+            less than ``grace_s`` ago) times the checkpoint size.
+        file_name: the name clients save under (default: ``path``'s base name).
 
     Raises:
         AlreadyPublished: the version is already present (a ``PublishError``).
         PublishError: missing/oversized input, bad arguments.
     """
-    store = data_dir if isinstance(data_dir, DataDir) else DataDir(data_dir)
     source = Path(path)
     if not source.is_file():
         raise PublishError(f"cannot publish {source}: not a regular file")
+    name = validate_file_name(file_name or source.name)
+
+    def read_shards(spans: list[ShardSpan]) -> Iterator[tuple[ShardSpan, bytes]]:
+        with open(source, "rb") as handle:
+            for span in spans:
+                data = handle.read(span.size)
+                if len(data) != span.size:
+                    raise PublishError(
+                        f"{source} changed size while publishing (short read at shard {span.index})"
+                    )
+                yield span, data
+            if handle.read(1):
+                raise PublishError(f"{source} grew while publishing")
+
+    return _publish(
+        data_dir,
+        name,
+        source.stat().st_size,
+        read_shards,
+        version=version,
+        shard_size=shard_size,
+        encoding=encoding,
+        delta=delta,
+        signing_key=signing_key,
+        keep=keep,
+        grace_s=grace_s,
+    )
+
+
+def publish_tensors(
+    data_dir: DataDir | str | os.PathLike[str],
+    tensors: Mapping[str, Any],
+    *,
+    file_name: str = "model.safetensors",
+    metadata: Mapping[str, str] | None = None,
+    version: int | None = None,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    encoding: str = "raw",
+    delta: bool = False,
+    signing_key: SigningKey | None = None,
+    keep: int = DEFAULT_KEEP,
+    grace_s: float = DEFAULT_GRACE_S,
+) -> Manifest:
+    """Publish a state dict from memory as a safetensors file, writing only the shards to disk.
+
+    The version is byte for byte what ``safetensors.torch.save_file(tensors, file_name,
+    metadata)`` followed by :func:`publish_file` would publish (same shards, digests and
+    verification; clients cannot tell the two apart), but the checkpoint is written to disk
+    once instead of twice, and memory holds one shard (plus one tensor's CPU copy for GPU or
+    non-contiguous tensors) on top of the tensors themselves.
+
+    ::
+
+        publish_tensors("/srv/shardcast", model.state_dict())          # -> version N
+        safetensors.torch.load_file(client.fetch("latest", "/ckpt/model.safetensors").path)
+
+    Args:
+        tensors: ``{name: torch.Tensor | numpy.ndarray}`` (see :mod:`shardcast.tensors`).
+            Tensors sharing storage (tied weights) are each written in full; ``save_file``
+            refuses them instead.
+        file_name: the name clients save under.
+        metadata: the safetensors header's ``__metadata__`` (``{str: str}``), e.g.
+            ``{"format": "pt"}`` as transformers writes it.
+        version / shard_size / encoding / delta / signing_key / keep / grace_s: as in
+            :func:`publish_file`.
+
+    Raises:
+        AlreadyPublished: the version is already present (a ``PublishError``).
+        PublishError: a value that is not a tensor, an unsupported dtype, bad arguments (see
+            :class:`shardcast.tensors.SafetensorsStream`).
+
+    Pitfall: do not modify the tensors (an optimizer step) until this returns.
+    """
+    name = validate_file_name(file_name)
+    stream = SafetensorsStream(tensors, metadata)
+
+    def read_shards(spans: list[ShardSpan]) -> Iterator[tuple[ShardSpan, bytes]]:
+        for span in spans:
+            yield span, stream.read(span.offset, span.size)
+
+    return _publish(
+        data_dir,
+        name,
+        stream.size,
+        read_shards,
+        version=version,
+        shard_size=shard_size,
+        encoding=encoding,
+        delta=delta,
+        signing_key=signing_key,
+        keep=keep,
+        grace_s=grace_s,
+    )
+
+
+def _publish(
+    data_dir: DataDir | str | os.PathLike[str],
+    name: str,
+    size: int,
+    read_shards: Callable[[list[ShardSpan]], Iterator[tuple[ShardSpan, bytes]]],
+    *,
+    version: int | None,
+    shard_size: int,
+    encoding: str,
+    delta: bool,
+    signing_key: SigningKey | None,
+    keep: int,
+    grace_s: float,
+) -> Manifest:
+    """The steps shared by every source (module docstring): stage, manifest, rename, index."""
+    store = data_dir if isinstance(data_dir, DataDir) else DataDir(data_dir)
     if encoding not in ("raw", "zstd"):
         raise PublishError(f"unknown encoding {encoding!r}: use 'raw' or 'zstd'")
     if keep < 1:
         raise PublishError("keep must be >= 1")
-    name = validate_file_name(file_name or source.name)
-    size = source.stat().st_size
     if size > MAX_FILE_SIZE or -(-size // max(shard_size, 1)) > MAX_SHARDS or shard_size < 1:
         raise PublishError(
             f"cannot publish {size} bytes with shard_size {shard_size}: too many shards or bad size"
@@ -114,7 +229,8 @@ def publish_file(
         base = _delta_base(store, size) if delta else None
         staging = Path(tempfile.mkdtemp(dir=store.staging, prefix=f"v{number}-"))
         try:
-            manifest = _write_shards(store, source, staging, number, name, size, shard_size, encoding, base)
+            shards = read_shards(plan_shards(size, shard_size))
+            manifest = _write_shards(store, shards, staging, number, name, size, shard_size, encoding, base)
             if signing_key is not None:
                 manifest = sign_manifest(manifest, signing_key)
             (staging / MANIFEST_NAME).write_bytes(manifest.to_json())
@@ -153,7 +269,7 @@ def _delta_base(store: DataDir, size: int) -> Manifest | None:
 
 def _write_shards(
     store: DataDir,
-    source: Path,
+    source: Iterator[tuple[ShardSpan, bytes]],
     staging: Path,
     number: int,
     name: str,
@@ -181,21 +297,14 @@ def _write_shards(
     # The whole-file hash (sequential by nature) runs on this thread while a worker hashes,
     # encodes and writes the same shard: hashlib and file I/O release the GIL, so the two
     # passes overlap on two cores.
-    with open(source, "rb") as handle, ThreadPoolExecutor(1, thread_name_prefix="shardcast-publish") as pool:
-        for span in plan_shards(size, shard_size):
-            data = handle.read(span.size)
-            if len(data) != span.size:
-                raise PublishError(
-                    f"{source} changed size while publishing (short read at shard {span.index})"
-                )
+    with ThreadPoolExecutor(1, thread_name_prefix="shardcast-publish") as pool:
+        for span, data in source:
             job = pool.submit(store_shard, span.index, data)
             whole.update(data)
             shard_info, delta_info = job.result()
             shards.append(shard_info)
             if delta_info is not None:
                 deltas.append(delta_info)
-        if handle.read(1):
-            raise PublishError(f"{source} grew while publishing")
     delta = None if base is None else DeltaInfo(base.version, base.file_digest, "xor-zstd", tuple(deltas))
     return Manifest(
         version=number,

@@ -129,7 +129,7 @@ async def fetch_manifest(
 ) -> Manifest | None:
     """Download, validate and signature-check ``v<version>/manifest.json``; ``None`` on 404.
 
-    Raises :class:`ManifestError` (or :class:`SignatureError`) for a hostile/corrupt manifest.
+    Raises :class:`ManifestError` (or :class:`~shardcast.errors.SignatureError`) for a hostile/corrupt manifest.
     """
     cap = 64 * 1024 + MANIFEST_BYTES_PER_SHARD * max_shards
     body = await get_bytes(session, f"{server}/{manifest_url_path(version)}", cap, server=server)

@@ -14,7 +14,7 @@ from .servers import ServerReport
 
 @dataclass(frozen=True)
 class FetchResult:
-    """Outcome of one :meth:`Client.fetch`."""
+    """Outcome of one :meth:`shardcast.Client.fetch`."""
 
     version: int
     path: Path

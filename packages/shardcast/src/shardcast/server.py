@@ -106,9 +106,9 @@ async def _throttled(
 
 
 class HttpServer:
-    """Run :func:`make_app` on ``host:port`` in a background thread.
+    """Run :func:`shardcast.server.make_app` on ``host:port`` in a background thread.
 
-    ``port=0`` picks a free port; read :attr:`port` / :attr:`url` after :meth:`start`.
+    ``port=0`` picks a free port; read ``.port`` / :attr:`url` after :meth:`start`.
     Default host is 127.0.0.1 (bind ``0.0.0.0`` explicitly to serve other machines).
 
     Raises:

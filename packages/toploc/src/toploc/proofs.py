@@ -1,5 +1,7 @@
 """Build and verify proofs: the reference 0.1.x API, vectorised over all chunks.
 
+::
+
     build_proofs(activations, decode_batching_size=32, topk=128, skip_prefill=False) -> list[ProofPoly]
     verify_proofs(activations, proofs, decode_batching_size=32, topk=128, skip_prefill=False)
         -> list[VerificationResult]

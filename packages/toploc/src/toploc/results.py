@@ -10,7 +10,9 @@ from dataclasses import dataclass
 class VerificationResult:
     """How well one chunk's committed values match the verifier's recomputed ones.
 
-    Attributes (the first three with the reference's names and meanings):
+    The first three attributes have the reference's names and meanings.
+
+    Attributes:
         exp_mismatches: of the verifier's top-k positions, how many committed values
             have a different bf16 exponent ((u & 0x7F80) >> 7).
         mant_err_mean: mean |mantissa - mantissa'| (7-bit ULPs, 0..127) over the

@@ -1,5 +1,7 @@
 """``ProofBuilder``: build proofs while generating, one hidden-state row per token per sequence.
 
+::
+
     builder = ProofBuilder(num_sequences=8, hidden_size=4096)      # dbs=32, topk=128
     for step in generation:                                         # inside the decode loop
         builder.add(last_hidden[:, -1, :], active_mask=unfinished)  # [num_seq, H], CPU or CUDA

@@ -1,4 +1,4 @@
-"""The vLLM generation backend: the same contract as :class:`HFBackend`, on a vLLM engine in this process.
+"""The vLLM generation backend: the same contract as :class:`~prime_rl.inference.backend.HFBackend`, on a vLLM engine in this process.
 
 Generation goes through ``toploc.vllm``: each completion is a vLLM request drawn by toploc's
 ``SeededSampler`` with ``seed = SAMPLER_SEED`` and ``sequence_id`` = the sample's seed, so token t
@@ -13,7 +13,7 @@ other stop tokens than the HF backend.
 ``load_weights`` reloads a safetensors policy file (HF parameter names, as shardcast delivers
 it) into the running engine with vLLM's in-place ``reload_weights`` (which re-applies its
 post-load weight processing; a head tied to the input embedding is re-processed by hand, as
-vLLM skips it), then drops the prefix cache, whose KV blocks belong to the old weights. ``prefill`` is not offered: validators recompute with :class:`HFBackend`.
+vLLM skips it), then drops the prefix cache, whose KV blocks belong to the old weights. ``prefill`` is not offered: validators recompute with :class:`~prime_rl.inference.backend.HFBackend`.
 
 The engine must live in this process (``toploc.vllm.checkable_llm`` sets
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``); vLLM's CPU build also drops torch to one thread and

@@ -1,4 +1,4 @@
-"""What a person sees at the end of a run: a PNG plot plus a short text summary (the live progress
+r"""What a person sees at the end of a run: a PNG plot plus a short text summary (the live progress
 lines are :mod:`prime_rl.launch.progress`). Everything is read from the metrics JSONL files
 (``<run_dir>/metrics/*.jsonl``, see :mod:`prime_rl.metrics`), so it works on a live run, a finished
 one, or one that crashed.
@@ -14,9 +14,9 @@ trainer.jsonl      ``commit``              step, policy_version (a step is done)
 evaluator.jsonl    ``eval``                policy_version, accuracy, num_correct, num_problems,
                                            by_type {task_type: {num_correct, num_problems}},
                                            mean_length_distance
-worker-*.jsonl     ``rollouts``            completion_tokens, generate_s
-worker-*.jsonl     ``weights_wait``        waited_s (worker idle, waiting for weights)
-validator*.jsonl   ``verdict``             sandbox_runs {kind: count} (cumulative: last one counts)
+worker-\*.jsonl    ``rollouts``            completion_tokens, generate_s
+worker-\*.jsonl    ``weights_wait``        waited_s (worker idle, waiting for weights)
+validator\*.jsonl  ``verdict``             sandbox_runs {kind: count} (cumulative: last one counts)
 run.jsonl          ``progress``            workers {id: {name, accepted, rejected, reasons, banned}}
 =================  ======================  ===================================================
 

@@ -10,7 +10,7 @@ _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 def extract_code(
     completion: str, *, language: str = "python", require_think_close: bool = False
 ) -> str | None:
-    """Body of the last ```python (or untagged) block after `</think>`, or None."""
+    """Body of the last fenced ``python`` (or untagged) code block after ``</think>``, or None."""
     if require_think_close:
         if "</think>" not in completion:
             return None
