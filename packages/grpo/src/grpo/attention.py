@@ -8,7 +8,7 @@ layer against 1.3 ms for FlexAttention with a document block mask). Here the rul
 cumulative document starts ``cu_seqlens`` (:meth:`grpo.PackedBatch.cu_seqlens`), and memory is O(L):
 
 * ``"flash"``: ``flash_attn_varlen_func`` (CUDA, fp16/bf16, where ``flash-attn`` is installed);
-* ``"flex"``: FlexAttention, compiled, with a document :class:`BlockMask` built from block-level
+* ``"flex"``: FlexAttention, compiled, with a document ``BlockMask`` built from block-level
   document ranges (``(L / 128)²`` entries, never ``L²``) (CUDA);
 * ``"sdpa"``: one causal ``scaled_dot_product_attention`` per document (any device; on CPU the
   fused flash kernel, forward and backward). The CPU default: torch's CPU FlexAttention has no

@@ -15,7 +15,7 @@ automatically for them (:func:`supports_fused_head`).
 
 Attention: the packed row's sequences attend only within themselves through
 ``grpo.use_document_attention`` (FlexAttention or flash-attention varlen on CUDA, one causal SDPA
-per sequence on CPU), driven by :attr:`MicroBatch.cu_seqlens`; no ``[L, L]`` mask is built, so
+per sequence on CPU), driven by ``MicroBatch.cu_seqlens``; no ``[L, L]`` mask is built, so
 attention memory is O(L) and the fused kernels stay available.
 
 Alignment: a sequence with prompt length ``P`` and completion length ``C`` has its completion
