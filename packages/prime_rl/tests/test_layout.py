@@ -44,7 +44,7 @@ ALLOWED: dict[str, set[str]] = {
     "orchestrator": {"config", "api", "tasks", "metrics", "durable", "weights"},
     "inference": {"config", "tasks", "weights", "metrics", "devices"},
     "worker": {"config", "api", "inference", "weights", "tasks", "reward", "role", "metrics", "devices"},
-    "validator": {"config", "api", "inference", "weights", "tasks", "reward", "role", "metrics", "devices"},
+    "validator": {"config", "api", "inference", "weights", "tasks", "reward", "role", "metrics", "devices", "durable"},
     "trainer": {"config", "api", "weights", "role", "metrics", "devices", "durable"},
     "evaluator": {"config", "inference", "weights", "tasks", "metrics", "devices"},
     "launch": {"config", "api", "weights", "metrics", "devices"},

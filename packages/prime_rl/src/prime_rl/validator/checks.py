@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -49,7 +50,6 @@ from prime_rl.inference.backend import (
     verify_proofs,
 )
 from prime_rl.validator.structure import proof_problem, termination_problem
-from prime_rl.validator.tolerances import SamplingRule
 from toploc import Observations
 
 if TYPE_CHECKING:
@@ -105,6 +105,68 @@ class TaskScorer(Protocol):
     def score(self, task_id: int, completion: str, num_tokens: int) -> float:
         """The reward of ``completion`` (``num_tokens`` tokens) for this task, computed with ``verifiers``."""
         ...
+
+
+@functools.lru_cache(maxsize=4096)
+def binomial_allowance(tokens: int, rate: float, false_reject_rate: float) -> int:
+    """The smallest k with ``P(Binomial(tokens, rate) > k) <= false_reject_rate`` (0 when rate is 0).
+
+    Exact: the tail is summed from the probability mass ``C(n,j) p^j (1-p)^(n-j)`` (log-gamma).
+    """
+    if tokens < 0 or not 0 <= rate < 1 or not 0 < false_reject_rate < 1:
+        raise ValueError(f"need tokens >= 0, rate in [0, 1), false_reject_rate in (0, 1); got {tokens}, {rate}, {false_reject_rate}")
+    if rate == 0 or tokens == 0:
+        return 0
+    log_p, log_q = math.log(rate), math.log1p(-rate)
+    head = math.lgamma(tokens + 1)
+    tail = 1.0  # P(X > k) for k = -1
+    for k in range(tokens + 1):
+        tail -= math.exp(head - math.lgamma(k + 1) - math.lgamma(tokens - k + 1) + k * log_p + (tokens - k) * log_q)
+        if tail <= false_reject_rate:
+            return k
+    return tokens
+
+
+@dataclass(frozen=True)
+class SamplingRule:
+    """The per-sample sampling rule (module docstring).
+
+    Attributes:
+        tolerance: logit margin a token may fall short by as often as honest noise does.
+        rate: p0, the bound on the honest per-token rate of ``margin > tolerance`` (0: never).
+        hard_limit: margin no token may exceed (>= tolerance).
+        false_reject_rate: bound on P(an honest sample is rejected), per sample.
+    """
+
+    tolerance: float
+    rate: float
+    hard_limit: float
+    false_reject_rate: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.tolerance <= self.hard_limit or not 0 <= self.rate < 1:
+            raise ValueError(f"need 0 <= tolerance <= hard_limit and rate in [0, 1): {self}")
+
+    def allowed(self, tokens: int) -> int:
+        """Tokens of an n-token sample allowed beyond ``tolerance``."""
+        return binomial_allowance(tokens, self.rate, self.false_reject_rate)
+
+    def problem(self, margins: torch.Tensor) -> str | None:
+        """None if ``margins [n]`` pass, else why not."""
+        tokens = margins.numel()
+        if tokens == 0:
+            return None
+        worst = float(margins.max())
+        if not worst <= self.hard_limit:  # NaN margins (inf: NaN logits) fail here too
+            first = int(torch.nonzero(~(margins <= self.hard_limit)).flatten()[0])
+            return f"token {first} falls {worst:.3g} short of the seeded sampler's choice (limit {self.hard_limit:.3g})"
+        over = int((margins > self.tolerance).sum())
+        if over <= self.allowed(tokens):
+            return None
+        return (
+            f"{over}/{tokens} tokens are not what the seeded sampler draws (beyond {self.tolerance:.3g}; honest "
+            f"noise allows {self.allowed(tokens)} at rate {self.rate:.2g}; max margin {worst:.3g})"
+        )
 
 
 @dataclass(frozen=True)

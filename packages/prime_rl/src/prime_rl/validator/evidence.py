@@ -100,3 +100,26 @@ def metrics_fields(worker_id: str, state: toploc.EvidenceState) -> dict[str, obj
         "tokens": state.tokens,
         "banned": state.banned,
     }
+
+
+@dataclass
+class FailureTracker:
+    """Cumulative accepted/rejected counts per worker; decides bans."""
+
+    ban_failure_rate: float
+    ban_min_samples: int
+    counts: dict[str, list[int]] = field(default_factory=dict)
+    banned: set[str] = field(default_factory=set)
+
+    def record(self, worker_id: str, *, accepted: int, rejected: int) -> str | None:
+        """Add a batch's counts; returns a ban reason the first time the worker crosses the threshold."""
+        entry = self.counts.setdefault(worker_id, [0, 0])
+        entry[0] += accepted
+        entry[1] += rejected
+        total = entry[0] + entry[1]
+        if worker_id in self.banned or total < self.ban_min_samples:
+            return None
+        if entry[1] / total >= self.ban_failure_rate:
+            self.banned.add(worker_id)
+            return f"{entry[1]}/{total} samples rejected (threshold {self.ban_failure_rate:.0%})"
+        return None

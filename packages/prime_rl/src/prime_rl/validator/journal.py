@@ -36,8 +36,7 @@ import toploc
 from prime_rl.durable import atomic_path
 
 if TYPE_CHECKING:
-    from prime_rl.validator.evidence import EvidenceLedger
-    from prime_rl.validator.process import FailureTracker
+    from prime_rl.validator.evidence import EvidenceLedger, FailureTracker
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,6 @@ import enum
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,7 +48,7 @@ from prime_rl.reward import run_tasks
 from prime_rl.role import run_role
 from prime_rl.validator import noise, tolerances
 from prime_rl.validator.checks import Checks, GenerationBackend, Reason, RetryLater
-from prime_rl.validator.evidence import EvidenceLedger, metrics_fields, reject_banned
+from prime_rl.validator.evidence import EvidenceLedger, FailureTracker, metrics_fields, reject_banned
 from prime_rl.validator.journal import ValidatorJournal
 from prime_rl.validator.structure import AssignmentKeyMismatch
 from prime_rl.validator.verdicts import ban_counts, validate_batch
@@ -60,29 +59,6 @@ if TYPE_CHECKING:
     from prime_rl.config import RunConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class FailureTracker:
-    """Cumulative accepted/rejected counts per worker; decides bans."""
-
-    ban_failure_rate: float
-    ban_min_samples: int
-    counts: dict[str, list[int]] = field(default_factory=dict)
-    banned: set[str] = field(default_factory=set)
-
-    def record(self, worker_id: str, *, accepted: int, rejected: int) -> str | None:
-        """Add a batch's counts; returns a ban reason the first time the worker crosses the threshold."""
-        entry = self.counts.setdefault(worker_id, [0, 0])
-        entry[0] += accepted
-        entry[1] += rejected
-        total = entry[0] + entry[1]
-        if worker_id in self.banned or total < self.ban_min_samples:
-            return None
-        if entry[1] / total >= self.ban_failure_rate:
-            self.banned.add(worker_id)
-            return f"{entry[1]}/{total} samples rejected (threshold {self.ban_failure_rate:.0%})"
-        return None
 
 
 class Posted(enum.Enum):
