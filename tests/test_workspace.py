@@ -49,6 +49,13 @@ def test_libraries_never_import_each_other():
                 )
 
 
+def test_name_clash_check_is_one_module_in_five_copies():
+    """Each package carries ``_name_clash.py`` (they may not import each other): one text, never
+    five diverging ones. Change it in one package, then copy it to the other four."""
+    copies = {name: (ROOT / "packages" / name / "src" / name / "_name_clash.py").read_text() for name in PACKAGES}
+    assert len(set(copies.values())) == 1, sorted(copies)
+
+
 def test_tiny_lm_generates_with_tokenizer(tiny_lm, tiny_tokenizer):
     batch = tiny_tokenizer(["1 + 2 =", "7 * 3 = 2"], return_tensors="pt", padding=True)
     assert tiny_tokenizer.decode(batch["input_ids"][1], skip_special_tokens=True) == "7 * 3 = 2"
