@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prime_rl.api.protocol import LeaseRecord, SampleId, Verdict
-from prime_rl.durable import TEMP_GLOB, atomic_path
+from prime_rl.durable import TEMP_GLOB, append_event, atomic_path, read_events
 
 __all__ = [
     "BATCH_SCHEMA",
@@ -165,31 +164,15 @@ class RolloutStore:
 
     def append_event(self, event: dict[str, Any]) -> None:
         """Append one event to the journal and fsync it."""
-        line = json.dumps(event, separators=(",", ":"), allow_nan=False) + "\n"
         with self._journal_lock:
             try:
-                with open(self.journal_path, "a", encoding="utf-8") as handle:
-                    handle.write(line)
-                    handle.flush()
-                    os.fsync(handle.fileno())
+                append_event(self.journal_path, event)
             except OSError as error:
                 raise StoreError(f"could not append to {self.journal_path}: {error}") from error
 
     def events(self) -> Iterator[dict[str, Any]]:
         """Replay the journal in order (a torn last line is skipped with a warning)."""
-        if not self.journal_path.exists():
-            return
-        with open(self.journal_path, encoding="utf-8", errors="replace") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    event = json.loads(line)
-                except json.JSONDecodeError:
-                    log.warning("journal line %d is torn (crash during a write); skipped", number)
-                    continue
-                if isinstance(event, dict):
-                    yield event
+        return read_events(self.journal_path)
 
     # ------------------------------------------------------------- batches
 

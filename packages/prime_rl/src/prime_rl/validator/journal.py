@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import toploc
-from prime_rl.durable import atomic_path
+from prime_rl.durable import append_event, atomic_path, read_events
 
 if TYPE_CHECKING:
     from prime_rl.validator.evidence import EvidenceLedger, FailureTracker
@@ -68,12 +67,8 @@ class ValidatorJournal:
     # ------------------------------------------------------------- writing
 
     def _append(self, event: dict[str, Any]) -> None:
-        line = json.dumps(event, separators=(",", ":"), allow_nan=False) + "\n"
         try:
-            with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write(line)
-                handle.flush()
-                os.fsync(handle.fileno())
+            append_event(self.path, event)
         except OSError as error:
             raise JournalError(f"could not append to {self.path}: {error}") from error
 
@@ -106,19 +101,7 @@ class ValidatorJournal:
     # ------------------------------------------------------------- replay
 
     def _events(self) -> Iterator[dict[str, Any]]:
-        if not self.path.exists():
-            return
-        with open(self.path, encoding="utf-8", errors="replace") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    event = json.loads(line)
-                except json.JSONDecodeError:
-                    log.warning("validator journal line %d is torn (crash during a write); skipped", number)
-                    continue
-                if isinstance(event, dict):
-                    yield event
+        return read_events(self.path, "validator journal")
 
     def load(self) -> JournalState:
         """Replay the journal (malformed events are skipped with a warning, never fatal)."""
