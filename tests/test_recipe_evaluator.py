@@ -4,6 +4,7 @@ greedy scoring against transformers' own generate, and the process following pub
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,35 @@ def test_the_mix_source_is_reseeded_and_keeps_both_task_types():
     assert [again.prompt(i) for i in range(40)] == [heldout.prompt(i) for i in range(40)]
     other = heldout_task_set(mix, 40, seed=8, training=training)
     assert [other.prompt(i) for i in range(40)] != [heldout.prompt(i) for i in range(40)]
+
+
+def test_the_heldout_set_balances_task_families_and_keeps_their_prompt_templates():
+    """The demo's mix: 1-digit sums have only 100 distinct prompts, 65 of them in training; the
+    held-out set still gets half of its problems from each family (round-robin), every one unseen
+    in training and rendered with its family's own few-shot template."""
+    from prime_rl.tasks import load_tasks
+
+    config = load_config(Path(__file__).parents[1] / "configs" / "tiny-cpu.toml")
+    training = load_tasks(config.tasks)
+    heldout = heldout_task_set(config.tasks, 64, config.evaluator.seed, training=training)
+    families = [heldout.task(i).task_type for i in range(len(heldout))]
+    assert len(heldout) == 64
+    assert families.count("verifiable_math") == families.count("prime_rl_code") == 32
+    seen = {training.task(i).prompt for i in range(len(training))}
+    assert not seen & {heldout.task(i).prompt for i in range(len(heldout))}
+    for i in range(len(heldout)):
+        template = config.tasks.prompt_templates[families[i]]
+        assert heldout.prompt(i).startswith(template[: template.index("{prompt}")])
+
+
+def test_a_small_family_gives_what_it_has_and_the_others_fill_the_rest(tmp_path: Path):
+    rows = [{"prompt": f"a{i}", "answer": "1", "task_type": "a"} for i in range(10)]
+    rows.insert(4, {"prompt": "b0", "answer": "1", "task_type": "b"})
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = TasksConfig(source="jsonl", path=str(path), num_tasks=1)  # trains on a0; held out: the next 4 rows
+    heldout = heldout_task_set(config, 4, seed=0)
+    assert [heldout.task(i).prompt for i in range(len(heldout))] == ["a1", "b0", "a2", "a3"]
 
 
 class _TextTokenizer:

@@ -63,6 +63,23 @@ def test_the_mix_source_interleaves_math_and_code_tasks_with_their_own_settings(
         TasksConfig(source="mix", code={"min_digits": 3, "digits": 2})
 
 
+def test_each_task_family_gets_its_own_prompt_template_and_others_the_default():
+    config = TasksConfig(
+        source="mix", num_tasks=20, digits=1, length_reward="exact", target_lengths=[8],
+        prompt_template="DEFAULT {prompt}", prompt_templates={"prime_rl_code": "CODE EXAMPLES\n{prompt}\nA:"},
+    )  # fmt: skip
+    tasks = load_tasks(config)
+    for i in range(len(tasks)):
+        task = tasks.task(i)
+        with_budget = f"{task.prompt} Think for 8 tokens before giving a response."
+        expected = f"CODE EXAMPLES\n{with_budget}\nA:" if task.task_type == "prime_rl_code" else f"DEFAULT {with_budget}"
+        assert tasks.prompt(i) == expected
+    with pytest.raises(ValueError, match=r"prompt_templates.verifiable_math must contain"):
+        TasksConfig(prompt_templates={"verifiable_math": "no placeholder"})
+    with pytest.raises(TaskSourceError, match=r"prompt_templates.x must contain"):
+        type(tasks)([{"prompt": "q"}], prompt_templates={"x": "none"})
+
+
 def test_jsonl_with_intellect2_columns_needs_no_mapping_and_bad_mappings_are_named(tmp_path: Path):
     path = tmp_path / "rows.jsonl"
     rows = [{"prompt": "1+1?", "task_type": "verifiable_math", "verification_info": json.dumps({"ground_truth": "2"})}]

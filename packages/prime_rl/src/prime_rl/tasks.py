@@ -81,15 +81,19 @@ class TaskSet:
         seed: int = 0,
         chat_template: bool = False,
         system_prompt: str = "",
+        prompt_templates: Mapping[str, str] | None = None,
     ) -> None:
         if not tasks:
             raise TaskSourceError("the task set is empty")
-        if "{prompt}" not in prompt_template:
-            raise TaskSourceError("prompt_template must contain '{prompt}'")
+        templates = dict(prompt_templates or {})
+        for name, template in {"": prompt_template, **templates}.items():
+            if "{prompt}" not in template:
+                raise TaskSourceError(f"prompt_template{'s.' + name if name else ''} must contain '{{prompt}}'")
         if length_reward != "none" and not target_lengths:
             raise TaskSourceError("a length reward needs target_lengths")
         self._tasks = tuple(tasks)
         self.prompt_template = prompt_template
+        self.prompt_templates = templates
         self.length_reward = length_reward
         self.target_lengths = tuple(target_lengths)
         self.seed = seed
@@ -123,7 +127,12 @@ class TaskSet:
             from verifiers.length import with_length_instruction
 
             raw = with_length_instruction(raw, target, self.length_reward)
-        return self.prompt_template.replace("{prompt}", raw)
+        return self.template_of(task).replace("{prompt}", raw)
+
+    def template_of(self, task: Any) -> str:
+        """The prompt template of ``task``: ``prompt_templates[task_type]`` if given, else ``prompt_template``."""
+        task_type = getattr(task, "task_type", None) if not isinstance(task, Mapping) else task.get("task_type")
+        return self.prompt_templates.get(str(task_type), self.prompt_template)
 
     def encode(self, tokenizer: Any, text: str) -> list[int]:
         """Prompt ``text`` (e.g. ``self.prompt(task_id)``) as token ids: :func:`encode_prompt` with
@@ -270,6 +279,7 @@ def load_tasks(config: TasksConfig) -> TaskSet:
         seed=config.seed,
         chat_template=config.chat_template,
         system_prompt=config.system_prompt,
+        prompt_templates=config.prompt_templates,
     )
 
 

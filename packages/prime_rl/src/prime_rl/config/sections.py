@@ -110,6 +110,11 @@ class TasksConfig(Section):
         default="{prompt}",
         description="Prompt text sent to the model; '{prompt}' is replaced by the task's prompt.",
     )
+    prompt_templates: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per task type prompt templates, e.g. {verifiable_math = '...{prompt}...'}: a task whose "
+        "task_type is a key uses that template instead of prompt_template (few-shot examples of its own family).",
+    )
 
     difficulty_key: str = Field(
         default="",
@@ -133,6 +138,9 @@ class TasksConfig(Section):
     def _check(self) -> TasksConfig:
         if "{prompt}" not in self.prompt_template:
             raise ValueError("tasks.prompt_template must contain '{prompt}'")
+        for task_type, template in self.prompt_templates.items():
+            if "{prompt}" not in template:
+                raise ValueError(f"tasks.prompt_templates.{task_type} must contain '{{prompt}}'")
         if self.min_pass_rate > self.max_pass_rate:
             raise ValueError("tasks.min_pass_rate must be <= tasks.max_pass_rate")
         if self.length_reward != "none" and (not self.target_lengths or min(self.target_lengths) <= 0):

@@ -130,7 +130,8 @@ def heldout_task_set(
     spec = TasksConfig.model_validate({**tasks.model_dump(), **overrides}) if overrides else tasks
     if spec.source in GENERATED_SOURCES:
         # Draw extra candidates so that dropping training prompts still leaves num_problems.
-        candidates = load_tasks(spec.model_copy(update={"seed": seed, "num_tasks": 4 * num_problems + 16}))
+        # (16x: a small family, e.g. the 100 one-digit sums, needs many draws to find its unseen ones.)
+        candidates = load_tasks(spec.model_copy(update={"seed": seed, "num_tasks": 16 * num_problems + 64}))
         pool = [candidates.task(i) for i in range(len(candidates))]
     elif overrides:
         everything = load_tasks(spec.model_copy(update={"num_tasks": len(train) + num_problems}))
@@ -138,16 +139,7 @@ def heldout_task_set(
     else:
         everything = load_tasks(spec.model_copy(update={"num_tasks": spec.num_tasks + num_problems}))
         pool = [everything.task(i) for i in range(min(spec.num_tasks, len(everything)), len(everything))]
-    chosen: list[Any] = []
-    prompts: set[str] = set()
-    for task in pool:
-        prompt = _prompt_of(task)
-        if prompt in seen or prompt in prompts:
-            continue
-        prompts.add(prompt)
-        chosen.append(task)
-        if len(chosen) == num_problems:
-            break
+    chosen = _balanced(pool, seen, num_problems)
     if not chosen or len(chosen) < num_problems:
         if spec.source in GENERATED_SOURCES:
             advice = "lower evaluator.num_problems or widen tasks.digits/ops"
@@ -168,7 +160,39 @@ def heldout_task_set(
         seed=seed,
         chat_template=spec.chat_template,
         system_prompt=spec.system_prompt,
+        prompt_templates=spec.prompt_templates,
     )
+
+
+def _task_type(task: Any) -> str:
+    return str(task.get("task_type", "") if isinstance(task, Mapping) else getattr(task, "task_type", ""))
+
+
+def _balanced(pool: Sequence[Any], seen: set[str], num_problems: int) -> list[Any]:
+    """Up to ``num_problems`` distinct unseen tasks of ``pool``, taken round-robin over task types.
+
+    Each family gets an equal share (``num_problems / families``) while it has unseen problems
+    left, the others fill the rest; within a family, pool order. So a mix whose math family has
+    few distinct problems still gets its per-family accuracy measured on as many as exist.
+    """
+    families: dict[str, list[Any]] = {}
+    prompts: set[str] = set()
+    for task in pool:
+        prompt = _prompt_of(task)
+        if prompt in seen or prompt in prompts:
+            continue
+        prompts.add(prompt)
+        families.setdefault(_task_type(task), []).append(task)
+    queues = [iter(tasks) for tasks in families.values()]
+    chosen: list[Any] = []
+    while queues and len(chosen) < num_problems:
+        for queue in list(queues):
+            task = next(queue, None)
+            if task is None:
+                queues.remove(queue)
+            elif len(chosen) < num_problems:
+                chosen.append(task)
+    return chosen
 
 
 def _verifiers_reward(task: Any, completion: str) -> float:
