@@ -31,8 +31,8 @@ from sympy.parsing.sympy_parser import (
 )
 
 from verifiers.math.latex import SAFE_NAMES, LatexError, to_sympy_source
-from verifiers.math.structural import Options
 from verifiers.math.numbers import Number, decimal_matches, numbers_equal, parse_number, values_with_percent
+from verifiers.math.structural import Options
 
 _TRANSFORMS = (*standard_transformations, implicit_multiplication, rationalize, factorial_notation)
 POINTS = (

@@ -141,7 +141,11 @@ def values_equal(g: st.Value, p: st.Value, opts: Options, leaves: Leaves) -> boo
     if st.is_assignment(p) and not isinstance(g, st.Relation):
         return values_equal(g, p.terms[-1], opts, leaves)  # type: ignore[union-attr]
     if isinstance(g, st.Relation) and isinstance(p, st.Relation):
-        if st.is_assignment(g) and st.is_assignment(p) and values_equal(g.terms[-1], p.terms[-1], opts, leaves):
+        if (
+            st.is_assignment(g)
+            and st.is_assignment(p)
+            and values_equal(g.terms[-1], p.terms[-1], opts, leaves)
+        ):
             return True
         return leaves.relations_equal(g, p, opts)
     if isinstance(g, st.Member) and isinstance(p, st.Member):
