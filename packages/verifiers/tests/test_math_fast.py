@@ -1,0 +1,197 @@
+"""The caller-side fast path: exact values and decisions that never contradict the sympy worker.
+
+`fast.decide` and `exact.exact_value` run in the caller without sympy; whenever they answer,
+the answer must be the one the worker's sympy path (`compare.equivalent`, run here
+in-process) gives. Checked on generated pairs (hypothesis), on every row of the labelled form
+file, and with hand-computed values.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import sympy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from verifiers.math import compare_answers
+from verifiers.math.compare import equivalent, prepare
+from verifiers.math.exact import exact_value
+from verifiers.math.expressions import to_sympy
+from verifiers.math.fast import MAX_CHARS, decide
+from verifiers.math.structural import Options
+
+FORMS = Path(__file__).parent / "data" / "math_equiv_forms.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("\\frac{100!}{98!}", Fraction(9900)),
+        ("2^{64}", Fraction(18446744073709551616)),
+        ("1/2^{100}", Fraction(1, 2**100)),
+        ("\\frac{1}{2^{100}}", Fraction(1, 2**100)),
+        ("2^{-100}", Fraction(1, 2**100)),
+        ("\\binom{50}{25}", Fraction(126410606437752)),
+        ("-2^2", Fraction(-4)),  # Python/sympy precedence: -(2^2)
+        ("2^{3^2}", Fraction(512)),  # right-associative
+        ("\\frac3{3}", Fraction(1)),
+        ("10^{-20}", Fraction(1, 10**20)),
+        ("3 \\times 4 - 6 \\div 4", Fraction(21, 2)),
+        ("(1+2)\\cdot(3+4)", Fraction(21)),
+    ],
+)
+def test_exact_values_by_hand(text, value):
+    assert exact_value(text) == value
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2(3)",  # implicit product: left to sympy
+        "1/0",
+        "0^{-1}",
+        "0.5+1",  # decimals carry the inexact-literal rule
+        "2^{100000}",  # too large to evaluate here
+        "(10^{8})!",
+        "\\frac{1}{2006!}",  # factorial beyond the fast path's bound
+        "2^{1/2}",
+        "\\sqrt{4}",
+        "x+1",
+        "\\pi",
+        "5!!",
+        "50\\%",
+        "((((((((((((((((((((((((((((((((((((((((((1))))))))))))))))))))))))))))))))))))))))))",
+        "-" * 300 + "1",
+        "{" * 5000,
+    ],
+)
+def test_exact_value_declines(text):
+    assert exact_value(text) is None
+
+
+_INT = st.integers(0, 60).map(str)
+
+
+def _combine(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    pair = st.tuples(children, children)
+    return st.one_of(
+        pair.map(lambda ab: f"{ab[0]}+{ab[1]}"),
+        pair.map(lambda ab: f"{ab[0]}-{ab[1]}"),
+        pair.map(lambda ab: f"{ab[0]}\\cdot {ab[1]}"),
+        pair.map(lambda ab: f"{ab[0]}/{ab[1]}"),
+        pair.map(lambda ab: f"\\frac{{{ab[0]}}}{{{ab[1]}}}"),
+        st.tuples(children, st.integers(-4, 6)).map(lambda ak: f"({ak[0]})^{{{ak[1]}}}"),
+        st.tuples(children, st.integers(0, 3)).map(lambda ak: f"{ak[0]}^{ak[1]}"),
+        children.map(lambda a: f"({a})"),
+        children.map(lambda a: f"-{a}"),
+        st.integers(0, 12).map(lambda n: f"{n}!"),
+        st.tuples(st.integers(0, 20), st.integers(0, 20)).map(lambda nk: f"\\binom{{{nk[0]}}}{{{nk[1]}}}"),
+    )
+
+
+EXPRESSIONS = st.recursive(_INT, _combine, max_leaves=6)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(EXPRESSIONS)
+def test_exact_value_is_sympys_value(text):
+    value = exact_value(text)
+    if value is None:
+        return
+    expr, too_big = to_sympy(text)
+    assert not too_big
+    assert expr.is_Rational and expr == sympy.Rational(value.numerator, value.denominator), (
+        text,
+        expr,
+        value,
+    )
+
+
+_WRAPS = ["@", "@\\text{ cm}^2", "\\$@", "x = @", "@\\%"]
+
+
+def _value_forms() -> st.SearchStrategy[str]:
+    small = st.one_of(
+        st.integers(-6, 12).map(str),
+        st.sampled_from(
+            ["\\frac{1}{2}", "0.5", "1/2", "\\frac{6}{8}", "3/4", "0.75", "1.5e3", "1500", "2^{2}"]
+        ),
+        EXPRESSIONS,
+        st.sampled_from(["\\sqrt{2}", "\\pi", "x", "2x", "\\infty", "-\\infty", "A", "(B)"]),
+    )
+    atom = st.tuples(st.sampled_from(_WRAPS), small).map(lambda ws: ws[0].replace("@", ws[1]))
+    pair = st.tuples(small, small)
+    return st.one_of(
+        atom,
+        pair.map(lambda ab: f"({ab[0]}, {ab[1]})"),
+        pair.map(lambda ab: f"[{ab[0]}, {ab[1]})"),
+        pair.map(lambda ab: f"\\{{{ab[0]}, {ab[1]}\\}}"),
+        pair.map(lambda ab: f"{ab[0]}, {ab[1]}"),
+        pair.map(lambda ab: f"x = {ab[0]}, y = {ab[1]}"),
+        pair.map(lambda ab: f"{ab[0]} \\text{{ and }} {ab[1]}"),
+        pair.map(lambda ab: f"\\begin{{pmatrix}}{ab[0]} & {ab[1]}\\end{{pmatrix}}"),
+        pair.map(lambda ab: f"[{ab[0]}, {ab[1]}] \\cup \\{{7\\}}"),
+        pair.map(lambda ab: f"[{ab[0]}, {ab[1]}] \\cup [{ab[1]}, 5]"),
+        pair.map(lambda ab: f"[0, {ab[0]}] \\cap [{ab[1]}, 9]"),
+        pair.map(lambda ab: f"\\{{{ab[0]}\\}} \\cup \\{{{ab[1]}\\}}"),
+        small.map(lambda a: f"[{a}, 5]"),
+        small.map(lambda a: f"x \\in [0, {a}]"),
+        small.map(lambda a: f"x \\le {a}"),
+        small.map(lambda a: f"\\pm {a}"),
+    )
+
+
+OPTIONS = st.builds(Options, st.sampled_from([2, 6]), st.booleans(), st.booleans())
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_value_forms(), _value_forms(), OPTIONS)
+def test_fast_decision_never_contradicts_the_sympy_path(gold, pred, opts):
+    fast = decide(prepare(gold), prepare(pred), opts)
+    if fast is not None:
+        assert fast == equivalent(gold, pred, opts), (gold, pred, opts)
+
+
+def test_fast_path_agrees_on_every_labelled_row():
+    rows = [json.loads(line) for line in FORMS.read_text().splitlines() if line.strip()]
+    decided = 0
+    for row in rows:
+        opts = Options(row["float_rounding"], row["strict"], row["allow_set_relation_comp"])
+        fast = decide(prepare(row["gold"]), prepare(row["pred"]), opts)
+        if fast is not None:
+            decided += 1
+            assert fast == bool(row["expected"]) == equivalent(row["gold"], row["pred"], opts), row
+    assert decided >= 40  # units, tuples, intervals and exact constants skip the worker
+
+
+def test_compare_answers_reports_the_fast_path():
+    assert compare_answers("\\frac{100!}{98!}", "9900").reason == "exact"
+    assert compare_answers("(1, \\frac{1}{2})", "(1, 0.5)").reason == "exact"
+    assert compare_answers("9.8\\text{ m/s}^2", "9.8").reason == "exact"
+    verdict = compare_answers("1/2^{100}", "1/2^{99}")
+    assert (verdict.equal, verdict.reason) == (False, "different")
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "(" * 400 + "1" + ")" * 400,
+        "\\{" * 200 + "1" + "\\}" * 200,
+        "1," * 250,
+        "\\frac{" * 100 + "1" + "}{2}" * 100,
+        "x<" * 200 + "1",
+        "2^{" * 150 + "2" + "}" * 150,
+        "1" * MAX_CHARS + "+1",
+        "\\pm" * 200,
+    ],
+)
+def test_hostile_inputs_are_bounded_and_never_raise(hostile):
+    limit = sys.getrecursionlimit()
+    assert decide(hostile, "1", Options()) in (None, False, True)
+    assert decide("(1, 2)", hostile, Options()) in (None, False, True)
+    assert sys.getrecursionlimit() == limit
