@@ -195,3 +195,82 @@ def test_hostile_inputs_are_bounded_and_never_raise(hostile):
     assert decide(hostile, "1", Options()) in (None, False, True)
     assert decide("(1, 2)", hostile, Options()) in (None, False, True)
     assert sys.getrecursionlimit() == limit
+
+
+_CONSTANT_LEAVES = st.one_of(
+    st.integers(1, 12).map(str),
+    st.sampled_from(["\\pi", "e", "\\frac{\\pi}{3}", "0.5", "\\frac{1}{2}", "\\sqrt{2}", "\\sqrt{9}"]),
+    st.tuples(st.integers(-4, 8), st.integers(1, 12)).map(lambda mn: f"\\frac{{{mn[0]}\\pi}}{{{mn[1]}}}"),
+)
+
+
+def _constant_combine(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    pair = st.tuples(children, children)
+    return st.one_of(
+        st.tuples(st.sampled_from(["\\sin", "\\cos", "\\tan", "\\sec", "\\cot"]), children).map(
+            lambda fa: f"{fa[0]}\\left({fa[1]}\\right)"
+        ),
+        st.tuples(
+            st.sampled_from(["\\arcsin", "\\arccos", "\\arctan", "\\ln", "\\sqrt", "\\sqrt[3]"]), children
+        ).map(lambda fa: f"{fa[0]}{{{fa[1]}}}" if fa[0].startswith("\\sqrt") else f"{fa[0]}({fa[1]})"),
+        st.tuples(st.integers(2, 10), children).map(lambda ba: f"\\log_{{{ba[0]}}} {{{ba[1]}}}"),
+        st.tuples(st.integers(2, 5), st.integers(0, 6)).map(lambda bk: f"\\log_{{{bk[0]}}} {bk[0] ** bk[1]}"),
+        children.map(lambda a: f"\\lfloor {a} \\rfloor"),
+        children.map(lambda a: f"\\lceil {a} \\rceil"),
+        children.map(lambda a: f"|{a}|"),
+        pair.map(lambda ab: f"{ab[0]}+{ab[1]}"),
+        pair.map(lambda ab: f"{ab[0]}-{ab[1]}"),
+        pair.map(lambda ab: f"{ab[0]}\\cdot {ab[1]}"),
+        pair.map(lambda ab: f"\\frac{{{ab[0]}}}{{{ab[1]}}}"),
+        st.tuples(children, st.integers(-3, 4)).map(lambda ak: f"\\left({ak[0]}\\right)^{{{ak[1]}}}"),
+        st.tuples(st.integers(1, 9), children).map(lambda ka: f"{ka[0]}{ka[1]}"),  # implicit product
+        st.tuples(children, st.sampled_from(["\\frac12", "\\frac{3}{2}"])).map(
+            lambda ak: f"({ak[0]})^{{{ak[1]}}}"
+        ),
+    )
+
+
+CONSTANTS = st.recursive(_CONSTANT_LEAVES, _constant_combine, max_leaves=4)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(CONSTANTS, st.one_of(CONSTANTS, st.integers(-3, 12).map(str)))  # small integers: floors, logs
+def test_constant_decisions_are_the_workers(a, b):
+    from verifiers.math.expressions import atoms_equal
+    from verifiers.math.intervals import compare_constants
+
+    decided = compare_constants(a, b)
+    if decided is not None:
+        assert decided == atoms_equal(a, b, Options()), (a, b, decided)
+    fast = decide(prepare(a), prepare(b), Options())
+    if fast is not None:
+        assert fast == equivalent(a, b, Options()), (a, b, fast)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ("\\cos\\frac{\\pi}{3}", "\\frac12", True),
+        ("\\log_2 8", "3", True),
+        ("\\sin\\frac{\\pi}{12}", "\\frac{\\sqrt{6}-\\sqrt{2}}{4}", True),
+        ("\\sin\\frac{\\pi}{12}", "\\frac{\\sqrt{6}+\\sqrt{2}}{4}", False),
+        ("\\arcsin\\frac12", "\\frac{\\pi}{6}", True),
+        ("\\lfloor \\pi \\rfloor", "3", True),
+        ("\\lceil \\pi \\rceil", "4", True),
+        ("\\lceil -\\pi \\rceil", "-3", True),
+        ("\\lceil \\pi \\rceil", "3", False),
+        ("\\sqrt{2}+\\sqrt{3}", "\\sqrt{5+2\\sqrt6}", True),
+        ("\\frac{22}{7}", "\\pi", False),
+        ("\\frac{1}{2004!}", "\\frac{1}{2006!}", None),  # factorials: exact path or sympy
+        ("\\sin \\pi", "0", None),  # zero: the worker's relative test decides
+        ("\\lfloor 3 \\rfloor", "3", None),  # the enclosure touches an integer
+        ("\\sqrt{-1}", "i", None),  # complex
+        ("\\sqrt{4}", "2+10^{-200}", None),  # two rationals closer than the enclosures: sympy
+        ("\\pi", "\\pi+10^{-45}", None),  # within the worker's tolerance band: sympy
+        ("x", "x", None),
+    ],
+)
+def test_constant_decisions_by_hand(a, b, expected):
+    from verifiers.math.intervals import compare_constants
+
+    assert compare_constants(a, b) is expected

@@ -5,8 +5,10 @@ the two normalised answers with leaves that answer only where the worker's sympy
 would provably answer the same:
 
 - two expressions: identical text, two plain numbers (`numbers.numbers_equal`, the first
-  thing `expressions.atoms_equal` does too), two multiple-choice letters, or two exact
-  rational constants (`exact.exact_value`; the worker compares two sympy Rationals exactly);
+  thing `expressions.atoms_equal` does too), two multiple-choice letters, two exact
+  rational constants (`exact.exact_value`; the worker compares two sympy Rationals exactly),
+  or two real constants whose interval enclosures settle the worker's 60-digit test
+  (`intervals.compare_constants`: `\\cos\\frac{\\pi}{3}` vs `\\frac12`);
 - set expressions (`∪`, `∩`, `∖`) and relations: never (they need sympy).
 
 Any other leaf raises `structural.Undecided` and the whole pair goes to the worker, so a
@@ -20,6 +22,7 @@ import re
 
 from verifiers.math import structure as st
 from verifiers.math.exact import exact_value
+from verifiers.math.intervals import compare_constants
 from verifiers.math.numbers import Number, numbers_equal, parse_number
 from verifiers.math.structural import Options, Undecided, values_equal
 
@@ -27,16 +30,28 @@ MAX_CHARS = 512
 _LETTER = re.compile(r"\(?([A-Za-z])\)?")
 
 
-def _exact(text: str, number: Number | None) -> object:
-    """An exact value comparable with `==`, mirroring `expressions._candidates`."""
-    if number is not None:
-        if number.percent or number.decimals is not None:
-            raise Undecided(text)  # two candidates / the inexact-decimal rule: sympy's job
-        return number.value
-    value = exact_value(text)
-    if value is None:
+def _plain(text: str, number: Number | None) -> str:
+    """`text` for the comparison of constants; a plain number as its exact `p/q` (as the worker
+    reads it: `expressions._candidates`). Percentages and decimal literals are sympy's job
+    (two candidate values; the inexact-decimal rule)."""
+    if number is None:
+        if "%" in text:
+            raise Undecided(text)
+        return text
+    if number.percent or number.decimals is not None:
         raise Undecided(text)
-    return value
+    return f"{number.value.numerator}/{number.value.denominator}"
+
+
+def _constants_equal(a: str, b: str) -> bool:
+    """Exact rationals compare exactly; other real constants by rigorous enclosures."""
+    va, vb = exact_value(a), exact_value(b)
+    if va is not None and vb is not None:
+        return va == vb
+    decided = compare_constants(a, b)
+    if decided is None:
+        raise Undecided(f"{a} vs {b}")
+    return decided
 
 
 class ExactLeaves:
@@ -53,7 +68,7 @@ class ExactLeaves:
         if letters[0] and letters[1]:
             la, lb = letters[0].group(1), letters[1].group(1)
             return la == lb or (la.isupper() and la.lower() == lb.lower() and la in "ABCDEFGHIJ")
-        return _exact(a, na) == _exact(b, nb)
+        return _constants_equal(_plain(a, na), _plain(b, nb))
 
     def sets_equal(self, g: st.Value, p: st.Value) -> bool:
         raise Undecided("set expression")

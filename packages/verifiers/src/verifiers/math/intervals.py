@@ -1,0 +1,315 @@
+"""Rigorous interval enclosures of real constant expressions, without sympy (the fast path).
+
+`compare_constants(a, b)` decides two constant answers (`\\cos\\frac{\\pi}{3}` vs `\\frac12`,
+`\\log_2 8` vs `3`) the way the worker's `expressions._constants_equal` would, or returns None:
+
+- the worker calls two constants equal iff their 60-digit values agree to 1e-45 (relative),
+  or both are the same sympy Rational. Here each side is enclosed in an interval
+  (mpmath's interval arithmetic, outward rounding, in a private context) at a precision of
+  at least `height(a) + height(b) + 256` bits, where `height` bounds the size of any rational
+  the expression could equal (so two *different* rationals can never fall in one enclosure).
+  Overlapping enclosures narrower than that, away from zero, mean equal; enclosures apart by
+  more than 1e-40 (relative) mean different; anything else, or a value near zero (where the
+  worker's relative test is unreliable), is None.
+- the expression is read from `latex.to_sympy_source` (the text sympy would parse), with
+  sympy's meaning: Python precedence, implicit products before names and parentheses,
+  `e` = E, `log(x, b)` = log(x)/log(b), principal real branches only. Complex results,
+  symbols, `oo`, factorials and unknown names give None.
+
+Bounded work: at most `MAX_CHARS` characters, `MAX_DEPTH` nesting, `MAX_PREC` bits.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from mpmath.libmp import finf, fnan, fninf, to_rational
+
+from verifiers.math.latex import LatexError, to_sympy_source
+
+MAX_CHARS = 300
+MAX_DEPTH = 30
+MAX_PREC = 2_000
+MAX_EXPONENT = 64
+_TOKEN = re.compile(r"\s*(?:(\d+\.?\d*|\.\d+)|(\*\*|[-+*/(),])|([A-Za-z_][A-Za-z0-9_]*))")
+_FUNCTIONS = {"sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "log", "exp", "sqrt", "root"}
+_FUNCTIONS |= {"floor", "ceiling", "Abs"}
+_CONSTANTS = {"pi", "E", "e"}
+_local = threading.local()
+
+
+class _Decline(Exception):
+    """Outside what this module encloses rigorously."""
+
+
+@dataclass(frozen=True)
+class _Node:
+    """A parsed expression: `kind` is "num", "const", "neg", a binary operator or a function."""
+
+    kind: str
+    args: tuple[Any, ...]
+
+
+def _ctx() -> Any:
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None:
+        from mpmath.ctx_iv import MPIntervalContext
+
+        ctx = _local.ctx = MPIntervalContext()
+    return ctx
+
+
+class _Parser:
+    def __init__(self, src: str):
+        self.tokens: list[str] = []
+        i = 0
+        while i < len(src):
+            m = _TOKEN.match(src, i)
+            if m is None or m.end() == i:
+                if src[i:].strip():
+                    raise _Decline(src[i : i + 10])
+                break
+            self.tokens.append(m.group(m.lastindex or 0))
+            i = m.end()
+        self.i = 0
+        self.depth = 0
+
+    def peek(self) -> str | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def take(self, expected: str | None = None) -> str:
+        token = self.peek()
+        if token is None or (expected is not None and token != expected):
+            raise _Decline(f"expected {expected!r}")
+        self.i += 1
+        return token
+
+    def nested(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _Decline("too deep")
+
+    def expr(self) -> _Node:
+        self.nested()
+        node = self.term()
+        while self.peek() in ("+", "-"):
+            node = _Node(self.take(), (node, self.term()))
+        self.depth -= 1
+        return node
+
+    def term(self) -> _Node:
+        node = self.unary()
+        while True:
+            token = self.peek()
+            if token in ("*", "/"):
+                node = _Node(self.take(), (node, self.unary()))
+            elif token is not None and (token == "(" or token[0].isalpha()):
+                node = _Node("*", (node, self.unary()))  # sympy's implicit multiplication
+            else:
+                return node
+
+    def unary(self) -> _Node:
+        if self.peek() in ("+", "-"):
+            self.nested()
+            sign = self.take()
+            node = self.unary()
+            self.depth -= 1
+            return _Node("neg", (node,)) if sign == "-" else node
+        node = self.primary()
+        if self.peek() == "**":
+            self.take()
+            self.nested()
+            node = _Node("**", (node, self.unary()))
+            self.depth -= 1
+        return node
+
+    def primary(self) -> _Node:
+        token = self.take()
+        if token[0].isdigit() or token[0] == ".":
+            return _Node("num", (Fraction(token),))
+        if token == "(":
+            node = self.expr()
+            self.take(")")
+            return node
+        if token in _CONSTANTS:
+            if self.peek() == "(":
+                raise _Decline("constant applied to parentheses")
+            return _Node("const", ("E" if token == "e" else token,))
+        if token in _FUNCTIONS:
+            self.take("(")
+            args = [self.expr()]
+            while self.peek() == ",":
+                self.take()
+                args.append(self.expr())
+            self.take(")")
+            if len(args) != (2 if token == "root" else 1) and not (token == "log" and len(args) == 2):
+                raise _Decline(f"{token} with {len(args)} arguments")
+            return _Node(token, tuple(args))
+        raise _Decline(f"unsupported token {token!r}")
+
+
+def _height(node: _Node) -> int:
+    """Bits that bound numerator and denominator of any rational value of `node`."""
+    if node.kind == "num":
+        value = node.args[0]
+        return value.numerator.bit_length() + value.denominator.bit_length() + 1
+    if node.kind == "const":
+        return 2
+    if node.kind == "**":
+        exponent = _exact(node.args[1])
+        scale = abs(exponent.numerator) + 1 if exponent is not None else MAX_PREC
+        return scale * _height(node.args[0]) + _height(node.args[1])
+    if node.kind in ("*", "/", "neg"):
+        return sum(_height(arg) for arg in node.args)
+    return 2 * sum(_height(arg) for arg in node.args) + 4  # a sum: p/q + r/s = (ps + rq)/(qs)
+
+
+def _exact(node: _Node) -> Fraction | None:
+    """The exact value of a rational-only subtree (numbers, + - * /, integer powers)."""
+    if node.kind == "num":
+        return node.args[0]
+    if node.kind == "neg":
+        inner = _exact(node.args[0])
+        return None if inner is None else -inner
+    if node.kind in ("+", "-", "*", "/", "**"):
+        a, b = _exact(node.args[0]), _exact(node.args[1])
+        if a is None or b is None:
+            return None
+        if node.kind == "+":
+            return a + b
+        if node.kind == "-":
+            return a - b
+        if node.kind == "*":
+            return a * b
+        if node.kind == "/":
+            return None if b == 0 else a / b
+        if b.denominator != 1 or abs(b) > MAX_EXPONENT or (a == 0 and b <= 0):
+            return None
+        return a ** int(b)
+    return None
+
+
+def _positive(ctx: Any, x: Any) -> bool:
+    return _bounds(x)[0] > 0
+
+
+def _enclose(ctx: Any, node: _Node) -> Any:
+    exact = _exact(node)
+    if exact is not None:
+        return ctx.mpf(exact.numerator) / ctx.mpf(exact.denominator)
+    kind, args = node.kind, node.args
+    if kind == "const":
+        return ctx.pi if args[0] == "pi" else ctx.e
+    if kind == "neg":
+        return -_enclose(ctx, args[0])
+    if kind in ("+", "-", "*", "/"):
+        a, b = _enclose(ctx, args[0]), _enclose(ctx, args[1])
+        if kind == "/":
+            if 0 in b:
+                raise _Decline("division by an interval around zero")
+            return a / b
+        return a + b if kind == "+" else a - b if kind == "-" else a * b
+    if kind == "**":
+        base, exponent = _enclose(ctx, args[0]), _exact(args[1])
+        if exponent is not None and exponent.denominator == 1 and abs(exponent) <= MAX_EXPONENT:
+            if exponent < 0 and 0 in base:
+                raise _Decline("negative power of zero")
+            return base ** int(exponent)
+        if not _positive(ctx, base):
+            raise _Decline("non-integer power of a possibly non-positive base")
+        return ctx.exp(_enclose(ctx, args[1]) * ctx.log(base))
+    values = [_enclose(ctx, arg) for arg in args]
+    x = values[0]
+    if kind in ("sin", "cos", "exp"):
+        return getattr(ctx, kind)(x)
+    if kind in ("tan", "cot", "sec", "csc"):
+        denominator = ctx.cos(x) if kind in ("tan", "sec") else ctx.sin(x)
+        if 0 in denominator:
+            raise _Decline("pole")
+        numerator = {"tan": ctx.sin(x), "cot": ctx.cos(x)}.get(kind, ctx.mpf(1))
+        return numerator / denominator
+    if kind in ("asin", "acos"):
+        lo, hi = _bounds(x)
+        if not (lo > -1 and hi < 1):
+            raise _Decline("inverse sine/cosine at or beyond +-1")
+        other = ctx.sqrt(1 - x * x)
+        return ctx.atan2(x, other) if kind == "asin" else ctx.atan2(other, x)
+    if kind == "atan":
+        return ctx.atan2(x, ctx.mpf(1))
+    if kind == "log":
+        if not _positive(ctx, x) or (len(values) == 2 and not _positive(ctx, values[1])):
+            raise _Decline("logarithm of a possibly non-positive value")
+        if len(values) == 1:
+            return ctx.log(x)
+        base = ctx.log(values[1])
+        if 0 in base:
+            raise _Decline("logarithm to base 1")
+        return ctx.log(x) / base
+    if kind in ("sqrt", "root"):
+        n = 2 if kind == "sqrt" else _exact(args[1])
+        if n is None or n != int(n) or not 1 <= n <= MAX_EXPONENT:
+            raise _Decline("root index")
+        if not _positive(ctx, x):
+            raise _Decline("root of a possibly non-positive value")
+        return ctx.sqrt(x) if n == 2 else ctx.exp(ctx.log(x) / int(n))
+    if kind == "Abs":
+        if 0 in x:
+            raise _Decline("absolute value around zero")
+        return x if _positive(ctx, x) else -x
+    # floor / ceiling: decided only when the enclosure sits strictly between two integers
+    lo, hi = _bounds(x)
+    whole = math.floor(lo)
+    if lo == whole or math.floor(hi) != whole:
+        raise _Decline("floor/ceiling near an integer")
+    return ctx.mpf(whole if kind == "floor" else whole + 1)
+
+
+def _bounds(x: Any) -> tuple[Fraction, Fraction]:
+    """The exact rational endpoints of an interval."""
+    lo, hi = x._mpi_
+    if lo in (fnan, fninf, finf) or hi in (fnan, fninf, finf):
+        raise _Decline("unbounded enclosure")
+    return Fraction(*to_rational(lo)), Fraction(*to_rational(hi))
+
+
+def _parse(text: str) -> _Node:
+    if len(text) > MAX_CHARS or "%" in text:
+        raise _Decline("too long or a percentage")
+    try:
+        src = to_sympy_source(text)
+    except (LatexError, RecursionError) as exc:
+        raise _Decline("not an expression") from exc
+    parser = _Parser(src)
+    node = parser.expr()
+    if parser.peek() is not None:
+        raise _Decline("trailing tokens")
+    return node
+
+
+def compare_constants(a: str, b: str) -> bool | None:
+    """The worker's decision for two real constant expressions, or None (never raises)."""
+    try:
+        na, nb = _parse(a), _parse(b)
+        prec = _height(na) + _height(nb) + 256
+        if prec > MAX_PREC:
+            return None
+        ctx = _ctx()
+        ctx.prec = prec
+        va, vb = _enclose(ctx, na), _enclose(ctx, nb)
+    except (_Decline, ZeroDivisionError, ValueError, ArithmeticError, RecursionError):
+        return None
+    (a_lo, a_hi), (b_lo, b_hi) = _bounds(va), _bounds(vb)
+    if a_lo <= 0 <= a_hi or b_lo <= 0 <= b_hi:
+        return None  # near zero the worker's relative test is not reliable
+    scale = max(abs(a_lo), abs(a_hi), abs(b_lo), abs(b_hi))
+    if a_hi < b_lo or b_hi < a_lo:  # disjoint: the gap decides
+        gap = b_lo - a_hi if a_hi < b_lo else a_lo - b_hi
+        return False if gap > scale * Fraction(1, 10**40) else None
+    spread = max(a_hi, b_hi) - min(a_lo, b_lo)  # bounds |a - b| from above
+    tight = Fraction(1, 2 ** (_height(na) + _height(nb) + 64))
+    return True if spread < tight and spread < min(abs(a_lo), abs(b_lo)) * Fraction(1, 10**50) else None
