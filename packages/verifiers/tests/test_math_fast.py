@@ -268,6 +268,12 @@ def test_constant_decisions_are_the_workers(a, b):
         ("\\sqrt{4}", "2+10^{-200}", None),  # two rationals closer than the enclosures: sympy
         ("\\pi", "\\pi+10^{-45}", None),  # within the worker's tolerance band: sympy
         ("x", "x", None),
+        # hostile magnitudes: declined before any expensive step
+        ("e^{e^{e^{e^{10}}}}", "3", None),
+        ("\\sin(10^{300})", "0.5", None),
+        ("((e^{10})^{64})^{64}", "3", None),
+        ("\\lfloor e^{2000} \\rfloor", "3", None),
+        ("\\sqrt{" * 25 + "2" + "}" * 25, "1", None),
     ],
 )
 def test_constant_decisions_by_hand(a, b, expected):

@@ -36,6 +36,7 @@ MAX_CHARS = 300
 MAX_DEPTH = 30
 MAX_PREC = 2_000
 MAX_EXPONENT = 64
+MAX_MAGNITUDE = 4096  # bits: every intermediate enclosure lies within 2**+-4096 (or is 0)
 _TOKEN = re.compile(r"\s*(?:(\d+\.?\d*|\.\d+)|(\*\*|[-+*/(),])|([A-Za-z_][A-Za-z0-9_]*))")
 _FUNCTIONS = {"sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "log", "exp", "sqrt", "root"}
 _FUNCTIONS |= {"floor", "ceiling", "Abs"}
@@ -199,6 +200,18 @@ def _positive(ctx: Any, x: Any) -> bool:
 
 
 def _enclose(ctx: Any, node: _Node) -> Any:
+    """An enclosure of `node`'s value; declines magnitudes beyond 2**+-MAX_MAGNITUDE, so that
+    later steps (argument reduction of sin, exp, exact endpoints) stay cheap."""
+    value = _enclose_unchecked(ctx, node)
+    for _sign, mantissa, exponent, bits in value._mpi_:
+        if mantissa and not -MAX_MAGNITUDE <= exponent + bits <= MAX_MAGNITUDE:
+            raise _Decline("magnitude")
+        if not isinstance(mantissa, int) or not isinstance(exponent, int):
+            raise _Decline("special value")
+    return value
+
+
+def _enclose_unchecked(ctx: Any, node: _Node) -> Any:
     exact = _exact(node)
     if exact is not None:
         return ctx.mpf(exact.numerator) / ctx.mpf(exact.denominator)
@@ -222,9 +235,14 @@ def _enclose(ctx: Any, node: _Node) -> Any:
             return base ** int(exponent)
         if not _positive(ctx, base):
             raise _Decline("non-integer power of a possibly non-positive base")
-        return ctx.exp(_enclose(ctx, args[1]) * ctx.log(base))
+        power = _enclose(ctx, args[1]) * ctx.log(base)
+        if max(abs(v) for v in _bounds(power)) > MAX_MAGNITUDE // 2:
+            raise _Decline("power overflow")
+        return ctx.exp(power)
     values = [_enclose(ctx, arg) for arg in args]
     x = values[0]
+    if kind == "exp" and max(abs(v) for v in _bounds(x)) > MAX_MAGNITUDE // 2:
+        raise _Decline("exp overflow")
     if kind in ("sin", "cos", "exp"):
         return getattr(ctx, kind)(x)
     if kind in ("tan", "cot", "sec", "csc"):
