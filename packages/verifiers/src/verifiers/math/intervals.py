@@ -13,47 +13,33 @@
   worker's relative test is unreliable), is None.
 - the expression is read from `latex.to_sympy_source` (the text sympy would parse), with
   sympy's meaning: Python precedence, implicit products before names and parentheses,
-  `e` = E, `log(x, b)` = log(x)/log(b), principal real branches only. Complex results,
-  symbols, `oo`, factorials and unknown names give None.
+  `e` = E, `log(x, b)` = log(x)/log(b), principal real branches only (`exact.parse_constant`;
+  exact rational subtrees come from `exact.exact`). Complex results, symbols, `oo` and
+  factorials of non-rationals give None.
 
-Bounded work: at most `MAX_CHARS` characters, `MAX_DEPTH` nesting, `MAX_PREC` bits.
+Bounded work: `exact.parse_constant`'s limits, at most `MAX_PREC` bits of precision, and every
+intermediate enclosure within 2**+-`MAX_MAGNITUDE`.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import threading
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from mpmath.libmp import finf, fnan, fninf, to_rational
 
-from verifiers.math.latex import LatexError, to_sympy_source
+from verifiers.math.exact import Node, NotConstant, exact, parse_constant
 
-MAX_CHARS = 300
-MAX_DEPTH = 30
 MAX_PREC = 2_000
 MAX_EXPONENT = 64
 MAX_MAGNITUDE = 4096  # bits: every intermediate enclosure lies within 2**+-4096 (or is 0)
-_TOKEN = re.compile(r"\s*(?:(\d+\.?\d*|\.\d+)|(\*\*|[-+*/(),])|([A-Za-z_][A-Za-z0-9_]*))")
-_FUNCTIONS = {"sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "log", "exp", "sqrt", "root"}
-_FUNCTIONS |= {"floor", "ceiling", "Abs"}
-_CONSTANTS = {"pi", "E", "e"}
 _local = threading.local()
 
 
 class _Decline(Exception):
     """Outside what this module encloses rigorously."""
-
-
-@dataclass(frozen=True)
-class _Node:
-    """A parsed expression: `kind` is "num", "const", "neg", a binary operator or a function."""
-
-    kind: str
-    args: tuple[Any, ...]
 
 
 def _ctx() -> Any:
@@ -65,104 +51,17 @@ def _ctx() -> Any:
     return ctx
 
 
-class _Parser:
-    def __init__(self, src: str):
-        self.tokens: list[str] = []
-        i = 0
-        while i < len(src):
-            m = _TOKEN.match(src, i)
-            if m is None or m.end() == i:
-                if src[i:].strip():
-                    raise _Decline(src[i : i + 10])
-                break
-            self.tokens.append(m.group(m.lastindex or 0))
-            i = m.end()
-        self.i = 0
-        self.depth = 0
-
-    def peek(self) -> str | None:
-        return self.tokens[self.i] if self.i < len(self.tokens) else None
-
-    def take(self, expected: str | None = None) -> str:
-        token = self.peek()
-        if token is None or (expected is not None and token != expected):
-            raise _Decline(f"expected {expected!r}")
-        self.i += 1
-        return token
-
-    def nested(self) -> None:
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise _Decline("too deep")
-
-    def expr(self) -> _Node:
-        self.nested()
-        node = self.term()
-        while self.peek() in ("+", "-"):
-            node = _Node(self.take(), (node, self.term()))
-        self.depth -= 1
-        return node
-
-    def term(self) -> _Node:
-        node = self.unary()
-        while True:
-            token = self.peek()
-            if token in ("*", "/"):
-                node = _Node(self.take(), (node, self.unary()))
-            elif token is not None and (token == "(" or token[0].isalpha()):
-                node = _Node("*", (node, self.unary()))  # sympy's implicit multiplication
-            else:
-                return node
-
-    def unary(self) -> _Node:
-        if self.peek() in ("+", "-"):
-            self.nested()
-            sign = self.take()
-            node = self.unary()
-            self.depth -= 1
-            return _Node("neg", (node,)) if sign == "-" else node
-        node = self.primary()
-        if self.peek() == "**":
-            self.take()
-            self.nested()
-            node = _Node("**", (node, self.unary()))
-            self.depth -= 1
-        return node
-
-    def primary(self) -> _Node:
-        token = self.take()
-        if token[0].isdigit() or token[0] == ".":
-            return _Node("num", (Fraction(token),))
-        if token == "(":
-            node = self.expr()
-            self.take(")")
-            return node
-        if token in _CONSTANTS:
-            if self.peek() == "(":
-                raise _Decline("constant applied to parentheses")
-            return _Node("const", ("E" if token == "e" else token,))
-        if token in _FUNCTIONS:
-            self.take("(")
-            args = [self.expr()]
-            while self.peek() == ",":
-                self.take()
-                args.append(self.expr())
-            self.take(")")
-            if len(args) != (2 if token == "root" else 1) and not (token == "log" and len(args) == 2):
-                raise _Decline(f"{token} with {len(args)} arguments")
-            return _Node(token, tuple(args))
-        raise _Decline(f"unsupported token {token!r}")
-
-
-def _height(node: _Node) -> int:
+def _height(node: Node) -> int:
     """Bits that bound numerator and denominator of any rational value of `node`."""
-    if node.kind == "num":
-        value = node.args[0]
+    value = exact(node)
+    if value is not None:
         return value.numerator.bit_length() + value.denominator.bit_length() + 1
     if node.kind == "const":
         return 2
+    if node.kind in ("!", "factorial", "binomial"):
+        return MAX_PREC  # not evaluated here
     if node.kind == "**":
-        exponent = _exact(node.args[1])
+        exponent = exact(node.args[1])
         scale = abs(exponent.numerator) + 1 if exponent is not None else MAX_PREC
         return scale * _height(node.args[0]) + _height(node.args[1])
     if node.kind in ("*", "/", "neg"):
@@ -170,36 +69,11 @@ def _height(node: _Node) -> int:
     return 2 * sum(_height(arg) for arg in node.args) + 4  # a sum: p/q + r/s = (ps + rq)/(qs)
 
 
-def _exact(node: _Node) -> Fraction | None:
-    """The exact value of a rational-only subtree (numbers, + - * /, integer powers)."""
-    if node.kind == "num":
-        return node.args[0]
-    if node.kind == "neg":
-        inner = _exact(node.args[0])
-        return None if inner is None else -inner
-    if node.kind in ("+", "-", "*", "/", "**"):
-        a, b = _exact(node.args[0]), _exact(node.args[1])
-        if a is None or b is None:
-            return None
-        if node.kind == "+":
-            return a + b
-        if node.kind == "-":
-            return a - b
-        if node.kind == "*":
-            return a * b
-        if node.kind == "/":
-            return None if b == 0 else a / b
-        if b.denominator != 1 or abs(b) > MAX_EXPONENT or (a == 0 and b <= 0):
-            return None
-        return a ** int(b)
-    return None
-
-
 def _positive(ctx: Any, x: Any) -> bool:
     return _bounds(x)[0] > 0
 
 
-def _enclose(ctx: Any, node: _Node) -> Any:
+def _enclose(ctx: Any, node: Node) -> Any:
     """An enclosure of `node`'s value; declines magnitudes beyond 2**+-MAX_MAGNITUDE, so that
     later steps (argument reduction of sin, exp, exact endpoints) stay cheap."""
     value = _enclose_unchecked(ctx, node)
@@ -211,10 +85,10 @@ def _enclose(ctx: Any, node: _Node) -> Any:
     return value
 
 
-def _enclose_unchecked(ctx: Any, node: _Node) -> Any:
-    exact = _exact(node)
-    if exact is not None:
-        return ctx.mpf(exact.numerator) / ctx.mpf(exact.denominator)
+def _enclose_unchecked(ctx: Any, node: Node) -> Any:
+    value = exact(node)
+    if value is not None:
+        return ctx.mpf(value.numerator) / ctx.mpf(value.denominator)
     kind, args = node.kind, node.args
     if kind == "const":
         return ctx.pi if args[0] == "pi" else ctx.e
@@ -228,7 +102,7 @@ def _enclose_unchecked(ctx: Any, node: _Node) -> Any:
             return a / b
         return a + b if kind == "+" else a - b if kind == "-" else a * b
     if kind == "**":
-        base, exponent = _enclose(ctx, args[0]), _exact(args[1])
+        base, exponent = _enclose(ctx, args[0]), exact(args[1])
         if exponent is not None and exponent.denominator == 1 and abs(exponent) <= MAX_EXPONENT:
             if exponent < 0 and 0 in base:
                 raise _Decline("negative power of zero")
@@ -269,7 +143,7 @@ def _enclose_unchecked(ctx: Any, node: _Node) -> Any:
             raise _Decline("logarithm to base 1")
         return ctx.log(x) / base
     if kind in ("sqrt", "root"):
-        n = 2 if kind == "sqrt" else _exact(args[1])
+        n = 2 if kind == "sqrt" else exact(args[1])
         if n is None or n != int(n) or not 1 <= n <= MAX_EXPONENT:
             raise _Decline("root index")
         if not _positive(ctx, x):
@@ -295,31 +169,17 @@ def _bounds(x: Any) -> tuple[Fraction, Fraction]:
     return Fraction(*to_rational(lo)), Fraction(*to_rational(hi))
 
 
-def _parse(text: str) -> _Node:
-    if len(text) > MAX_CHARS or "%" in text:
-        raise _Decline("too long or a percentage")
-    try:
-        src = to_sympy_source(text)
-    except (LatexError, RecursionError) as exc:
-        raise _Decline("not an expression") from exc
-    parser = _Parser(src)
-    node = parser.expr()
-    if parser.peek() is not None:
-        raise _Decline("trailing tokens")
-    return node
-
-
 def compare_constants(a: str, b: str) -> bool | None:
     """The worker's decision for two real constant expressions, or None (never raises)."""
     try:
-        na, nb = _parse(a), _parse(b)
+        na, nb = parse_constant(a), parse_constant(b)
         prec = _height(na) + _height(nb) + 256
         if prec > MAX_PREC:
             return None
         ctx = _ctx()
         ctx.prec = prec
         va, vb = _enclose(ctx, na), _enclose(ctx, nb)
-    except (_Decline, ZeroDivisionError, ValueError, ArithmeticError, RecursionError):
+    except (NotConstant, _Decline, ZeroDivisionError, ValueError, ArithmeticError, RecursionError):
         return None
     (a_lo, a_hi), (b_lo, b_hi) = _bounds(va), _bounds(vb)
     if a_lo <= 0 <= a_hi or b_lo <= 0 <= b_hi:
