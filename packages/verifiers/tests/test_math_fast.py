@@ -281,3 +281,21 @@ def test_constant_decisions_by_hand(a, b, expected):
     from verifiers.math.intervals import compare_constants
 
     assert compare_constants(a, b) is expected
+
+
+_LATEXISH = st.lists(
+    st.sampled_from(
+        [*"0123456789+-*/^_{}()[]|!.,=<> abcdefilnopqrstxyz", "\\pi", "\\frac", "\\sin", "\\sqrt"]
+    ),
+    max_size=40,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_LATEXISH, _LATEXISH)
+def test_fast_path_never_raises_on_arbitrary_text(a, b):
+    from verifiers.math.intervals import compare_constants
+
+    assert compare_constants(a, b) in (None, True, False)
+    assert exact_value(a) is None or isinstance(exact_value(a), Fraction)
+    assert decide(a, b, Options()) in (None, True, False)

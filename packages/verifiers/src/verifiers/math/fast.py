@@ -88,5 +88,5 @@ def decide(g: str, p: str, opts: Options) -> bool | None:
         return values_equal(st.parse(g), st.parse(p), opts, EXACT)
     except Undecided:
         return None
-    except (RecursionError, ValueError):  # the worker decides these (and falls back to text)
+    except Exception:  # anything unforeseen: the worker runs the same walk with its own fallbacks
         return None

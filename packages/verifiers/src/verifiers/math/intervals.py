@@ -178,10 +178,9 @@ def compare_constants(a: str, b: str) -> bool | None:
             return None
         ctx = _ctx()
         ctx.prec = prec
-        va, vb = _enclose(ctx, na), _enclose(ctx, nb)
+        (a_lo, a_hi), (b_lo, b_hi) = _bounds(_enclose(ctx, na)), _bounds(_enclose(ctx, nb))
     except (NotConstant, _Decline, ZeroDivisionError, ValueError, ArithmeticError, RecursionError):
         return None
-    (a_lo, a_hi), (b_lo, b_hi) = _bounds(va), _bounds(vb)
     if a_lo <= 0 <= a_hi or b_lo <= 0 <= b_hi:
         return None  # near zero the worker's relative test is not reliable
     scale = max(abs(a_lo), abs(a_hi), abs(b_lo), abs(b_hi))
