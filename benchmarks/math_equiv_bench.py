@@ -12,11 +12,12 @@ math-verify's `compare_strings` harness). Ours gets the same strings unwrapped, 
 `verifiers.math.is_equivalent` with a warm pool of one worker and the row's options.
 
 Latency is wall time per pair (math-verify: parse both sides + verify; ours: the whole
-`is_equivalent` call, including the round trip to the worker process); we report the median
-over pairs of each repeat, then the min and median over repeats. Each repeat runs one full
-pass per checker, back to back, and alternates which goes first; each gives both fresh caches
-(a new worker for ours; math-verify's caches cleared). On a loaded machine our latency suffers
-most (each check waits for the worker process to be scheduled): compare runs at similar load.
+`is_equivalent` call: the in-process fast path, or the round trip to the worker process).
+The two checkers are interleaved pair by pair (which one goes first alternates per pair and
+per repeat), so machine load hits both equally; each repeat gives both fresh caches (a new
+worker for ours; math-verify's caches cleared). We report, per checker, the median over pairs
+of each repeat, then the min and median of those over repeats, and the ratio of the medians.
+`--out FILE` also writes the tables as Markdown (benchmarks/results/math_equiv_bench.md).
 """
 
 from __future__ import annotations
@@ -74,17 +75,8 @@ def math_verify_checker() -> Callable[[dict], bool]:
     return check
 
 
-def timed(check: Callable[[dict], bool], rows: list[dict]) -> tuple[list[bool], list[float]]:
-    decisions, latencies = [], []
-    for row in rows:
-        start = time.perf_counter()
-        decisions.append(check(row))
-        latencies.append(time.perf_counter() - start)
-    return decisions, latencies
-
-
-def run_both(rows: list[dict], ours_first: bool) -> tuple[list[bool], list[float], list[bool], list[float]]:
-    """(ours, our latencies, math-verify's, its latencies): one full pass each, back to back."""
+def run_interleaved(rows: list[dict], repeat: int) -> tuple[list[bool], list[float], list[bool], list[float]]:
+    """(ours, our latencies, math-verify's, its latencies), the two checkers alternating per pair."""
     from verifiers.math import MathWorkerPool, is_equivalent
 
     pool = MathWorkerPool(1)  # a fresh worker: no cache carried over from an earlier repeat
@@ -103,12 +95,15 @@ def run_both(rows: list[dict], ours_first: bool) -> tuple[list[bool], list[float
             pool=pool,
         )
 
-    if ours_first:
-        ours, theirs = timed(ours_check, rows), timed(theirs_check, rows)
-    else:
-        theirs, ours = timed(theirs_check, rows), timed(ours_check, rows)
+    ours, ours_lat, theirs, theirs_lat = [], [], [], []
+    for i, row in enumerate(rows):
+        order = ((ours_check, ours, ours_lat), (theirs_check, theirs, theirs_lat))
+        for check, decisions, latencies in order if (i + repeat) % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            decisions.append(check(row))
+            latencies.append(time.perf_counter() - start)
     pool.close()
-    return (*ours, *theirs)
+    return ours, ours_lat, theirs, theirs_lat
 
 
 def per_category(rows: list[dict], decisions: list[bool]) -> dict[str, tuple[int, int]]:
@@ -128,6 +123,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="fresh-cache repeats (latency min/median)")
     parser.add_argument("--file", type=Path, default=FORMS, help="labelled pairs (JSONL)")
     parser.add_argument("--misses", action="store_true", help="list the rows each checker gets wrong")
+    parser.add_argument("--out", type=Path, help="also write the tables as Markdown to this file")
     args = parser.parse_args()
     rows = load(args.file)
 
@@ -138,7 +134,7 @@ def main() -> None:
 
     ours_lat, theirs_lat = [], []
     for repeat in range(args.repeats):
-        ours, lat_ours, theirs, lat_theirs = run_both(rows, ours_first=repeat % 2 == 0)
+        ours, lat_ours, theirs, lat_theirs = run_interleaved(rows, repeat)
         ours_lat.append(statistics.median(lat_ours))
         theirs_lat.append(statistics.median(lat_theirs))
 
@@ -161,8 +157,24 @@ def main() -> None:
         return f"{1000 * min(values):.2f} / {1000 * statistics.median(values):.2f}"
 
     speedup = statistics.median(theirs_lat) / statistics.median(ours_lat)
-    print(f"\nmedian latency per pair, ms (min / median of {args.repeats} repeats): "
-          f"ours {ms(ours_lat)}, math-verify {ms(theirs_lat)}; math-verify / ours = {speedup:.1f}x")  # fmt: skip
+    per_repeat = ", ".join(f"{t / o:.1f}x" for o, t in zip(ours_lat, theirs_lat, strict=True))
+    summary = [
+        f"median latency per pair, ms (min / median of {args.repeats} interleaved repeats): "
+        f"ours {ms(ours_lat)}, math-verify {ms(theirs_lat)}; "
+        f"ratio of medians (math-verify / ours) = {speedup:.1f}x",
+        f"per repeat: ours {', '.join(f'{1000 * v:.2f}' for v in ours_lat)} ms; "
+        f"math-verify {', '.join(f'{1000 * v:.2f}' for v in theirs_lat)} ms; ratios {per_repeat}",
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f} at the end",
+    ]
+    print("\n" + "\n".join(summary))
+    if args.out:
+        table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        table += ["| " + " | ".join(line) + " |" for line in lines[1:]]
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("a") as f:
+            f.write(f"## math_equiv_bench.py, {summary[2]}\n\n" + "\n".join(table) + "\n\n")
+            f.write("".join(f"- {line}\n" for line in summary[:2]) + "\n")
     if args.misses:
         for name, decisions in (("ours", ours), ("math-verify", theirs)):
             print(f"\n{name} disagrees with the label on:")

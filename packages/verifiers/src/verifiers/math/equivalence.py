@@ -1,8 +1,9 @@
 """`is_equivalent`: cheap exact checks in the caller, everything else in a worker process.
 
-The in-process fast path only does bounded string work (answer span, normalisation, exact
-plain-number comparison), so it cannot hang; sympy runs in `pool.MathWorkerPool` under a
-hard, kill-enforced deadline.
+The in-process fast path only does bounded string and exact rational work (answer span,
+normalisation, exact plain-number comparison, then `fast.decide`: the worker's structural
+walk with leaves that decide only what needs no sympy), so it cannot hang; everything else
+runs with sympy in `pool.MathWorkerPool` under a hard, kill-enforced deadline.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from verifiers.math.numbers import numbers_equal, parse_number
 from verifiers.math.pool import MathWorkerPool, default_pool
+from verifiers.math.structural import Options
 
 MAX_ANSWER_CHARS = 50_000
 
@@ -23,8 +25,9 @@ class Verdict:
 
     Attributes:
         equal: the decision (False on timeout or error: fail closed).
-        reason: "identical", "numbers", "symbolic", "different", "timeout", "error",
-            "empty" or "too_long".
+        reason: "identical", "numbers", "exact" (decided in the caller by `fast.decide`),
+            "symbolic" (decided by a worker), "different", "timeout", "error", "empty" or
+            "too_long".
         detail: error text for "timeout"/"error".
         elapsed_s: wall time of the whole check.
     """
@@ -35,9 +38,10 @@ class Verdict:
     elapsed_s: float = 0.0
 
 
-def _fast(gold: str, pred: str, float_rounding: int) -> Verdict | None:
-    # Imported here so that importing verifiers.math stays cheap; compare.py pulls in sympy.
+def _fast(gold: str, pred: str, opts: Options) -> Verdict | None:
+    # Imported here so that importing verifiers.math stays cheap.
     from verifiers.math.extract import answer_span
+    from verifiers.math.fast import decide
     from verifiers.math.latex import normalize
 
     g, p = normalize(answer_span(gold)), normalize(answer_span(pred))
@@ -47,8 +51,11 @@ def _fast(gold: str, pred: str, float_rounding: int) -> Verdict | None:
         return Verdict(True, "identical")
     ng, np_ = parse_number(g), parse_number(p)
     if ng is not None and np_ is not None:
-        equal = numbers_equal(ng, np_, float_rounding=float_rounding)
+        equal = numbers_equal(ng, np_, float_rounding=opts.float_rounding)
         return Verdict(equal, "numbers" if equal else "different")
+    decided = decide(g, p, opts)
+    if decided is not None:
+        return Verdict(decided, "exact" if decided else "different")
     return None
 
 
@@ -80,7 +87,8 @@ def compare_answers(
     gold_text, pred_text = str(gold), str(pred)
     if len(gold_text) > MAX_ANSWER_CHARS or len(pred_text) > MAX_ANSWER_CHARS:
         return Verdict(False, "too_long", elapsed_s=time.perf_counter() - start)
-    fast = _fast(gold_text, pred_text, float_rounding)
+    opts = Options(float_rounding, strict, allow_set_relation_comp)
+    fast = _fast(gold_text, pred_text, opts)
     if fast is not None:
         return Verdict(fast.equal, fast.reason, elapsed_s=time.perf_counter() - start)
     request = {

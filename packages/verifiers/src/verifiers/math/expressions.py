@@ -19,7 +19,6 @@ import functools
 import itertools
 import re
 import types
-from dataclasses import dataclass
 from fractions import Fraction
 
 import sympy
@@ -33,6 +32,7 @@ from sympy.parsing.sympy_parser import (
 
 from verifiers.math.latex import SAFE_NAMES, LatexError, to_sympy_source
 from verifiers.math.numbers import Number, decimal_matches, numbers_equal, parse_number, values_with_percent
+from verifiers.math.structural import Options
 
 _TRANSFORMS = (*standard_transformations, implicit_multiplication, rationalize, factorial_notation)
 POINTS = (
@@ -55,15 +55,6 @@ def _sympy_globals() -> dict[str, object]:
 
 
 _GLOBALS = _sympy_globals()
-
-
-@dataclass(frozen=True)
-class Options:
-    """Comparison settings (math-verify's names and defaults)."""
-
-    float_rounding: int = 6
-    strict: bool = True
-    allow_set_relation_comp: bool = False
 
 
 def _local_names(src: str) -> dict[str, object]:
