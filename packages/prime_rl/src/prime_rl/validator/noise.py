@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ import torch
 
 import toploc
 from prime_rl.inference.backend import HFBackend, SamplingParams, token_logprobs, verify_proofs
+from prime_rl.validator import noise_cache
 from prime_rl.validator.checks import sampling_margins
 from toploc.noise import calibration_floor, tokens_for_floor
 
@@ -155,6 +156,22 @@ def calibrate_for_run(
     )
 
 
+def calibrate_cached(
+    config: RunConfig, tokens: int, decode_backend: str, measure_now: Callable[[], toploc.NoiseProfile]
+) -> toploc.NoiseProfile:
+    """``measure_now()`` (a calibration decoding with ``decode_backend``), or the profile cached for
+    this run's (model, dtype, engine, machine) by an earlier measurement (:mod:`prime_rl.validator.noise_cache`; ``validator.recalibrate`` measures
+    again). A model that is not a local directory is measured every time."""
+    cache_dir = noise_cache.cache_dir_for(config.model.path)
+    if cache_dir is None:
+        log.info("model.path %r is not a local directory: no noise profile cache", config.model.path)
+        return measure_now()
+    key = noise_cache.key_for_run(config, decode_backend)
+    return noise_cache.cached_profile(
+        cache_dir, key, tokens, measure_now, refresh=config.validator.recalibrate
+    )
+
+
 def main(config: RunConfig, name: str = "calibrate-noise") -> int:
     """Entry point of ``prime-rl calibrate-noise``: measure, merge into the file, report."""
     from prime_rl.devices import choose_device
@@ -163,20 +180,25 @@ def main(config: RunConfig, name: str = "calibrate-noise") -> int:
     torch.set_num_threads(config.validator.num_threads)
     init_process("validator", name, config.run_dir)
     path = Path(config.validator.noise_profile or Path(config.run_dir) / "validator" / "noise-profile.json")
-    backend = HFBackend(
-        config.model.path,
-        dtype=config.model.dtype,
-        device=choose_device(config.validator.device),
-        max_batch_size=max(BATCH_SIZES),
-    )
-    generator = None
-    if config.workers.backend != "hf":  # this process is the measurement's own: an engine may change it
-        from prime_rl.inference.select import make_backend
+    tokens = max(config.validator.calibration_tokens, 1)
 
-        generator = make_backend(
-            config, backend=config.workers.backend, device=backend.device, max_batch_size=max(BATCH_SIZES)
+    def measure_now() -> toploc.NoiseProfile:
+        backend = HFBackend(
+            config.model.path,
+            dtype=config.model.dtype,
+            device=choose_device(config.validator.device),
+            max_batch_size=max(BATCH_SIZES),
         )
-    profile = calibrate_for_run(config, backend, max(config.validator.calibration_tokens, 1), generator)
+        generator = None
+        if config.workers.backend != "hf":  # this process is the measurement's own: an engine may change it
+            from prime_rl.inference.select import make_backend
+
+            generator = make_backend(
+                config, backend=config.workers.backend, device=backend.device, max_batch_size=max(BATCH_SIZES)
+            )
+        return calibrate_for_run(config, backend, tokens, generator)
+
+    profile = calibrate_cached(config, tokens, config.workers.backend, measure_now)
     if path.exists():
         profile = toploc.NoiseProfile.merge(toploc.NoiseProfile.load(path), profile)
         log.info("merged into the existing profile %s", path)

@@ -154,10 +154,15 @@ class Validator:
                 config.workers.backend,
             )
         started = time.monotonic()
-        profile = noise.calibrate_for_run(config, self.backend, self.cfg.calibration_tokens)
+        profile = noise.calibrate_cached(
+            config,
+            self.cfg.calibration_tokens,
+            "hf",  # this process decodes with HF only (the warning above)
+            lambda: noise.calibrate_for_run(config, self.backend, self.cfg.calibration_tokens),
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         profile.save(path)
-        log.info("honest noise profile measured in %.1fs: %s", time.monotonic() - started, path)
+        log.info("honest noise profile ready in %.1fs: %s", time.monotonic() - started, path)
         return profile
 
     def decode(self, tokens: Sequence[int]) -> str:
