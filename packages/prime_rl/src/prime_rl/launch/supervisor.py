@@ -1,7 +1,9 @@
 """``prime-rl run``: every process of a run on this machine, supervised.
 
 Starts, each as its own subprocess (``python -m prime_rl.cli <role> --config FILE ...``) with its
-output in ``<run_dir>/logs/<name>.out`` and its metrics in ``<run_dir>/metrics/<name>.jsonl``:
+output in ``<run_dir>/logs/<name>.out`` and its metrics in ``<run_dir>/metrics/<name>.jsonl``, all
+at once in this order, without waiting for any (the roles wait for the orchestrator themselves),
+then waits for the orchestrator to answer:
 
   orchestrator -> shardcast origin -> relays -> trainer -> validator -> honest workers
   (``workers.count``) -> one hostile worker per ``workers.hostile`` entry -> evaluator (if enabled)
@@ -335,10 +337,13 @@ class Supervisor:
             log.error("not starting the run: %s", error)
             return 2
         client = OrchestratorClient(self.config.orchestrator.url, timeout_s=5, retries=0)
-        if not self.wait_for_orchestrator(client, self.start(specs[0])):
-            return 1
+        orchestrator = self.start(specs[0])
+        # Everything starts at once: each role waits for the orchestrator itself (role.py), so its
+        # imports overlap the orchestrator's start-up instead of following it.
         for spec in specs[1:]:
             self.start(spec)
+        if not self.wait_for_orchestrator(client, orchestrator):
+            return 1
         last_progress = 0.0
         trainer_done_at: float | None = None
         while True:
