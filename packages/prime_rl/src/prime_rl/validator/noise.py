@@ -172,6 +172,16 @@ def calibrate_cached(
     )
 
 
+def cached_only(config: RunConfig, tokens: int, decode_backend: str) -> toploc.NoiseProfile | None:
+    """The cached profile of a calibration decoding with ``decode_backend``, or None (measures nothing)."""
+    if config.validator.recalibrate:
+        return None
+    cache_dir = noise_cache.cache_dir_for(config.model.path)
+    if cache_dir is None:
+        return None
+    return noise_cache.lookup(cache_dir, noise_cache.key_for_run(config, decode_backend), tokens)
+
+
 def main(config: RunConfig, name: str = "calibrate-noise") -> int:
     """Entry point of ``prime-rl calibrate-noise``: measure, merge into the file, report."""
     from prime_rl.devices import choose_device

@@ -56,6 +56,7 @@ __all__ = [
     "cache_dir_for",
     "cached_profile",
     "key_for_run",
+    "lookup",
     "model_sha256",
 ]
 
@@ -232,6 +233,13 @@ def _read_entry(path: Path, key: CalibrationKey, tokens: int) -> toploc.NoisePro
     return profile
 
 
+def lookup(cache_dir: Path | None, key: CalibrationKey, tokens: int) -> toploc.NoiseProfile | None:
+    """The cached profile for ``key`` measured with >= ``tokens`` asked for, or None (nothing measured)."""
+    if cache_dir is None:
+        return None
+    return _read_entry(cache_dir / f"noise-{key.digest()}.json", key, tokens)
+
+
 def cached_profile(
     cache_dir: Path | None,
     key: CalibrationKey,
@@ -249,7 +257,7 @@ def cached_profile(
         return measure()
     path = cache_dir / f"noise-{key.digest()}.json"
     if not refresh:
-        cached = _read_entry(path, key, tokens)
+        cached = lookup(cache_dir, key, tokens)
         if cached is not None:
             log.info(
                 "honest noise profile from the cache: %s (validator.recalibrate=true measures again)", path

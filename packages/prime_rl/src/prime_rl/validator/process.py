@@ -143,7 +143,14 @@ class Validator:
         path = Path(config.run_dir) / "validator" / "noise-profile.json"
         if path.exists():  # a restart judges on with the tests its journalled evidence was built on
             return toploc.NoiseProfile.load(path)
+        tokens = self.cfg.calibration_tokens
         if config.workers.backend != "hf":
+            # A profile of the workers' engine measured earlier on this machine (noise_cache.py).
+            cached = noise.cached_only(config, tokens, config.workers.backend)
+            if cached is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                cached.save(path)
+                return cached
             # An in-process vLLM engine would take this process's threads; `prime-rl run` measures it
             # apart (launch.local.measure_worker_noise), a validator started alone says so.
             log.warning(
@@ -156,9 +163,9 @@ class Validator:
         started = time.monotonic()
         profile = noise.calibrate_cached(
             config,
-            self.cfg.calibration_tokens,
+            tokens,
             "hf",  # this process decodes with HF only (the warning above)
-            lambda: noise.calibrate_for_run(config, self.backend, self.cfg.calibration_tokens),
+            lambda: noise.calibrate_for_run(config, self.backend, tokens),
         )
         path.parent.mkdir(parents=True, exist_ok=True)
         profile.save(path)
