@@ -222,3 +222,19 @@ def test_an_unwritable_cache_still_returns_the_measurement(tmp_path: Path, confi
     blocker.write_text("not a folder")
     measure = Counter(honest_profile())
     assert cached_profile(blocker / "sub", key_for_run(config, "hf"), 16, measure) == measure.profile
+
+
+def test_a_validator_reads_the_workers_engine_profile_without_measuring(
+    tmp_path: Path, config: RunConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``noise.cached_only``: what a validator started with vLLM workers uses before it would measure
+    an HF decode only: the cached vLLM-decode profile, never the HF one, and nothing with recalibrate."""
+    monkeypatch.setenv(noise_cache.ENV_VAR, str(tmp_path / "cache"))
+    vllm = with_overrides(config, "--workers.backend", "vllm")
+    assert noise.cached_only(vllm, 16, "vllm") is None
+    noise.calibrate_cached(vllm, 16, "hf", Counter(honest_profile(0.1)))  # an HF-only measurement
+    assert noise.cached_only(vllm, 16, "vllm") is None
+    measured = noise.calibrate_cached(vllm, 16, "vllm", Counter(honest_profile(0.2)))
+    assert noise.cached_only(vllm, 16, "vllm") == measured
+    assert noise.cached_only(vllm, 32, "vllm") is None  # measured for fewer tokens than asked
+    assert noise.cached_only(with_overrides(vllm, "--validator.recalibrate", "true"), 16, "vllm") is None
