@@ -7,7 +7,9 @@ with one prefill per batch, and writes the :class:`toploc.NoiseProfile` of the d
 (``toploc.NoiseProfile.calibrate``). If the file exists, the new measurement is *merged* into it
 (worst case per threshold): run the command on every kind of machine workers use (GPU models,
 vLLM, CPU) and point the validator at the one file. The validator measures a profile the same
-way at start-up when ``validator.noise_profile`` is empty (``validator.calibration_tokens``).
+way at start-up when ``validator.noise_profile`` is empty (``validator.calibration_tokens``). Every
+measurement is cached per (model, dtype, engine, machine) and paid once
+(:mod:`prime_rl.validator.noise_cache`; ``validator.recalibrate = true`` measures again).
 
 Pitfall: a profile measured on the validator's machine covers workers that compute the same way
 (same hardware class, kernels and dtype). A worker on other hardware (a GPU with TF32 matmuls in
@@ -160,8 +162,9 @@ def calibrate_cached(
     config: RunConfig, tokens: int, decode_backend: str, measure_now: Callable[[], toploc.NoiseProfile]
 ) -> toploc.NoiseProfile:
     """``measure_now()`` (a calibration decoding with ``decode_backend``), or the profile cached for
-    this run's (model, dtype, engine, machine) by an earlier measurement (:mod:`prime_rl.validator.noise_cache`; ``validator.recalibrate`` measures
-    again). A model that is not a local directory is measured every time."""
+    this run's (model, dtype, engine, machine) by an earlier measurement
+    (:mod:`prime_rl.validator.noise_cache`; ``validator.recalibrate`` measures again). A model that
+    is not a local directory is measured every time."""
     cache_dir = noise_cache.cache_dir_for(config.model.path)
     if cache_dir is None:
         log.info("model.path %r is not a local directory: no noise profile cache", config.model.path)
