@@ -52,7 +52,7 @@ from prime_rl.validator.evidence import EvidenceLedger, FailureTracker, metrics_
 from prime_rl.validator.journal import ValidatorJournal
 from prime_rl.validator.structure import AssignmentKeyMismatch
 from prime_rl.validator.verdicts import ban_counts, validate_batch
-from prime_rl.weights.store import PolicyStore, PolicyUnavailable
+from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable
 from verifiers.code import sandbox_runs
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ class Validator:
             cache,
             self.backend.model.state_dict(),
             keep=config.orchestrator.async_level + 3,
+            local=LocalPolicies.of_run(config),  # the trainer's own file when it runs on this machine
         )
         self.tasks = run_tasks(config, tokenizer)
         vocab, hidden = self.backend.model.get_output_embeddings().weight.shape

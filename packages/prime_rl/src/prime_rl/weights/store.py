@@ -19,13 +19,16 @@ Three ways in, one cache:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,9 +37,66 @@ from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog
 from prime_rl.weights.files import save_policy
 from prime_rl.weights.layout import policy_file, version_dirs
 
-__all__ = ["PolicyStore", "PolicyUnavailable", "VersionFollower"]
+if TYPE_CHECKING:
+    from prime_rl.config import RunConfig
+
+__all__ = ["LocalPolicies", "PolicyStore", "PolicyUnavailable", "VersionFollower"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LocalPolicies:
+    """Where the run's trainer writes its policy files and its shardcast origin keeps its manifests,
+    when they are on this machine (``prime-rl run``): a version found there whose size and sha256
+    equal the published manifest's is hard-linked into the cache instead of downloaded.
+
+    A hard link shares the trainer's file, so it is made read-only (mode 0444) for every name;
+    nothing in the run rewrites a policy file in place (writes are atomic renames to a new file),
+    so no process can change the weights another one loads.
+    """
+
+    policies_dir: Path
+    origin_dir: Path
+
+    @classmethod
+    def of_run(cls, config: RunConfig) -> LocalPolicies:
+        """The trainer's ``<run_dir>/policies`` and the origin's ``<shardcast data dir>/origin``."""
+        return cls(Path(config.run_dir) / "policies", config.shardcast_data_dir / "origin")
+
+    def link(self, version: int, target: Path) -> bool:
+        """Hard-link ``version`` to ``target`` if the trainer's file matches the origin's manifest;
+        False (nothing changed) when it is not here, differs, or cannot be linked (another disk)."""
+        source = policy_file(self.policies_dir, version)
+        if not self.origin_dir.is_dir() or not source.is_file():
+            return False
+        try:
+            manifest = shardcast.parse_manifest(
+                shardcast.DataDir(self.origin_dir).manifest_path(version).read_bytes()
+            )
+            if manifest.digest_algorithm != "sha256" or source.stat().st_size != manifest.file_size:
+                return False
+            digest = hashlib.sha256()
+            with source.open("rb") as handle:
+                while block := handle.read(1 << 22):
+                    digest.update(block)
+            if digest.hexdigest() != manifest.file_digest:
+                log.warning(
+                    "policy v%d: the trainer's file %s differs from its manifest; downloading",
+                    version,
+                    source,
+                )
+                return False
+            temporary = target.with_name(f".{target.name}.link-{os.getpid()}")
+            temporary.unlink(missing_ok=True)
+            os.link(source, temporary)
+            os.chmod(temporary, 0o444)
+            os.replace(temporary, target)
+        except (OSError, shardcast.ShardcastError) as exc:
+            log.info("policy v%d: no local link (%s); downloading", version, exc)
+            return False
+        return True
+
 
 class PolicyUnavailable(RuntimeError):
     """A policy version cannot be obtained (not published, or no server reachable)."""
@@ -63,7 +123,9 @@ class PolicyStore:
         *,
         keep: int = 4,
         deadline_s: float = 600.0,
+        local: LocalPolicies | None = None,
     ) -> None:
+        self.local = local
         self.cache_dir = Path(cache_dir)
         self.servers = list(servers)
         self.client = shardcast.Client(self.servers) if servers else None
@@ -99,6 +161,10 @@ class PolicyStore:
             if target.is_file():
                 return target
             target.parent.mkdir(parents=True, exist_ok=True)
+            if self.local is not None and self.local.link(version, target):
+                log.info("linked policy v%d from the trainer's file on this machine", version)
+                self._prune(version)
+                return target
             try:
                 result = self.client.fetch(version, target, deadline_s=self.deadline_s)
             except (shardcast.VersionNotFoundError, shardcast.VersionGoneError) as exc:
