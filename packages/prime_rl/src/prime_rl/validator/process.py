@@ -153,7 +153,7 @@ class Validator:
                 cached.save(path)
                 return cached
             # An in-process vLLM engine would take this process's threads; `prime-rl run` measures it
-            # apart (launch.local.measure_worker_noise), a validator started alone says so.
+            # apart (a calibrate-noise child: launch.supervisor.worker_noise_path), a validator started alone says so.
             log.warning(
                 "measuring honest noise with the HF decode only, but workers decode with %r (fp32 vLLM log-prob "
                 "gaps run ~2x the HF decode's): run `prime-rl calibrate-noise --workers.backend %s` and set "
