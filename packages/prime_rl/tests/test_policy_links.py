@@ -60,3 +60,33 @@ def test_an_unpublished_or_absent_version_is_downloaded(tmp_path: Path) -> None:
     missing = LocalPolicies(tmp_path / "elsewhere" / "policies", tmp_path / "elsewhere" / "origin")
     assert not missing.link(1, tmp_path / "target")
     assert not (tmp_path / "elsewhere").exists()  # looking creates nothing
+
+
+def test_a_follower_links_each_new_version_the_trainer_published_here(tmp_path: Path) -> None:
+    """A worker's background follower: versions listed by a real origin, taken as links."""
+    from prime_rl.weights.store import VersionFollower
+
+    local = LocalPolicies(tmp_path / "policies", tmp_path / "shardcast" / "origin")
+    with shardcast.Origin(local.origin_dir, port=0, keep=8) as origin:
+        store = PolicyStore([origin.url], tmp_path / "worker" / "policies", None, local=local)
+        follower = VersionFollower(store, poll_s=0.05).start()
+        try:
+            for version in (1, 2):
+                path = save_policy(
+                    {"weight": torch.full((4, 4), float(version))}, policy_file(local.policies_dir, version)
+                )
+                origin.publish(path, version=version)
+                assert follower.wait_newer(version - 1, timeout_s=60) == version
+                assert store.path(version).stat().st_ino == path.stat().st_ino
+        finally:
+            follower.stop()
+        assert not follower.is_alive()
+
+
+def test_a_linking_follower_can_be_stopped_before_it_starts(tmp_path: Path) -> None:
+    from prime_rl.weights.store import VersionFollower
+
+    local = LocalPolicies(tmp_path / "policies", tmp_path / "origin")
+    follower = VersionFollower(PolicyStore(UNREACHABLE, tmp_path / "cache", None, local=local))
+    follower.stop()
+    assert not follower.is_alive()

@@ -25,7 +25,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -239,10 +239,41 @@ class PolicyStore:
                 shutil.rmtree(path, ignore_errors=True)
 
 
+class _LinkingFollower(threading.Thread):
+    """The follower of a store with :class:`LocalPolicies`: every ``poll_s`` it lists the servers and
+    takes each new newest version through :meth:`PolicyStore.ensure` (a hard link when the trainer's
+    file is on this machine, else a download), then calls ``arrived(version)``."""
+
+    def __init__(self, store: PolicyStore, arrived: Callable[[int], None], poll_s: float) -> None:
+        super().__init__(name="policy-follower", daemon=True)
+        self.store, self.arrived, self.poll_s = store, arrived, poll_s
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        last = 0
+        while not self._stopped.is_set():
+            newest = self.store.newest_available()
+            if newest > last:
+                try:
+                    self.store.ensure(newest)
+                except PolicyUnavailable as exc:
+                    log.warning("policy v%d not taken yet: %s", newest, exc)
+                else:
+                    last = newest
+                    self.arrived(newest)
+            self._stopped.wait(self.poll_s)
+
+    def stop(self, timeout: float) -> None:
+        self._stopped.set()
+        if self.ident is not None:  # started (a follower may be stopped before it ever ran)
+            self.join(timeout)
+
+
 class VersionFollower:
     """Fetches each new newest policy version into a :class:`PolicyStore`, in a background thread.
 
-    A ``shardcast.Follower`` does the work: every ``poll_s`` seconds it lists the servers and, when
+    A ``shardcast.Follower`` does the work (with :class:`LocalPolicies`, a follower that links the
+    trainer's file on this machine through :meth:`PolicyStore.ensure`): every ``poll_s`` seconds it lists the servers and, when
     a version newer than the last one it fetched is listed, downloads it into the store's cache
     folder (the previous version serving as delta base), after which the store prunes old versions
     and :attr:`newest_local` moves. Fetch errors are logged and retried at the next poll. With no
@@ -253,17 +284,17 @@ class VersionFollower:
         self.store = store
         self._newest = 0
         self._arrived = threading.Condition()
-        self._thread = (
-            store.client.follower(
+        self._thread: shardcast.Follower | _LinkingFollower | None = None
+        if store.client is not None and store.local is not None:  # link the trainer's file when it is here
+            self._thread = _LinkingFollower(store, self._arrive, poll_s)
+        elif store.client is not None:
+            self._thread = store.client.follower(
                 self._on_fetched,
                 output_dir=store.cache_dir,
                 poll_interval_s=poll_s,
                 keep=None,  # the store prunes: it keeps version 0 and knows the version layout
                 deadline_s=store.deadline_s,
             )
-            if store.client is not None
-            else None
-        )
 
     @property
     def newest_local(self) -> int:
@@ -293,6 +324,9 @@ class VersionFollower:
     def _on_fetched(self, result: shardcast.FetchResult) -> None:
         self.store.adopt(result)
         log.info("fetched policy v%d in the background (%.2fs)", result.version, result.seconds)
+        self._arrive(result.version)
+
+    def _arrive(self, version: int) -> None:
         with self._arrived:
-            self._newest = max(self._newest, result.version)
+            self._newest = max(self._newest, version)
             self._arrived.notify_all()

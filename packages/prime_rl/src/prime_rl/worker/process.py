@@ -41,7 +41,7 @@ from prime_rl.inference.select import make_backend
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.reward import RunTasks, run_tasks
 from prime_rl.role import run_role
-from prime_rl.weights.store import PolicyStore, PolicyUnavailable, VersionFollower
+from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable, VersionFollower
 from prime_rl.worker.hostile import BEHAVIOURS, HostileWorker
 from prime_rl.worker.rollout import build_batch
 from prime_rl.worker.scoring import rescoring
@@ -97,7 +97,9 @@ class Worker:
         cache = Path(self.cfg.cache_dir or Path(config.run_dir) / name / "policies")
         # Version 0 is only ever read back by an HF backend (a vLLM worker never reloads its start weights).
         initial = self.backend.model.state_dict() if isinstance(self.backend, HFBackend) else None
-        self.store = PolicyStore(config.shardcast.client_servers, cache, initial)
+        self.store = PolicyStore(
+            config.shardcast.client_servers, cache, initial, local=LocalPolicies.of_run(config)
+        )
         self.follower = VersionFollower(self.store, poll_s=self.cfg.weights_poll_s)
         self.tasks = run_tasks(config, self.backend.tokenizer)
         self.client = OrchestratorClient(
