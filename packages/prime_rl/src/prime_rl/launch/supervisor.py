@@ -403,9 +403,11 @@ class Supervisor:
 def remove_weight_copies(config: RunConfig) -> int:
     """Delete the transient copies of policy weights a finished run leaves behind; return bytes freed.
 
-    Every process keeps its own copy of recent policy versions (workers', the validator's and the
-    evaluator's ``policies/`` caches, the shardcast origin's and relays' shards, the trainer's
-    older ``policies/v*``): for a 135M-parameter fp32 model that is ~20 GB after a few steps.
+    Recent policy versions live in several places: the workers', the validator's and the
+    evaluator's ``policies/`` caches (hard links of the trainer's files in a local run, copies when
+    a version had to be downloaded), the shardcast origin's and relays' shards, the trainer's older
+    ``policies/v*``. The bytes returned are those actually freed (a file still linked from a kept
+    path, such as the trainer's newest policy, frees nothing).
     Kept: the trainer's newest policy file, its training checkpoints (to resume), and every log,
     metrics file and report. Call it only after a successful run.
     """
@@ -414,13 +416,18 @@ def remove_weight_copies(config: RunConfig) -> int:
     doomed += [cache for cache in run_dir.glob("*/policies") if cache.is_dir()]
     trainer_versions = list(version_dirs(run_dir / "policies").values())  # ascending by version
     doomed += trainer_versions[:-1]
-    freed = 0
+    # A hard link (a local run's policy caches link the trainer's files) frees its bytes only when
+    # every name of the file goes: count each file once, and only if all its names are doomed.
+    files: dict[tuple[int, int], tuple[int, int, int]] = {}  # (dev, inode) -> (names seen, links, size)
     for path in doomed:
-        if not path.exists():
-            continue
-        freed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        for file in path.rglob("*") if path.exists() else ():
+            if file.is_file() and not file.is_symlink():
+                info = file.stat()
+                seen, _, _ = files.get((info.st_dev, info.st_ino), (0, 0, 0))
+                files[(info.st_dev, info.st_ino)] = (seen + 1, info.st_nlink, info.st_size)
+    for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
-    return freed
+    return sum(size for seen, links, size in files.values() if seen >= links)
 
 
 class _Interrupted(Exception):
