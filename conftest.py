@@ -10,6 +10,21 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "tests" / "support"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _noise_profile_cache(tmp_path_factory):
+    """Honest-noise profiles measured by tests go to a temporary folder, never to the user's cache
+    (prime_rl.validator.noise_cache; child processes inherit the variable)."""
+    import os
+
+    previous = os.environ.get("PRIME_RL_NOISE_CACHE")
+    os.environ["PRIME_RL_NOISE_CACHE"] = str(tmp_path_factory.mktemp("noise-profiles"))
+    yield
+    if previous is None:
+        os.environ.pop("PRIME_RL_NOISE_CACHE", None)
+    else:
+        os.environ["PRIME_RL_NOISE_CACHE"] = previous
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """Character-level tokenizer made in code (see tests/support/tiny_lm.py)."""

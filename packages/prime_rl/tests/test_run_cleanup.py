@@ -59,3 +59,20 @@ def test_keeps_the_numerically_newest_trainer_policy_and_ignores_other_entries(t
     assert remove_weight_copies(config) == 30
     assert [p for p in removed if p.exists()] == []
     assert newest.exists() and all(p.exists() for p in others)
+
+
+def test_hard_links_are_freed_once_and_only_when_every_name_goes(tmp_path):
+    """Workers' caches hard-link the trainer's files (weights.store.LocalPolicies): a link of a
+    removed trainer version frees its bytes once; a link of the kept newest policy frees nothing."""
+    import os
+
+    config = load_config(None, ["--run_dir", str(tmp_path)])
+    old = _write(tmp_path / "policies/v1/model.safetensors", 1000)
+    newest = _write(tmp_path / "policies/v2/model.safetensors", 2000)
+    for cache in ("worker-0", "worker-1", "validator"):
+        for version, source in ((1, old), (2, newest)):
+            link = tmp_path / cache / f"policies/v{version}/model.safetensors"
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.link(source, link)
+    assert remove_weight_copies(config) == 1000  # v1's one file, whatever its four names
+    assert newest.exists() and newest.stat().st_nlink == 1 and not old.exists()

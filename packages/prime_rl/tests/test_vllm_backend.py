@@ -229,16 +229,26 @@ def torch_logprobs(logits: torch.Tensor, tokens) -> torch.Tensor:
 
 def test_a_vllm_run_measures_its_workers_noise_before_it_starts(model_dir, tmp_path) -> None:
     """``prime-rl run`` with vLLM workers: a ``calibrate-noise`` child measures both decodes (HF and the
-    workers' vLLM engine) and hands the merged profile to the validator."""
+    workers' vLLM engine) and hands the merged profile to the validator, which starts after it."""
+    import subprocess
+
     from prime_rl.config import load_config
-    from prime_rl.launch.local import measure_worker_noise
+    from prime_rl.launch.supervisor import Supervisor, plan_children
+    from prime_rl.metrics import MetricsWriter
 
     overrides = [
         "--run_dir", str(tmp_path / "run"), "--model.path", str(model_dir), "--tasks.num_tasks", "20",
         "--sampling.max_new_tokens", "8", "--workers.backend", "vllm", "--validator.calibration_tokens", "48",
         "--workers.vllm_kv_cache_mb", "32", "--workers.vllm_max_model_len", "256",
     ]  # fmt: skip
-    path = measure_worker_noise(load_config(None, overrides), None, overrides)
+    config = load_config(None, overrides)
+    specs = {spec.name: spec for spec in plan_children(config)}
+    path = tmp_path / "run" / "validator" / "noise-profile.json"
+    assert specs["validator"].after == "calibrate-noise"
+    assert specs["validator"].extra == specs["calibrate-noise"].extra == ("--validator.noise_profile", str(path))
+    supervisor = Supervisor(config, None, overrides, MetricsWriter(None, role="run", name="run"))
+    done = subprocess.run(supervisor._argv(specs["calibrate-noise"]), capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     profile = toploc.NoiseProfile.load(path)
     backends = dict(profile.description)["backend"]
     assert "decode HFBackend" in backends and "decode VLLMBackend" in backends, backends

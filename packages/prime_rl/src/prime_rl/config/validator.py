@@ -66,6 +66,11 @@ class ValidatorConfig(Section):
     calibration_tokens: int = Field(
         default=1024, ge=1, description="Tokens decoded to measure honest noise (at start, or by calibrate-noise)."
     )
+    recalibrate: bool = Field(
+        default=False,
+        description="Measure honest noise again even when a cached profile for this (model, dtype, engine, "
+        "machine) exists, and replace it (validator/noise_cache.py).",
+    )
     false_ban_rate: float = Field(
         default=1e-6, gt=0, lt=1, description="Bound on P(an honest worker is ever banned by evidence)."
     )

@@ -16,7 +16,7 @@ from prime_rl.evaluator.heldout import EvaluatorError, evaluate, heldout_task_se
 from prime_rl.inference.select import make_backend
 from prime_rl.metrics import init_process
 from prime_rl.tasks import load_tasks
-from prime_rl.weights.store import PolicyStore, PolicyUnavailable
+from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -47,7 +47,11 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
     max_new_tokens = cfg.max_new_tokens or config.sampling.max_new_tokens
     # Version 0 is the backend's own initial weights, so the cache holds only fetched versions.
     store = PolicyStore(
-        config.shardcast.client_servers, Path(config.run_dir) / "evaluator" / "policies", None, keep=2
+        config.shardcast.client_servers,
+        Path(config.run_dir) / "evaluator" / "policies",
+        None,
+        keep=2,
+        local=LocalPolicies.of_run(config),  # the trainer's own file when it runs on this machine
     )
     total_steps = int(config.trainer.total_steps)
     log.info(

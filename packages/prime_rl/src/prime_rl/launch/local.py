@@ -17,20 +17,18 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from prime_rl.config import RunConfig, with_overrides
 from prime_rl.launch.demo_model import prepare_model, read_provenance
 from prime_rl.launch.progress import ProgressTracker
 from prime_rl.launch.report import write_report
-from prime_rl.launch.supervisor import Supervisor, plan_children, remove_weight_copies
+from prime_rl.launch.supervisor import Supervisor, plan_children, remove_weight_copies, worker_noise_path
 from prime_rl.metrics import init_process
 
-__all__ = ["COMPONENT_KEYS", "StepPrinter", "local_overrides", "measure_worker_noise", "run_local"]
+__all__ = ["COMPONENT_KEYS", "StepPrinter", "local_overrides", "run_local"]
 
 COMPONENT_KEYS = {"reward": "components.reward", "loss": "trainer.loss"}
 """The config key each component a recipe hands over is set as (an import path)."""
@@ -69,28 +67,6 @@ class StepPrinter:
         sys.stdout.flush()
 
 
-def measure_worker_noise(config: RunConfig, config_path: str | None, overrides: Sequence[str]) -> Path:
-    """The honest-noise profile of the workers' engine, measured before the run (``prime-rl
-    calibrate-noise`` as a child: an in-process vLLM engine would take the validator's threads).
-
-    Raises ``RuntimeError`` naming the log file when the measurement fails.
-    """
-    path = Path(config.run_dir) / "validator" / "noise-profile.json"
-    log_path = Path(config.run_dir) / "logs" / "calibrate-noise.out"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "prime_rl.cli", "calibrate-noise"]
-    argv += ["--config", config_path] if config_path else []
-    argv += [*overrides, "--validator.noise_profile", str(path)]
-    print(
-        f"validator: measuring honest noise of the {config.workers.backend} workers' decode first ({log_path})"
-    )
-    with open(log_path, "ab") as output:
-        done = subprocess.run(argv, stdout=output, stderr=subprocess.STDOUT, check=False)
-    if done.returncode != 0 or not path.is_file():
-        raise RuntimeError(f"measuring honest noise failed (exit {done.returncode}); see {log_path}")
-    return path
-
-
 def run_local(
     config: RunConfig,
     config_path: str | None,
@@ -122,10 +98,11 @@ def run_local(
         print(f"model: {model_dir} ({source.get('gguf_file_type')} -> {source.get('dtype')}, ready)")
         config = with_overrides(config, ["--model.path", str(model_dir)])
         added += ["--model.path", str(model_dir)]
-    if config.validator.evidence and not config.validator.noise_profile and config.workers.backend != "hf":
-        profile = measure_worker_noise(config, config_path, [*overrides, *added])
-        config = with_overrides(config, ["--validator.noise_profile", str(profile)])
-        added += ["--validator.noise_profile", str(profile)]
+    if worker_noise_path(config) is not None:
+        print(
+            f"validator: starts once the honest noise of the {config.workers.backend} workers' decode is "
+            f"measured (read from the cache after the first run; {config.run_dir}/logs/calibrate-noise.out)"
+        )
     overrides = [*overrides, *added]
 
     print("processes: " + ", ".join(child.name for child in plan_children(config)))

@@ -1,10 +1,15 @@
 """``prime-rl run``: every process of a run on this machine, supervised.
 
 Starts, each as its own subprocess (``python -m prime_rl.cli <role> --config FILE ...``) with its
-output in ``<run_dir>/logs/<name>.out`` and its metrics in ``<run_dir>/metrics/<name>.jsonl``:
+output in ``<run_dir>/logs/<name>.out`` and its metrics in ``<run_dir>/metrics/<name>.jsonl``, all
+at once in this order, without waiting for any (the roles wait for the orchestrator themselves),
+then waits for the orchestrator to answer:
 
   orchestrator -> shardcast origin -> relays -> trainer -> validator -> honest workers
   (``workers.count``) -> one hostile worker per ``workers.hostile`` entry -> evaluator (if enabled)
+
+(with vLLM workers and no configured noise profile a ``calibrate-noise`` child takes the
+validator's place, and the validator starts when it has written the profile: :func:`worker_noise_path`)
 
 then prints a live progress line (step, policy version, batches awaiting validation, accepted and
 rejected samples per worker) until the trainer finishes ``trainer.total_steps``. Ctrl-C or SIGTERM
@@ -55,6 +60,7 @@ __all__ = [
     "main",
     "plan_children",
     "remove_weight_copies",
+    "worker_noise_path",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,11 +73,13 @@ EVALUATOR_GRACE_S = 180.0
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """One process of the run: its name (logs/metrics), role and extra ``--key value`` overrides."""
+    """One process of the run: its name (logs/metrics), role and extra ``--key value`` overrides;
+    ``after``: the name of a child that must first exit with code 0 (a preparation step)."""
 
     name: str
     role: str
     extra: tuple[str, ...] = ()
+    after: str = ""
 
 
 @dataclass
@@ -119,8 +127,22 @@ def _has_field(section: Any, name: str) -> bool:
     return name in type(section).model_fields
 
 
+def worker_noise_path(config: RunConfig) -> Path | None:
+    """Where ``run`` has the workers' honest noise measured before the validator starts, or None.
+
+    Only for evidence with no configured profile and workers that do not decode with HF: the
+    validator measures an HF decode itself, but an in-process vLLM engine would take its threads, so
+    a ``calibrate-noise`` child measures both decodes (cached per model, engine and machine by
+    ``prime_rl.validator.noise_cache``: after the first run it only reads the cache).
+    """
+    validator, workers = config.validator, config.workers
+    if validator.evidence and not validator.noise_profile and workers.backend != "hf":
+        return Path(config.run_dir) / "validator" / "noise-profile.json"
+    return None
+
+
 def plan_children(config: RunConfig) -> list[ChildSpec]:
-    """The processes ``run`` starts, in start order."""
+    """The processes ``run`` starts, in start order (a child with ``after`` once that one is done)."""
     children = [ChildSpec("orchestrator", "orchestrator"), ChildSpec("shardcast-origin", "origin")]
     for index in range(len(config.shardcast.relay_ports)):
         children.append(ChildSpec(f"shardcast-relay-{index}", "relay", ("--index", str(index))))
@@ -128,7 +150,13 @@ def plan_children(config: RunConfig) -> list[ChildSpec]:
     if _has_field(config.trainer, "serve_origin"):
         trainer_extra = ("--trainer.serve_origin", "false")  # the origin is its own process here
     children.append(ChildSpec("trainer", "trainer", trainer_extra))
-    children.append(ChildSpec("validator", "validator"))
+    noise_path = worker_noise_path(config)
+    if noise_path is None:
+        children.append(ChildSpec("validator", "validator"))
+    else:
+        profile = ("--validator.noise_profile", str(noise_path))
+        children.append(ChildSpec("calibrate-noise", "calibrate-noise", profile))
+        children.append(ChildSpec("validator", "validator", profile, after="calibrate-noise"))
     workers = config.workers
     for index in range(int(getattr(workers, "count", 1))):
         children.append(ChildSpec(f"worker-{index}", "worker"))
@@ -335,10 +363,16 @@ class Supervisor:
             log.error("not starting the run: %s", error)
             return 2
         client = OrchestratorClient(self.config.orchestrator.url, timeout_s=5, retries=0)
-        if not self.wait_for_orchestrator(client, self.start(specs[0])):
-            return 1
+        orchestrator = self.start(specs[0])
+        # Everything starts at once: each role waits for the orchestrator itself (role.py), so its
+        # imports and model loads overlap the orchestrator's start-up and each other; a child with
+        # ``after`` starts once that child has exited with code 0 (the validator after calibrate-noise).
+        waiting = [spec for spec in specs[1:] if spec.after]
         for spec in specs[1:]:
-            self.start(spec)
+            if not spec.after:
+                self.start(spec)
+        if not self.wait_for_orchestrator(client, orchestrator):
+            return 1
         last_progress = 0.0
         trainer_done_at: float | None = None
         while True:
@@ -349,6 +383,9 @@ class Supervisor:
                 elif child.exit_code != 0:
                     self.report_failure(child)
                     return 1
+                for spec in [spec for spec in waiting if spec.after == child.spec.name]:
+                    waiting.remove(spec)
+                    self.start(spec)
             if trainer_done_at is None and self.honest_workers_gone():
                 self.report_workers_gone(client)
                 return 1
@@ -366,9 +403,11 @@ class Supervisor:
 def remove_weight_copies(config: RunConfig) -> int:
     """Delete the transient copies of policy weights a finished run leaves behind; return bytes freed.
 
-    Every process keeps its own copy of recent policy versions (workers', the validator's and the
-    evaluator's ``policies/`` caches, the shardcast origin's and relays' shards, the trainer's
-    older ``policies/v*``): for a 135M-parameter fp32 model that is ~20 GB after a few steps.
+    Recent policy versions live in several places: the workers', the validator's and the
+    evaluator's ``policies/`` caches (hard links of the trainer's files in a local run, copies when
+    a version had to be downloaded), the shardcast origin's and relays' shards, the trainer's older
+    ``policies/v*``. The bytes returned are those actually freed (a file still linked from a kept
+    path, such as the trainer's newest policy, frees nothing).
     Kept: the trainer's newest policy file, its training checkpoints (to resume), and every log,
     metrics file and report. Call it only after a successful run.
     """
@@ -377,13 +416,18 @@ def remove_weight_copies(config: RunConfig) -> int:
     doomed += [cache for cache in run_dir.glob("*/policies") if cache.is_dir()]
     trainer_versions = list(version_dirs(run_dir / "policies").values())  # ascending by version
     doomed += trainer_versions[:-1]
-    freed = 0
+    # A hard link (a local run's policy caches link the trainer's files) frees its bytes only when
+    # every name of the file goes: count each file once, and only if all its names are doomed.
+    files: dict[tuple[int, int], tuple[int, int, int]] = {}  # (dev, inode) -> (names seen, links, size)
     for path in doomed:
-        if not path.exists():
-            continue
-        freed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        for file in path.rglob("*") if path.exists() else ():
+            if file.is_file() and not file.is_symlink():
+                info = file.stat()
+                seen, _, _ = files.get((info.st_dev, info.st_ino), (0, 0, 0))
+                files[(info.st_dev, info.st_ino)] = (seen + 1, info.st_nlink, info.st_size)
+    for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
-    return freed
+    return sum(size for seen, links, size in files.values() if seen >= links)
 
 
 class _Interrupted(Exception):

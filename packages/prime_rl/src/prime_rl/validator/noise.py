@@ -7,7 +7,9 @@ with one prefill per batch, and writes the :class:`toploc.NoiseProfile` of the d
 (``toploc.NoiseProfile.calibrate``). If the file exists, the new measurement is *merged* into it
 (worst case per threshold): run the command on every kind of machine workers use (GPU models,
 vLLM, CPU) and point the validator at the one file. The validator measures a profile the same
-way at start-up when ``validator.noise_profile`` is empty (``validator.calibration_tokens``).
+way at start-up when ``validator.noise_profile`` is empty (``validator.calibration_tokens``). Every
+measurement is cached per (model, dtype, engine, machine) and paid once
+(:mod:`prime_rl.validator.noise_cache`; ``validator.recalibrate = true`` measures again).
 
 Pitfall: a profile measured on the validator's machine covers workers that compute the same way
 (same hardware class, kernels and dtype). A worker on other hardware (a GPU with TF32 matmuls in
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +28,7 @@ import torch
 
 import toploc
 from prime_rl.inference.backend import HFBackend, SamplingParams, token_logprobs, verify_proofs
+from prime_rl.validator import noise_cache
 from prime_rl.validator.checks import sampling_margins
 from toploc.noise import calibration_floor, tokens_for_floor
 
@@ -155,6 +158,33 @@ def calibrate_for_run(
     )
 
 
+def calibrate_cached(
+    config: RunConfig, tokens: int, decode_backend: str, measure_now: Callable[[], toploc.NoiseProfile]
+) -> toploc.NoiseProfile:
+    """``measure_now()`` (a calibration decoding with ``decode_backend``), or the profile cached for
+    this run's (model, dtype, engine, machine) by an earlier measurement
+    (:mod:`prime_rl.validator.noise_cache`; ``validator.recalibrate`` measures again). A model that
+    is not a local directory is measured every time."""
+    cache_dir = noise_cache.cache_dir_for(config.model.path)
+    if cache_dir is None:
+        log.info("model.path %r is not a local directory: no noise profile cache", config.model.path)
+        return measure_now()
+    key = noise_cache.key_for_run(config, decode_backend)
+    return noise_cache.cached_profile(
+        cache_dir, key, tokens, measure_now, refresh=config.validator.recalibrate
+    )
+
+
+def cached_only(config: RunConfig, tokens: int, decode_backend: str) -> toploc.NoiseProfile | None:
+    """The cached profile of a calibration decoding with ``decode_backend``, or None (measures nothing)."""
+    if config.validator.recalibrate:
+        return None
+    cache_dir = noise_cache.cache_dir_for(config.model.path)
+    if cache_dir is None:
+        return None
+    return noise_cache.lookup(cache_dir, noise_cache.key_for_run(config, decode_backend), tokens)
+
+
 def main(config: RunConfig, name: str = "calibrate-noise") -> int:
     """Entry point of ``prime-rl calibrate-noise``: measure, merge into the file, report."""
     from prime_rl.devices import choose_device
@@ -163,20 +193,25 @@ def main(config: RunConfig, name: str = "calibrate-noise") -> int:
     torch.set_num_threads(config.validator.num_threads)
     init_process("validator", name, config.run_dir)
     path = Path(config.validator.noise_profile or Path(config.run_dir) / "validator" / "noise-profile.json")
-    backend = HFBackend(
-        config.model.path,
-        dtype=config.model.dtype,
-        device=choose_device(config.validator.device),
-        max_batch_size=max(BATCH_SIZES),
-    )
-    generator = None
-    if config.workers.backend != "hf":  # this process is the measurement's own: an engine may change it
-        from prime_rl.inference.select import make_backend
+    tokens = max(config.validator.calibration_tokens, 1)
 
-        generator = make_backend(
-            config, backend=config.workers.backend, device=backend.device, max_batch_size=max(BATCH_SIZES)
+    def measure_now() -> toploc.NoiseProfile:
+        backend = HFBackend(
+            config.model.path,
+            dtype=config.model.dtype,
+            device=choose_device(config.validator.device),
+            max_batch_size=max(BATCH_SIZES),
         )
-    profile = calibrate_for_run(config, backend, max(config.validator.calibration_tokens, 1), generator)
+        generator = None
+        if config.workers.backend != "hf":  # this process is the measurement's own: an engine may change it
+            from prime_rl.inference.select import make_backend
+
+            generator = make_backend(
+                config, backend=config.workers.backend, device=backend.device, max_batch_size=max(BATCH_SIZES)
+            )
+        return calibrate_for_run(config, backend, tokens, generator)
+
+    profile = calibrate_cached(config, tokens, config.workers.backend, measure_now)
     if path.exists():
         profile = toploc.NoiseProfile.merge(toploc.NoiseProfile.load(path), profile)
         log.info("merged into the existing profile %s", path)

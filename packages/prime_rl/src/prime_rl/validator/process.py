@@ -52,7 +52,7 @@ from prime_rl.validator.evidence import EvidenceLedger, FailureTracker, metrics_
 from prime_rl.validator.journal import ValidatorJournal
 from prime_rl.validator.structure import AssignmentKeyMismatch
 from prime_rl.validator.verdicts import ban_counts, validate_batch
-from prime_rl.weights.store import PolicyStore, PolicyUnavailable
+from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable
 from verifiers.code import sandbox_runs
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ class Validator:
             cache,
             self.backend.model.state_dict(),
             keep=config.orchestrator.async_level + 3,
+            local=LocalPolicies.of_run(config),  # the trainer's own file when it runs on this machine
         )
         self.tasks = run_tasks(config, tokenizer)
         vocab, hidden = self.backend.model.get_output_embeddings().weight.shape
@@ -143,9 +144,16 @@ class Validator:
         path = Path(config.run_dir) / "validator" / "noise-profile.json"
         if path.exists():  # a restart judges on with the tests its journalled evidence was built on
             return toploc.NoiseProfile.load(path)
+        tokens = self.cfg.calibration_tokens
         if config.workers.backend != "hf":
+            # A profile of the workers' engine measured earlier on this machine (noise_cache.py).
+            cached = noise.cached_only(config, tokens, config.workers.backend)
+            if cached is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                cached.save(path)
+                return cached
             # An in-process vLLM engine would take this process's threads; `prime-rl run` measures it
-            # apart (launch.local.measure_worker_noise), a validator started alone says so.
+            # apart (a calibrate-noise child: launch.supervisor.worker_noise_path), a validator started alone says so.
             log.warning(
                 "measuring honest noise with the HF decode only, but workers decode with %r (fp32 vLLM log-prob "
                 "gaps run ~2x the HF decode's): run `prime-rl calibrate-noise --workers.backend %s` and set "
@@ -154,10 +162,15 @@ class Validator:
                 config.workers.backend,
             )
         started = time.monotonic()
-        profile = noise.calibrate_for_run(config, self.backend, self.cfg.calibration_tokens)
+        profile = noise.calibrate_cached(
+            config,
+            tokens,
+            "hf",  # this process decodes with HF only (the warning above)
+            lambda: noise.calibrate_for_run(config, self.backend, tokens),
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         profile.save(path)
-        log.info("honest noise profile measured in %.1fs: %s", time.monotonic() - started, path)
+        log.info("honest noise profile ready in %.1fs: %s", time.monotonic() - started, path)
         return profile
 
     def decode(self, tokens: Sequence[int]) -> str:

@@ -19,13 +19,16 @@ Three ways in, one cache:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,9 +37,66 @@ from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog
 from prime_rl.weights.files import save_policy
 from prime_rl.weights.layout import policy_file, version_dirs
 
-__all__ = ["PolicyStore", "PolicyUnavailable", "VersionFollower"]
+if TYPE_CHECKING:
+    from prime_rl.config import RunConfig
+
+__all__ = ["LocalPolicies", "PolicyStore", "PolicyUnavailable", "VersionFollower"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LocalPolicies:
+    """Where the run's trainer writes its policy files and its shardcast origin keeps its manifests,
+    when they are on this machine (``prime-rl run``): a version found there whose size and sha256
+    equal the published manifest's is hard-linked into the cache instead of downloaded.
+
+    A hard link shares the trainer's file, so it is made read-only (mode 0444) for every name;
+    nothing in the run rewrites a policy file in place (writes are atomic renames to a new file),
+    so no process can change the weights another one loads.
+    """
+
+    policies_dir: Path
+    origin_dir: Path
+
+    @classmethod
+    def of_run(cls, config: RunConfig) -> LocalPolicies:
+        """The trainer's ``<run_dir>/policies`` and the origin's ``<shardcast data dir>/origin``."""
+        return cls(Path(config.run_dir) / "policies", config.shardcast_data_dir / "origin")
+
+    def link(self, version: int, target: Path) -> bool:
+        """Hard-link ``version`` to ``target`` if the trainer's file matches the origin's manifest;
+        False (nothing changed) when it is not here, differs, or cannot be linked (another disk)."""
+        source = policy_file(self.policies_dir, version)
+        if not self.origin_dir.is_dir() or not source.is_file():
+            return False
+        try:
+            manifest = shardcast.parse_manifest(
+                shardcast.DataDir(self.origin_dir).manifest_path(version).read_bytes()
+            )
+            if manifest.digest_algorithm != "sha256" or source.stat().st_size != manifest.file_size:
+                return False
+            digest = hashlib.sha256()
+            with source.open("rb") as handle:
+                while block := handle.read(1 << 22):
+                    digest.update(block)
+            if digest.hexdigest() != manifest.file_digest:
+                log.warning(
+                    "policy v%d: the trainer's file %s differs from its manifest; downloading",
+                    version,
+                    source,
+                )
+                return False
+            temporary = target.with_name(f".{target.name}.link-{os.getpid()}")
+            temporary.unlink(missing_ok=True)
+            os.link(source, temporary)
+            os.chmod(temporary, 0o444)
+            os.replace(temporary, target)
+        except (OSError, shardcast.ShardcastError) as exc:
+            log.info("policy v%d: no local link (%s); downloading", version, exc)
+            return False
+        return True
+
 
 class PolicyUnavailable(RuntimeError):
     """A policy version cannot be obtained (not published, or no server reachable)."""
@@ -63,7 +123,9 @@ class PolicyStore:
         *,
         keep: int = 4,
         deadline_s: float = 600.0,
+        local: LocalPolicies | None = None,
     ) -> None:
+        self.local = local
         self.cache_dir = Path(cache_dir)
         self.servers = list(servers)
         self.client = shardcast.Client(self.servers) if servers else None
@@ -99,6 +161,10 @@ class PolicyStore:
             if target.is_file():
                 return target
             target.parent.mkdir(parents=True, exist_ok=True)
+            if self.local is not None and self.local.link(version, target):
+                log.info("linked policy v%d from the trainer's file on this machine", version)
+                self._prune(version)
+                return target
             try:
                 result = self.client.fetch(version, target, deadline_s=self.deadline_s)
             except (shardcast.VersionNotFoundError, shardcast.VersionGoneError) as exc:
@@ -173,10 +239,41 @@ class PolicyStore:
                 shutil.rmtree(path, ignore_errors=True)
 
 
+class _LinkingFollower(threading.Thread):
+    """The follower of a store with :class:`LocalPolicies`: every ``poll_s`` it lists the servers and
+    takes each new newest version through :meth:`PolicyStore.ensure` (a hard link when the trainer's
+    file is on this machine, else a download), then calls ``arrived(version)``."""
+
+    def __init__(self, store: PolicyStore, arrived: Callable[[int], None], poll_s: float) -> None:
+        super().__init__(name="policy-follower", daemon=True)
+        self.store, self.arrived, self.poll_s = store, arrived, poll_s
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        last = 0
+        while not self._stopped.is_set():
+            newest = self.store.newest_available()
+            if newest > last:
+                try:
+                    self.store.ensure(newest)
+                except PolicyUnavailable as exc:
+                    log.warning("policy v%d not taken yet: %s", newest, exc)
+                else:
+                    last = newest
+                    self.arrived(newest)
+            self._stopped.wait(self.poll_s)
+
+    def stop(self, timeout: float) -> None:
+        self._stopped.set()
+        if self.ident is not None:  # started (a follower may be stopped before it ever ran)
+            self.join(timeout)
+
+
 class VersionFollower:
     """Fetches each new newest policy version into a :class:`PolicyStore`, in a background thread.
 
-    A ``shardcast.Follower`` does the work: every ``poll_s`` seconds it lists the servers and, when
+    A ``shardcast.Follower`` does the work (with :class:`LocalPolicies`, a follower that links the
+    trainer's file on this machine through :meth:`PolicyStore.ensure`): every ``poll_s`` seconds it lists the servers and, when
     a version newer than the last one it fetched is listed, downloads it into the store's cache
     folder (the previous version serving as delta base), after which the store prunes old versions
     and :attr:`newest_local` moves. Fetch errors are logged and retried at the next poll. With no
@@ -187,17 +284,17 @@ class VersionFollower:
         self.store = store
         self._newest = 0
         self._arrived = threading.Condition()
-        self._thread = (
-            store.client.follower(
+        self._thread: shardcast.Follower | _LinkingFollower | None = None
+        if store.client is not None and store.local is not None:  # link the trainer's file when it is here
+            self._thread = _LinkingFollower(store, self._arrive, poll_s)
+        elif store.client is not None:
+            self._thread = store.client.follower(
                 self._on_fetched,
                 output_dir=store.cache_dir,
                 poll_interval_s=poll_s,
                 keep=None,  # the store prunes: it keeps version 0 and knows the version layout
                 deadline_s=store.deadline_s,
             )
-            if store.client is not None
-            else None
-        )
 
     @property
     def newest_local(self) -> int:
@@ -227,6 +324,9 @@ class VersionFollower:
     def _on_fetched(self, result: shardcast.FetchResult) -> None:
         self.store.adopt(result)
         log.info("fetched policy v%d in the background (%.2fs)", result.version, result.seconds)
+        self._arrive(result.version)
+
+    def _arrive(self, version: int) -> None:
         with self._arrived:
-            self._newest = max(self._newest, result.version)
+            self._newest = max(self._newest, version)
             self._arrived.notify_all()

@@ -10,8 +10,9 @@ Loop (``prime-rl worker --config FILE [--workers.behaviour NAME]``):
    (``step - async_level``) the worker first waits for a newer version, so it never generates with
    a policy older than the async bound;
 4. generate ``group_size`` completions per prompt with the lease's seeds (toploc's verifiable
-   sampler, proofs built during decoding), score them with ``verifiers`` for its own logs, compute
-   the group advantages and ``POST /rollouts``.
+   sampler, proofs built during decoding), score them with ``verifiers`` (a score the machine
+   limited is scored again, :mod:`prime_rl.worker.scoring`), compute the group advantages and
+   ``POST /rollouts``.
 
 ``behaviour`` selects a hostile behaviour from :mod:`prime_rl.worker.hostile` (for tests and red-team
 runs; ``"mixed"`` cycles through them, one per batch). It enters the loop only through the hooks
@@ -40,9 +41,10 @@ from prime_rl.inference.select import make_backend
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.reward import RunTasks, run_tasks
 from prime_rl.role import run_role
-from prime_rl.weights.store import PolicyStore, PolicyUnavailable, VersionFollower
+from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable, VersionFollower
 from prime_rl.worker.hostile import BEHAVIOURS, HostileWorker
 from prime_rl.worker.rollout import build_batch
+from prime_rl.worker.scoring import rescoring
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -66,7 +68,8 @@ class Honest:
         return "honest"
 
     def answer(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
-        return build_batch(lease, backend, encode=self.tasks.encode, score=self.tasks.score)[0]
+        # A score the machine may have spoiled (sandbox start, timeouts) is scored again before it is sent.
+        return build_batch(lease, backend, encode=self.tasks.encode, score=rescoring(self.tasks.score))[0]
 
     def before_submit(self, lease: TaskLease, client: OrchestratorClient) -> None:
         return None
@@ -94,7 +97,9 @@ class Worker:
         cache = Path(self.cfg.cache_dir or Path(config.run_dir) / name / "policies")
         # Version 0 is only ever read back by an HF backend (a vLLM worker never reloads its start weights).
         initial = self.backend.model.state_dict() if isinstance(self.backend, HFBackend) else None
-        self.store = PolicyStore(config.shardcast.client_servers, cache, initial)
+        self.store = PolicyStore(
+            config.shardcast.client_servers, cache, initial, local=LocalPolicies.of_run(config)
+        )
         self.follower = VersionFollower(self.store, poll_s=self.cfg.weights_poll_s)
         self.tasks = run_tasks(config, self.backend.tokenizer)
         self.client = OrchestratorClient(

@@ -1,0 +1,279 @@
+"""Honest-noise calibration paid once per (model, precision, engine, machine): an on-disk cache.
+
+Measuring honest noise (:mod:`prime_rl.validator.noise`) decodes thousands of tokens with the
+workers' engine and prefills them with the validator's; on 2 CPU cores that is minutes. The result
+depends only on what computes the numbers, so it is cached under a :class:`CalibrationKey`:
+
+* **model**: sha256 over the model directory's top-level files (weights, config, tokenizer);
+* **dtype**: ``model.dtype``;
+* **engine**: the workers' decode backend (``hf``/``vllm``) and the versions of torch,
+  transformers, vLLM (for a vLLM decode), toploc and prime_rl;
+* **machine**: CPU architecture, model name and flags (``/proc/cpuinfo``), the NVIDIA GPU models
+  and driver (``/proc/driver/nvidia``) unless the validator runs on the CPU, ``CUDA_VISIBLE_DEVICES``
+  and the thread counts (a CPU matmul's reduction order depends on them);
+* **settings**: the sampling settings and the task section (the prompts measured on).
+
+A cached profile measured with at least ``validator.calibration_tokens`` tokens asked for (per
+decode backend) is a hit; anything
+else (a missing, corrupt, partial or foreign file, another key) is a miss and is measured again.
+Files live next to a converted model (``<model_dir>/noise-profiles/``, the demo model's cache
+directory) or, for any other model directory, in ``<cache_dir>/noise-profiles/`` (never inside a
+user's model folder); ``$PRIME_RL_NOISE_CACHE`` overrides the folder (``off``: no cache). Each
+entry is written atomically (:func:`prime_rl.durable.write_atomic`). ``validator.recalibrate =
+true`` (``--validator.recalibrate true``) measures again and replaces the entry.
+
+Pitfall: the key covers what is known to change kernels' numerics, not everything that could (a
+BLAS library swapped under the same torch wheel, a GPU clock mode). A stale profile that is too
+narrow rejects honest workers (false rejections and, over many tokens, false bans); one that is
+too wide lets a cheater deviate further before the evidence sees it. Recalibrate after changing
+the machine's software outside Python packages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import toploc
+from prime_rl.durable import write_atomic
+
+if TYPE_CHECKING:
+    from prime_rl.config import RunConfig
+
+__all__ = [
+    "CACHE_DIRNAME",
+    "ENV_VAR",
+    "CalibrationKey",
+    "cache_dir_for",
+    "cached_profile",
+    "key_for_run",
+    "lookup",
+    "model_sha256",
+]
+
+log = logging.getLogger(__name__)
+
+CACHE_DIRNAME = "noise-profiles"
+ENV_VAR = "PRIME_RL_NOISE_CACHE"
+"""Environment variable: the cache folder, or ``off``."""
+FORMAT = "prime-rl-noise-cache/1"
+PROVENANCE = "prime_rl_source.json"  # what launch.model_cache writes into a directory it converted
+
+
+@dataclass(frozen=True)
+class CalibrationKey:
+    """What a honest-noise profile depends on; any field that differs is a cache miss.
+
+    Attributes:
+        model: sha256 of the model directory's top-level files (names and contents).
+        dtype: the model's dtype (``float32``, ``bfloat16``).
+        engine: decode and prefill backends with their package versions.
+        machine: CPU model/flags, GPU models and driver, visible devices and thread counts.
+        settings: sha256 of the sampling and task settings the measurement decodes with.
+    """
+
+    model: str
+    dtype: str
+    engine: str
+    machine: str
+    settings: str
+
+    def digest(self) -> str:
+        """A short stable name for the entry (sha256 of the fields, 16 hex digits)."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def model_sha256(model_dir: str | os.PathLike[str], chunk_bytes: int = 1 << 22) -> str:
+    """sha256 over the sorted top-level files of ``model_dir`` (name, size, content); the cache
+    folder and the provenance record are left out (neither changes what the model computes)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(model_dir).iterdir()):
+        if not path.is_file() or path.name == PROVENANCE:
+            continue
+        digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
+        with path.open("rb") as handle:
+            while block := handle.read(chunk_bytes):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def _cpu_identity(cpuinfo: str) -> str:
+    """The first processor's model name and sorted flags (x86 ``flags``, ARM ``Features``)."""
+    model, flags = "", ""
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip().lower()
+        if name in ("model name", "cpu model", "hardware") and not model:
+            model = value.strip()
+        elif name in ("flags", "features") and not flags:
+            flags = " ".join(sorted(value.split()))
+    return f"{model}; flags sha256 {hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+
+
+def _gpu_identity(proc_root: Path = Path("/proc/driver/nvidia")) -> str:
+    """NVIDIA GPU models and driver version read from the driver's /proc files ('' without one)."""
+    if not proc_root.is_dir():
+        return ""
+    models = []
+    for info in sorted(proc_root.glob("gpus/*/information")):
+        for line in info.read_text(errors="replace").splitlines():
+            if line.startswith("Model:"):
+                models.append(line.partition(":")[2].strip())
+    version_file = proc_root / "version"
+    driver = version_file.read_text(errors="replace").splitlines()[0] if version_file.is_file() else ""
+    return f"gpus {models}; driver {driver.strip()}"
+
+
+def machine_identity(config: RunConfig, cpuinfo_path: Path = Path("/proc/cpuinfo")) -> str:
+    """What on this machine changes kernels' numerics (module docstring); torch-free."""
+    try:
+        cpuinfo = cpuinfo_path.read_text(errors="replace")
+    except OSError:
+        cpuinfo = ""
+    parts = [platform.machine(), _cpu_identity(cpuinfo) if cpuinfo else platform.processor()]
+    if config.validator.device != "cpu":
+        parts.append(_gpu_identity())
+        parts.append(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
+    parts.append(f"threads validator {config.validator.num_threads} workers {config.workers.num_threads}")
+    return " | ".join(parts)
+
+
+def key_for_run(config: RunConfig, decode_backend: str, model_hash: str | None = None) -> CalibrationKey:
+    """The key of a calibration of ``config`` whose decode runs on ``decode_backend`` (``hf`` alone, or
+    ``vllm`` merged with ``hf``); ``model_hash``: :func:`model_sha256`, computed when not given
+    (``config.model.path`` must then be a local directory)."""
+    backend = decode_backend
+    versions = {
+        name: _version(name) for name in ("torch", "transformers", "intellect2-toploc", "intellect2-prime-rl")
+    }
+    if backend == "vllm":
+        versions["vllm"] = _version("vllm")
+    engine = f"decode {backend}, prefill hf; " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
+    sampling = config.sampling
+    settings = {
+        "temperature": sampling.temperature,
+        "max_new_tokens": sampling.max_new_tokens,
+        "stop": list(sampling.stop),
+        "tasks": config.tasks.model_dump(mode="json"),
+    }
+    return CalibrationKey(
+        model=model_hash if model_hash is not None else model_sha256(config.model.path),
+        dtype=config.model.dtype,
+        engine=engine,
+        machine=machine_identity(config),
+        settings=hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest(),
+    )
+
+
+def cache_dir_for(model_path: str, cache_root: str | os.PathLike[str] | None = None) -> Path | None:
+    """Where profiles of ``model_path`` are cached, or None for no cache.
+
+    ``$PRIME_RL_NOISE_CACHE`` names the folder outright (``off``: no cache; the test suite points it
+    at a temporary folder). Otherwise: ``<model_dir>/noise-profiles`` for a directory prime_rl
+    converted (it has a provenance record), else ``<cache_root>/noise-profiles`` (default: the rule
+    of :func:`prime_rl.launch.model_cache.default_cache_dir`). None as well when ``model_path`` is
+    not a local directory (a hub id: no file to hash).
+    """
+    override = os.environ.get(ENV_VAR, "")
+    directory = Path(model_path).expanduser()
+    if override == "off" or not directory.is_dir():
+        return None
+    if override:
+        return Path(override).expanduser()
+    if (directory / PROVENANCE).is_file():
+        return directory / CACHE_DIRNAME
+    if cache_root is None:
+        env = os.environ.get("PRIME_RL_CACHE")
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        cache_root = Path(env).expanduser() if env else Path(base).expanduser() / "prime_rl"
+    return Path(cache_root) / CACHE_DIRNAME
+
+
+def _read_entry(path: Path, key: CalibrationKey, tokens: int) -> toploc.NoiseProfile | None:
+    """The profile in ``path`` if it is a complete entry for ``key`` measured with >= ``tokens`` asked for."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT:
+            raise ValueError(f"format {data.get('format')!r}")
+        if data.get("key") != dataclasses.asdict(key):
+            log.warning("noise profile cache %s belongs to another key; measuring again", path)
+            return None
+        profile = toploc.NoiseProfile.from_json(json.dumps(data["profile"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, toploc.EvidenceError) as error:
+        log.warning("ignoring the unreadable noise profile cache %s (%s); measuring again", path, error)
+        return None
+    measured = data.get("calibration_tokens")
+    if not isinstance(measured, int) or measured < tokens:
+        log.info(
+            "cached noise profile %s was measured for %s tokens, %d asked for; measuring again",
+            path,
+            measured,
+            tokens,
+        )
+        return None
+    return profile
+
+
+def lookup(cache_dir: Path | None, key: CalibrationKey, tokens: int) -> toploc.NoiseProfile | None:
+    """The cached profile for ``key`` measured with >= ``tokens`` asked for, or None (nothing measured)."""
+    if cache_dir is None:
+        return None
+    return _read_entry(cache_dir / f"noise-{key.digest()}.json", key, tokens)
+
+
+def cached_profile(
+    cache_dir: Path | None,
+    key: CalibrationKey,
+    tokens: int,
+    measure: Callable[[], toploc.NoiseProfile],
+    *,
+    refresh: bool = False,
+) -> toploc.NoiseProfile:
+    """The cached profile for ``key`` (measured with >= ``tokens`` asked for), else ``measure()`` stored.
+
+    ``cache_dir=None`` measures without caching; ``refresh`` measures and replaces the entry. A
+    cache that cannot be written is reported and the measured profile returned all the same.
+    """
+    if cache_dir is None:
+        return measure()
+    path = cache_dir / f"noise-{key.digest()}.json"
+    if not refresh:
+        cached = lookup(cache_dir, key, tokens)
+        if cached is not None:
+            log.info(
+                "honest noise profile from the cache: %s (validator.recalibrate=true measures again)", path
+            )
+            return cached
+    profile = measure()
+    entry = {
+        "format": FORMAT,
+        "key": dataclasses.asdict(key),
+        "calibration_tokens": tokens,
+        "profile": json.loads(profile.to_json()),
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(entry, indent=1) + "\n")
+        log.info("honest noise profile cached in %s", path)
+    except OSError as error:
+        log.warning("could not cache the noise profile in %s: %s", path, error)
+    return profile
