@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from fp64_norm import rms_norm_in_input_dtype
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensor_guard import LargestTensors, forbid_dense_masks
@@ -124,30 +125,13 @@ def random_groups(vocab: int, layout: list[tuple[int, list[int]]], seed: int = 0
 LAYOUT = [(9, [4, 7, 1, 5]), (3, [6]), (14, [2, 8, 3]), (5, [0, 6, 2])]
 
 
-def rms_norm_in_float64(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Llama's and Qwen2's RMSNorm compute in fp32 even in an fp64 model, and their backward rounds
-    the incoming gradient to fp32. A shared prompt token's gradient is the sum over the group, which
-    that cast rounds once, against G separately rounded terms in separate forwards: a 1e-7 relative
-    difference that is fp32 rounding, not an error. In fp64 throughout the two agree to 1e-12."""
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return (
-            self.weight * hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        )
-
-    for norm in (LlamaRMSNorm, Qwen2RMSNorm):
-        monkeypatch.setattr(norm, "forward", forward)
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_packed_hf_forward_equals_separate_forwards_values_and_gradients(
     arch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tiny_lm import make_tiny_lm
 
-    rms_norm_in_float64(monkeypatch)
+    rms_norm_in_input_dtype(monkeypatch)  # fp64 throughout (see tests/support/fp64_norm.py)
     model = make_tiny_lm(arch=arch, dtype=torch.float64).train()
     assert model.config.num_key_value_heads < model.config.num_attention_heads  # GQA
     groups = random_groups(model.config.vocab_size, LAYOUT)

@@ -135,7 +135,7 @@ def shared_prefix_attention(
     if backend not in ("auto", "flash", "flex", "sdpa"):
         raise InvalidParameterError(f"backend must be auto, flash, flex or sdpa, got {backend!r}")
     if not structure.has_suffixes and backend in ("auto", "flash"):
-        cu = structure.cu_seqlens(query.device)
+        cu = _cu_seqlens_on(structure, query.device)
         return document_attention(
             query,
             key,
@@ -157,6 +157,21 @@ def shared_prefix_attention(
             raise InvalidParameterError("FlexAttention has no dropout: use backend 'sdpa'")
         return _flex(query, key, value, structure, scale)
     return _sdpa(query, key, value, structure, scale, dropout_p)
+
+
+_cu_cache: tuple[SharedPrefixStructure, torch.device, torch.Tensor] | None = None
+
+
+def _cu_seqlens_on(structure: SharedPrefixStructure, device: torch.device) -> torch.Tensor:
+    """One ``cu_seqlens`` tensor per forward, not per layer (document attention caches its
+    FlexAttention mask on that tensor's identity)."""
+    global _cu_cache
+    cached = _cu_cache
+    if cached is not None and cached[0] is structure and cached[1] == device:
+        return cached[2]
+    cu = structure.cu_seqlens(device)
+    _cu_cache = (structure, device, cu)
+    return cu
 
 
 def _sdpa(query, key, value, structure: SharedPrefixStructure, scale, dropout_p) -> torch.Tensor:
