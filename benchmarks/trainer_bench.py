@@ -33,7 +33,9 @@ the shared-prompt row (``[prompt, completion_1, ..., completion_G]``: the prompt
 Both in one row of at most 32,768 tokens (INTELLECT-2's ``micro_batch_tokens``), same loss, same
 chunked head. tok/s counts the tokens the loss trains on (completion tokens) over the least wall
 time, so the two layouts are compared on the same work; cpu ratio is the median process CPU time
-against the packed row's (the steadier figure on a shared machine). The model is Qwen2-shaped with Qwen2-0.5B's proportions between
+against the packed row's (the steadier figure on a shared machine). One fresh child per case and
+layout: a warm-up step, one step for the RSS high-water mark (as above), then the timed steps
+(with the fixed mmap threshold of the memory children, in both layouts alike). The model is Qwen2-shaped with Qwen2-0.5B's proportions between
 body and head (:data:`SHARED_SHAPE`; the 151,936-token head of :data:`CPU_SHAPE` on a 2-layer body
 would make the head, computed on completion tokens only in both layouts, all of the step).
 
@@ -294,51 +296,46 @@ def _shared_steps(group: int, prompt: int) -> tuple[dict[str, Callable[[], None]
     return {v: (lambda v=v: step(v)) for v in SHARED_VARIANTS}, sizes
 
 
-def measure_shared_memory(case: str, variant: str) -> dict[str, float]:
+def measure_shared(case: str, variant: str, repeats: int) -> dict:
+    """One child per (case, layout): a warm-up step, one step for the RSS high-water mark, then
+    ``repeats`` timed steps (wall and process CPU time)."""
     group, prompt = map(int, case.split("x"))
-    step = _shared_steps(group, prompt)[0][variant]
+    steps, sizes = _shared_steps(group, prompt)
+    step = steps[variant]
     step()
     gc.collect()
     before = status_kib("VmRSS")
     exact = reset_peak()
     step()
     peak = status_kib("VmHWM") if exact else status_kib("VmPeak")
-    return {"peak_extra_mib": (peak - before) / 1024}
-
-
-def measure_shared_time(case: str, repeats: int) -> dict:
-    group, prompt = map(int, case.split("x"))
-    steps, sizes = _shared_steps(group, prompt)
-    for step in steps.values():
-        step()
-    times: dict[str, dict[str, list[float]]] = {v: {"wall": [], "cpu": []} for v in SHARED_VARIANTS}
+    wall, cpu = [], []
     for _ in range(repeats):
-        for variant, step in steps.items():
-            wall, cpu = time.perf_counter(), time.process_time()
-            step()
-            times[variant]["wall"].append(time.perf_counter() - wall)
-            times[variant]["cpu"].append(time.process_time() - cpu)
-    return {"times": times, "sizes": sizes}
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        step()
+        wall.append(time.perf_counter() - start_wall)
+        cpu.append(time.process_time() - start_cpu)
+    return {"peak_extra_mib": (peak - before) / 1024, "wall": wall, "cpu": cpu, "sizes": sizes}
 
 
-def run_shared(repeats: int) -> list[dict]:
-    rows = []
+def run_shared(repeats: int, json_path: Path | None = None) -> list[dict]:
+    rows: list[dict] = []
     for group, prompt in SHARED_CASES:
-        case = f"{group}x{prompt}"
-        memory = {v: _child("shared_memory", v, case)["peak_extra_mib"] for v in SHARED_VARIANTS}
-        timed = _child("shared_time", str(repeats), case)
-        completion = timed["sizes"]["completion"]
         for v in SHARED_VARIANTS:
-            wall, cpu = timed["times"][v]["wall"], timed["times"][v]["cpu"]
+            got = _child("shared", v, f"{group}x{prompt}", str(repeats))
+            wall, cpu = got["wall"], got["cpu"]
+            completion = got["sizes"]["completion"]
             rows.append(
                 {
-                    "group": group, "prompt": prompt, "variant": v, "row_tokens": timed["sizes"][v],
-                    "completion_tokens": completion, "peak_extra_mib": memory[v], "wall_min_s": min(wall),
-                    "wall_median_s": statistics.median(wall), "cpu_min_s": min(cpu),
+                    "group": group, "prompt": prompt, "variant": v, "row_tokens": got["sizes"][v],
+                    "completion_tokens": completion, "peak_extra_mib": got["peak_extra_mib"],
+                    "wall_min_s": min(wall), "wall_median_s": statistics.median(wall), "cpu_min_s": min(cpu),
                     "cpu_median_s": statistics.median(cpu), "tokens_per_s": completion / min(wall),
                     "tokens_per_cpu_s": completion / statistics.median(cpu),
                 }
             )  # fmt: skip
+        print(shared_table([r for r in rows if (r["group"], r["prompt"]) == (group, prompt)]), flush=True)
+        if json_path is not None:  # a case at a time: a long run keeps what it measured
+            json_path.write_text(json.dumps({"shape": SHARED_SHAPE, "rows": rows}, indent=1))
     return rows
 
 
@@ -367,7 +364,7 @@ def shared_table(rows: list[dict]) -> str:
 
 def _child(*args: str) -> dict:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    if args[0] in ("memory", "shared_memory"):
+    if args[0] in ("memory", "shared"):
         # A fixed mmap threshold: every large tensor is its own mapping, returned on free, so the RSS
         # high-water mark follows live tensors (glibc's moving threshold adds hundreds of MiB of noise).
         # Not for timing: a fresh mapping per tensor costs page faults.
@@ -446,12 +443,9 @@ def main() -> None:
         default=["steps", "attention", "shared"],
     )
     args = parser.parse_args()
-    if args.child and args.child[0].startswith("shared"):
-        kind, arg, case = args.child
-        if kind == "shared_memory":
-            print(json.dumps(measure_shared_memory(case, arg)))
-        else:
-            print(json.dumps(measure_shared_time(case, int(arg))))
+    if args.child and args.child[0] == "shared":
+        _, variant, case, repeats = args.child
+        print(json.dumps(measure_shared(case, variant, int(repeats))))
         return
     if args.child:
         kind, arg, tokens = args.child
@@ -480,7 +474,9 @@ def main() -> None:
     if "shared" in args.parts:
         shape = ", ".join(f"{k} {v}" for k, v in SHARED_SHAPE.items())
         print(f"shared prompt: one GRPO group per step, Qwen2-shaped ({shape}), fp32, {args.repeats} repeats")
-        result["shared"] = run_shared(args.repeats)
+        result["shared"] = run_shared(
+            args.repeats, args.json.with_suffix(".shared.json") if args.json else None
+        )
         print(shared_table(result["shared"]))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
