@@ -294,12 +294,8 @@ def _hf_attention(
             f"a document of {max_seqlen} tokens is longer than this layer's sliding window ({sliding_window}); "
             "document attention has no window (use block_causal_mask and eager attention)"
         )
-    if shared is not None:
-        from grpo.shared_prefix import shared_prefix_attention
-
-        out = shared_prefix_attention(
-            query, key, value, shared, scale=scaling, dropout_p=dropout, backend=backend
-        )
+    if shared is not None:  # a grpo.SharedPrefixStructure (duck-typed: that module imports this one)
+        out = shared.attend(query, key, value, scale=scaling, dropout_p=dropout, backend=backend)
         return out.transpose(1, 2).contiguous(), None
     out = document_attention(
         query,

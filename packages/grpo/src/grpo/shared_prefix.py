@@ -106,6 +106,21 @@ class SharedPrefixStructure:
         size = [b - a for a, b in itertools.pairwise(self.bounds)]
         return max(size[s] + (size[p] if p != s else 0) for s, p in enumerate(self.prefix_of))
 
+    def attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        scale: float | None = None,
+        dropout_p: float = 0.0,
+        backend: SharedBackend = "auto",
+    ) -> torch.Tensor:
+        """:func:`shared_prefix_attention` over this structure (what the Hugging Face glue calls)."""
+        return shared_prefix_attention(
+            query, key, value, self, scale=scale, dropout_p=dropout_p, backend=backend
+        )
+
     def cu_seqlens(self, device: torch.device | str | None = None) -> torch.Tensor:
         """The segment starts as an int32 tensor (document attention's ``cu_seqlens``)."""
         return torch.tensor(self.bounds, dtype=torch.int32, device=device)
