@@ -251,7 +251,8 @@ def check_shared_prompt(device: torch.device, sizes: Sizes, dtype: torch.dtype) 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-7)
     rows: list[dict] = []
     for group, prompt in cases:
-        samples = group_samples(group, prompt, sizes.shape["vocab"])
+        lengths = (64, 256) if sizes.shape is QWEN2_05B else (4, 16)
+        samples = group_samples(group, prompt, sizes.shape["vocab"], completions=lengths)
         completion = sum(len(s.completion_tokens) for s in samples)
         for layout in ("packed", "shared"):
             micro = make_micro_batches(samples, SHARED_ROW_TOKENS, share_prompts=layout == "shared")

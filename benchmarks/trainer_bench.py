@@ -248,15 +248,18 @@ def measure_attention(tokens: int, repeats: int) -> dict[str, list[float]]:
     return {way: values[1:] for way, values in times.items()}
 
 
-def group_samples(group: int, prompt: int, vocab: int, seed: int = 0):
-    """One GRPO group: ``group`` samples of one ``prompt``-token prompt, completions of 64-256 tokens."""
+def group_samples(
+    group: int, prompt: int, vocab: int, seed: int = 0, completions: tuple[int, int] = (64, 256)
+):
+    """One GRPO group: ``group`` samples of one ``prompt``-token prompt, completions of
+    ``completions`` (inclusive range) tokens."""
     import torch
 
     from prime_rl.api.protocol import TrainSample
 
     g = torch.Generator().manual_seed(seed)
     prompt_tokens = torch.randint(0, vocab, (prompt,), generator=g).tolist()
-    lengths = torch.randint(64, 257, (group,), generator=g).tolist()
+    lengths = torch.randint(completions[0], completions[1] + 1, (group,), generator=g).tolist()
     return [
         TrainSample(
             sample_id=f"b/{i}", batch_id="b", worker_id="w", task_id=0, group_index=i, policy_version=0,
