@@ -14,6 +14,9 @@ error and the others still run):
   16 sequences, bf16: document attention with the chunked head and with full logits, today's
   dense-mask step, and a plain HF step (``benchmarks/trainer_bench.py`` has the steps); time,
   peak memory, tokens/s;
+* ``prompt`` (shared prompt): one AdamW step on one GRPO group (``G`` = 8, 16; prompts of 150 and
+  1,000 tokens; completions 64-256), packed as today against the prompt computed once
+  (FlexAttention with the shared-prefix block mask); time, peak memory, completion tokens/s;
 * ``generation``: the honest worker's generation (``make_backend(..., backend="hf")``, seeded
   sampler, streaming proofs, log-probs) vs ``model.generate`` on the same prompts, 64 x 256 tokens;
 * ``validator``: ``validate_batch`` judging those rollouts on the GPU: accepted and rejected
@@ -47,7 +50,15 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests" / "support")]
 
 import torch  # noqa: E402
-from trainer_bench import QWEN2_05B, make_steps, packed_samples, qwen2_model  # noqa: E402
+from trainer_bench import (  # noqa: E402
+    QWEN2_05B,
+    SHARED_CASES,
+    SHARED_ROW_TOKENS,
+    group_samples,
+    make_steps,
+    packed_samples,
+    qwen2_model,
+)
 
 KEY = b"gpu-check-assignment-key"
 
@@ -229,6 +240,49 @@ def check_trainer(device: torch.device, sizes: Sizes, dtype: torch.dtype) -> lis
     return rows
 
 
+def check_shared_prompt(device: torch.device, sizes: Sizes, dtype: torch.dtype) -> list[dict]:
+    """One GRPO group per AdamW step, packed as today vs its prompt once (trainer_bench ``shared``)."""
+    import grpo
+    from prime_rl.trainer.batching import make_micro_batches
+    from prime_rl.trainer.step import train_minibatch
+
+    cases = SHARED_CASES if sizes.shape is QWEN2_05B else ((sizes.group_size, sizes.prompt_tokens),)
+    model = qwen2_model(sizes.shape, 4096, dtype, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-7)
+    rows: list[dict] = []
+    for group, prompt in cases:
+        lengths = (64, 256) if sizes.shape is QWEN2_05B else (4, 16)
+        samples = group_samples(group, prompt, sizes.shape["vocab"], completions=lengths)
+        completion = sum(len(s.completion_tokens) for s in samples)
+        for layout in ("packed", "shared"):
+            micro = make_micro_batches(samples, SHARED_ROW_TOKENS, share_prompts=layout == "shared")
+
+            def step(micro=micro) -> None:
+                train_minibatch(
+                    model, optimizer, micro, None, grpo.Loss("intellect2"), temperature=1.0, constant=256.0,
+                    max_grad_norm=1.0, device=device,
+                )  # fmt: skip
+                optimizer.zero_grad(set_to_none=True)
+
+            row: dict = {"group": group, "prompt": prompt, "layout": layout}
+            try:
+                step()  # warm-up: compiles FlexAttention for the shared-prefix block mask
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats(device)
+                times, _ = timed(step, sizes.repeats, device)
+                row.update(
+                    median_s=statistics.median(times), min_s=min(times),
+                    tokens_per_s=completion / statistics.median(times),
+                    peak_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+                )  # fmt: skip
+            except Exception as exc:  # e.g. out of memory: the other rows still run
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                model.zero_grad(set_to_none=True)
+            rows.append(row)
+    return rows
+
+
 def byte_tokenizer(vocab: int):
     """A Qwen2 (byte-level BPE) tokenizer of ``vocab`` ids made in code: one id per byte, no merges,
     the other ids decode to ``x<id>``. A Qwen2 directory must hold one: transformers loads every
@@ -374,6 +428,21 @@ def table(result: dict) -> str:
             peak = f", peak {row['peak_gib']:.1f} GiB" if row["peak_gib"] is not None else ""
             rows.append(("trainer", name, f"{1e3 * row['median_s']:.0f} ms (min {1e3 * row['min_s']:.0f}), "
                          f"{row['tokens_per_s']:,.0f} tok/s{peak}"))  # fmt: skip
+    for row in (
+        result["shared_prompt"] if isinstance(result["shared_prompt"], list) else [result["shared_prompt"]]
+    ):
+        name = f"{row.get('layout', '')} G={row.get('group', '')} P={row.get('prompt', '')}"
+        if "error" in row:
+            rows.append(("prompt", name, row["error"]))
+        else:
+            peak = f", peak {row['peak_gib']:.1f} GiB" if row["peak_gib"] is not None else ""
+            rows.append(
+                (
+                    "prompt",
+                    name,
+                    f"{1e3 * row['median_s']:.0f} ms, {row['tokens_per_s']:,.0f} loss tok/s{peak}",
+                )
+            )
     rollouts = result["rollouts"]
     if "error" in rollouts:
         rows.append(("rollouts", "error", rollouts["error"]))
@@ -425,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"smoke": args.smoke, "environment": environment(device), "dtype": str(dtype)}
     result["toploc"] = guarded(check_toploc, device, sizes)
     result["trainer"] = guarded(check_trainer, device, sizes, dtype)
+    result["shared_prompt"] = guarded(check_shared_prompt, device, sizes, dtype)
     result["rollouts"] = guarded(check_rollouts, device, sizes, dtype, args.model)
     result["seconds"] = time.perf_counter() - start
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -432,8 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result))
     print(f"JSON: {out}")
     failed = any("error" in part for part in (result["toploc"], result["rollouts"]) if isinstance(part, dict))
-    trainer = result["trainer"]
-    failed |= isinstance(trainer, dict) or any("error" in row for row in trainer)
+    for trainer in (result["trainer"], result["shared_prompt"]):
+        failed |= isinstance(trainer, dict) or any("error" in row for row in trainer)
     return 1 if failed else 0
 
 

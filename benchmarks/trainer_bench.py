@@ -26,8 +26,21 @@ heads (14 x 64, 2 KV heads, fp32), on the same row layout: SDPA with the dense m
 runs it: KV heads repeated), ``grpo.document_attention`` and plain causal SDPA over the whole row
 (what the plain HF step computes, across sequences); the mask is built once, outside the timing.
 
-Run: ``.venv/bin/python benchmarks/trainer_bench.py [--repeats 3] [--tokens 1024 4096] [--parts steps attention]
-[--json PATH]``.
+Shared prompt (``--parts shared``): one AdamW step on one GRPO group, ``G`` completions of one
+prompt (``G`` = 8, 16; prompts of 150 and 1,000 tokens; completions 64-256 tokens, seeded), packed
+as today (``share_prompts=False``: ``G`` sequences ``prompt ⧺ completion`` in one row) against
+the shared-prompt row (``[prompt, completion_1, ..., completion_G]``: the prompt computed once).
+Both in one row of at most 32,768 tokens (INTELLECT-2's ``micro_batch_tokens``), same loss, same
+chunked head. tok/s counts the tokens the loss trains on (completion tokens) over the least wall
+time, so the two layouts are compared on the same work; cpu ratio is the median process CPU time
+against the packed row's (the steadier figure on a shared machine). One fresh child per case and
+layout: a warm-up step, one step for the RSS high-water mark (as above), then the timed steps
+(with the fixed mmap threshold of the memory children, in both layouts alike). The model is Qwen2-shaped with Qwen2-0.5B's proportions between
+body and head (:data:`SHARED_SHAPE`; the 151,936-token head of :data:`CPU_SHAPE` on a 2-layer body
+would make the head, computed on completion tokens only in both layouts, all of the step).
+
+Run: ``.venv/bin/python benchmarks/trainer_bench.py [--repeats 3] [--tokens 1024 4096]
+[--parts steps attention shared] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -54,6 +67,10 @@ TITLES = {
 }
 DOCUMENTS = 16  # sequences per packed row
 CPU_SHAPE = {"hidden": 256, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 1024, "vocab": 151936}
+SHARED_SHAPE = {"hidden": 192, "layers": 4, "heads": 3, "kv_heads": 1, "intermediate": 512, "vocab": 4096}
+SHARED_CASES = ((8, 150), (16, 150), (8, 1000), (16, 1000))  # (group size, prompt tokens)
+SHARED_VARIANTS = ("packed", "shared")
+SHARED_ROW_TOKENS = 32768
 QWEN2_05B = {"hidden": 896, "layers": 24, "heads": 14, "kv_heads": 2, "intermediate": 4864, "vocab": 151936}
 
 
@@ -148,15 +165,9 @@ def make_steps(model, samples, tokens: int, device) -> dict[str, Callable[[], No
         micro = make_micro_batches(samples, tokens)[0]
         ids = micro.input_ids.to(device)
         weights = torch.zeros(ids.shape[1], device=device)  # -advantage on completion-predicting positions
-        for place, prompt, length, advantage in zip(
-            micro.placements,
-            micro.prompt_lengths,
-            micro.completion_lengths,
-            micro.advantages.tolist(),
-            strict=True,
-        ):
-            start = place.offset + prompt - 1
-            weights[start : start + length] = -advantage / (len(samples) * completion)
+        for place, advantage in zip(micro.placements, micro.advantages.tolist(), strict=True):
+            predictors = torch.tensor(place.predictor_positions(), device=device)
+            weights[predictors] = -advantage / (len(samples) * completion)
         logits = model(input_ids=ids).logits[0, :-1].float()
         logprobs = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
         (logprobs * weights[:-1]).sum().backward()
@@ -237,9 +248,126 @@ def measure_attention(tokens: int, repeats: int) -> dict[str, list[float]]:
     return {way: values[1:] for way, values in times.items()}
 
 
+def group_samples(
+    group: int, prompt: int, vocab: int, seed: int = 0, completions: tuple[int, int] = (64, 256)
+):
+    """One GRPO group: ``group`` samples of one ``prompt``-token prompt, completions of
+    ``completions`` (inclusive range) tokens."""
+    import torch
+
+    from prime_rl.api.protocol import TrainSample
+
+    g = torch.Generator().manual_seed(seed)
+    prompt_tokens = torch.randint(0, vocab, (prompt,), generator=g).tolist()
+    lengths = torch.randint(completions[0], completions[1] + 1, (group,), generator=g).tolist()
+    return [
+        TrainSample(
+            sample_id=f"b/{i}", batch_id="b", worker_id="w", task_id=0, group_index=i, policy_version=0,
+            prompt_tokens=prompt_tokens, completion_tokens=torch.randint(0, vocab, (c,), generator=g).tolist(),
+            behaviour_logprobs=[-9.0] * c, temperature=1.0, reward=float(i % 2), advantage=(-1.0) ** i,
+        )
+        for i, c in enumerate(lengths)
+    ]  # fmt: skip
+
+
+def _shared_steps(group: int, prompt: int) -> tuple[dict[str, Callable[[], None]], dict[str, int]]:
+    """One step callable per :data:`SHARED_VARIANTS`, and each layout's row length; completion tokens."""
+    import torch
+
+    import grpo
+    from prime_rl.trainer.batching import make_micro_batches
+    from prime_rl.trainer.step import train_minibatch
+
+    model = qwen2_model(SHARED_SHAPE, prompt + 512, torch.float32, "cpu")
+    samples = group_samples(group, prompt, SHARED_SHAPE["vocab"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-7)
+    loss = grpo.Loss("intellect2")
+    rows = {
+        v: make_micro_batches(samples, SHARED_ROW_TOKENS, share_prompts=v == "shared")
+        for v in SHARED_VARIANTS
+    }
+
+    def step(variant: str) -> None:
+        train_minibatch(
+            model, optimizer, rows[variant], None, loss, temperature=1.0, constant=256.0, max_grad_norm=1.0,
+            device=torch.device("cpu"),
+        )  # fmt: skip
+        optimizer.zero_grad(set_to_none=True)
+
+    sizes = {v: sum(m.input_ids.shape[1] for m in rows[v]) for v in SHARED_VARIANTS}
+    sizes["completion"] = sum(len(s.completion_tokens) for s in samples)
+    return {v: (lambda v=v: step(v)) for v in SHARED_VARIANTS}, sizes
+
+
+def measure_shared(case: str, variant: str, repeats: int) -> dict:
+    """One child per (case, layout): a warm-up step, one step for the RSS high-water mark, then
+    ``repeats`` timed steps (wall and process CPU time)."""
+    group, prompt = map(int, case.split("x"))
+    steps, sizes = _shared_steps(group, prompt)
+    step = steps[variant]
+    step()
+    gc.collect()
+    before = status_kib("VmRSS")
+    exact = reset_peak()
+    step()
+    peak = status_kib("VmHWM") if exact else status_kib("VmPeak")
+    wall, cpu = [], []
+    for _ in range(repeats):
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        step()
+        wall.append(time.perf_counter() - start_wall)
+        cpu.append(time.process_time() - start_cpu)
+    return {"peak_extra_mib": (peak - before) / 1024, "wall": wall, "cpu": cpu, "sizes": sizes}
+
+
+def run_shared(repeats: int, json_path: Path | None = None) -> list[dict]:
+    rows: list[dict] = []
+    for group, prompt in SHARED_CASES:
+        for v in SHARED_VARIANTS:
+            got = _child("shared", v, f"{group}x{prompt}", str(repeats))
+            wall, cpu = got["wall"], got["cpu"]
+            completion = got["sizes"]["completion"]
+            rows.append(
+                {
+                    "group": group, "prompt": prompt, "variant": v, "row_tokens": got["sizes"][v],
+                    "completion_tokens": completion, "peak_extra_mib": got["peak_extra_mib"],
+                    "wall_min_s": min(wall), "wall_median_s": statistics.median(wall), "cpu_min_s": min(cpu),
+                    "cpu_median_s": statistics.median(cpu), "tokens_per_s": completion / min(wall),
+                    "tokens_per_cpu_s": completion / statistics.median(cpu),
+                }
+            )  # fmt: skip
+        print(shared_table([r for r in rows if (r["group"], r["prompt"]) == (group, prompt)]), flush=True)
+        if json_path is not None:  # a case at a time: a long run keeps what it measured
+            json_path.write_text(json.dumps({"shape": SHARED_SHAPE, "rows": rows}, indent=1))
+    return rows
+
+
+def shared_table(rows: list[dict]) -> str:
+    header = (
+        f"{'G':>3} {'prompt':>6} {'layout':8} {'row tokens':>10} {'peak extra MiB':>14} {'wall min s':>10} "
+        f"{'wall med s':>10} {'cpu med s':>9} {'loss tok/s':>10} {'tok/s ratio':>11} {'cpu ratio':>9} "
+        f"{'memory ratio':>12}"
+    )
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        base = next(
+            r
+            for r in rows
+            if (r["group"], r["prompt"], r["variant"]) == (row["group"], row["prompt"], "packed")
+        )
+        lines.append(
+            f"{row['group']:3d} {row['prompt']:6d} {row['variant']:8} {row['row_tokens']:10d} "
+            f"{row['peak_extra_mib']:14.0f} {row['wall_min_s']:10.3f} {row['wall_median_s']:10.3f} "
+            f"{row['cpu_median_s']:9.3f} {row['tokens_per_s']:10.0f} "
+            f"{row['tokens_per_s'] / base['tokens_per_s']:11.2f} {row['cpu_median_s'] / base['cpu_median_s']:9.2f} "
+            f"{row['peak_extra_mib'] / base['peak_extra_mib']:12.2f}"
+        )
+    return "\n".join(lines)
+
+
 def _child(*args: str) -> dict:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    if args[0] == "memory":
+    if args[0] in ("memory", "shared"):
         # A fixed mmap threshold: every large tensor is its own mapping, returned on free, so the RSS
         # high-water mark follows live tensors (glibc's moving threshold adds hundreds of MiB of noise).
         # Not for timing: a fresh mapping per tensor costs page faults.
@@ -311,8 +439,17 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
-    parser.add_argument("--parts", nargs="+", choices=["steps", "attention"], default=["steps", "attention"])
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=["steps", "attention", "shared"],
+        default=["steps", "attention", "shared"],
+    )
     args = parser.parse_args()
+    if args.child and args.child[0] == "shared":
+        _, variant, case, repeats = args.child
+        print(json.dumps(measure_shared(case, variant, int(repeats))))
+        return
     if args.child:
         kind, arg, tokens = args.child
         measure = {"memory": measure_memory, "time": measure_time, "attention": measure_attention}[kind]
@@ -337,6 +474,13 @@ def main() -> None:
             for way, times in _child("attention", str(max(args.repeats, 5)), str(tokens)).items()
         ]
         print(attention_table(result["attention"]))
+    if "shared" in args.parts:
+        shape = ", ".join(f"{k} {v}" for k, v in SHARED_SHAPE.items())
+        print(f"shared prompt: one GRPO group per step, Qwen2-shaped ({shape}), fp32, {args.repeats} repeats")
+        result["shared"] = run_shared(
+            args.repeats, args.json.with_suffix(".shared.json") if args.json else None
+        )
+        print(shared_table(result["shared"]))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
 

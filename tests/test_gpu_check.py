@@ -27,6 +27,8 @@ def test_smoke_run_writes_every_section(tmp_path: Path) -> None:
     rows = {row["variant"]: row for row in result["trainer"]}
     assert set(rows) == {"document", "document_full", "dense", "plain"}
     assert all("error" not in row and row["tokens_per_s"] > 0 for row in rows.values())
+    shared = {row["layout"]: row for row in result["shared_prompt"]}
+    assert set(shared) == {"packed", "shared"} and all("error" not in row for row in shared.values())
     generation, validator = result["rollouts"]["generation"], result["rollouts"]["validator"]
     assert generation["worker_tokens_per_s"] > 0 and generation["generate_tokens_per_s"] > 0
     # Honest fp32 rollouts judged by the same weights: every one accepted, with near-zero noise.

@@ -82,7 +82,7 @@ def test_models_that_post_process_logits_use_full_logits(random_samples) -> None
     assert not supports_fused_head(biased)
     micro = make_micro_batches(random_samples(2), max_tokens=100)[0]
     place, first, prompt = micro.placements[0], micro.completion_lengths[0], micro.prompt_lengths[0]
-    alone = micro.input_ids[:, place.offset : place.offset + place.length]  # the first sequence by itself
+    alone = micro.input_ids[:, place.prompt_offset : place.completion_offset + first]  # the first sequence
     with torch.no_grad():
         out = completion_forward(biased, micro, CPU, 1.0, fused=True)  # falls back, bias included
         logits = biased(input_ids=alone).logits

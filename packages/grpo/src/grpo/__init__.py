@@ -11,7 +11,8 @@ Three independent axes, each a pure function over tensors:
 Plus regularisers (:func:`kl_k1`, :func:`kl_k2`, :func:`kl_k3`, :func:`entropy_bonus`),
 memory-lean log-probs (:func:`selective_log_softmax`, :func:`entropy_from_logits`,
 :func:`logprobs_from_hidden`), filters, sequence packing, attention within the packed sequences
-(:func:`document_attention`, no ``L x L`` mask) and the :class:`Loss` recipe helper.
+(:func:`document_attention`, no ``L x L`` mask), a GRPO group's shared prompt computed once
+(:func:`pack_shared_prefix`, :func:`shared_prefix_attention`) and the :class:`Loss` recipe helper.
 
 Import cost: the errors and the recipes as plain data (:class:`LossConfig`, :data:`RECIPES`,
 :func:`loss_config`) load with the package and need no torch, so a config loader can validate a
@@ -70,6 +71,13 @@ _TORCH_EXPORTS = {
     "block_causal_mask": "packing",
     "first_fit_decreasing": "packing",
     "pack_sequences": "packing",
+    "SharedPlacement": "prefix_packing",
+    "SharedPrefixPack": "prefix_packing",
+    "pack_shared_prefix": "prefix_packing",
+    "SharedPrefixStructure": "shared_prefix",
+    "shared_prefix_attention": "shared_prefix",
+    "shared_prefix_block_mask": "shared_prefix",
+    "shared_prefix_kwargs": "shared_prefix",
     "entropy_bonus": "regularizers",
     "high_entropy_mask": "regularizers",
     "kl_k1": "regularizers",
@@ -93,6 +101,9 @@ __all__ = [
     "PackedBatch",
     "Placement",
     "ShapeError",
+    "SharedPlacement",
+    "SharedPrefixPack",
+    "SharedPrefixStructure",
     "__version__",
     "aggregate",
     "block_causal_mask",
@@ -121,11 +132,15 @@ __all__ = [
     "masked_is_weights",
     "nonzero_advantage_mask",
     "pack_sequences",
+    "pack_shared_prefix",
     "ppo_clip",
     "rloo",
     "sapo",
     "selective_log_softmax",
     "sequence_mean_log_ratio",
+    "shared_prefix_attention",
+    "shared_prefix_block_mask",
+    "shared_prefix_kwargs",
     "soft_overlong_penalty",
     "truncated_is_weights",
     "use_document_attention",
@@ -178,4 +193,11 @@ if TYPE_CHECKING:
         sequence_mean_log_ratio,
     )
     from grpo.packing import PackedBatch, Placement, block_causal_mask, first_fit_decreasing, pack_sequences
+    from grpo.prefix_packing import SharedPlacement, SharedPrefixPack, pack_shared_prefix
     from grpo.regularizers import entropy_bonus, high_entropy_mask, kl_k1, kl_k2, kl_k3, kl_penalty
+    from grpo.shared_prefix import (
+        SharedPrefixStructure,
+        shared_prefix_attention,
+        shared_prefix_block_mask,
+        shared_prefix_kwargs,
+    )

@@ -267,10 +267,13 @@ def _hf_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature -> ``([B, L, H, D], None)``."""
-    cu_seqlens, max_seqlen = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
-    if cu_seqlens is None:
+    cu_seqlens: Any = kwargs.get("cu_seq_lens_q")
+    max_seqlen = kwargs.get("max_length_q")
+    shared = kwargs.get("grpo_shared_prefix")  # grpo.shared_prefix_kwargs: a shared-prefix structure
+    if cu_seqlens is None and shared is None:
         raise InvalidParameterError(
-            "document attention needs the packed boundaries: pass **grpo.document_kwargs(cu_seqlens) to the forward"
+            "document attention needs the packed boundaries: pass **grpo.document_kwargs(cu_seqlens) "
+            "or **grpo.shared_prefix_kwargs(structure) to the forward"
         )
     if (
         attention_mask is not None
@@ -282,13 +285,18 @@ def _hf_attention(
             "document attention is plain causal attention within documents: no attention_mask, "
             "non-causal layers, logit soft-capping or attention sinks (use block_causal_mask and eager attention)"
         )
-    if max_seqlen is None:
+    if shared is not None:
+        max_seqlen = shared.max_span
+    elif max_seqlen is None:
         max_seqlen = int(cu_seqlens.diff().max())
     if sliding_window is not None and max_seqlen > sliding_window:
         raise InvalidParameterError(
             f"a document of {max_seqlen} tokens is longer than this layer's sliding window ({sliding_window}); "
             "document attention has no window (use block_causal_mask and eager attention)"
         )
+    if shared is not None:  # a grpo.SharedPrefixStructure (duck-typed: that module imports this one)
+        out = shared.attend(query, key, value, scale=scaling, dropout_p=dropout, backend=backend)
+        return out.transpose(1, 2).contiguous(), None
     out = document_attention(
         query,
         key,
@@ -317,7 +325,7 @@ def use_document_attention(model: torch.nn.Module, backend: Backend = "auto") ->
 
     Registers the attention function with ``transformers.AttentionInterface`` (once) and switches
     with the public ``model.set_attn_implementation``; yields the registered name. Every forward
-    inside must pass :func:`document_kwargs`.
+    inside must pass :func:`document_kwargs` (or :func:`grpo.shared_prefix_kwargs`).
     """
     if backend not in BACKENDS:
         raise InvalidParameterError(f"backend must be one of {BACKENDS}, got {backend!r}")

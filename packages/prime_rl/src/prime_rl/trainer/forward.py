@@ -13,13 +13,14 @@ The full-logits path (``fused=False``) stays for models whose forward post-proce
 (Gemma-2's final soft-capping, Cohere's logit scale) or whose head has a bias; it is chosen
 automatically for them (:func:`supports_fused_head`).
 
-Attention: the packed row's sequences attend only within themselves through
-``grpo.use_document_attention`` (FlexAttention or flash-attention varlen on CUDA, one causal SDPA
-per sequence on CPU), driven by ``MicroBatch.cu_seqlens``; no ``[L, L]`` mask is built, so
-attention memory is O(L) and the fused kernels stay available.
+Attention: through ``grpo.use_document_attention`` with ``grpo.shared_prefix_kwargs``, driven by
+``MicroBatch.structure``: each completion sees its (possibly shared) prompt and itself, a plain
+sequence itself (FlexAttention, or flash-attention varlen when nothing is shared, on CUDA; SDPA per
+segment on CPU); no ``[L, L]`` mask is built, so attention memory is O(L) and the fused kernels
+stay available.
 
-Alignment: a sequence with prompt length ``P`` and completion length ``C`` has its completion
-token ``t`` predicted by the hidden state at sequence position ``P - 1 + t``.
+Alignment: completion token ``t`` is predicted by the hidden state at row position
+``placement.predictor_positions()[t]`` (:func:`prime_rl.trainer.batching.completion_positions`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from prime_rl.trainer.batching import (
     completion_entropy,
     completion_logprobs,
     completion_positions,
+    completion_targets,
     scatter_completions,
 )
 
@@ -111,7 +113,7 @@ def completion_forward(
     inputs = {
         "input_ids": micro.input_ids.to(device),
         "position_ids": micro.position_ids.to(device),
-        **grpo.document_kwargs(micro.cu_seqlens.to(device), micro.max_seqlen),
+        **grpo.shared_prefix_kwargs(micro.structure),
     }
     with grpo.use_document_attention(model):
         return _forward(model, micro, inputs, device, temperature, entropy=entropy, fused=fused)
@@ -135,7 +137,7 @@ def _forward(
             entropy=completion_entropy(logits, micro, temperature) if entropy else None,
         )
     positions = completion_positions(micro)
-    targets = micro.input_ids[0, positions + 1]
+    targets = completion_targets(micro)
     model.lm_head = _CompletionHead(head, positions.to(device), targets.to(device), temperature, entropy)
     try:
         values = model(**inputs).logits
