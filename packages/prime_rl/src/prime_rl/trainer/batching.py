@@ -17,6 +17,11 @@ with the validator's reward and advantage). Here:
 
 Alignment: a sequence with prompt length ``P`` and completion length ``C`` has its completion
 token ``t`` predicted by the logits at sequence position ``P - 1 + t``.
+
+Multi-turn episodes (``TrainSample.segments``): the whole episode is the sequence, and
+:attr:`MicroBatch.mask` is the per-token LOSS mask: True only at tokens the model sampled, False at
+tokens the environment inserted (tool outputs: context, no loss, no log-prob or ratio term) and
+at padding. Every per-token value is computed at, and in the order of, the mask's True entries.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 
 import grpo
 from prime_rl.api.protocol import TrainSample
+from prime_rl.api.segments import model_token_mask
 
 
 def split_minibatches(samples: Sequence[TrainSample], count: int, group_size: int) -> list[list[TrainSample]]:
@@ -49,7 +55,8 @@ class MicroBatch:
     ``input_ids, position_ids``: ``[1, L]``; ``cu_seqlens``: int32 ``[n + 1]``, the sequences'
     starts in the row and ``L`` (attention stays within a sequence); ``max_seqlen``: the longest
     sequence; ``placements``: where each sequence lives in the row;
-    ``prompt_lengths``/``completion_lengths``: per sequence; ``mask``: ``[n, C_max]`` bool;
+    ``prompt_lengths``/``completion_lengths``: per sequence; ``mask``: ``[n, C_max]`` bool, the loss
+    mask (True at model-sampled completion tokens; env-inserted tokens and padding are False);
     ``advantages``: ``[n]``; ``behaviour_logprobs``: ``[n, C_max]`` (0 off-mask), the validator's
     log-probs of the generating policy (μ of the loss; never a worker's claim); ``sample_ids``: the
     claimed samples, in row order.
@@ -84,7 +91,7 @@ def _row(samples: Sequence[TrainSample], pad_token_id: int) -> MicroBatch:
     behaviour = torch.zeros((len(samples), width), dtype=torch.float32)
     for i, s in enumerate(samples):
         c = len(s.completion_tokens)
-        mask[i, :c] = True
+        mask[i, :c] = torch.tensor(model_token_mask(s.segments, c), dtype=torch.bool)
         behaviour[i, :c] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
     return MicroBatch(
         input_ids=packed.input_ids,
@@ -131,19 +138,17 @@ def empty_micro_batch(pad_token_id: int = 0) -> MicroBatch:
 
 
 def completion_positions(micro: MicroBatch) -> torch.Tensor:
-    """Row positions ``[N]`` whose output predicts a completion token, sequence by sequence.
+    """Row positions ``[N]`` whose output predicts a loss token (a True entry of ``micro.mask``).
 
     Position ``j`` predicts token ``j + 1``; ``N`` = ``micro.num_loss_tokens``, in the row-major
-    order of ``micro.mask``'s True entries.
+    order of ``micro.mask``'s True entries (sequence by sequence).
     """
-    positions = [
-        place.offset + prompt - 1 + t
-        for place, prompt, length in zip(
-            micro.placements, micro.prompt_lengths, micro.completion_lengths, strict=True
-        )
-        for t in range(length)
-    ]
-    return torch.tensor(positions, dtype=torch.long)
+    rows, columns = micro.mask.nonzero(as_tuple=True)
+    starts = torch.tensor(
+        [place.offset + prompt - 1 for place, prompt in zip(micro.placements, micro.prompt_lengths, strict=True)],
+        dtype=torch.long,
+    )
+    return starts[rows.cpu()] + columns.cpu() if rows.numel() else torch.zeros(0, dtype=torch.long)
 
 
 def scatter_completions(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
