@@ -22,7 +22,6 @@ from prime_rl.validator.checks import Reason
 from prime_rl.validator.episodes import episode_problem
 from prime_rl.validator.verdicts import validate_batch
 from prime_rl.worker.hostile import ATTACKS, HostileWorker
-from prime_rl.worker.rollout import PlannedTask
 from verifiers import Task
 from verifiers.envs import CalculatorEnv, PythonToolEnv
 
@@ -31,7 +30,9 @@ NUM_TASKS = 12
 GROUP, PER_BATCH, MAX_NEW, TURNS = 2, 2, 5, 3
 TOKENIZER = make_tiny_tokenizer()
 RUN = TinyRun(KEY, TOKENIZER, lambda t: f"{t}+{t * 3}=", NUM_TASKS, GROUP, PER_BATCH, MAX_NEW)
-TASKS = TaskSet([Task(f"{t}+{t * 3}=", "verifiable_math", {"ground_truth": str(4 * t + 1)}) for t in range(NUM_TASKS)])
+TASKS = TaskSet(
+    [Task(f"{t}+{t * 3}=", "verifiable_math", {"ground_truth": str(4 * t + 1)}) for t in range(NUM_TASKS)]
+)
 TEMPLATE = "\n<{role}>\n{content}\n</{role}>\n"
 
 
@@ -60,9 +61,7 @@ def judge(batch, record, backend, checks=CHECKS):
         step=batch.step, batch_index=batch.batch_index, policy_version=batch.policy_version,
         received_at=time.time(), lease=record, samples=batch.samples,
     )  # fmt: skip
-    return validate_batch(
-        pending, tasks=RUN, backend_for=lambda v: backend, decode=RUN.decode, checks=checks
-    )
+    return validate_batch(pending, tasks=RUN, backend_for=lambda v: backend, decode=RUN.decode, checks=checks)
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +108,13 @@ def test_wire_segments_are_strict_and_single_turn_samples_are_unchanged():
         with pytest.raises(ValueError):
             RolloutSample.model_validate_json(json.dumps(_sample([bad], n=1)))
     # a claimed log-prob at an env position: something "sampled" where nothing was
-    with pytest.raises(ValueError, match="must be 0.0"):
+    with pytest.raises(ValueError, match=r"must be 0\.0"):
         RolloutSample.model_validate_json(
-            json.dumps(_sample([seg("model", 2, 0), seg("env", 1, 0), seg("model", 2, 1)], [0.1, 0.1, -0.5, 0.1, 0.1]))
+            json.dumps(
+                _sample(
+                    [seg("model", 2, 0), seg("env", 1, 0), seg("model", 2, 1)], [0.1, 0.1, -0.5, 0.1, 0.1]
+                )
+            )
         )
     single = {k: v for k, v in _sample(None).items() if k != "segments"}
     parsed = RolloutSample.model_validate_json(json.dumps(single))
@@ -130,7 +133,7 @@ def test_turn_seeds_are_fixed_distinct_and_turn_zero_is_the_sample_seed():
 
 
 def test_honest_episodes_interleave_model_turns_and_environment_replies(honest, backend):
-    lease, _, batch = honest
+    _lease, _, batch = honest
     assert len(batch.samples) == GROUP * PER_BATCH
     for s in batch.samples:
         kinds = [g.kind for g in s.segments]
@@ -176,7 +179,14 @@ def test_honest_episodes_are_accepted_with_env_positions_zero_in_the_trainers_lo
         assert v.reward == s.reward == 0.0
 
 
-EPISODE_ATTACKS = ("forged_tool_output", "dropped_turn", "reordered_turn", "truncated_episode", "model_as_env", "env_as_model")
+EPISODE_ATTACKS = (
+    "forged_tool_output",
+    "dropped_turn",
+    "reordered_turn",
+    "truncated_episode",
+    "model_as_env",
+    "env_as_model",
+)
 
 
 @pytest.mark.parametrize("behaviour", EPISODE_ATTACKS)
@@ -202,7 +212,13 @@ def test_each_episode_tampering_is_rejected_with_its_own_reason_before_any_prefi
 def test_the_existing_attacks_on_episodes_are_still_rejected(backend):
     """Attacks that play (then perturb) whole episodes get their usual reason; fabricated_completion
     makes up single-turn-shaped samples, which a multi-turn run rejects as truncated episodes."""
-    for behaviour in ("other_weights", "fabricated_completion", "inflated_rewards", "changed_prompt", "garbage"):
+    for behaviour in (
+        "other_weights",
+        "fabricated_completion",
+        "inflated_rewards",
+        "changed_prompt",
+        "garbage",
+    ):
         lease, record = RUN.lease(f"old-{behaviour.replace('_', '-')}", 0, 2)
         verdicts = judge(worker(behaviour).answer(lease, backend), record, backend)
         reasons = {v.reason for v in verdicts} - {Reason.GROUP_REJECTED, Reason.LEASE_REJECTED}
@@ -224,13 +240,19 @@ def test_an_episode_replayed_with_relabelled_turn_seeds_fails_sampling(honest, b
         proofs, size = s.proofs, len(s.proofs) // TURNS  # one proof per turn of <= 32 tokens
         renumbered = [g.model_copy(update={"turn": g.turn - 1}) for g in segs[2:]]
         samples.append(
-            s.model_copy(update={
-                "completion_tokens": s.completion_tokens[cut:], "inference_logprobs": s.inference_logprobs[cut:],
-                "proofs": proofs[size:], "segments": renumbered,
-            })  # fmt: skip
+            s.model_copy(
+                update={
+                    "completion_tokens": s.completion_tokens[cut:],
+                    "inference_logprobs": s.inference_logprobs[cut:],
+                    "proofs": proofs[size:],
+                    "segments": renumbered,
+                }
+            )
         )
     # an environment of TURNS - 1 turns, so that the renumbered episode is complete in it
-    shorter = EpisodeEnv(CalculatorEnv(max_turns=TURNS - 1, feedback=True), TASKS, TOKENIZER, turn_template=TEMPLATE)
+    shorter = EpisodeEnv(
+        CalculatorEnv(max_turns=TURNS - 1, feedback=True), TASKS, TOKENIZER, turn_template=TEMPLATE
+    )
     checks = dataclasses.replace(CHECKS, episode_env=shorter)
     verdicts = judge(batch.model_copy(update={"samples": samples}), record, backend, checks)
     reasons = {v.reason for v in verdicts} - {Reason.GROUP_REJECTED, Reason.LEASE_REJECTED}
@@ -279,13 +301,19 @@ def test_python_tool_outputs_are_re_derived_in_the_sandbox_and_a_forged_one_is_c
     rules = {"eos": frozenset({eos}), "stop": (), "max_new_tokens": 100}
     code, detail, transcript = episode_problem(sample(list(step.tokens)), env, RUN.decode, **rules)
     assert (code, detail) == ("", "")
-    assert [m.role for m in transcript][-3:] == ["assistant", "tool", "assistant"] and env.score(0, transcript) == 1.0
+    assert [m.role for m in transcript][-3:] == ["assistant", "tool", "assistant"] and env.score(
+        0, transcript
+    ) == 1.0
     forged = list(step.tokens)
     forged[forged.index(RUN.encode("4")[0])] = RUN.encode("5")[0]  # "52": a made-up result
     code, detail, _ = episode_problem(sample(forged), env, RUN.decode, **rules)
-    assert code == "tool_output_mismatch" and "first difference at token 8" in detail, detail  # after "\\n<tool>\\n"
+    assert code == "tool_output_mismatch" and "first difference at token 8" in detail, (
+        detail
+    )  # after "\\n<tool>\\n"
     # a forged reply of another length, and a reply inserted after the final answer
-    assert episode_problem(sample(list(step.tokens)[:-1]), env, RUN.decode, **rules)[0] == "tool_output_mismatch"
+    assert (
+        episode_problem(sample(list(step.tokens)[:-1]), env, RUN.decode, **rules)[0] == "tool_output_mismatch"
+    )
     answered_first = sample(list(step.tokens)).model_copy(
         update={"completion_tokens": [*turn1, *step.tokens, *turn1], "segments": [
             Segment(kind="model", length=len(turn1), turn=0), Segment(kind="env", length=len(step.tokens), turn=0),
@@ -301,10 +329,20 @@ def test_the_trainers_loss_mask_covers_model_tokens_only(honest):
     _, _, batch = honest
     samples = [
         TrainSample(
-            sample_id=f"b/{i}", batch_id="b", worker_id="w", task_id=s.task_id, group_index=s.group_index,
-            policy_version=0, prompt_tokens=s.prompt_tokens, completion_tokens=s.completion_tokens,
-            behaviour_logprobs=s.inference_logprobs, temperature=1.0, reward=0.0, advantage=1.0, segments=s.segments,
-        )  # fmt: skip
+            sample_id=f"b/{i}",
+            batch_id="b",
+            worker_id="w",
+            task_id=s.task_id,
+            group_index=s.group_index,
+            policy_version=0,
+            prompt_tokens=s.prompt_tokens,
+            completion_tokens=s.completion_tokens,
+            behaviour_logprobs=s.inference_logprobs,
+            temperature=1.0,
+            reward=0.0,
+            advantage=1.0,
+            segments=s.segments,
+        )
         for i, s in enumerate(batch.samples)
     ]
     micro = make_micro_batches(samples, 1 << 12)[0]
