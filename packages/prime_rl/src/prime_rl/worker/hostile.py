@@ -8,7 +8,8 @@ The table is rendered from :data:`ATTACKS`, the one list of attacks (``prime-rl 
 {table}
 
 ``mixed`` answers each lease with the attack ``MIXED_CYCLE[batch_index % len(MIXED_CYCLE)]`` (the
-attacks marked "mixed", in table order). Other members of a rejected sample's group get
+attacks marked "mixed", in table order; in a multi-turn run the episode attacks, ``EPISODE_CYCLE``,
+come first). Other members of a rejected sample's group get
 ``group_rejected``, the rest of its batch ``lease_rejected``.
 
 A new attack is one :data:`ATTACKS` entry plus a ``HostileWorker._<name>(lease, backend)`` method
@@ -67,6 +68,9 @@ class Attack:
     does: str
     expected: tuple[str, ...]
     mixed: bool = True
+    episodes: bool = False
+    """Tampers with multi-turn episodes: only in a multi-turn run ([tasks.environment]), where
+    ``mixed`` plays these first."""
 
 
 ATTACKS: dict[str, Attack] = {
@@ -88,20 +92,23 @@ ATTACKS: dict[str, Attack] = {
         ("stale_policy",),
     ),
     # multi-turn runs only ([tasks.environment]): tampering with honestly played episodes
-    "forged_tool_output": Attack("replaces the first tool output with made-up tokens", ("tool_output_mismatch",), mixed=False),
-    "dropped_turn": Attack("leaves out model turn 0 and the reply to it", ("turn_dropped",), mixed=False),
-    "reordered_turn": Attack("swaps model turns 0 and 1", ("turn_reordered",), mixed=False),
-    "truncated_episode": Attack("keeps only model turn 0 of each episode", ("episode_truncated",), mixed=False),
-    "model_as_env": Attack("labels turn 0's last sampled token as an env token", ("model_tokens_as_env",), mixed=False),
-    "env_as_model": Attack("labels the first tool output as model tokens", ("env_tokens_as_model",), mixed=False),
+    "forged_tool_output": Attack("replaces the first tool output with made-up tokens", ("tool_output_mismatch",), episodes=True),
+    "dropped_turn": Attack("leaves out model turn 0 and the reply to it", ("turn_dropped",), episodes=True),
+    "reordered_turn": Attack("swaps model turns 0 and 1", ("turn_reordered",), episodes=True),
+    "truncated_episode": Attack("keeps only model turn 0 of each episode", ("episode_truncated",), episodes=True),
+    "model_as_env": Attack("labels turn 0's last sampled token as an env token", ("model_tokens_as_env",), episodes=True),
+    "env_as_model": Attack("labels the first tool output as model tokens", ("env_tokens_as_model",), episodes=True),
 }
 """Every attack by name, in ``mixed``'s order: the table above, the tests and the red team read it."""
 
 BEHAVIOURS = ("honest", *ATTACKS, "mixed")
 """The names ``workers.behaviour`` takes."""
 
-MIXED_CYCLE = tuple(name for name, attack in ATTACKS.items() if attack.mixed)
+MIXED_CYCLE = tuple(name for name, attack in ATTACKS.items() if attack.mixed and not attack.episodes)
 """The order in which ``mixed`` cycles through the attacks (by lease batch index)."""
+
+EPISODE_CYCLE = tuple(name for name, attack in ATTACKS.items() if attack.mixed and attack.episodes)
+"""In a multi-turn run ``mixed`` cycles through these first, then :data:`MIXED_CYCLE`."""
 
 EXPECTED_REASONS: dict[str, tuple[str, ...]] = {"honest": ("ok",)} | {
     name: attack.expected for name, attack in ATTACKS.items()
@@ -155,6 +162,8 @@ class HostileWorker:
         missing = [name for name in ATTACKS if not callable(getattr(self, f"_{name}", None))]
         if missing:  # an ATTACKS entry without its method: fail at start, not on the batch that needs it
             raise TypeError(f"attacks without a HostileWorker._<name> method: {missing}")
+        if self.behaviour in ATTACKS and ATTACKS[self.behaviour].episodes and self.env is None:
+            raise ValueError(f"{self.behaviour} tampers with episodes: it needs a multi-turn run ([tasks.environment] name)")
 
     # -- the hooks the worker loop calls -------------------------------------------------------
     @property
@@ -170,7 +179,8 @@ class HostileWorker:
         """The concrete behaviour used for ``lease`` (``mixed`` picks one by batch index)."""
         if self.behaviour != "mixed":
             return self.behaviour
-        kind = MIXED_CYCLE[lease.batch_index % len(MIXED_CYCLE)]
+        cycle = EPISODE_CYCLE + MIXED_CYCLE if self.env is not None else MIXED_CYCLE
+        kind = cycle[lease.batch_index % len(cycle)]
         if kind == "stale_policy" and lease.min_policy_version == 0:
             return "inflated_rewards"  # no version is too old yet
         return kind
