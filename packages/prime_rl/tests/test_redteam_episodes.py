@@ -2,7 +2,7 @@
 
 One ``prime-rl run`` of the tiny random model in a multi-turn environment (the exact calculator,
 3 model turns, "try again" feedback after a wrong answer: the random model never answers right, so
-every episode has 3 model turns and 2 environment replies), every role a real process on loopback:
+nearly every episode has 3 model turns and 2 environment replies), every role a real process on loopback:
 orchestrator, shardcast origin and relay, trainer, validator, one honest worker and one hostile
 worker ``mixed``, which answers lease ``i`` with attack ``(EPISODE_CYCLE + MIXED_CYCLE)[i]``: first
 the episode tamperings (forged tool output, dropped turn, reordered turns, truncated episode,
@@ -75,7 +75,7 @@ def test_untrusted_worker_cannot_shape_training_with_multi_turn_episodes(tiny_ru
     )
     run = _start(config_path)
     try:
-        helpers.wait_for(lambda: run.poll() is not None or _done(run_dir, helpers), 240, "the attacks to be judged")
+        helpers.wait_for(lambda: run.poll() is not None or _done(run_dir, helpers), 480, "the attacks to be judged")  # ~100 s on an idle 2-core machine
     finally:
         if run.poll() is None:
             run.send_signal(signal.SIGINT)
@@ -93,9 +93,12 @@ def test_untrusted_worker_cannot_shape_training_with_multi_turn_episodes(tiny_ru
     batches = {record.meta.batch_id: record for record in store.batch_records()}
     attacks = _judged_attacks(run_dir, helpers)
 
-    # 1. Honest episodes: multi-turn, none rejected.
+    # 1. Honest episodes: multi-turn (an episode ends early only when the random model's answer
+    # happens to be right), none rejected.
     honest = [e for e in helpers.metrics_of(run_dir, "worker-0") if e["event"] == "rollouts"]
-    assert honest and all(e["model_turns"] == 3 * e["samples"] and e["env_turns"] == 2 * e["samples"] for e in honest)
+    assert honest and all(e["samples"] <= e["model_turns"] <= 3 * e["samples"] for e in honest)
+    assert all(e["env_turns"] == e["model_turns"] - e["samples"] for e in honest)
+    assert sum(e["env_turns"] for e in honest) > sum(e["samples"] for e in honest)  # mostly 3-turn episodes
     tally: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     accepted_honest = 0
     for batch_id, record in batches.items():
