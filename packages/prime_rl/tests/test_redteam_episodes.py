@@ -62,7 +62,7 @@ def _done(run_dir: Path, helpers: Any) -> bool:
     commits = sum(1 for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "commit")
     banned = any(e["event"] == "banned" for e in helpers.metrics_of(run_dir, "hostile-0"))
     seen = set(_judged_attacks(run_dir, helpers).values())
-    return commits >= STEPS and (MUST_JUDGE <= seen or (banned and set(EPISODE_CYCLE) <= seen))
+    return commits >= STEPS and (seen >= MUST_JUDGE or (banned and set(EPISODE_CYCLE) <= seen))
 
 
 def test_untrusted_worker_cannot_shape_training_with_multi_turn_episodes(tiny_run: Any, helpers: Any) -> None:
@@ -75,7 +75,9 @@ def test_untrusted_worker_cannot_shape_training_with_multi_turn_episodes(tiny_ru
     )
     run = _start(config_path)
     try:
-        helpers.wait_for(lambda: run.poll() is not None or _done(run_dir, helpers), 480, "the attacks to be judged")  # ~100 s on an idle 2-core machine
+        helpers.wait_for(
+            lambda: run.poll() is not None or _done(run_dir, helpers), 480, "the attacks to be judged"
+        )  # ~100 s on an idle 2-core machine
     finally:
         if run.poll() is None:
             run.send_signal(signal.SIGINT)
@@ -86,7 +88,11 @@ def test_untrusted_worker_cannot_shape_training_with_multi_turn_episodes(tiny_ru
             output, _ = run.communicate()
     assert run.returncode in (0, 128 + signal.SIGINT, -signal.SIGINT), output[-3000:]
 
-    names = {e["worker_id"]: e["worker_name"] for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "register"}
+    names = {
+        e["worker_id"]: e["worker_name"]
+        for e in helpers.metrics_of(run_dir, "orchestrator")
+        if e["event"] == "register"
+    }
     assert sorted(names.values()) == ["hostile-0", "worker-0"], names
     store = RolloutStore(run_dir / "orchestrator")
     verdicts = store.all_verdicts()
