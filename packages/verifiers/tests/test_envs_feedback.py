@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from verifiers import Task
-from verifiers.envs import FEEDBACK, CalculatorEnv, Environment, MathEnv, Message, PythonToolEnv, ToolEnv, run_episode
+from verifiers.envs import (
+    FEEDBACK,
+    CalculatorEnv,
+    Environment,
+    MathEnv,
+    Message,
+    PythonToolEnv,
+    ToolEnv,
+    run_episode,
+)
 
 TASK = Task("47 * 30?", "verifiable_math", {"ground_truth": "1410"})
 
