@@ -98,6 +98,9 @@ class RunSummary:
     problems_by_type: dict[str, int] = field(default_factory=dict)
     length_distance_by_version: dict[int, float] = field(default_factory=dict)
     sandbox_runs: dict[str, int] | None = None
+    turns: dict[str, int] = field(default_factory=dict)
+    """Multi-turn runs: ``episodes``, ``model_turns`` and ``env_turns`` (tool / feedback replies) in
+    every submitted batch (empty when no batch had an environment turn)."""
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
