@@ -358,3 +358,30 @@ def test_the_trainers_loss_mask_covers_model_tokens_only(honest):
     logits = torch.randn(1, micro.input_ids.shape[1], 100)
     values = completion_logprobs(logits, micro, 1.0)
     assert bool((values[~micro.mask] == 0).all()) and bool((values[micro.mask] < 0).all())
+
+
+# ------------------------------------------------------------------ devices
+
+
+def _episodes_judged_on(backend) -> list[str]:
+    lease, record = RUN.lease("device-episodes", 0, 0)
+    return [v.reason for v in judge(worker("honest").answer(lease, backend), record, backend)]
+
+
+def test_episode_worker_and_validator_keep_tensors_on_the_compute_device():
+    """Per-turn proofs, margins and log-probs under the simulated second device (device_guard)."""
+    from device_guard import simulated_device
+
+    backend = HFBackend("unused", model=make_tiny_lm(), tokenizer=TOKENIZER)
+    with simulated_device() as device:
+        device.place(backend.model)
+        reasons = _episodes_judged_on(backend)
+    assert reasons == [Reason.ACCEPTED] * len(reasons)  # a mixed-device bug would be internal_error
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_episodes_on_cuda():
+    backend = HFBackend("unused", model=make_tiny_lm(), tokenizer=TOKENIZER, device="cuda")
+    reasons = _episodes_judged_on(backend)
+    assert reasons == [Reason.ACCEPTED] * len(reasons)
