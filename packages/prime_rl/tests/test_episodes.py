@@ -385,3 +385,23 @@ def test_episodes_on_cuda():
     backend = HFBackend("unused", model=make_tiny_lm(), tokenizer=TOKENIZER, device="cuda")
     reasons = _episodes_judged_on(backend)
     assert reasons == [Reason.ACCEPTED] * len(reasons)
+
+
+def test_the_run_summary_counts_episodes_model_turns_and_tool_turns(tmp_path):
+    from prime_rl.launch.report import render_summary, summarize_run
+
+    (tmp_path / "metrics").mkdir()
+    lines = [
+        {"event": "rollouts", "samples": 8, "model_turns": 20, "env_turns": 12, "behaviour": "honest"},
+        {"event": "rollouts", "samples": 8, "model_turns": 24, "env_turns": 16, "behaviour": "honest"},
+        {"event": "rollouts", "samples": 8, "model_turns": 8, "env_turns": "x"},  # an odd line counts 0
+    ]
+    (tmp_path / "metrics" / "worker-0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    summary = summarize_run(tmp_path)
+    assert summary.turns == {"episodes": 24, "model_turns": 52, "env_turns": 28}
+    assert "episodes: 24 submitted with 52 model turns and 28 tool/environment turns" in render_summary(
+        summary
+    )
+    single = [{"event": "rollouts", "samples": 8, "completion_tokens": 30}]  # a single-turn run: no line
+    (tmp_path / "metrics" / "worker-0.jsonl").write_text(json.dumps(single[0]) + "\n")
+    assert summarize_run(tmp_path).turns == {} and "episodes:" not in render_summary(summarize_run(tmp_path))
