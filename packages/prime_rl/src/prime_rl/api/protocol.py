@@ -198,10 +198,10 @@ class RolloutSample(ApiModel):
                 f"inference_logprobs has {len(self.inference_logprobs)} entries for "
                 f"{len(self.completion_tokens)} completion tokens"
             )
-        if self.segments is not None:
-            problem = segments_problem(self.segments, len(self.completion_tokens), self.inference_logprobs)
-            if problem is not None:
-                raise ValueError(f"segments: {problem}")
+        segments = self.segments
+        problem = None if segments is None else segments_problem(segments, len(self.completion_tokens), self.inference_logprobs)
+        if problem is not None:
+            raise ValueError(f"segments: {problem}")
         return self
 
 
@@ -361,10 +361,7 @@ class TrainSample(ApiModel):
         description="Log-prob of each completion token under the generating policy version, recomputed "
         "by the validator's prefill (never the worker's claimed inference_logprobs); 0.0 at env tokens."
     )
-    segments: list[Segment] | None = Field(
-        default=None,
-        description="The sample's episode segments (null: single-turn); the loss covers model tokens only.",
-    )
+    segments: list[Segment] | None = Field(default=None, description="Episode segments (null: single-turn).")
     temperature: float
     reward: float = Field(description="Validator's reward.")
     advantage: float = Field(description="Validator's advantage.")
