@@ -38,7 +38,8 @@ def batch_rows(batch: RolloutBatch) -> dict[str, Sequence[Any]]:
     for name in _SAMPLE_FIELDS:
         rows[name] = [getattr(sample, name) for sample in batch.samples]
     rows["segments"] = [
-        None if sample.segments is None else [s.model_dump() for s in sample.segments] for sample in batch.samples
+        None if sample.segments is None else [s.model_dump() for s in sample.segments]
+        for sample in batch.samples
     ]
     return rows
 

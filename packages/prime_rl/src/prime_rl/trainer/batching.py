@@ -145,7 +145,10 @@ def completion_positions(micro: MicroBatch) -> torch.Tensor:
     """
     rows, columns = micro.mask.nonzero(as_tuple=True)
     starts = torch.tensor(
-        [place.offset + prompt - 1 for place, prompt in zip(micro.placements, micro.prompt_lengths, strict=True)],
+        [
+            place.offset + prompt - 1
+            for place, prompt in zip(micro.placements, micro.prompt_lengths, strict=True)
+        ],
         dtype=torch.long,
     )
     return starts[rows.cpu()] + columns.cpu() if rows.numel() else torch.zeros(0, dtype=torch.long)

@@ -220,8 +220,12 @@ class Worker:
             "reward_mean": sum(rewards) / len(rewards),
             "behaviour": behaviour,
             # multi-turn runs: model turns and environment (tool) replies in the batch's episodes
-            "model_turns": sum(1 if x.segments is None else sum(g.kind == "model" for g in x.segments) for x in batch.samples),
-            "env_turns": sum(0 if x.segments is None else sum(g.kind == "env" for g in x.segments) for x in batch.samples),
+            "model_turns": sum(
+                1 if x.segments is None else sum(g.kind == "model" for g in x.segments) for x in batch.samples
+            ),
+            "env_turns": sum(
+                0 if x.segments is None else sum(g.kind == "env" for g in x.segments) for x in batch.samples
+            ),
         }
         get_metrics().log("rollouts", **fields)
         log.info(
