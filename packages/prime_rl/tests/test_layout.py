@@ -26,7 +26,7 @@ from import_graph import find_cycles  # tests/support: the cycle finder the libr
 import prime_rl
 
 PACKAGE_ROOT = Path(prime_rl.__file__).parent
-TOP_LEVEL = {"cli", "tasks", "reward", "role", "metrics", "trackers", "devices", "durable", "_name_clash"}  # besides __init__
+TOP_LEVEL = {"cli", "tasks", "reward", "episodes", "role", "metrics", "trackers", "devices", "durable", "_name_clash"}  # besides __init__
 
 # Room -> rooms it may import (besides itself). Top-level modules count as rooms of their own name.
 ALLOWED: dict[str, set[str]] = {
@@ -37,14 +37,15 @@ ALLOWED: dict[str, set[str]] = {
     "devices": set(),  # config device/dtype names -> torch objects
     "tasks": {"config"},
     "reward": {"config", "tasks"},  # the reward contract, next to the tasks it scores
+    "episodes": {"config", "tasks"},  # multi-turn episodes' environment turns as tokens: worker and validator share it
     "role": {"config", "api", "metrics"},  # run_role: the scaffold of the worker, validator and trainer mains
     "api": {"config"},
     "weights": {"config", "metrics", "durable"},
     # weights: only the torch-free layout (POLICY_FILENAME), which TORCH_FREE below enforces
     "orchestrator": {"config", "api", "tasks", "metrics", "durable", "weights"},
     "inference": {"config", "tasks", "weights", "metrics", "devices"},
-    "worker": {"config", "api", "inference", "weights", "tasks", "reward", "role", "metrics", "devices"},
-    "validator": {"config", "api", "inference", "weights", "tasks", "reward", "role", "metrics", "devices", "durable"},
+    "worker": {"config", "api", "inference", "weights", "tasks", "reward", "episodes", "role", "metrics", "devices"},
+    "validator": {"config", "api", "inference", "weights", "tasks", "reward", "episodes", "role", "metrics", "devices", "durable"},
     "trainer": {"config", "api", "weights", "role", "metrics", "devices", "durable"},
     "evaluator": {"config", "inference", "weights", "tasks", "metrics", "devices"},
     "launch": {"config", "api", "weights", "metrics", "devices"},

@@ -24,6 +24,7 @@ from prime_rl.api.fields import (
     TokenId,
     WorkerId,
 )
+from prime_rl.api.segments import Segment, segments_problem
 
 __all__ = [
     "ApiModel",
@@ -45,6 +46,7 @@ __all__ = [
     "RolloutBatch",
     "RolloutSample",
     "SampleId",
+    "Segment",
     "StatusResponse",
     "SubmitResponse",
     "TaskLease",
@@ -181,7 +183,12 @@ class RolloutSample(ApiModel):
         description="Base64 (standard alphabet, padded) of the concatenated toploc proofs."
     )
     inference_logprobs: list[float] = Field(
-        description="Log-prob of each completion token under the sampler."
+        description="Log-prob of each completion token under the sampler (0.0 at environment tokens)."
+    )
+    segments: list[Segment] | None = Field(
+        default=None,
+        description="Multi-turn episode: the completion as alternating model and env segments "
+        "(api/segments.py); null: single-turn, every completion token sampled by the model.",
     )
 
     @model_validator(mode="after")
@@ -191,6 +198,10 @@ class RolloutSample(ApiModel):
                 f"inference_logprobs has {len(self.inference_logprobs)} entries for "
                 f"{len(self.completion_tokens)} completion tokens"
             )
+        segments = self.segments
+        problem = None if segments is None else segments_problem(segments, len(self.completion_tokens), self.inference_logprobs)
+        if problem is not None:
+            raise ValueError(f"segments: {problem}")
         return self
 
 
@@ -348,8 +359,9 @@ class TrainSample(ApiModel):
     completion_tokens: list[TokenId]
     behaviour_logprobs: list[float] = Field(
         description="Log-prob of each completion token under the generating policy version, recomputed "
-        "by the validator's prefill (never the worker's claimed inference_logprobs)."
+        "by the validator's prefill (never the worker's claimed inference_logprobs); 0.0 at env tokens."
     )
+    segments: list[Segment] | None = Field(default=None, description="Episode segments (null: single-turn).")
     temperature: float
     reward: float = Field(description="Validator's reward.")
     advantage: float = Field(description="Validator's advantage.")

@@ -17,6 +17,7 @@ from prime_rl.config.run import RunConfig
 from prime_rl.config.sections import (
     GENERATED_SOURCES,
     CodeTasksConfig,
+    EnvironmentConfig,
     ModelConfig,
     OrchestratorConfig,
     SamplingConfig,
@@ -34,6 +35,7 @@ __all__ = [
     "ComponentError",
     "ComponentsConfig",
     "ConfigError",
+    "EnvironmentConfig",
     "EvaluatorConfig",
     "ModelConfig",
     "OrchestratorConfig",

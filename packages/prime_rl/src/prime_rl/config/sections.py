@@ -13,6 +13,7 @@ __all__ = [
     "GENERATED_SOURCES",
     "TASK_FIELDS",
     "CodeTasksConfig",
+    "EnvironmentConfig",
     "ModelConfig",
     "OrchestratorConfig",
     "SamplingConfig",
@@ -55,6 +56,33 @@ class CodeTasksConfig(Section):
     def _check(self) -> CodeTasksConfig:
         if self.min_digits > self.digits:
             raise ValueError("tasks.code.min_digits must be <= tasks.code.digits")
+        return self
+
+
+class EnvironmentConfig(Section):
+    """[tasks.environment]: single-turn samples, or multi-turn episodes in a ``verifiers`` tool environment."""
+
+    name: Literal["single_turn", "python_tool", "calculator"] = Field(
+        default="single_turn",
+        description="'single_turn': one completion per sample (the run's reward); 'python_tool' / 'calculator': "
+        "episodes whose model turns call a sandboxed Python tool / an exact calculator (<tool_call> JSON, "
+        "verifiers.envs), scored by the environment's rubric.",
+    )
+    max_turns: int = Field(default=4, ge=1, le=32, description="Model turns per episode (each up to max_new_tokens).")
+    feedback: bool = Field(
+        default=False,
+        description="Answer a wrong final answer with 'try again' and go on (until right or out of turns).",
+    )
+    turn_template: str = Field(
+        default="\n<{role}>\n{content}\n</{role}>\n",
+        description="Text the environment inserts per message ({role}: 'tool' or 'user'; {content}: its text).",
+    )
+    tool_timeout_s: float = Field(default=5.0, gt=0, le=60, description="Wall-clock limit of one Python tool run.")
+
+    @model_validator(mode="after")
+    def _check(self) -> EnvironmentConfig:
+        if "{content}" not in self.turn_template:
+            raise ValueError("tasks.environment.turn_template must contain '{content}'")
         return self
 
 
@@ -105,6 +133,9 @@ class TasksConfig(Section):
     )
     code: CodeTasksConfig = Field(
         default_factory=CodeTasksConfig, description="The code tasks of tasks.source = 'mix'."
+    )
+    environment: EnvironmentConfig = Field(
+        default_factory=EnvironmentConfig, description="Single-turn samples or multi-turn tool episodes."
     )
     prompt_template: str = Field(
         default="{prompt}",

@@ -98,6 +98,9 @@ class RunSummary:
     problems_by_type: dict[str, int] = field(default_factory=dict)
     length_distance_by_version: dict[int, float] = field(default_factory=dict)
     sandbox_runs: dict[str, int] | None = None
+    turns: dict[str, int] = field(default_factory=dict)
+    """Multi-turn runs: ``episodes``, ``model_turns`` and ``env_turns`` (tool / feedback replies) in
+    every submitted batch (empty when no batch had an environment turn)."""
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
@@ -194,9 +197,12 @@ def summarize_run(run_dir: str | Path) -> RunSummary:
     tokens = 0.0
     generate_s = 0.0
     sampled: dict[int, list[float]] = defaultdict(list)
+    turns: dict[str, int] = defaultdict(int)
     for pattern in ("worker*.jsonl", "hostile*.jsonl"):
         for record in _records(root, pattern):
             if record.get("event") == "rollouts":
+                for key, name in (("samples", "episodes"), ("model_turns", "model_turns"), ("env_turns", "env_turns")):
+                    turns[name] += int(finite_number(record.get(key)) or 0)
                 tokens += finite_number(record.get("completion_tokens")) or 0.0
                 generate_s += finite_number(record.get("generate_s")) or 0.0
                 reward = finite_number(record.get("reward_mean"))
@@ -228,6 +234,7 @@ def summarize_run(run_dir: str | Path) -> RunSummary:
         problems_by_type=dict(sorted(type_problems.items())),
         length_distance_by_version=dict(sorted(distance.items())),
         sandbox_runs=sandbox_runs,
+        turns=dict(turns) if turns.get("env_turns") else {},
     )
 
 
@@ -390,6 +397,12 @@ def render_summary(summary: RunSummary) -> str:
     if sampled:
         trail = "  ".join(f"v{v}: {r:.3f}" for v, r in sampled.items())
         lines.append(f"rollout reward of honest workers by policy version: {trail}")
+    if summary.turns:
+        accepted, rejected = sum(w.accepted for w in summary.workers), sum(w.rejected for w in summary.workers)
+        lines.append(
+            f"episodes: {summary.turns['episodes']} submitted with {summary.turns['model_turns']} model turns and "
+            f"{summary.turns['env_turns']} tool/environment turns; {accepted} accepted, {rejected} rejected"
+        )
     for worker in summary.workers:
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(worker.reasons.items()))
         lines.append(

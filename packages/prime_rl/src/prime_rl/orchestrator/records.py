@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from prime_rl.api.protocol import RolloutBatch, RolloutSample, SampleId, TrainSample, Verdict
+from prime_rl.api.protocol import RolloutBatch, RolloutSample, SampleId, Segment, TrainSample, Verdict
 from prime_rl.orchestrator.store import BatchMeta
 
 __all__ = ["batch_rows", "rollout_samples", "train_samples"]
@@ -37,13 +37,23 @@ def batch_rows(batch: RolloutBatch) -> dict[str, Sequence[Any]]:
     rows: dict[str, Sequence[Any]] = {"sample_index": list(range(len(batch.samples)))}
     for name in _SAMPLE_FIELDS:
         rows[name] = [getattr(sample, name) for sample in batch.samples]
+    rows["segments"] = [
+        None if sample.segments is None else [s.model_dump() for s in sample.segments]
+        for sample in batch.samples
+    ]
     return rows
+
+
+def _segments(row: dict[str, Any]) -> list[Segment] | None:
+    """A stored row's episode segments (None: single-turn, or a batch stored before episodes)."""
+    stored = row.get("segments")
+    return None if stored is None else [Segment.model_construct(**s) for s in stored]
 
 
 def rollout_samples(table: pa.Table) -> list[RolloutSample]:
     """The stored samples as submitted (trusted data: constructed without re-validation)."""
     return [
-        RolloutSample.model_construct(**{name: row[name] for name in _SAMPLE_FIELDS})
+        RolloutSample.model_construct(**{name: row[name] for name in _SAMPLE_FIELDS}, segments=_segments(row))
         for row in table.to_pylist()
     ]
 
@@ -76,5 +86,6 @@ def train_samples(
                 temperature=row["temperature"],
                 reward=verdict.reward,
                 advantage=verdict.advantage,
+                segments=_segments(row),
             )
     return result

@@ -59,9 +59,14 @@ BATCH_SCHEMA = pa.schema(
         ("advantage", pa.float64()),
         ("proofs", pa.binary()),
         ("inference_logprobs", pa.list_(pa.float64())),
+        (
+            "segments",
+            pa.list_(pa.struct([("kind", pa.string()), ("length", pa.int32()), ("turn", pa.int32())])),
+        ),
     ]
 )
-"""One row per sample. Floats are float64 so the stored batch is exactly what was submitted."""
+"""One row per sample. Floats are float64 so the stored batch is exactly what was submitted.
+``segments`` is null for single-turn samples (and absent from batches stored before episodes)."""
 
 VERDICT_SCHEMA = pa.schema(
     [

@@ -24,8 +24,10 @@ with the validator's reward and advantage). Here:
 Alignment: completion token ``t`` of a sequence is predicted by the row position
 ``grpo.SharedPlacement.predictor_positions()[t]``: the prompt's last position for ``t = 0``
 (shared by the group), the completion's token ``t - 1`` after that.
-Loss mask: only tokens with ``MicroBatch.mask`` True are computed and scattered (today every
-completion token; a multi-turn episode may mask out environment-inserted ones).
+Loss mask: only tokens with ``MicroBatch.mask`` True are computed and scattered. Multi-turn
+episodes (``TrainSample.segments``): the whole episode is the completion, and the mask is True only
+at tokens the model sampled, False at tokens the environment inserted (tool outputs: context, no
+loss, no log-prob or ratio term) and at padding.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import torch
 
 import grpo
 from prime_rl.api.protocol import TrainSample
+from prime_rl.api.segments import model_token_mask
 
 
 def split_minibatches(samples: Sequence[TrainSample], count: int, group_size: int) -> list[list[TrainSample]]:
@@ -59,7 +62,7 @@ class MicroBatch:
     positions each token sees; ``grpo.SharedPrefixStructure``); ``placements``: where each
     sequence's prompt and completion live in the row (a shared prompt appears once);
     ``prompt_lengths``/``completion_lengths``: per sequence; ``mask``: ``[n, C_max]`` bool, the
-    loss tokens (a subset of each completion's ``C`` first columns); ``advantages``: ``[n]``;
+    loss mask (True at model-sampled completion tokens; env-inserted tokens and padding are False); ``advantages``: ``[n]``;
     ``behaviour_logprobs``: ``[n, C_max]`` (0 off-mask), the validator's log-probs of the
     generating policy (μ of the loss; never a worker's claim); ``sample_ids``: the claimed samples,
     in row order.
@@ -96,7 +99,7 @@ def _row(groups: Sequence[Sequence[TrainSample]], pad_token_id: int) -> MicroBat
     behaviour = torch.zeros((len(samples), width), dtype=torch.float32)
     for i, s in enumerate(samples):
         c = len(s.completion_tokens)
-        mask[i, :c] = True
+        mask[i, :c] = torch.tensor(model_token_mask(s.segments, c), dtype=torch.bool)
         behaviour[i, :c] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
     return MicroBatch(
         input_ids=packed.input_ids,

@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ import toploc
 from prime_rl.api import assignment
 from prime_rl.api.protocol import PendingBatch, RolloutSample
 from prime_rl.config.validator import ValidatorConfig
+from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import (
     SAMPLER_SEED,
     GenerationBackend,
@@ -49,8 +49,10 @@ from prime_rl.inference.backend import (
     token_logprobs,
     verify_proofs,
 )
-from prime_rl.validator.structure import proof_problem, termination_problem
+from prime_rl.validator.episodes import MAX_ENV_TOKENS, episode_checks, episode_values
+from prime_rl.validator.structure import proof_problem, repetition_problem, termination_problem
 from toploc import Observations
+from verifiers.envs import Message
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -86,6 +88,14 @@ class Reason(enum.StrEnum):
     LEASE_REJECTED = "lease_rejected"
     ADVANTAGE_MISMATCH = "advantage_mismatch"
     INTERNAL_ERROR = "internal_error"
+    # multi-turn episodes (validator/episodes.py)
+    TOOL_OUTPUT_MISMATCH = "tool_output_mismatch"
+    TURN_DROPPED = "turn_dropped"
+    TURN_REORDERED = "turn_reordered"
+    EPISODE_TRUNCATED = "episode_truncated"
+    MODEL_TOKENS_AS_ENV = "model_tokens_as_env"
+    ENV_TOKENS_AS_MODEL = "env_tokens_as_model"
+    TOOL_NOT_REPLAYABLE = "tool_not_replayable"
 
 
 class RetryLater(Exception):
@@ -233,6 +243,8 @@ class Checks:
     sampling_rule: SamplingRule | None = None
     """The per-precision sampling rule (``tolerances.for_precision``); None: ``[validator]``'s
     ``sampling_tolerance`` and ``sampling_max_mismatch_fraction`` as configured."""
+    episode_env: EpisodeEnv | None = None
+    """The run's episode environment (``episodes.load_episode_env``); None: a single-turn run."""
 
 
 @dataclass
@@ -247,6 +259,8 @@ class Pending:
     reward: float | None = None
     proofs: bytes = b""
     logprobs: tuple[float, ...] = ()
+    transcript: tuple[Message, ...] | None = None
+    """An episode's transcript (``validator.episodes``), its reward's input; None: single-turn."""
 
     def reject(self, reason: Reason, detail: str) -> None:
         if self.reason is Reason.ACCEPTED:
@@ -265,8 +279,12 @@ def sample_checks(
         p.reject(Reason.PROMPT_MISMATCH, "prompt tokens differ from the task's prompt")
     if max(s.prompt_tokens + s.completion_tokens) >= checks.vocab_size:
         p.reject(Reason.MALFORMED, f"token id >= vocabulary size {checks.vocab_size}")
-    if len(s.completion_tokens) > checks.max_new_tokens or s.group_index >= checks.group_size:
-        p.reject(Reason.MALFORMED, f"completion longer than {checks.max_new_tokens} or group index too large")
+    env = checks.episode_env
+    if env is None and s.segments is not None:
+        p.reject(Reason.MALFORMED, "episode segments in a single-turn run")
+    longest = checks.max_new_tokens if env is None else checks.max_new_tokens * env.max_turns + MAX_ENV_TOKENS * (env.max_turns - 1)
+    if len(s.completion_tokens) > longest or s.group_index >= checks.group_size:
+        p.reject(Reason.MALFORMED, f"completion longer than {longest} or group index too large")
     if not math.isclose(s.temperature, checks.temperature, rel_tol=0, abs_tol=1e-9):
         p.reject(Reason.SAMPLING_PARAMS_MISMATCH, f"temperature {s.temperature} != {checks.temperature}")
     expected_seed = assignment.sampling_seed(
@@ -279,6 +297,9 @@ def sample_checks(
     )
     if s.sampling_seed != expected_seed:
         p.reject(Reason.SEED_MISMATCH, f"seed {s.sampling_seed} != assigned {expected_seed}")
+    if p.alive and env is not None:
+        _episode_checks(p, env, decode, checks)
+        return
     if p.alive:
         why = termination_problem(
             s.completion_tokens,
@@ -298,6 +319,17 @@ def sample_checks(
         p.reject(Reason.MALFORMED_PROOF, why)
 
 
+def _episode_checks(p: Pending, env: EpisodeEnv, decode: Callable[[Sequence[int]], str], checks: Checks) -> None:
+    """An episode's model-free checks (``validator/episodes.py``); keeps its transcript for the reward."""
+    code, detail, transcript = episode_checks(
+        p.sample, env, decode, eos=checks.eos_token_ids, stop=checks.stop, max_new_tokens=checks.max_new_tokens,
+        max_repeated=checks.validator.max_repeated_tokens, hidden_size=checks.hidden_size,
+    )  # fmt: skip
+    if code:
+        p.reject(Reason(code), detail)
+    p.proofs, p.transcript = p.sample.proofs, transcript
+
+
 def model_checks(
     pending: list[Pending], backend: GenerationBackend, checks: Checks, observe: Observer | None
 ) -> None:
@@ -315,7 +347,11 @@ def model_checks(
     for p, pre in zip(alive, prefills, strict=True):
         sample = p.sample
         try:
-            results = verify_proofs(pre.hidden, p.proofs)
+            if checks.episode_env is not None:
+                episode = episode_values(sample, pre.hidden, pre.logits, checks.hidden_size, sampling_margins)
+                results = episode.proof_results
+            else:
+                results = verify_proofs(pre.hidden, p.proofs)
         except (toploc.ProofFormatError, toploc.ActivationError, ValueError) as exc:
             p.reject(Reason.MALFORMED_PROOF, f"{exc}")
             continue
@@ -326,11 +362,17 @@ def model_checks(
                 Reason.PROOF_FAILED, f"{len(failed)}/{len(verdicts)} proof chunks fail: {failed[0].reason}"
             )
             continue
-        tokens = torch.tensor(sample.completion_tokens, dtype=torch.long, device=pre.logits.device)
-        margins = sampling_margins(pre.logits, tokens, sample.sampling_seed, sample.temperature)
-        recomputed = token_logprobs(pre.logits, tokens, sample.temperature).cpu()  # compared with the claim
+        if checks.episode_env is not None:  # model tokens only; env positions train with log-prob 0 (masked)
+            margins, recomputed, claimed = episode.margins, episode.recomputed, episode.claimed
+            trainer_logprobs = episode.trainer_logprobs
+        else:
+            tokens = torch.tensor(sample.completion_tokens, dtype=torch.long, device=pre.logits.device)
+            margins = sampling_margins(pre.logits, tokens, sample.sampling_seed, sample.temperature)
+            recomputed = token_logprobs(pre.logits, tokens, sample.temperature).cpu()  # compared with the claim
+            claimed = sample.inference_logprobs
+            trainer_logprobs = tuple(float(x) for x in recomputed.tolist())
         if observe is not None:  # evidence from every sample whose proofs pass, accepted or not
-            observe(p.index, Observations.from_checks(margins, sample.inference_logprobs, recomputed, results))
+            observe(p.index, Observations.from_checks(margins, claimed, recomputed, results))
         why = (
             checks.sampling_rule.problem(margins)
             if checks.sampling_rule is not None
@@ -343,8 +385,8 @@ def model_checks(
         if why is not None:
             p.reject(Reason.SAMPLING_FAILED, why)
             continue
-        p.logprobs = tuple(float(x) for x in recomputed.tolist())  # what the trainer gets, never the claim
-        gap = (recomputed - torch.tensor(sample.inference_logprobs, dtype=recomputed.dtype)).abs().mean().item()
+        p.logprobs = trainer_logprobs  # what the trainer gets, never the claim
+        gap = (recomputed - torch.tensor(claimed, dtype=recomputed.dtype)).abs().mean().item()
         if not gap <= checks.validator.logprob_atol:
             p.reject(Reason.LOGPROBS_MISMATCH, f"mean |log-prob error| {gap:.4g} > {checks.validator.logprob_atol}")
 
@@ -370,15 +412,3 @@ def sampling_problem(margins: torch.Tensor, *, tolerance: float, max_mismatch_fr
         f"{bad.numel()}/{margins.numel()} tokens are not what the seeded sampler draws "
         f"(first at ({int(bad[0])},), max margin {float(margins.max()):.3g})"
     )
-
-
-def repetition_problem(tokens: Sequence[int], *, limit: int) -> str | None:
-    """None if no token of ``tokens`` repeats on more than ``limit`` consecutive positions (``limit``
-    0: no limit), else which token, how often and from where."""
-    position = 0
-    for token, run in itertools.groupby(tokens):
-        length = sum(1 for _ in run)
-        if limit and length > limit:
-            return f"token {token} repeats on {length} consecutive positions from {position} (limit {limit})"
-        position += length
-    return None

@@ -25,6 +25,7 @@ token or issues leases its key does not reproduce: either would reject every hon
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
@@ -42,6 +43,7 @@ from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest
 from prime_rl.api.secrets import SecretsError, run_secrets
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.devices import choose_device
+from prime_rl.episodes import load_episode_env
 from prime_rl.inference.backend import HFBackend
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.reward import run_tasks
@@ -130,6 +132,10 @@ class Validator:
         # (a rejected sample rejects its whole lease, so honest drift must pass; tolerances.py).
         self.checks = tolerances.for_precision(
             self.checks, config.model.dtype, profile if self.evidence is not None else None
+        )
+        # A multi-turn run: episodes are re-played in the run's environment (validator/episodes.py).
+        self.checks = dataclasses.replace(
+            self.checks, episode_env=load_episode_env(config, self.tasks.task_set, tokenizer)
         )
         # Per-identity evidence and failure counts survive a restart (journal.py).
         self.journal = ValidatorJournal(Path(config.run_dir) / "validator" / "journal.jsonl")

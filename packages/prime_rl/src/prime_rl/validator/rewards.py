@@ -48,7 +48,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import verifiers
+from prime_rl.episodes import EpisodeEnv
 from prime_rl.validator.checks import Checks, Pending, Reason, TaskScorer
+from verifiers.envs import Message
 
 RESCORES_PER_SAMPLE = 2
 """A sample whose scoring stays machine-limited is re-scored at most this often (the batch's bound
@@ -79,6 +81,13 @@ def score_once(tasks: TaskScorer, task_id: int, completion: str, num_tokens: int
     return Scoring(reward, seen.causes[0] if seen.causes else None, seen.wall_clock_checks > 0)
 
 
+def score_episode_once(env: EpisodeEnv, task_id: int, transcript: tuple[Message, ...]) -> Scoring:
+    """An episode's reward (``EpisodeEnv.score`` over the re-derived transcript) and what the machine did to it."""
+    with verifiers.machine_limits() as seen:
+        reward = env.score(task_id, transcript)
+    return Scoring(reward, seen.causes[0] if seen.causes else None, seen.wall_clock_checks > 0)
+
+
 def reward_checks(
     pending: list[Pending],
     tasks: TaskScorer,
@@ -92,9 +101,13 @@ def reward_checks(
         if not p.alive:
             continue
         try:
-            score = functools.partial(
-                score_once, tasks, p.sample.task_id, decode(p.sample.completion_tokens), len(p.sample.completion_tokens)
-            )
+            env = checks.episode_env
+            if env is not None and p.transcript is not None:  # an episode: the environment's rubric
+                score = functools.partial(score_episode_once, env, p.sample.task_id, p.transcript)
+            else:
+                score = functools.partial(
+                    score_once, tasks, p.sample.task_id, decode(p.sample.completion_tokens), len(p.sample.completion_tokens)
+                )
             _judge(p, score, checks, budget, lease_lost=not all(q.alive for q in pending))
         except Exception as exc:  # a verifier bug must not take the validator down
             p.reject(Reason.INTERNAL_ERROR, f"reward computation failed: {exc!r:.200}")

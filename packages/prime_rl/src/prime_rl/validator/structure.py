@@ -25,6 +25,7 @@ that into a verdict reason.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Sequence
@@ -43,6 +44,7 @@ __all__ = [
     "lease_coverage",
     "lease_problem",
     "proof_problem",
+    "repetition_problem",
     "termination_problem",
 ]
 
@@ -179,4 +181,16 @@ def proof_problem(proofs: bytes, num_tokens: int, topk: int) -> str | None:
         decode_proofs(toploc.split_proofs(proofs, topk), topk=topk)
     except toploc.ProofFormatError as error:
         return str(error)
+    return None
+
+
+def repetition_problem(tokens: Sequence[int], *, limit: int) -> str | None:
+    """None if no token of ``tokens`` repeats on more than ``limit`` consecutive positions (``limit``
+    0: no limit), else which token, how often and from where."""
+    position = 0
+    for token, run in itertools.groupby(tokens):
+        length = sum(1 for _ in run)
+        if limit and length > limit:
+            return f"token {token} repeats on {length} consecutive positions from {position} (limit {limit})"
+        position += length
     return None

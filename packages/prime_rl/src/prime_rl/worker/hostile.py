@@ -8,7 +8,8 @@ The table is rendered from :data:`ATTACKS`, the one list of attacks (``prime-rl 
 {table}
 
 ``mixed`` answers each lease with the attack ``MIXED_CYCLE[batch_index % len(MIXED_CYCLE)]`` (the
-attacks marked "mixed", in table order). Other members of a rejected sample's group get
+attacks marked "mixed", in table order; in a multi-turn run the episode attacks, ``EPISODE_CYCLE``,
+come first). Other members of a rejected sample's group get
 ``group_rejected``, the rest of its batch ``lease_rejected``.
 
 A new attack is one :data:`ATTACKS` entry plus a ``HostileWorker._<name>(lease, backend)`` method
@@ -31,12 +32,22 @@ import torch
 
 from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
 from prime_rl.api.protocol import RolloutBatch, RolloutSample, StatusResponse, SubmitResponse, TaskLease
+from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import (
     Completion,
     GenerationBackend,
     HFBackend,
     build_proofs,
     token_logprobs,
+)
+from prime_rl.worker.episodes import build_episode_batch
+from prime_rl.worker.hostile_episodes import (
+    drop_turn,
+    env_as_model,
+    forge_tool_output,
+    model_as_env,
+    reorder_turns,
+    truncate_episode,
 )
 from prime_rl.worker.rollout import (
     PlannedTask,
@@ -57,6 +68,9 @@ class Attack:
     does: str
     expected: tuple[str, ...]
     mixed: bool = True
+    episodes: bool = False
+    """Tampers with multi-turn episodes: only in a multi-turn run ([tasks.environment]), where
+    ``mixed`` plays these first."""
 
 
 ATTACKS: dict[str, Attack] = {
@@ -77,14 +91,24 @@ ATTACKS: dict[str, Attack] = {
         "would be negative)",
         ("stale_policy",),
     ),
+    # multi-turn runs only ([tasks.environment]): tampering with honestly played episodes
+    "forged_tool_output": Attack("replaces the first tool output with made-up tokens", ("tool_output_mismatch",), episodes=True),
+    "dropped_turn": Attack("leaves out model turn 0 and the reply to it", ("turn_dropped",), episodes=True),
+    "reordered_turn": Attack("swaps model turns 0 and 1", ("turn_reordered",), episodes=True),
+    "truncated_episode": Attack("keeps only model turn 0 of each episode", ("episode_truncated",), episodes=True),
+    "model_as_env": Attack("labels turn 0's last sampled token as an env token", ("model_tokens_as_env",), episodes=True),
+    "env_as_model": Attack("labels the first tool output as model tokens", ("env_tokens_as_model",), episodes=True),
 }
 """Every attack by name, in ``mixed``'s order: the table above, the tests and the red team read it."""
 
 BEHAVIOURS = ("honest", *ATTACKS, "mixed")
 """The names ``workers.behaviour`` takes."""
 
-MIXED_CYCLE = tuple(name for name, attack in ATTACKS.items() if attack.mixed)
+MIXED_CYCLE = tuple(name for name, attack in ATTACKS.items() if attack.mixed and not attack.episodes)
 """The order in which ``mixed`` cycles through the attacks (by lease batch index)."""
+
+EPISODE_CYCLE = tuple(name for name, attack in ATTACKS.items() if attack.mixed and attack.episodes)
+"""In a multi-turn run ``mixed`` cycles through these first, then :data:`MIXED_CYCLE`."""
 
 EXPECTED_REASONS: dict[str, tuple[str, ...]] = {"honest": ("ok",)} | {
     name: attack.expected for name, attack in ATTACKS.items()
@@ -128,6 +152,8 @@ class HostileWorker:
     score: Callable[[int, str, int], float]
     prompt_tokens: Callable[[int], Sequence[int]]
     num_tasks: int
+    env: EpisodeEnv | None = None
+    """The run's episode environment (None: a single-turn run; the episode attacks need one)."""
     _other: GenerationBackend | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -136,6 +162,8 @@ class HostileWorker:
         missing = [name for name in ATTACKS if not callable(getattr(self, f"_{name}", None))]
         if missing:  # an ATTACKS entry without its method: fail at start, not on the batch that needs it
             raise TypeError(f"attacks without a HostileWorker._<name> method: {missing}")
+        if self.behaviour in ATTACKS and ATTACKS[self.behaviour].episodes and self.env is None:
+            raise ValueError(f"{self.behaviour} tampers with episodes: it needs a multi-turn run ([tasks.environment] name)")
 
     # -- the hooks the worker loop calls -------------------------------------------------------
     @property
@@ -151,7 +179,8 @@ class HostileWorker:
         """The concrete behaviour used for ``lease`` (``mixed`` picks one by batch index)."""
         if self.behaviour != "mixed":
             return self.behaviour
-        kind = MIXED_CYCLE[lease.batch_index % len(MIXED_CYCLE)]
+        cycle = EPISODE_CYCLE + MIXED_CYCLE if self.env is not None else MIXED_CYCLE
+        kind = cycle[lease.batch_index % len(cycle)]
         if kind == "stale_policy" and lease.min_policy_version == 0:
             return "inflated_rewards"  # no version is too old yet
         return kind
@@ -173,7 +202,35 @@ class HostileWorker:
 
     # -- one method per attack: _<name>(lease, backend) -> the batch it submits -------------------
     def _build(self, lease: TaskLease, backend: GenerationBackend, plan: list[PlannedTask] | None = None) -> RolloutBatch:
+        if self.env is not None:  # a multi-turn run: the honest episodes the attack starts from
+            return build_episode_batch(lease, backend, self.env, encode=self.encode, plan=plan)[0]
         return build_batch(lease, backend, encode=self.encode, score=self.score, plan=plan)[0]
+
+    def _tampered(
+        self, lease: TaskLease, backend: GenerationBackend, tamper: Callable[[RolloutSample], RolloutSample]
+    ) -> RolloutBatch:
+        if self.env is None:
+            raise ValueError(f"{self.behaviour} needs a multi-turn run ([tasks.environment] name)")
+        batch = self._build(lease, backend)
+        return batch.model_copy(update={"samples": [tamper(s) for s in batch.samples]})
+
+    def _forged_tool_output(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        return self._tampered(lease, backend, forge_tool_output)
+
+    def _dropped_turn(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        return self._tampered(lease, backend, drop_turn)
+
+    def _reordered_turn(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        return self._tampered(lease, backend, reorder_turns)
+
+    def _truncated_episode(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        return self._tampered(lease, backend, truncate_episode)
+
+    def _model_as_env(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        return self._tampered(lease, backend, model_as_env)
+
+    def _env_as_model(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        return self._tampered(lease, backend, env_as_model)
 
     def _honest(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
         return self._build(lease, backend)
@@ -210,7 +267,7 @@ class HostileWorker:
             other._decoder = other.model.get_decoder()
             other._lm_head = other.model.get_output_embeddings()
             self._other = other
-        batch = build_batch(lease, self._other, encode=self.encode, score=self.score)[0]
+        batch = self._build(lease, self._other)
         return batch.model_copy(update={"policy_version": backend.policy_version})
 
     def _fabricated_completion(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:

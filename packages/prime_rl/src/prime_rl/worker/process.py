@@ -36,12 +36,14 @@ from prime_rl.api.client import (
 from prime_rl.api.protocol import RolloutBatch, StatusResponse, TaskLease
 from prime_rl.config.worker import WorkerConfig
 from prime_rl.devices import choose_device
+from prime_rl.episodes import EpisodeEnv, load_episode_env
 from prime_rl.inference.backend import GenerationBackend, GenerationError, HFBackend
 from prime_rl.inference.select import make_backend
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.reward import RunTasks, run_tasks
 from prime_rl.role import run_role
 from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable, VersionFollower
+from prime_rl.worker.episodes import build_episode_batch
 from prime_rl.worker.hostile import BEHAVIOURS, HostileWorker
 from prime_rl.worker.rollout import build_batch
 from prime_rl.worker.scoring import rescoring
@@ -58,8 +60,9 @@ class Honest:
 
     follows_new_weights = True
 
-    def __init__(self, tasks: RunTasks) -> None:
+    def __init__(self, tasks: RunTasks, env: EpisodeEnv | None = None) -> None:
         self.tasks = tasks
+        self.env = env
 
     def ready(self, status: StatusResponse) -> bool:
         return True
@@ -68,6 +71,8 @@ class Honest:
         return "honest"
 
     def answer(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        if self.env is not None:  # a multi-turn run: every sample is an episode
+            return build_episode_batch(lease, backend, self.env, encode=self.tasks.encode)[0]
         # A score the machine may have spoiled (sandbox start, timeouts) is scored again before it is sent.
         return build_batch(lease, backend, encode=self.tasks.encode, score=rescoring(self.tasks.score))[0]
 
@@ -102,6 +107,7 @@ class Worker:
         )
         self.follower = VersionFollower(self.store, poll_s=self.cfg.weights_poll_s)
         self.tasks = run_tasks(config, self.backend.tokenizer)
+        self.env = load_episode_env(config, self.tasks.task_set, self.backend.tokenizer)
         self.client = OrchestratorClient(
             config.orchestrator.url, registration_token=config.orchestrator.registration_token
         )
@@ -111,7 +117,7 @@ class Worker:
         # The honest path never goes through the red-team module: a hostile worker exists only when
         # a hostile behaviour is configured.
         self.answers: Honest | HostileWorker = (
-            Honest(self.tasks)
+            Honest(self.tasks, self.env)
             if self.cfg.behaviour == "honest"
             else HostileWorker(
                 self.cfg.behaviour,
@@ -119,6 +125,7 @@ class Worker:
                 self.tasks.score,
                 self.tasks.prompt_tokens,
                 self.tasks.num_tasks,
+                env=self.env,
             )
         )
 
@@ -217,6 +224,13 @@ class Worker:
             "tokens_per_s": tokens / max(seconds, 1e-9),
             "reward_mean": sum(rewards) / len(rewards),
             "behaviour": behaviour,
+            # multi-turn runs: model turns and environment (tool) replies in the batch's episodes
+            "model_turns": sum(
+                1 if x.segments is None else sum(g.kind == "model" for g in x.segments) for x in batch.samples
+            ),
+            "env_turns": sum(
+                0 if x.segments is None else sum(g.kind == "env" for g in x.segments) for x in batch.samples
+            ),
         }
         get_metrics().log("rollouts", **fields)
         log.info(

@@ -27,6 +27,7 @@ from verifiers.envs.core import (
 )
 from verifiers.envs.single_turn import CodeEnv, MathEnv, SingleTurnEnv
 from verifiers.envs.tools import (
+    FEEDBACK,
     CalculatorEnv,
     CalculatorError,
     PythonToolEnv,
@@ -37,6 +38,7 @@ from verifiers.envs.tools import (
 )
 
 __all__ = [
+    "FEEDBACK",
     "CalculatorEnv",
     "CalculatorError",
     "CodeEnv",

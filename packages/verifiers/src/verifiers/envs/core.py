@@ -138,6 +138,12 @@ class Environment:
 
     rubric: Rubric
     max_turns: int = 1
+    replayable: bool = False
+    """True when `respond` is a pure function of (task, messages): re-running it on the same
+    transcript gives the same messages (no clock, network or unseeded randomness). A validator
+    re-derives the environment's messages only for such environments; an untrusted worker's
+    episode in any other environment cannot be checked and must be refused (or its tool outputs
+    taken from a trusted service). Subclasses opt in; the default is the safe one."""
 
     def initial_messages(self, task: Task) -> tuple[Message, ...]:
         """The conversation the model sees first (default: the task's prompt as a user turn)."""

@@ -32,6 +32,7 @@ class SingleTurnEnv(Environment):
     """
 
     max_turns = 1
+    replayable = True  # it never inserts anything
 
     def __init__(self) -> None:
         self.rubric = Rubric(

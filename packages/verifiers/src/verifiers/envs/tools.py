@@ -140,14 +140,33 @@ def _bad_tool_calls(task: Task, messages: tuple[Message, ...]) -> float:
     return float(sum(1 for m in messages if m.role == "tool" and m.content.startswith("error: ")))
 
 
+FEEDBACK = "That is not the right answer yet. Try again."
+"""The `feedback` reply to a final answer the task's verifier rejects."""
+
+
 class ToolEnv(Environment):
     """A multi-turn environment over named tools; the final answer is the first turn without a
-    tool call, scored by the task type's verifier. `max_turns` bounds the model turns."""
+    tool call, scored by the task type's verifier. `max_turns` bounds the model turns.
 
-    def __init__(self, tools: dict[str, Tool], *, max_turns: int = 6, system_prompt: str = ""):
+    `replayable` declares that every tool is a pure function of its arguments (the shipped ones
+    are); pass False for a tool that reads the clock or the network. With `feedback`, a final
+    answer the verifier rejects is answered with a user message (:data:`FEEDBACK`) and the episode
+    goes on until an answer passes or the turns run out (self-correction episodes)."""
+
+    def __init__(
+        self,
+        tools: dict[str, Tool],
+        *,
+        max_turns: int = 6,
+        system_prompt: str = "",
+        replayable: bool = True,
+        feedback: bool = False,
+    ):
         self.tools = dict(tools)
         self.max_turns = max_turns
         self.system_prompt = system_prompt
+        self.replayable = replayable
+        self.feedback = feedback
         self.rubric = Rubric(
             (
                 RewardFunc("verify", verify_reward, 1.0),
@@ -169,6 +188,8 @@ class ToolEnv(Environment):
     def respond(self, task: Task, messages: tuple[Message, ...]) -> EnvTurn:
         calls = parse_tool_calls(messages[-1].content)
         if not calls:
+            if self.feedback and verify_reward(task, messages) < 1.0:
+                return EnvTurn((Message("user", FEEDBACK),), done=False)
             return EnvTurn((), done=True)
         replies = tuple(
             Message(
@@ -191,7 +212,9 @@ def _system_prompt(name: str, argument: str, example: str) -> str:
 class PythonToolEnv(ToolEnv):
     """Math (or any verifier's) tasks solved with a sandboxed Python tool named "python"."""
 
-    def __init__(self, *, max_turns: int = 6, timeout_s: float = 5.0, memory_mb: int = 512):
+    def __init__(
+        self, *, max_turns: int = 6, timeout_s: float = 5.0, memory_mb: int = 512, feedback: bool = False
+    ):
         def python(arguments: dict) -> str:
             return python_tool(arguments, timeout_s=timeout_s, memory_mb=memory_mb)
 
@@ -199,15 +222,17 @@ class PythonToolEnv(ToolEnv):
             {"python": python},
             max_turns=max_turns,
             system_prompt=_system_prompt("python", "code", "print(2 ** 10)"),
+            feedback=feedback,
         )
 
 
 class CalculatorEnv(ToolEnv):
     """Arithmetic tasks solved with an exact calculator tool named "calculator"."""
 
-    def __init__(self, *, max_turns: int = 6):
+    def __init__(self, *, max_turns: int = 6, feedback: bool = False):
         super().__init__(
             {"calculator": calculator_tool},
             max_turns=max_turns,
             system_prompt=_system_prompt("calculator", "expression", "47 * 30"),
+            feedback=feedback,
         )

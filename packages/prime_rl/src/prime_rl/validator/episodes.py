@@ -1,0 +1,286 @@
+"""The validator's checks of a multi-turn episode (``api/segments.py``), model-free and with the prefill.
+
+Model-free, in this order (each failure has its own :class:`~prime_rl.validator.checks.Reason`,
+the first one found is the verdict), before any prefill:
+
+1. labels: every model segment ends as generation ends (EOS, the first stop string, or
+   ``max_new_tokens``). One that runs past that end (an EOS or a stop string inside, or longer
+   than a turn may be) holds tokens the model did not sample: ``env_tokens_as_model``. One that
+   ends early, followed by an env segment, had its tail relabelled as inserted:
+   ``model_tokens_as_env``; at the end of the episode: ``episode_truncated``.
+2. turn order: the model segments' turns are ``0, 1, 2, ...``: a turn missing from an increasing
+   sequence is ``turn_dropped``, any other order ``turn_reordered``; more turns than
+   ``max_turns``, or an env segment not answering the turn before it, is ``malformed``.
+3. environment replay: the environment is re-run on the transcript of the model turns as the
+   worker sent them (``episodes.EpisodeEnv.step``: same sandbox, same inputs, seeded), and every
+   env segment must equal its re-derived tokens exactly: ``tool_output_mismatch`` (also when the
+   environment ended the episode and the worker inserted more). An episode that stops while the
+   environment wanted another turn and the budget allowed one: ``episode_truncated``. An
+   environment that does not declare itself replayable (``Environment.replayable``: a tool that
+   reads a clock or the network) cannot be checked this way, so an untrusted worker's episode
+   with any env segment in it is refused: ``tool_not_replayable``.
+
+With the prefill (one over the whole episode): each model turn's toploc proofs against its own
+rows, the seeded sampler with the turn's seed (``turn_seed``) over its tokens, and the log-probs
+at model positions only (:func:`episode_values`); env positions get log-prob 0.0 for the trainer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import toploc
+from prime_rl.api.protocol import RolloutSample, Segment
+from prime_rl.api.segments import turn_seed
+from prime_rl.episodes import EpisodeEnv
+from prime_rl.inference.backend import PROOF_CHUNK, proof_size, proof_topk, token_logprobs, verify_proofs
+from prime_rl.validator.structure import proof_problem, repetition_problem
+from verifiers.envs import Message
+
+__all__ = [
+    "MAX_ENV_TOKENS",
+    "EpisodeValues",
+    "ModelSpan",
+    "episode_checks",
+    "episode_problem",
+    "episode_values",
+    "model_spans",
+    "segments_of",
+]
+
+MAX_ENV_TOKENS = 4096
+"""Tokens one environment reply may take (the Python tool's output is cut at 4,000 characters)."""
+
+
+@dataclass(frozen=True)
+class ModelSpan:
+    """One model turn: completion positions ``start .. start + length - 1``, sampled as turn ``turn``."""
+
+    start: int
+    length: int
+    turn: int
+
+
+def segments_of(sample: RolloutSample) -> list[Segment]:
+    """The sample's segments; a single-turn sample is one model segment of turn 0."""
+    if sample.segments is not None:
+        return list(sample.segments)
+    return [Segment(kind="model", length=len(sample.completion_tokens), turn=0)]
+
+
+def model_spans(segments: Sequence[Segment]) -> list[ModelSpan]:
+    spans, start = [], 0
+    for s in segments:
+        if s.kind == "model":
+            spans.append(ModelSpan(start, s.length, s.turn))
+        start += s.length
+    return spans
+
+
+def proof_bytes(spans: Sequence[ModelSpan], hidden_size: int) -> int:
+    """Bytes of an episode's proofs: each model turn's ``ceil(n / 32)`` proofs."""
+    return sum(math.ceil(s.length / PROOF_CHUNK) for s in spans) * proof_size(proof_topk(hidden_size))
+
+
+def _turn_end(
+    tokens: Sequence[int],
+    decode: Callable[[Sequence[int]], str],
+    eos: frozenset[int],
+    stop: Sequence[str],
+    limit: int,
+) -> tuple[str, str] | None:
+    """None if a model turn ends as generation ends, else ("past" | "early", why)."""
+    for i, token in enumerate(tokens[:-1]):
+        if token in eos:
+            return "past", f"EOS at position {i} before the turn's last token"
+    if len(tokens) > limit:
+        return "past", f"{len(tokens)} tokens in one turn > max_new_tokens {limit}"
+    if tokens[-1] in eos:
+        return None
+    stops = [s for s in stop if s]
+    if stops:
+        if any(s in decode(tokens[:-1]) for s in stops):
+            return "past", "a stop string before the turn's last token"
+        if any(s in decode(tokens) for s in stops):
+            return None
+    if len(tokens) < limit:
+        return "early", f"ends after {len(tokens)} tokens without EOS or stop string (max_new_tokens {limit})"
+    return None
+
+
+def episode_problem(
+    sample: RolloutSample,
+    env: EpisodeEnv,
+    decode: Callable[[Sequence[int]], str],
+    *,
+    eos: frozenset[int],
+    stop: Sequence[str],
+    max_new_tokens: int,
+) -> tuple[str, str, tuple[Message, ...]]:
+    """(reason code, detail, transcript) of the first model-free failure (module docstring), with
+    reason "" when there is none; the transcript (model turns as sent, the environment's replies
+    re-derived) is what the episode's reward is recomputed from."""
+    segments = segments_of(sample)
+    tokens = sample.completion_tokens
+    bounds, start = [], 0
+    for s in segments:
+        bounds.append((start, start + s.length))
+        start += s.length
+    for i, (s, (a, b)) in enumerate(zip(segments, bounds, strict=True)):
+        if s.kind != "model":
+            continue
+        end = _turn_end(tokens[a:b], decode, eos, stop, max_new_tokens)
+        if end is not None and end[0] == "past":
+            return "env_tokens_as_model", f"model segment {i}: {end[1]}", ()
+        if end is not None:
+            code = "model_tokens_as_env" if i + 1 < len(segments) else "episode_truncated"
+            return code, f"model segment {i} {end[1]}", ()
+    turns = [s.turn for s in segments if s.kind == "model"]
+    if turns != list(range(len(turns))):
+        increasing = all(x < y for x, y in itertools.pairwise(turns))
+        code = "turn_dropped" if increasing else "turn_reordered"
+        return code, f"model turns {turns[:16]} (expected 0, 1, 2, ...)", ()
+    if len(turns) > env.max_turns:
+        return "malformed", f"{len(turns)} model turns > max_turns {env.max_turns}", ()
+    for i, s in enumerate(segments):
+        if s.kind == "env" and s.turn != segments[i - 1].turn:
+            return (
+                "malformed",
+                f"env segment {i} says it answers turn {s.turn}, after turn {segments[i - 1].turn}",
+                (),
+            )
+    if len(segments) > 1 and not env.replayable:
+        return (
+            "tool_not_replayable",
+            "the environment's tools cannot be re-run exactly; no worker's tool output is trusted",
+            (),
+        )
+    messages = env.start(sample.task_id)
+    for k, (s, (a, b)) in enumerate(zip(segments, bounds, strict=True)):
+        if s.kind != "model":
+            continue
+        last = k + 1 == len(segments)
+        step = env.step(sample.task_id, messages, decode(tokens[a:b]), final=s.turn + 1 == env.max_turns)
+        messages = step.messages
+        if last:
+            if not step.done:
+                return (
+                    "episode_truncated",
+                    f"the episode stops after turn {s.turn}, but the environment replied",
+                    (),
+                )
+            break
+        inserted = tuple(tokens[bounds[k + 1][0] : bounds[k + 1][1]])
+        if step.done:
+            return (
+                "tool_output_mismatch",
+                f"the environment ended the episode at turn {s.turn}; {len(inserted)} tokens were inserted after it",
+                (),
+            )
+        if inserted != step.tokens:
+            first = next(
+                (j for j, (x, y) in enumerate(zip(inserted, step.tokens, strict=False)) if x != y),
+                min(len(inserted), len(step.tokens)),
+            )
+            return (
+                "tool_output_mismatch",
+                (
+                    f"env segment after turn {s.turn}: {len(inserted)} tokens inserted, the environment re-run gives "
+                    f"{len(step.tokens)}; first difference at token {first}"
+                ),
+                (),
+            )
+    return "", "", messages
+
+
+def episode_checks(
+    sample: RolloutSample,
+    env: EpisodeEnv,
+    decode: Callable[[Sequence[int]], str],
+    *,
+    eos: frozenset[int],
+    stop: Sequence[str],
+    max_new_tokens: int,
+    max_repeated: int,
+    hidden_size: int,
+) -> tuple[str, str, tuple[Message, ...]]:
+    """:func:`episode_problem`, then repetition per model turn (``repeated_token``) and the proofs'
+    sizes and parse (``malformed_proof``): (reason code or "", detail, transcript)."""
+    code, detail, transcript = episode_problem(
+        sample, env, decode, eos=eos, stop=stop, max_new_tokens=max_new_tokens
+    )
+    if code:
+        return code, detail, transcript
+    spans = model_spans(segments_of(sample))
+    for span in spans:
+        why = repetition_problem(
+            sample.completion_tokens[span.start : span.start + span.length], limit=max_repeated
+        )
+        if why is not None:
+            return "repeated_token", f"turn {span.turn}: {why}", transcript
+    expected = proof_bytes(spans, hidden_size)
+    if len(sample.proofs) != expected:
+        return (
+            "malformed_proof",
+            f"{len(sample.proofs)} proof bytes; the model turns need {expected}",
+            transcript,
+        )
+    chunks = expected // proof_size(proof_topk(hidden_size))
+    why = proof_problem(sample.proofs, PROOF_CHUNK * chunks, proof_topk(hidden_size))
+    return ("malformed_proof", why, transcript) if why is not None else ("", "", transcript)
+
+
+@dataclass(frozen=True)
+class EpisodeValues:
+    """What the prefill gives for one episode: toploc results of every model turn's proofs, the sampling
+    margins and (recomputed, claimed) log-probs of its model tokens, and the trainer's log-probs of
+    every completion token (0.0 at env positions)."""
+
+    proof_results: list[Any]
+    margins: torch.Tensor
+    recomputed: torch.Tensor
+    claimed: list[float]
+    trainer_logprobs: tuple[float, ...]
+
+
+def episode_values(
+    sample: RolloutSample,
+    hidden: torch.Tensor,
+    logits: torch.Tensor,
+    hidden_size: int,
+    sampling_margins: Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor],
+) -> EpisodeValues:
+    """The per-turn checks' inputs from one prefill's ``hidden [n, H]`` and ``logits [n, V]`` rows;
+    ``sampling_margins`` is ``checks.sampling_margins`` (the one sampler rule).
+
+    Raises ``toploc.ProofFormatError``/``ValueError`` for proofs that do not split into the turns' counts.
+    """
+    spans = model_spans(segments_of(sample))
+    size = proof_size(proof_topk(hidden_size))
+    tokens = torch.tensor(sample.completion_tokens, dtype=torch.long, device=logits.device)
+    results: list[Any] = []
+    margins, offset = [], 0
+    for span in spans:
+        chunk = math.ceil(span.length / PROOF_CHUNK) * size
+        rows = slice(span.start, span.start + span.length)
+        results += verify_proofs(hidden[rows], sample.proofs[offset : offset + chunk])
+        offset += chunk
+        seed = turn_seed(sample.sampling_seed, span.turn)
+        margins.append(sampling_margins(logits[rows], tokens[rows], seed, sample.temperature))
+    if offset != len(sample.proofs):
+        raise toploc.ProofFormatError(f"{len(sample.proofs)} proof bytes, the model turns need {offset}")
+    everything = token_logprobs(logits, tokens, sample.temperature).cpu()
+    mask = torch.zeros(len(sample.completion_tokens), dtype=torch.bool)
+    for span in spans:
+        mask[span.start : span.start + span.length] = True
+    trainer = torch.where(mask, everything, torch.zeros_like(everything))
+    claimed = [x for x, keep in zip(sample.inference_logprobs, mask.tolist(), strict=True) if keep]
+    return EpisodeValues(
+        results, torch.cat(margins), everything[mask], claimed, tuple(float(x) for x in trainer.tolist())
+    )

@@ -1,0 +1,136 @@
+"""Red team on multi-turn episodes (issue 28), with real processes.
+
+One ``prime-rl run`` of the tiny random model in a multi-turn environment (the exact calculator,
+3 model turns, "try again" feedback after a wrong answer: the random model never answers right, so
+nearly every episode has 3 model turns and 2 environment replies), every role a real process on loopback:
+orchestrator, shardcast origin and relay, trainer, validator, one honest worker and one hostile
+worker ``mixed``, which answers lease ``i`` with attack ``(EPISODE_CYCLE + MIXED_CYCLE)[i]``: first
+the episode tamperings (forged tool output, dropped turn, reordered turns, truncated episode,
+model tokens labelled as env tokens and the reverse), then the single-turn attack classes played
+on episodes (other weights, changed prompt, fabricated completions, inflated rewards, unassigned
+tasks, garbage proofs, stale policy).
+
+What the run left on disk decides: no attacker sample in any trainer claim, no honest episode
+rejected, and each episode attack rejected with its own reason (``hostile.ATTACKS``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prime_rl.orchestrator.store import RolloutStore
+from prime_rl.worker.hostile import ATTACKS, EPISODE_CYCLE, MIXED_CYCLE
+
+pytestmark = pytest.mark.slow
+
+FOLLOWERS = {"group_rejected", "lease_rejected", "expired"}
+# Made-up single-turn-shaped samples in a multi-turn run stop after one turn the environment answered.
+EXPECTED = {name: set(attack.expected) for name, attack in ATTACKS.items()} | {
+    "fabricated_completion": {"episode_truncated"}
+}
+MUST_JUDGE = {*EPISODE_CYCLE, *MIXED_CYCLE[:3]}  # every episode attack, and the first old ones
+STEPS = 2
+
+
+def _start(config_path: Path) -> subprocess.Popen[str]:
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+    return subprocess.Popen(
+        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+
+
+def _judged_attacks(run_dir: Path, helpers: Any) -> dict[str, str]:
+    """batch id -> attack, for the hostile worker's batches the validator has judged."""
+    judged = {e["batch_id"] for e in helpers.metrics_of(run_dir, "validator") if e["event"] == "verdict"}
+    return {
+        e["batch_id"]: e["behaviour"]
+        for e in helpers.metrics_of(run_dir, "hostile-0")
+        if e["event"] == "rollouts" and e["batch_id"] in judged
+    }
+
+
+def _done(run_dir: Path, helpers: Any) -> bool:
+    commits = sum(1 for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "commit")
+    banned = any(e["event"] == "banned" for e in helpers.metrics_of(run_dir, "hostile-0"))
+    seen = set(_judged_attacks(run_dir, helpers).values())
+    return commits >= STEPS and (seen >= MUST_JUDGE or (banned and set(EPISODE_CYCLE) <= seen))
+
+
+def test_untrusted_worker_cannot_shape_training_with_multi_turn_episodes(tiny_run: Any, helpers: Any) -> None:
+    config_path, run_dir = tiny_run(
+        tasks={"environment": {"name": "calculator", "max_turns": 3, "feedback": True}},
+        orchestrator={"max_buffered_samples": 64},
+        trainer={"total_steps": 12},
+        workers={"count": 1, "hostile": ["mixed"]},
+        validator={"ban_min_samples": 400},  # judge whole cycles of attacks before a failure-rate ban
+    )
+    run = _start(config_path)
+    try:
+        helpers.wait_for(
+            lambda: run.poll() is not None or _done(run_dir, helpers), 480, "the attacks to be judged"
+        )  # ~100 s on an idle 2-core machine
+    finally:
+        if run.poll() is None:
+            run.send_signal(signal.SIGINT)
+        try:
+            output, _ = run.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            output, _ = run.communicate()
+    assert run.returncode in (0, 128 + signal.SIGINT, -signal.SIGINT), output[-3000:]
+
+    names = {
+        e["worker_id"]: e["worker_name"]
+        for e in helpers.metrics_of(run_dir, "orchestrator")
+        if e["event"] == "register"
+    }
+    assert sorted(names.values()) == ["hostile-0", "worker-0"], names
+    store = RolloutStore(run_dir / "orchestrator")
+    verdicts = store.all_verdicts()
+    batches = {record.meta.batch_id: record for record in store.batch_records()}
+    attacks = _judged_attacks(run_dir, helpers)
+
+    # 1. Honest episodes: multi-turn (an episode ends early only when the random model's answer
+    # happens to be right), none rejected.
+    honest = [e for e in helpers.metrics_of(run_dir, "worker-0") if e["event"] == "rollouts"]
+    assert honest and all(e["samples"] <= e["model_turns"] <= 3 * e["samples"] for e in honest)
+    assert all(e["env_turns"] == e["model_turns"] - e["samples"] for e in honest)
+    assert sum(e["env_turns"] for e in honest) > sum(e["samples"] for e in honest)  # mostly 3-turn episodes
+    tally: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    accepted_honest = 0
+    for batch_id, record in batches.items():
+        name = names[record.meta.worker_id]
+        for v in verdicts.get(batch_id, []):
+            if name == "worker-0":
+                assert v.accepted or v.reason == "expired", (batch_id, v.reason, v.detail)
+                accepted_honest += v.accepted
+            else:
+                assert not v.accepted, (batch_id, v)
+                tally[attacks.get(batch_id, "?")][batch_id].add(str(v.reason))
+    assert accepted_honest > 0
+
+    # 2. Every attack rejected with its own reason; each episode attack with exactly its own.
+    for attack, by_batch in tally.items():
+        for batch_id, reasons in by_batch.items():
+            own = reasons - FOLLOWERS
+            if attack in EPISODE_CYCLE and own:
+                assert own == EXPECTED[attack], (attack, batch_id, reasons)
+            assert own <= EXPECTED.get(attack, set()), (attack, batch_id, reasons)
+    judged = {a for a, by_batch in tally.items() if any(r - FOLLOWERS for r in by_batch.values())}
+    assert set(EPISODE_CYCLE) <= judged, judged
+
+    # 3. No attacker sample in any trainer claim; the trainer trained on honest episodes.
+    claims = store.claims()
+    claimed = [s for claim in claims for s in claim.sample_ids]
+    assert claimed and all(names[batches[s.batch_id].meta.worker_id] == "worker-0" for s in claimed)
+    commits = [e for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "commit"]
+    assert len(commits) >= STEPS
