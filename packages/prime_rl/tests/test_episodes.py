@@ -17,7 +17,12 @@ from prime_rl.api.segments import model_token_mask, segments_problem, turn_seed
 from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import HFBackend, SamplingParams
 from prime_rl.tasks import TaskSet
-from prime_rl.trainer.batching import completion_logprobs, completion_positions, make_micro_batches
+from prime_rl.trainer.batching import (
+    completion_logprobs,
+    completion_positions,
+    completion_targets,
+    make_micro_batches,
+)
 from prime_rl.validator.checks import Reason
 from prime_rl.validator.episodes import episode_problem
 from prime_rl.validator.verdicts import validate_batch
@@ -345,15 +350,27 @@ def test_the_trainers_loss_mask_covers_model_tokens_only(honest):
         )
         for i, s in enumerate(batch.samples)
     ]
-    micro = make_micro_batches(samples, 1 << 12)[0]
     model_tokens = sum(g.length for s in batch.samples for g in s.segments if g.kind == "model")
-    assert micro.num_loss_tokens == model_tokens < sum(len(s.completion_tokens) for s in batch.samples)
-    # every loss position predicts a model-sampled token, never an env token (hand-computed oracle)
-    expected = []
-    for place, s in zip(micro.placements, samples, strict=True):
-        mask = model_token_mask(s.segments, len(s.completion_tokens))
-        expected += [place.offset + len(s.prompt_tokens) - 1 + t for t, m in enumerate(mask) if m]
-    assert sorted(completion_positions(micro).tolist()) == sorted(expected)
+    for share_prompts in (False, True):  # one sequence per sample; a group's prompt packed once
+        micro = make_micro_batches(samples, 1 << 12, share_prompts=share_prompts)[0]
+        assert micro.num_loss_tokens == model_tokens < sum(len(s.completion_tokens) for s in batch.samples)
+        # every loss target is a model-sampled token, never an env token (hand-computed oracle)
+        expected = [
+            token
+            for s in samples
+            for token, m in zip(s.completion_tokens, model_token_mask(s.segments, len(s.completion_tokens)), strict=True)
+            if m
+        ]
+        assert completion_targets(micro).tolist() == expected
+        if not share_prompts:  # there, sequence k's completion token t is predicted at its start + P - 1 + t
+            starts = [place.prompt_offset for place in micro.placements]
+            positions = [
+                start + len(s.prompt_tokens) - 1 + t
+                for start, s in zip(starts, samples, strict=True)
+                for t, m in enumerate(model_token_mask(s.segments, len(s.completion_tokens)))
+                if m
+            ]
+            assert completion_positions(micro).tolist() == positions
     # log-probs from random logits land on model positions, 0 on env positions
     logits = torch.randn(1, micro.input_ids.shape[1], 100)
     values = completion_logprobs(logits, micro, 1.0)
