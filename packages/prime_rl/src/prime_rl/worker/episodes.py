@@ -18,7 +18,7 @@ from prime_rl.api.protocol import RolloutBatch, RolloutSample, Segment, TaskLeas
 from prime_rl.api.segments import turn_seed
 from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import GenerationBackend, SamplingParams
-from prime_rl.worker.rollout import PlannedTask, group_advantages, plan_lease, sampling_params
+from prime_rl.worker.rollout import PlannedTask, group_advantages, lease_batch, plan_lease, sampling_params
 from verifiers.envs import Message
 
 __all__ = ["Episode", "build_episode_batch", "episode_samples", "generate_episodes"]
@@ -122,11 +122,4 @@ def build_episode_batch(
     for group in generate_episodes(backend, plan, params, env):
         samples.extend(episode_samples(group, params.temperature))
         played.extend(group)
-    batch = RolloutBatch(
-        worker_id=lease.worker_id,
-        step=lease.step,
-        batch_index=lease.batch_index,
-        policy_version=backend.policy_version,
-        samples=samples,
-    )
-    return batch, played
+    return lease_batch(lease, backend, samples), played

@@ -105,11 +105,15 @@ def build_batch(
         advantages = group_advantages(rewards)
         samples.extend(to_samples(task.task_id, completions, rewards, advantages, params.temperature))
         rewards_all.extend(rewards)
-    batch = RolloutBatch(
+    return lease_batch(lease, backend, samples), rewards_all
+
+
+def lease_batch(lease: TaskLease, backend: GenerationBackend, samples: list[RolloutSample]) -> RolloutBatch:
+    """The wire batch answering ``lease`` with ``samples``, stamped with the backend's policy version."""
+    return RolloutBatch(
         worker_id=lease.worker_id,
         step=lease.step,
         batch_index=lease.batch_index,
         policy_version=backend.policy_version,
         samples=samples,
     )
-    return batch, rewards_all
