@@ -132,7 +132,7 @@ def worker_noise_path(config: RunConfig) -> Path | None:
 
     Only for evidence with no configured profile and workers that do not decode with HF: the
     validator measures an HF decode itself, but an in-process vLLM engine would take its threads, so
-    a ``calibrate-noise`` child measures both decodes (cached per model, engine and machine by
+    a ``calibrate-noise`` child measures their engine's decode (cached per model, engine and machine by
     ``prime_rl.validator.noise_cache``: after the first run it only reads the cache).
     """
     validator, workers = config.validator, config.workers

@@ -2,7 +2,8 @@
 
 ``prime-rl calibrate-noise --config run.toml [--validator.noise_profile FILE]`` generates honest
 completions of the run's task prompts with the run's model, dtype, temperature and stop rules
-(``HFBackend`` decode at several batch sizes, so padding and batch shapes vary), recomputes them
+(the workers' decode, ``HFBackend`` or their vLLM engine, at several batch sizes, so padding and
+batch shapes vary), recomputes them
 with one prefill per batch, and writes the :class:`toploc.NoiseProfile` of the differences
 (``toploc.NoiseProfile.calibrate``). If the file exists, the new measurement is *merged* into it
 (worst case per threshold): run the command on every kind of machine workers use (GPU models,
@@ -146,16 +147,15 @@ def calibrate_for_run(
 ) -> toploc.NoiseProfile:
     """Measure on the run's task prompts: enough prompts for ``tokens`` even at the shortest completion.
 
-    With a ``generator`` (the workers' engine when it is not the HF backend), its decode is
-    measured as well and the two profiles merged, so honest workers of either backend stay inside.
+    The decode measured is the workers' own: ``generator`` (their engine, when it is not the HF
+    backend) or else ``backend``. Only that decode: the noise a validator must tolerate is that of
+    the engine its run's workers decode with (another engine is another profile, measured where it
+    runs and merged: ``prime-rl calibrate-noise``), and measuring the HF decode as well in a vLLM run
+    doubled the first run's calibration without widening the profile (the vLLM decode's gaps were
+    the larger ones on every statistic).
     """
     prompts = task_prompts(config, backend, max(16, tokens))
-    profile = calibrate(config, backend, prompts, tokens)
-    if generator is None:
-        return profile
-    return toploc.NoiseProfile.merge(
-        profile, calibrate(config, backend, prompts, tokens, generator=generator)
-    )
+    return calibrate(config, backend, prompts, tokens, generator=generator)
 
 
 def calibrate_cached(
