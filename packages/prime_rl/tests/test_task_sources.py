@@ -80,6 +80,33 @@ def test_each_task_family_gets_its_own_prompt_template_and_others_the_default():
         type(tasks)([{"prompt": "q"}], prompt_templates={"x": "none"})
 
 
+def test_a_task_family_with_its_own_budgets_draws_from_them_and_the_held_out_set_too():
+    from prime_rl.config import RunConfig
+    from prime_rl.evaluator.heldout import heldout_task_set
+    from prime_rl.reward import RunTasks
+
+    config = TasksConfig(
+        source="mix", num_tasks=40, digits=1, length_reward="exact", target_lengths=[8, 9],
+        target_lengths_by_type={"prime_rl_code": [30]},
+    )  # fmt: skip
+    tasks = load_tasks(config)
+    budgets = {"prime_rl_code": set(), "verifiable_math": set()}
+    for i in range(len(tasks)):
+        task, budget = tasks.task(i), tasks.target_length(i)
+        budgets[task.task_type].add(budget)
+        assert tasks.prompt(i).endswith(f"Think for {budget} tokens before giving a response.")
+    assert budgets == {"prime_rl_code": {30}, "verifiable_math": {8, 9}}
+    code = next(i for i in range(len(tasks)) if tasks.task(i).task_type == "prime_rl_code")
+    assert RunTasks(tasks, tokenizer=None, length_alpha=0.1).budget(code).target == 30  # the reward's budget
+    heldout = heldout_task_set(config, 8, seed=5, training=tasks)
+    assert {heldout.target_length(i) for i in range(len(heldout)) if heldout.task(i).task_type == "prime_rl_code"} == {30}
+    assert RunConfig(tasks=config.model_dump()).tasks.target_lengths_by_type == {"prime_rl_code": [30]}
+    with pytest.raises(ValueError, match=r"target_lengths_by_type.prime_rl_code must be non-empty"):
+        TasksConfig(length_reward="exact", target_lengths_by_type={"prime_rl_code": []})
+    with pytest.raises(TaskSourceError, match="non-empty target_lengths_by_type"):
+        type(tasks)([{"prompt": "q"}], length_reward="exact", target_lengths=[8], target_lengths_by_type={"x": []})
+
+
 def test_jsonl_with_intellect2_columns_needs_no_mapping_and_bad_mappings_are_named(tmp_path: Path):
     path = tmp_path / "rows.jsonl"
     rows = [{"prompt": "1+1?", "task_type": "verifiable_math", "verification_info": json.dumps({"ground_truth": "2"})}]

@@ -62,13 +62,19 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat_template: bool = False, s
     return [int(token) for token in ids]
 
 
+def _task_type(task: Any) -> str:
+    """``task.task_type`` (or the mapping's "task_type"), as text ("None" when it has none)."""
+    return str(task.get("task_type") if isinstance(task, Mapping) else getattr(task, "task_type", None))
+
+
 class TaskSet:
     """An indexable, immutable list of tasks plus the prompt template (and optional length budgets).
 
     With ``length_reward != "none"`` every task gets a thinking budget
     ``target_length(task_id) = verifiers.sample_target_length(seed, task_id, targets=target_lengths)``
     and its prompt ends with ``verifiers.length_instruction(T, mode)`` (INTELLECT-2's instruction
-    placement, with the space after "for" that the original lacked).
+    placement, with the space after "for" that the original lacked). ``target_lengths_by_type``
+    gives a task type its own list of budgets (drawn the same way).
     """
 
     def __init__(
@@ -82,6 +88,7 @@ class TaskSet:
         chat_template: bool = False,
         system_prompt: str = "",
         prompt_templates: Mapping[str, str] | None = None,
+        target_lengths_by_type: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         if not tasks:
             raise TaskSourceError("the task set is empty")
@@ -89,25 +96,28 @@ class TaskSet:
         for name, template in {"": prompt_template, **templates}.items():
             if "{prompt}" not in template:
                 raise TaskSourceError(f"prompt_template{'s.' + name if name else ''} must contain '{{prompt}}'")
-        if length_reward != "none" and not target_lengths:
-            raise TaskSourceError("a length reward needs target_lengths")
+        by_type = {str(name): tuple(lengths) for name, lengths in (target_lengths_by_type or {}).items()}
+        if length_reward != "none" and (not target_lengths or not all(by_type.values())):
+            raise TaskSourceError("a length reward needs target_lengths (and non-empty target_lengths_by_type lists)")
         self._tasks = tuple(tasks)
         self.prompt_template = prompt_template
         self.prompt_templates = templates
         self.length_reward = length_reward
         self.target_lengths = tuple(target_lengths)
+        self.target_lengths_by_type = by_type
         self.seed = seed
         self.chat_template = chat_template
         self.system_prompt = system_prompt
 
     def target_length(self, task_id: int) -> int | None:
         """The task's thinking budget in tokens (None without a length reward)."""
-        self.task(task_id)
+        task = self.task(task_id)
         if self.length_reward == "none":
             return None
         import verifiers
 
-        return int(verifiers.sample_target_length(self.seed, task_id, targets=self.target_lengths))
+        targets = self.target_lengths_by_type.get(_task_type(task), self.target_lengths)
+        return int(verifiers.sample_target_length(self.seed, task_id, targets=targets))
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -131,8 +141,7 @@ class TaskSet:
 
     def template_of(self, task: Any) -> str:
         """The prompt template of ``task``: ``prompt_templates[task_type]`` if given, else ``prompt_template``."""
-        task_type = getattr(task, "task_type", None) if not isinstance(task, Mapping) else task.get("task_type")
-        return self.prompt_templates.get(str(task_type), self.prompt_template)
+        return self.prompt_templates.get(_task_type(task), self.prompt_template)
 
     def encode(self, tokenizer: Any, text: str) -> list[int]:
         """Prompt ``text`` (e.g. ``self.prompt(task_id)``) as token ids: :func:`encode_prompt` with
@@ -280,6 +289,7 @@ def load_tasks(config: TasksConfig) -> TaskSet:
         chat_template=config.chat_template,
         system_prompt=config.system_prompt,
         prompt_templates=config.prompt_templates,
+        target_lengths_by_type=config.target_lengths_by_type,
     )
 
 

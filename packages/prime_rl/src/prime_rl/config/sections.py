@@ -164,6 +164,12 @@ class TasksConfig(Section):
         default_factory=lambda: [2000, 4000, 6000, 8000, 10000],
         description="Thinking budgets T; one drawn per task, seeded by (tasks.seed, task id).",
     )
+    target_lengths_by_type: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="Per task type budgets, e.g. {verifiable_math = [40], prime_rl_code = [56]}: a task whose "
+        "task_type is a key draws its budget from that list instead of target_lengths (a sum needs fewer "
+        "tokens than a program).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TasksConfig:
@@ -176,6 +182,9 @@ class TasksConfig(Section):
             raise ValueError("tasks.min_pass_rate must be <= tasks.max_pass_rate")
         if self.length_reward != "none" and (not self.target_lengths or min(self.target_lengths) <= 0):
             raise ValueError("tasks.target_lengths must be non-empty positive token counts")
+        for task_type, lengths in self.target_lengths_by_type.items():
+            if not lengths or min(lengths) <= 0:
+                raise ValueError(f"tasks.target_lengths_by_type.{task_type} must be non-empty positive token counts")
         if self.min_digits > self.digits:
             raise ValueError("tasks.min_digits must be <= tasks.digits")
         if self.source not in GENERATED_SOURCES and not self.path:

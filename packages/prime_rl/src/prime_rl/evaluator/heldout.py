@@ -161,6 +161,7 @@ def heldout_task_set(
         chat_template=spec.chat_template,
         system_prompt=spec.system_prompt,
         prompt_templates=spec.prompt_templates,
+        target_lengths_by_type=spec.target_lengths_by_type,
     )
 
 
