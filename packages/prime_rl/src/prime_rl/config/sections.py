@@ -166,7 +166,7 @@ class TasksConfig(Section):
     )
     target_lengths_by_type: dict[str, list[int]] = Field(
         default_factory=dict,
-        description="Per task type budgets, e.g. {verifiable_math = [40], prime_rl_code = [56]}: a task whose "
+        description="Per task type budgets, e.g. {verifiable_math = [40], prime_rl_code = [48]}: a task whose "
         "task_type is a key draws its budget from that list instead of target_lengths (a sum needs fewer "
         "tokens than a program).",
     )

@@ -3,9 +3,8 @@
 ``prime-rl calibrate-noise --config run.toml [--validator.noise_profile FILE]`` generates honest
 completions of the run's task prompts with the run's model, dtype, temperature and stop rules
 (the workers' decode, ``HFBackend`` or their vLLM engine, at several batch sizes, so padding and
-batch shapes vary), recomputes them
-with one prefill per batch, and writes the :class:`toploc.NoiseProfile` of the differences
-(``toploc.NoiseProfile.calibrate``). If the file exists, the new measurement is *merged* into it
+batch shapes vary), recomputes them with one prefill per batch, and writes the
+:class:`toploc.NoiseProfile` of the differences (``toploc.NoiseProfile.calibrate``). If the file exists, the new measurement is *merged* into it
 (worst case per threshold): run the command on every kind of machine workers use (GPU models,
 vLLM, CPU) and point the validator at the one file. The validator measures a profile the same
 way at start-up when ``validator.noise_profile`` is empty (``validator.calibration_tokens``). Every
