@@ -62,9 +62,11 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat_template: bool = False, s
     return [int(token) for token in ids]
 
 
-def _task_type(task: Any) -> str:
-    """``task.task_type`` (or the mapping's "task_type"), as text ("None" when it has none)."""
-    return str(task.get("task_type") if isinstance(task, Mapping) else getattr(task, "task_type", None))
+def task_type_of(task: Any) -> str:
+    """``task.task_type`` (or a mapping's "task_type") as text, "" when it has none: the key of
+    ``prompt_templates``, ``target_lengths_by_type`` and the held-out set's families."""
+    value = task.get("task_type") if isinstance(task, Mapping) else getattr(task, "task_type", None)
+    return "" if value is None else str(value)
 
 
 class TaskSet:
@@ -116,7 +118,7 @@ class TaskSet:
             return None
         import verifiers
 
-        targets = self.target_lengths_by_type.get(_task_type(task), self.target_lengths)
+        targets = self.target_lengths_by_type.get(task_type_of(task), self.target_lengths)
         return int(verifiers.sample_target_length(self.seed, task_id, targets=targets))
 
     def __len__(self) -> int:
@@ -141,7 +143,7 @@ class TaskSet:
 
     def template_of(self, task: Any) -> str:
         """The prompt template of ``task``: ``prompt_templates[task_type]`` if given, else ``prompt_template``."""
-        return self.prompt_templates.get(_task_type(task), self.prompt_template)
+        return self.prompt_templates.get(task_type_of(task), self.prompt_template)
 
     def encode(self, tokenizer: Any, text: str) -> list[int]:
         """Prompt ``text`` (e.g. ``self.prompt(task_id)``) as token ids: :func:`encode_prompt` with

@@ -165,10 +165,6 @@ def heldout_task_set(
     )
 
 
-def _task_type(task: Any) -> str:
-    return str(task.get("task_type", "") if isinstance(task, Mapping) else getattr(task, "task_type", ""))
-
-
 def _balanced(pool: Sequence[Any], seen: set[str], num_problems: int) -> list[Any]:
     """Up to ``num_problems`` distinct unseen tasks of ``pool``, taken round-robin over task types.
 
@@ -176,6 +172,8 @@ def _balanced(pool: Sequence[Any], seen: set[str], num_problems: int) -> list[An
     left, the others fill the rest; within a family, pool order. So a mix whose math family has
     few distinct problems still gets its per-family accuracy measured on as many as exist.
     """
+    from prime_rl.tasks import task_type_of
+
     families: dict[str, list[Any]] = {}
     prompts: set[str] = set()
     for task in pool:
@@ -183,7 +181,7 @@ def _balanced(pool: Sequence[Any], seen: set[str], num_problems: int) -> list[An
         if prompt in seen or prompt in prompts:
             continue
         prompts.add(prompt)
-        families.setdefault(_task_type(task), []).append(task)
+        families.setdefault(task_type_of(task), []).append(task)
     queues = [iter(tasks) for tasks in families.values()]
     chosen: list[Any] = []
     while queues and len(chosen) < num_problems:

@@ -4,12 +4,13 @@
 completions of the run's task prompts with the run's model, dtype, temperature and stop rules
 (the workers' decode, ``HFBackend`` or their vLLM engine, at several batch sizes, so padding and
 batch shapes vary), recomputes them with one prefill per batch, and writes the
-:class:`toploc.NoiseProfile` of the differences (``toploc.NoiseProfile.calibrate``). If the file exists, the new measurement is *merged* into it
-(worst case per threshold): run the command on every kind of machine workers use (GPU models,
-vLLM, CPU) and point the validator at the one file. The validator measures a profile the same
-way at start-up when ``validator.noise_profile`` is empty (``validator.calibration_tokens``). Every
-measurement is cached per (model, dtype, engine, machine) and paid once
-(:mod:`prime_rl.validator.noise_cache`; ``validator.recalibrate = true`` measures again).
+:class:`toploc.NoiseProfile` of the differences (``toploc.NoiseProfile.calibrate``). If the file
+exists, the new measurement is *merged* into it (worst case per threshold): run the command on
+every kind of machine workers use (GPU models, vLLM, CPU) and point the validator at the one file.
+The validator measures a profile the same way at start-up when ``validator.noise_profile`` is
+empty (``validator.calibration_tokens``). Every measurement is cached per (model, dtype, engine,
+machine) and paid once (:mod:`prime_rl.validator.noise_cache`; ``validator.recalibrate = true``
+measures again).
 
 Pitfall: a profile measured on the validator's machine covers workers that compute the same way
 (same hardware class, kernels and dtype). A worker on other hardware (a GPU with TF32 matmuls in
