@@ -492,13 +492,22 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or HERE / "results" / ("gpu_check_smoke.json" if args.smoke else "gpu_check.json")
     start = time.perf_counter()
     result: dict = {"smoke": args.smoke, "environment": environment(device), "dtype": str(dtype)}
-    result["toploc"] = guarded(check_toploc, device, sizes)
-    result["trainer"] = guarded(check_trainer, device, sizes, dtype)
-    result["shared_prompt"] = guarded(check_shared_prompt, device, sizes, dtype)
-    result["rollouts"] = guarded(check_rollouts, device, sizes, dtype, args.model)
-    result["seconds"] = time.perf_counter() - start
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    sections = (
+        ("toploc", check_toploc, (device, sizes)),
+        ("trainer", check_trainer, (device, sizes, dtype)),
+        ("shared_prompt", check_shared_prompt, (device, sizes, dtype)),
+        ("rollouts", check_rollouts, (device, sizes, dtype, args.model)),
+    )
+    for name, check, check_args in sections:
+        began = time.perf_counter()
+        print(f"[gpu_check] {name} ...", flush=True)
+        result[name] = guarded(check, *check_args)
+        result.setdefault("section_seconds", {})[name] = time.perf_counter() - began
+        result["seconds"] = time.perf_counter() - start
+        # Saved after every section: a run stopped at its time limit keeps what it measured.
+        out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        print(f"[gpu_check] {name} done in {result['section_seconds'][name]:.1f} s", flush=True)
     print(table(result))
     print(f"JSON: {out}")
     failed = any("error" in part for part in (result["toploc"], result["rollouts"]) if isinstance(part, dict))
