@@ -76,12 +76,38 @@ class Sizes:
     group_size: int
     prompt_tokens: int
     new_tokens: int
+    long_tokens: int  # the trainer's longest row: document attention with and without checkpointing only
+    attention_tokens: int  # one layer's attention at this length, in ATTENTION_DOCUMENTS documents
+    noise_rows: tuple[NoiseRow, ...]  # the bf16 noise section's test rows
+    noise_calibration: NoiseRow  # the honest samples the profile is measured on (not judged)
 
 
-FULL = Sizes(QWEN2_05B, (4096, 16384), 3, 8192, 65536, 5120, 256, 8, 8, 32, 256)
+@dataclasses.dataclass(frozen=True)
+class NoiseRow:
+    """Honest samples of ``prompt + new`` tokens: ``leases`` leases of ``prompts x group`` samples."""
+
+    prompt: int
+    new: int
+    prompts: int
+    group: int
+    leases: int
+
+    @property
+    def samples(self) -> int:
+        return self.prompts * self.group * self.leases
+
+
+ATTENTION_DOCUMENTS = 16
+FULL = Sizes(
+    QWEN2_05B, (4096, 16384), 3, 8192, 65536, 5120, 256, 8, 8, 32, 256, 32768, 16384,
+    noise_rows=(NoiseRow(256, 256, 16, 16, 4), NoiseRow(1024, 1024, 16, 16, 4), NoiseRow(7168, 1024, 4, 16, 1)),
+    noise_calibration=NoiseRow(1024, 1024, 16, 16, 1),
+)  # fmt: skip
 SMOKE = Sizes(
     {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128, "vocab": 1000},
-    (256,), 1, 256, 512, 256, 4, 2, 2, 8, 8,
+    (256,), 1, 256, 512, 256, 4, 2, 2, 8, 8, 512, 512,
+    noise_rows=(NoiseRow(8, 8, 2, 2, 2), NoiseRow(24, 16, 2, 2, 1)),
+    noise_calibration=NoiseRow(8, 8, 2, 2, 1),
 )  # fmt: skip
 
 
@@ -194,10 +220,15 @@ def check_toploc(device: torch.device, sizes: Sizes) -> dict:
             verify_times, gpu_results = timed(
                 lambda: toploc.verify_proofs_bytes(on_gpu[1], proofs), repeats, device
             )
+            # Build over the very activations verify checks: verify / build at equal tokens.
+            same_times, gpu_same = timed(lambda: toploc.build_proofs_bytes(on_gpu[1]), repeats, device)
             stream_times, gpu_stream = timed(lambda: stream(on_gpu[2]), repeats, device)
         result[name] = {
             "build_ms": 1e3 * statistics.median(build_times),
             "verify_ms": 1e3 * statistics.median(verify_times),
+            "build_verify_tokens_ms": 1e3 * statistics.median(same_times),
+            "verify_over_build": statistics.median(verify_times) / statistics.median(same_times),
+            "proofs_at_verify_tokens_equal_cpu": gpu_same == proofs,
             "stream_ms": 1e3 * statistics.median(stream_times),
             "proofs_equal_cpu": gpu_proofs == cpu_proofs and gpu_stream == cpu_stream,
             "verdicts_equal_cpu": gpu_results == cpu_results,
@@ -214,11 +245,16 @@ def check_toploc(device: torch.device, sizes: Sizes) -> dict:
 def check_trainer(device: torch.device, sizes: Sizes, dtype: torch.dtype) -> list[dict]:
     """Each step variant at each length: median and min time, peak memory, tokens/s."""
     rows: list[dict] = []
-    model = qwen2_model(sizes.shape, max(sizes.trainer_tokens), dtype, device)
-    for tokens in sizes.trainer_tokens:
+    model = qwen2_model(sizes.shape, max(*sizes.trainer_tokens, sizes.long_tokens), dtype, device)
+    every = ("document", "document_ckpt", "document_full", "dense", "plain")
+    plan = [(tokens, every) for tokens in sizes.trainer_tokens]
+    plan.append((sizes.long_tokens, ("document", "document_ckpt", "plain")))  # 32k: what INTELLECT-2 trains on
+    for tokens, variants in plan:
         samples = packed_samples(tokens, sizes.shape["vocab"])
         steps = make_steps(model, samples, tokens, device)
-        for variant in ("document", "document_full", "dense", "plain"):
+        for variant in variants:
+            if variant not in steps:  # a variant trainer_bench does not have (yet)
+                continue
             row: dict = {"tokens": tokens, "variant": variant}
             try:
                 steps[variant]()  # warm-up: compiles FlexAttention on the first call at a length
@@ -231,13 +267,83 @@ def check_trainer(device: torch.device, sizes: Sizes, dtype: torch.dtype) -> lis
                     tokens_per_s=tokens / statistics.median(times),
                     peak_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
                 )  # fmt: skip
-            except Exception as exc:  # e.g. out of memory: the other variants still run
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            except torch.OutOfMemoryError as exc:  # a finding (the plain step at 32k), not a failure
+                row["out_of_memory"] = str(exc)[:200]
                 model.zero_grad(set_to_none=True)  # a step that died midway leaves its gradients
+            except Exception as exc:  # the other variants still run
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                model.zero_grad(set_to_none=True)
             rows.append(row)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return rows
+
+
+def check_attention(device: torch.device, sizes: Sizes, dtype: torch.dtype) -> dict:
+    """One layer's attention, forward + backward, at ``attention_tokens`` in 16 documents (Qwen2-0.5B's
+    14 query and 2 KV heads of 64): document attention (auto, flex, per-document SDPA) against one
+    causal SDPA over the whole row and SDPA under the dense block-causal mask. Then the compiled
+    FlexAttention's compiles over rows of 8 other lengths (dynamo's counters: graphs, recompiles,
+    graph breaks): a compile per length would stall every new micro-batch shape."""
+    import torch.nn.functional as F
+
+    import grpo
+
+    length, heads, kv_heads, dim = sizes.attention_tokens, 14, 2, 64
+    g = torch.Generator().manual_seed(0)
+
+    def tensor(h: int) -> torch.Tensor:
+        return torch.randn(1, h, length, dim, generator=g).to(device, dtype).requires_grad_()
+
+    q, k, v = tensor(heads), tensor(kv_heads), tensor(kv_heads)
+    grad = torch.randn(1, heads, length, dim, generator=g).to(device, dtype)
+    cu = torch.arange(0, length + 1, length // ATTENTION_DOCUMENTS, device=device)
+    document_ids = torch.repeat_interleave(torch.arange(ATTENTION_DOCUMENTS, device=device), length // ATTENTION_DOCUMENTS)
+    variants = {
+        "document_auto": lambda: grpo.document_attention(q, k, v, cu),
+        "document_sdpa": lambda: grpo.document_attention(q, k, v, cu, backend="sdpa"),
+        "causal_sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+    }
+    if device.type == "cuda":
+        variants["document_flex"] = lambda: grpo.document_attention(q, k, v, cu, backend="flex")
+        dense = grpo.block_causal_mask(document_ids[None], dtype)
+        variants["dense_mask_sdpa"] = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True)
+    result: dict = {"tokens": length, "documents": ATTENTION_DOCUMENTS, "heads": [heads, kv_heads, dim], "ms": {}}
+    for name, attend in variants.items():
+        try:
+            def step(attend=attend) -> None:
+                attend().backward(grad)
+                q.grad = k.grad = v.grad = None
+
+            step()  # warm-up (compiles FlexAttention at this length)
+            times, _ = timed(step, max(5, sizes.repeats), device)
+            result["ms"][name] = {"median": 1e3 * statistics.median(times), "min": 1e3 * min(times)}
+        except Exception as exc:
+            result["ms"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    if device.type == "cuda":
+        from torch._dynamo.utils import counters
+
+        before = dynamo_counters()
+        for other in range(1, 9):  # 8 new lengths, each a multiple of 16 documents
+            n = (length // 2 + other * 1040) // ATTENTION_DOCUMENTS * ATTENTION_DOCUMENTS
+            qs, ks, vs = (torch.randn(1, h, n, dim, device=device, dtype=dtype) for h in (heads, kv_heads, kv_heads))
+            grpo.document_attention(qs, ks, vs, torch.arange(0, n + 1, n // ATTENTION_DOCUMENTS, device=device), backend="flex")
+        after = dynamo_counters()
+        result["compiles_over_8_lengths"] = {key: after[key] - before.get(key, 0) for key in after}
+        result["graph_breaks"] = dict(counters["graph_break"])
+    return result
+
+
+def dynamo_counters() -> dict[str, int]:
+    """dynamo's running totals: frames compiled (``unique_graphs``), recompiles, graph breaks."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "calls_captured": int(counters["stats"].get("calls_captured", 0)),
+        "recompiles": int(sum(counters["recompiles"].values())) if "recompiles" in counters else 0,
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+    }
 
 
 def check_shared_prompt(device: torch.device, sizes: Sizes, dtype: torch.dtype) -> list[dict]:
@@ -305,6 +411,7 @@ def check_rollouts(device: torch.device, sizes: Sizes, dtype: torch.dtype, model
 
     from prime_rl.api.protocol import PendingBatch
     from prime_rl.config import load_config
+    from prime_rl.inference.backend import HFBackend, SamplingParams
     from prime_rl.inference.select import make_backend
     from prime_rl.validator.verdicts import validate_batch
 
@@ -326,13 +433,27 @@ def check_rollouts(device: torch.device, sizes: Sizes, dtype: torch.dtype, model
             KEY, tokenizer, texts.__getitem__, 64, sizes.group_size, sizes.prompts, sizes.new_tokens
         )
         worker = run.worker("honest")
-        short = dataclasses.replace(run, max_new_tokens=min(8, sizes.new_tokens))
-        worker.answer(short.lease("gpu-check", 0, 0)[0], backend)  # warm-up (8 tokens)
+        # Cold: the first batch at these shapes (CUDA graph capture, attention kernels' plans per shape).
+        cold, _ = timed(lambda: worker.answer(run.lease("gpu-check", 0, 0)[0], backend), 1, device)
         lease, record = run.lease("gpu-check", 0, 1)
         times, batch = timed(lambda: worker.answer(lease, backend), 1, device)
         worker_tokens = sum(len(s.completion_tokens) for s in batch.samples)
         generation = {"sequences": batch_size, "new_tokens": sizes.new_tokens, "worker_s": times[0],
-                      "worker_tokens_per_s": worker_tokens / times[0]}  # fmt: skip
+                      "worker_tokens_per_s": worker_tokens / times[0], "worker_cold_s": cold[0],
+                      "worker_decode": backend.decode, "graph_error": backend.graph_error}  # fmt: skip
+        # The same decode loop with the other decode steps, warm (one full-length batch first).
+        prompts_list = [s.prompt_tokens for s in batch.samples]
+        seeds = [s.sampling_seed for s in batch.samples]
+        params = SamplingParams(temperature=1.0, max_new_tokens=sizes.new_tokens)
+        modes = ("dynamic", "static") + (("graph",) if device.type == "cuda" else ())
+        for mode in modes:
+            other = HFBackend(model_dir, model=backend.model, tokenizer=backend.tokenizer, device=device,
+                              max_batch_size=batch_size, decode=mode)  # fmt: skip
+            other.generate(prompts_list, seeds, params)
+            elapsed, out = timed(lambda other=other: other.generate(prompts_list, seeds, params), 1, device)
+            same = [c.completion_tokens for c in out] == [s.completion_tokens for s in batch.samples]
+            generation[f"{mode}_tokens_per_s"] = batch_size * sizes.new_tokens / elapsed[0]
+            generation[f"{mode}_same_tokens_as_worker"] = same
 
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
         width = max(len(s.prompt_tokens) for s in batch.samples)  # left-padded: a real tokenizer's are ragged
@@ -351,7 +472,7 @@ def check_rollouts(device: torch.device, sizes: Sizes, dtype: torch.dtype, model
                     top_k=0, top_p=1.0, pad_token_id=0,
                 )  # fmt: skip
 
-        plain_generate(min(8, sizes.new_tokens))  # warm-up
+        plain_generate(sizes.new_tokens)  # warm-up at full length: the same shapes as the timed call
         times, _ = timed(lambda: plain_generate(sizes.new_tokens), 1, device)
         generation.update(generate_s=times[0], generate_tokens_per_s=batch_size * sizes.new_tokens / times[0])
 
@@ -388,6 +509,140 @@ def check_rollouts(device: torch.device, sizes: Sizes, dtype: torch.dtype, model
     return {"generation": generation, "validator": validator}
 
 
+def check_noise(device: torch.device, sizes: Sizes, dtype: torch.dtype, out: Path, partial: dict) -> dict:
+    """The bf16 noise of this device, and what the bf16 per-sample rules make of honest work.
+
+    The honest worker (``HFBackend`` as ``make_backend`` builds it: the CUDA-graph decode on a GPU)
+    answers leases; the validator (``validate_batch``, a dynamic-decode ``HFBackend`` over the same
+    weights, prefilling 16 samples at a time) judges them. First the calibration samples (their
+    own prompts and seeds) give the :class:`toploc.NoiseProfile`; then held-out samples at each
+    row's length are judged with ``for_precision(checks, dtype, profile)``: the rule a run's
+    validator uses. Each row also says what the configured worst-margin rule (no profile) would
+    have rejected. Rows are saved into ``out`` as they finish (``partial`` is the result so far).
+    """
+    import numpy as np
+    from transformers import AutoConfig, AutoTokenizer
+    from validator_setup import TinyRun
+
+    import toploc
+    from prime_rl.api.protocol import PendingBatch
+    from prime_rl.config import load_config
+    from prime_rl.inference.backend import HFBackend
+    from prime_rl.inference.select import make_backend
+    from prime_rl.validator.checks import sampling_problem
+    from prime_rl.validator.tolerances import for_precision
+    from prime_rl.validator.verdicts import validate_batch
+
+    dtype_name = "bfloat16" if dtype == torch.bfloat16 else "float32"
+    result: dict = {"dtype": dtype_name, "rows": []}
+    partial["noise"] = result
+    with tempfile.TemporaryDirectory(prefix="gpu_check_noise_") as scratch:
+        model_dir = Path(scratch)
+        qwen2_model(sizes.shape, 8192 + 1024, dtype, device).save_pretrained(model_dir)
+        byte_tokenizer(sizes.shape["vocab"]).save_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        config = load_config(None, ["--model.path", str(model_dir), "--model.dtype", dtype_name])
+        widest = max(r.prompts * r.group for r in (*sizes.noise_rows, sizes.noise_calibration))
+        worker_backend = make_backend(config, backend="hf", device=device, max_batch_size=widest)
+        judge_backend = HFBackend(model_dir, model=worker_backend.model, tokenizer=tokenizer, device=device,
+                                  max_batch_size=16, decode="dynamic")  # fmt: skip
+        eos = tokenizer.eos_token_id
+        hidden_size = int(AutoConfig.from_pretrained(model_dir).hidden_size)
+        letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+        result["worker_decode"] = worker_backend.decode
+
+        def judge(row: NoiseRow, name: str, text_seed: int, rule_of) -> tuple[Counter, list, int, float, float]:
+            g = np.random.default_rng(text_seed)
+            texts = {t: "".join(g.choice(letters, row.prompt)) for t in range(64)}  # a token a letter
+            run = TinyRun(KEY, tokenizer, texts.__getitem__, 64, row.group, row.prompts, row.new)
+            base = dataclasses.replace(
+                run.checks(), hidden_size=hidden_size, vocab_size=len(tokenizer),
+                eos_token_ids=frozenset([eos] if isinstance(eos, int) else []),
+            )  # fmt: skip
+            checks = rule_of(base)
+            worker = run.worker("honest")
+            reasons: Counter = Counter()
+            observed: list = []
+            generate_s = judge_s = 0.0
+            for index in range(row.leases):
+                lease, record = run.lease(name, 0, index)
+                began = time.perf_counter()
+                batch = worker.answer(lease, worker_backend)
+                sync(device)
+                generate_s += time.perf_counter() - began
+                pending = PendingBatch(
+                    batch_id=f"{name}-{index}", worker_id=batch.worker_id, step=batch.step,
+                    batch_index=batch.batch_index, policy_version=batch.policy_version, received_at=time.time(),
+                    lease=record, samples=batch.samples,
+                )  # fmt: skip
+                began = time.perf_counter()
+                verdicts = validate_batch(
+                    pending, tasks=run, backend_for=lambda version: judge_backend, decode=run.decode,
+                    checks=checks, observe=lambda i, observations: observed.append(observations),
+                )  # fmt: skip
+                sync(device)
+                judge_s += time.perf_counter() - began
+                reasons.update(v.reason for v in verdicts)
+            return reasons, observed, base, generate_s, judge_s
+
+        cal = sizes.noise_calibration
+        reasons, observations, base, generate_s, judge_s = judge(cal, "noise-calibration", 1, lambda c: c)
+        profile = toploc.NoiseProfile.calibrate(
+            observations, description={"device": result.get("device", str(device)), "dtype": dtype_name}
+        )
+        result["calibration"] = {
+            "samples": cal.samples, "prompt": cal.prompt, "new": cal.new,
+            "tokens": sum(o.num_tokens for o in observations), "generate_s": generate_s, "judge_s": judge_s,
+            "noise": noise_quantiles(observations),
+            "statistics": [statistic.summary() for statistic in profile.statistics],
+        }  # fmt: skip
+        rule = for_precision(base, dtype_name, profile)
+        result["rule"] = {
+            "sampling_tolerance": rule.sampling_rule.tolerance if rule.sampling_rule else None,
+            "rate": rule.sampling_rule.rate if rule.sampling_rule else None,
+            "hard_limit": rule.sampling_rule.hard_limit if rule.sampling_rule else None,
+            "logprob_atol": rule.validator.logprob_atol,
+        }
+        out.write_text(json.dumps(partial, indent=1, default=str) + "\n")
+        for number, row in enumerate(sizes.noise_rows):
+            began = time.perf_counter()
+            try:
+                reasons, observations, base, generate_s, judge_s = judge(
+                    row, f"noise-test-{number}", 100 + number, lambda c: for_precision(c, dtype_name, profile)
+                )
+            except Exception as exc:
+                result["rows"].append({"prompt": row.prompt, "new": row.new, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                continue
+            configured = sum(
+                sampling_problem(
+                    torch.from_numpy(o.sampling_margin), tolerance=base.validator.sampling_tolerance,
+                    max_mismatch_fraction=base.validator.sampling_max_mismatch_fraction,
+                ) is not None or float(o.logprob_gap.mean()) > base.validator.logprob_atol
+                for o in observations
+            )  # fmt: skip
+            accepted = reasons.pop("ok", 0)
+            result["rows"].append({
+                "prompt": row.prompt, "new": row.new, "tokens": row.prompt + row.new, "samples": row.samples,
+                "accepted": accepted, "rejected": dict(reasons),
+                "configured_rule_would_reject": configured, "observed": len(observations),
+                "generate_s": generate_s, "judge_s": judge_s, "seconds": time.perf_counter() - began,
+                "noise": noise_quantiles(observations),
+            })  # fmt: skip
+            out.write_text(json.dumps(partial, indent=1, default=str) + "\n")
+    return result
+
+
+def noise_quantiles(observations: list) -> dict:
+    """Per sample: worst sampling margin, mean log-prob gap, most proof exponent mismatches."""
+    return {
+        "worst_sampling_margin": quantiles([float(o.sampling_margin.max()) for o in observations]),
+        "mean_logprob_gap": quantiles([float(o.logprob_gap.mean()) for o in observations]),
+        "proof_exp_mismatches": quantiles(
+            [float(o.proof_exp_mismatches.max()) for o in observations if o.proof_exp_mismatches.size]
+        ),
+    }
+
+
 def quantiles(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
@@ -400,71 +655,125 @@ def quantiles(values: list[float]) -> dict[str, float] | None:
 
 
 def table(result: dict) -> str:
-    """One table of every figure (what, value), section by section."""
-    lines = [f"gpu_check on {result['environment']['device']} (driver {result['environment']['driver']}, "
-             f"torch {result['environment']['torch']}, CUDA {result['environment']['cuda']}), "
-             f"{'smoke' if result['smoke'] else 'full'} sizes, {result['seconds']:.0f} s"]  # fmt: skip
+    """One table of every figure (what, value), section by section (sections not run are left out)."""
+    env = result["environment"]
+    lines = [f"gpu_check on {env['device']} (driver {env['driver']}, torch {env['torch']}, CUDA {env['cuda']}, "
+             f"transformers {env['transformers']}), {'smoke' if result['smoke'] else 'full'} sizes, "
+             f"{result['seconds']:.0f} s"]  # fmt: skip
     rows: list[tuple[str, str, str]] = []
-    toploc_result = result["toploc"]
-    if "error" in toploc_result:
-        rows.append(("toploc", "error", toploc_result["error"]))
-    else:
-        for path in ("cpu", "gpu_kernels", "gpu_torch"):
-            if path in toploc_result:
-                figures = toploc_result[path]
-                equal = (
-                    ""
-                    if path == "cpu"
-                    else f"; proofs equal CPU: {figures['proofs_equal_cpu']}, verdicts equal: {figures['verdicts_equal_cpu']}"
-                )
-                rows.append(("toploc", path, f"build {figures['build_ms']:.2f} ms, verify {figures['verify_ms']:.2f} ms, "
-                             f"stream {figures['stream_ms']:.2f} ms{equal}"))  # fmt: skip
-        rows.append(("toploc", "kernels", str(toploc_result["kernels"])))
-    for row in result["trainer"] if isinstance(result["trainer"], list) else [result["trainer"]]:
-        name = f"{row.get('variant', '')} @ {row.get('tokens', '')}"
-        if "error" in row:
-            rows.append(("trainer", name, row["error"]))
-        else:
-            peak = f", peak {row['peak_gib']:.1f} GiB" if row["peak_gib"] is not None else ""
-            rows.append(("trainer", name, f"{1e3 * row['median_s']:.0f} ms (min {1e3 * row['min_s']:.0f}), "
-                         f"{row['tokens_per_s']:,.0f} tok/s{peak}"))  # fmt: skip
-    for row in (
-        result["shared_prompt"] if isinstance(result["shared_prompt"], list) else [result["shared_prompt"]]
-    ):
-        name = f"{row.get('layout', '')} G={row.get('group', '')} P={row.get('prompt', '')}"
-        if "error" in row:
-            rows.append(("prompt", name, row["error"]))
-        else:
-            peak = f", peak {row['peak_gib']:.1f} GiB" if row["peak_gib"] is not None else ""
-            rows.append(
-                (
-                    "prompt",
-                    name,
-                    f"{1e3 * row['median_s']:.0f} ms, {row['tokens_per_s']:,.0f} loss tok/s{peak}",
-                )
-            )
-    rollouts = result["rollouts"]
-    if "error" in rollouts:
-        rows.append(("rollouts", "error", rollouts["error"]))
-    else:
-        gen, val = rollouts["generation"], rollouts["validator"]
-        rows.append(("generation", f"{gen['sequences']} x {gen['new_tokens']}",
-                     f"worker {gen['worker_tokens_per_s']:,.0f} tok/s, model.generate {gen['generate_tokens_per_s']:,.0f} tok/s"))  # fmt: skip
-        rows.append(
-            (
-                "validator",
-                f"{val['samples']} samples",
-                f"accepted {val['accepted']}, rejected {val['rejected']}, {val['seconds']:.2f} s",
-            )
-        )
-        for name, q in val["noise"].items():
-            if q is not None:
-                rows.append(
-                    ("validator", name, f"p50 {q['p50']:.4g}, p90 {q['p90']:.4g}, max {q['max']:.4g}")
-                )
+    for name in ("toploc", "attention", "trainer", "shared_prompt", "rollouts", "noise"):
+        part = result.get(name)
+        if part is None:
+            continue
+        if isinstance(part, dict) and "error" in part:
+            rows.append((name, "error", part["error"]))
+            continue
+        rows.extend(TABLE_ROWS[name](part))
     width = max(len(r[1]) for r in rows)
     lines += [f"{section:11} {name:{width}}  {value}" for section, name, value in rows]
     return "\n".join(lines)
+
+
+def _toploc_rows(part: dict) -> list[tuple[str, str, str]]:
+    rows = []
+    for path in ("cpu", "gpu_kernels", "gpu_torch"):
+        if path not in part:
+            continue
+        f = part[path]
+        value = f"build {f['build_ms']:.2f} ms, verify {f['verify_ms']:.2f} ms, stream {f['stream_ms']:.2f} ms"
+        if path != "cpu":
+            value += (f"; verify/build at {part['verify_tokens']:,} tokens {f['verify_over_build']:.2f}x; "
+                      f"proofs equal CPU: {f['proofs_equal_cpu'] and f['proofs_at_verify_tokens_equal_cpu']}, "
+                      f"verdicts equal: {f['verdicts_equal_cpu']}")  # fmt: skip
+        rows.append(("toploc", path, value))
+    rows.append(("toploc", "kernels", str(part["kernels"])))
+    return rows
+
+
+def _attention_rows(part: dict) -> list[tuple[str, str, str]]:
+    rows = []
+    for name, f in part["ms"].items():
+        value = f.get("error") or f"{f['median']:.3f} ms fwd+bwd (min {f['min']:.3f})"
+        rows.append(("attention", f"{name} @ {part['tokens']} / {part['documents']} docs", value))
+    if "compiles_over_8_lengths" in part:
+        rows.append(("attention", "flex over 8 new lengths", str(part["compiles_over_8_lengths"])))
+    return rows
+
+
+def _step_rows(section: str, name_of, rate: str):
+    def rows_of(part: list) -> list[tuple[str, str, str]]:
+        rows = []
+        for row in part:
+            if "error" in row or "out_of_memory" in row:
+                rows.append((section, name_of(row), row.get("error") or "out of memory"))
+                continue
+            peak = f", peak {row['peak_gib']:.1f} GiB" if row.get("peak_gib") is not None else ""
+            rows.append((section, name_of(row), f"{1e3 * row['median_s']:.0f} ms (min {1e3 * row['min_s']:.0f}), "
+                         f"{row['tokens_per_s']:,.0f} {rate}{peak}"))  # fmt: skip
+        return rows
+
+    return rows_of
+
+
+def _rollout_rows(part: dict) -> list[tuple[str, str, str]]:
+    gen, val = part["generation"], part["validator"]
+    modes = ", ".join(f"{m} {gen[f'{m}_tokens_per_s']:,.0f}" for m in ("dynamic", "static", "graph") if f"{m}_tokens_per_s" in gen)
+    rows = [
+        ("generation", f"{gen['sequences']} x {gen['new_tokens']}",
+         f"worker ({gen.get('worker_decode')}) {gen['worker_tokens_per_s']:,.0f} tok/s (cold {gen.get('worker_cold_s', 0):.1f} s), "
+         f"model.generate {gen['generate_tokens_per_s']:,.0f} tok/s"),
+        ("generation", "decode steps, warm", f"{modes} tok/s; graph error: {gen.get('graph_error')}"),
+        ("validator", f"{val['samples']} samples", f"accepted {val['accepted']}, rejected {val['rejected']}, {val['seconds']:.2f} s"),
+    ]  # fmt: skip
+    rows += [("validator", name, _quantile_text(q)) for name, q in val["noise"].items() if q is not None]
+    return rows
+
+
+def _noise_rows(part: dict) -> list[tuple[str, str, str]]:
+    rows = []
+    if "calibration" in part:
+        cal = part["calibration"]
+        rows.append(("noise", f"calibration {cal['samples']} x {cal['prompt']}+{cal['new']}",
+                     f"{cal['tokens']:,} tokens; rule {part.get('rule')}"))  # fmt: skip
+    for row in part.get("rows", []):
+        name = f"{row.get('samples', '')} x {row['prompt']}+{row['new']}"
+        if "error" in row:
+            rows.append(("noise", name, row["error"]))
+            continue
+        rows.append(("noise", name, f"accepted {row['accepted']}, rejected {row['rejected']} "
+                     f"(configured rule alone: {row['configured_rule_would_reject']}); "
+                     f"margin {_quantile_text(row['noise']['worst_sampling_margin'])}"))  # fmt: skip
+    return rows
+
+
+def _quantile_text(q: dict | None) -> str:
+    return "-" if q is None else f"p50 {q['p50']:.4g}, p90 {q['p90']:.4g}, max {q['max']:.4g}"
+
+
+TABLE_ROWS = {
+    "toploc": _toploc_rows,
+    "attention": _attention_rows,
+    "trainer": _step_rows("trainer", lambda r: f"{r.get('variant', '')} @ {r.get('tokens', '')}", "tok/s"),
+    "shared_prompt": _step_rows(
+        "prompt", lambda r: f"{r.get('layout', '')} G={r.get('group', '')} P={r.get('prompt', '')}", "loss tok/s"
+    ),
+    "rollouts": _rollout_rows,
+    "noise": _noise_rows,
+}
+
+
+def failures(result: dict) -> list[str]:
+    """Every section or row that recorded an error."""
+    found = []
+    for name in ("toploc", "attention", "trainer", "shared_prompt", "rollouts", "noise"):
+        part = result.get(name)
+        if isinstance(part, dict) and "error" in part:
+            found.append(name)
+        rows = part if isinstance(part, list) else (part or {}).get("rows", []) if isinstance(part, dict) else []
+        found += [f"{name} row {i}" for i, row in enumerate(rows) if "error" in row]
+        if name == "attention" and isinstance(part, dict):
+            found += [f"attention {k}" for k, v in part.get("ms", {}).items() if "error" in v]
+    return found
 
 
 def guarded(fn, *args) -> dict | list:
@@ -485,6 +794,7 @@ def main(argv: list[str] | None = None) -> int:
         "--model", type=Path, help="a local HF model directory for the generation and validator rows"
     )
     parser.add_argument("--out", type=Path, help="where the JSON goes")
+    parser.add_argument("--sections", help="comma-separated sections to run (default: all, in order)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     sizes = SMOKE if args.smoke else FULL
@@ -493,26 +803,32 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     result: dict = {"smoke": args.smoke, "environment": environment(device), "dtype": str(dtype)}
     out.parent.mkdir(parents=True, exist_ok=True)
-    sections = (
-        ("toploc", check_toploc, (device, sizes)),
-        ("trainer", check_trainer, (device, sizes, dtype)),
-        ("shared_prompt", check_shared_prompt, (device, sizes, dtype)),
-        ("rollouts", check_rollouts, (device, sizes, dtype, args.model)),
-    )
-    for name, check, check_args in sections:
+    sections = {
+        "toploc": (check_toploc, (device, sizes)),
+        "attention": (check_attention, (device, sizes, dtype)),
+        "trainer": (check_trainer, (device, sizes, dtype)),
+        "shared_prompt": (check_shared_prompt, (device, sizes, dtype)),
+        "rollouts": (check_rollouts, (device, sizes, dtype, args.model)),
+        "noise": (check_noise, (device, sizes, dtype, out, result)),
+    }
+    chosen = args.sections.split(",") if args.sections else list(sections)
+    if unknown := set(chosen) - set(sections):
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {list(sections)}")
+    for name in chosen:
+        check, check_args = sections[name]
         began = time.perf_counter()
         print(f"[gpu_check] {name} ...", flush=True)
         result[name] = guarded(check, *check_args)
         result.setdefault("section_seconds", {})[name] = time.perf_counter() - began
+        result.setdefault("dynamo", {})[name] = dynamo_counters()
         result["seconds"] = time.perf_counter() - start
         # Saved after every section: a run stopped at its time limit keeps what it measured.
         out.write_text(json.dumps(result, indent=1, default=str) + "\n")
         print(f"[gpu_check] {name} done in {result['section_seconds'][name]:.1f} s", flush=True)
     print(table(result))
     print(f"JSON: {out}")
-    failed = any("error" in part for part in (result["toploc"], result["rollouts"]) if isinstance(part, dict))
-    for trainer in (result["trainer"], result["shared_prompt"]):
-        failed |= isinstance(trainer, dict) or any("error" in row for row in trainer)
+    if failed := failures(result):
+        print("failed:", ", ".join(failed))
     return 1 if failed else 0
 
 

@@ -333,8 +333,22 @@ def _episode_checks(p: Pending, env: EpisodeEnv, decode: Callable[[Sequence[int]
 def model_checks(
     pending: list[Pending], backend: GenerationBackend, checks: Checks, observe: Observer | None
 ) -> None:
-    """One prefill for every live sample, then the proof, sampling and log-prob checks."""
+    """One prefill for every live sample, then the proof, sampling and log-prob checks.
+
+    The live samples are prefilled ``backend.max_batch_size`` at a time, and each chunk is checked
+    before the next is prefilled: a prefill holds fp32 logits ``[completion, V]`` per sample
+    (622 MB for 1,024 tokens of Qwen's 152k vocabulary), so a whole batch of long samples at once
+    would not fit on a GPU. A chunk whose prefill fails is rejected whole.
+    """
     alive = [p for p in pending if p.alive]
+    chunk = max(1, int(getattr(backend, "max_batch_size", len(alive)) or len(alive)))
+    for start in range(0, len(alive), chunk):
+        _model_checks_chunk(alive[start : start + chunk], backend, checks, observe)
+
+
+def _model_checks_chunk(
+    alive: list[Pending], backend: GenerationBackend, checks: Checks, observe: Observer | None
+) -> None:
     try:
         prefills = backend.prefill(
             [p.sample.prompt_tokens for p in alive], [p.sample.completion_tokens for p in alive]
