@@ -443,9 +443,11 @@ class _StaticStep:
         device, total = prompt_mask.device, self.width + limit
         self.decoder = decoder
         self.column = torch.full((1,), self.width, dtype=torch.long, device=device)
-        keys, values = [], []
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
         for layer in cache.layers:
-            for prefilled, out in ((layer.keys, keys), (layer.values, values)):
+            prefill: Any = layer  # a DynamicLayer: keys and values [B, Hkv, width, D]
+            for prefilled, out in ((prefill.keys, keys), (prefill.values, values)):
                 buffer = prefilled.new_zeros(prefilled.shape[0], prefilled.shape[1], total, prefilled.shape[3])
                 buffer[:, :, : self.width] = prefilled
                 out.append(buffer)
