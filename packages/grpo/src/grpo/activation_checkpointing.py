@@ -1,11 +1,12 @@
 """Activation checkpointing of a transformers model's decoder layers, recomputed with the forward's attention.
 
 At INTELLECT-2's 32k-token rows the activations each decoder layer keeps for backward dominate
-training memory. Checkpointing keeps only each layer's input and runs the layer's forward again
-during ``backward()`` (non-reentrant ``torch.utils.checkpoint``): activation memory of one layer
-instead of all of them, for about one more forward of compute, with the same gradients. It goes
-through transformers' own ``gradient_checkpointing_enable``, so the module tree, the parameter
-names (checkpoints, ``state_dict``) and FSDP2's per-layer wrapping stay as they are.
+training memory. Checkpointing keeps only each layer's input hidden states and runs the layer's
+forward again during ``backward()`` (non-reentrant ``torch.utils.checkpoint``), so the full
+activations of one layer at a time are alive, for about one more forward of compute, with the same
+gradients. It goes through transformers' own ``gradient_checkpointing_enable``, so the module
+tree, the parameter names (checkpoints, ``state_dict``) and FSDP2's per-layer wrapping stay as
+they are.
 
 Pitfall (why this module exists): the recompute runs *during backward*, and a transformers
 attention layer looks its attention function up from the mutable ``config._attn_implementation``
