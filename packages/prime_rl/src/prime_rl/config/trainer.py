@@ -55,9 +55,9 @@ class TrainerConfig(Section):
     )
     activation_checkpointing: bool = Field(
         default=False,
-        description="Recompute each decoder layer's activations in backward instead of keeping them "
-        "(grpo.enable_activation_checkpointing): activation memory of one layer instead of all, for about "
-        "one more forward per step; what lets INTELLECT-2's 32k-token rows fit. Same gradients.",
+        description="Recompute each decoder layer in backward instead of keeping its activations "
+        "(grpo.enable_activation_checkpointing): a layer keeps only its input hidden states, for about one "
+        "more forward per step; what lets INTELLECT-2's 32k-token rows fit. Same gradients.",
     )
     total_steps: int = Field(
         default=10, ge=0, description="Policy versions to train; the trainer exits after the last."
