@@ -11,8 +11,8 @@ error and the others still run):
   CPU must be byte-identical, and verification results equal; timings of batch build (8,192
   tokens, H = 5120), verify (65,536 tokens) and the streaming ``ProofBuilder`` (256 x 32 tokens);
 * ``trainer``: one AdamW step (grpo "intellect2") on a packed row of 4,096 and 16,384 tokens,
-  16 sequences, bf16: document attention with the chunked head and with full logits, today's
-  dense-mask step, and a plain HF step (``benchmarks/trainer_bench.py`` has the steps); time,
+  16 sequences, bf16: document attention with the chunked head, with full logits and with
+  activation checkpointing, today's dense-mask step, and a plain HF step (``benchmarks/trainer_bench.py`` has the steps); time,
   peak memory, tokens/s;
 * ``prompt`` (shared prompt): one AdamW step on one GRPO group (``G`` = 8, 16; prompts of 150 and
   1,000 tokens; completions 64-256), packed as today against the prompt computed once
@@ -218,7 +218,7 @@ def check_trainer(device: torch.device, sizes: Sizes, dtype: torch.dtype) -> lis
     for tokens in sizes.trainer_tokens:
         samples = packed_samples(tokens, sizes.shape["vocab"])
         steps = make_steps(model, samples, tokens, device)
-        for variant in ("document", "document_full", "dense", "plain"):
+        for variant in ("document", "document_full", "document_ckpt", "dense", "plain"):
             row: dict = {"tokens": tokens, "variant": variant}
             try:
                 steps[variant]()  # warm-up: compiles FlexAttention on the first call at a length
