@@ -137,3 +137,25 @@ def test_trainer_process_checkpoints_its_model(tmp_path: Path, tiny_lm_dir: Path
         assert all(not torch.equal(v, initial[k]) for k, v in after[checkpointing].items())  # all trained
     for name, value in after[False].items():
         torch.testing.assert_close(after[True][name], value, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
+@pytest.mark.parametrize("share_prompts", [False, True], ids=["documents", "shared_prompts"])
+def test_cuda_checkpointed_step_equals_the_step_without(share_prompts: bool) -> None:
+    # On the GPU the recompute runs compiled FlexAttention (or flash-attention varlen) inside backward.
+    micro = make_micro_batches(group_samples(GROUPS), 60, share_prompts=share_prompts)
+    results = []
+    for checkpointing in (False, True):
+        model = make_tiny_lm(arch="qwen2").train().cuda()
+        if checkpointing:
+            grpo.enable_activation_checkpointing(model)
+        metrics = train_minibatch(
+            model, torch.optim.SGD(model.parameters(), lr=0.0), micro, None, grpo.Loss("intellect2"),
+            temperature=0.7, constant=8.0, max_grad_norm=1e9, device=torch.device("cuda"),
+        )  # fmt: skip
+        results.append((metrics, {name: p.grad.cpu() for name, p in model.named_parameters()}))
+    (reference, reference_grads), (ours, our_grads) = results
+    assert ours.loss == pytest.approx(reference.loss, rel=1e-6)
+    for name, grad in reference_grads.items():
+        torch.testing.assert_close(our_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
