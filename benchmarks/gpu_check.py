@@ -11,8 +11,8 @@ error and the others still run):
   CPU must be byte-identical, and verification results equal; timings of batch build (8,192
   tokens, H = 5120), verify (65,536 tokens) and the streaming ``ProofBuilder`` (256 x 32 tokens);
 * ``trainer``: one AdamW step (grpo "intellect2") on a packed row of 4,096 and 16,384 tokens,
-  16 sequences, bf16: document attention with the chunked head and with full logits, today's
-  dense-mask step, and a plain HF step (``benchmarks/trainer_bench.py`` has the steps); time,
+  16 sequences, bf16: document attention with the chunked head, with full logits and with
+  activation checkpointing, today's dense-mask step, and a plain HF step (``benchmarks/trainer_bench.py`` has the steps); time,
   peak memory, tokens/s;
 * ``prompt`` (shared prompt): one AdamW step on one GRPO group (``G`` = 8, 16; prompts of 150 and
   1,000 tokens; completions 64-256), packed as today against the prompt computed once
@@ -253,8 +253,6 @@ def check_trainer(device: torch.device, sizes: Sizes, dtype: torch.dtype) -> lis
         samples = packed_samples(tokens, sizes.shape["vocab"])
         steps = make_steps(model, samples, tokens, device)
         for variant in variants:
-            if variant not in steps:  # a variant trainer_bench does not have (yet)
-                continue
             row: dict = {"tokens": tokens, "variant": variant}
             try:
                 steps[variant]()  # warm-up: compiles FlexAttention on the first call at a length
@@ -451,7 +449,7 @@ def check_rollouts(device: torch.device, sizes: Sizes, dtype: torch.dtype, model
                               max_batch_size=batch_size, decode=mode)  # fmt: skip
             other.generate(prompts_list, seeds, params)
             elapsed, out = timed(lambda other=other: other.generate(prompts_list, seeds, params), 1, device)
-            same = [c.completion_tokens for c in out] == [s.completion_tokens for s in batch.samples]
+            same = [list(c.completion_tokens) for c in out] == [list(s.completion_tokens) for s in batch.samples]
             generation[f"{mode}_tokens_per_s"] = batch_size * sizes.new_tokens / elapsed[0]
             generation[f"{mode}_same_tokens_as_worker"] = same
 

@@ -137,7 +137,9 @@ def dense_mask_attention() -> Iterator[None]:
 def make_steps(model, samples, tokens: int, device) -> dict[str, Callable[[], None]]:
     """One callable per variant, each a full step: batching, forward, backward, AdamW.
 
-    :data:`VARIANTS`, plus ``document_full``: document attention with the full-logits head.
+    :data:`VARIANTS`, plus ``document_full``: document attention with the full-logits head, and
+    ``document_ckpt``: ``document`` with activation checkpointing (``[trainer]
+    activation_checkpointing``: the decoder layers recomputed in backward), on for its step only.
     """
     import torch
 
@@ -156,6 +158,13 @@ def make_steps(model, samples, tokens: int, device) -> dict[str, Callable[[], No
             max_grad_norm=1.0, device=device, fused_lm_head=fused,
         )  # fmt: skip
         optimizer.zero_grad(set_to_none=True)
+
+    def checkpointed_step() -> None:
+        grpo.enable_activation_checkpointing(model)
+        try:
+            trainer_step()
+        finally:  # the other variants share the model
+            model.gradient_checkpointing_disable()
 
     def dense_step() -> None:
         with dense_mask_attention():
@@ -178,6 +187,7 @@ def make_steps(model, samples, tokens: int, device) -> dict[str, Callable[[], No
     return {
         "document": trainer_step,
         "document_full": lambda: trainer_step(fused=False),
+        "document_ckpt": checkpointed_step,
         "dense": dense_step,
         "plain": plain_step,
     }

@@ -25,12 +25,21 @@ def test_smoke_run_writes_every_section(tmp_path: Path) -> None:
     assert env["device"] and env["torch"] and env["transformers"] and "driver" in env
     assert result["toploc"]["cpu"]["build_ms"] > 0 and result["toploc"]["cpu"]["verify_ms"] > 0
     rows = {row["variant"]: row for row in result["trainer"]}
-    assert set(rows) == {"document", "document_full", "dense", "plain"}
+    assert set(rows) == {"document", "document_full", "document_ckpt", "dense", "plain"}
     assert all("error" not in row and row["tokens_per_s"] > 0 for row in rows.values())
     shared = {row["layout"]: row for row in result["shared_prompt"]}
     assert set(shared) == {"packed", "shared"} and all("error" not in row for row in shared.values())
+    attention = result["attention"]["ms"]
+    assert {"document_auto", "document_sdpa", "causal_sdpa"} <= set(attention)
+    assert all("error" not in figures and figures["median"] > 0 for figures in attention.values())
     generation, validator = result["rollouts"]["generation"], result["rollouts"]["validator"]
     assert generation["worker_tokens_per_s"] > 0 and generation["generate_tokens_per_s"] > 0
+    # The worker decodes with the dynamic step on the CPU; the static step draws the same tokens.
+    assert generation["worker_decode"] == "dynamic" and generation["static_same_tokens_as_worker"]
+    noise = result["noise"]
+    assert noise["calibration"]["tokens"] > 0 and len(noise["rows"]) == 2
+    for row in noise["rows"]:  # fp32 honest samples under the profile's rule: none rejected
+        assert row["accepted"] == row["samples"] and row["rejected"] == {} and row["observed"] == row["samples"]
     # Honest fp32 rollouts judged by the same weights: every one accepted, with near-zero noise.
     assert validator["accepted"] == validator["samples"] == 4 and validator["rejected"] == {}
     assert validator["noise"]["mean_logprob_gap"]["max"] < 1e-4

@@ -1,4 +1,5 @@
-"""FSDP2 data parallelism: 2 CPU ranks on gloo give the loss and gradient norm of 1 rank on the same batch.
+"""FSDP2 data parallelism: 2 CPU ranks on gloo give the loss and gradient norm of 1 rank on the same batch,
+and the same steps exactly with the decoder layers checkpointed (recomputed in backward).
 
 Each configuration runs under a real ``torchrun`` subprocess (exit code checked); rank 0 writes the
 step's metrics and a digest of the updated weights as JSON.
@@ -39,6 +40,11 @@ SCRIPT = textwrap.dedent(
             group_index=i % 2, policy_version=0, prompt_tokens=p, completion_tokens=c,
             behaviour_logprobs=[-3.0] * len(c), temperature=1.0, reward=float(i % 2), advantage=float((-1) ** i)))
     model = make_tiny_lm().train()
+    if {checkpointing}:
+        grpo.enable_activation_checkpointing(model)
+    layer_calls = [0]
+    for layer in model.model.layers:
+        layer.register_forward_pre_hook(lambda module, args: layer_calls.__setitem__(0, layer_calls[0] + 1))
     distributed.shard_model(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     # 3 rows of packed micro-batches: with 2 ranks one rank also runs an all-masked padding row.
@@ -52,7 +58,8 @@ SCRIPT = textwrap.dedent(
     state = distributed.full_state_dict(model)
     if distributed.rank() == 0:
         digest = {{k: [float(v.double().sum()), float(v.double().abs().sum())] for k, v in state.items()}}
-        json.dump({{"steps": results, "digest": digest, "world": distributed.world_size()}}, open(sys.argv[1], "w"))
+        json.dump({{"steps": results, "digest": digest, "world": distributed.world_size(), "layer_calls": layer_calls[0]}},
+                  open(sys.argv[1], "w"))
     print(f"rank {{distributed.rank()}}: steps done, shutting down", file=sys.stderr, flush=True)
     distributed.shutdown_distributed()
     print("shut down", file=sys.stderr, flush=True)  # (an abort after this line is in interpreter teardown)
@@ -66,11 +73,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_torchrun(tmp_path: Path, nproc: int, micro_tokens: int) -> dict:
+def run_torchrun(tmp_path: Path, nproc: int, micro_tokens: int, checkpointing: bool = False) -> dict:
     script = tmp_path / "fsdp_step.py"
     support = str(Path(__file__).resolve().parents[3] / "tests" / "support")
-    script.write_text(SCRIPT.format(support=support, micro_tokens=micro_tokens))
-    out = tmp_path / f"result_{nproc}.json"
+    script.write_text(SCRIPT.format(support=support, micro_tokens=micro_tokens, checkpointing=checkpointing))
+    out = tmp_path / f"result_{nproc}{'_checkpointed' if checkpointing else ''}.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
     argv = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
@@ -95,3 +102,12 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
         other_total, other_abs = two["digest"][name]
         assert other_abs == pytest.approx(absolute, rel=1e-5), name
         assert other_total == pytest.approx(total, rel=1e-4, abs=1e-4), name
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_with_activation_checkpointing_match_without(tmp_path):
+    # FSDP2 unshards a checkpointed layer again for its recompute in backward: the same steps, exactly.
+    plain = run_torchrun(tmp_path, 2, micro_tokens=40)
+    checkpointed = run_torchrun(tmp_path, 2, micro_tokens=40, checkpointing=True)
+    assert checkpointed.pop("layer_calls") > plain.pop("layer_calls")  # the layers ran again in backward
+    assert checkpointed == plain

@@ -12,7 +12,9 @@ Plus regularisers (:func:`kl_k1`, :func:`kl_k2`, :func:`kl_k3`, :func:`entropy_b
 memory-lean log-probs (:func:`selective_log_softmax`, :func:`entropy_from_logits`,
 :func:`logprobs_from_hidden`), filters, sequence packing, attention within the packed sequences
 (:func:`document_attention`, no ``L x L`` mask), a GRPO group's shared prompt computed once
-(:func:`pack_shared_prefix`, :func:`shared_prefix_attention`) and the :class:`Loss` recipe helper.
+(:func:`pack_shared_prefix`, :func:`shared_prefix_attention`), activation checkpointing that
+recomputes with the forward's attention (:func:`enable_activation_checkpointing`) and the
+:class:`Loss` recipe helper.
 
 Import cost: the errors and the recipes as plain data (:class:`LossConfig`, :data:`RECIPES`,
 :func:`loss_config`) load with the package and need no torch, so a config loader can validate a
@@ -25,7 +27,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from grpo.errors import GrpoError, InvalidParameterError, ShapeError
+from grpo.errors import GrpoError, InvalidParameterError, RecomputeError, ShapeError
 from grpo.recipes import AGGREGATION_MODES, RECIPES, AggregationMode, LossConfig, loss_config
 
 __version__ = "0.1.0"
@@ -41,6 +43,7 @@ _TORCH_EXPORTS = {
     "document_block_mask": "attention",
     "document_kwargs": "attention",
     "use_document_attention": "attention",
+    "enable_activation_checkpointing": "activation_checkpointing",
     "group_zscore": "advantages",
     "rloo": "advantages",
     "aggregate": "aggregation",
@@ -100,6 +103,7 @@ __all__ = [
     "LossOutput",
     "PackedBatch",
     "Placement",
+    "RecomputeError",
     "ShapeError",
     "SharedPlacement",
     "SharedPrefixPack",
@@ -113,6 +117,7 @@ __all__ = [
     "document_block_mask",
     "document_kwargs",
     "dppo_tv_mask",
+    "enable_activation_checkpointing",
     "entropy_bonus",
     "entropy_from_logits",
     "first_fit_decreasing",
@@ -169,6 +174,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from grpo.activation_checkpointing import enable_activation_checkpointing
     from grpo.advantages import group_center, group_zscore, rloo
     from grpo.aggregation import aggregate
     from grpo.attention import (

@@ -326,6 +326,8 @@ def use_document_attention(model: torch.nn.Module, backend: Backend = "auto") ->
     Registers the attention function with ``transformers.AttentionInterface`` (once) and switches
     with the public ``model.set_attn_implementation``; yields the registered name. Every forward
     inside must pass :func:`document_kwargs` (or :func:`grpo.shared_prefix_kwargs`).
+    Pitfall: with activation checkpointing the layers run again during ``backward()``, which must
+    then happen inside the block too (:func:`grpo.enable_activation_checkpointing` raises otherwise).
     """
     if backend not in BACKENDS:
         raise InvalidParameterError(f"backend must be one of {BACKENDS}, got {backend!r}")

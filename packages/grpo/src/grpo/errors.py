@@ -1,7 +1,7 @@
 """Exception types and the hyper-parameter checks shared by every module (torch-free).
 
 Every public function validates its inputs at the boundary and raises one of these
-(both subclass :class:`ValueError`, so ``except ValueError`` keeps working). Each valid
+(all subclass :class:`ValueError`, so ``except ValueError`` keeps working). Each valid
 range is written once here and used twice: by the function at call time and by
 :class:`grpo.LossConfig` at construction, which must work without torch (a config loader
 validates a loss on machines that never train). Tensor checks live in
@@ -10,7 +10,7 @@ validates a loss on machines that never train). Tensor checks live in
 
 from __future__ import annotations
 
-__all__ = ["GrpoError", "InvalidParameterError", "ShapeError"]
+__all__ = ["GrpoError", "InvalidParameterError", "RecomputeError", "ShapeError"]
 
 
 class GrpoError(ValueError):
@@ -23,6 +23,11 @@ class ShapeError(GrpoError):
 
 class InvalidParameterError(GrpoError):
     """A hyper-parameter outside its valid range (e.g. ``delta <= 1 + eps_high``)."""
+
+
+class RecomputeError(GrpoError):
+    """A checkpointed layer's recompute in backward would not compute what its forward did (e.g. the
+    attention implementation changed in between: :mod:`grpo.activation_checkpointing`)."""
 
 
 def check_finite_param(name: str, value: float) -> None:

@@ -17,7 +17,9 @@ Attention: through ``grpo.use_document_attention`` with ``grpo.shared_prefix_kwa
 ``MicroBatch.structure``: each completion sees its (possibly shared) prompt and itself, a plain
 sequence itself (FlexAttention, or flash-attention varlen when nothing is shared, on CUDA; SDPA per
 segment on CPU); no ``[L, L]`` mask is built, so attention memory is O(L) and the fused kernels
-stay available.
+stay available. Under activation checkpointing (``[trainer] activation_checkpointing``) the decoder
+layers run again during backward, with the same structure object (the checkpoint keeps the layer's
+keyword arguments) and, guarded by ``grpo.enable_activation_checkpointing``, the same attention.
 
 Alignment: completion token ``t`` is predicted by the hidden state at row position
 ``placement.predictor_positions()[t]`` (:func:`prime_rl.trainer.batching.completion_positions`).
@@ -109,10 +111,15 @@ def completion_forward(
 
     ``fused`` uses the chunked LM head where :func:`supports_fused_head` allows it; otherwise the
     full ``[1, L, V]`` logits are built. Both give the same values and gradients.
+    Pitfall: with activation checkpointing (``grpo.enable_activation_checkpointing``) the layers
+    run again in ``backward()``, which must then happen inside ``grpo.use_document_attention(model)``
+    as well (:func:`prime_rl.trainer.step.train_minibatch` holds it over both); a backward after
+    this function returns, outside such a block, raises ``grpo.RecomputeError``.
     """
     inputs = {
         "input_ids": micro.input_ids.to(device),
         "position_ids": micro.position_ids.to(device),
+        "use_cache": False,  # a training forward: no KV cache (which checkpointed layers refuse anyway)
         **grpo.shared_prefix_kwargs(micro.structure),
     }
     with grpo.use_document_attention(model):

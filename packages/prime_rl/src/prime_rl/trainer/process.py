@@ -88,6 +88,8 @@ class Trainer:
         self.model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=dtype)
         self.model.to(self.device)  # type: ignore[arg-type]
         self.model.train()
+        if self.cfg.activation_checkpointing:  # guarded: a recompute must attend as its forward did
+            grpo.enable_activation_checkpointing(self.model)
         self.reference = None
         if self.loss_fn.config.kl_coef > 0:  # frozen initial policy for the KL term
             self.reference = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=dtype)

@@ -12,7 +12,12 @@ in one process and under FSDP2 data parallelism:
   FSDP averages gradients over ranks;
 * gradient norm clipping uses the global norm (FSDP's DTensor norm);
 * the forward builds no ``[L, V]`` logits by default: completion log-probs come from the
-  chunked LM head (:mod:`prime_rl.trainer.forward`); ``fused_lm_head=False`` builds them.
+  chunked LM head (:mod:`prime_rl.trainer.forward`); ``fused_lm_head=False`` builds them;
+* the model attends within documents (``grpo.use_document_attention``) over every forward *and
+  backward* of the step: with activation checkpointing (``grpo.enable_activation_checkpointing``,
+  ``[trainer] activation_checkpointing``) backward recomputes the decoder layers, and a recompute
+  after the attention was restored would attend across documents (the guard raises
+  ``grpo.RecomputeError`` instead).
 
 Old log-probs: ``old_logprobs_for`` recomputes them with the current weights before the first
 update of a policy version (INTELLECT-2), or the caller passes the behaviour log-probs
@@ -108,44 +113,46 @@ def train_minibatch(
     scale = float(distributed.world_size())
     optimizer.zero_grad(set_to_none=True)
     sums = torch.zeros(8, dtype=torch.float64)  # loss, low, high, delta, ratio, mismatch, entropy, tokens
-    for i, micro in enumerate(micro_batches):
-        forward = completion_forward(
-            model, micro, device, temperature, entropy=cfg.entropy_coef > 0, fused=fused_lm_head
-        )
-        logprobs, entropy = forward.logprobs, forward.entropy
-        mask = micro.mask.to(device)
-        behaviour = micro.behaviour_logprobs.to(device)
-        old = old_logprobs[i].to(device) if old_logprobs is not None else behaviour
-        out = loss_fn(
-            logprobs,
-            old,
-            micro.advantages.to(device),
-            mask,
-            inference_logprobs=behaviour,
-            ref_logprobs=ref_logprobs[i].to(device) if ref_logprobs is not None else None,
-            entropy=entropy,
-            num_tokens=max(num_tokens, 1.0),
-            num_seqs=max(num_seqs, 1.0),
-            constant=constant,
-        )
-        (out.loss * scale).backward()
-        tokens = micro.num_loss_tokens
-        sums[0] += float(out.loss.detach())
-        if tokens == 0:  # a padding micro-batch: its metrics are 0/0
-            continue
-        m = out.metrics
-        sums[1:] += torch.tensor(
-            [
-                m.clip_low_fraction * tokens,
-                m.clip_high_fraction * tokens,
-                m.delta_capped_fraction * tokens,
-                m.mean_ratio * tokens,
-                (m.mismatch_kl or 0.0) * tokens,
-                (m.entropy or 0.0) * tokens,
-                tokens,
-            ],
-            dtype=torch.float64,
-        )
+    # Held over each backward too: checkpointed layers run their forward again there.
+    with grpo.use_document_attention(model):
+        for i, micro in enumerate(micro_batches):
+            forward = completion_forward(
+                model, micro, device, temperature, entropy=cfg.entropy_coef > 0, fused=fused_lm_head
+            )
+            logprobs, entropy = forward.logprobs, forward.entropy
+            mask = micro.mask.to(device)
+            behaviour = micro.behaviour_logprobs.to(device)
+            old = old_logprobs[i].to(device) if old_logprobs is not None else behaviour
+            out = loss_fn(
+                logprobs,
+                old,
+                micro.advantages.to(device),
+                mask,
+                inference_logprobs=behaviour,
+                ref_logprobs=ref_logprobs[i].to(device) if ref_logprobs is not None else None,
+                entropy=entropy,
+                num_tokens=max(num_tokens, 1.0),
+                num_seqs=max(num_seqs, 1.0),
+                constant=constant,
+            )
+            (out.loss * scale).backward()
+            tokens = micro.num_loss_tokens
+            sums[0] += float(out.loss.detach())
+            if tokens == 0:  # a padding micro-batch: its metrics are 0/0
+                continue
+            m = out.metrics
+            sums[1:] += torch.tensor(
+                [
+                    m.clip_low_fraction * tokens,
+                    m.clip_high_fraction * tokens,
+                    m.delta_capped_fraction * tokens,
+                    m.mean_ratio * tokens,
+                    (m.mismatch_kl or 0.0) * tokens,
+                    (m.entropy or 0.0) * tokens,
+                    tokens,
+                ],
+                dtype=torch.float64,
+            )
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     grad_norm_value = float(distributed.full_tensor(grad_norm))
     optimizer.step()
