@@ -2,6 +2,8 @@
 
 The tokenizer is character level over printable ASCII (plus `<pad>`, `<s>`, `</s>`),
 which suits the arithmetic tasks of the demo and keeps token ids predictable.
+``make_byte_tokenizer`` is a byte-level BPE one (Qwen2's kind) whose tokens split multi-byte
+UTF-8 characters, for the code that must decode such tokens one at a time.
 The model is a 2-layer Llama (or Qwen2) with random weights from a fixed seed.
 
 Used by the root ``conftest.py`` fixtures and importable directly by scripts that
@@ -40,6 +42,39 @@ def make_tiny_tokenizer() -> PreTrainedTokenizerFast:
         tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
     )
     tokenizer.padding_side = "left"  # generation pads on the left
+    return tokenizer
+
+
+BYTE_TOKENIZER_SPECIALS = ["<|im_end|>", "<|endoftext|>"]
+BYTE_TOKENIZER_ADDED = ["<think>"]  # an added token that is not special: decoding keeps it
+MULTIBYTE_TEXTS = ["é", "€", "😀", "中文", " the", "ab"]
+
+
+def make_byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A Qwen2 (byte-level BPE) tokenizer made in code, for decoding only (no merges).
+
+    Ids 0-255 are the single bytes; then every byte string inside the UTF-8 of
+    :data:`MULTIBYTE_TEXTS` (so ``"€"`` is also ``e2``, ``e2 82``, ``82 ac``, ...) and two tokens
+    that hold a whole character and part of another (``"a"`` + the first byte of ``"é"``, the last
+byte of ``"€"`` + ``"b"``); then the
+    special tokens :data:`BYTE_TOKENIZER_SPECIALS` and the added token ``<think>``.
+    """
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    pieces = [bytes([b]) for b in range(256)]
+    extra = {b"a" + "é".encode()[:1], "€".encode()[2:] + b"b"}
+    for text in MULTIBYTE_TEXTS:
+        data = text.encode()
+        extra |= {data[i:j] for i in range(len(data)) for j in range(i + 1, len(data) + 1)}
+    pieces += sorted(extra - set(pieces))
+    as_text = bytes_to_unicode()
+    vocab = {"".join(as_text[b] for b in piece): i for i, piece in enumerate(pieces)}
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab, merges=[], unk_token=None, bos_token=None, eos_token=None, pad_token=None
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": BYTE_TOKENIZER_SPECIALS})
+    tokenizer.add_tokens(BYTE_TOKENIZER_ADDED)
     return tokenizer
 
 

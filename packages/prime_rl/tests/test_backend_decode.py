@@ -2,7 +2,8 @@
 
 ``reference_generate`` is the loop ``HFBackend`` had before it kept its tokens on the device (one
 ``.tolist()`` per step, a Python active mask, a per-step ``ProofBuilder.add`` and a ``torch.cat``
-of the attention mask), kept here verbatim as the oracle.
+of the attention mask), kept here verbatim as the oracle, with the stop-string rule it had then
+(:func:`stopped_by_string`: the whole completion decoded after every token).
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ from transformers import DynamicCache
 import toploc
 from prime_rl.inference import backend as hf_module
 from prime_rl.inference.backend import PROOF_CHUNK, HFBackend, SamplingParams, proof_topk, verify_proofs
+from prime_rl.inference.contract import completion_text
 
 PROMPTS = ["12+7=", "3+4=", "100+250=", "9=", "5*5=", "1+1="]
+
+
+def stopped_by_string(tokenizer, tokens: list[int], stop: tuple[str, ...]) -> bool:
+    """The old stop rule: does the whole completion's text contain a stop string?"""
+    text = completion_text(tokenizer, tokens)
+    return any(s and s in text for s in stop)
 
 
 def reference_generate(backend: HFBackend, prompts, seeds, params) -> list[tuple]:
@@ -42,7 +50,7 @@ def reference_generate(backend: HFBackend, prompts, seeds, params) -> list[tuple
             logprobs[i].append(sampled_logp[i])
             if token in backend.eos_token_ids:
                 finish[i] = "eos"
-            elif params.stop and backend._stopped_by_string(tokens[i], params.stop):
+            elif params.stop and stopped_by_string(backend.tokenizer, tokens[i], params.stop):
                 finish[i] = "stop"
         if all(f is not None for f in finish) or step + 1 == params.max_new_tokens:
             break

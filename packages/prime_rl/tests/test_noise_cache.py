@@ -16,6 +16,7 @@ import toploc
 from prime_rl.config import RunConfig, load_config
 from prime_rl.inference.backend import HFBackend
 from prime_rl.validator import noise, noise_cache
+from prime_rl.validator.model_fingerprint import model_fingerprint
 from prime_rl.validator.noise_cache import CalibrationKey, cached_profile, key_for_run
 
 CPUINFO = "processor\t: 0\nmodel name\t: Example CPU 9000\nflags\t\t: sse avx2 fma\n"
@@ -208,13 +209,13 @@ def test_where_profiles_are_cached(tmp_path: Path, model_dir: Path, monkeypatch:
 
 
 def test_the_cache_folder_and_provenance_do_not_change_the_model_hash(model_dir: Path) -> None:
-    before = noise_cache.model_sha256(model_dir)
+    before = model_fingerprint(model_dir)
     (model_dir / "noise-profiles").mkdir()
     (model_dir / "noise-profiles" / "noise-0.json").write_text("{}")
     (model_dir / "prime_rl_source.json").write_text("{}")
-    assert noise_cache.model_sha256(model_dir) == before
+    assert model_fingerprint(model_dir) == before
     (model_dir / "config.json").write_text((model_dir / "config.json").read_text() + " ")
-    assert noise_cache.model_sha256(model_dir) != before
+    assert model_fingerprint(model_dir) != before
 
 
 def test_an_unwritable_cache_still_returns_the_measurement(tmp_path: Path, config: RunConfig) -> None:

@@ -49,6 +49,7 @@ from prime_rl.inference.contract import (
     tokenizer_eos_ids,
     verify_proofs,
 )
+from prime_rl.inference.stop_strings import StopStringMatcher
 from prime_rl.weights.files import load_policy_into
 
 __all__ = [
@@ -213,10 +214,6 @@ class HFBackend:
                 mask[i, width - len(row) :] = 1
         return ids.to(self.device), mask.to(self.device)
 
-    def _stopped_by_string(self, tokens: list[int], stop: tuple[str, ...]) -> bool:
-        text = completion_text(self.tokenizer, tokens)
-        return any(s and s in text for s in stop)
-
     @torch.no_grad()
     def _generate_batch(
         self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], params: SamplingParams
@@ -243,6 +240,10 @@ class HFBackend:
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
         finish: list[FinishReason | None] = [None] * batch
+        # Each row's stop strings are checked on its last few tokens, not on a decode of them all.
+        matchers = None
+        if any(params.stop):
+            matchers = [StopStringMatcher(self.tokenizer, params.stop) for _ in range(batch)]
         window_start = 0
         for step in range(limit):
             logits = self._lm_head(hidden).float()
@@ -253,7 +254,7 @@ class HFBackend:
             if step + 1 - window_start == window_rows.shape[1] or step + 1 == limit:
                 kept = self._settle_window(
                     sampled_tokens[:, window_start : step + 1], sampled_logprobs[:, window_start : step + 1],
-                    tokens, logprobs, finish, params.stop,
+                    tokens, logprobs, finish, matchers,
                 )  # fmt: skip
                 builder.extend(window_rows[:, : step + 1 - window_start], kept)
                 window_start = step + 1
@@ -304,13 +305,14 @@ class HFBackend:
         tokens: list[list[int]],
         logprobs: list[list[float]],
         finish: list[FinishReason | None],
-        stop: tuple[str, ...],
+        matchers: list[StopStringMatcher] | None,
     ) -> list[int]:
         """Append one window ``[B, n]`` of sampled tokens and log-probs to the running rows, in place.
 
         A row ends at its first EOS token or at the first token that completes a stop string (both
-        kept); ``finish`` records why. Returns how many of the window's positions each row kept
-        (0 for rows that had ended before the window).
+        kept); ``finish`` records why. ``matchers``: each row's stop-string check, fed every token it
+        keeps but an EOS (None: no stop strings). Returns how many of the window's positions each
+        row kept (0 for rows that had ended before the window).
         """
         new_tokens, new_logprobs = window_tokens.tolist(), window_logprobs.tolist()
         kept = [0] * len(tokens)
@@ -323,7 +325,7 @@ class HFBackend:
                 kept[i] = j + 1
                 if token in self.eos_token_ids:
                     finish[i] = "eos"
-                elif stop and self._stopped_by_string(tokens[i], stop):
+                elif matchers is not None and matchers[i].append(token):
                     finish[i] = "stop"
         return kept
 

@@ -4,7 +4,10 @@ Measuring honest noise (:mod:`prime_rl.validator.noise`) decodes thousands of to
 workers' engine and prefills them with the validator's; on 2 CPU cores that is minutes. The result
 depends only on what computes the numbers, so it is cached under a :class:`CalibrationKey`:
 
-* **model**: sha256 over the model directory's top-level files (weights, config, tokenizer);
+* **model**: :func:`~prime_rl.validator.model_fingerprint.model_fingerprint` of the model
+  directory: names and sizes of its top-level files, config and tokenizer files whole, and of
+  large weight files their safetensors headers and the two ends of every tensor (a few MiB read,
+  not the whole model; what it does not see is said there);
 * **dtype**: ``model.dtype``;
 * **engine**: the workers' decode backend (``hf``/``vllm``) and the versions of torch,
   transformers, vLLM (for a vLLM decode), toploc and prime_rl;
@@ -45,6 +48,7 @@ from typing import TYPE_CHECKING
 
 import toploc
 from prime_rl.durable import write_atomic
+from prime_rl.validator.model_fingerprint import PROVENANCE, model_fingerprint
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -57,7 +61,6 @@ __all__ = [
     "cached_profile",
     "key_for_run",
     "lookup",
-    "model_sha256",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,7 +69,6 @@ CACHE_DIRNAME = "noise-profiles"
 ENV_VAR = "PRIME_RL_NOISE_CACHE"
 """Environment variable: the cache folder, or ``off``."""
 FORMAT = "prime-rl-noise-cache/1"
-PROVENANCE = "prime_rl_source.json"  # what launch.model_cache writes into a directory it converted
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class CalibrationKey:
     """What a honest-noise profile depends on; any field that differs is a cache miss.
 
     Attributes:
-        model: sha256 of the model directory's top-level files (names and contents).
+        model: :func:`~prime_rl.validator.model_fingerprint.model_fingerprint` of the model directory.
         dtype: the model's dtype (``float32``, ``bfloat16``).
         engine: decode and prefill backends with their package versions.
         machine: CPU model/flags, GPU models and driver, visible devices and thread counts.
@@ -91,20 +93,6 @@ class CalibrationKey:
         """A short stable name for the entry (sha256 of the fields, 16 hex digits)."""
         text = json.dumps(dataclasses.asdict(self), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def model_sha256(model_dir: str | os.PathLike[str], chunk_bytes: int = 1 << 22) -> str:
-    """sha256 over the sorted top-level files of ``model_dir`` (name, size, content); the cache
-    folder and the provenance record are left out (neither changes what the model computes)."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(model_dir).iterdir()):
-        if not path.is_file() or path.name == PROVENANCE:
-            continue
-        digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
-        with path.open("rb") as handle:
-            while block := handle.read(chunk_bytes):
-                digest.update(block)
-    return digest.hexdigest()
 
 
 def _version(distribution: str) -> str:
@@ -157,8 +145,8 @@ def machine_identity(config: RunConfig, cpuinfo_path: Path = Path("/proc/cpuinfo
 
 def key_for_run(config: RunConfig, decode_backend: str, model_hash: str | None = None) -> CalibrationKey:
     """The key of a calibration of ``config`` whose decode runs on ``decode_backend`` (``hf`` alone, or
-    ``vllm`` merged with ``hf``); ``model_hash``: :func:`model_sha256`, computed when not given
-    (``config.model.path`` must then be a local directory)."""
+    ``vllm`` merged with ``hf``); ``model_hash``: the model directory's :func:`model_fingerprint`,
+    computed when not given (``config.model.path`` must then be a local directory)."""
     backend = decode_backend
     versions = {
         name: _version(name) for name in ("torch", "transformers", "intellect2-toploc", "intellect2-prime-rl")
@@ -174,7 +162,7 @@ def key_for_run(config: RunConfig, decode_backend: str, model_hash: str | None =
         "tasks": config.tasks.model_dump(mode="json"),
     }
     return CalibrationKey(
-        model=model_hash if model_hash is not None else model_sha256(config.model.path),
+        model=model_hash if model_hash is not None else model_fingerprint(config.model.path),
         dtype=config.model.dtype,
         engine=engine,
         machine=machine_identity(config),
