@@ -38,9 +38,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
+    from gpu_check import byte_tokenizer
+
     import toploc
     from prime_rl.inference.backend import HFBackend, SamplingParams, sample_next, token_logprobs
-    from gpu_check import byte_tokenizer
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     shape = (
@@ -82,7 +83,7 @@ def main() -> None:
             position = torch.full((batch, 1), 32, device=device)
             step_ids = ids[:, :1]
 
-            def step(cache=cache, use_mask=use_mask) -> None:
+            def step(cache=cache, use_mask=use_mask, mask=mask, position=position, step_ids=step_ids) -> None:
                 cache.crop(32)
                 backend._decoder(
                     input_ids=step_ids,
@@ -93,30 +94,6 @@ def main() -> None:
                 )
 
             rows[label] = timed(step, device)
-    # One layer's attention, forward + backward, at 16k tokens in 16 documents (Qwen2-0.5B heads).
-    import grpo
-    import torch.nn.functional as F
-
-    length = 256 if args.smoke else 16384
-    q = torch.randn(1, 14, length, 64, device=device, dtype=dtype, requires_grad=True)
-    k = torch.randn(1, 2, length, 64, device=device, dtype=dtype, requires_grad=True)
-    v = torch.randn(1, 2, length, 64, device=device, dtype=dtype, requires_grad=True)
-    cu = torch.arange(0, length + 1, length // 16, device=device)
-    grad = torch.randn(1, 14, length, 64, device=device, dtype=dtype)
-    variants = {
-        "causal sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
-        "document auto": lambda: grpo.document_attention(q, k, v, cu),
-        "document sdpa": lambda: grpo.document_attention(q, k, v, cu, backend="sdpa"),
-    }
-    if device.type == "cuda":
-        variants["document flex"] = lambda: grpo.document_attention(q, k, v, cu, backend="flex")
-        dense = grpo.block_causal_mask(torch.repeat_interleave(torch.arange(16, device=device), length // 16)[None], dtype)
-        variants["dense mask sdpa"] = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True)
-    for name, fn in variants.items():
-        try:
-            rows[f"attn fwd+bwd {name}"] = timed(lambda fn=fn: fn().backward(grad), device)
-        except Exception as exc:
-            print(name, "failed:", type(exc).__name__, str(exc)[:300])
     for name, ms in rows.items():
         print(f"{name:32} {ms:9.3f} ms")
     if device.type == "cuda":

@@ -238,3 +238,11 @@ def test_a_16k_token_completion_decodes_a_linear_number_of_tokens(monkeypatch: p
     # Per step: the pending tokens with the window before them, and on a commit the new window
     # alone (4.4 ids a token on this script), plus one decode of all n for the completion's text.
     assert counter.decoded <= 8 * n, counter.decoded
+
+
+@pytest.mark.parametrize("tokens", [[3, 35, 131], [3, 0, 35, 131]])
+def test_a_byte_run_made_invalid_later_is_decoded_together(tokens: list[int]) -> None:
+    # SentencePiece byte fallback: <0x00><0x20> is "\x00 " until <0x80> turns the whole run into
+    # three U+FFFD (a skipped special token inside the run changes nothing). Found by hypothesis.
+    assert completion_text(SENTENCEPIECE, tokens) == "\ufffd" * 3
+    assert matcher_stop_index(SENTENCEPIECE, tokens, ["\ufffd" * 3]) == len(tokens) - 1

@@ -144,10 +144,11 @@ class HFBackend:
     def _resolve_decode(self, decode: DecodeMode) -> DecodeMode:
         """``"auto"`` -> ``"graph"`` on CUDA where the static step applies, else ``"dynamic"``;
         ``"static"``/``"graph"`` for a model the static step cannot serve -> ValueError."""
-        config = self.model.config
+        config = getattr(self.model, "config", None)  # None: not a transformers model (a test's stand-in)
         layer_types = getattr(config, "layer_types", None) or ["full_attention"]
         fits = (
-            all(kind == "full_attention" for kind in layer_types)
+            config is not None
+            and all(kind == "full_attention" for kind in layer_types)
             and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
             and not getattr(config, "is_encoder_decoder", False)
         )

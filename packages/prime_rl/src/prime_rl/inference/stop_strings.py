@@ -27,13 +27,18 @@ with the window's own decoding and continues with the characters the whole decod
 ``clean_up_tokenization_spaces`` is not local (it turns ``"a n't"`` into ``"an't"``, three
 characters back): a tokenizer whose configuration turns it on (it is off by default in
 transformers 5 and for Qwen2's tokenizer) is checked the old way, the whole completion decoded at
-every token. Any other decoding that rewrites committed text inside the window is caught and
-answered with one whole decode, after which the matcher goes on from there; a rewrite further
-back would not be.
+every token. SentencePiece's byte fallback decodes a run of byte tokens (``<0x80>``) together and,
+if the run is not valid UTF-8, turns *every* byte of it into U+FFFD (``<0x00><0x20>`` is
+``"\x00 "`` until ``<0x80>`` makes it three U+FFFD): the window therefore always reaches back to
+the start of the run of byte tokens it ends in. Any other decoding that rewrites committed text
+inside the window is caught and answered with one whole decode, after which the matcher goes on
+from there; a rewrite further back would not be.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,6 +48,18 @@ __all__ = ["StopStringMatcher"]
 
 REPLACEMENT = "\ufffd"
 """What a decode gives for bytes that are not (yet) a whole UTF-8 character."""
+
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+@functools.lru_cache(maxsize=8)
+def byte_run_ids(tokenizer: Any) -> frozenset[int]:
+    """Ids a run of SentencePiece byte-fallback tokens (``<0x00>`` ... ``<0xFF>``) is decoded across:
+    those tokens and the special tokens that decoding skips. Empty for a tokenizer without them."""
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    ids = {i for token, i in vocab.items() if _BYTE_TOKEN.fullmatch(token)}
+    return frozenset(ids | set(getattr(tokenizer, "all_special_ids", ()))) if ids else frozenset()
 
 
 class StopStringMatcher:
@@ -65,6 +82,7 @@ class StopStringMatcher:
         self.overlap = max((len(s) for s in self.stop), default=1) - 1
         """How many committed characters a stop string ending in the pending text can reach back."""
         self.whole_decode = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+        self._byte_run = byte_run_ids(tokenizer)
         """Decode the whole completion at every token: the tokenizer's decoding is not local."""
         self.tokens: list[int] = []
         self._window_start = 0  # the first token of the decode window
@@ -97,5 +115,8 @@ class StopStringMatcher:
         """Make the pending text final; the tokens just committed become the next window."""
         recent = self._recent + pending
         self._recent = recent[-self.overlap :] if self.overlap else ""
-        self._window_start, self._read = self._read, len(self.tokens)
+        start = self._read
+        while start > 0 and self.tokens[start - 1] in self._byte_run and self.tokens[start] in self._byte_run:
+            start -= 1  # the run of byte tokens the window starts in is decoded together (module docstring)
+        self._window_start, self._read = start, len(self.tokens)
         self._window_text = self._decode_from(self._window_start)
