@@ -88,13 +88,13 @@ def decode_proofs(proofs: list[bytes], *, topk: int) -> tuple[np.ndarray, np.nda
     """
     expected = 2 + 2 * topk
     for position, proof in enumerate(proofs):
-        if not isinstance(proof, bytes | bytearray | memoryview):
+        if not isinstance(proof, (bytes, bytearray, memoryview)):  # a tuple: twice as fast as a union here
             raise ProofFormatError(f"proof {position} is {type(proof).__name__}, expected bytes")
         if len(proof) != expected:
             raise ProofFormatError(
                 f"proof {position} has {len(proof)} bytes, expected {expected} (topk={topk})"
             )
-    words = np.frombuffer(b"".join(bytes(p) for p in proofs), dtype=">u2").astype(np.int64)
+    words = np.frombuffer(b"".join(proofs), dtype=">u2").astype(np.int64)  # join takes any bytes-like
     table = words.reshape(len(proofs), topk + 1)
     moduli, coeffs = table[:, 0].copy(), table[:, 1:].copy()
     bad_modulus = np.flatnonzero((moduli < 1) | (moduli > P))
