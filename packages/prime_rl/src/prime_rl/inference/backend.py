@@ -24,12 +24,15 @@ The measured difference on a GPU is in ``benchmarks/results/gpu_check.md``.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+import torch.nn.functional as F
+from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import toploc
 from prime_rl.devices import torch_dtype
@@ -245,25 +248,26 @@ class HFBackend:
         matchers = None
         if any(params.stop):
             matchers = [StopStringMatcher(self.tokenizer, params.stop) for _ in range(batch)]
-        window_start = 0
-        for step in range(limit):
-            logits = self._lm_head(hidden).float()
-            sampled = sample_next(logits, seed_tensor, step, params.temperature)
-            sampled_tokens[:, step] = sampled
-            sampled_logprobs[:, step] = token_logprobs(logits, sampled, params.temperature)
-            window_rows[:, step - window_start] = hidden
-            if step + 1 - window_start == window_rows.shape[1] or step + 1 == limit:
-                kept = self._settle_window(
-                    sampled_tokens[:, window_start : step + 1], sampled_logprobs[:, window_start : step + 1],
-                    tokens, logprobs, finish, matchers,
-                )  # fmt: skip
-                builder.extend(window_rows[:, : step + 1 - window_start], kept)
-                window_start = step + 1
-                if all(f is not None for f in finish):
+        with self._decode_attention(step_decoder):
+            window_start = 0
+            for step in range(limit):
+                logits = self._lm_head(hidden).float()
+                sampled = sample_next(logits, seed_tensor, step, params.temperature)
+                sampled_tokens[:, step] = sampled
+                sampled_logprobs[:, step] = token_logprobs(logits, sampled, params.temperature)
+                window_rows[:, step - window_start] = hidden
+                if step + 1 - window_start == window_rows.shape[1] or step + 1 == limit:
+                    kept = self._settle_window(
+                        sampled_tokens[:, window_start : step + 1], sampled_logprobs[:, window_start : step + 1],
+                        tokens, logprobs, finish, matchers,
+                    )  # fmt: skip
+                    builder.extend(window_rows[:, : step + 1 - window_start], kept)
+                    window_start = step + 1
+                    if all(f is not None for f in finish):
+                        break
+                if step + 1 == limit:
                     break
-            if step + 1 == limit:
-                break
-            hidden = step_decoder(sampled, step)
+                hidden = step_decoder(sampled, step)
         proofs = builder.finish()
         return [
             Completion(
@@ -289,6 +293,26 @@ class HFBackend:
             step.use_graph = True
             step.on_capture_error = self._graph_failed
         return step
+
+    @contextmanager
+    def _decode_attention(self, step: _DynamicStep | _StaticStep) -> Iterator[None]:
+        """Static steps of an SDPA model attend through :func:`_static_decode_attention` (no
+        ``repeat_kv``); the model's own attention is back when the batch is decoded.
+
+        Pitfall: the switch is the model's (transformers reads the name from its config at every
+        forward): a second backend sharing this model must not run a forward meanwhile.
+        """
+        config = getattr(self.model, "config", None)
+        if not isinstance(step, _StaticStep) or getattr(config, "_attn_implementation", None) != "sdpa":
+            yield
+            return
+        if STATIC_DECODE_ATTENTION not in AttentionInterface._global_mapping:
+            AttentionInterface.register(STATIC_DECODE_ATTENTION, _static_decode_attention)
+        self.model.set_attn_implementation(STATIC_DECODE_ATTENTION)
+        try:
+            yield
+        finally:
+            self.model.set_attn_implementation("sdpa")
 
     def _graph_failed(self, error: str) -> None:
         self.graph_error = error
@@ -375,6 +399,40 @@ class HFBackend:
             h = rows[row, : len(completion)]
             out.append(Prefill(hidden=h.clone(), logits=self._lm_head(h).float()))
         return out
+
+
+STATIC_DECODE_ATTENTION = "prime_rl_static_decode"
+"""The name :func:`_static_decode_attention` is registered under with transformers' AttentionInterface."""
+
+
+def _static_decode_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """One decode step's attention over the static buffers, without ``repeat_kv``.
+
+    transformers' SDPA path copies every KV head ``Hq / Hkv`` times whenever a mask is given on
+    CUDA (7x the KV bytes for Qwen2, every layer, every step). With one query position, the
+    ``Hq / Hkv`` query heads that share a KV head are laid out as that head's queries instead:
+    ``query [B, Hq, 1, D] -> [B, Hkv, Hq / Hkv, D]`` against ``key [B, Hkv, L, D]`` under the mask
+    ``[B, 1, 1, L]`` (broadcast). Same attention (query head ``i`` reads KV head ``i // (Hq / Hkv)``,
+    as ``repeat_kv`` lays them out). Anything else (a prefill) goes to transformers' SDPA function.
+    """
+    batch, heads, length, dim = query.shape
+    kv_heads = key.shape[1]
+    if length != 1 or attention_mask is None or attention_mask.dim() != 4 or heads % kv_heads:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(batch, 1, heads, dim), None  # [B, L, H, D], as transformers' attention functions
 
 
 class _DynamicStep:
