@@ -36,11 +36,14 @@ REQUIREMENTS = (
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 PACKAGES = ("toploc", "shardcast", "grpo", "verifiers", "prime_rl")
 
+# Run from the repository root (the package paths are relative): the check, then every cuda-marked test.
 COMMAND = (
     "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
-    ".whl/*.whl && export PYTHONPATH=/tmp/site:{paths} PYTHONUNBUFFERED=1 || exit; nvidia-smi "
-    "--query-gpu=name,driver_version,memory.total --format=csv; timeout {budget} python3 benchmarks/gpu_check.py "
-    "--out $OUT/gpu_check.json 2>&1 | tee $OUT/gpu_check.log"
+    ".whl/*.whl && export PYTHONPATH=/tmp/site:{paths} PYTHONUNBUFFERED=1 TORCH_LOGS=recompiles,graph_breaks || exit; "
+    "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; timeout {budget} python3 "
+    "benchmarks/gpu_check.py --out $OUT/gpu_check.json > $OUT/gpu_check.log 2>&1; echo gpu_check rc=$?; "
+    "grep -v '^V1' $OUT/gpu_check.log | tail -60; timeout {test_budget} python3 -m pytest -q -m cuda "
+    "-p no:cacheprovider > $OUT/cuda_tests.log 2>&1; echo pytest rc=$?; tail -30 $OUT/cuda_tests.log"
 )
 
 
@@ -77,7 +80,8 @@ def travelling_bytes() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="download nothing: check what is there")
-    parser.add_argument("--budget", type=int, default=540, help="seconds the check may run there")
+    parser.add_argument("--budget", type=int, default=420, help="seconds the check may run there")
+    parser.add_argument("--test-budget", type=int, default=120, help="seconds the cuda-marked tests may run there")
     args = parser.parse_args(argv)
     if not args.check:
         download()
@@ -88,7 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     paths = ":".join(f"packages/{p}/src" for p in PACKAGES)
     print("carry: [\".whl\"]")
-    print("command:", COMMAND.format(paths=paths, budget=args.budget))
+    command = COMMAND.format(paths=paths, budget=args.budget, test_budget=args.test_budget)
+    if len(command) > 2000:  # the device tool takes commands of at most 2,000 characters
+        print(f"the command is {len(command)} characters: over 2,000")
+        return 1
+    print(f"timeout_s: {args.budget + args.test_budget + 40}")
+    print("command:", command)
     return 0
 
 
