@@ -154,6 +154,11 @@ def environment(device: torch.device) -> dict:
             )
         except (OSError, subprocess.SubprocessError):
             pass
+    # The device machine gets a copy of the working tree whose .git may be older than the tree:
+    # gpu_prep.py passes the commit it prepared the command at.
+    env["commit"] = os.environ.get("GPU_CHECK_COMMIT")
+    if env["commit"]:
+        return env
     try:
         env["commit"] = subprocess.run(
             ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],

@@ -39,7 +39,7 @@ PACKAGES = ("toploc", "shardcast", "grpo", "verifiers", "prime_rl")
 # Run from the repository root (the package paths are relative): the check, then every cuda-marked test.
 COMMAND = (
     "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
-    ".whl/*.whl && export PYTHONPATH=/tmp/site:{paths} PYTHONUNBUFFERED=1 TORCH_LOGS=recompiles,graph_breaks || exit; "
+    ".whl/*.whl && export PYTHONPATH=/tmp/site:{paths} PYTHONUNBUFFERED=1 TORCH_LOGS=recompiles,graph_breaks GPU_CHECK_COMMIT={commit} || exit; "
     "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; timeout {budget} python3 "
     "benchmarks/gpu_check.py --out $OUT/gpu_check.json > $OUT/gpu_check.log 2>&1; echo gpu_check rc=$?; "
     "grep -v '^V1' $OUT/gpu_check.log | tail -60; timeout {test_budget} python3 -m pytest -q -m cuda "
@@ -92,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     paths = ":".join(f"packages/{p}/src" for p in PACKAGES)
     print("carry: [\".whl\"]")
-    command = COMMAND.format(paths=paths, budget=args.budget, test_budget=args.test_budget)
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
+    ).stdout.strip() or "unknown"
+    command = COMMAND.format(paths=paths, budget=args.budget, test_budget=args.test_budget, commit=commit)
     if len(command) > 2000:  # the device tool takes commands of at most 2,000 characters
         print(f"the command is {len(command)} characters: over 2,000")
         return 1
