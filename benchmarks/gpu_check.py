@@ -1,31 +1,45 @@
 """GPU check: every role's tensor path on one GPU, measured, in one command and one table.
 
-    python benchmarks/gpu_check.py                 # on a GPU: under 5 minutes, no model hub
+    python benchmarks/gpu_check.py                 # on a GPU (an H200: about 7 minutes), no model hub
     python benchmarks/gpu_check.py --smoke         # tiny sizes on the CPU (CI runs this)
-    python benchmarks/gpu_check.py --model DIR     # a local HF model directory instead of the random one
+    python benchmarks/gpu_check.py --model DIR     # a local HF model directory for the rollout rows
+    python benchmarks/gpu_check.py --sections attention,noise   # some sections only
 
-Sections (each measured in this process, on the same device; a section that fails records its
-error and the others still run):
+On a machine without our dependencies or a package index, ``benchmarks/gpu_prep.py`` downloads
+the wheels it lacks and prints the command. Sections (each measured in this process, on the same
+device; a section that fails records its error and the others still run; the JSON is saved after
+every section, and after every row of ``noise``, so a run stopped at its time limit keeps what
+it measured):
 
 * ``toploc``: proofs built by the CUDA kernels, by torch on the GPU (``TOPLOC_CUDA=0``) and on the
   CPU must be byte-identical, and verification results equal; timings of batch build (8,192
-  tokens, H = 5120), verify (65,536 tokens) and the streaming ``ProofBuilder`` (256 x 32 tokens);
+  tokens, H = 5120), verify (65,536 tokens), build of those 65,536 tokens (verify / build at
+  equal tokens) and the streaming ``ProofBuilder`` (256 x 32 tokens);
+* ``attention``: one layer's attention, forward + backward, at 16,384 tokens in 16 documents
+  (FlexAttention, per-document SDPA, ``auto``) against one causal SDPA over the row and SDPA under
+  the dense block-causal mask; then compiled FlexAttention over 8 new lengths, with dynamo's counts
+  of graphs, recompiles and graph breaks;
 * ``trainer``: one AdamW step (grpo "intellect2") on a packed row of 4,096 and 16,384 tokens,
   16 sequences, bf16: document attention with the chunked head, with full logits and with
-  activation checkpointing, today's dense-mask step, and a plain HF step (``benchmarks/trainer_bench.py`` has the steps); time,
+  activation checkpointing, and a plain HF step; at 32,768 tokens the chunked head with and
+  without checkpointing and the plain step (``benchmarks/trainer_bench.py`` has the steps); time,
   peak memory, tokens/s;
-* ``prompt`` (shared prompt): one AdamW step on one GRPO group (``G`` = 8, 16; prompts of 150 and
+* ``shared_prompt``: one AdamW step on one GRPO group (``G`` = 8, 16; prompts of 150 and
   1,000 tokens; completions 64-256), packed as today against the prompt computed once
   (FlexAttention with the shared-prefix block mask); time, peak memory, completion tokens/s;
-* ``generation``: the honest worker's generation (``make_backend(..., backend="hf")``, seeded
-  sampler, streaming proofs, log-probs) vs ``model.generate`` on the same prompts, 64 x 256 tokens;
-* ``validator``: ``validate_batch`` judging those rollouts on the GPU: accepted and rejected
-  counts by reason, and the honest noise (per sample: worst sampling margin, mean log-prob gap,
-  most proof exponent mismatches) as quantiles.
+* ``rollouts``: the honest worker's generation (``make_backend(..., backend="hf")``, seeded
+  sampler, streaming proofs, log-probs), cold and warm, against each decode step of ``HFBackend``
+  and ``model.generate`` on the same prompts, 64 x 256 tokens; then ``validate_batch`` judging
+  those rollouts: accepted and rejected counts by reason, and the honest noise (per sample: worst
+  sampling margin, mean log-prob gap, most proof exponent mismatches) as quantiles;
+* ``noise``: the bf16 noise profile of the worker's decode against the validator's prefill,
+  measured on calibration samples, then the honest reject rate of the rule it gives on held-out
+  samples of 2k, 8k and 512 tokens (:func:`check_noise`).
 
-The model is Qwen2-0.5B-shaped with random weights, built from a config in code (``--model``
-takes a local directory instead). The JSON (``--out``; default ``benchmarks/results/gpu_check.json``,
-or ``gpu_check_smoke.json`` with ``--smoke``) names the device, driver, torch and transformers.
+The model is Qwen2-0.5B-shaped with random weights, built from a config in code. The JSON
+(``--out``; default ``benchmarks/results/gpu_check.json``, or ``gpu_check_smoke.json`` with
+``--smoke``) names the device, driver, CUDA, torch and transformers, and dynamo's counters after
+each section. Results and what they mean: ``benchmarks/results/gpu_check.md``.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_lm import make_tiny_lm
+from train_samples import grouped_samples
 
 import grpo
-from prime_rl.api.protocol import TrainSample
 from prime_rl.config import ConfigError, load_config
 from prime_rl.trainer.batching import MicroBatch, make_micro_batches
 from prime_rl.trainer.forward import completion_forward
@@ -23,25 +23,6 @@ from prime_rl.trainer.step import StepMetrics, train_minibatch
 CPU = torch.device("cpu")
 # (prompt length, completion lengths) per GRPO group: different prompts, a group of 1, a 1-token completion.
 GROUPS = [(9, [4, 7, 1, 5]), (3, [6]), (14, [2, 8, 3, 1]), (5, [6, 2])]
-
-
-def group_samples(groups: list[tuple[int, list[int]]], seed: int = 0) -> list[TrainSample]:
-    """Per ``(prompt length, completion lengths)``: one task whose samples share its prompt."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for task, (prompt_length, completions) in enumerate(groups):
-        prompt = torch.randint(3, 100, (prompt_length,), generator=g).tolist()
-        for index, length in enumerate(completions):
-            out.append(
-                TrainSample(
-                    sample_id=f"b/{task}/{index}", batch_id="b", worker_id="w", task_id=task, group_index=index,
-                    policy_version=0, prompt_tokens=prompt,
-                    completion_tokens=torch.randint(3, 100, (length,), generator=g).tolist(),
-                    behaviour_logprobs=[-4.0] * length, temperature=1.0, reward=float(index % 2),
-                    advantage=(-1.0) ** index * (1 + task / 10),
-                )
-            )  # fmt: skip
-    return out
 
 
 @dataclass(frozen=True)
@@ -70,7 +51,7 @@ def step(micro: list[MicroBatch], *, checkpointing: bool, fused: bool) -> StepRe
 @pytest.mark.parametrize("fused", [True, False], ids=["chunked_head", "full_logits"])
 @pytest.mark.parametrize("share_prompts", [False, True], ids=["documents", "shared_prompts"])
 def test_checkpointed_step_equals_the_step_without(share_prompts: bool, fused: bool) -> None:
-    micro = make_micro_batches(group_samples(GROUPS), 60, share_prompts=share_prompts)
+    micro = make_micro_batches(grouped_samples(GROUPS), 60, share_prompts=share_prompts)
     # Several rows (several backward passes under the step's one attention block), several
     # documents per row, and prompts shared exactly in the shared layout.
     assert len(micro) >= 2 and all(len(m.structure.bounds) > 3 for m in micro)
@@ -93,7 +74,7 @@ def test_recompute_after_the_attention_block_raises(share_prompts: bool) -> None
     # across the whole row. The guard refuses before anything is recomputed.
     model = make_tiny_lm(arch="qwen2", dtype=torch.float64).train()
     grpo.enable_activation_checkpointing(model)
-    (micro,) = make_micro_batches(group_samples(GROUPS), 10_000, share_prompts=share_prompts)
+    (micro,) = make_micro_batches(grouped_samples(GROUPS), 10_000, share_prompts=share_prompts)
     out = completion_forward(model, micro, CPU, 1.0)
     assert model.config._attn_implementation == "sdpa"
     with pytest.raises(grpo.RecomputeError, match="'sdpa', but its forward ran with 'grpo_document'"):
@@ -114,7 +95,7 @@ def test_option_loads_from_toml_and_the_command_line(tmp_path: Path) -> None:
 
 
 def test_trainer_process_checkpoints_its_model(tmp_path: Path, tiny_lm_dir: Path) -> None:
-    samples = group_samples([(6, [3, 5, 2, 4]), (4, [6, 1, 3, 2])], seed=1)
+    samples = grouped_samples([(6, [3, 5, 2, 4]), (4, [6, 1, 3, 2])], seed=1)
     after: dict[bool, dict[str, torch.Tensor]] = {}
     for checkpointing in (False, True):
         config = load_config(
@@ -144,7 +125,7 @@ def test_trainer_process_checkpoints_its_model(tmp_path: Path, tiny_lm_dir: Path
 @pytest.mark.parametrize("share_prompts", [False, True], ids=["documents", "shared_prompts"])
 def test_cuda_checkpointed_step_equals_the_step_without(share_prompts: bool) -> None:
     # On the GPU the recompute runs compiled FlexAttention (or flash-attention varlen) inside backward.
-    micro = make_micro_batches(group_samples(GROUPS), 60, share_prompts=share_prompts)
+    micro = make_micro_batches(grouped_samples(GROUPS), 60, share_prompts=share_prompts)
     results = []
     for checkpointing in (False, True):
         model = make_tiny_lm(arch="qwen2").train().cuda()

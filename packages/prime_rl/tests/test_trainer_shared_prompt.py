@@ -13,33 +13,14 @@ from device_guard import simulated_device
 from fp64_norm import rms_norm_in_input_dtype
 from tensor_guard import LargestTensors, forbid_dense_masks
 from tiny_lm import make_tiny_lm
+from train_samples import grouped_samples
 
 import grpo
-from prime_rl.api.protocol import TrainSample
 from prime_rl.trainer.batching import make_micro_batches, prompt_groups
 from prime_rl.trainer.forward import completion_forward
 from prime_rl.trainer.step import train_minibatch
 
 CPU = torch.device("cpu")
-
-
-def grouped_samples(groups: list[tuple[int, list[int]]], seed: int = 0) -> list[TrainSample]:
-    """Per ``(prompt length, completion lengths)``: one task, its prompt shared by its samples."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for task, (prompt_length, completions) in enumerate(groups):
-        prompt = torch.randint(3, 100, (prompt_length,), generator=g).tolist()
-        for index, c in enumerate(completions):
-            out.append(
-                TrainSample(
-                    sample_id=f"b/{task}/{index}", batch_id="b", worker_id="w", task_id=task, group_index=index,
-                    policy_version=0, prompt_tokens=prompt,
-                    completion_tokens=torch.randint(3, 100, (c,), generator=g).tolist(),
-                    behaviour_logprobs=[-4.0] * c, temperature=1.0, reward=float(index % 2),
-                    advantage=(-1.0) ** index * (1 + task / 10),
-                )
-            )  # fmt: skip
-    return out
 
 
 # Different prompt lengths, a group of 1, completions of length 1.
