@@ -1,6 +1,6 @@
 """GPU check: every role's tensor path on one GPU, measured, in one command and one table.
 
-    python benchmarks/gpu_check.py                 # on a GPU (an H200: about 7 minutes), no model hub
+    python benchmarks/gpu_check.py                 # on a GPU, no model hub (times: results/gpu_check.md)
     python benchmarks/gpu_check.py --smoke         # tiny sizes on the CPU (CI runs this)
     python benchmarks/gpu_check.py --model DIR     # a local HF model directory for the rollout rows
     python benchmarks/gpu_check.py --sections attention,noise   # some sections only
