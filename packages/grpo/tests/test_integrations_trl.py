@@ -62,7 +62,7 @@ def test_a_real_training_step(recipe: str) -> None:
     changed = [name for name, p in run.model.named_parameters() if not torch.equal(p, before[name])]
     assert changed, "the optimiser step moved no weight"
     logged = run.state.log_history[0]
-    assert {"clip_ratio/low_mean", "ratio/mean", "loss/policy", "entropy"} <= set(logged)
+    assert {"clip_ratio/low_mean", "clip_ratio/region_mean", "ratio/mean", "policy_loss", "entropy"} <= set(logged)
     if recipe == "grpo":
         assert run.args.beta == 0.04 and run.ref_model is not None and "kl" in logged
     # TRL's entropies carry a gradient, so the Loss's entropy bonus (intellect2) acts on the policy.
@@ -78,6 +78,8 @@ SAME_AS_TRL = [
     (grpo.Loss("dapo"), {"loss_type": "dapo", "epsilon_high": 0.28}),
     (grpo.Loss("dr_grpo"), {"loss_type": "dr_grpo", "scale_rewards": "none"}),
     (grpo.Loss("cispo"), {"loss_type": "cispo", "epsilon_high": 5.0}),
+    # TRL logs policy_loss only with its entropy bonus on; with the test's zero entropies both bonuses are 0.
+    (grpo.Loss("dr_grpo", entropy_coef=0.01), {"loss_type": "dr_grpo", "scale_rewards": "none", "entropy_coef": 0.01}),
 ]
 
 
@@ -89,8 +91,9 @@ def test_the_adapter_computes_trls_loss(loss: grpo.Loss, settings: dict, accumul
     batch = make_batch("normal")
     ours = trainer(loss)
     theirs = peers._trl_trainer(tuple(sorted({**settings, "max_completion_length": T}.items())))
-    results = []
+    results, logged = [], []
     for run in (ours, theirs):
+        run._metrics["train"].clear()
         run.model.train()
         run.current_gradient_accumulation_steps = accumulation
         logprobs = batch.fresh()
@@ -107,9 +110,21 @@ def test_the_adapter_computes_trls_loss(loss: grpo.Loss, settings: dict, accumul
         }
         value = run._compute_loss(run.model, inputs)
         results.append((value.detach(), torch.autograd.grad(value, logprobs)[0]))
+        logged.append({name: values[-1] for name, values in run._metrics["train"].items()})
     theirs.current_gradient_accumulation_steps = 1
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-12, atol=1e-12)
+    # Every metric TRL logs for this loss, under TRL's name and with TRL's value (the adapter does not
+    # log TRL's per-sequence extremes), and no grpo name for a quantity TRL names otherwise.
+    ours_logged, trls = logged[0], {k: v for k, v in logged[1].items() if k not in TRL_ONLY_METRICS}
+    assert set(trls) <= set(ours_logged), f"missing TRL names: {sorted(set(trls) - set(ours_logged))}"
+    for name, value in trls.items():
+        # rel 1e-6: TRL takes its fractions of float32 masks (1/6 -> 0.1666666716), grpo in float64.
+        assert ours_logged[name] == pytest.approx(value, rel=1e-6, abs=1e-12), name
+    assert "loss/policy" not in ours_logged
+
+
+TRL_ONLY_METRICS = {"clip_ratio/low_min", "clip_ratio/high_max", "entropy_coef"}
 
 
 def test_trl_settings_follow_the_loss() -> None:

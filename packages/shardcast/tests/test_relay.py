@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import requests
@@ -11,7 +12,7 @@ from shardcast_testlib import make_manifest  # type: ignore[import-not-found]
 
 from conftest import files_equal, wait_until, write_random  # type: ignore[import-not-found]
 from shardcast import Client, Origin
-from shardcast.layout import DataDir, Index, IndexEntry
+from shardcast.layout import DataDir, Index, IndexEntry, RetiredEntry
 from shardcast.server import HttpServer
 
 
@@ -95,3 +96,17 @@ def test_relay_serves_what_it_has_when_upstream_dies(tmp_path: Path, payload: Pa
     result = Client([relay.url, origin.url]).fetch("latest", tmp_path / "out.bin", deadline_s=60)
     assert files_equal(result.path, payload)
     assert relay.local_index().latest(complete_only=True) == 1
+
+
+def test_relay_deletes_retired_versions_after_grace_without_new_versions(tmp_path: Path, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    # v1 was retired 0.2 s ago with a grace of 0.3 s, and the upstream is dead, so no new version
+    # will ever touch the index: only the relay's own sweep (every 0.5 s, the floor of
+    # sweep_interval_s) can delete it. It used to stay on disk until the next version arrived.
+    data_dir = DataDir(tmp_path / "r")
+    data_dir.version_dir(1).mkdir()
+    (data_dir.version_dir(1) / "manifest.json").write_text("{}")
+    data_dir.write_index(Index(versions=(), retired=(RetiredEntry(1, time.time() - 0.2),)))
+    relay = relay_factory(["http://127.0.0.1:9"], "r", grace_s=0.3)
+    assert data_dir.version_dir(1).is_dir(), "deleted before its grace period was over"
+    wait_until(lambda: not data_dir.version_dir(1).exists(), timeout=5, what="retired v1 deleted")
+    assert relay.local_index().retired == ()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +11,7 @@ from .layout import DataDir
 from .manifest import Manifest
 from .planning import DEFAULT_SHARD_SIZE
 from .publish import DEFAULT_GRACE_S, DEFAULT_KEEP, publish_file, publish_tensors
+from .retention import RetentionSweeper
 from .server import HttpServer
 from .signing import SigningKey
 
@@ -65,8 +65,7 @@ class Origin:
         self.shard_size = shard_size
         self.encoding = encoding
         self.delta = delta
-        self._stop = threading.Event()
-        self._gc_thread: threading.Thread | None = None
+        self._sweeper = RetentionSweeper(self.data_dir, keep=keep, grace_s=grace_s, name="origin")
 
     @property
     def url(self) -> str:
@@ -101,30 +100,15 @@ class Origin:
 
     def collect_garbage(self) -> list[int]:
         """Delete retired versions whose grace period is over; returns their numbers."""
-        _, deleted = self.data_dir.update_index(keep=self.keep, grace_s=self.grace_s)
-        if deleted:
-            log.info("deleted expired versions %s", deleted)
-        return deleted
+        return self._sweeper.collect()
 
     def start(self) -> Origin:
         self.server.start()
-        self._stop.clear()
-        self._gc_thread = threading.Thread(target=self._gc_loop, name="shardcast-origin-gc", daemon=True)
-        self._gc_thread.start()
+        self._sweeper.start()
         return self
 
-    def _gc_loop(self) -> None:
-        interval = max(0.5, min(30.0, self.grace_s / 4))
-        while not self._stop.wait(interval):
-            try:
-                self.collect_garbage()
-            except OSError as exc:
-                log.warning("garbage collection failed: %s", exc)
-
     def stop(self) -> None:
-        self._stop.set()
-        if self._gc_thread is not None:
-            self._gc_thread.join(timeout=5)
+        self._sweeper.stop()
         self.server.stop()
 
     def __enter__(self) -> Origin:

@@ -11,7 +11,10 @@ Loop (every ``poll_interval_s``):
 4. download shards (deltas first: they are small) from all upstreams with the client's
    engine; each shard is verified and only then renamed into ``v<N>/``, where it is served
    at once, so a downstream relay or client can fetch shard 0 while shard 9 is in flight;
-5. mark the version ``complete: true``; retire versions beyond ``keep`` after ``grace_s``.
+5. mark the version ``complete: true``; versions beyond ``keep`` are retired (unlisted).
+
+A sweep thread (:mod:`shardcast.retention`) deletes each retired version once ``grace_s`` has
+passed since it was retired, whether or not a newer version arrives.
 
 All local paths come from validated integers (:mod:`shardcast.layout`), so nothing an
 upstream sends can make the relay write outside its data directory.
@@ -43,6 +46,7 @@ from .remote import (
     make_session,
     normalise_url,
 )
+from .retention import RetentionSweeper
 from .server import HttpServer
 from .servers import ServerPool
 from .signing import VerifyKey
@@ -66,7 +70,9 @@ class Relay:
         upstream_token: bearer token sent upstream.
         verify_key: pinned manifest key; unsigned or wrongly signed manifests are rejected.
         poll_interval_s: upstream polling period (default 2 s; the reference used 30 s).
-        keep / grace_s: retention, as on the origin.
+        keep / grace_s: retention, as on the origin: a retired version is deleted ``grace_s``
+            after it stopped being listed (within one sweep, :func:`shardcast.retention.sweep_interval_s`),
+            even if no newer version arrives.
         concurrency / per_server_connections: download parallelism.
         rate_limit_bps: optional per-response serving rate limit.
         deadline_s: give up on one version after this long (it is retried at the next poll,
@@ -114,6 +120,7 @@ class Relay:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._upstream_ok: dict[str, bool] = {}
+        self._sweeper = RetentionSweeper(self.data_dir, keep=keep, grace_s=grace_s, name="relay")
         self.last_error: str = ""
 
     @property
@@ -122,6 +129,7 @@ class Relay:
 
     def start(self) -> Relay:
         self.server.start()
+        self._sweeper.start()
         self._stop.clear()
         self._thread = threading.Thread(
             target=lambda: asyncio.run(self._main()), name="shardcast-relay", daemon=True
@@ -134,6 +142,7 @@ class Relay:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=15)
+        self._sweeper.stop()
         self.server.stop()
 
     def __enter__(self) -> Relay:
@@ -144,6 +153,10 @@ class Relay:
 
     def local_index(self) -> Index:
         return self.data_dir.read_index()
+
+    def collect_garbage(self) -> list[int]:
+        """Delete retired versions whose grace period is over; returns their numbers."""
+        return self._sweeper.collect()
 
     # ---- the loop ------------------------------------------------------------------------
 

@@ -41,19 +41,31 @@ optimiser step's batch, as TRL does: ``token_mean`` by TRL's token count of the 
 window, the sequence modes and ``constant`` by the window's sequence count (per process, since
 DDP averages ranks); ``constant`` defaults to ``max_completion_length`` (TRL's ``dr_grpo``).
 
-Metrics: the Loss's metrics go to TRL's log under their TRL names (``clip_ratio/low_mean``, ...).
+Metrics: what TRL's own ``GRPOTrainer`` logs for the same quantity is logged under TRL's name and
+equals TRL's value (tested): ``policy_loss`` (the loss with its KL term, without the entropy bonus,
+per micro-batch as TRL reports it; TRL logs it only with its entropy bonus on), ``kl``, ``entropy``, ``clip_ratio/low_mean``,
+``clip_ratio/high_mean`` and ``clip_ratio/region_mean`` (``ppo_clip``), ``cispo_clip_ratio``
+(``cispo``: ratio above ``is_cap`` with Â > 0). Quantities TRL does not log keep grpo's names
+(``ratio/mean``, ``clip_ratio/delta_mean``, ``mismatch_kl``, ``is_masked``). Not logged: TRL's
+per-sequence extremes ``clip_ratio/low_min`` and ``clip_ratio/high_max``. Pitfall: ``gspo``'s
+``clip_ratio/*`` are token-weighted fractions where TRL's sequence-level ones weight each sequence
+once.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 
+from grpo.aggregation import aggregate
 from grpo.errors import InvalidParameterError
 from grpo.loss import Loss, LossOutput
+from grpo.objectives import LOG_RATIO_CLAMP
 from grpo.recipes import LossConfig
+from grpo.regularizers import entropy_bonus
 
 try:
     from trl import GRPOConfig, GRPOTrainer
@@ -162,12 +174,13 @@ class GrpoTrainer(GRPOTrainer):
             **{key: inputs.get(key) for key in _MULTIMODAL_KEYS},
         )
         old = inputs.get("old_per_token_logps")
+        old = logprobs.detach() if old is None else old  # one step per generation: ℓ_old = ℓ
         is_weights = inputs.get("importance_sampling_ratio") if self.grpo_loss.config.is_correction is None else None
         inference = inputs.get("sampling_per_token_logps")
         norm = self._normalisers(inputs, rows=completion_ids.size(0))
         out = self.grpo_loss(
             logprobs,
-            logprobs.detach() if old is None else old,
+            old,
             inputs["advantages"],
             mask.bool(),
             inference_logprobs=inference if self.grpo_loss.config.is_correction is not None else None,
@@ -178,7 +191,7 @@ class GrpoTrainer(GRPOTrainer):
             num_seqs=norm.get("num_seqs"),
             constant=norm.get("constant"),
         )
-        self._log_grpo_metrics(out)
+        self._log_grpo_metrics(out, _TrlLossInputs(logprobs, old, inputs["advantages"], mask.bool(), entropy, norm))
         loss = out.loss
         if aux_loss is not None:  # MoE load balancing, as TRL adds it
             loss = loss + self.router_aux_loss_coef * aux_loss / self._accumulation()
@@ -204,11 +217,44 @@ class GrpoTrainer(GRPOTrainer):
             norm["constant"] = float(cast(int, args.max_completion_length))
         return norm
 
-    def _log_grpo_metrics(self, out: LossOutput) -> None:
+    def _log_grpo_metrics(self, out: LossOutput, seen: _TrlLossInputs) -> None:
+        """The Loss's metrics, under TRL's names where TRL logs the same quantity (module docstring)."""
+        cfg = self.grpo_loss.config
+        metrics = out.metrics.as_dict()
+        del metrics["num_tokens"], metrics["loss/policy"]
+        low, high = metrics.pop("clip_ratio/low_mean"), metrics.pop("clip_ratio/high_mean")
+        if cfg.objective in ("ppo_clip", "gspo"):
+            # Disjoint (Â < 0 vs Â > 0), so the region is their sum, as TRL's is_low | is_high.
+            metrics |= {"clip_ratio/low_mean": low, "clip_ratio/high_mean": high, "clip_ratio/region_mean": low + high}
+        elif cfg.objective == "cispo":
+            log_ratio = (seen.logprobs.detach() - seen.old.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+            capped = (log_ratio.exp() > cfg.is_cap) & (seen.advantages.reshape(-1, 1) > 0) & seen.mask
+            metrics["cispo_clip_ratio"] = float(capped.sum() / seen.mask.sum().clamp(min=1))
+        # TRL's policy_loss: the aggregated loss before its entropy bonus, and before the division by
+        # the accumulation steps for the modes TRL divides afterwards (all but its token count).
+        policy_loss = out.loss.detach()
+        if cfg.entropy_coef > 0:
+            bonus = entropy_bonus(seen.entropy.detach(), seen.mask, coef=cfg.entropy_coef)
+            norm = {"constant": cfg.constant, **seen.normalisers}
+            policy_loss = policy_loss - aggregate(bonus, seen.mask, cfg.aggregation, **norm)
+        if cfg.aggregation != "token_mean":
+            policy_loss = policy_loss * self._accumulation()
+        metrics["policy_loss"] = float(policy_loss)
         mode = "train" if self._training() else "eval"
-        for name, value in out.metrics.as_dict().items():
-            if name != "num_tokens":
-                self._metrics[mode][name].append(value)
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
+
+
+@dataclass(frozen=True)
+class _TrlLossInputs:
+    """What one ``_compute_loss`` call gave the Loss, for the metrics TRL computes from it."""
+
+    logprobs: torch.Tensor
+    old: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    entropy: torch.Tensor
+    normalisers: dict[str, float]
 
 
 # Model inputs TRL forwards for vision-language models (GRPOTrainer._compute_loss, TRL 1.16).
