@@ -7,7 +7,9 @@ a quarter prompt and three quarters completion; grpo recipe "intellect2", entrop
   attention from the sequence boundaries (``grpo.document_attention``: SDPA per sequence on CPU,
   FlexAttention or flash-attention varlen on CUDA) and the chunked LM head;
 * ``dense mask``: the same step with the dense additive ``[1, 1, L, L]`` ``grpo.block_causal_mask``
-  instead (the trainer's attention up to main at fff8989), built inside the step as it was;
+  instead (the trainer's attention up to main at fff8989), built per forward in place of
+  ``grpo.shared_prefix_kwargs`` (:func:`dense_mask_attention`; the step raises if the trainer
+  built none) and attended by the model's own SDPA;
 * ``plain HF``: what a plain HF trainer does: ``model(input_ids).logits`` with plain causal
   attention over the whole row, fp32 log-softmax of all ``[L, V]`` logits, a masked policy loss.
 
@@ -111,27 +113,53 @@ def packed_samples(tokens: int, vocab: int):
     ]  # fmt: skip
 
 
-@contextmanager
-def dense_mask_attention() -> Iterator[None]:
-    """The trainer's forward as it was: the dense ``block_causal_mask`` (fp32, built per forward)."""
+def dense_structure_mask(structure, dtype=None):
+    """The additive ``[1, 1, L, L]`` mask of ``structure``'s rule (a ``grpo.SharedPrefixStructure`` of
+    one row): ``grpo.block_causal_mask`` over its segments, then each suffix's queries opened to its
+    prefix's keys, so each completion sees its prompt and, causally, itself; plain documents (no
+    suffixes, as ``share_prompts=False`` packs) are exactly ``block_causal_mask`` of the documents.
+    ``dtype``: the mask's (the model's; SDPA wants them equal), fp32 by default.
+    """
     import torch
 
     import grpo
 
-    saved = grpo.document_kwargs, grpo.use_document_attention
+    bounds = structure.bounds
+    segment = torch.repeat_interleave(torch.arange(len(bounds) - 1), structure.cu_seqlens().diff())
+    mask = grpo.block_causal_mask(segment[None], dtype or torch.float32)
+    for suffix, prefix in enumerate(structure.prefix_of):
+        if prefix != suffix:  # the prefix lies before the suffix: all of it is visible
+            mask[..., bounds[suffix] : bounds[suffix + 1], bounds[prefix] : bounds[prefix + 1]] = 0
+    return mask
 
-    def dense_kwargs(cu_seqlens, max_seqlen=None):
-        index = torch.repeat_interleave(
-            torch.arange(len(cu_seqlens) - 1, device=cu_seqlens.device), cu_seqlens.diff()
-        )
-        return {"attention_mask": grpo.block_causal_mask(index[None])}
 
-    grpo.document_kwargs = dense_kwargs
+@contextmanager
+def dense_mask_attention(dtype=None) -> Iterator[list[tuple[int, ...]]]:
+    """The trainer's forward as it was: the dense ``block_causal_mask`` (fp32, built per forward).
+
+    Stands in for what ``prime_rl.trainer.forward`` calls: ``grpo.shared_prefix_kwargs(structure)``
+    gives ``{"attention_mask": dense_structure_mask(structure, dtype)}`` and
+    ``grpo.use_document_attention`` leaves the model's own attention (SDPA) in place. Yields the
+    shapes of the masks built, so a caller can check that the trainer still asked for them.
+    Pitfall: transformers builds its own block-causal mask from position ids that restart when
+    it is given no mask, so a stand-in the trainer no longer calls is silent in the values.
+    """
+    import grpo
+
+    saved = grpo.shared_prefix_kwargs, grpo.use_document_attention
+    built: list[tuple[int, ...]] = []
+
+    def dense_kwargs(structure):
+        mask = dense_structure_mask(structure, dtype)
+        built.append(tuple(mask.shape))
+        return {"attention_mask": mask}
+
+    grpo.shared_prefix_kwargs = dense_kwargs
     grpo.use_document_attention = lambda model, backend="auto": nullcontext()
     try:
-        yield
+        yield built
     finally:
-        grpo.document_kwargs, grpo.use_document_attention = saved
+        grpo.shared_prefix_kwargs, grpo.use_document_attention = saved
 
 
 def make_steps(model, samples, tokens: int, device) -> dict[str, Callable[[], None]]:
@@ -167,8 +195,12 @@ def make_steps(model, samples, tokens: int, device) -> dict[str, Callable[[], No
             model.gradient_checkpointing_disable()
 
     def dense_step() -> None:
-        with dense_mask_attention():
+        with dense_mask_attention() as built:
             trainer_step()
+        if not built:
+            raise RuntimeError(
+                "the trainer built no dense mask: it no longer calls grpo.shared_prefix_kwargs"
+            )
 
     def plain_step() -> None:
         micro = make_micro_batches(samples, tokens)[0]

@@ -204,6 +204,7 @@ def test_no_mixed_devices() -> None:
         inputs = {"input_ids": pack.input_ids.to(on_device), "position_ids": pack.position_ids.to(on_device)}
         logits = model(**inputs, **grpo.shared_prefix_kwargs(pack.structure)).logits
         values = pack.unpack(logits)
+        assert len(values) == sum(len(completions) for _, completions in LAYOUT)  # one per sequence
         sum(v.sum() for v in values).backward()
         assert all(device.on_device(v) for v in values)
 

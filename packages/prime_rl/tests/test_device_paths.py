@@ -25,6 +25,7 @@ from prime_rl.validator.verdicts import validate_batch
 KEY = b"device-paths-assignment-key"
 TOKENIZER = make_tiny_tokenizer()
 RUN = TinyRun(KEY, TOKENIZER, lambda t: f"{t}*{t + 7}=", 8, group_size=2, prompts_per_batch=2, max_new_tokens=40)
+SAMPLES = 4  # a batch: 2 prompts x a group of 2, one verdict each
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -64,8 +65,9 @@ def test_worker_and_validator_keep_tensors_on_the_compute_device():
     with simulated_device() as device:
         device.place(backend.model)
         reasons = _validate(backend)
-    # A host tensor mixed in anywhere would surface as internal_error verdicts (or raise).
-    assert reasons == [Reason.ACCEPTED] * len(reasons)
+    # A host tensor mixed in anywhere would surface as internal_error verdicts (or raise); every
+    # sample gets its verdict (an empty list must not pass).
+    assert reasons == [Reason.ACCEPTED] * SAMPLES
 
 
 def _samples() -> list[TrainSample]:
@@ -120,7 +122,7 @@ def test_token_logprobs_takes_host_token_ids():
 def test_worker_and_validator_on_cuda():
     backend = HFBackend("unused", model=make_tiny_lm(), tokenizer=TOKENIZER, device="cuda")
     reasons = _validate(backend)
-    assert reasons == [Reason.ACCEPTED] * len(reasons)
+    assert reasons == [Reason.ACCEPTED] * SAMPLES
 
 
 @pytest.mark.cuda

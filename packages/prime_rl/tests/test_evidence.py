@@ -104,7 +104,7 @@ def judge_batches(
 
 def test_honest_worker_is_never_banned(backend: HFBackend, tests: toploc.EvidenceTests) -> None:
     verdicts, states, observed = judge_batches(backend, tests, "honest-w", 12)
-    assert all(v.reason == "ok" for batch in verdicts for v in batch)
+    assert [v.reason for batch in verdicts for v in batch] == ["ok"] * (12 * PER_BATCH * GROUP)
     assert len(observed) == 12 * PER_BATCH * GROUP  # every sample observed once
     # fp32 decode vs prefill on one machine: every claimed token is exactly the sampler's choice
     assert all((o.sampling_margin == 0).all() for o in observed)
@@ -119,7 +119,8 @@ def test_steering_inside_the_tolerance_passes_every_sample_check_but_is_banned(
     margins = torch.tensor([m for o in observed for m in o.sampling_margin.tolist()])
     assert 0 < margins.max() < STEER_WITHIN  # steered, and always inside the per-sample tolerance
     assert (margins > 0).float().mean() > 0.05
-    assert all(v.reason == "ok" for batch in verdicts for v in batch)  # no sample alone looks wrong
+    # no sample alone looks wrong
+    assert [v.reason for batch in verdicts for v in batch] == ["ok"] * (12 * PER_BATCH * GROUP)
     banned_at = next(i for i, s in enumerate(states) if s.banned)  # banned ...
     assert all(s.banned for s in states[banned_at:])  # ... for good
     assert "sampling_margin" in states[banned_at].strongest

@@ -72,7 +72,7 @@ def test_honest_batch_is_accepted_with_recomputed_rewards(backend):
     batch = RUN.worker("honest").answer(lease, backend)
     assert len(batch.samples) == GROUP * PER_BATCH
     verdicts = verdicts_for(batch, record, backend)
-    assert [v.reason for v in verdicts] == [Reason.ACCEPTED] * len(verdicts)
+    assert [v.reason for v in verdicts] == [Reason.ACCEPTED] * (GROUP * PER_BATCH)
     for v, s in zip(verdicts, batch.samples, strict=True):
         assert (
             v.accepted
@@ -238,7 +238,10 @@ def test_mixed_behaviour_cycles_and_every_batch_is_rejected_as_announced(backend
         lease, record = RUN.lease("mixed", 0, batch_index)
         kind = mixed.resolve(lease)
         seen.add(kind)
-        verdicts = verdicts_for(mixed.answer(lease, backend), record, backend)
+        batch = mixed.answer(lease, backend)
+        verdicts = verdicts_for(batch, record, backend)
+        # Every sample judged: "none accepted" holds for no verdicts too.
+        assert len(verdicts) == len(batch.samples) == GROUP * PER_BATCH, kind
         allowed = set(EXPECTED_REASONS[kind]) | {"group_rejected", "lease_rejected"}
         assert {str(v.reason) for v in verdicts} <= allowed and not any(v.accepted for v in verdicts), kind
     assert seen == set(MIXED_CYCLE) - {"stale_policy"}  # stale needs min_policy_version > 0
