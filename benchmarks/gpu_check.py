@@ -21,7 +21,8 @@ it measured):
   of graphs, recompiles and graph breaks;
 * ``trainer``: one AdamW step (grpo "intellect2") on a packed row of 4,096 and 16,384 tokens,
   16 sequences, bf16: document attention with the chunked head, with full logits and with
-  activation checkpointing, and a plain HF step; at 32,768 tokens the chunked head with and
+  activation checkpointing, the dense block-causal mask the trainer used before, and a plain HF
+  step; at 32,768 tokens the chunked head with and
   without checkpointing and the plain step (``benchmarks/trainer_bench.py`` has the steps); time,
   peak memory, tokens/s;
 * ``shared_prompt``: one AdamW step on one GRPO group (``G`` = 8, 16; prompts of 150 and
@@ -266,10 +267,7 @@ def check_trainer(device: torch.device, sizes: Sizes, dtype: torch.dtype) -> lis
     """Each step variant at each length: median and min time, peak memory, tokens/s."""
     rows: list[dict] = []
     model = qwen2_model(sizes.shape, max(*sizes.trainer_tokens, sizes.long_tokens), dtype, device)
-    # No "dense" row: trainer_bench's dense variant patches grpo.document_kwargs, which the trainer no
-    # longer calls, so it ran causal attention across documents (issue #36). The attention section
-    # compares a real dense mask.
-    every = ("document", "document_ckpt", "document_full", "plain")
+    every = ("document", "document_ckpt", "document_full", "dense", "plain")
     plan = [(tokens, every) for tokens in sizes.trainer_tokens]
     plan.append((sizes.long_tokens, ("document", "document_ckpt", "plain")))  # 32k: what INTELLECT-2 trains on
     for tokens, variants in plan:

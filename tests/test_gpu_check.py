@@ -25,7 +25,7 @@ def test_smoke_run_writes_every_section(tmp_path: Path) -> None:
     assert env["device"] and env["torch"] and env["transformers"] and "driver" in env
     assert result["toploc"]["cpu"]["build_ms"] > 0 and result["toploc"]["cpu"]["verify_ms"] > 0
     rows = {row["variant"]: row for row in result["trainer"]}
-    assert set(rows) == {"document", "document_full", "document_ckpt", "plain"}
+    assert set(rows) == {"document", "document_full", "document_ckpt", "dense", "plain"}
     assert all("error" not in row and row["tokens_per_s"] > 0 for row in rows.values())
     shared = {row["layout"]: row for row in result["shared_prompt"]}
     assert set(shared) == {"packed", "shared"} and all("error" not in row for row in shared.values())
