@@ -194,3 +194,21 @@ def test_static_steps_attend_through_the_grouped_function_and_give_the_model_bac
         hf_module._static_decode_attention = original
     assert seen and all(shape[2] == 1 for shape in seen)  # decode steps only: the prefill is SDPA's
     assert model.config._attn_implementation == "sdpa"  # the model's own attention is back
+
+
+def test_a_model_asking_the_cache_for_more_than_update_decodes_with_the_dynamic_step():
+    # An architecture whose forward calls another cache method fails at step 0, before the
+    # prefill's cache is touched: the batch goes on with the dynamic step, same completions.
+    model = make_tiny_lm().to(torch.float64)
+    expected = completions(HFBackend("unused", model=model, tokenizer=TOKENIZER, decode="dynamic"), CASES[0])
+    backend = HFBackend("unused", model=model, tokenizer=TOKENIZER, decode="static")
+    decoder = backend._decoder
+
+    def asks_for_the_length(**kwargs):
+        kwargs["past_key_values"].get_seq_length()  # DynamicCache has it; the static buffers do not
+        return decoder(**kwargs)
+
+    backend._decoder = asks_for_the_length
+    with pytest.warns(RuntimeWarning, match="fast decode step was given up"):
+        assert completions(backend, CASES[0]) == expected
+    assert backend.graph_error is not None and "get_seq_length" in backend.graph_error

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 import toploc
 from prime_rl.devices import torch_dtype
@@ -292,9 +293,8 @@ class HFBackend:
         if self.decode == "dynamic" or limit <= 1:
             return _DynamicStep(self._decoder, prompt_mask, positions, cache, limit)
         step = _StaticStep(self._decoder, prompt_mask, positions, cache, limit, dtype)
-        if self.decode == "graph" and self.graph_error is None:
-            step.use_graph = True
-            step.on_capture_error = self._graph_failed
+        step.on_error = self._graph_failed
+        step.use_graph = self.decode == "graph" and self.graph_error is None
         return step
 
     @contextmanager
@@ -311,6 +311,10 @@ class HFBackend:
             return
         if STATIC_DECODE_ATTENTION not in AttentionInterface._global_mapping:
             AttentionInterface.register(STATIC_DECODE_ATTENTION, _static_decode_attention)
+        if STATIC_DECODE_ATTENTION not in AttentionMaskInterface._global_mapping:
+            # SDPA's masks for it: a forward it meets that is not a static step (a fallback to the
+            # dynamic step) gets the mask SDPA would (transformers builds none for unknown names).
+            AttentionMaskInterface.register(STATIC_DECODE_ATTENTION, sdpa_mask)
         self.model.set_attn_implementation(STATIC_DECODE_ATTENTION)
         try:
             yield
@@ -318,10 +322,11 @@ class HFBackend:
             self.model.set_attn_implementation("sdpa")
 
     def _graph_failed(self, error: str) -> None:
+        """A batch gave up the CUDA graph (or the static step): later batches do not try the graph."""
         self.graph_error = error
         warnings.warn(
-            f"the decode step could not be captured as a CUDA graph ({error}); decoding with static "
-            "steps instead (same outputs, more launch overhead)",
+            f"the fast decode step was given up ({error}); this batch decodes with a slower step "
+            "(same rule, more launch overhead)",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -492,6 +497,10 @@ class _StaticStep:
 
     With ``use_graph``, step 0 runs eagerly on a side stream (warming up cuBLAS and the attention
     kernels for these shapes), then the step is captured once and every later step replays it.
+
+    A model whose forward asks the cache for more than ``update`` (an architecture this step was
+    not written for) fails at step 0, before the prefill's cache is touched: the batch then decodes
+    with :class:`_DynamicStep` from that cache, and ``on_error`` hears why.
     """
 
     def __init__(
@@ -506,6 +515,8 @@ class _StaticStep:
         batch, self.width = prompt_mask.shape
         device, total = prompt_mask.device, self.width + limit
         self.decoder = decoder
+        self.dynamic = (prompt_mask, positions, cache, limit)  # what a fallback to _DynamicStep needs
+        self.fallback: _DynamicStep | None = None
         self.column = torch.full((1,), self.width, dtype=torch.long, device=device)
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
@@ -522,7 +533,7 @@ class _StaticStep:
         self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.hidden = torch.empty(0, dtype=dtype, device=device)  # sized by the first step
         self.use_graph = False
-        self.on_capture_error: Any = None
+        self.on_error: Any = None  # called with why the graph, or the static step itself, was given up
         self.graph: torch.cuda.CUDAGraph | None = None
         self.steps = 0
 
@@ -542,15 +553,26 @@ class _StaticStep:
         self.column.add_(1)
 
     def __call__(self, tokens: torch.Tensor, step: int) -> torch.Tensor:
+        if self.fallback is not None:
+            return self.fallback(tokens, step)
         self.tokens.copy_(tokens.view(-1, 1))
         if self.graph is not None:
             self.graph.replay()
-        elif self.use_graph and self.steps == 0:
-            self._warm_up_and_capture()
+        elif self.steps == 0:
+            try:
+                self._warm_up_and_capture() if self.use_graph else self._run()
+            except (AttributeError, TypeError, NotImplementedError) as exc:  # the cache's interface
+                self._report(f"static decode step: {type(exc).__name__}: {str(exc)[:300]}")
+                self.fallback = _DynamicStep(self.decoder, *self.dynamic)
+                return self.fallback(tokens, step)
         else:
             self._run()
         self.steps += 1
         return self.hidden
+
+    def _report(self, error: str) -> None:
+        if self.on_error is not None:
+            self.on_error(error)
 
     def _warm_up_and_capture(self) -> None:
         device = self.tokens.device
@@ -566,7 +588,6 @@ class _StaticStep:
         except Exception as exc:  # an operation that cannot be captured: keep the eager static step
             torch.cuda.synchronize(device)
             self.use_graph = False
-            if self.on_capture_error is not None:
-                self.on_capture_error(f"{type(exc).__name__}: {str(exc)[:300]}")
+            self._report(f"{type(exc).__name__}: {str(exc)[:300]}")
             return
         self.graph = graph
