@@ -27,7 +27,7 @@ with a warning and the reason in ``HFBackend.graph_error``. Measured on a GPU:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -238,6 +238,7 @@ class HFBackend:
         hidden, prompt_mask, positions, cache = self._prefill_prompts(prompts)
         hidden_size = hidden.shape[-1]
         step_decoder = self._step_decoder(prompt_mask, positions, cache, limit, hidden.dtype)
+        del cache  # the step holds it as long as it needs it (a static step: until its first step)
         seed_tensor = torch.tensor([int(x) for x in seeds], dtype=torch.long, device=self.device)
         sampled_tokens = torch.empty((batch, limit), dtype=torch.long, device=self.device)
         sampled_logprobs = torch.empty((batch, limit), dtype=torch.float32, device=self.device)
@@ -292,10 +293,10 @@ class HFBackend:
         """The decode step of one batch (``self.decode``), after the prompts' prefill into ``cache``."""
         if self.decode == "dynamic" or limit <= 1:
             return _DynamicStep(self._decoder, prompt_mask, positions, cache, limit)
-        step = _StaticStep(self._decoder, prompt_mask, positions, cache, limit, dtype)
-        step.on_error = self._graph_failed
-        step.use_graph = self.decode == "graph" and self.graph_error is None
-        return step
+        use_graph = self.decode == "graph" and self.graph_error is None
+        return _StaticStep(
+            self._decoder, prompt_mask, positions, cache, limit, dtype, use_graph=use_graph, on_error=self._graph_failed
+        )
 
     @contextmanager
     def _decode_attention(self, step: _DynamicStep | _StaticStep) -> Iterator[None]:
@@ -500,7 +501,8 @@ class _StaticStep:
 
     A model whose forward asks the cache for more than ``update`` (an architecture this step was
     not written for) fails at step 0, before the prefill's cache is touched: the batch then decodes
-    with :class:`_DynamicStep` from that cache, and ``on_error`` hears why.
+    with :class:`_DynamicStep` from that cache, and ``on_error`` hears why. Once step 0 has run,
+    the prefill's cache is let go: its copy in the static buffers is the one in use.
     """
 
     def __init__(
@@ -511,11 +513,15 @@ class _StaticStep:
         cache: DynamicCache,
         limit: int,
         dtype: torch.dtype,
+        *,
+        use_graph: bool,
+        on_error: Callable[[str], None],
     ) -> None:
         batch, self.width = prompt_mask.shape
         device, total = prompt_mask.device, self.width + limit
         self.decoder = decoder
-        self.dynamic = (prompt_mask, positions, cache, limit)  # what a fallback to _DynamicStep needs
+        # What a fallback to _DynamicStep needs, until step 0 has run.
+        self.dynamic: tuple[torch.Tensor, torch.Tensor, DynamicCache, int] | None = (prompt_mask, positions, cache, limit)
         self.fallback: _DynamicStep | None = None
         self.column = torch.full((1,), self.width, dtype=torch.long, device=device)
         keys: list[torch.Tensor] = []
@@ -532,10 +538,9 @@ class _StaticStep:
         self.next_position = positions[:, -1:] + 1  # [B, 1]: the position of completion token 0
         self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.hidden = torch.empty(0, dtype=dtype, device=device)  # sized by the first step
-        self.use_graph = False
-        self.on_error: Any = None  # called with why the graph, or the static step itself, was given up
+        self.use_graph = use_graph
+        self.on_error = on_error  # called with why the graph, or the static step itself, was given up
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.steps = 0
 
     def _run(self) -> None:
         self.mask.index_fill_(3, self.column, 0.0)
@@ -558,21 +563,17 @@ class _StaticStep:
         self.tokens.copy_(tokens.view(-1, 1))
         if self.graph is not None:
             self.graph.replay()
-        elif self.steps == 0:
+        elif self.dynamic is not None:  # step 0
             try:
                 self._warm_up_and_capture() if self.use_graph else self._run()
             except (AttributeError, TypeError, NotImplementedError) as exc:  # the cache's interface
-                self._report(f"static decode step: {type(exc).__name__}: {str(exc)[:300]}")
+                self.on_error(f"static decode step: {type(exc).__name__}: {str(exc)[:300]}")
                 self.fallback = _DynamicStep(self.decoder, *self.dynamic)
                 return self.fallback(tokens, step)
+            self.dynamic = None  # the prefill's cache (a second copy of the prompts' KV) can go
         else:
             self._run()
-        self.steps += 1
         return self.hidden
-
-    def _report(self, error: str) -> None:
-        if self.on_error is not None:
-            self.on_error(error)
 
     def _warm_up_and_capture(self) -> None:
         device = self.tokens.device
@@ -588,6 +589,6 @@ class _StaticStep:
         except Exception as exc:  # an operation that cannot be captured: keep the eager static step
             torch.cuda.synchronize(device)
             self.use_graph = False
-            self._report(f"{type(exc).__name__}: {str(exc)[:300]}")
+            self.on_error(f"{type(exc).__name__}: {str(exc)[:300]}")
             return
         self.graph = graph
