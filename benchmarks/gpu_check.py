@@ -548,7 +548,7 @@ def check_noise(device: torch.device, sizes: Sizes, dtype: torch.dtype, out: Pat
     from prime_rl.config import load_config
     from prime_rl.inference.backend import HFBackend
     from prime_rl.inference.select import make_backend
-    from prime_rl.validator.checks import sampling_problem
+    from prime_rl.validator.checks import Checks, sampling_problem
     from prime_rl.validator.tolerances import for_precision
     from prime_rl.validator.verdicts import validate_batch
 
@@ -570,7 +570,7 @@ def check_noise(device: torch.device, sizes: Sizes, dtype: torch.dtype, out: Pat
         letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
         result["worker_decode"] = worker_backend.decode
 
-        def judge(row: NoiseRow, name: str, text_seed: int, rule_of) -> tuple[Counter, list, int, float, float]:
+        def judge(row: NoiseRow, name: str, text_seed: int, rule_of) -> tuple[Counter, list, Checks, float, float]:
             g = np.random.default_rng(text_seed)
             texts = {t: "".join(g.choice(letters, row.prompt)) for t in range(64)}  # a token a letter
             run = TinyRun(KEY, tokenizer, texts.__getitem__, 64, row.group, row.prompts, row.new)
@@ -607,7 +607,7 @@ def check_noise(device: torch.device, sizes: Sizes, dtype: torch.dtype, out: Pat
         cal = sizes.noise_calibration
         reasons, observations, base, generate_s, judge_s = judge(cal, "noise-calibration", 1, lambda c: c)
         profile = toploc.NoiseProfile.calibrate(
-            observations, description={"device": result.get("device", str(device)), "dtype": dtype_name}
+            observations, description={"device": str(device), "dtype": dtype_name}
         )
         accepted = reasons.pop("ok", 0)
         result["calibration"] = {
@@ -682,14 +682,14 @@ def table(result: dict) -> str:
              f"transformers {env['transformers']}), {'smoke' if result['smoke'] else 'full'} sizes, "
              f"{result['seconds']:.0f} s"]  # fmt: skip
     rows: list[tuple[str, str, str]] = []
-    for name in ("toploc", "attention", "trainer", "shared_prompt", "rollouts", "noise"):
+    for name, rows_of in TABLE_ROWS.items():
         part = result.get(name)
         if part is None:
             continue
         if isinstance(part, dict) and "error" in part:
             rows.append((name, "error", part["error"]))
             continue
-        rows.extend(TABLE_ROWS[name](part))
+        rows.extend(rows_of(part))
     width = max(len(r[1]) for r in rows)
     lines += [f"{section:11} {name:{width}}  {value}" for section, name, value in rows]
     return "\n".join(lines)
@@ -786,14 +786,18 @@ TABLE_ROWS = {
 def failures(result: dict) -> list[str]:
     """Every section or row that recorded an error."""
     found = []
-    for name in ("toploc", "attention", "trainer", "shared_prompt", "rollouts", "noise"):
+    for name in TABLE_ROWS:
         part = result.get(name)
         if isinstance(part, dict) and "error" in part:
             found.append(name)
-        rows = part if isinstance(part, list) else (part or {}).get("rows", []) if isinstance(part, dict) else []
+        if isinstance(part, list):
+            rows = part
+        elif isinstance(part, dict):
+            rows = part.get("rows", [])  # noise
+            found += [f"{name} {k}" for k, v in part.get("ms", {}).items() if "error" in v]  # attention
+        else:
+            continue  # a section not run
         found += [f"{name} row {i}" for i, row in enumerate(rows) if "error" in row]
-        if name == "attention" and isinstance(part, dict):
-            found += [f"attention {k}" for k, v in part.get("ms", {}).items() if "error" in v]
     return found
 
 

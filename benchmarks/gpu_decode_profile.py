@@ -10,36 +10,26 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE)]
 
 import torch  # noqa: E402
+from gpu_check import byte_tokenizer, timed  # noqa: E402
 from trainer_bench import QWEN2_05B, qwen2_model  # noqa: E402
 
 
-def timed(fn, device, repeats=5) -> float:
+def median_ms(fn, device: torch.device, repeats: int = 5) -> float:
+    """Median milliseconds of ``repeats`` calls after one warm-up call (gpu_check's timer)."""
     fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return 1e3 * statistics.median(timed(fn, repeats, device)[0])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
-    from gpu_check import byte_tokenizer
-
     import toploc
     from prime_rl.inference.backend import HFBackend, SamplingParams, sample_next, token_logprobs
 
@@ -59,15 +49,15 @@ def main() -> None:
     seeds = list(range(batch))
     params = SamplingParams(max_new_tokens=new, temperature=1.0)
     rows = {}
-    rows["backend.generate (whole)"] = timed(lambda: backend.generate(prompts, seeds, params), device, 2)
+    rows["backend.generate (whole)"] = median_ms(lambda: backend.generate(prompts, seeds, params), device, 2)
     hidden = torch.randn(batch, shape["hidden"], device=device, dtype=dtype)
     logits = backend._lm_head(hidden).float()
     seed_tensor = torch.tensor(seeds, device=device)
-    rows["lm_head + float"] = timed(lambda: backend._lm_head(hidden).float(), device)
-    rows["sample_next"] = timed(lambda: sample_next(logits, seed_tensor, 3, 1.0), device)
+    rows["lm_head + float"] = median_ms(lambda: backend._lm_head(hidden).float(), device)
+    rows["sample_next"] = median_ms(lambda: sample_next(logits, seed_tensor, 3, 1.0), device)
     sampled = sample_next(logits, seed_tensor, 3, 1.0)
-    rows["token_logprobs"] = timed(lambda: token_logprobs(logits, sampled, 1.0), device)
-    rows["uniform_noise"] = timed(
+    rows["token_logprobs"] = median_ms(lambda: token_logprobs(logits, sampled, 1.0), device)
+    rows["uniform_noise"] = median_ms(
         lambda: toploc.sampling.uniform_noise(7, seed_tensor, torch.full_like(seed_tensor, 3), shape["vocab"]),
         device,
     )
@@ -93,7 +83,7 @@ def main() -> None:
                     use_cache=True,
                 )
 
-            rows[label] = timed(step, device)
+            rows[label] = median_ms(step, device)
     for name, ms in rows.items():
         print(f"{name:32} {ms:9.3f} ms")
     if device.type == "cuda":
