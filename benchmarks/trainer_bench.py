@@ -195,7 +195,8 @@ def make_steps(model, samples, tokens: int, device) -> dict[str, Callable[[], No
             model.gradient_checkpointing_disable()
 
     def dense_step() -> None:
-        with dense_mask_attention() as built:
+        # In the model's dtype: CPU SDPA takes an fp32 mask beside bf16 queries, a GPU kernel may not.
+        with dense_mask_attention(next(model.parameters()).dtype) as built:
             trainer_step()
         if not built:
             raise RuntimeError(
