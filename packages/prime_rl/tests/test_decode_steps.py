@@ -157,7 +157,7 @@ def test_static_decode_attention_equals_transformers_sdpa_with_repeated_kv_heads
     # One query position: the query heads sharing a KV head become its queries (no repeat_kv copy).
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from prime_rl.inference.backend import _static_decode_attention
+    from prime_rl.inference.decode_steps import static_decode_attention
 
     g = torch.Generator().manual_seed(0)
     module = torch.nn.Module()
@@ -167,31 +167,31 @@ def test_static_decode_attention_equals_transformers_sdpa_with_repeated_kv_heads
     mask = torch.zeros(3, 1, 1, 40, dtype=torch.float64)
     mask[0, ..., :5] = mask[1, ..., 30:] = torch.finfo(torch.float64).min  # left padding, future columns
     expected, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
-    got, _ = _static_decode_attention(module, query, key, value, mask, scaling=0.25)
+    got, _ = static_decode_attention(module, query, key, value, mask, scaling=0.25)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
 def test_static_steps_attend_through_the_grouped_function_and_give_the_model_back():
-    from prime_rl.inference import backend as hf_module
+    from prime_rl.inference import decode_steps
 
     model = make_tiny_lm(arch="qwen2").to(torch.float64)  # 4 query heads, 2 KV heads
     seen: list[tuple[int, ...]] = []
-    original = hf_module._static_decode_attention
+    original = decode_steps.static_decode_attention
 
     def spy(module, query, key, value, mask, *args, **kwargs):
         seen.append(tuple(query.shape))
         return original(module, query, key, value, mask, *args, **kwargs)
 
-    hf_module._static_decode_attention = spy  # what the registered name calls (looked up at call time)
+    decode_steps.static_decode_attention = spy  # what the registered name calls (looked up at call time)
     try:
         from transformers import AttentionInterface
 
-        AttentionInterface.register(hf_module.STATIC_DECODE_ATTENTION, spy)
+        AttentionInterface.register(decode_steps.STATIC_DECODE_ATTENTION, spy)
         backend = HFBackend("unused", model=model, tokenizer=TOKENIZER, decode="static")
         backend.generate(encode(PROMPTS[:2]), [1, 2], SamplingParams(max_new_tokens=5))
     finally:
-        AttentionInterface.register(hf_module.STATIC_DECODE_ATTENTION, original)
-        hf_module._static_decode_attention = original
+        AttentionInterface.register(decode_steps.STATIC_DECODE_ATTENTION, original)
+        decode_steps.static_decode_attention = original
     assert seen and all(shape[2] == 1 for shape in seen)  # decode steps only: the prefill is SDPA's
     assert model.config._attn_implementation == "sdpa"  # the model's own attention is back
 
