@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if size > LIMIT:
         print("too large to travel: ignore or remove what the check does not need")
         return 1
-    paths = ":".join(f"packages/{p}/src" for p in PACKAGES)
+    paths = ":".join(f"$PWD/packages/{p}/src" for p in PACKAGES)
     print("carry: [\".whl\"]")
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
