@@ -113,12 +113,13 @@ def packed_samples(tokens: int, vocab: int):
     ]  # fmt: skip
 
 
-def dense_structure_mask(structure, dtype=None):
+def dense_structure_mask(structure, dtype=None, device=None):
     """The additive ``[1, 1, L, L]`` mask of ``structure``'s rule (a ``grpo.SharedPrefixStructure`` of
     one row): ``grpo.block_causal_mask`` over its segments, then each suffix's queries opened to its
     prefix's keys, so each completion sees its prompt and, causally, itself; plain documents (no
     suffixes, as ``share_prompts=False`` packs) are exactly ``block_causal_mask`` of the documents.
-    ``dtype``: the mask's (the model's; SDPA wants them equal), fp32 by default.
+    ``dtype``: the mask's (the model's; SDPA wants them equal), fp32 by default; ``device``: where
+    it is built (the model's: a CUDA SDPA kernel takes no CPU mask), the CPU by default.
     """
     import torch
 
@@ -126,7 +127,7 @@ def dense_structure_mask(structure, dtype=None):
 
     bounds = structure.bounds
     segment = torch.repeat_interleave(torch.arange(len(bounds) - 1), structure.cu_seqlens().diff())
-    mask = grpo.block_causal_mask(segment[None], dtype or torch.float32)
+    mask = grpo.block_causal_mask(segment[None].to(device), dtype or torch.float32)
     for suffix, prefix in enumerate(structure.prefix_of):
         if prefix != suffix:  # the prefix lies before the suffix: all of it is visible
             mask[..., bounds[suffix] : bounds[suffix + 1], bounds[prefix] : bounds[prefix + 1]] = 0
@@ -134,7 +135,7 @@ def dense_structure_mask(structure, dtype=None):
 
 
 @contextmanager
-def dense_mask_attention(dtype=None) -> Iterator[list[tuple[int, ...]]]:
+def dense_mask_attention(dtype=None, device=None) -> Iterator[list[tuple[int, ...]]]:
     """The trainer's forward as it was: the dense ``block_causal_mask`` (fp32, built per forward).
 
     Stands in for what ``prime_rl.trainer.forward`` calls: ``grpo.shared_prefix_kwargs(structure)``
@@ -150,7 +151,7 @@ def dense_mask_attention(dtype=None) -> Iterator[list[tuple[int, ...]]]:
     built: list[tuple[int, ...]] = []
 
     def dense_kwargs(structure):
-        mask = dense_structure_mask(structure, dtype)
+        mask = dense_structure_mask(structure, dtype, device)
         built.append(tuple(mask.shape))
         return {"attention_mask": mask}
 
@@ -195,8 +196,10 @@ def make_steps(model, samples, tokens: int, device) -> dict[str, Callable[[], No
             model.gradient_checkpointing_disable()
 
     def dense_step() -> None:
-        # In the model's dtype: CPU SDPA takes an fp32 mask beside bf16 queries, a GPU kernel may not.
-        with dense_mask_attention(next(model.parameters()).dtype) as built:
+        # In the model's dtype and on its device: CPU SDPA takes an fp32 mask beside bf16 queries, a
+        # GPU kernel takes neither that nor a mask on the CPU.
+        weight = next(model.parameters())
+        with dense_mask_attention(weight.dtype, weight.device) as built:
             trainer_step()
         if not built:
             raise RuntimeError(
