@@ -260,7 +260,34 @@ def check_toploc(device: torch.device, sizes: Sizes) -> dict:
     result["kernels"] = (
         "available" if toploc_cuda.available(bits, 128) else "unavailable: gpu_kernels ran torch"
     )
+    if result["kernels"] == "available":
+        try:  # a breakdown only: its failure must not cost the section's figures
+            result["gpu_kernels"]["stages_ms"] = verify_stages(on_gpu[1], proofs, repeats, device)
+        except Exception as exc:
+            result["gpu_kernels"]["stages_error"] = f"{type(exc).__name__}: {exc}"
     return result
+
+
+def verify_stages(activations: torch.Tensor, proofs: list[bytes], repeats: int, device: torch.device) -> dict:
+    """Where verify's time goes beside build's, at the verify tokens in 32-token chunks: the two
+    kernels alone (inputs already on the device), the host's proof parsing and the comparison (its
+    counts back on the host); median ms."""
+    from toploc import cuda as toploc_cuda
+    from toploc.proofs import compare
+    from toploc.wire import decode_proofs
+
+    chunk = 32 * activations.shape[1]
+    bits = activations.view(torch.int16).reshape(-1)[: activations.numel() // chunk * chunk].reshape(-1, chunk)
+    moduli, coeffs = decode_proofs(proofs, topk=128)
+    on_device = torch.from_numpy(moduli[: bits.shape[0]]).to(device), torch.from_numpy(coeffs[: bits.shape[0]]).to(device)
+    _, values, committed, _ = toploc_cuda.select_evaluate(bits, 128, *on_device)
+    stages = {
+        "select_commit_kernel": lambda: toploc_cuda.select_commit(bits, 128),
+        "select_evaluate_kernel": lambda: toploc_cuda.select_evaluate(bits, 128, *on_device),
+        "decode_proofs_host": lambda: decode_proofs(proofs, topk=128),
+        "compare_with_transfer": lambda: compare(committed, values.long() & 0xFFFF),
+    }
+    return {name: 1e3 * statistics.median(timed(fn, repeats, device)[0]) for name, fn in stages.items()}
 
 
 def check_trainer(device: torch.device, sizes: Sizes, dtype: torch.dtype) -> list[dict]:
@@ -708,6 +735,8 @@ def _toploc_rows(part: dict) -> list[tuple[str, str, str]]:
                       f"verdicts equal: {f['verdicts_equal_cpu']}")  # fmt: skip
         rows.append(("toploc", path, value))
     rows.append(("toploc", "kernels", str(part["kernels"])))
+    if stages := part.get("gpu_kernels", {}).get("stages_ms"):
+        rows.append(("toploc", "verify stages", ", ".join(f"{name} {ms:.2f} ms" for name, ms in stages.items())))
     return rows
 
 

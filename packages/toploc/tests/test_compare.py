@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -70,3 +73,18 @@ def test_compare_hand_oracle() -> None:
     assert result == VerificationResult(
         exp_mismatches=1, mant_err_mean=1.5, mant_err_median=3.0, sign_mismatches=1, index_agreement=2, topk=3
     )
+
+
+def test_results_behave_as_the_dataclass_built_them() -> None:
+    # compare builds each result by setting its __dict__ (verify's host time), not through
+    # __init__: equality, hashing, repr, as_tuple and immutability must be the dataclass's own.
+    committed = np.array([[0x3F81, 0xBF80, 0x4000], [0x4000, 0x4000, 0x4000]])
+    values = np.array([[0x3F84, 0x3F80, 0x3F80], [0x3F80, 0x3F80, 0x3F80]])
+    fast, unmatched = compare(committed, values)
+    slow = VerificationResult(1, 1.5, 3.0, sign_mismatches=1, index_agreement=2, topk=3)
+    assert type(fast) is VerificationResult
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert fast.as_tuple() == (1, 1.5, 3.0)
+    assert unmatched.as_tuple() == (3, float("inf"), float("inf"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.exp_mismatches = 0  # type: ignore[misc]

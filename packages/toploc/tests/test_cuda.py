@@ -47,3 +47,15 @@ def test_gpu_rejects_non_finite() -> None:
     acts[40, 3] = float("nan")
     with pytest.raises(ActivationError, match="NaN"):
         build_proofs_bytes(acts, 32, 128, True)
+
+
+@needs_device
+@pytest.mark.cuda
+def test_gpu_verify_rejects_non_finite() -> None:
+    # verify reads the kernel's flags with the comparison's counts (one synchronisation): a NaN
+    # must still raise, not judge the chunk.
+    acts = torch.randn(64, 256)
+    proofs = build_proofs_bytes(acts, 32, 128, True)
+    acts[40, 3] = float("nan")
+    with pytest.raises(ActivationError, match="NaN"):
+        verify_proofs_bytes(acts.to("cuda"), proofs, 32, 128, True)

@@ -64,19 +64,21 @@ def _commit_groups(groups: list[ChunkGroup], topk: int) -> tuple[np.ndarray, np.
 
 def _evaluate_groups(
     groups: list[ChunkGroup], moduli: np.ndarray, coeffs: np.ndarray, topk: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(committed, values)``, both ``[C, k]`` 16-bit patterns in an integer dtype: f_c at the verifier's
-    top-k, and its own patterns. On the activations' device where the CUDA kernel ran (no copy back)."""
-    committed, values = [], []
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(committed, values, flags)``: the first two ``[C, k]`` 16-bit patterns in an integer dtype, f_c at
+    the verifier's top-k and its own patterns, on the activations' device where the CUDA kernel ran (no
+    copy back); ``flags`` the kernel's flags, not yet checked (``None`` where no kernel ran). The caller
+    reads them with the comparison's counts: one synchronisation instead of two."""
+    committed, values, flags = [], [], []
     first = 0
     for group in groups:
         last = first + group.bits.shape[0]
         group_moduli, group_coeffs = moduli[first:last], coeffs[first:last]
         if cuda.available(group.bits, topk):
-            _, val, evaluated, flags = cuda.select_evaluate(
+            _, val, evaluated, group_flags = cuda.select_evaluate(
                 group.bits, topk, torch.from_numpy(group_moduli), torch.from_numpy(group_coeffs)
             )
-            cuda.raise_on_flags(flags)
+            flags.append(group_flags)
             committed.append(evaluated.long())
             values.append(val.long() & 0xFFFF)  # int16 bits -> the unsigned pattern
         else:
@@ -85,7 +87,11 @@ def _evaluate_groups(
             values.append(torch.from_numpy(val_np))
         first = last
     device = committed[0].device
-    return torch.cat([c.to(device) for c in committed]), torch.cat([v.to(device) for v in values])
+    return (
+        torch.cat([c.to(device) for c in committed]),
+        torch.cat([v.to(device) for v in values]),
+        torch.cat(flags) if flags else None,
+    )
 
 
 def build_proofs_bytes(
@@ -135,6 +141,13 @@ def compare(committed: np.ndarray | torch.Tensor, values: np.ndarray | torch.Ten
     is the upper median (element ⌊n/2⌋ of the sorted errors). Tensors are compared on their
     own device (CUDA after the fused kernel) and only five ``[C]`` counts come back to the host.
     """
+    counts = _compare_counts(committed, values)
+    return _results(counts.cpu().tolist(), int(torch.as_tensor(values).shape[1]))
+
+
+def _compare_counts(committed: np.ndarray | torch.Tensor, values: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """``[5, C]`` int32 on the patterns' device: exponent matches, mantissa error sums, upper medians,
+    sign mismatches, index agreement (see ``compare``)."""
     u = torch.as_tensor(committed).to(torch.int32)
     v = torch.as_tensor(values).to(device=u.device, dtype=torch.int32)
     k = v.shape[1]
@@ -144,26 +157,42 @@ def compare(committed: np.ndarray | torch.Tensor, values: np.ndarray | torch.Ten
     # Errors are 0..127 where exponents match; 128 marks the other positions. The upper median
     # (element n//2 of the sorted errors) is the smallest e whose cumulative count exceeds n//2.
     mant_err = torch.where(matched, ((u & 0x7F) - (v & 0x7F)).abs(), 128)
-    n_matched = matched.sum(dim=1)
-    sums = mant_err.sum(dim=1) - 128 * (k - n_matched)
+    n_matched = matched.sum(dim=1, dtype=torch.int32)
+    sums = mant_err.sum(dim=1, dtype=torch.int32) - 128 * (k - n_matched)
     histogram = torch.zeros((u.shape[0], 129), dtype=torch.int32, device=u.device)
     histogram.scatter_add_(1, mant_err.long(), torch.ones_like(mant_err))
-    median = (histogram.cumsum(dim=1) <= (n_matched // 2).unsqueeze(1)).sum(dim=1)
-    sign_mismatches = (matched & ~same_sign).sum(dim=1)
-    agreement = (same_sign & ((exp_u - exp_v).abs() <= 1)).sum(dim=1)
-    counts = torch.stack([n_matched, sums, median, sign_mismatches, agreement]).cpu().tolist()
+    median = (histogram.cumsum(dim=1, dtype=torch.int32) <= (n_matched // 2).unsqueeze(1)).sum(dim=1, dtype=torch.int32)
+    sign_mismatches = (matched & ~same_sign).sum(dim=1, dtype=torch.int32)
+    agreement = (same_sign & ((exp_u - exp_v).abs() <= 1)).sum(dim=1, dtype=torch.int32)
+    return torch.stack([n_matched, sums, median, sign_mismatches, agreement])
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _results(counts: list[list[int]], k: int) -> list[VerificationResult]:
+    """One ``VerificationResult`` per column of the five count rows.
+
+    Built without the frozen dataclass's ``__init__`` (six ``object.__setattr__`` calls each): one
+    ``__dict__`` per result takes 0.38x the time, 0.97 ms against 2.5 ms for 2,048 chunks on the
+    2-core dev machine (``benchmarks/results/toploc_verify_host.md``), the largest part of verify's
+    host work. Equality, hashing and immutability stay the dataclass's own (``test_compare.py``).
+    """
     inf = float("inf")
-    return [
-        VerificationResult(
-            exp_mismatches=k - n,
-            mant_err_mean=total / n if n else inf,
-            mant_err_median=float(middle) if n else inf,
-            sign_mismatches=signs,
-            index_agreement=agree,
-            topk=k,
-        )
-        for n, total, middle, signs, agree in zip(*counts, strict=True)
-    ]
+    out = []
+    for n, total, middle, signs, agree in zip(*counts, strict=True):
+        result = _new(VerificationResult)
+        _set(result, "__dict__", {
+            "exp_mismatches": k - n,
+            "mant_err_mean": total / n if n else inf,
+            "mant_err_median": float(middle) if n else inf,
+            "sign_mismatches": signs,
+            "index_agreement": agree,
+            "topk": k,
+        })  # fmt: skip
+        out.append(result)
+    return out
 
 
 def _verify_parsed(
@@ -183,7 +212,14 @@ def _verify_parsed(
         )
     if expected == 0:
         return []
-    return compare(*_evaluate_groups(groups, moduli, coeffs, topk))
+    committed, values, flags = _evaluate_groups(groups, moduli, coeffs, topk)
+    counts = _compare_counts(committed, values)
+    if flags is None:
+        return _results(counts.cpu().tolist(), topk)
+    # The kernel's flags travel with the counts: the host waits for the device once.
+    host = torch.cat([counts.flatten(), flags.to(torch.int32)]).cpu()
+    cuda.check_flags(host[counts.numel() :])
+    return _results(host[: counts.numel()].view(5, -1).tolist(), topk)
 
 
 def verify_proofs_bytes(

@@ -232,7 +232,11 @@ def _launch_evaluate(
 
 def raise_on_flags(flags: torch.Tensor) -> None:
     """Host check of kernel flags (synchronises): ``ActivationError`` for NaN/Inf."""
-    values = flags.cpu()
+    check_flags(flags.cpu())
+
+
+def check_flags(values: torch.Tensor) -> None:
+    """``raise_on_flags`` for flags already on the host."""
     if bool((values == 1).any()):
         raise ActivationError("activations contain NaN or Inf; TOPLOC commits to finite bf16 values only")
     if bool((values != 0).any()):
