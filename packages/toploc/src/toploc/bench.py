@@ -157,6 +157,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--stream-sequences", type=int, default=256, help="sequences fed to the streaming ProofBuilder"
     )
+    parser.add_argument("--out", help="also write the table to this file, with the command and machine")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    print(run(args.hidden, args.tokens, args.repeats, args.naive_max_tokens, device, args.stream_sequences))
+    table = run(args.hidden, args.tokens, args.repeats, args.naive_max_tokens, device, args.stream_sequences)
+    print(table)
+    if args.out:
+        import platform
+        import sys
+
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+        header = (
+            f"# toploc bench\n\n`toploc bench {' '.join(sys.argv[1:] if argv is None else argv)}` on "
+            f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"torch {torch.__version__}; load average at the end {load}.\n\n"
+        )
+        with open(args.out, "w", encoding="utf-8") as file:
+            file.write(header + table + "\n")
