@@ -3,7 +3,9 @@
 math_equiv_forms.jsonl holds 338 pairs (63 public rows from math-verify's tests and issues, 275
 hand-written for the answer forms of issue #28), written by data/build_math_equiv_forms.py. On it
 math-verify 0.9.0 agrees with 305 labels (benchmarks/math_equiv_bench.py runs both); we require all
-338, so a regression in any category fails here with that category named.
+338, so a regression in any category fails here with that category named. That makes the file a
+regression suite, not a measurement: its 275 hand-written pairs came with the checker changes they
+test. The measurement is the frozen set, math_equiv_frozen.jsonl (test_math_frozen.py).
 """
 
 from __future__ import annotations
