@@ -59,6 +59,11 @@ class EpisodeEnv:
         """Whether the environment's replies can be re-derived exactly (``Environment.replayable``)."""
         return bool(self.env.replayable)
 
+    @property
+    def limit_markers(self) -> tuple[str, ...]:
+        """Texts of a reply the machine may have cut short (``Environment.limit_markers``)."""
+        return tuple(getattr(self.env, "limit_markers", ()))
+
     def start(self, task_id: int) -> tuple[Message, ...]:
         """The transcript before model turn 0 (the environment's first messages)."""
         return self.env.initial_messages(self.task_set.task(task_id))
