@@ -256,12 +256,12 @@ def replay_episode(
     for k, (s, (a, b)) in enumerate(zip(segments, bounds, strict=True)):
         if s.kind != "model":
             continue
-        if spent > seconds_left:
+        text, final = decode(tokens[a:b]), s.turn + 1 == env.max_turns
+        if spent > seconds_left and not final:  # a final turn is never answered: nothing runs
             return Replay(
                 "tool_unverifiable", f"the tool-time budget ran out after {spent:.2f} s, before turn {s.turn}", (), spent
             )
         last = k + 1 == len(segments)
-        text, final = decode(tokens[a:b]), s.turn + 1 == env.max_turns
         step, limit, seconds = _timed_step(env, sample.task_id, messages, text, final)
         spent += seconds
         if last:
