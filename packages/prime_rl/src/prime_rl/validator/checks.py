@@ -96,12 +96,7 @@ class Reason(enum.StrEnum):
     MODEL_TOKENS_AS_ENV = "model_tokens_as_env"
     ENV_TOKENS_AS_MODEL = "env_tokens_as_model"
     TOOL_NOT_REPLAYABLE = "tool_not_replayable"
-    TOOL_UNVERIFIABLE = "tool_unverifiable"  # never counts towards a ban (verdicts.ban_counts)
-
-
-UNVERIFIABLE = frozenset({Reason.REWARD_UNVERIFIABLE, Reason.TOOL_UNVERIFIABLE})
-"""Rejections the machine, not the worker, may explain: a batch whose own failures are only these
-counts nothing towards its worker's ban (``verdicts.ban_counts``)."""
+    TOOL_UNVERIFIABLE = "tool_unverifiable"  # never counts towards a ban (protocol.UNVERIFIABLE_REASONS)
 
 
 class RetryLater(Exception):

@@ -32,10 +32,9 @@ import torch
 
 import grpo
 from prime_rl.api.fields import MAX_DETAIL_CHARS
-from prime_rl.api.protocol import PendingBatch, Verdict
+from prime_rl.api.protocol import PendingBatch, Verdict, machine_rejected
 from prime_rl.inference.backend import GenerationBackend
 from prime_rl.validator.checks import (
-    UNVERIFIABLE,
     Checks,
     Observer,
     Pending,
@@ -50,10 +49,6 @@ from prime_rl.validator.rewards import reward_checks
 from prime_rl.validator.structure import AssignmentKeyMismatch, coverage_problems, lease_problem
 
 __all__ = ["ban_counts", "validate_batch"]
-
-_FOLLOWERS = frozenset({Reason.LEASE_REJECTED, Reason.GROUP_REJECTED})
-"""Rejections that only follow another sample's failure (this lease's or this group's)."""
-
 
 def validate_batch(
     batch: PendingBatch,
@@ -105,14 +100,13 @@ def ban_counts(verdicts: Sequence[Verdict]) -> tuple[int, int]:
     """(accepted, rejected) of one judged batch as they count towards its worker's ban.
 
     A batch whose only own failures are ``reward_unverifiable`` or ``tool_unverifiable``
-    (``checks.UNVERIFIABLE``; every other rejection follows them: ``lease_rejected``,
+    (``protocol.machine_rejected``; every other rejection follows them: ``lease_rejected``,
     ``group_rejected``) counts (0, 0): the machine, not the worker, may explain it, and an honest
     worker must not near a ban for it (``rewards.py`` and ``episodes.py`` say why this gives a
     cheater nothing). Any other failure in the batch counts the whole batch as before.
     """
     accepted = sum(v.accepted for v in verdicts)
-    own = {v.reason for v in verdicts if not v.accepted and v.reason not in _FOLLOWERS}
-    if own and own <= UNVERIFIABLE:
+    if machine_rejected(verdicts):
         return 0, 0
     return accepted, len(verdicts) - accepted
 
