@@ -17,7 +17,8 @@ validator: sandbox starts and sleeps compete for the 2 cores), the worker having
   slower one: its reply shows ``[timeout]`` where the validator's run finished; played with a
   limit of ``--limit / 2``).
 
-Every 8 episodes form one lease of one worker identity; its verdict reasons go through
+Every 8 episodes (one program kind each) form one lease of one of 4 honest worker identities; its
+verdict reasons go through
 ``verdicts.ban_counts`` into the validator's own ``FailureTracker`` (``[validator]`` defaults:
 ban at a 50% rejected share after 16 samples). Forged episodes (``--forged``): the honest reply of
 a deterministic program (``print(<n> * 7)``) with one character changed, played the same way.
@@ -120,7 +121,9 @@ def run(episodes: int, forged: int, limit: float, load: int, worker_threads: int
     tokenizer = CodepointTokenizer()
     worker_env, slow_worker_env = environment(limit, tokenizer), environment(limit / 2, tokenizer)
     validator_env = environment(limit, tokenizer)
-    jobs = [(KINDS[i % len(KINDS)], i) for i in range(episodes)]
+    # one program kind per lease of 8, so some leases are all deterministic and count towards the ban
+    # accounting in full, others hold an unverifiable episode and count nothing
+    jobs = [(KINDS[(i // LEASE) % len(KINDS)], i) for i in range(episodes)]
 
     def honest(job: tuple[str, int]) -> RolloutSample:
         kind, index = job
@@ -162,6 +165,7 @@ def run(episodes: int, forged: int, limit: float, load: int, worker_threads: int
         "honest_rejected_as_cheating": honest_reasons["tool_output_mismatch"],
         "honest_identities": 4,
         "honest_bans": bans,
+        "ban_counts_by_identity": {worker: {"accepted": a, "rejected": r} for worker, (a, r) in failures.counts.items()},
         "forged_reasons": dict(forged_reasons),
         "forged_caught_share": forged_reasons["tool_output_mismatch"] / forged if forged else None,
         "validator_tool_seconds": round(sum(r.tool_seconds for r in replays), 2),
@@ -189,7 +193,9 @@ def report(result: dict[str, Any]) -> str:
         "",
         f"- honest episodes: {result['episodes']}; rejected as cheating (`tool_output_mismatch`): "
         f"{result['honest_rejected_as_cheating']}; bans among {result['honest_identities']} honest identities: "
-        f"{result['honest_bans']}",
+        f"{result['honest_bans']} (samples counted towards a ban, per identity: "
+        + ", ".join(f"{c['accepted']} accepted / {c['rejected']} rejected" for c in result["ban_counts_by_identity"].values())
+        + ")",
         f"- forged episodes: {result['forged']}; `tool_output_mismatch`: {result['forged_reasons'].get('tool_output_mismatch', 0)} "
         f"({result['forged_caught_share']:.0%})",
         f"- validator tool time: {result['validator_tool_seconds']} s over all replays "
