@@ -26,7 +26,7 @@ from prime_rl.validator.checks import Reason, replay_checks
 from prime_rl.validator.episodes import replay_episode
 from prime_rl.validator.verdicts import ban_counts, validate_batch
 from verifiers import Task
-from verifiers.envs import Message, PythonToolEnv
+from verifiers.envs import Message, PythonToolEnv, ToolEnv
 
 TEMPLATE = "\n<{role}>\n{content}\n</{role}>\n"
 TASKS = TaskSet([Task("7 * 6?", "verifiable_math", {"ground_truth": "42"})])
@@ -122,6 +122,33 @@ def test_text_after_a_limit_marker_cannot_be_checked_and_is_never_accepted():
     assert replay.code == "tool_unverifiable" and replay.transcript == ()
 
 
+def test_a_second_replay_that_prints_what_the_worker_got_passes():
+    """A call that prints "first" on its first run and "second" after: a worker that got "second" is
+    confirmed by the validator's second replay; one that got anything else is not (replays differ)."""
+
+    def counter(outputs):
+        runs = iter(outputs)
+        return lambda arguments: next(runs)
+
+    call = {"name": "count", "arguments": {}}
+
+    def episode(worker_output: str, outputs: list[str]):
+        validator = EpisodeEnv(ToolEnv({"count": counter(outputs)}, max_turns=2, replayable=True), TASKS,
+                               Codepoints(), turn_template=TEMPLATE)  # fmt: skip
+        reply = list(map(ord, TEMPLATE.format(role="tool", content=worker_output)))
+        turn0 = "<tool_call>" + json.dumps(call) + "</tool_call>"
+        sample = played("", validator, reply)
+        sample = sample.model_copy(update={"completion_tokens": [*map(ord, turn0), *sample.completion_tokens[sample.segments[0].length:]],
+                                           "segments": [Segment(kind="model", length=len(turn0), turn=0), *sample.segments[1:]]})  # fmt: skip
+        sample = sample.model_copy(update={"inference_logprobs": [0.0] * len(sample.completion_tokens)})
+        return replay_episode(sample, validator, decode)
+
+    confirmed = episode("second", ["first", "second"])
+    assert confirmed.code == "" and confirmed.transcript[-2].content == "second"
+    assert episode("third", ["first", "second"]).code == "tool_unverifiable"
+    assert episode("third", ["first", "first"]).code == "tool_output_mismatch"
+
+
 def test_the_honest_output_of_a_deterministic_program_is_accepted():
     replay = replay_episode(played("print(6 * 7)", env()), env(), decode)
     assert replay.code == "" and replay.transcript[-2].content == "42\n"
@@ -139,8 +166,9 @@ def test_the_lease_tool_budget_bounds_the_replay_time():
 
 def test_a_fabricated_lease_with_looping_tool_calls_costs_no_tool_time(monkeypatch):
     """Issue 34 item 1: random proofs and tool calls that loop until their timeout. The prefill rejects
-    every sample first; no tool runs (the sandbox is never entered) and the validator's time for the
-    lease stays far below one tool timeout."""
+    every sample first; no tool runs (the sandbox is never entered), and the validator's CPU time for
+    the lease (after a first lease warmed torch up) is under 2 s (before: every sample's tool calls ran
+    first, each until its 5 s timeout)."""
     from tiny_lm import make_tiny_lm, make_tiny_tokenizer
     from validator_setup import TinyRun
 
@@ -155,7 +183,7 @@ def test_a_fabricated_lease_with_looping_tool_calls_costs_no_tool_time(monkeypat
     tasks = TaskSet([Task(f"{t}+1=", "verifiable_math", {"ground_truth": str(t + 1)}) for t in range(4)])
     episode_env = EpisodeEnv(PythonToolEnv(max_turns=2, timeout_s=5.0), tasks, tokenizer, turn_template=TEMPLATE)
     checks = dataclasses.replace(run.checks(), episode_env=episode_env)
-    lease, record = run.lease("fabricator", 0, 0)
+    backend = HFBackend("unused", model=make_tiny_lm(), tokenizer=tokenizer)
     loop = '<tool_call>{"name": "python", "arguments": {"code": "while True: pass"}}</tool_call>'
     eos = tokenizer.eos_token_id
     turn0, turn1 = [*run.encode(loop), eos], [*run.encode("\\boxed{1}"), eos]
@@ -163,25 +191,30 @@ def test_a_fabricated_lease_with_looping_tool_calls_costs_no_tool_time(monkeypat
     tokens = [*turn0, *reply, *turn1]
     chunks = -(-len(turn0) // 32) + -(-len(turn1) // 32)
     rng = random.Random(0)
-    samples = []
-    for task in lease.tasks:
-        for g, seed in enumerate(task.sampling_seeds):
-            samples.append(RolloutSample(
-                task_id=task.task_id, group_index=g, prompt_tokens=run.prompt_tokens(task.task_id),
-                completion_tokens=tokens, sampling_seed=seed, temperature=1.0, reward=0.0, advantage=0.0,
-                proofs=bytes(rng.randrange(256) for _ in range(chunks * proof_size(proof_topk(checks.hidden_size)))),
-                inference_logprobs=[-1.0] * len(turn0) + [0.0] * len(reply) + [-1.0] * len(turn1),
-                segments=[Segment(kind="model", length=len(turn0), turn=0), Segment(kind="env", length=len(reply), turn=0),
-                          Segment(kind="model", length=len(turn1), turn=1)],
-            ))  # fmt: skip
-    backend = HFBackend("unused", model=make_tiny_lm(), tokenizer=tokenizer)
-    batch = PendingBatch(
-        batch_id="fabricated", worker_id="fabricator", step=0, batch_index=0, policy_version=0,
-        received_at=time.time(), lease=record, samples=samples,
-    )  # fmt: skip
-    started = time.monotonic()
-    verdicts = validate_batch(batch, tasks=run, backend_for=lambda v: backend, decode=run.decode, checks=checks)
-    seconds = time.monotonic() - started
+
+    def fabricated(batch_index: int) -> list[Verdict]:
+        lease, record = run.lease("fabricator", 0, batch_index)
+        samples = []
+        for task in lease.tasks:
+            for g, seed in enumerate(task.sampling_seeds):
+                samples.append(RolloutSample(
+                    task_id=task.task_id, group_index=g, prompt_tokens=run.prompt_tokens(task.task_id),
+                    completion_tokens=tokens, sampling_seed=seed, temperature=1.0, reward=0.0, advantage=0.0,
+                    proofs=bytes(rng.randrange(256) for _ in range(chunks * proof_size(proof_topk(checks.hidden_size)))),
+                    inference_logprobs=[-1.0] * len(turn0) + [0.0] * len(reply) + [-1.0] * len(turn1),
+                    segments=[Segment(kind="model", length=len(turn0), turn=0), Segment(kind="env", length=len(reply), turn=0),
+                              Segment(kind="model", length=len(turn1), turn=1)],
+                ))  # fmt: skip
+        batch = PendingBatch(
+            batch_id=f"fabricated-{batch_index}", worker_id="fabricator", step=0, batch_index=batch_index,
+            policy_version=0, received_at=time.time(), lease=record, samples=samples,
+        )  # fmt: skip
+        return validate_batch(batch, tasks=run, backend_for=lambda v: backend, decode=run.decode, checks=checks)
+
+    fabricated(0)  # first calls into torch and the tokenizer
+    started = time.process_time()  # the validator's own CPU (a tool run would be a child: runs says)
+    verdicts = fabricated(1)
+    seconds = time.process_time() - started
     own = {v.reason for v in verdicts} - {Reason.LEASE_REJECTED, Reason.GROUP_REJECTED}
     assert own and own <= {Reason.PROOF_FAILED, Reason.MALFORMED_PROOF, Reason.SAMPLING_FAILED}, own
     assert runs == [] and seconds < 2.0, (runs, seconds)

@@ -27,7 +27,7 @@ env positions get log-prob 0.0 for the trainer.
    (``episodes.EpisodeEnv.step``: same sandbox, same environment variables, seeded), and every
    env segment must equal its re-derived tokens exactly, else ``tool_output_mismatch`` (also when
    the environment ended the episode and the worker inserted more). A difference is replayed once
-   more; one the machine may explain (the replays differ, a machine limit, the worker's output
+   more (a clean second replay equal to the worker's reply passes); one the machine may explain (the replays differ, a machine limit, the worker's output
    cut short by its machine, the lease's tool-time budget spent) is ``tool_unverifiable``, which
    like ``reward_unverifiable`` rejects the lease and never counts towards a ban. An episode that
    stops while the environment wanted another turn and the budget allowed one:
@@ -240,7 +240,8 @@ def replay_episode(
     """Check 3 of the module docstring: re-run the environment on the model turns as sent and compare
     every env segment with its re-derived tokens; ``seconds_left`` bounds the tool time it may spend.
 
-    A difference is replayed once more. ``tool_unverifiable`` (never a ban count) when the two replays
+    A difference is replayed once more; a clean second replay equal to the worker's reply passes (the
+    program does print that). Otherwise ``tool_unverifiable`` (never a ban count) when the two replays
     differ from each other (the call is not deterministic: a clock, an address), when either replay
     reported a machine limit (``verifiers.machine_limits``: a timeout, an output or memory limit, a
     runner that failed), when the worker's reply shows a limit marker (``Environment.limit_markers``)
@@ -290,6 +291,9 @@ def replay_episode(
                 f"{len(step.tokens)}; first difference at token {first}"
             )
             worker_limit = _worker_limited(decode(inserted), decode(step.tokens), env.limit_markers)
+            if again.tokens == inserted and limit_again is None:  # the program does print this, cleanly
+                messages = again.messages
+                continue
             if again.tokens != step.tokens:
                 why = "two replays of the turn differ from each other (the call is not deterministic)"
             elif limit or limit_again:
