@@ -225,7 +225,7 @@ def test_a_played_forged_tool_output_passes_the_prefill_and_fails_the_replay(bac
     verdicts = judge(batch, record, backend)
     own = {v.reason for v in verdicts} - {Reason.GROUP_REJECTED, Reason.LEASE_REJECTED}
     assert own == {Reason.TOOL_OUTPUT_MISMATCH}, [(v.reason, v.detail) for v in verdicts]
-    assert "a second replay agrees with the first" in verdicts[0].detail
+    assert "clean replays agree with each other" in verdicts[0].detail
     assert ban_counts(verdicts) == (0, len(verdicts))
     patched = batch.model_copy(update={"samples": [forge_tool_output(s) for s in worker("honest").answer(lease, backend).samples]})
     own = {v.reason for v in judge(patched, record, backend)} - {Reason.GROUP_REJECTED, Reason.LEASE_REJECTED}

@@ -110,7 +110,7 @@ def test_forged_outputs_of_a_deterministic_program_stay_tool_output_mismatch(for
     reply = list(map(ord, TEMPLATE.format(role="tool", content=forged)))
     replay = replay_episode(played("print(6 * 7)", env(), reply), env(), decode)
     assert replay.code == "tool_output_mismatch", replay
-    assert "a second replay agrees with the first" in replay.detail
+    assert "clean replays agree with each other" in replay.detail
     assert ban_counts([verdict(replay.code), verdict("lease_rejected")]) == (0, 2)
 
 

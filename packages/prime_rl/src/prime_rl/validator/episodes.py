@@ -25,11 +25,13 @@ env positions get log-prob 0.0 for the trainer.
    whatever its tools print), the environment replay (:func:`replay_episode`): the environment
    is re-run on the transcript of the model turns as the worker sent them
    (``episodes.EpisodeEnv.step``: same sandbox, same environment variables, seeded), and every
-   env segment must equal its re-derived tokens exactly, else ``tool_output_mismatch`` (also when
-   the environment ended the episode and the worker inserted more). A difference is replayed once
-   more (a clean second replay equal to the worker's reply passes); one the machine may explain (the replays differ, a machine limit, the worker's output
-   cut short by its machine, the lease's tool-time budget spent) is ``tool_unverifiable``, which
-   like ``reward_unverifiable`` rejects the lease and never counts towards a ban. An episode that
+   env segment must equal its re-derived tokens exactly. A difference is replayed, up to
+   ``REPLAYS_PER_TURN`` runs, until two runs were clean (no machine limit); a clean run equal to the
+   worker's reply passes. ``tool_output_mismatch``: two clean runs agree with each other but not
+   with the worker (also: the environment ended the episode and the worker inserted more).
+   ``tool_unverifiable``, which like ``reward_unverifiable`` rejects the lease and never counts
+   towards a ban: what the machine may explain (clean runs differ, fewer than two clean runs, the
+   worker's output cut short by its machine, the lease's tool-time budget spent). An episode that
    stops while the environment wanted another turn and the budget allowed one:
    ``episode_truncated``.
 
@@ -59,6 +61,7 @@ from verifiers.envs import Message
 
 __all__ = [
     "MAX_ENV_TOKENS",
+    "REPLAYS_PER_TURN",
     "EpisodeValues",
     "ModelSpan",
     "Replay",
@@ -70,6 +73,10 @@ __all__ = [
     "segments_of",
     "structure_problem",
 ]
+
+REPLAYS_PER_TURN = 4
+"""Runs of one model turn's tool calls at most, when the first differs from the worker's reply: enough
+for two clean runs on a loaded validator (``benchmarks/results/tool_replay_bench.md``)."""
 
 MAX_ENV_TOKENS = 4096
 """Tokens one environment reply may take (the Python tool's output is cut at 4,000 characters)."""
@@ -240,14 +247,15 @@ def replay_episode(
     """Check 3 of the module docstring: re-run the environment on the model turns as sent and compare
     every env segment with its re-derived tokens; ``seconds_left`` bounds the tool time it may spend.
 
-    A difference is replayed once more; a clean second replay equal to the worker's reply passes (the
-    program does print that). Otherwise ``tool_unverifiable`` (never a ban count) when the two replays
-    differ from each other (the call is not deterministic: a clock, an address), when either replay
-    reported a machine limit (``verifiers.machine_limits``: a timeout, an output or memory limit, a
-    runner that failed), when the worker's reply shows a limit marker (``Environment.limit_markers``)
-    right after text the replay agrees with (the worker's machine was the slower one), or when the
-    tool-time budget runs out. Replays that agree with each other, clean, but not with the worker:
-    ``tool_output_mismatch``.
+    A turn whose reply differs is replayed again (at most ``REPLAYS_PER_TURN`` runs in all, within the
+    budget) until two runs were clean, i.e. reported no machine limit (``verifiers.machine_limits``: a
+    timeout, an output or memory limit, a runner that failed). A clean run that prints what the worker
+    got passes (the program does print it). Two clean runs that agree with each other but not with the
+    worker: ``tool_output_mismatch``. Otherwise ``tool_unverifiable`` (never a ban count): clean runs
+    differ from each other (the call is not deterministic: a clock, an address), fewer than two runs
+    were clean (the machine), the worker's reply shows a limit marker (``Environment.limit_markers``)
+    right after text the clean replay agrees with (the worker's machine was the slower one), or the
+    tool-time budget ran out.
     """
     segments = segments_of(sample)
     bounds = _bounds(segments)
@@ -280,8 +288,18 @@ def replay_episode(
                 spent,
             )
         if inserted != step.tokens:
-            again, limit_again, seconds = _timed_step(env, sample.task_id, messages, text, final)
-            spent += seconds
+            runs = [(step, limit)]
+            while len(runs) < REPLAYS_PER_TURN and spent <= seconds_left:
+                clean = [r.tokens for r, cause in runs if cause is None]
+                if inserted in clean or len(clean) >= 2:
+                    break
+                again, cause, seconds = _timed_step(env, sample.task_id, messages, text, final)
+                spent += seconds
+                runs.append((again, cause))
+            confirmed = next((r for r, cause in runs if cause is None and r.tokens == inserted), None)
+            if confirmed is not None:  # a clean replay prints what the worker got: the program does print it
+                messages = confirmed.messages
+                continue
             first = next(
                 (j for j, (x, y) in enumerate(zip(inserted, step.tokens, strict=False)) if x != y),
                 min(len(inserted), len(step.tokens)),
@@ -290,18 +308,19 @@ def replay_episode(
                 f"env segment after turn {s.turn}: {len(inserted)} tokens inserted, the environment re-run gives "
                 f"{len(step.tokens)}; first difference at token {first}"
             )
-            worker_limit = _worker_limited(decode(inserted), decode(step.tokens), env.limit_markers)
-            if again.tokens == inserted and limit_again is None:  # the program does print this, cleanly
-                messages = again.messages
-                continue
-            if again.tokens != step.tokens:
-                why = "two replays of the turn differ from each other (the call is not deterministic)"
-            elif limit or limit_again:
-                why = f"a replay hit a machine limit ({limit or limit_again})"
+            clean = [r.tokens for r, cause in runs if cause is None]
+            causes = [cause for _, cause in runs if cause is not None]
+            worker_limit = _worker_limited(decode(inserted), decode(clean[0] if clean else step.tokens), env.limit_markers)
+            if len(set(clean)) > 1:
+                why = f"{len(clean)} clean replays of the turn differ from each other (the call is not deterministic)"
+            elif len(clean) < 2:
+                why = f"{len(causes)} of {len(runs)} replays hit a machine limit ({causes[0] if causes else 'tool budget'})"
             elif worker_limit is not None:
                 why = f"the worker's output shows {worker_limit} after output the replay agrees with"
             else:
-                return Replay("tool_output_mismatch", f"{where}; a second replay agrees with the first", (), spent)
+                return Replay(
+                    "tool_output_mismatch", f"{where}; {len(clean)} clean replays agree with each other", (), spent
+                )
             return Replay("tool_unverifiable", f"{where}; {why}", (), spent)
         messages = step.messages
     return Replay("", "", messages, spent)  # unreachable: an episode ends with a model segment
