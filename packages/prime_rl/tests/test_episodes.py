@@ -25,8 +25,9 @@ from prime_rl.trainer.batching import (
 )
 from prime_rl.validator.checks import Reason
 from prime_rl.validator.episodes import episode_problem
-from prime_rl.validator.verdicts import validate_batch
+from prime_rl.validator.verdicts import ban_counts, validate_batch
 from prime_rl.worker.hostile import ATTACKS, HostileWorker
+from prime_rl.worker.hostile_episodes import forge_tool_output
 from verifiers import Task
 from verifiers.envs import CalculatorEnv, PythonToolEnv
 
@@ -185,7 +186,6 @@ def test_honest_episodes_are_accepted_with_env_positions_zero_in_the_trainers_lo
 
 
 EPISODE_ATTACKS = (
-    "forged_tool_output",
     "dropped_turn",
     "reordered_turn",
     "truncated_episode",
@@ -211,12 +211,31 @@ def test_each_episode_tampering_is_rejected_with_its_own_reason_before_any_prefi
     verdicts = validate_batch(pending, tasks=RUN, backend_for=backend_for, decode=RUN.decode, checks=CHECKS)
     own = {v.reason for v in verdicts} - {Reason.GROUP_REJECTED, Reason.LEASE_REJECTED}
     assert own == {Reason(r) for r in ATTACKS[behaviour].expected}, [(v.reason, v.detail) for v in verdicts]
-    assert not any(v.accepted for v in verdicts) and prefilled == []
+    # a stop where the environment would have replied is found by running the environment, which
+    # happens only after the prefill has proven every model turn (validator/episodes.py, check 3)
+    assert not any(v.accepted for v in verdicts) and prefilled == ([0] if behaviour == "truncated_episode" else [])
+
+
+def test_a_played_forged_tool_output_passes_the_prefill_and_fails_the_replay(backend):
+    """The model answered the made-up reply, so every turn's proofs pass over the episode as sent;
+    the validator's replay (after the prefill) gives other tokens, twice alike: tool_output_mismatch.
+    Patched in after generation instead, the forgery fails the proofs before any tool runs."""
+    lease, record = RUN.lease("bad-forged-tool-output", 0, 1)
+    batch = worker("forged_tool_output").answer(lease, backend)
+    verdicts = judge(batch, record, backend)
+    own = {v.reason for v in verdicts} - {Reason.GROUP_REJECTED, Reason.LEASE_REJECTED}
+    assert own == {Reason.TOOL_OUTPUT_MISMATCH}, [(v.reason, v.detail) for v in verdicts]
+    assert "clean replays agree with each other" in verdicts[0].detail
+    assert ban_counts(verdicts) == (0, len(verdicts))
+    patched = batch.model_copy(update={"samples": [forge_tool_output(s) for s in worker("honest").answer(lease, backend).samples]})
+    own = {v.reason for v in judge(patched, record, backend)} - {Reason.GROUP_REJECTED, Reason.LEASE_REJECTED}
+    assert own == {Reason.PROOF_FAILED}
 
 
 def test_the_existing_attacks_on_episodes_are_still_rejected(backend):
-    """Attacks that play (then perturb) whole episodes get their usual reason; fabricated_completion
-    makes up single-turn-shaped samples, which a multi-turn run rejects as truncated episodes."""
+    """Attacks that play (then perturb) whole episodes get their usual reason; fabricated_completion's
+    made-up single-turn-shaped samples fail the prefill's sampling check, before the environment
+    replay would have found them truncated (no tool runs for them)."""
     for behaviour in (
         "other_weights",
         "fabricated_completion",
@@ -228,8 +247,6 @@ def test_the_existing_attacks_on_episodes_are_still_rejected(backend):
         verdicts = judge(worker(behaviour).answer(lease, backend), record, backend)
         reasons = {v.reason for v in verdicts} - {Reason.GROUP_REJECTED, Reason.LEASE_REJECTED}
         expected = {Reason(r) for r in ATTACKS[behaviour].expected}
-        if behaviour == "fabricated_completion":
-            expected = {Reason.EPISODE_TRUNCATED}
         assert reasons and reasons <= expected, (behaviour, reasons)
         assert not any(v.accepted for v in verdicts)
 

@@ -197,3 +197,58 @@ def test_restart_keeps_expired_leases_queued_for_reassignment(config_for: Any) -
     stats = {w.worker_id: w for w in ledger.workers_view().workers}
     assert (stats[dead.worker_id].leases_issued, stats[dead.worker_id].leases_expired) == (1, 1)
     assert stats[live.worker_id].leases_issued == 1
+
+
+def test_a_lease_rejected_for_machine_reasons_only_goes_to_another_identity(config_for: Any) -> None:
+    """Issue 35: a lease the validator rejected as tool_unverifiable (or reward_unverifiable) alone is
+    reissued to another identity (same tasks, named source), also after a restart, and only once; a
+    lease rejected for cheating (tool_output_mismatch among its reasons) is not."""
+    import base64
+
+    from prime_rl.api.protocol import RolloutSample, Verdict, VerdictRequest
+    from prime_rl.tasks import TaskSet
+
+    config = config_for("--orchestrator.task_timeout_s", "100")
+    tasks = TaskSet([{"prompt": f"q{i}"} for i in range(64)])
+    now = [0.0]
+
+    def open_ledger() -> Ledger:
+        return Ledger(config, tasks, RolloutStore(config.orchestrator_data_dir), clock=lambda: now[0])
+
+    def answer(ledger: Ledger, worker: Any, lease: Any, reasons: list[str]) -> None:
+        samples = [
+            RolloutSample(
+                task_id=task.task_id, group_index=g, prompt_tokens=[1], completion_tokens=[2], sampling_seed=seed,
+                temperature=1.0, reward=0.0, advantage=0.0, proofs=base64.b64encode(b"p").decode(),
+                inference_logprobs=[-1.0],
+            )
+            for task in lease.tasks
+            for g, seed in enumerate(task.sampling_seeds)
+        ]  # fmt: skip
+        batch = RolloutBatch(worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index,
+                             policy_version=0, samples=samples)  # fmt: skip
+        ledger.submit(worker, batch, hashlib.sha256(batch.model_dump_json().encode()).hexdigest())
+        stored = next(b for b in ledger.batches.values() if b.worker_id == lease.worker_id and b.meta.batch_index == lease.batch_index)
+        verdicts = [
+            Verdict(sample_index=i, accepted=False, reason=reasons[i % len(reasons)], reward=0.0, advantage=0.0)
+            for i in range(len(samples))
+        ]
+        ledger.record_verdicts(VerdictRequest(batch_id=stored.batch_id, verdicts=verdicts))
+
+    ledger = open_ledger()
+    unlucky = ledger.workers[ledger.register("unlucky").worker_id]
+    machine = ledger.lease(unlucky, None, None)
+    cheat = ledger.workers[ledger.register("cheat").worker_id]
+    cheated = ledger.lease(cheat, None, None)
+    answer(ledger, unlucky, machine, ["tool_unverifiable", "lease_rejected"])
+    answer(ledger, cheat, cheated, ["tool_unverifiable", "tool_output_mismatch"])
+    assert ledger.leases.awaiting_reassignment() == 1
+    assert ledger.lease(unlucky, None, None).reassigned_from is None  # never back to the same identity
+    ledger = open_ledger()  # a restart rebuilds the return from the stored verdicts
+    other = ledger.workers[ledger.register("other").worker_id]
+    reissued = ledger.lease(other, None, None)
+    assert reissued.reassigned_from is not None and reissued.reassigned_from.worker_id == unlucky.worker_id
+    assert [t.task_id for t in reissued.tasks] == [t.task_id for t in machine.tasks]
+    ledger = open_ledger()
+    newcomer = ledger.workers[ledger.register("new").worker_id]
+    assert ledger.lease(newcomer, None, None).reassigned_from is None  # only once; the cheat's lease never

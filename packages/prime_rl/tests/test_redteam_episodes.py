@@ -32,9 +32,10 @@ from prime_rl.worker.hostile import ATTACKS, EPISODE_CYCLE, MIXED_CYCLE
 pytestmark = pytest.mark.slow
 
 FOLLOWERS = {"group_rejected", "lease_rejected", "expired"}
-# Made-up single-turn-shaped samples in a multi-turn run stop after one turn the environment answered.
+# Made-up single-turn-shaped samples in a multi-turn run fail the prefill's sampling check (which comes
+# before any tool runs), or, ended early, the model-free check of an episode's end.
 EXPECTED = {name: set(attack.expected) for name, attack in ATTACKS.items()} | {
-    "fabricated_completion": {"episode_truncated"}
+    "fabricated_completion": {"sampling_mismatch", "episode_truncated"}
 }
 MUST_JUDGE = {*EPISODE_CYCLE, *MIXED_CYCLE[:3]}  # every episode attack, and the first old ones
 STEPS = 2

@@ -1,6 +1,7 @@
 """The run's environment as workers and the validator share it: an episode's environment turns as tokens.
 
-A multi-turn run (``[tasks.environment] name = "python_tool"`` or ``"calculator"``) plays each
+A multi-turn run (``[tasks.environment] name``: ``"python_tool"``, ``"calculator"``, an import path
+of your own environment or an entry-point name, :func:`load_environment`) plays each
 sample as an episode of a ``verifiers`` environment (``verifiers.envs``): model turn 0, the
 environment's reply, model turn 1, ... up to ``max_turns`` model turns, all in one token sequence
 (``api/segments.py``). This module is the one definition both sides use, so that an honest
@@ -20,15 +21,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+from prime_rl.config.components import ComponentError, load_component
+from prime_rl.config.sections import BUILTIN_ENVIRONMENTS, ENVIRONMENT_ENTRY_POINTS, EnvironmentConfig
 from prime_rl.tasks import TaskSet
 from verifiers.envs import CalculatorEnv, Environment, Message, PythonToolEnv
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
 
-__all__ = ["EnvStep", "EpisodeEnv", "load_episode_env"]
+__all__ = ["EnvStep", "EpisodeEnv", "load_environment", "load_episode_env"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,11 @@ class EpisodeEnv:
         """Whether the environment's replies can be re-derived exactly (``Environment.replayable``)."""
         return bool(self.env.replayable)
 
+    @property
+    def limit_markers(self) -> tuple[str, ...]:
+        """Texts of a reply the machine may have cut short (``Environment.limit_markers``)."""
+        return tuple(getattr(self.env, "limit_markers", ()))
+
     def start(self, task_id: int) -> tuple[Message, ...]:
         """The transcript before model turn 0 (the environment's first messages)."""
         return self.env.initial_messages(self.task_set.task(task_id))
@@ -86,16 +95,69 @@ class EpisodeEnv:
         return float(self.env.score(self.task_set.task(task_id), messages).reward)
 
 
-def load_episode_env(config: RunConfig, task_set: TaskSet, tokenizer: Any) -> EpisodeEnv | None:
-    """The run's episode environment, or None for a single-turn run."""
-    section = config.tasks.environment
-    env: Environment
+def load_environment(section: EnvironmentConfig) -> Environment | None:
+    """The ``verifiers`` environment ``[tasks.environment]`` names, or None for a single-turn run.
+
+    ``name`` is a built-in (``python_tool``, ``calculator``), an import path (``module:attribute``
+    or ``path/to/file.py:attribute``, imported like ``[components] reward``), or a name an installed
+    package registers under the entry-point group ``verifiers.environments``. What it names is an
+    ``Environment`` subclass or a factory, called with ``args`` as keyword arguments, or an instance
+    (then ``args`` must be empty). Raises ``ComponentError`` (``prime-rl <role>`` exits 2 with it)
+    when it cannot be imported or is not an environment.
+    """
+    key = "tasks.environment.name"
     if section.name == "single_turn":
         return None
     if section.name == "python_tool":
-        env = PythonToolEnv(
-            max_turns=section.max_turns, timeout_s=section.tool_timeout_s, feedback=section.feedback
-        )
+        return PythonToolEnv(max_turns=section.max_turns, timeout_s=section.tool_timeout_s, feedback=section.feedback)
+    if section.name == "calculator":
+        return CalculatorEnv(max_turns=section.max_turns, feedback=section.feedback)
+    target: object
+    if ":" in section.name:
+        target = load_component(key, section.name)
     else:
-        env = CalculatorEnv(max_turns=section.max_turns, feedback=section.feedback)
-    return EpisodeEnv(env, task_set, tokenizer, turn_template=section.turn_template)
+        found = entry_points(group=ENVIRONMENT_ENTRY_POINTS, name=section.name)
+        if not found:
+            installed = sorted(e.name for e in entry_points(group=ENVIRONMENT_ENTRY_POINTS))
+            raise ComponentError(
+                f"{key} = {section.name!r}: not a built-in ({', '.join(BUILTIN_ENVIRONMENTS)}), not an import path "
+                f"('module:attribute' or 'file.py:attribute'), and no installed package registers it under the "
+                f"entry-point group {ENVIRONMENT_ENTRY_POINTS!r} (registered: {', '.join(installed) or 'none'})"
+            )
+        target = next(iter(found)).load()
+    if isinstance(target, Environment):
+        if section.args:
+            raise ComponentError(f"{key} = {section.name!r} is an environment instance; it takes no args")
+        return target
+    if not callable(target):
+        raise ComponentError(f"{key} = {section.name!r}: must be an Environment, its class or a factory, got {target!r:.80}")
+    try:
+        env = target(**section.args)
+    except TypeError as exc:
+        raise ComponentError(f"{key} = {section.name!r} does not take args {section.args}: {exc}") from exc
+    if not isinstance(env, Environment):
+        raise ComponentError(
+            f"{key} = {section.name!r} returned {type(env).__name__}, not a verifiers.envs.Environment"
+        )
+    return env
+
+
+def load_episode_env(
+    config: RunConfig, task_set: TaskSet, tokenizer: Any, *, replayable_only: bool = False
+) -> EpisodeEnv | None:
+    """The run's episode environment (:func:`load_environment`), or None for a single-turn run.
+
+    ``replayable_only`` (the validator): raise ``ComponentError`` for a multi-turn environment that
+    does not declare ``replayable``: none of its episodes could be checked, so the validator would
+    reject every one (``tool_not_replayable``); it refuses to start instead."""
+    env = load_environment(config.tasks.environment)
+    if env is None:
+        return None
+    if replayable_only and env.max_turns > 1 and not env.replayable:
+        raise ComponentError(
+            f"tasks.environment.name = {config.tasks.environment.name!r}: {type(env).__name__} is not replayable "
+            "(Environment.replayable is False), so the validator cannot re-derive its replies and would reject "
+            "every episode; declare replayable = True on the class if its replies are a pure function of the "
+            "transcript, or run it with trusted workers only"
+        )
+    return EpisodeEnv(env, task_set, tokenizer, turn_template=config.tasks.environment.turn_template)

@@ -12,6 +12,14 @@ such a cause when, and only when, it may have lowered the score:
 | `test_timeout`   | a code test hit its wall-clock limit (or the sandbox its overall deadline) |
 | `math_timeout`   | the symbolic comparison with a gold answer hit its time limit              |
 | `deadline`       | `verify_batch`'s per-item deadline passed before the verifier returned     |
+| `tool_timeout`   | a tool's sandboxed program hit its wall-clock or CPU limit (or was killed)  |
+| `tool_output_limit` | a tool's program printed more than the sandbox keeps, and was killed     |
+| `tool_memory`    | a tool's program hit its memory limit                                      |
+| `tool_runner`    | a tool's sandbox runner failed (never started, died, or missed its deadline) |
+
+The `tool_*` causes come from tool environments (`verifiers.envs.tools`), reported while an
+environment answers a model turn: a validator re-running the tool calls of an episode uses them to
+tell a tool output the machine may have cut short from a forged one.
 
 Pitfall: a cause says the score *may* be the machine's, not that it is: a program that loops
 forever times out on every machine. Only a re-run tells them apart, and only sometimes.
@@ -30,7 +38,16 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-MachineLimit = Literal["sandbox_start", "test_timeout", "math_timeout", "deadline"]
+MachineLimit = Literal[
+    "sandbox_start",
+    "test_timeout",
+    "math_timeout",
+    "deadline",
+    "tool_timeout",
+    "tool_output_limit",
+    "tool_memory",
+    "tool_runner",
+]
 MACHINE_LIMITS: tuple[str, ...] = get_args(MachineLimit)
 
 

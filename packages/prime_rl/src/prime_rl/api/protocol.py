@@ -10,6 +10,7 @@ Pitfall: integers are strict: ``"3"`` or ``3.0`` is not an int, ``true`` is not 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -27,6 +28,8 @@ from prime_rl.api.fields import (
 from prime_rl.api.segments import Segment, segments_problem
 
 __all__ = [
+    "FOLLOWER_REASONS",
+    "UNVERIFIABLE_REASONS",
     "ApiModel",
     "BanRequest",
     "BanResponse",
@@ -56,6 +59,7 @@ __all__ = [
     "VerdictResponse",
     "WorkerStats",
     "WorkersResponse",
+    "machine_rejected",
 ]
 
 class ApiModel(BaseModel):
@@ -304,6 +308,22 @@ class Verdict(ApiModel):
         description="Accepted: the log-prob of each completion token recomputed by the validator's prefill "
         "with the generating policy (what the trainer receives); rejected: empty.",
     )
+
+
+UNVERIFIABLE_REASONS = frozenset({"reward_unverifiable", "tool_unverifiable"})
+"""Rejections the machine, not the worker, may explain (a wall-clock-limited check, a tool output no
+replay reproduces): they reject the lease but never count towards a ban."""
+
+FOLLOWER_REASONS = frozenset({"lease_rejected", "group_rejected"})
+"""Rejections that only follow another sample's failure (of the same lease or group)."""
+
+
+def machine_rejected(verdicts: Sequence[Verdict]) -> bool:
+    """True when a judged batch was rejected and its own failures (not ``FOLLOWER_REASONS``) are all
+    ``UNVERIFIABLE_REASONS``: it counts nothing towards its worker's ban (``validator.verdicts.ban_counts``)
+    and the orchestrator hands its lease's tasks to another identity (``orchestrator.leases``)."""
+    own = {v.reason for v in verdicts if not v.accepted and v.reason not in FOLLOWER_REASONS}
+    return bool(own) and own <= UNVERIFIABLE_REASONS
 
 
 class VerdictRequest(ApiModel):

@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from prime_rl.config.base import Section
+from prime_rl.config.components import ImportPath
 
 __all__ = [
+    "BUILTIN_ENVIRONMENTS",
+    "ENVIRONMENT_ENTRY_POINTS",
     "GENERATED_SOURCES",
     "TASK_FIELDS",
     "CodeTasksConfig",
@@ -59,19 +63,41 @@ class CodeTasksConfig(Section):
         return self
 
 
-class EnvironmentConfig(Section):
-    """[tasks.environment]: single-turn samples, or multi-turn episodes in a ``verifiers`` tool environment."""
+BUILTIN_ENVIRONMENTS = ("single_turn", "python_tool", "calculator")
+"""``[tasks.environment] name`` values that need no import."""
 
-    name: Literal["single_turn", "python_tool", "calculator"] = Field(
+ENVIRONMENT_ENTRY_POINTS = "verifiers.environments"
+"""The entry-point group an installed package registers environments under (a name -> an
+``Environment`` subclass, a factory returning one, or an instance), e.g. in its pyproject.toml::
+
+    [project.entry-points."verifiers.environments"]
+    unit_converter = "my_envs.units:UnitConverterEnv"
+"""
+
+
+class EnvironmentConfig(Section):
+    """[tasks.environment]: single-turn samples, or multi-turn episodes in a ``verifiers`` environment
+    (a built-in, one of yours by import path, or one an installed package registers)."""
+
+    name: str = Field(
         default="single_turn",
         description="'single_turn': one completion per sample (the run's reward); 'python_tool' / 'calculator': "
         "episodes whose model turns call a sandboxed Python tool / an exact calculator (<tool_call> JSON, "
-        "verifiers.envs), scored by the environment's rubric.",
+        "verifiers.envs), scored by the environment's rubric; 'module:attribute' or 'path/to/file.py:attribute': "
+        "your verifiers.envs.Environment (a subclass or factory called with [tasks.environment.args], or an "
+        "instance); any other name: one registered under the entry-point group 'verifiers.environments'.",
     )
-    max_turns: int = Field(default=4, ge=1, le=32, description="Model turns per episode (each up to max_new_tokens).")
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of your environment's class or factory (an import path or entry point); "
+        "the built-ins take max_turns, feedback and tool_timeout_s below instead.",
+    )
+    max_turns: int = Field(
+        default=4, ge=1, le=32, description="Model turns per episode of a built-in environment (each up to max_new_tokens)."
+    )
     feedback: bool = Field(
         default=False,
-        description="Answer a wrong final answer with 'try again' and go on (until right or out of turns).",
+        description="Built-ins: answer a wrong final answer with 'try again' and go on (until right or out of turns).",
     )
     turn_template: str = Field(
         default="\n<{role}>\n{content}\n</{role}>\n",
@@ -83,6 +109,18 @@ class EnvironmentConfig(Section):
     def _check(self) -> EnvironmentConfig:
         if "{content}" not in self.turn_template:
             raise ValueError("tasks.environment.turn_template must contain '{content}'")
+        if ":" in self.name:
+            ImportPath.parse(self.name)  # syntax only: the role that plays episodes imports it
+        elif self.name not in BUILTIN_ENVIRONMENTS and not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name):
+            raise ValueError(
+                f"tasks.environment.name {self.name!r} is neither a built-in ({', '.join(BUILTIN_ENVIRONMENTS)}), "
+                "an import path 'module:attribute' / 'file.py:attribute', nor an entry-point name"
+            )
+        if self.args and self.name in BUILTIN_ENVIRONMENTS:
+            raise ValueError(
+                f"tasks.environment.args is for your own environments; {self.name!r} takes max_turns, feedback "
+                "and tool_timeout_s"
+            )
         return self
 
 

@@ -49,6 +49,12 @@ class ValidatorConfig(Section):
         description="Re-scorings per batch of samples whose reward differs from the claim while the validator's "
         "scoring was limited by the machine (sandbox start, timeouts); 0 = none (reward_unverifiable at once).",
     )
+    tool_seconds_per_lease: float = Field(
+        default=120.0,
+        gt=0,
+        description="Seconds of tool runs (episode replays) one lease may cost the validator; a lease past it is "
+        "rejected as tool_unverifiable (no ban). Replays run only after every model turn's proofs passed.",
+    )
     advantage_atol: float = Field(default=1e-4, ge=0, description="Tolerance on the claimed advantage.")
     ban_failure_rate: float = Field(
         default=0.5, gt=0, le=1, description="Ban a worker once this share of its samples fails."

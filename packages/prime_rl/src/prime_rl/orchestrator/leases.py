@@ -50,13 +50,20 @@ class TaskPrompts(Protocol):
 
 @dataclass
 class HeldLease:
-    """One issued lease and what became of it (``answered`` by a batch, ``expired``, ``reissued``)."""
+    """One issued lease and what became of it (``answered`` by a batch, ``expired``, ``returned``
+    after a machine-only rejection, ``reissued``)."""
 
     record: LeaseRecord
     address: str = ""
     answered: bool = False
     expired: bool = False
+    returned: bool = False
     reissued: bool = False
+
+    @property
+    def reassignable(self) -> bool:
+        """Its tasks wait for another identity: expired unanswered, or returned; not yet reissued."""
+        return not self.reissued and ((self.expired and not self.answered) or self.returned)
 
     @property
     def open(self) -> bool:
@@ -127,8 +134,8 @@ class LeaseBook:
         return self._answered_at[address]
 
     def awaiting_reassignment(self) -> int:
-        """Expired, unanswered leases whose tasks no other lease has taken over yet."""
-        return sum(1 for lease in self._reassign_queue if not lease.answered)
+        """Expired unanswered (or returned) leases whose tasks no other lease has taken over yet."""
+        return sum(1 for lease in self._reassign_queue if lease.reassignable)
 
     # ------------------------------------------------------------------ recovery
 
@@ -149,7 +156,7 @@ class LeaseBook:
     def queue_expired_after_replay(self) -> None:
         """Rebuild the reassignment queue (deadline order) once every event and batch is replayed."""
         for lease in sorted(self._leases.values(), key=lambda lease: lease.record.deadline):
-            if lease.expired and not lease.answered and not lease.reissued:
+            if lease.reassignable:
                 self._reassign_queue.append(lease)
 
     def _apply(self, record: LeaseRecord, reissues: tuple[str, int] | None, address: str) -> HeldLease:
@@ -175,6 +182,21 @@ class LeaseBook:
             lease.answered = True
             self._answered[worker_id] += 1
             self._answered_at[lease.address] += 1
+
+    def return_tasks(self, worker_id: str, batch_index: int, *, replaying: bool = False) -> bool:
+        """Queue the tasks of an answered lease for another identity (its batch was rejected for machine
+        reasons only); False for a lease never issued, already returned or already reissued."""
+        lease = self._leases.get((worker_id, batch_index))
+        if lease is None or lease.returned or lease.reissued:
+            return False
+        lease.returned = True
+        if not replaying:  # on restart, queue_expired_after_replay queues it in deadline order
+            self._reassign_queue.append(lease)
+            record = lease.record
+            self._metrics.log(
+                "lease_returned", worker_id=worker_id, step=record.step, batch_index=batch_index, task_ids=record.task_ids
+            )
+        return True
 
     def expire(self, now: float) -> list[LeaseRecord]:
         """Mark open leases past their deadline expired and queue their tasks for reassignment;
@@ -206,7 +228,7 @@ class LeaseBook:
     def _take_reassignment(self, worker_id: str, address: str) -> HeldLease | None:
         """The oldest expired, unanswered lease abandoned at another address, else the oldest one
         abandoned by another worker at ``address``; None when only ``worker_id``'s own wait."""
-        self._reassign_queue = deque(lease for lease in self._reassign_queue if not lease.answered)
+        self._reassign_queue = deque(lease for lease in self._reassign_queue if lease.reassignable)
         others = [lease for lease in self._reassign_queue if lease.record.worker_id != worker_id]
         chosen = next((lease for lease in others if lease.address != address), None)
         chosen = chosen or next(iter(others), None)

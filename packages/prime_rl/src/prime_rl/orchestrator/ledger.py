@@ -59,6 +59,7 @@ from prime_rl.api.protocol import (
     VerdictRequest,
     VerdictResponse,
     WorkersResponse,
+    machine_rejected,
 )
 from prime_rl.api.secrets import RunSecrets, run_secrets
 from prime_rl.config import RunConfig
@@ -157,6 +158,8 @@ class Ledger:
             validator_judged = batch.verdicts is not None and not batch.expired
             if validator_judged and not self.release.counted(batch.batch_id):
                 self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], None)  # crashed between writes
+            if validator_judged and machine_rejected(batch.verdicts or []):
+                self.leases.return_tasks(batch.worker_id, batch.meta.batch_index, replaying=True)
         for claim in self.store.claims():
             self.claims[claim.step] = claim.sample_ids
             self.batches.mark_claimed(claim.sample_ids)
@@ -328,6 +331,8 @@ class Ledger:
         answer = self.batches.record_verdicts(request)
         batch = self.batches[request.batch_id]
         self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], request.worker_evidence)
+        if machine_rejected(batch.verdicts or []):  # the machine's doing: the tasks go to another identity
+            self.leases.return_tasks(batch.worker_id, batch.meta.batch_index)
         return answer
 
     # ------------------------------------------------------------------ trainer

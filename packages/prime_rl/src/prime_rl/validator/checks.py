@@ -49,7 +49,7 @@ from prime_rl.inference.backend import (
     token_logprobs,
     verify_proofs,
 )
-from prime_rl.validator.episodes import MAX_ENV_TOKENS, episode_checks, episode_values
+from prime_rl.validator.episodes import MAX_ENV_TOKENS, episode_checks, episode_values, replay_episode
 from prime_rl.validator.structure import proof_problem, repetition_problem, termination_problem
 from toploc import Observations
 from verifiers.envs import Message
@@ -96,6 +96,7 @@ class Reason(enum.StrEnum):
     MODEL_TOKENS_AS_ENV = "model_tokens_as_env"
     ENV_TOKENS_AS_MODEL = "env_tokens_as_model"
     TOOL_NOT_REPLAYABLE = "tool_not_replayable"
+    TOOL_UNVERIFIABLE = "tool_unverifiable"  # never counts towards a ban (protocol.UNVERIFIABLE_REASONS)
 
 
 class RetryLater(Exception):
@@ -320,14 +321,42 @@ def sample_checks(
 
 
 def _episode_checks(p: Pending, env: EpisodeEnv, decode: Callable[[Sequence[int]], str], checks: Checks) -> None:
-    """An episode's model-free checks (``validator/episodes.py``); keeps its transcript for the reward."""
-    code, detail, transcript = episode_checks(
+    """An episode's model-free checks (``validator/episodes.py``); no tool runs here."""
+    code, detail = episode_checks(
         p.sample, env, decode, eos=checks.eos_token_ids, stop=checks.stop, max_new_tokens=checks.max_new_tokens,
         max_repeated=checks.validator.max_repeated_tokens, hidden_size=checks.hidden_size,
     )  # fmt: skip
     if code:
         p.reject(Reason(code), detail)
-    p.proofs, p.transcript = p.sample.proofs, transcript
+    p.proofs = p.sample.proofs
+
+
+_TOOL_SECONDS = [0.0]
+
+
+def tool_seconds() -> float:
+    """Seconds this process spent re-running environment turns (tool calls), cumulative."""
+    return _TOOL_SECONDS[0]
+
+
+def replay_checks(pending: list[Pending], decode: Callable[[Sequence[int]], str], checks: Checks) -> None:
+    """Re-run the environment of every episode (``validator.episodes.replay_episode``), keeping each
+    transcript for the reward; after the prefill, and only while every sample of the lease is alive:
+    once one has failed, the lease is lost whatever its tools print, so no tool runs at all. The
+    lease's tool time is bounded by ``validator.tool_seconds_per_lease`` (``tool_unverifiable`` past it)."""
+    env = checks.episode_env
+    if env is None:
+        return
+    left = checks.validator.tool_seconds_per_lease
+    for p in pending:
+        if not all(q.alive for q in pending):
+            return
+        replay = replay_episode(p.sample, env, decode, seconds_left=left)
+        left -= replay.tool_seconds
+        _TOOL_SECONDS[0] += replay.tool_seconds
+        if replay.code:
+            p.reject(Reason(replay.code), replay.detail)
+        p.transcript = replay.transcript
 
 
 def model_checks(

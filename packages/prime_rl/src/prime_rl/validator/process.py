@@ -12,7 +12,8 @@ per judged batch; the worker's evidence (fraction of the threshold) goes with ea
 for the orchestrator's release of accepted samples (``orchestrator/release.py``). Each ``verdict``
 line carries ``sandbox_runs`` ({sandbox kind: count}, cumulative for the process): the code samples
 whose rewards this validator recomputed by running them in ``verifiers``' sandbox, so the last line
-of a run says how many it ran.
+of a run says how many it ran; and ``tool_seconds`` (cumulative too) and ``batch_tool_seconds``: the
+time episode replays spent in tool calls (``validator.tool_seconds_per_lease`` bounds one lease's).
 
 A batch whose version cannot be fetched *right now* (relay lagging, network) stays pending and is
 retried on the next poll; a version that is not published is judged ``unknown_policy``. Nothing a
@@ -49,7 +50,7 @@ from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.reward import run_tasks
 from prime_rl.role import run_role
 from prime_rl.validator import noise, tolerances
-from prime_rl.validator.checks import Checks, GenerationBackend, Reason, RetryLater
+from prime_rl.validator.checks import Checks, GenerationBackend, Reason, RetryLater, tool_seconds
 from prime_rl.validator.evidence import EvidenceLedger, FailureTracker, metrics_fields, reject_banned
 from prime_rl.validator.journal import ValidatorJournal
 from prime_rl.validator.structure import AssignmentKeyMismatch
@@ -135,7 +136,7 @@ class Validator:
         )
         # A multi-turn run: episodes are re-played in the run's environment (validator/episodes.py).
         self.checks = dataclasses.replace(
-            self.checks, episode_env=load_episode_env(config, self.tasks.task_set, tokenizer)
+            self.checks, episode_env=load_episode_env(config, self.tasks.task_set, tokenizer, replayable_only=True)
         )
         # Per-identity evidence and failure counts survive a restart (journal.py).
         self.journal = ValidatorJournal(Path(config.run_dir) / "validator" / "journal.jsonl")
@@ -197,7 +198,7 @@ class Validator:
     def judge(self, batch: PendingBatch, newest_version: int) -> bool:
         """Validate one batch, then :meth:`post`, :meth:`log` and :meth:`ban`; False if it must be
         retried later (its version cannot be fetched now, or the orchestrator is unreachable)."""
-        started = time.monotonic()
+        started, tools_before = time.monotonic(), tool_seconds()
         observed: list[toploc.Observations] = []
         loaded: list[int] = []  # a backend was handed out: the whole batch was prefilled, else none was
 
@@ -227,7 +228,10 @@ class Validator:
         posted = self.post(batch, verdicts)
         if posted is not Posted.OK:
             return posted is Posted.REFUSED  # refused: settled, never judged again; else retried
-        self.log(batch, verdicts, prefilled=len(verdicts) if loaded else 0, seconds=time.monotonic() - started)
+        self.log(
+            batch, verdicts, prefilled=len(verdicts) if loaded else 0, seconds=time.monotonic() - started,
+            batch_tool_seconds=tool_seconds() - tools_before,
+        )  # fmt: skip
         self.ban(batch, verdicts, evidence_ban)
         self.done += 1
         return True
@@ -254,7 +258,9 @@ class Validator:
             return Posted.RETRY
         return Posted.OK
 
-    def log(self, batch: PendingBatch, verdicts: list[Verdict], *, prefilled: int, seconds: float) -> None:
+    def log(
+        self, batch: PendingBatch, verdicts: list[Verdict], *, prefilled: int, seconds: float, batch_tool_seconds: float = 0.0
+    ) -> None:
         """One log line and one ``verdict`` metrics line for a posted batch."""
         rejections = [v for v in verdicts if not v.accepted]
         reasons: dict[str, int] = {}
@@ -284,6 +290,8 @@ class Validator:
             seconds=seconds,
             prefilled=prefilled,
             sandbox_runs=sandbox_runs(),
+            batch_tool_seconds=round(batch_tool_seconds, 3),  # this batch's episode replays (tool runs)
+            tool_seconds=round(tool_seconds(), 3),  # cumulative for this process
         )
 
     def ban(self, batch: PendingBatch, verdicts: list[Verdict], evidence_ban: str | None) -> None:

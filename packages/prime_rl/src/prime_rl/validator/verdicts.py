@@ -32,7 +32,7 @@ import torch
 
 import grpo
 from prime_rl.api.fields import MAX_DETAIL_CHARS
-from prime_rl.api.protocol import PendingBatch, Verdict
+from prime_rl.api.protocol import PendingBatch, Verdict, machine_rejected
 from prime_rl.inference.backend import GenerationBackend
 from prime_rl.validator.checks import (
     Checks,
@@ -42,16 +42,13 @@ from prime_rl.validator.checks import (
     RetryLater,
     TaskScorer,
     model_checks,
+    replay_checks,
     sample_checks,
 )
 from prime_rl.validator.rewards import reward_checks
 from prime_rl.validator.structure import AssignmentKeyMismatch, coverage_problems, lease_problem
 
 __all__ = ["ban_counts", "validate_batch"]
-
-_FOLLOWERS = frozenset({Reason.LEASE_REJECTED, Reason.GROUP_REJECTED})
-"""Rejections that only follow another sample's failure (this lease's or this group's)."""
-
 
 def validate_batch(
     batch: PendingBatch,
@@ -85,6 +82,8 @@ def validate_batch(
                     p.reject(Reason.UNKNOWN_POLICY, f"policy version {batch.policy_version} is not available")
             else:
                 model_checks(pending, backend, checks, observe)
+        replay_checks(pending, decode, checks)  # tools run only after every model turn is proven
+        _reject_rest(pending)  # the lease is lost: no reward scoring (sandbox runs) either
         reward_checks(pending, tasks, decode, checks)
         advantages = _group_checks(pending, checks)
         _reject_rest(pending)
@@ -100,14 +99,14 @@ def validate_batch(
 def ban_counts(verdicts: Sequence[Verdict]) -> tuple[int, int]:
     """(accepted, rejected) of one judged batch as they count towards its worker's ban.
 
-    A batch whose only own failures are ``reward_unverifiable`` (every other rejection follows
-    them: ``lease_rejected``, ``group_rejected``) counts (0, 0): the machine, not the worker, may
-    explain it, and an honest worker must not near a ban for it (``rewards.py`` says why this
-    gives a cheater nothing). Any other failure in the batch counts the whole batch as before.
+    A batch whose only own failures are ``reward_unverifiable`` or ``tool_unverifiable``
+    (``protocol.machine_rejected``; every other rejection follows them: ``lease_rejected``,
+    ``group_rejected``) counts (0, 0): the machine, not the worker, may explain it, and an honest
+    worker must not near a ban for it (``rewards.py`` and ``episodes.py`` say why this gives a
+    cheater nothing). Any other failure in the batch counts the whole batch as before.
     """
     accepted = sum(v.accepted for v in verdicts)
-    own = {v.reason for v in verdicts if not v.accepted and v.reason not in _FOLLOWERS}
-    if own == {Reason.REWARD_UNVERIFIABLE}:
+    if machine_rejected(verdicts):
         return 0, 0
     return accepted, len(verdicts) - accepted
 

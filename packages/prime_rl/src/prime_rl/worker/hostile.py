@@ -42,9 +42,9 @@ from prime_rl.inference.backend import (
 )
 from prime_rl.worker.episodes import build_episode_batch
 from prime_rl.worker.hostile_episodes import (
+    ForgingEnv,
     drop_turn,
     env_as_model,
-    forge_tool_output,
     model_as_env,
     reorder_turns,
     truncate_episode,
@@ -92,7 +92,11 @@ ATTACKS: dict[str, Attack] = {
         ("stale_policy",),
     ),
     # multi-turn runs only ([tasks.environment]): tampering with honestly played episodes
-    "forged_tool_output": Attack("replaces the first tool output with made-up tokens", ("tool_output_mismatch",), episodes=True),
+    "forged_tool_output": Attack(
+        "plays each episode with made-up tokens as the first tool output (the model answers them)",
+        ("tool_output_mismatch",),
+        episodes=True,
+    ),
     "dropped_turn": Attack("leaves out model turn 0 and the reply to it", ("turn_dropped",), episodes=True),
     "reordered_turn": Attack("swaps model turns 0 and 1", ("turn_reordered",), episodes=True),
     "truncated_episode": Attack("keeps only model turn 0 of each episode", ("episode_truncated",), episodes=True),
@@ -215,7 +219,9 @@ class HostileWorker:
         return batch.model_copy(update={"samples": [tamper(s) for s in batch.samples]})
 
     def _forged_tool_output(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
-        return self._tampered(lease, backend, forge_tool_output)
+        if self.env is None:
+            raise ValueError(f"{self.behaviour} needs a multi-turn run ([tasks.environment] name)")
+        return build_episode_batch(lease, backend, ForgingEnv(self.env), encode=self.encode)[0]
 
     def _dropped_turn(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
         return self._tampered(lease, backend, drop_turn)

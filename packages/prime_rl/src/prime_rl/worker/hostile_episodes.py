@@ -4,6 +4,12 @@ Pure functions ``RolloutSample -> RolloutSample`` that keep the wire format vali
 alternate, add up, and carry log-prob 0.0 at env positions), so each one reaches the validator's
 episode checks and is rejected there with its own reason (``validator/episodes.py``). A sample
 with too few turns for a tampering is returned unchanged (its lease mates carry the attack).
+
+A forged tool output is played, not patched in afterwards (:class:`ForgingEnv`): the model's later
+turns are generated after the forged reply, so their proofs pass the prefill and only the
+validator's tool replay can tell (``tool_output_mismatch``). Patched in afterwards
+(:func:`forge_tool_output`), the later turns' proofs no longer match their context
+(``toploc_mismatch``), before any tool runs.
 """
 
 from __future__ import annotations
@@ -12,8 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prime_rl.api.protocol import RolloutSample, Segment
+from prime_rl.episodes import EnvStep, EpisodeEnv
+from verifiers.envs import Message
 
 __all__ = [
+    "ForgingEnv",
     "drop_turn",
     "env_as_model",
     "forge_tool_output",
@@ -129,3 +138,19 @@ def env_as_model(sample: RolloutSample) -> RolloutSample:
         first.proofs + second.proofs,
     )
     return _join(sample, [merged, *pieces[3:]])
+
+
+class ForgingEnv(EpisodeEnv):
+    """The run's environment, except that the first reply of every episode is made up: each of its
+    tokens replaced by a neighbouring id, as :func:`forge_tool_output` does, but before the model
+    answers it."""
+
+    def __init__(self, env: EpisodeEnv) -> None:
+        super().__init__(env.env, env.task_set, env.tokenizer, turn_template=env.turn_template)
+
+    def step(self, task_id: int, messages: tuple[Message, ...], model_text: str, *, final: bool = False) -> EnvStep:
+        first = not any(m.role == "assistant" for m in messages)
+        step = super().step(task_id, messages, model_text, final=final)
+        if not first or step.done:
+            return step
+        return EnvStep(step.messages, tuple(t - 1 if t > 0 else t + 1 for t in step.tokens), step.done)

@@ -143,7 +143,14 @@ class Environment:
     transcript gives the same messages (no clock, network or unseeded randomness). A validator
     re-derives the environment's messages only for such environments; an untrusted worker's
     episode in any other environment cannot be checked and must be refused (or its tool outputs
-    taken from a trusted service). Subclasses opt in; the default is the safe one."""
+    taken from a trusted service). Subclasses opt in on the class (so class and instance agree);
+    the default is the safe one."""
+    limit_markers: tuple[str, ...] = ()
+    """Texts an environment reply contains where the machine (a time, memory or output limit, a
+    sandbox that did not start) may have cut a tool run short; empty for an environment whose
+    replies cannot be limited. A validator whose replay of a turn differs from the worker's reply
+    calls it unverifiable, not forged, when the worker's reply shows one of these right after
+    text the replay agrees with (the worker's machine was the slower one)."""
 
     def initial_messages(self, task: Task) -> tuple[Message, ...]:
         """The conversation the model sees first (default: the task's prompt as a user turn)."""

@@ -1,15 +1,22 @@
-"""Multi-turn tool environments: a Python sandbox and an exact calculator, both deterministic.
+"""Multi-turn tool environments: a Python sandbox and an exact calculator, deterministic where cheap.
 
 `ToolEnv` answers each model turn: every `<tool_call>` in it is run and its output comes back as
 a `tool` message; a turn without tool calls is the final answer and ends the episode, which is
 then scored like a single-turn task (`verifiers.verify` on that last turn, weight 1), with the
-number of tool calls and of malformed calls logged as weight-0 metrics.
+number of tool calls and of malformed calls logged as weight-0 metrics. A tool that raises is
+answered like a malformed call: `error: <tool> raised <Type>: <message>` goes back to the model,
+the episode goes on, and the rubric decides what it costs (`bad_tool_calls` counts it).
 
 Determinism (a re-run of the same calls gives the same outputs, so a validator can re-derive
 every tool message): the calculator is exact rational arithmetic; the Python tool runs the code
-in the existing sandbox (`verifiers.code`) in a fresh interpreter with PYTHONHASHSEED=0 (set
-and dict-of-str order fixed) and `random` seeded with 0. Pitfall: code that reads the clock,
-`os.urandom` or the process id still varies; such tools would have to be declared non-replayable.
+in the existing sandbox (`verifiers.code`) in a fresh interpreter with the same environment on
+every machine (`TOOL_ENVIRONMENT`: PYTHONHASHSEED=0, so set and dict-of-str order is fixed;
+TZ=UTC; LANG, PATH) and `random` seeded with 0. What cannot be made equal is reported instead:
+code that prints the clock or `id(object())` varies between two runs, and a program near the time
+limit may finish on one machine and not on another. Such a run is reported through
+`verifiers.machine_limits()` (`tool_timeout`, `tool_output_limit`, `tool_memory`, `tool_runner`)
+and its output carries one of `LIMIT_MARKERS`, so a validator that re-runs the call can tell
+"the machine may have cut this short" from a forged output (prime_rl's `tool_unverifiable`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import operator
 from collections.abc import Callable
 from fractions import Fraction
 
+from verifiers import machine
 from verifiers.code.sandbox import Limits, run_in_sandbox
 from verifiers.envs.core import Environment, EnvTurn, Message, RewardFunc, Rubric, parse_tool_calls
 from verifiers.envs.single_turn import verify_reward
@@ -31,12 +39,14 @@ Tool = Callable[[dict], str]
 
 # ------------------------------------------------------------------ python
 
+TOOL_ENVIRONMENT = {"PYTHONHASHSEED": "0", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC"}
+"""The whole environment of a Python tool program, identical on a worker and a validator."""
+
 # The sandbox's runner starts Python with -I (which ignores PYTHONHASHSEED), so the tool program
-# re-executes itself in a fresh interpreter of the same sandbox with a fixed hash seed; the
-# rlimits of the test process carry over through exec.
+# re-executes itself in a fresh interpreter of the same sandbox with TOOL_ENVIRONMENT; the rlimits
+# of the test process carry over through exec.
 _PYTHON_LAUNCHER = """import os, sys
-os.execve(sys.executable, [sys.executable, "-s", "-S", "-c", {script!r}],
-          {{"PYTHONHASHSEED": "0", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}})
+os.execve(sys.executable, [sys.executable, "-s", "-S", "-c", {script!r}], {environment!r})
 """
 # In the fresh interpreter: seed `random`, then run the code as __main__ (tracebacks say "<code>").
 _SCRIPT = (
@@ -44,24 +54,49 @@ _SCRIPT = (
 )
 
 
+_LIMITED_STATUS = {
+    "timeout": "tool_timeout",
+    "killed": "tool_timeout",  # SIGKILL from the runner's wall deadline or the kernel
+    "output_limit": "tool_output_limit",
+    "memory": "tool_memory",
+}
+"""Sandbox statuses a machine can cause, and the `verifiers.machine` cause each is reported as."""
+
+RUNNER_FAILED = "error: the sandbox did not run the code"
+LIMIT_MARKERS = (*(f"\n[{status}]\n" for status in _LIMITED_STATUS), RUNNER_FAILED)
+"""Texts in a Python tool output where (and only where) the machine may have cut the run short;
+everything before the first one is what the program printed until then."""
+
+
 def python_tool(arguments: dict, *, timeout_s: float = 5.0, memory_mb: int = 512) -> str:
-    """Run `arguments["code"]` in the sandbox; its stdout, plus stderr's tail when it failed."""
+    """Run `arguments["code"]` in the sandbox; its stdout, plus stderr's tail when it failed.
+
+    A run the machine may have limited (`_LIMITED_STATUS`, or a runner that failed) is reported to
+    `verifiers.machine_limits()` and its output holds one of `LIMIT_MARKERS`.
+    """
     code = arguments.get("code")
     if not isinstance(code, str):
         return 'error: the python tool needs {"code": "<python source>"}'
     raw = run_in_sandbox(
-        _PYTHON_LAUNCHER.format(script=_SCRIPT.format(code=code)),
+        _PYTHON_LAUNCHER.format(script=_SCRIPT.format(code=code), environment=TOOL_ENVIRONMENT),
         "stdio",
         [""],
         limits=Limits(timeout_s=timeout_s, memory_mb=memory_mb),
     )
     if not raw.tests:
-        return f"error: the sandbox did not run the code ({raw.runner_error})"
+        machine.report("tool_runner", wall_clock=True)
+        return f"{RUNNER_FAILED} ({raw.runner_error})"
     report = raw.tests[0]
     out = report["stdout"]
-    if report["status"] != "ok":
-        out += f"\n[{report['status']}]\n{report['stderr_tail']}"
-    return out[:MAX_TOOL_OUTPUT]
+    cause = _LIMITED_STATUS.get(report["status"])
+    if cause is None and raw.machine_limit is not None:
+        cause = "tool_runner"
+    machine.report(cause, wall_clock=True)
+    if report["status"] == "ok":
+        return out[:MAX_TOOL_OUTPUT]
+    # the status line survives the cut, so a limited run's output always shows its marker
+    status = (f"\n[{report['status']}]\n{report['stderr_tail']}")[: MAX_TOOL_OUTPUT // 2]
+    return out[: MAX_TOOL_OUTPUT - len(status)] + status
 
 
 # ------------------------------------------------------------------ calculator
@@ -148,10 +183,14 @@ class ToolEnv(Environment):
     """A multi-turn environment over named tools; the final answer is the first turn without a
     tool call, scored by the task type's verifier. `max_turns` bounds the model turns.
 
-    `replayable` declares that every tool is a pure function of its arguments (the shipped ones
-    are); pass False for a tool that reads the clock or the network. With `feedback`, a final
-    answer the verifier rejects is answered with a user message (:data:`FEEDBACK`) and the episode
-    goes on until an answer passes or the turns run out (self-correction episodes)."""
+    `replayable` (default: the class's, False for `ToolEnv` itself) declares that every tool is a
+    pure function of its arguments, so a validator may re-run the calls and compare; the shipped
+    `PythonToolEnv` and `CalculatorEnv` declare it on the class. Leave it False for a tool that
+    reads the clock or the network. `limit_markers`: texts a tool writes where the machine cut a
+    run short (:data:`LIMIT_MARKERS` for the Python tool; none for a pure function). With
+    `feedback`, a final answer the verifier rejects is answered with a user message
+    (:data:`FEEDBACK`) and the episode goes on until an answer passes or the turns run out
+    (self-correction episodes)."""
 
     def __init__(
         self,
@@ -159,13 +198,14 @@ class ToolEnv(Environment):
         *,
         max_turns: int = 6,
         system_prompt: str = "",
-        replayable: bool = True,
+        replayable: bool | None = None,
         feedback: bool = False,
     ):
         self.tools = dict(tools)
         self.max_turns = max_turns
         self.system_prompt = system_prompt
-        self.replayable = replayable
+        if replayable is not None and replayable != type(self).replayable:
+            self.replayable = replayable  # an explicit choice for this instance of a generic class
         self.feedback = feedback
         self.rubric = Rubric(
             (
@@ -180,10 +220,18 @@ class ToolEnv(Environment):
         return (Message("system", self.system_prompt), user) if self.system_prompt else (user,)
 
     def run_tool(self, name: str, arguments: dict) -> str:
+        """The tool's output; an unknown tool, a tool that raises or one that returns no string is
+        answered with an `error: ...` message (never an exception: the episode goes on)."""
         tool = self.tools.get(name)
         if tool is None:
             return f"error: unknown tool {name!r}; available: {sorted(self.tools)}"
-        return tool(arguments)
+        try:
+            output = tool(arguments)
+        except Exception as exc:  # the tool's bug or the model's bad arguments: the model is told
+            return f"error: {name} raised {type(exc).__name__}: {exc}"[:MAX_TOOL_OUTPUT]
+        if not isinstance(output, str):
+            return f"error: {name} returned {type(output).__name__}, not text"
+        return output
 
     def respond(self, task: Task, messages: tuple[Message, ...]) -> EnvTurn:
         calls = parse_tool_calls(messages[-1].content)
@@ -212,6 +260,9 @@ def _system_prompt(name: str, argument: str, example: str) -> str:
 class PythonToolEnv(ToolEnv):
     """Math (or any verifier's) tasks solved with a sandboxed Python tool named "python"."""
 
+    replayable = True  # same code, same TOOL_ENVIRONMENT, same seed; the rest is a machine limit
+    limit_markers = LIMIT_MARKERS
+
     def __init__(
         self, *, max_turns: int = 6, timeout_s: float = 5.0, memory_mb: int = 512, feedback: bool = False
     ):
@@ -228,6 +279,8 @@ class PythonToolEnv(ToolEnv):
 
 class CalculatorEnv(ToolEnv):
     """Arithmetic tasks solved with an exact calculator tool named "calculator"."""
+
+    replayable = True  # exact rational arithmetic, no clock, no limits
 
     def __init__(self, *, max_turns: int = 6, feedback: bool = False):
         super().__init__(
