@@ -4,7 +4,9 @@ walking away, starving neighbours, hit and run, diluted steering and Sybil churn
 Every client here reaches the server from 127.0.0.1, so all identities share one client address,
 the worst case for per-address rules. The validator and trainer are played by this test (admin
 client): it posts verdicts with the ``worker_evidence`` a validator would report and claims
-everything released. Counts, not wall-clock time: leases granted per simulated round.
+everything released. Most tests script that evidence on either side of a rule's bound, which
+tests the rule; the last one computes it from steered tokens with the validator's own evidence
+code, which tests that a real attack reaches the bound. Counts, not wall-clock time: leases granted per simulated round.
 """
 
 from __future__ import annotations
@@ -332,3 +334,74 @@ def test_a_restart_forgives_nothing(sim_factory: Any) -> None:
     assert before[0].count(False) >= 4 and before[3] == [False, False, True]  # something is held; walker banned
     sim.restart()
     assert sim.server.ledger is not ledger and state() == before
+
+
+# ---------------------------------------------------------------- steering, with the evidence computed
+
+
+class ComputedEvidence:
+    """What the validator reports as ``worker_evidence``, computed instead of scripted: toploc's
+    seeded sampler draws each token of a sample (fp32: the worker's logits are the validator's, so
+    honest margins are exactly 0), a steering worker takes the runner-up wherever it lies within
+    the per-sample tolerance on a share of positions, ``sampling_margins`` recomputes every
+    token's shortfall as the validator does, and the validator's own ``EvidenceLedger``, under a
+    profile calibrated on honest samples of the same generator, gives the fraction it reports."""
+
+    LENGTH, VOCAB, TOLERANCE = 128, 32, 0.25
+
+    def __init__(self, seed: int = 0) -> None:
+        import torch
+
+        from prime_rl.validator.evidence import EvidenceLedger
+        from toploc import EvidenceTests, NoiseProfile
+
+        self.torch = torch
+        self.generator = torch.Generator().manual_seed(seed)
+        self.sequence = 0
+        honest = [self.observations(steer=0.0) for _ in range(64)]  # 8,192 honest calibration tokens
+        self.ledger = EvidenceLedger(EvidenceTests.from_profile(NoiseProfile.calibrate(honest)))
+
+    def observations(self, steer: float) -> Any:
+        from toploc import Observations, sample_tokens, sampling_margins
+
+        torch = self.torch
+        self.sequence += 1
+        logits = torch.randn(self.LENGTH, self.VOCAB, generator=self.generator, dtype=torch.float64) * 2
+        positions = torch.arange(self.LENGTH)
+        tokens = sample_tokens(logits, 2024, torch.full((self.LENGTH,), self.sequence), positions)
+        chosen = torch.rand(self.LENGTH, generator=self.generator) < steer
+        for t in chosen.nonzero().flatten().tolist():  # the runner-up of the seeded scores, if within tolerance
+            candidates = torch.arange(self.VOCAB)
+            margins = sampling_margins(logits[t].expand(self.VOCAB, -1), candidates, 2024, self.sequence,
+                                       torch.full((self.VOCAB,), t))  # fmt: skip
+            margins[tokens[t]] = float("inf")
+            best = int(margins.argmin())
+            if margins[best] <= self.TOLERANCE:
+                tokens[t] = best
+        margins = sampling_margins(logits, tokens, 2024, self.sequence, positions)
+        assert float(margins.max()) <= self.TOLERANCE  # inside the per-sample check: accepted
+        return Observations(margins.numpy(), torch.zeros(self.LENGTH, dtype=torch.float64).numpy())
+
+    def report(self, worker_id: str, steer: float = 0.0) -> float:
+        self.ledger.record(worker_id, f"{worker_id}-{self.sequence}", [self.observations(steer)])
+        return self.ledger.fraction(worker_id)
+
+
+def test_diluted_steering_with_computed_evidence_never_trains(sim_factory: Any) -> None:
+    """One sample in ten steered on 10% of its positions, every token inside the per-sample
+    tolerance (so every sample is accepted), the evidence computed from the tokens: the steering
+    identity never leaves probation and nothing it sends is trained on, while an honest identity's
+    computed evidence keeps it released."""
+    sim = sim_factory("computed", "--orchestrator.probation_tokens", "64", "--orchestrator.probation_release_share", "1")
+    evidence = ComputedEvidence()
+    honest, steerer = sim.register(), sim.register()
+    reported = {honest: [], steerer: []}
+    for i in range(40):
+        reported[honest].append(evidence.report(honest))
+        sim.answer(sim.lease(honest) or pytest.fail("refused"), evidence=reported[honest][-1])
+        reported[steerer].append(evidence.report(steerer, steer=0.1 if i % 10 == 0 else 0.0))
+        sim.answer(sim.lease(steerer) or pytest.fail("refused"), evidence=reported[steerer][-1])
+        sim.train()
+    assert max(reported[honest]) < 0.1 < max(reported[steerer])  # what the validator computed, not a script
+    assert sim.trained and {s.worker_id for s in sim.trained} == {honest}
+    assert not sim.server.ledger.release.trusted(steerer) and sim.server.ledger.release.trusted(honest)
