@@ -229,6 +229,22 @@ class StatisticNoise:
             return ()
         return tuple(k / self.observations for k in self.exceedances)
 
+    def quantile(self, rate: float) -> float:
+        """A high quantile from the grid: the smallest threshold whose *measured* exceedance rate
+        ``k / n`` is at most ``rate`` (e.g. 1e-4: the 99.99th percentile, rounded up to the grid).
+
+        Unlike ``maximum`` it does not move with one outlier. Profiles without exceedance counts
+        (older or merged ones) give the smallest threshold at or above ``maximum``; beyond the grid
+        (or no observations), ``maximum``.
+        """
+        if not 0 < rate < 1:
+            raise EvidenceError(f"rate must lie in (0, 1), got {rate}")
+        measured = self.rates()
+        for i, threshold in enumerate(self.thresholds):
+            if (measured[i] <= rate) if measured else threshold >= self.maximum:
+                return threshold
+        return self.maximum
+
     def summary(self) -> str:
         """One line: per threshold ``k/n`` measured and the bound p0 the tests use, e.g.
         ``sampling_margin (32768 obs, max 0.53): >1e-06 0/32768 <= 4.2e-04, >0.1 5/32768 <= ...``."""
