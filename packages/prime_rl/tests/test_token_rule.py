@@ -151,3 +151,37 @@ def test_the_logprob_check_is_per_token(profile: toploc.NoiseProfile | None) -> 
     )
     lying[700] = float("nan")
     assert logprob_problem(recomputed, lying, checks) is not None
+
+
+def test_spending_the_allowance_on_every_sample_feeds_the_identitys_evidence_until_it_is_banned() -> None:
+    """CPU-bf16-like noise (5% near ties, margins ~ Exp(mean 0.05): 9e-4 of tokens beyond 0.2). A worker
+    fills every sample up to exactly ``allowed(256)`` tokens just beyond the tolerance (0.26): each sample
+    passes the per-sample rule, but every one of those tokens is an exceedance in the whole-history
+    evidence, so its first sample already lifts the evidence above the release bound (0.25 of the
+    threshold: nothing it sent is released) and it is banned within a few samples. An honest worker
+    through the same 200 samples stays far below the bound."""
+    rng = np.random.default_rng(5)
+
+    def honest(tokens: int) -> np.ndarray:
+        return np.where(rng.random(tokens) < 0.05, rng.exponential(0.05, tokens), 0.0)
+
+    profile = toploc.NoiseProfile.calibrate([toploc.Observations(honest(200_000), np.full(200_000, 5e-3))])
+    rule = for_precision(_checks(), "bfloat16", profile).sampling_rule
+    assert rule is not None and rule.allowed(256) >= 2
+    tests = toploc.EvidenceTests.from_profile(profile)
+    cheat, fair = toploc.WorkerEvidence(tests), toploc.WorkerEvidence(tests)
+    fractions, banned_after = [], None
+    for sample in range(200):
+        margins = honest(256)
+        spend = rule.allowed(256) - int((margins > rule.tolerance).sum())  # it knows its margins in advance
+        positions = rng.choice(np.flatnonzero(margins <= rule.tolerance), max(spend, 0), replace=False)
+        margins[positions] = 0.26
+        assert rule.problem(torch.from_numpy(margins)) is None
+        state = cheat.update(toploc.Observations(margins, np.full(256, 5e-3)))
+        fractions.append(state.fraction)
+        if state.banned and banned_after is None:
+            banned_after = sample + 1
+        fair_state = fair.update(toploc.Observations(honest(256), np.full(256, 5e-3)))
+        assert not fair_state.banned and fair_state.fraction < 0.25
+    assert fractions[0] >= 0.25
+    assert banned_after is not None and banned_after <= 10, fractions[:10]
