@@ -116,21 +116,31 @@ def test_the_h200_profile_gives_a_rule_that_accepts_its_honest_samples() -> None
     worst[:5] = 0.02
     worst[9] = 0.041
     assert rule.problem(worst) is None
+    # log-prob gaps (same calibration: 54,950 of 262,144 above 0.01, 128 above 0.03, largest 0.039):
+    # per token, the tolerance 0.05 lies above every honest gap, and 3x the 99.99th percentile (0.1)
+    gaps_noise = _gpu_noise("logprob_gap", (255634, 244423, 226788, 223029, 217578, 191559, 54950, 128, 0, 0, 0), 0.0391)
+    profile = toploc.NoiseProfile((), (noise, gaps_noise, *_other_statistics()[1:]))
+    logprob_rule = for_precision(_checks(), "bfloat16", profile).logprob_rule
+    assert logprob_rule is not None and logprob_rule.hard_limit == pytest.approx(0.3)
+    honest_gaps = torch.full((1024,), 0.02, dtype=torch.float64)
+    honest_gaps[:3] = 0.0391
+    assert logprob_rule.problem(honest_gaps) is None
+
+
+def _gpu_noise(name: str, counts: tuple[int, ...], maximum: float) -> toploc.StatisticNoise:
+    """One statistic of gpu_check.json's calibration (262,144 tokens; exceedance counts as printed
+    there), with the bounds ``NoiseProfile.calibrate`` gives them."""
+    bounds = np.minimum.accumulate([min(1.0, 2 * toploc.noise.rate_upper_bound(k, 262_144, 1e-3)) for k in counts])
+    grid = toploc.noise.DEFAULT_GRIDS[name]
+    return toploc.StatisticNoise(name, grid, tuple(float(b) for b in bounds), 262_144, maximum, counts)
 
 
 def _gpu_margin_noise() -> toploc.StatisticNoise:
-    """The sampling_margin line of gpu_check.json's calibration (exceedance counts as printed there)."""
-    counts = (1194, 1193, 1182, 1067, 844, 335, 6, 0, 0, 0, 0, 0)
-    bounds = tuple(
-        float(b)
-        for b in np.minimum.accumulate(
-            [min(1.0, 2 * toploc.noise.rate_upper_bound(k, 262_144, 1e-3)) for k in counts]
-        )
-    )
-    return toploc.StatisticNoise("sampling_margin", GRID, bounds, 262_144, 0.037, counts)
+    return _gpu_noise("sampling_margin", (1194, 1193, 1182, 1067, 844, 335, 6, 0, 0, 0, 0, 0), 0.037)
 
 
 def _other_statistics() -> tuple[toploc.StatisticNoise, ...]:
+    """logprob_gap, then the proof statistics, of a flat stand-in profile."""
     flat = toploc.NoiseProfile.calibrate([toploc.Observations(np.zeros(10_000), np.full(10_000, 5e-3))])
     return tuple(s for s in flat.statistics if s.name != "sampling_margin")
 
