@@ -73,10 +73,10 @@ which a profile measures no rate that could justify an allowance."""
 
 
 def _rate_at(noise: toploc.StatisticNoise, threshold: float) -> float:
-    """The profile's bound on P(x > threshold): the bound of the largest grid threshold <= it (no
-    grid point below: no bound, 1), capped at 0.5 (a binomial allowance needs a rate below 1)."""
-    below = [p for t, p in zip(noise.thresholds, noise.rate_bounds, strict=True) if t <= threshold]
-    return min(below[-1] if below else 1.0, 0.5)
+    """The profile's bound on P(x > threshold) (``StatisticNoise.bound_at``: the bound of the
+    largest grid threshold <= it, 1 if none), capped at 0.5 (a binomial allowance needs a rate
+    below 1). The default tolerance 0.25 is on the grid, so its own honest rate is measured."""
+    return min(noise.bound_at(threshold), 0.5)
 
 
 def token_rule(noise: toploc.StatisticNoise, tolerance: float, *, statistic: str) -> TokenRule:
