@@ -19,7 +19,11 @@ banned; and, for honest identities through the same replay, bans and the share o
 
 Pitfall: the orchestrator's probation and per-identity bookkeeping (issue #25 item 3, another
 branch) are not modelled; each identity here is judged on its own, which is the attacker's best
-case with free identities.
+case with free identities. And release is modelled on the identity's *current* evidence, where the
+orchestrator's ``ReleaseBook`` takes the largest evidence reported with the batch or after it, so
+a steered batch that lifted the evidence is released here once honest tokens dilute it, and never
+there: these rows overstate what reaches training. ``steering_bf16_tiny.py`` replays the real
+``ReleaseBook`` (and adds the attacker that spends exactly ``allowed(n)``, issue #34).
 
 Run: ``.venv/bin/python benchmarks/steering_budget.py --data <detection data> --dtype bfloat16``.
 """

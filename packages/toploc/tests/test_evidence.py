@@ -133,8 +133,13 @@ def test_profile_json_round_trip_merge_and_errors(tmp_path) -> None:  # type: ig
         NoiseProfile.from_json('{"format": "other"}')
     with pytest.raises(EvidenceError, match="malformed"):
         NoiseProfile.from_json("not json")
-    with pytest.raises(EvidenceError, match="grids"):
-        NoiseProfile.merge(a, NoiseProfile.calibrate([], grids={**DEFAULT_GRIDS, "logprob_gap": (1.0,)}))
+    # grids that differ merge on their union: a profile without 0.25 bounds it by its bound at 0.2
+    old_grid = NoiseProfile.calibrate([_obs([0.5] * 10 + [0.0] * 990)], grids={**DEFAULT_GRIDS, "sampling_margin": (0.2, 0.3)})
+    union = NoiseProfile.merge(a, old_grid).statistic("sampling_margin")
+    assert union.thresholds == DEFAULT_GRIDS["sampling_margin"] and union.exceedances == ()
+    old_margin = old_grid.statistic("sampling_margin")
+    assert union.rate_bounds[union.thresholds.index(0.25)] == old_margin.rate_bounds[0]  # its bound at 0.2
+    assert union.rate_bounds[union.thresholds.index(0.1)] == 1.0  # nothing below 0.2 measured there
     assert b.per_sample_limit("sampling_margin") == pytest.approx(1.5)
     assert a.per_sample_limit("sampling_margin", floor=0.25) == 0.25
 

@@ -39,7 +39,9 @@ STATISTICS = ("sampling_margin", "logprob_gap", "proof_exp_mismatches", "proof_m
 
 DEFAULT_GRIDS: dict[str, tuple[float, ...]] = {
     # logit units; 1e-6 counts "non-zero" margins (fp32 drift is ~1e-5 at most)
-    "sampling_margin": (1e-6, 1e-5, 1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.2, 0.3, 0.5, 1.0),
+    # 0.25 is the validator's default bf16 sampling tolerance: its honest rate is measured, not
+    # bounded by 0.2's (on CPU bf16, 3 vs 34 of 61,440 tokens: benchmarks/results/steering_bf16_tiny.md)
+    "sampling_margin": (1e-6, 1e-5, 1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.2, 0.25, 0.3, 0.5, 1.0),
     # nats; honest fp32 decode-vs-prefill gaps are ~1e-6, bf16 ones ~1e-2
     "logprob_gap": (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0),
     # per 32-token chunk: more than 0, 1, 3, 7, 15 of 128 exponents differ
@@ -229,6 +231,28 @@ class StatisticNoise:
             return ()
         return tuple(k / self.observations for k in self.exceedances)
 
+    def bound_at(self, threshold: float) -> float:
+        """The bound on the honest rate of ``x > threshold``: that of the largest grid threshold
+        at or below it (a higher threshold is exceeded no more often), 1 if none."""
+        below = [p for t, p in zip(self.thresholds, self.rate_bounds, strict=True) if t <= threshold]
+        return below[-1] if below else 1.0
+
+    def quantile(self, rate: float) -> float:
+        """A high quantile from the grid: the smallest threshold whose *measured* exceedance rate
+        ``k / n`` is at most ``rate`` (e.g. 1e-4: the 99.99th percentile, rounded up to the grid).
+
+        Unlike ``maximum`` it does not move with one outlier. Profiles without exceedance counts
+        (older or merged ones) give the smallest threshold at or above ``maximum``; beyond the grid
+        (or no observations), ``maximum``.
+        """
+        if not 0 < rate < 1:
+            raise EvidenceError(f"rate must lie in (0, 1), got {rate}")
+        measured = self.rates()
+        for i, threshold in enumerate(self.thresholds):
+            if (measured[i] <= rate) if measured else threshold >= self.maximum:
+                return threshold
+        return self.maximum
+
     def summary(self) -> str:
         """One line: per threshold ``k/n`` measured and the bound p0 the tests use, e.g.
         ``sampling_margin (32768 obs, max 0.53): >1e-06 0/32768 <= 4.2e-04, >0.1 5/32768 <= ...``."""
@@ -308,25 +332,31 @@ class NoiseProfile:
 
     @classmethod
     def merge(cls, *profiles: NoiseProfile) -> NoiseProfile:
-        """The worst case of several profiles (same grids): max bound and max honest value per
-        threshold; observations add up. Use it to cover several worker configurations."""
+        """The worst case of several profiles: max bound and max honest value per threshold;
+        observations add up. Use it to cover several worker configurations.
+
+        Grids may differ (a profile written before a grid gained a threshold): the merged grid is
+        their union, and a profile without a threshold t contributes its bound at its largest
+        threshold below t (1 if none), an upper bound on its rate at t. Exceedance counts are kept
+        only when every grid is the same.
+        """
         if not profiles:
             raise EvidenceError("merge needs at least one profile")
         statistics = []
         for name in STATISTICS:
             parts = [p.statistic(name) for p in profiles]
-            if any(p.thresholds != parts[0].thresholds for p in parts):
-                raise EvidenceError(f"{name}: profiles with different grids cannot merge")
+            same = all(p.thresholds == parts[0].thresholds for p in parts)
+            grid = tuple(sorted({t for p in parts for t in p.thresholds}))
             statistics.append(
                 StatisticNoise(
                     name=name,
-                    thresholds=parts[0].thresholds,
-                    rate_bounds=tuple(max(b) for b in zip(*(p.rate_bounds for p in parts), strict=True)),
+                    thresholds=grid,
+                    rate_bounds=tuple(max(p.bound_at(t) for p in parts) for t in grid),
                     observations=sum(p.observations for p in parts),
                     maximum=max(p.maximum for p in parts),
                     exceedances=(
                         tuple(sum(k) for k in zip(*(p.exceedances for p in parts), strict=True))
-                        if all(p.exceedances for p in parts)
+                        if same and all(p.exceedances for p in parts)
                         else ()
                     ),
                 )

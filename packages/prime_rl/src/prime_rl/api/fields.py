@@ -11,7 +11,7 @@ import binascii
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, PlainSerializer, StringConstraints
+from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, StringConstraints
 
 from prime_rl.api.assignment import MAX_SEED  # one definition: seeds are made there
 
@@ -27,6 +27,8 @@ __all__ = [
     "Seed",
     "TokenId",
     "WorkerId",
+    "WorkerName",
+    "printable",
 ]
 
 MAX_TOKEN_ID = 2**31 - 1
@@ -38,6 +40,34 @@ TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Reason = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 MAX_DETAIL_CHARS = 1000
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal or in a log line: every character that is not printable
+    (control characters such as ESC and newline, format characters such as a right-to-left
+    override) becomes its Python escape (``\\x1b``, ``\\n``, ``\\u202e``); printable text is unchanged.
+
+    Call it wherever text a worker chose (its name, anything it sent) is printed: a name holding
+    ``"\\x1b[2J\\n[run] run finished with exit code 0"`` must neither clear the operator's console
+    nor forge a line of it. (JSON metrics escape control characters already.)
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _printable_name(name: str) -> str:
+    bad = next((i for i, c in enumerate(name) if not c.isprintable()), None)
+    if bad is not None:
+        raise ValueError(
+            f"worker name must be printable: character {bad} is {printable(name[bad])!r} (a control or format "
+            "character); use letters, digits, punctuation and spaces"
+        )
+    return name
+
+
+WorkerName = Annotated[str, StringConstraints(max_length=64), AfterValidator(_printable_name)]
+"""A worker's free-form label: at most 64 printable characters (checked at registration)."""
 
 
 def _proofs_from_wire(value: Any) -> Any:

@@ -24,6 +24,7 @@ from prime_rl.api.fields import (
     Seed,
     TokenId,
     WorkerId,
+    WorkerName,
 )
 from prime_rl.api.segments import Segment, segments_problem
 
@@ -102,9 +103,7 @@ class StatusResponse(ApiModel):
 class RegisterRequest(ApiModel):
     """POST /workers/register."""
 
-    name: Annotated[str, StringConstraints(max_length=64)] = Field(
-        default="", description="Free-form label for logs."
-    )
+    name: WorkerName = Field(default="", description="Free-form label for logs: at most 64 printable characters.")
 
 
 class RegisterResponse(ApiModel):

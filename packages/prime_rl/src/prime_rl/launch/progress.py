@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from prime_rl.api.fields import printable
 from prime_rl.launch.report import WorkerTally, finite_number, format_or_dash, worker_tallies
 
 __all__ = ["ProgressTracker"]
@@ -94,7 +95,7 @@ class ProgressTracker:
             parts = [f"step {version}" + (f"/{self.total_steps}" if self.total_steps else "")]
             parts.append(f"reward {format_or_dash(sum(rewards) / len(rewards) if rewards else None, '.2f')}")
             for name, (accepted, rejected) in sorted(workers.items()):
-                parts.append(f"{name} +{accepted} -{rejected}")
+                parts.append(f"{printable(name)} +{accepted} -{rejected}")
             rate = self._tokens / self._generate_s if self._generate_s > 0 else None
             parts.append(f"{format_or_dash(rate, '.0f')} tok/s")
             parts.append(f"waited: trainer {self._trainer_wait:.0f}s, workers {self._worker_wait:.0f}s")

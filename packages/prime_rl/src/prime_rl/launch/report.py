@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prime_rl.api.fields import printable
 from prime_rl.metrics import read_metrics
 
 __all__ = [
@@ -320,7 +321,7 @@ def plot_run(summary: RunSummary, path: str | Path) -> Path:
         )
         ax_length[0].set_ylim(bottom=0)
     if summary.workers:
-        names = [w.name + (" (banned)" if w.banned else "") for w in summary.workers]
+        names = [printable(w.name) + (" (banned)" if w.banned else "") for w in summary.workers]
         accepted = [w.accepted for w in summary.workers]
         rejected = [w.rejected for w in summary.workers]
         ax_workers.bar(names, accepted, color="tab:blue", label="accepted")
@@ -406,7 +407,7 @@ def render_summary(summary: RunSummary) -> str:
     for worker in summary.workers:
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(worker.reasons.items()))
         lines.append(
-            f"  {worker.name}: {worker.accepted} accepted, {worker.rejected} rejected"
+            f"  {printable(worker.name)}: {worker.accepted} accepted, {worker.rejected} rejected"
             + (f" ({reasons})" if reasons else "")
             + (" BANNED" if worker.banned else "")
         )

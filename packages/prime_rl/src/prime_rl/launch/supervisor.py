@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from prime_rl.api.client import ApiError, OrchestratorClient
+from prime_rl.api.fields import printable
 from prime_rl.api.secrets import SecretsError, check_bind_address, run_secrets
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter, init_process
@@ -269,7 +270,7 @@ class Supervisor:
     def report_workers_gone(self, client: OrchestratorClient) -> None:
         """Log why the run stops: every honest worker stopped, and the bans the orchestrator knows."""
         try:
-            bans = [f"{w.name or w.worker_id}: {w.ban_reason}" for w in client.workers().workers if w.banned]
+            bans = [f"{printable(w.name or w.worker_id)}: {printable(w.ban_reason)}" for w in client.workers().workers if w.banned]
         except ApiError as error:
             bans = [f"(the orchestrator did not answer: {error})"]
         log.error(
@@ -324,7 +325,7 @@ class Supervisor:
         parts = [f"step {status.step}" + (f"/{total}" if total else ""), f"policy v{status.policy_version}"]
         parts.append(f"awaiting validation {status.pending_batches}")
         for worker in workers:
-            text = f"{worker.name or worker.worker_id}: +{worker.samples_accepted} -{worker.samples_rejected}"
+            text = f"{printable(worker.name or worker.worker_id)}: +{worker.samples_accepted} -{worker.samples_rejected}"
             if worker.banned:
                 text += " BANNED"
             parts.append(text)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from prime_rl.inference.backend import (
 )
 from prime_rl.validator.episodes import MAX_ENV_TOKENS, episode_checks, episode_values, replay_episode
 from prime_rl.validator.structure import proof_problem, repetition_problem, termination_problem
+from prime_rl.validator.token_rule import TokenRule
 from toploc import Observations
 from verifiers.envs import Message
 
@@ -118,68 +118,6 @@ class TaskScorer(Protocol):
         ...
 
 
-@functools.lru_cache(maxsize=4096)
-def binomial_allowance(tokens: int, rate: float, false_reject_rate: float) -> int:
-    """The smallest k with ``P(Binomial(tokens, rate) > k) <= false_reject_rate`` (0 when rate is 0).
-
-    Exact: the tail is summed from the probability mass ``C(n,j) p^j (1-p)^(n-j)`` (log-gamma).
-    """
-    if tokens < 0 or not 0 <= rate < 1 or not 0 < false_reject_rate < 1:
-        raise ValueError(f"need tokens >= 0, rate in [0, 1), false_reject_rate in (0, 1); got {tokens}, {rate}, {false_reject_rate}")
-    if rate == 0 or tokens == 0:
-        return 0
-    log_p, log_q = math.log(rate), math.log1p(-rate)
-    head = math.lgamma(tokens + 1)
-    tail = 1.0  # P(X > k) for k = -1
-    for k in range(tokens + 1):
-        tail -= math.exp(head - math.lgamma(k + 1) - math.lgamma(tokens - k + 1) + k * log_p + (tokens - k) * log_q)
-        if tail <= false_reject_rate:
-            return k
-    return tokens
-
-
-@dataclass(frozen=True)
-class SamplingRule:
-    """The per-sample sampling rule (module docstring).
-
-    Attributes:
-        tolerance: logit margin a token may fall short by as often as honest noise does.
-        rate: p0, the bound on the honest per-token rate of ``margin > tolerance`` (0: never).
-        hard_limit: margin no token may exceed (>= tolerance).
-        false_reject_rate: bound on P(an honest sample is rejected), per sample.
-    """
-
-    tolerance: float
-    rate: float
-    hard_limit: float
-    false_reject_rate: float = 1e-6
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.tolerance <= self.hard_limit or not 0 <= self.rate < 1:
-            raise ValueError(f"need 0 <= tolerance <= hard_limit and rate in [0, 1): {self}")
-
-    def allowed(self, tokens: int) -> int:
-        """Tokens of an n-token sample allowed beyond ``tolerance``."""
-        return binomial_allowance(tokens, self.rate, self.false_reject_rate)
-
-    def problem(self, margins: torch.Tensor) -> str | None:
-        """None if ``margins [n]`` pass, else why not."""
-        tokens = margins.numel()
-        if tokens == 0:
-            return None
-        worst = float(margins.max())
-        if not worst <= self.hard_limit:  # NaN margins (inf: NaN logits) fail here too
-            first = int(torch.nonzero(~(margins <= self.hard_limit)).flatten()[0])
-            return f"token {first} falls {worst:.3g} short of the seeded sampler's choice (limit {self.hard_limit:.3g})"
-        over = int((margins > self.tolerance).sum())
-        if over <= self.allowed(tokens):
-            return None
-        return (
-            f"{over}/{tokens} tokens are not what the seeded sampler draws (beyond {self.tolerance:.3g}; honest "
-            f"noise allows {self.allowed(tokens)} at rate {self.rate:.2g}; max margin {worst:.3g})"
-        )
-
-
 @dataclass(frozen=True)
 class Checks:
     """What the checks compare a sample against: the run's settings, the model's facts and the
@@ -241,9 +179,12 @@ class Checks:
             max_mant_err_median=v.max_mant_err_median,
             sign_mismatches_per_128=v.sign_mismatches_per_128,
         )
-    sampling_rule: SamplingRule | None = None
+    sampling_rule: TokenRule | None = None
     """The per-precision sampling rule (``tolerances.for_precision``); None: ``[validator]``'s
     ``sampling_tolerance`` and ``sampling_max_mismatch_fraction`` as configured."""
+    logprob_rule: TokenRule | None = None
+    """The per-precision per-token log-prob rule (``tolerances.for_precision``); None: every
+    token's ``|claimed - recomputed|`` within ``[validator]``'s ``logprob_atol``."""
     episode_env: EpisodeEnv | None = None
     """The run's episode environment (``episodes.load_episode_env``); None: a single-turn run."""
 
@@ -429,9 +370,25 @@ def _model_checks_chunk(
             p.reject(Reason.SAMPLING_FAILED, why)
             continue
         p.logprobs = trainer_logprobs  # what the trainer gets, never the claim
-        gap = (recomputed - torch.tensor(claimed, dtype=recomputed.dtype)).abs().mean().item()
-        if not gap <= checks.validator.logprob_atol:
-            p.reject(Reason.LOGPROBS_MISMATCH, f"mean |log-prob error| {gap:.4g} > {checks.validator.logprob_atol}")
+        why = logprob_problem(recomputed, claimed, checks)
+        if why is not None:
+            p.reject(Reason.LOGPROBS_MISMATCH, why)
+
+
+def logprob_problem(recomputed: torch.Tensor, claimed: Sequence[float], checks: Checks) -> str | None:
+    """The per-token log-prob rule: None if every claimed inference log-prob is close enough to the
+    prefill's, else why not.
+
+    Per token, not a mean: a mean over n tokens hides a few large lies among many honest tokens
+    (one token off by 1 nat in 1,024 moves the mean by 0.001). ``checks.logprob_rule`` where the
+    precision sets one (bf16 with a noise profile: counts per threshold, ``token_rule.py``), else
+    no token beyond ``[validator].logprob_atol``. A NaN claim fails.
+    """
+    gaps = (recomputed.double() - torch.tensor(claimed, dtype=torch.float64)).abs()
+    rule = checks.logprob_rule or TokenRule(
+        tolerance=checks.validator.logprob_atol, rate=0.0, hard_limit=checks.validator.logprob_atol, statistic="|log-prob error|"
+    )
+    return rule.problem(gaps)
 
 
 def sampling_margins(logits: torch.Tensor, tokens: torch.Tensor, seed: int, temperature: float) -> torch.Tensor:

@@ -13,14 +13,20 @@ our own H200 run with a random-weight model, ``benchmarks/results/gpu_check.md``
   CPU: honest max 0; ``benchmarks/results/detection_fp32.md``). The tolerance is
   ``max(FP32_SAMPLING_TOLERANCE, 3 · largest honest margin of the profile)`` with no token allowed
   beyond it: any runner-up swap is rejected per sample.
-* **bf16 / fp16**: a token may fall short of the sampler's choice by up to ``sampling_tolerance``
-  (0.25 by default) as often as honest noise does, and by no more than ``hard_limit``. The rule
-  (:class:`SamplingRule`): reject iff some margin exceeds ``hard_limit`` or more than
-  ``allowed(n)`` of the n tokens exceed the tolerance, where ``allowed(n)`` is the smallest k with
-  ``P(Binomial(n, p0) > k) <= false_reject_rate`` and p0 the profile's bound on the honest rate of
-  ``margin > tolerance``. An honest sample is then rejected with probability <= 1e-6 at any
-  length (if p0 bounds the honest rate), and what hides inside the rule is left to the per-worker
-  evidence (``toploc.evidence``), which sees every token of every sample.
+* **bf16 / fp16**: a token may fall short of the sampler's choice by more than
+  ``sampling_tolerance`` (0.25 by default) only as often as honest noise does, at every threshold
+  of the profile's grid up to the hard limit (:class:`TokenRule`, ``token_rule.py``: one count per
+  threshold, so a lower tolerance never allows more tokens beyond any margin). The hard limit is
+  ``min(HARD_LIMIT_CAP, max(tolerance, HARD_LIMIT_FACTOR · q))`` with q the profile's 99.99th
+  percentile (``StatisticNoise.quantile(1e-4)``), not a multiple of the largest honest margin,
+  which one outlier sets. An honest sample is rejected with probability <= 1e-6 at any length
+  (if the profile's rates bound the honest ones); what hides inside the rule, every token
+  beyond the tolerance included, feeds the per-worker whole-history evidence
+  (``toploc.evidence``), so a worker that spends its allowance on every sample is banned at the
+  rate it steers (``benchmarks/results/steering_bf16_tiny.md``).
+* **log-probs, per token**: the same rule on ``|claimed - recomputed|`` (``logprob_atol`` as the
+  tolerance, the profile's ``logprob_gap`` grid); without a profile every token within
+  ``logprob_atol``.
 
 Without a profile (evidence off) nothing is widened in bf16: the configured worst-margin rule
 stands, since whatever a wider rule lets through would then be seen by nothing else.
@@ -34,24 +40,69 @@ from __future__ import annotations
 import dataclasses
 
 import toploc
-from prime_rl.validator.checks import Checks, SamplingRule, binomial_allowance
+from prime_rl.validator.checks import Checks
+from prime_rl.validator.token_rule import TokenRule, binomial_allowance
 
 __all__ = [
     "FP32_SAMPLING_TOLERANCE",
-    "SamplingRule",
+    "HARD_LIMIT_CAP",
+    "HARD_LIMIT_FACTOR",
+    "HARD_LIMIT_QUANTILE",
+    "TokenRule",
     "binomial_allowance",
     "for_precision",
+    "token_rule",
 ]
 
 FP32_SAMPLING_TOLERANCE = 1e-3
 """fp32 margin floor (logits): honest fp32 margins are exactly 0; a swap falls this close only on a near tie."""
 
+FALSE_REJECT_RATE = 1e-6
+"""Bound on P(an honest sample is rejected by one statistic's rule), split over its grid's thresholds."""
 
-def _rate_at(profile: toploc.NoiseProfile, threshold: float) -> float | None:
-    """The profile's bound on P(margin > threshold): the bound of the largest grid threshold <= it."""
-    noise = profile.statistic("sampling_margin")
-    below = [p for t, p in zip(noise.thresholds, noise.rate_bounds, strict=True) if t <= threshold]
-    return below[-1] if below else None
+HARD_LIMIT_QUANTILE = 1e-4
+"""The honest exceedance rate whose threshold (the 99.99th percentile) scales the hard limit."""
+
+HARD_LIMIT_FACTOR = 3.0
+"""Hard limit = this x the 99.99th percentile: room for the honest tail beyond it, which the counts
+per threshold bound (the H200 profile: percentile 0.03, largest honest margin 0.041 in 2,112 samples)."""
+
+HARD_LIMIT_CAP = {"sampling_margin": 1.0, "logprob_gap": 1.0}
+"""No token beyond this, whatever the profile (logits; nats): the top of toploc's grids, beyond
+which a profile measures no rate that could justify an allowance."""
+
+
+def _rate_at(noise: toploc.StatisticNoise, threshold: float) -> float:
+    """The profile's bound on P(x > threshold) (``StatisticNoise.bound_at``: the bound of the
+    largest grid threshold <= it, 1 if none), capped at 0.5 (a binomial allowance needs a rate
+    below 1). The default tolerance 0.25 is on the grid, so its own honest rate is measured."""
+    return min(noise.bound_at(threshold), 0.5)
+
+
+def token_rule(noise: toploc.StatisticNoise, tolerance: float, *, statistic: str) -> TokenRule:
+    """The bf16 rule on one statistic from its honest noise (module docstring).
+
+    Checked thresholds: ``tolerance`` (rate: :func:`_rate_at`), then every grid threshold strictly
+    between it and the hard limit with its own bound. The false-reject budget is split evenly over
+    the grid's thresholds plus one (a fixed split, so the allowance at a threshold does not depend
+    on how many others the tolerance brings in: what keeps ``allowed`` monotone in the tolerance).
+    """
+    quantile = noise.quantile(HARD_LIMIT_QUANTILE)
+    hard = min(HARD_LIMIT_CAP[noise.name], max(tolerance, HARD_LIMIT_FACTOR * quantile))
+    hard = max(hard, tolerance)  # a tolerance above the cap is its own limit
+    bands = tuple(
+        (t, min(p, 0.5)) for t, p in zip(noise.thresholds, noise.rate_bounds, strict=True) if tolerance < t < hard
+    )
+    rate = _rate_at(noise, tolerance)
+    bands = tuple((t, min(p, rate)) for t, p in bands)
+    return TokenRule(
+        tolerance=tolerance,
+        rate=rate,
+        hard_limit=hard,
+        bands=bands,
+        false_reject_rate=FALSE_REJECT_RATE / (len(noise.thresholds) + 1),
+        statistic=statistic,
+    )
 
 
 def for_precision(checks: Checks, dtype: str, profile: toploc.NoiseProfile | None) -> Checks:
@@ -59,23 +110,19 @@ def for_precision(checks: Checks, dtype: str, profile: toploc.NoiseProfile | Non
 
     ``profile`` is the run's honest noise when the per-worker evidence is on (None: off). The
     configured ``sampling_tolerance`` is the bf16 one; fp32 ignores it (it is exact). The log-prob
-    rule bounds a sample's *mean* gap, which does not grow with length; with evidence it is widened
-    to 3x the largest honest per-token gap of the profile, as before.
+    rule is per token: ``logprob_atol`` for every token without a profile, counts per threshold
+    of the profile's ``logprob_gap`` grid with one.
     """
+    logprob_rule = None
     if dtype in ("float32", "float64"):
         honest = profile.statistic("sampling_margin").maximum if profile is not None else 0.0
         tolerance = max(FP32_SAMPLING_TOLERANCE, 3 * honest)
-        rule = SamplingRule(tolerance=tolerance, rate=0.0, hard_limit=tolerance)
+        rule = TokenRule(tolerance=tolerance, rate=0.0, hard_limit=tolerance)
     elif profile is None:
         tolerance = checks.validator.sampling_tolerance
-        rule = SamplingRule(tolerance=tolerance, rate=0.0, hard_limit=tolerance)  # as configured
+        rule = TokenRule(tolerance=tolerance, rate=0.0, hard_limit=tolerance)  # as configured
     else:
-        tolerance = checks.validator.sampling_tolerance
-        measured = _rate_at(profile, tolerance)
-        rate = min(measured if measured is not None else 1.0, 0.5)  # no grid point below: no bound
-        hard = profile.per_sample_limit("sampling_margin")
-        rule = SamplingRule(tolerance=tolerance, rate=rate, hard_limit=max(tolerance, hard))
-    configured = checks.validator.logprob_atol
-    atol = configured if profile is None else max(configured, profile.per_sample_limit("logprob_gap"))
-    widened = checks.widened(sampling_tolerance=rule.tolerance, logprob_atol=atol)
-    return dataclasses.replace(widened, sampling_rule=rule)
+        rule = token_rule(profile.statistic("sampling_margin"), checks.validator.sampling_tolerance, statistic="margin")
+        logprob_rule = token_rule(profile.statistic("logprob_gap"), checks.validator.logprob_atol, statistic="|log-prob error|")
+    widened = checks.widened(sampling_tolerance=rule.tolerance)
+    return dataclasses.replace(widened, sampling_rule=rule, logprob_rule=logprob_rule)
