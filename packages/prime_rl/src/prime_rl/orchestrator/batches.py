@@ -89,6 +89,7 @@ class BatchBook(Mapping[str, StoredBatch]):
         self._metrics = metrics
         self._clock = clock
         self._batches: dict[str, StoredBatch] = {}
+        self._waiting: dict[str, StoredBatch] = {}  # awaiting verdicts, in submission order
 
     def __getitem__(self, batch_id: str) -> StoredBatch:
         return self._batches[batch_id]
@@ -106,6 +107,8 @@ class BatchBook(Mapping[str, StoredBatch]):
         for record in self._store.batch_records():
             batch = StoredBatch(record.meta, record.task_ids, verdicts.get(record.meta.batch_id))
             self._batches[batch.batch_id] = batch
+            if batch.verdicts is None:
+                self._waiting[batch.batch_id] = batch
             loaded.append(batch)
         return loaded
 
@@ -155,7 +158,7 @@ class BatchBook(Mapping[str, StoredBatch]):
         )
         samples = batch.samples
         self._store.write_batch(meta, rows)
-        self._batches[batch_id] = StoredBatch(meta, tuple(s.task_id for s in samples))
+        self._batches[batch_id] = self._waiting[batch_id] = StoredBatch(meta, tuple(s.task_id for s in samples))
         self._metrics.log(
             "batch_stored",
             batch_id=batch_id,
@@ -194,7 +197,11 @@ class BatchBook(Mapping[str, StoredBatch]):
 
     def waiting(self) -> list[StoredBatch]:
         """Batches awaiting verdicts, in submission order."""
-        return [batch for batch in self._batches.values() if batch.verdicts is None]
+        return list(self._waiting.values())
+
+    def waiting_count(self) -> int:
+        """How many batches await verdicts."""
+        return len(self._waiting)
 
     def expire_useless(self, step: int, async_level: int) -> None:
         """Verdict ``expired`` on unvalidated batches no step can use any more (not the worker's fault).
@@ -219,6 +226,7 @@ class BatchBook(Mapping[str, StoredBatch]):
                 ]
                 self._store.write_verdicts(batch.batch_id, verdicts)
                 batch.verdicts = verdicts
+                del self._waiting[batch.batch_id]
                 self._metrics.log(
                     "expired", batch_id=batch.batch_id, worker_id=batch.worker_id, policy_version=version
                 )
@@ -273,6 +281,7 @@ class BatchBook(Mapping[str, StoredBatch]):
         else:
             self._store.write_verdicts(batch.batch_id, verdicts)
             batch.verdicts = verdicts
+            self._waiting.pop(batch.batch_id, None)
             rejected = [v for v in verdicts if not v.accepted]
             self._metrics.log(
                 "verdicts",

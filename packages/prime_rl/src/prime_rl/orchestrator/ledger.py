@@ -140,7 +140,9 @@ class Ledger:
         self._load()
 
     def _load(self) -> None:
-        """Rebuild memory from the store: event log, then batches and verdicts, then claims."""
+        """Rebuild memory from the store: folded lease totals, event log, then batches and verdicts,
+        then claims."""
+        self.leases.restore_totals()
         for event in self.store.events():
             kind = event.get("event")
             if kind in WorkerRegistry.EVENTS:
@@ -230,7 +232,7 @@ class Ledger:
             weights_servers=self.config.shardcast.client_servers,
             weights_file=POLICY_FILENAME,
             workers=len(self.workers),
-            pending_batches=len(self.batches.waiting()),
+            pending_batches=self.batches.waiting_count(),
             time=self.clock(),
         )
 
