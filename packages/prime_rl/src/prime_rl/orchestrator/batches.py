@@ -45,12 +45,15 @@ EXPIRED = "expired"
 
 @dataclass
 class StoredBatch:
-    """One acknowledged batch (``verdicts`` None = awaiting validation; ``claimed``: sample indices)."""
+    """One acknowledged batch (``verdicts`` None = awaiting validation; ``claimed``: sample indices;
+    ``completion_lengths``: per sample, known when the batch was stored by this process, else None
+    until read back from the store)."""
 
     meta: BatchMeta
     task_ids: tuple[int, ...]
     verdicts: list[Verdict] | None = None
     claimed: set[int] = field(default_factory=set)
+    completion_lengths: tuple[int, ...] | None = None
 
     @property
     def batch_id(self) -> str:
@@ -158,7 +161,9 @@ class BatchBook(Mapping[str, StoredBatch]):
         )
         samples = batch.samples
         self._store.write_batch(meta, rows)
-        self._batches[batch_id] = self._waiting[batch_id] = StoredBatch(meta, tuple(s.task_id for s in samples))
+        self._batches[batch_id] = self._waiting[batch_id] = StoredBatch(
+            meta, tuple(s.task_id for s in samples), completion_lengths=tuple(len(s.completion_tokens) for s in samples)
+        )
         self._metrics.log(
             "batch_stored",
             batch_id=batch_id,
@@ -253,8 +258,10 @@ class BatchBook(Mapping[str, StoredBatch]):
             )
         return PendingResponse(batches=answer, pending_batches=len(waiting), policy_version=step, step=step)
 
-    def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
-        """Store one verdict per sample (idempotent for identical verdicts; 404/400/409 otherwise)."""
+    def record_verdicts(self, request: VerdictRequest, events: Sequence[dict[str, Any]] = ()) -> VerdictResponse:
+        """Store one verdict per sample (idempotent for identical verdicts; 404/400/409 otherwise).
+        ``events``: store events written in the same transaction as the verdicts (alone when the
+        verdicts were stored before); written unless this raises."""
         batch = self._batches.get(request.batch_id)
         if batch is None:
             raise ApiFailure(404, "not_found", f"unknown batch_id {request.batch_id!r}")
@@ -272,14 +279,15 @@ class BatchBook(Mapping[str, StoredBatch]):
         )
         accepted = sum(v.accepted for v in verdicts)
         if accepted:
-            self._check_logprobs(batch.batch_id, verdicts)
+            self._check_logprobs(batch, verdicts)
         if batch.verdicts is not None and not batch.expired:
             # (A batch the orchestrator expired while a validator was judging it takes the validator's
             # verdicts instead: its samples stay unusable (too old) but the accounting is the validator's.)
             if batch.verdicts != verdicts:
                 raise ApiFailure(409, "conflict", f"batch {request.batch_id} already has different verdicts")
+            self._store.append_events(events)
         else:
-            self._store.write_verdicts(batch.batch_id, verdicts)
+            self._store.write_verdicts(batch.batch_id, verdicts, events)
             batch.verdicts = verdicts
             self._waiting.pop(batch.batch_id, None)
             rejected = [v for v in verdicts if not v.accepted]
@@ -298,11 +306,13 @@ class BatchBook(Mapping[str, StoredBatch]):
             batch_id=request.batch_id, accepted=accepted, rejected=len(verdicts) - accepted
         )
 
-    def _check_logprobs(self, batch_id: str, verdicts: Sequence[Verdict]) -> None:
+    def _check_logprobs(self, batch: StoredBatch, verdicts: Sequence[Verdict]) -> None:
         """ApiFailure 400 unless every accepted verdict has one log-prob per completion token: the
         trainer learns from these, never from the worker's claim, so they must be complete."""
-        table = self._store.read_batch(batch_id)
-        lengths = [len(tokens) for tokens in table.column("completion_tokens").to_pylist()]
+        if batch.completion_lengths is None:  # stored before a restart: read back once
+            table = self._store.read_batch(batch.batch_id)
+            batch.completion_lengths = tuple(len(tokens) for tokens in table.column("completion_tokens").to_pylist())
+        lengths = batch.completion_lengths
         for verdict in verdicts:
             if verdict.accepted and len(verdict.logprobs) != lengths[verdict.sample_index]:
                 raise ApiFailure(

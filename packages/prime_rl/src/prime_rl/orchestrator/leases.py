@@ -97,8 +97,9 @@ class LeaseBook:
         self._answered: Counter[str] = Counter()
         self._expired_at: Counter[str] = Counter()  # per client address
         self._answered_at: Counter[str] = Counter()
-        self._open: Counter[str] = Counter()  # open leases per worker
-        self._open_at: dict[str, Counter[str]] = {}  # open leases per address, per worker
+        # Plain dicts, not Counters: Counter's __delitem__ is Python code, and a replay deletes often.
+        self._open: dict[str, int] = {}  # open leases per worker (no zero entries)
+        self._open_at: dict[str, dict[str, int]] = {}  # open leases per address, per worker
         self._deadlines: list[tuple[float, str, int]] = []  # heap of (deadline, worker_id, batch_index)
         self._answered_unfolded: list[HeldLease] = []
 
@@ -113,11 +114,11 @@ class LeaseBook:
 
     def open_count(self, worker_id: str) -> int:
         """Unanswered, unexpired leases ``worker_id`` holds."""
-        return self._open[worker_id]
+        return self._open.get(worker_id, 0)
 
     def open_at(self, address: str, among: Callable[[str], bool] = lambda worker_id: True) -> int:
         """Unanswered, unexpired leases handed to client ``address`` to workers ``among`` admits."""
-        return sum(count for worker_id, count in self._open_at.get(address, Counter()).items() if among(worker_id))
+        return sum(count for worker_id, count in self._open_at.get(address, {}).items() if among(worker_id))
 
     def issued(self, worker_id: str) -> int:
         return self._issued[worker_id]
@@ -159,7 +160,7 @@ class LeaseBook:
         if event.get("event") == "lease":
             reissues = event.get("reissues")
             self._apply(
-                LeaseRecord.model_construct(**event["lease"]),  # trusted: written by this book
+                LeaseRecord.model_validate(event["lease"]),  # (model_construct is slower: Python per field)
                 (reissues[0], reissues[1]) if reissues else None,
                 str(event.get("address", "")),
             )
@@ -200,8 +201,10 @@ class LeaseBook:
     def _apply(self, record: LeaseRecord, reissues: tuple[str, int] | None, address: str) -> HeldLease:
         lease = HeldLease(record, address)
         self._leases[(record.worker_id, record.batch_index)] = lease
-        self._open[record.worker_id] += 1
-        self._open_at.setdefault(address, Counter())[record.worker_id] += 1
+        worker_id = record.worker_id
+        self._open[worker_id] = self._open.get(worker_id, 0) + 1
+        at = self._open_at.setdefault(address, {})
+        at[worker_id] = at.get(worker_id, 0) + 1
         heapq.heappush(self._deadlines, (record.deadline, record.worker_id, record.batch_index))
         self._next_index[record.worker_id] = max(self.next_index(record.worker_id), record.batch_index + 1)
         self._issued[record.worker_id] += 1
@@ -214,13 +217,15 @@ class LeaseBook:
     def _close(self, lease: HeldLease) -> None:
         """Uncount an open lease that is being answered or expired."""
         worker_id = lease.record.worker_id
-        self._open[worker_id] -= 1
         at = self._open_at[lease.address]
-        at[worker_id] -= 1
-        if not at[worker_id]:
+        if at[worker_id] == 1:
             del at[worker_id]
-        if not self._open[worker_id]:
+        else:
+            at[worker_id] -= 1
+        if self._open[worker_id] == 1:
             del self._open[worker_id]
+        else:
+            self._open[worker_id] -= 1
 
     def _mark_expired(self, lease: HeldLease) -> None:
         if lease.open:

@@ -327,9 +327,14 @@ class Ledger:
         return self.batches.pending(limit, self.step)
 
     def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
-        answer = self.batches.record_verdicts(request)
-        batch = self.batches[request.batch_id]
-        self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], request.worker_evidence)
+        """Store the verdicts and count the judgement for release in one store transaction."""
+        batch = self.batches.get(request.batch_id)
+        judged = None
+        if batch is not None:  # (unknown: 404 from the batch book)
+            judged = self.release.judged_event(batch.batch_id, batch.worker_id, request.verdicts, request.worker_evidence)
+        answer = self.batches.record_verdicts(request, [judged] if judged is not None else [])
+        if judged is not None:
+            self.release.replay(judged)
         return answer
 
     # ------------------------------------------------------------------ trainer

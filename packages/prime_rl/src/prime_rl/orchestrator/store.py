@@ -381,12 +381,17 @@ class RolloutStore:
 
     # ------------------------------------------------------------- verdicts
 
-    def write_verdicts(self, batch_id: str, verdicts: Sequence[Verdict]) -> None:
-        """Store (or replace) the verdicts of ``batch_id``, durably."""
+    def write_verdicts(self, batch_id: str, verdicts: Sequence[Verdict], events: Sequence[dict[str, Any]] = ()) -> None:
+        """Store (or replace) the verdicts of ``batch_id`` and append ``events``, durably, in one transaction."""
         try:
-            self.db.write("INSERT OR REPLACE INTO verdicts VALUES (?, ?)", [(batch_id, _verdicts_json(verdicts))])
-        except StateDBError as error:
-            raise StoreError(str(error)) from error
+            with self.db.transaction() as connection:
+                connection.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?)", (batch_id, _verdicts_json(verdicts)))
+                connection.executemany(
+                    "INSERT INTO events (kind, worker_id, batch_index, body) VALUES (?, ?, ?, ?)",
+                    [_event_row(event) for event in events],
+                )
+        except (StateDBError, sqlite3.Error) as error:
+            raise StoreError(f"could not write the verdicts of {batch_id}: {error}") from error
 
     def all_verdicts(self) -> dict[str, list[Verdict]]:
         # Trusted data written by this store: constructed without re-validation.
