@@ -33,9 +33,9 @@ per lease request; a lease took 0.72 ms at the start of a run and 2.11 ms after 
 from __future__ import annotations
 
 import heapq
+import json
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prime_rl.api.assignment import sampling_seeds, task_ids
@@ -59,15 +59,44 @@ class TaskPrompts(Protocol):
     def prompt(self, task_id: int) -> str: ...
 
 
-@dataclass
 class HeldLease:
-    """One issued lease and what became of it (``answered`` by a batch, ``expired``, ``reissued``)."""
+    """One issued lease and what became of it (``answered`` by a batch, ``expired``, ``reissued``).
 
-    record: LeaseRecord
-    address: str = ""
-    answered: bool = False
-    expired: bool = False
-    reissued: bool = False
+    ``record`` is parsed from the stored event when first read (a restart replays many leases and
+    reads few records); ``worker_id``, ``batch_index``, ``deadline`` and ``address`` are at hand.
+    """
+
+    __slots__ = ("_body", "_record", "address", "answered", "batch_index", "deadline", "expired", "reissued", "worker_id")
+
+    def __init__(
+        self,
+        worker_id: str,
+        batch_index: int,
+        deadline: float,
+        address: str = "",
+        *,
+        record: LeaseRecord | None = None,
+        body: str | None = None,
+    ) -> None:
+        self.worker_id, self.batch_index, self.deadline, self.address = worker_id, batch_index, deadline, address
+        self._record, self._body = record, body
+        self.answered = self.expired = self.reissued = False
+
+    @classmethod
+    def of(cls, record: LeaseRecord, address: str = "") -> HeldLease:
+        return cls(record.worker_id, record.batch_index, record.deadline, address, record=record)
+
+    @property
+    def record(self) -> LeaseRecord:
+        if self._record is None:
+            assert self._body is not None
+            self._record = LeaseRecord.model_validate(json.loads(self._body)["lease"])
+            self._body = None
+        return self._record
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.worker_id, self.batch_index
 
     @property
     def open(self) -> bool:
@@ -155,26 +184,27 @@ class LeaseBook:
             self._answered_at[address] += totals.answered
             self._expired_at[address] += totals.expired
 
-    def replay(self, event: dict[str, Any]) -> None:
-        """Apply one logged event of a kind in ``EVENTS`` (restart rebuild)."""
-        if event.get("event") == "lease":
-            reissues = event.get("reissues")
-            self._apply(
-                LeaseRecord.model_validate(event["lease"]),  # (model_construct is slower: Python per field)
-                (reissues[0], reissues[1]) if reissues else None,
-                str(event.get("address", "")),
-            )
-        else:
-            lease = self._leases.get((event["worker_id"], event["batch_index"]))
-            if lease is not None:
+    def load(self) -> None:
+        """Rebuild from the store after a restart: the folded totals, then the lease events in order
+        (read as columns; a lease's record is parsed only when something reads it)."""
+        self.restore_totals()
+        for kind, worker_id, batch_index, deadline, address, reissues_worker, reissues_index, body in (
+            self._store.lease_events()
+        ):
+            if kind == "lease":
+                reissues = (reissues_worker, reissues_index) if reissues_worker is not None else None
+                self._add(HeldLease(worker_id, batch_index, deadline, address, body=body), reissues)
+            elif (lease := self._leases.get((worker_id, batch_index))) is not None:
                 self._mark_expired(lease)
 
     def queue_expired_after_replay(self) -> None:
-        """Rebuild the reassignment queue (deadline order) once every event and batch is replayed,
-        and fold the answered leases."""
-        for lease in sorted(self._leases.values(), key=lambda lease: lease.record.deadline):
+        """Rebuild the reassignment queue and the deadline heap once every event and batch is
+        replayed, and fold the answered leases."""
+        for lease in sorted(self._leases.values(), key=lambda lease: lease.deadline):
             if lease.expired and not lease.answered and not lease.reissued:
                 self._reassign_queue.append(lease)
+        self._deadlines = [(lease.deadline, lease.worker_id, lease.batch_index) for lease in self._leases.values() if lease.open]
+        heapq.heapify(self._deadlines)
         self.fold()
 
     def fold(self) -> None:
@@ -185,38 +215,36 @@ class LeaseBook:
         workers: dict[str, LeaseTotals] = {}
         addresses: dict[str, LeaseTotals] = {}
         for lease in self._answered_unfolded:
-            record, expired = lease.record, int(lease.expired)
-            old = workers.get(record.worker_id, LeaseTotals())
-            workers[record.worker_id] = LeaseTotals(
-                old.issued + 1, old.answered + 1, old.expired + expired, max(old.next_index, record.batch_index + 1)
+            expired = int(lease.expired)
+            old = workers.get(lease.worker_id, LeaseTotals())
+            workers[lease.worker_id] = LeaseTotals(
+                old.issued + 1, old.answered + 1, old.expired + expired, max(old.next_index, lease.batch_index + 1)
             )
             at = addresses.get(lease.address, LeaseTotals())
             addresses[lease.address] = LeaseTotals(answered=at.answered + 1, expired=at.expired + expired)
-        keys = [(lease.record.worker_id, lease.record.batch_index) for lease in self._answered_unfolded]
+        keys = [lease.key for lease in self._answered_unfolded]
         self._store.fold_leases(keys, workers, addresses)
         for key in keys:
             del self._leases[key]
         self._answered_unfolded.clear()
 
-    def _apply(self, record: LeaseRecord, reissues: tuple[str, int] | None, address: str) -> HeldLease:
-        lease = HeldLease(record, address)
-        self._leases[(record.worker_id, record.batch_index)] = lease
-        worker_id = record.worker_id
+    def _add(self, lease: HeldLease, reissues: tuple[str, int] | None) -> None:
+        """Count a newly issued (or replayed) open lease; mark the lease it reissues."""
+        worker_id = lease.worker_id
+        self._leases[lease.key] = lease
         self._open[worker_id] = self._open.get(worker_id, 0) + 1
-        at = self._open_at.setdefault(address, {})
+        at = self._open_at.setdefault(lease.address, {})
         at[worker_id] = at.get(worker_id, 0) + 1
-        heapq.heappush(self._deadlines, (record.deadline, record.worker_id, record.batch_index))
-        self._next_index[record.worker_id] = max(self.next_index(record.worker_id), record.batch_index + 1)
-        self._issued[record.worker_id] += 1
+        self._next_index[worker_id] = max(self._next_index.get(worker_id, 0), lease.batch_index + 1)
+        self._issued[worker_id] += 1
         if reissues is not None and reissues in self._leases:
             self._leases[reissues].reissued = True
-        return lease
 
     # ------------------------------------------------------------------ changes
 
     def _close(self, lease: HeldLease) -> None:
         """Uncount an open lease that is being answered or expired."""
-        worker_id = lease.record.worker_id
+        worker_id = lease.worker_id
         at = self._open_at[lease.address]
         if at[worker_id] == 1:
             del at[worker_id]
@@ -231,7 +259,7 @@ class LeaseBook:
         if lease.open:
             self._close(lease)
         lease.expired = True
-        self._expired[lease.record.worker_id] += 1
+        self._expired[lease.worker_id] += 1
         self._expired_at[lease.address] += 1
 
     def mark_answered(self, worker_id: str, batch_index: int) -> None:
@@ -266,8 +294,8 @@ class LeaseBook:
                 [
                     {
                         "event": "lease_expired",
-                        "worker_id": lease.record.worker_id,
-                        "batch_index": lease.record.batch_index,
+                        "worker_id": lease.worker_id,
+                        "batch_index": lease.batch_index,
                         "time": now,
                     }
                     for lease in due
@@ -275,8 +303,7 @@ class LeaseBook:
             )
         except BaseException:
             for lease in due:
-                record = lease.record
-                heapq.heappush(self._deadlines, (record.deadline, record.worker_id, record.batch_index))
+                heapq.heappush(self._deadlines, (lease.deadline, lease.worker_id, lease.batch_index))
             raise
         for lease in due:
             record = lease.record
@@ -295,7 +322,7 @@ class LeaseBook:
         """The oldest expired, unanswered lease abandoned at another address, else the oldest one
         abandoned by another worker at ``address``; None when only ``worker_id``'s own wait."""
         self._reassign_queue = deque(lease for lease in self._reassign_queue if not lease.answered)
-        others = [lease for lease in self._reassign_queue if lease.record.worker_id != worker_id]
+        others = [lease for lease in self._reassign_queue if lease.worker_id != worker_id]
         chosen = next((lease for lease in others if lease.address != address), None)
         chosen = chosen or next(iter(others), None)
         if chosen is not None:
@@ -347,7 +374,8 @@ class LeaseBook:
                 "time": now,
             }
         )
-        self._apply(record, reissues, address)
+        self._add(HeldLease.of(record, address), reissues)
+        heapq.heappush(self._deadlines, (record.deadline, worker_id, index))
         self._metrics.log(
             "lease",
             worker_id=worker_id,

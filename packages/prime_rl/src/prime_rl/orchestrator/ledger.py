@@ -140,15 +140,13 @@ class Ledger:
         self._load()
 
     def _load(self) -> None:
-        """Rebuild memory from the store: folded lease totals, event log, then batches and verdicts,
-        then claims."""
-        self.leases.restore_totals()
-        for event in self.store.events():
+        """Rebuild memory from the store: leases (folded totals, lease events), the other events,
+        then batches and verdicts, then claims."""
+        self.leases.load()  # its own events, read as columns
+        for event in self.store.events(skip=LeaseBook.EVENTS):
             kind = event.get("event")
             if kind in WorkerRegistry.EVENTS:
                 self.workers.replay(event)
-            elif kind in LeaseBook.EVENTS:
-                self.leases.replay(event)
             elif kind in ReleaseBook.EVENTS:
                 self.release.replay(event)
             elif kind == "commit":

@@ -181,28 +181,34 @@ def _claim_json(sample_ids: Sequence[SampleId]) -> str:
     return json.dumps([[s.batch_id, s.index] for s in sample_ids], separators=(",", ":"))
 
 
-def _event_row(event: dict[str, Any]) -> tuple[str, str | None, int | None, str]:
+_EVENT_COLUMNS = "kind, worker_id, batch_index, deadline, address, reissues_worker, reissues_index, body"
+_INSERT_EVENT = f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+
+
+def _event_row(event: dict[str, Any]) -> tuple[Any, ...]:
+    """The ``events`` row of ``event``: lease events also as columns (a restart reads those, not the JSON)."""
     kind = str(event.get("event", ""))
-    keyed = kind in LEASE_EVENTS
+    body = json.dumps(event, separators=(",", ":"), allow_nan=False)
     if kind == "lease":
-        worker_id, batch_index = event["lease"]["worker_id"], event["lease"]["batch_index"]
-    else:
-        worker_id, batch_index = event.get("worker_id"), event.get("batch_index")
-    return (
-        kind,
-        str(worker_id) if keyed else None,
-        int(batch_index) if keyed else None,
-        json.dumps(event, separators=(",", ":"), allow_nan=False),
-    )
+        lease, reissues = event["lease"], event.get("reissues")
+        return (
+            kind, str(lease["worker_id"]), int(lease["batch_index"]), float(lease["deadline"]),
+            str(event.get("address", "")), str(reissues[0]) if reissues else None,
+            int(reissues[1]) if reissues else None, body,
+        )  # fmt: skip
+    if kind == "lease_expired":
+        return kind, str(event["worker_id"]), int(event["batch_index"]), None, None, None, None, body
+    return kind, None, None, None, None, None, None, body
 
 
 def _schema_v1(root: Path) -> Callable[[sqlite3.Connection], None]:
     """Version 1: the tables, and the import of a data dir written before SQLite."""
 
     def migrate(connection: sqlite3.Connection) -> None:
+        # Lease events carry their keys, deadline, address and reissued lease as columns too.
         connection.execute(
-            "CREATE TABLE events (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, worker_id TEXT, "
-            "batch_index INTEGER, body TEXT NOT NULL)"
+            "CREATE TABLE events (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, worker_id TEXT, batch_index INTEGER, "
+            "deadline REAL, address TEXT, reissues_worker TEXT, reissues_index INTEGER, body TEXT NOT NULL)"
         )
         connection.execute("CREATE INDEX events_by_lease ON events (worker_id, batch_index) WHERE worker_id IS NOT NULL")
         connection.execute(
@@ -219,10 +225,13 @@ def _schema_v1(root: Path) -> Callable[[sqlite3.Connection], None]:
         )
         journal = root / "journal.jsonl"
         events = read_jsonl_journal(journal, "orchestrator journal")
-        connection.executemany(
-            "INSERT INTO events (kind, worker_id, batch_index, body) VALUES (?, ?, ?, ?)",
-            (_event_row(event) for event in events),
-        )
+        rows = []
+        for number, event in enumerate(events):
+            try:
+                rows.append(_event_row(event))
+            except (KeyError, TypeError, ValueError, IndexError) as error:
+                log.warning("orchestrator journal: skipped malformed event %d (%r)", number, error)
+        connection.executemany(_INSERT_EVENT, rows)
         for path in sorted((root / "verdicts").glob("*.parquet")):
             rows = pq.read_table(path).to_pylist()
             verdicts = [Verdict.model_construct(**row) for row in rows]
@@ -291,17 +300,24 @@ class RolloutStore:
         if not events:
             return
         try:
-            self.db.write(
-                "INSERT INTO events (kind, worker_id, batch_index, body) VALUES (?, ?, ?, ?)",
-                [_event_row(event) for event in events],
-            )
+            self.db.write(_INSERT_EVENT, [_event_row(event) for event in events])
         except StateDBError as error:
             raise StoreError(str(error)) from error
 
-    def events(self) -> Iterator[dict[str, Any]]:
-        """Replay the event log in order."""
-        for (body,) in self.db.read("SELECT body FROM events ORDER BY seq"):
+    def events(self, skip: Iterable[str] = ()) -> Iterator[dict[str, Any]]:
+        """Replay the event log in order (without the kinds in ``skip``)."""
+        skipped = sorted(skip)
+        where = f"WHERE kind NOT IN ({', '.join('?' * len(skipped))})" if skipped else ""
+        for (body,) in self.db.read(f"SELECT body FROM events {where} ORDER BY seq", skipped):
             yield json.loads(body)
+
+    def lease_events(self) -> list[tuple[Any, ...]]:
+        """The ``lease`` and ``lease_expired`` events in order, as rows ``(kind, worker_id,
+        batch_index, deadline, address, reissues_worker, reissues_index, body)`` (``lease_expired``
+        rows carry only the first three)."""
+        return self.db.read(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE kind IN ('lease', 'lease_expired') ORDER BY seq"
+        )
 
     def event_count(self) -> int:
         """Events in the log (folded leases no longer count)."""
@@ -386,10 +402,7 @@ class RolloutStore:
         try:
             with self.db.transaction() as connection:
                 connection.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?)", (batch_id, _verdicts_json(verdicts)))
-                connection.executemany(
-                    "INSERT INTO events (kind, worker_id, batch_index, body) VALUES (?, ?, ?, ?)",
-                    [_event_row(event) for event in events],
-                )
+                connection.executemany(_INSERT_EVENT, [_event_row(event) for event in events])
         except (StateDBError, sqlite3.Error) as error:
             raise StoreError(f"could not write the verdicts of {batch_id}: {error}") from error
 
