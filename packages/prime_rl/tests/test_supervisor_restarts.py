@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -43,7 +44,6 @@ def test_restart_policy_and_backoff_budget(config_for: Any) -> None:
 
     supervisor = Supervisor(config, None, [], MetricsWriter(None, role="run", name="run"), restart_budget=2,
                             backoff_s=1.0, max_backoff_s=1.5)  # fmt: skip
-    assert not supervisor.schedule_restart(_Dead("trainer", "trainer", 1, 2.0))  # type: ignore[arg-type]  # never came up
     dead = _Dead("validator", "validator", -9, 600.0)
     started = time.monotonic()
     assert supervisor.schedule_restart(dead)  # type: ignore[arg-type]
@@ -54,6 +54,46 @@ def test_restart_policy_and_backoff_budget(config_for: Any) -> None:
     supervisor.restarts["validator"].append(time.monotonic())
     assert 0.9 < first < 1.1 and 1.4 < second < 1.6  # 1 s, then doubled but capped at 1.5 s
     assert not supervisor.schedule_restart(dead)  # type: ignore[arg-type]  # budget of 2 spent
+
+
+class StandInSupervisor(Supervisor):
+    """A real orchestrator; stand-ins for the rest: the validator exits 0 at its first start (a stray
+    SIGTERM) and sleeps at its second; the trainer, once the validator is back, dies of the same
+    error at every start (a wrong configuration); every other role sleeps until it is stopped."""
+
+    def _argv(self, spec: ChildSpec) -> list[str]:
+        if spec.role == "orchestrator":
+            return super()._argv(spec)
+        first, second = str(self.run_dir / "validator-1"), str(self.run_dir / "validator-2")
+        if spec.role == "validator":
+            code = (f"import pathlib, time\nif not pathlib.Path({first!r}).exists():\n"
+                    f"    pathlib.Path({first!r}).write_text('')\nelse:\n"
+                    f"    pathlib.Path({second!r}).write_text(''); time.sleep(120)")  # fmt: skip
+        elif spec.role == "trainer":
+            code = (f"import pathlib, time\nwhile not pathlib.Path({second!r}).exists(): time.sleep(0.1)\n"
+                    "raise ValueError('no model here')")  # fmt: skip
+        else:
+            code = "import time; time.sleep(120)"
+        return [sys.executable, "-c", code]
+
+
+def test_a_validator_exiting_0_is_restarted_and_a_repeated_error_fails_the_run(tmp_path: Path) -> None:
+    from prime_rl.launch.local import free_port
+
+    overrides = ["--run_dir", str(tmp_path), "--orchestrator.port", str(free_port()), "--evaluator.enabled", "false",
+                 "--orchestrator.connect_timeout_s", "60"]  # fmt: skip
+    config = load_config(None, overrides)
+    metrics = MetricsWriter(tmp_path / "run.jsonl", role="run", name="run")
+    supervisor = StandInSupervisor(config, None, overrides, metrics, on_progress=lambda line: None, backoff_s=0.1)
+    try:
+        assert supervisor.run() == 1
+    finally:
+        supervisor.stop_all()
+    events = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert [e["child"] for e in events if e["event"] == "child_restarted"] == ["validator", "trainer"]
+    assert [e["child"] for e in events if e["event"] == "child_died"] == ["trainer"]
+    (failed,) = [e for e in events if e["event"] == "failed"]
+    assert failed["child"] == "trainer" and failed["error"] == "ValueError: no model here"
 
 
 def _started(helpers: Any, run_dir: Path, name: str) -> list[dict[str, Any]]:

@@ -18,7 +18,8 @@ stops every child (SIGTERM to its process group, SIGKILL after ``STOP_GRACE_S``)
 Restarts: a child that dies while the run goes on is started again (same command; its error and log
 are reported first), after an exponential backoff (``backoff_s``, doubling per recent restart, at
 most ``max_backoff_s``), within a budget of ``restart_budget`` restarts per child in
-``RESTART_WINDOW_S``; past the budget the run fails as it did before restarts existed. What
+``RESTART_WINDOW_S``; past the budget, or when a child dies of the same error twice in a row (a
+wrong configuration does not heal by restarting), the run fails as it did before restarts existed. What
 restarts (:func:`should_restart`): the orchestrator, the shardcast origin and relays, whatever their
 exit code (none ends on its own while the run goes on); the validator whatever its exit code too,
 so a run never goes on without one (a validator stopped by a stray SIGTERM exits 0), unless it
@@ -92,9 +93,6 @@ BACKOFF_S = 1.0
 """Wait before a child's first restart in the window; doubled per further one."""
 MAX_BACKOFF_S = 30.0
 """Longest wait before a restart."""
-START_UP_S = 30.0
-"""A child whose first start dies (non-zero) within this many seconds failed to start: a wrong
-configuration does not heal by restarting, so the run fails at once, as before restarts existed."""
 
 
 @dataclass(frozen=True)
@@ -241,6 +239,7 @@ class Supervisor:
         self.max_backoff_s = max_backoff_s
         self.restarts: dict[str, list[float]] = {}  # child name -> monotonic times of its restarts
         self._due: dict[str, tuple[float, ChildSpec]] = {}  # child name -> (restart time, spec)
+        self.last_errors: dict[str, str | None] = {}  # child name -> the error its last death printed
         self._stopping = False
         self._tty = sys.stdout.isatty()
         self.on_progress = on_progress if on_progress is not None else self._show
@@ -288,11 +287,8 @@ class Supervisor:
         return exited
 
     def schedule_restart(self, child: _Child) -> bool:
-        """Plan ``child``'s restart after its backoff; False when its restart budget is spent or its
-        first start failed within ``START_UP_S``."""
+        """Plan ``child``'s restart after its backoff; False when its restart budget is spent."""
         name, now = child.spec.name, time.monotonic()
-        if name not in self.restarts and child.exit_code and time.time() - child.started_at < START_UP_S:
-            return False
         recent = [t for t in self.restarts.get(name, []) if now - t < RESTART_WINDOW_S]
         self.restarts[name] = recent
         if len(recent) >= self.restart_budget:
@@ -317,16 +313,20 @@ class Supervisor:
             child = self.start(spec)
             self.metrics.log("child_restarted", child=name, pid=child.process.pid, restarts=len(self.restarts[name]))
 
+    def error_of(self, child: _Child) -> str | None:
+        """The error ``child`` died of, read from this start's output (:func:`first_error`)."""
+        try:
+            with self._output_path(child.spec).open("rb") as handle:
+                handle.seek(child.output_offset)
+                return first_error(handle.read().decode("utf-8", errors="replace"))
+        except OSError:
+            return None
+
     def report_failure(self, child: _Child, restarting: bool = False) -> None:
         """Log that ``child`` failed, with the error read from its output, and where its log is
         (``restarting``: a warning and a ``child_died`` metrics line; the run goes on)."""
         path = self._output_path(child.spec)
-        try:
-            with path.open("rb") as handle:
-                handle.seek(child.output_offset)
-                error = first_error(handle.read().decode("utf-8", errors="replace"))
-        except OSError:
-            error = None
+        error = self.error_of(child)
         log.log(
             logging.WARNING if restarting else logging.ERROR,
             "%s %s with exit code %s: %s\n  (full output: %s)",
@@ -461,9 +461,14 @@ class Supervisor:
                     trainer_done_at = time.monotonic()
                     log.info("trainer finished all steps")
                 elif trainer_done_at is None and should_restart(self.config, child.spec, child.exit_code or 0):
-                    if not self.schedule_restart(child):
+                    # The same error twice in a row (a wrong configuration, a missing file) does not
+                    # heal by restarting: the run fails, as it did before restarts existed.
+                    error = self.error_of(child) if child.exit_code else None
+                    repeated = error is not None and error == self.last_errors.get(child.spec.name)
+                    if repeated or not self.schedule_restart(child):
                         self.report_failure(child)
                         return 1
+                    self.last_errors[child.spec.name] = error
                     if child.exit_code != 0:
                         self.report_failure(child, restarting=True)
                 elif child.exit_code != 0:
