@@ -1,10 +1,10 @@
 """Task leases: which tasks each worker was handed, until when, and reassignment of expired ones.
 
-``LeaseBook`` owns every lease ever issued (keyed by ``(worker_id, batch_index)``), each worker's
-next batch index, and the queue of expired, unanswered leases whose tasks the next lease of
-*another* worker takes over before any fresh task is handed out. It writes and replays the store
-events ``lease`` and ``lease_expired`` (durable write before the memory change, like the rest of
-the ledger).
+``LeaseBook`` owns the leases of a run (keyed by ``(worker_id, batch_index)``; answered ones folded
+into counts, see Cost below), each worker's next batch index, and the queue of expired, unanswered
+leases whose tasks the next lease of *another* worker takes over before any fresh task is handed
+out. It writes the store events ``lease`` and ``lease_expired`` (durable write before the memory
+change, like the rest of the ledger) and ``load`` reads them back after a restart.
 
 Walking away changes nothing: an expired lease's tasks go to the next lease of a worker at
 another client address if one asks, else of another worker at the same address, never to the
@@ -108,7 +108,7 @@ class LeaseBook:
     """All leases of a run (see module docstring)."""
 
     EVENTS = frozenset({"lease", "lease_expired"})
-    """Store event kinds this book writes and replays."""
+    """Store event kinds this book writes (and reads back in ``load``)."""
 
     def __init__(
         self, config: RunConfig, tasks: Any, store: RolloutStore, metrics: MetricsWriter, *, key: bytes
@@ -174,7 +174,7 @@ class LeaseBook:
     # ------------------------------------------------------------------ recovery
 
     def restore_totals(self) -> None:
-        """Add the store's folded totals to the counters (restart rebuild, before ``replay``)."""
+        """Add the store's folded totals to the counters (the first step of ``load``)."""
         for worker_id, totals in self._store.lease_totals().items():
             self._issued[worker_id] += totals.issued
             self._answered[worker_id] += totals.answered

@@ -42,8 +42,9 @@ for the budget (about ``1 / probation_release_share`` times their tokens of trus
 Durable like the rest of the ledger: one ``judged`` store event per batch whose verdicts the
 validator posted (the worker's accepted tokens and evidence after it); ``replay`` rebuilds the
 same state, probation and budget included, since both are functions of the ``judged`` events in
-order. A batch with verdicts but no ``judged`` event (a crash between the two writes) is counted
-when the ledger loads.
+order. The ``judged`` event is written in the same store transaction as the batch's verdicts
+(``Ledger.record_verdicts``); a batch with verdicts but no ``judged`` event (a data dir written
+before, when a crash could fall between the two writes) is counted when the ledger loads.
 """
 
 from __future__ import annotations
