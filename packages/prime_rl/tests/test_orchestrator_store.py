@@ -143,6 +143,12 @@ def test_answered_leases_fold_into_totals_and_a_restart_answers_the_same(config_
     assert totals == [(honest.worker_id, 7, 7, 0, 7)]
     _answer(rebuilt, still_open)  # the lease kept one by one is still answerable after the fold
     assert rebuilt.leases.answered(honest.worker_id) == 8 and rebuilt.leases.open_count(honest.worker_id) == 0
+    # answered, but it took over an abandoned lease's tasks: the log keeps it (who answered whose tasks)
+    _open(config, now)
+    reissues = [e for e in RolloutStore(config.orchestrator_data_dir).events() if e["event"] == "lease" and e["reissues"]]
+    assert [(e["lease"]["worker_id"], e["lease"]["batch_index"], tuple(e["reissues"])) for e in reissues] == [
+        (honest.worker_id, still_open.batch_index, (flaky.worker_id, abandoned.batch_index))
+    ]
 
 
 def test_a_store_with_a_newer_schema_refuses_to_open(tmp_path: Path) -> None:
