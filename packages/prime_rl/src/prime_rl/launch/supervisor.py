@@ -463,12 +463,12 @@ class Supervisor:
                 elif trainer_done_at is None and should_restart(self.config, child.spec, child.exit_code or 0):
                     # The same error twice in a row (a wrong configuration, a missing file) does not
                     # heal by restarting: the run fails, as it did before restarts existed.
-                    error = self.error_of(child) if child.exit_code else None
-                    repeated = error is not None and error == self.last_errors.get(child.spec.name)
+                    died_of = self.error_of(child) if child.exit_code else None
+                    repeated = died_of is not None and died_of == self.last_errors.get(child.spec.name)
                     if repeated or not self.schedule_restart(child):
                         self.report_failure(child)
                         return 1
-                    self.last_errors[child.spec.name] = error
+                    self.last_errors[child.spec.name] = died_of
                     if child.exit_code != 0:
                         self.report_failure(child, restarting=True)
                 elif child.exit_code != 0:
