@@ -26,14 +26,15 @@ from import_graph import find_cycles  # tests/support: the cycle finder the libr
 import prime_rl
 
 PACKAGE_ROOT = Path(prime_rl.__file__).parent
-TOP_LEVEL = {"cli", "tasks", "reward", "episodes", "role", "metrics", "trackers", "devices", "durable", "_name_clash"}  # besides __init__
+TOP_LEVEL = {"cli", "tasks", "reward", "episodes", "role", "metrics", "trackers", "devices", "durable", "statedb", "_name_clash"}  # besides __init__
 
 # Room -> rooms it may import (besides itself). Top-level modules count as rooms of their own name.
 ALLOWED: dict[str, set[str]] = {
     "config": set(),
     "metrics": set(),
     "trackers": {"config", "metrics"},  # W&B / TensorBoard fed from the metrics events, beside metrics.py
-    "durable": set(),  # atomic durable writes: the orchestrator's tables, checkpoints, weights files
+    "durable": set(),  # atomic durable writes: rollout batches, checkpoints, weights files, worker identities
+    "statedb": set(),  # control-plane state in SQLite: the orchestrator's store, the validator's journal
     "devices": set(),  # config device/dtype names -> torch objects
     "tasks": {"config"},
     "reward": {"config", "tasks"},  # the reward contract, next to the tasks it scores
@@ -42,10 +43,11 @@ ALLOWED: dict[str, set[str]] = {
     "api": {"config"},
     "weights": {"config", "metrics", "durable"},
     # weights: only the torch-free layout (POLICY_FILENAME), which TORCH_FREE below enforces
-    "orchestrator": {"config", "api", "tasks", "metrics", "durable", "weights"},
+    "orchestrator": {"config", "api", "tasks", "metrics", "durable", "statedb", "weights"},
     "inference": {"config", "tasks", "weights", "metrics", "devices"},
-    "worker": {"config", "api", "inference", "weights", "tasks", "reward", "episodes", "role", "metrics", "devices"},
-    "validator": {"config", "api", "inference", "weights", "tasks", "reward", "episodes", "role", "metrics", "devices", "durable"},
+    "worker": {"config", "api", "inference", "weights", "tasks", "reward", "episodes", "role", "metrics", "devices", "durable"},
+    "validator": {"config", "api", "inference", "weights", "tasks", "reward", "episodes", "role", "metrics", "devices", "durable",
+                  "statedb"},
     "trainer": {"config", "api", "weights", "role", "metrics", "devices", "durable"},
     "evaluator": {"config", "inference", "weights", "tasks", "metrics", "devices"},
     "launch": {"config", "api", "weights", "metrics", "devices"},
@@ -55,7 +57,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 # Module-name prefixes that must never reach torch: the control plane runs on any small machine.
 TORCH_FREE = ("prime_rl.config", "prime_rl.api", "prime_rl.orchestrator", "prime_rl.tasks", "prime_rl.metrics",
-              "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report", "prime_rl.launch.progress", "prime_rl.durable",
+              "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report", "prime_rl.launch.progress", "prime_rl.durable", "prime_rl.statedb",
               "prime_rl.weights.layout", "prime_rl.launch.model_cache", "prime_rl.trackers")
 TORCH_MODULES = {"torch", "transformers", "safetensors", "vllm"}
 

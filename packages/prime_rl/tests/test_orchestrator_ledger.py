@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -199,14 +200,22 @@ def test_restart_keeps_expired_leases_queued_for_reassignment(config_for: Any) -
     assert stats[live.worker_id].leases_issued == 1
 
 
-def test_a_lease_rejected_for_machine_reasons_only_goes_to_another_identity(config_for: Any) -> None:
+@pytest.mark.parametrize("fold_every", [1024, 1], ids=["no fold", "fold at every judged lease"])
+def test_a_lease_rejected_for_machine_reasons_only_goes_to_another_identity(
+    config_for: Any, monkeypatch: pytest.MonkeyPatch, fold_every: int
+) -> None:
     """Issue 35: a lease the validator rejected as tool_unverifiable (or reward_unverifiable) alone is
     reissued to another identity (same tasks, named source), also after a restart, and only once; a
-    lease rejected for cheating (tool_output_mismatch among its reasons) is not."""
+    lease rejected for cheating (tool_output_mismatch among its reasons) is not. With answered leases
+    folded into totals (issue 33) as soon as they are judged, the returned one is never folded away
+    and its reissue is not repeated after a restart."""
     import base64
 
     from prime_rl.api.protocol import RolloutSample, Verdict, VerdictRequest
+    from prime_rl.orchestrator import leases as leases_module
     from prime_rl.tasks import TaskSet
+
+    monkeypatch.setattr(leases_module, "FOLD_EVERY", fold_every)
 
     config = config_for("--orchestrator.task_timeout_s", "100")
     tasks = TaskSet([{"prompt": f"q{i}"} for i in range(64)])

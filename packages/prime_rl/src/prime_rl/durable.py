@@ -11,21 +11,23 @@ Pitfall: fsyncing the file is not enough. Without the folder fsync a power cut a
 leave the folder entry pointing at the old file (or at nothing, for a new name) even though the data
 blocks are on disk.
 
+Control-plane state (registrations, leases, bans, claims, evidence) is not written here but in
+SQLite (:mod:`prime_rl.statedb`): the hand-written JSON-lines journal this module once appended to
+glued the next record onto a torn last line after a crash, and replay lost both.
+
 Torch-free and dependency-free: the control plane imports it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-__all__ = ["TEMP_GLOB", "append_event", "atomic_path", "fsync_dir", "read_events", "write_atomic"]
+__all__ = ["TEMP_GLOB", "atomic_path", "fsync_dir", "write_atomic"]
 
 log = logging.getLogger(__name__)
 
@@ -74,34 +76,3 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
     with atomic_path(path) as temporary:
         temporary.write_bytes(payload)
     return Path(path)
-
-
-def append_event(path: Path, event: dict[str, Any]) -> None:
-    """Append ``event`` as one JSON line to the journal at ``path`` and fsync it.
-
-    Raises ``OSError`` (disk full, permissions); callers turn it into their own error type.
-    """
-    line = json.dumps(event, separators=(",", ":"), allow_nan=False) + "\n"
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(line)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def read_events(path: Path, what: str = "journal") -> Iterator[dict[str, Any]]:
-    """Replay the JSON-lines journal at ``path`` in order (none if it does not exist). A torn line
-    (a crash during :func:`append_event`) is skipped with a warning naming ``what``; so is a line
-    that is not a JSON object."""
-    if not path.exists():
-        return
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                log.warning("%s line %d is torn (crash during a write); skipped", what, number)
-                continue
-            if isinstance(event, dict):
-                yield event

@@ -13,12 +13,27 @@ validator's place, and the validator starts when it has written the profile: :fu
 
 then prints a live progress line (step, policy version, batches awaiting validation, accepted and
 rejected samples per worker) until the trainer finishes ``trainer.total_steps``. Ctrl-C or SIGTERM
-stops every child (SIGTERM to its process group, SIGKILL after ``STOP_GRACE_S``). Exit code 0 when
-the trainer finished, 1 when any child failed (its name, its error, read from its output by
-:func:`first_error`, and its log are reported) or when every honest worker stopped before the
-trainer finished (with no ``workers.max_batches`` a worker stops on its own only when it is
-banned; the orchestrator's ban reasons are reported: a run nobody feeds would wait forever),
-130/143 when interrupted.
+stops every child (SIGTERM to its process group, SIGKILL after ``STOP_GRACE_S``).
+
+Restarts: a child that dies while the run goes on is started again (same command; its error and log
+are reported first), after an exponential backoff (``backoff_s``, doubling per recent restart, at
+most ``max_backoff_s``), within a budget of ``restart_budget`` restarts per child in
+``RESTART_WINDOW_S``; past the budget, or when a child dies of the same error twice in a row (a
+wrong configuration does not heal by restarting), the run fails as it did before restarts existed. What
+restarts (:func:`should_restart`): the orchestrator, the shardcast origin and relays, whatever their
+exit code (none ends on its own while the run goes on); the validator whatever its exit code too,
+so a run never goes on without one (a validator stopped by a stray SIGTERM exits 0), unless it
+finished its ``validator.max_batches``; the trainer and the workers when they fail (exit code 0 is a
+trainer that finished, or a worker that was banned or did its ``workers.max_batches``). Each role
+resumes from its durable state: the orchestrator from its store (``orchestrator/store.py``), the
+validator from its journal, the trainer from its last checkpoint, a worker under its saved identity
+(``worker/identity.py``). The evaluator and ``calibrate-noise`` are not restarted.
+
+Exit code 0 when the trainer finished, 1 when a child failed past its restart budget (or was not
+restartable: its name, its error, read from its output by :func:`first_error`, and its log are
+reported) or when every honest worker stopped before the trainer finished (with no
+``workers.max_batches`` a worker stops on its own only when it is banned; the orchestrator's ban
+reasons are reported: a run nobody feeds would wait forever), 130/143 when interrupted.
 
 Before any child starts, the run's secrets (the admin token of the trusted endpoints and the
 assignment key) are created in ``<run_dir>/secrets/run.json`` (mode 0600) unless configured; the
@@ -61,6 +76,7 @@ __all__ = [
     "main",
     "plan_children",
     "remove_weight_copies",
+    "should_restart",
     "worker_noise_path",
 ]
 
@@ -70,6 +86,14 @@ STOP_GRACE_S = 10.0
 """Seconds a child gets between SIGTERM and SIGKILL."""
 EVALUATOR_GRACE_S = 180.0
 """Seconds the evaluator gets to finish its last evaluation after the trainer is done."""
+RESTART_BUDGET = 5
+"""Restarts one child may take within ``RESTART_WINDOW_S`` before its death fails the run."""
+RESTART_WINDOW_S = 600.0
+"""The window of the restart budget (a child that stays up that long earns its budget back)."""
+BACKOFF_S = 1.0
+"""Wait before a child's first restart in the window; doubled per further one."""
+MAX_BACKOFF_S = 30.0
+"""Longest wait before a restart."""
 
 
 @dataclass(frozen=True)
@@ -173,8 +197,20 @@ def plan_children(config: RunConfig) -> list[ChildSpec]:
     return children
 
 
+def should_restart(config: RunConfig, spec: ChildSpec, exit_code: int) -> bool:
+    """Whether a child of ``spec`` that exited with ``exit_code`` while the run goes on is restarted
+    (module docstring, "Restarts")."""
+    if spec.role in ("orchestrator", "origin", "relay"):
+        return True
+    if spec.role == "validator":
+        return exit_code != 0 or not int(getattr(config.validator, "max_batches", 0) or 0)
+    if spec.role in ("trainer", "worker"):
+        return exit_code != 0
+    return False
+
+
 class Supervisor:
-    """Start, watch and stop the children of one run."""
+    """Start, watch and stop the children of one run (restarting dead ones: module docstring)."""
 
     def __init__(
         self,
@@ -185,9 +221,13 @@ class Supervisor:
         *,
         progress_every_s: float = 2.0,
         on_progress: Callable[[str], None] | None = None,
+        restart_budget: int = RESTART_BUDGET,
+        backoff_s: float = BACKOFF_S,
+        max_backoff_s: float = MAX_BACKOFF_S,
     ) -> None:
         """``on_progress(line)`` gets the run's status line every ``progress_every_s`` seconds and once
-        at the end (default: a one-line ticker on stdout, rewritten in place on a terminal)."""
+        at the end (default: a one-line ticker on stdout, rewritten in place on a terminal).
+        ``restart_budget`` (0: never restart), ``backoff_s``, ``max_backoff_s``: module docstring."""
         self.config = config
         self.config_path = config_path
         self.overrides = overrides
@@ -195,6 +235,12 @@ class Supervisor:
         self.progress_every_s = progress_every_s
         self.run_dir = Path(config.run_dir)
         self.children: list[_Child] = []
+        self.restart_budget = restart_budget
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.restarts: dict[str, list[float]] = {}  # child name -> monotonic times of its restarts
+        self._due: dict[str, tuple[float, ChildSpec]] = {}  # child name -> (restart time, spec)
+        self.last_errors: dict[str, str | None] = {}  # child name -> the error its last death printed
         self._stopping = False
         self._tty = sys.stdout.isatty()
         self.on_progress = on_progress if on_progress is not None else self._show
@@ -241,23 +287,57 @@ class Supervisor:
                 self.metrics.log("child_exited", child=child.spec.name, code=child.exit_code)
         return exited
 
-    def report_failure(self, child: _Child) -> None:
-        """Log that ``child`` failed, with the error read from its output, and where its log is."""
-        path = self._output_path(child.spec)
+    def schedule_restart(self, child: _Child) -> bool:
+        """Plan ``child``'s restart after its backoff; False when its restart budget is spent."""
+        name, now = child.spec.name, time.monotonic()
+        recent = [t for t in self.restarts.get(name, []) if now - t < RESTART_WINDOW_S]
+        self.restarts[name] = recent
+        if len(recent) >= self.restart_budget:
+            log.error("%s died %d times within %.0f s: not restarting it", name, len(recent) + 1, RESTART_WINDOW_S)
+            return False
+        delay = min(self.max_backoff_s, self.backoff_s * 2 ** len(recent))
+        self._due[name] = (now + delay, child.spec)
+        log.warning("%s exited with code %s; restarting it in %.1f s", name, child.exit_code, delay)
+        return True
+
+    def restart_due(self) -> None:
+        """Start the children whose backoff has passed (replacing their dead entries)."""
+        now = time.monotonic()
+        for name, (due, spec) in list(self._due.items()):
+            if now < due:
+                continue
+            del self._due[name]
+            for dead in [c for c in self.children if c.spec.name == name and c.exit_code is not None]:
+                dead.output.close()
+                self.children.remove(dead)
+            self.restarts.setdefault(name, []).append(now)
+            child = self.start(spec)
+            self.metrics.log("child_restarted", child=name, pid=child.process.pid, restarts=len(self.restarts[name]))
+
+    def error_of(self, child: _Child) -> str | None:
+        """The error ``child`` died of, read from this start's output (:func:`first_error`)."""
         try:
-            with path.open("rb") as handle:
+            with self._output_path(child.spec).open("rb") as handle:
                 handle.seek(child.output_offset)
-                error = first_error(handle.read().decode("utf-8", errors="replace"))
+                return first_error(handle.read().decode("utf-8", errors="replace"))
         except OSError:
-            error = None
-        log.error(
-            "%s failed with exit code %s: %s\n  (full output: %s)",
+            return None
+
+    def report_failure(self, child: _Child, restarting: bool = False) -> None:
+        """Log that ``child`` failed, with the error read from its output, and where its log is
+        (``restarting``: a warning and a ``child_died`` metrics line; the run goes on)."""
+        path = self._output_path(child.spec)
+        error = self.error_of(child)
+        log.log(
+            logging.WARNING if restarting else logging.ERROR,
+            "%s %s with exit code %s: %s\n  (full output: %s)",
             child.spec.name,
+            "died" if restarting else "failed",
             child.exit_code,
             error or "it printed no error",
             path,
         )
-        self.metrics.log("failed", child=child.spec.name, code=child.exit_code, error=error)
+        self.metrics.log("child_died" if restarting else "failed", child=child.spec.name, code=child.exit_code, error=error)
 
     def honest_workers_gone(self) -> bool:
         """Every honest worker this run started has exited on its own (banned: none has a batch
@@ -381,12 +461,24 @@ class Supervisor:
                 if child.spec.role == "trainer" and child.exit_code == 0:
                     trainer_done_at = time.monotonic()
                     log.info("trainer finished all steps")
+                elif trainer_done_at is None and should_restart(self.config, child.spec, child.exit_code or 0):
+                    # The same error twice in a row (a wrong configuration, a missing file) does not
+                    # heal by restarting: the run fails, as it did before restarts existed.
+                    died_of = self.error_of(child) if child.exit_code else None
+                    repeated = died_of is not None and died_of == self.last_errors.get(child.spec.name)
+                    if repeated or not self.schedule_restart(child):
+                        self.report_failure(child)
+                        return 1
+                    self.last_errors[child.spec.name] = died_of
+                    if child.exit_code != 0:
+                        self.report_failure(child, restarting=True)
                 elif child.exit_code != 0:
                     self.report_failure(child)
                     return 1
                 for spec in [spec for spec in waiting if spec.after == child.spec.name]:
                     waiting.remove(spec)
                     self.start(spec)
+            self.restart_due()
             if trainer_done_at is None and self.honest_workers_gone():
                 self.report_workers_gone(client)
                 return 1

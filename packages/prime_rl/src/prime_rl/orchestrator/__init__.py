@@ -4,7 +4,7 @@ Owns: the aiohttp server and its one route table (``server.py``) with its HTTP p
 (``http.py``), the ledger that applies the
 API's rules (``ledger.py``) over registered workers (``workers.py``), task leases (``leases.py``),
 stored batches and verdicts (``batches.py``), the trainer's claims (``claims.py``), the durable
-parquet + journal store (``store.py``, ``records.py``) and per-address rate limits. May import:
-``config``, ``api``, ``tasks``, ``metrics``; never torch (it runs on any small machine) and never
+SQLite + parquet store (``store.py``, ``records.py``) and per-address rate limits. May import:
+``config``, ``api``, ``tasks``, ``metrics``, ``durable``, ``statedb``; never torch (it runs on any small machine) and never
 another role room.
 """

@@ -45,12 +45,15 @@ EXPIRED = "expired"
 
 @dataclass
 class StoredBatch:
-    """One acknowledged batch (``verdicts`` None = awaiting validation; ``claimed``: sample indices)."""
+    """One acknowledged batch (``verdicts`` None = awaiting validation; ``claimed``: sample indices;
+    ``completion_lengths``: per sample, known when the batch was stored by this process, else None
+    until read back from the store)."""
 
     meta: BatchMeta
     task_ids: tuple[int, ...]
     verdicts: list[Verdict] | None = None
     claimed: set[int] = field(default_factory=set)
+    completion_lengths: tuple[int, ...] | None = None
 
     @property
     def batch_id(self) -> str:
@@ -89,6 +92,7 @@ class BatchBook(Mapping[str, StoredBatch]):
         self._metrics = metrics
         self._clock = clock
         self._batches: dict[str, StoredBatch] = {}
+        self._waiting: dict[str, StoredBatch] = {}  # awaiting verdicts, in submission order
 
     def __getitem__(self, batch_id: str) -> StoredBatch:
         return self._batches[batch_id]
@@ -106,6 +110,8 @@ class BatchBook(Mapping[str, StoredBatch]):
         for record in self._store.batch_records():
             batch = StoredBatch(record.meta, record.task_ids, verdicts.get(record.meta.batch_id))
             self._batches[batch.batch_id] = batch
+            if batch.verdicts is None:
+                self._waiting[batch.batch_id] = batch
             loaded.append(batch)
         return loaded
 
@@ -155,7 +161,9 @@ class BatchBook(Mapping[str, StoredBatch]):
         )
         samples = batch.samples
         self._store.write_batch(meta, rows)
-        self._batches[batch_id] = StoredBatch(meta, tuple(s.task_id for s in samples))
+        self._batches[batch_id] = self._waiting[batch_id] = StoredBatch(
+            meta, tuple(s.task_id for s in samples), completion_lengths=tuple(len(s.completion_tokens) for s in samples)
+        )
         self._metrics.log(
             "batch_stored",
             batch_id=batch_id,
@@ -194,7 +202,11 @@ class BatchBook(Mapping[str, StoredBatch]):
 
     def waiting(self) -> list[StoredBatch]:
         """Batches awaiting verdicts, in submission order."""
-        return [batch for batch in self._batches.values() if batch.verdicts is None]
+        return list(self._waiting.values())
+
+    def waiting_count(self) -> int:
+        """How many batches await verdicts."""
+        return len(self._waiting)
 
     def expire_useless(self, step: int, async_level: int) -> None:
         """Verdict ``expired`` on unvalidated batches no step can use any more (not the worker's fault).
@@ -219,6 +231,7 @@ class BatchBook(Mapping[str, StoredBatch]):
                 ]
                 self._store.write_verdicts(batch.batch_id, verdicts)
                 batch.verdicts = verdicts
+                del self._waiting[batch.batch_id]
                 self._metrics.log(
                     "expired", batch_id=batch.batch_id, worker_id=batch.worker_id, policy_version=version
                 )
@@ -245,8 +258,10 @@ class BatchBook(Mapping[str, StoredBatch]):
             )
         return PendingResponse(batches=answer, pending_batches=len(waiting), policy_version=step, step=step)
 
-    def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
-        """Store one verdict per sample (idempotent for identical verdicts; 404/400/409 otherwise)."""
+    def record_verdicts(self, request: VerdictRequest, events: Sequence[dict[str, Any]] = ()) -> VerdictResponse:
+        """Store one verdict per sample (idempotent for identical verdicts; 404/400/409 otherwise).
+        ``events``: store events written in the same transaction as the verdicts (alone when the
+        verdicts were stored before); written unless this raises."""
         batch = self._batches.get(request.batch_id)
         if batch is None:
             raise ApiFailure(404, "not_found", f"unknown batch_id {request.batch_id!r}")
@@ -264,15 +279,17 @@ class BatchBook(Mapping[str, StoredBatch]):
         )
         accepted = sum(v.accepted for v in verdicts)
         if accepted:
-            self._check_logprobs(batch.batch_id, verdicts)
+            self._check_logprobs(batch, verdicts)
         if batch.verdicts is not None and not batch.expired:
             # (A batch the orchestrator expired while a validator was judging it takes the validator's
             # verdicts instead: its samples stay unusable (too old) but the accounting is the validator's.)
             if batch.verdicts != verdicts:
                 raise ApiFailure(409, "conflict", f"batch {request.batch_id} already has different verdicts")
+            self._store.append_events(events)
         else:
-            self._store.write_verdicts(batch.batch_id, verdicts)
+            self._store.write_verdicts(batch.batch_id, verdicts, events)
             batch.verdicts = verdicts
+            self._waiting.pop(batch.batch_id, None)
             rejected = [v for v in verdicts if not v.accepted]
             self._metrics.log(
                 "verdicts",
@@ -289,11 +306,13 @@ class BatchBook(Mapping[str, StoredBatch]):
             batch_id=request.batch_id, accepted=accepted, rejected=len(verdicts) - accepted
         )
 
-    def _check_logprobs(self, batch_id: str, verdicts: Sequence[Verdict]) -> None:
+    def _check_logprobs(self, batch: StoredBatch, verdicts: Sequence[Verdict]) -> None:
         """ApiFailure 400 unless every accepted verdict has one log-prob per completion token: the
         trainer learns from these, never from the worker's claim, so they must be complete."""
-        table = self._store.read_batch(batch_id)
-        lengths = [len(tokens) for tokens in table.column("completion_tokens").to_pylist()]
+        if batch.completion_lengths is None:  # stored before a restart: read back once
+            table = self._store.read_batch(batch.batch_id)
+            batch.completion_lengths = tuple(len(tokens) for tokens in table.column("completion_tokens").to_pylist())
+        lengths = batch.completion_lengths
         for verdict in verdicts:
             if verdict.accepted and len(verdict.logprobs) != lengths[verdict.sample_index]:
                 raise ApiFailure(

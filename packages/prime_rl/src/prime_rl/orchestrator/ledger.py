@@ -141,13 +141,13 @@ class Ledger:
         self._load()
 
     def _load(self) -> None:
-        """Rebuild memory from the store: event log, then batches and verdicts, then claims."""
-        for event in self.store.events():
+        """Rebuild memory from the store: leases (folded totals, lease events), the other events,
+        then batches and verdicts, then claims."""
+        self.leases.load()  # its own events, read as columns
+        for event in self.store.events(skip=LeaseBook.EVENTS):
             kind = event.get("event")
             if kind in WorkerRegistry.EVENTS:
                 self.workers.replay(event)
-            elif kind in LeaseBook.EVENTS:
-                self.leases.replay(event)
             elif kind in ReleaseBook.EVENTS:
                 self.release.replay(event)
             elif kind == "commit":
@@ -158,8 +158,9 @@ class Ledger:
             validator_judged = batch.verdicts is not None and not batch.expired
             if validator_judged and not self.release.counted(batch.batch_id):
                 self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], None)  # crashed between writes
-            if validator_judged and machine_rejected(batch.verdicts or []):
-                self.leases.return_tasks(batch.worker_id, batch.meta.batch_index, replaying=True)
+            if validator_judged or batch.expired:  # (an expired batch is never judged: its lease folds)
+                machine = validator_judged and machine_rejected(batch.verdicts or [])
+                self.leases.mark_judged(batch.worker_id, batch.meta.batch_index, machine_rejected=machine, replaying=True)
         for claim in self.store.claims():
             self.claims[claim.step] = claim.sample_ids
             self.batches.mark_claimed(claim.sample_ids)
@@ -233,7 +234,7 @@ class Ledger:
             weights_servers=self.config.shardcast.client_servers,
             weights_file=POLICY_FILENAME,
             workers=len(self.workers),
-            pending_batches=len(self.batches.waiting()),
+            pending_batches=self.batches.waiting_count(),
             time=self.clock(),
         )
 
@@ -328,11 +329,19 @@ class Ledger:
         return self.batches.pending(limit, self.step)
 
     def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
-        answer = self.batches.record_verdicts(request)
-        batch = self.batches[request.batch_id]
-        self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], request.worker_evidence)
-        if machine_rejected(batch.verdicts or []):  # the machine's doing: the tasks go to another identity
-            self.leases.return_tasks(batch.worker_id, batch.meta.batch_index)
+        """Store the verdicts and count the judgement for release in one store transaction; a batch
+        rejected for the machine's reasons only hands its lease's tasks to another identity."""
+        batch = self.batches.get(request.batch_id)
+        judged = None
+        if batch is not None:  # (unknown: 404 from the batch book)
+            judged = self.release.judged_event(batch.batch_id, batch.worker_id, request.verdicts, request.worker_evidence)
+        answer = self.batches.record_verdicts(request, [judged] if judged is not None else [])
+        if judged is not None:
+            self.release.replay(judged)
+            stored = self.batches[request.batch_id]
+            self.leases.mark_judged(
+                stored.worker_id, stored.meta.batch_index, machine_rejected=machine_rejected(stored.verdicts or [])
+            )
         return answer
 
     # ------------------------------------------------------------------ trainer

@@ -42,8 +42,9 @@ for the budget (about ``1 / probation_release_share`` times their tokens of trus
 Durable like the rest of the ledger: one ``judged`` store event per batch whose verdicts the
 validator posted (the worker's accepted tokens and evidence after it); ``replay`` rebuilds the
 same state, probation and budget included, since both are functions of the ``judged`` events in
-order. A batch with verdicts but no ``judged`` event (a crash between the two writes) is counted
-when the ledger loads.
+order. The ``judged`` event is written in the same store transaction as the batch's verdicts
+(``Ledger.record_verdicts``); a batch with verdicts but no ``judged`` event (a data dir written
+before, when a crash could fall between the two writes) is counted when the ledger loads.
 """
 
 from __future__ import annotations
@@ -138,13 +139,20 @@ class ReleaseBook:
     def judged(self, batch_id: str, worker_id: str, verdicts: Sequence[Verdict], evidence: float | None) -> None:
         """Count a batch the validator just judged (once per batch; ``evidence``: the worker's
         evidence as a fraction of the ban threshold after it, None when the validator keeps none)."""
+        event = self.judged_event(batch_id, worker_id, verdicts, evidence)
+        if event is not None:
+            self._store.append_event(event)
+            self.replay(event)
+
+    def judged_event(
+        self, batch_id: str, worker_id: str, verdicts: Sequence[Verdict], evidence: float | None
+    ) -> dict[str, Any] | None:
+        """The store event that counts this judgement (None: counted already); write it durably,
+        then ``replay`` it. (``judged`` in two steps, so the event can share the verdicts' transaction.)"""
         if batch_id in self._batches:
-            return
+            return None
         tokens = accepted_tokens(verdicts)
-        self._store.append_event(
-            {"event": "judged", "batch_id": batch_id, "worker_id": worker_id, "tokens": tokens, "evidence": evidence}
-        )
-        self._apply(batch_id, worker_id, tokens, evidence)
+        return {"event": "judged", "batch_id": batch_id, "worker_id": worker_id, "tokens": tokens, "evidence": evidence}
 
     def counted(self, batch_id: str) -> bool:
         return batch_id in self._batches

@@ -1,24 +1,27 @@
 """The validator's durable per-identity state: evidence and failure counts survive a restart.
 
 Without it a validator restart forgave everything: a worker's evidence (``evidence.py``) and its
-accepted/rejected counts (``process.FailureTracker``) lived in memory only. The journal is
-``<run_dir>/validator/journal.jsonl``, next to the validator's noise profile, written like the
-orchestrator's (``orchestrator/store.py``): one JSON line per event, flushed and fsynced before
-the call returns; a torn last line (a crash mid-write) is skipped on replay.
+accepted/rejected counts (``process.FailureTracker``) lived in memory only. The state is a SQLite
+file (``prime_rl.statedb``: WAL, synchronous=FULL, schema versions) next to the validator's noise
+profile: ``<run_dir>/validator/journal.sqlite`` for the ``journal.jsonl`` path the validator names
+(the JSON-lines journal it kept before; imported on first open, then renamed
+``journal.jsonl.imported``; a torn or malformed line costs only itself). Each write is one
+transaction, committed and fsynced before the call returns:
 
-Events (each carries the worker's *cumulative* state, so replay keeps the last line per worker):
+* ``evidence(batch_id, worker_id, ledger)`` after a batch is added to its worker's evidence (before
+  its verdicts are posted: a batch counted here is never counted again after a restart): the
+  worker's ``WorkerEvidence.snapshot()``, its evidence ban reason (kept apart, so a ban outlives a
+  snapshot that no longer restores, restart after restart), and the batch id among its counted
+  batches;
+* ``failures(batch_id, worker_id, tracker)`` after a batch's verdicts were posted and counted by the
+  failure tracker: the worker's cumulative accepted/rejected counts and whether it is banned.
 
-* ``{"event": "evidence", "batch_id", "worker_id", "state": WorkerEvidence.snapshot(),
-  "ban_reason"}`` after a batch is added to its worker's evidence (before its verdicts are
-  posted: a batch counted here is never counted again after a restart);
-* ``{"event": "failures", "batch_id", "worker_id", "accepted", "rejected", "banned"}`` after a
-  batch's verdicts were posted and counted by the failure tracker.
+One row per worker and kind (plus one per counted batch id), so the file stays as large as the
+set of identities, and a restart reads exactly that. ``restore`` on open drops what no longer
+restores (``compact``).
 
-On open the journal is replayed and then rewritten compactly (one line per worker and kind, the
-worker's counted batch ids in its evidence line), atomically (``prime_rl.durable``).
-
-Pitfall: a crash between posting a batch's verdicts and its ``failures`` line loses that batch's
-counts (the orchestrator has settled it and will not offer it again); its evidence was journalled
+Pitfall: a crash between posting a batch's verdicts and its ``failures`` write loses that batch's
+counts (the orchestrator has settled it and will not offer it again); its evidence was written
 before the post and is kept.
 """
 
@@ -26,13 +29,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import toploc
-from prime_rl.durable import append_event, atomic_path, read_events
+from prime_rl.statedb import StateDB, StateDBError, read_jsonl_journal
 
 if TYPE_CHECKING:
     from prime_rl.validator.evidence import EvidenceLedger, FailureTracker
@@ -57,97 +60,142 @@ class JournalState:
     failure_bans: set[str] = field(default_factory=set)  # bans by rejected share
 
 
+def _apply_event(state: JournalState, event: dict[str, Any]) -> None:
+    """Fold one event of the old JSON-lines journal into ``state`` (KeyError/TypeError/ValueError
+    when malformed)."""
+    worker = str(event["worker_id"])
+    if event["event"] == "evidence":
+        if not isinstance(event["state"], dict):
+            raise TypeError("state is not an object")
+        state.evidence[worker] = event["state"]
+        batches = state.batches.setdefault(worker, [])
+        batches.extend(str(b) for b in event.get("batches", [event["batch_id"]]) if b)
+        if event.get("ban_reason"):
+            state.ban_reasons[worker] = str(event["ban_reason"])
+    elif event["event"] == "failures":
+        state.failures[worker] = (int(event["accepted"]), int(event["rejected"]))
+        if event["banned"]:
+            state.failure_bans.add(worker)
+
+
+def _write_state(connection: sqlite3.Connection, state: JournalState) -> None:
+    """Replace every row with ``state`` (inside the caller's transaction)."""
+    for table in ("evidence", "evidence_bans", "evidence_batches", "failures"):
+        connection.execute(f"DELETE FROM {table}")
+    connection.executemany(
+        "INSERT INTO evidence VALUES (?, ?)",
+        [(w, json.dumps(snapshot, allow_nan=False)) for w, snapshot in state.evidence.items()],
+    )
+    connection.executemany("INSERT INTO evidence_bans VALUES (?, ?)", list(state.ban_reasons.items()))
+    connection.executemany(
+        "INSERT OR IGNORE INTO evidence_batches VALUES (?, ?)",
+        [(b, w) for w, batches in state.batches.items() if w in state.evidence for b in batches],
+    )
+    connection.executemany(
+        "INSERT INTO failures VALUES (?, ?, ?, ?)",
+        [(w, a, r, int(w in state.failure_bans)) for w, (a, r) in state.failures.items()],
+    )
+
+
+def _schema_v1(legacy: Path) -> Any:
+    """Version 1: the tables, and the import of the JSON-lines journal at ``legacy``."""
+
+    def migrate(connection: sqlite3.Connection) -> None:
+        connection.execute("CREATE TABLE evidence (worker_id TEXT PRIMARY KEY, state TEXT NOT NULL)")
+        # Apart from the evidence: a ban outlives a snapshot that no longer restores.
+        connection.execute("CREATE TABLE evidence_bans (worker_id TEXT PRIMARY KEY, reason TEXT NOT NULL)")
+        connection.execute("CREATE TABLE evidence_batches (batch_id TEXT PRIMARY KEY, worker_id TEXT NOT NULL)")
+        connection.execute(
+            "CREATE TABLE failures (worker_id TEXT PRIMARY KEY, accepted INTEGER NOT NULL, rejected INTEGER NOT NULL, "
+            "banned INTEGER NOT NULL)"
+        )
+        state = JournalState()
+        for event in read_jsonl_journal(legacy, "validator journal"):
+            try:
+                _apply_event(state, event)
+            except (KeyError, TypeError, ValueError) as error:
+                log.warning("validator journal: skipped a malformed event (%r)", error)
+        _write_state(connection, state)
+
+    return migrate
+
+
 class ValidatorJournal:
-    """Append-only journal of one validator's per-identity state (one process per file)."""
+    """Durable per-identity state of one validator (one process per file; see module docstring).
+
+    ``path``: the validator's journal path as it was named before SQLite (``journal.jsonl``); the
+    state lives beside it in ``path.with_suffix(".sqlite")``.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db_path = self.path.with_suffix(".sqlite")
+        try:
+            self.db = StateDB(self.db_path, [_schema_v1(self.path)], "validator journal")
+        except (StateDBError, OSError) as error:
+            raise JournalError(f"could not open {self.db_path}: {error}") from error
+        if self.path.exists():  # imported by the migration: never read again
+            self.path.rename(self.path.with_name(self.path.name + ".imported"))
+
+    def close(self) -> None:
+        self.db.close()
 
     # ------------------------------------------------------------- writing
 
-    def _append(self, event: dict[str, Any]) -> None:
-        try:
-            append_event(self.path, event)
-        except OSError as error:
-            raise JournalError(f"could not append to {self.path}: {error}") from error
-
     def evidence(self, batch_id: str, worker_id: str, ledger: EvidenceLedger) -> None:
-        """Journal ``worker_id``'s evidence right after ``batch_id`` was counted into it."""
-        self._append(
-            {
-                "event": "evidence",
-                "batch_id": batch_id,
-                "worker_id": worker_id,
-                "state": ledger.workers[worker_id].snapshot(),
-                "ban_reason": ledger.ban_reasons.get(worker_id),
-            }
-        )
+        """Record ``worker_id``'s evidence right after ``batch_id`` was counted into it."""
+        snapshot = json.dumps(ledger.workers[worker_id].snapshot(), allow_nan=False)
+        try:
+            with self.db.transaction() as connection:
+                connection.execute("INSERT OR REPLACE INTO evidence VALUES (?, ?)", (worker_id, snapshot))
+                if ledger.ban_reasons.get(worker_id):
+                    connection.execute(
+                        "INSERT OR REPLACE INTO evidence_bans VALUES (?, ?)", (worker_id, ledger.ban_reasons[worker_id])
+                    )
+                connection.execute("INSERT OR IGNORE INTO evidence_batches VALUES (?, ?)", (batch_id, worker_id))
+        except (StateDBError, sqlite3.Error) as error:
+            raise JournalError(f"could not write {self.db_path}: {error}") from error
 
     def failures(self, batch_id: str, worker_id: str, tracker: FailureTracker) -> None:
-        """Journal ``worker_id``'s cumulative failure counts right after ``batch_id`` was counted."""
+        """Record ``worker_id``'s cumulative failure counts right after ``batch_id`` was counted."""
         accepted, rejected = tracker.counts.get(worker_id, [0, 0])
-        self._append(
-            {
-                "event": "failures",
-                "batch_id": batch_id,
-                "worker_id": worker_id,
-                "accepted": int(accepted),
-                "rejected": int(rejected),
-                "banned": worker_id in tracker.banned,
-            }
-        )
+        try:
+            self.db.write(
+                "INSERT OR REPLACE INTO failures VALUES (?, ?, ?, ?)",
+                [(worker_id, int(accepted), int(rejected), int(worker_id in tracker.banned))],
+            )
+        except StateDBError as error:
+            raise JournalError(str(error)) from error
 
     # ------------------------------------------------------------- replay
 
-    def _events(self) -> Iterator[dict[str, Any]]:
-        return read_events(self.path, "validator journal")
-
     def load(self) -> JournalState:
-        """Replay the journal (malformed events are skipped with a warning, never fatal)."""
+        """The recorded state (a row that does not parse is skipped with a warning, never fatal)."""
         state = JournalState()
-        for event in self._events():
+        for worker, text in self.db.read("SELECT worker_id, state FROM evidence"):
             try:
-                worker = str(event["worker_id"])
-                if event["event"] == "evidence":
-                    if not isinstance(event["state"], dict):
-                        raise TypeError("state is not an object")
-                    state.evidence[worker] = event["state"]
-                    batches = state.batches.setdefault(worker, [])
-                    batches.extend(str(b) for b in event.get("batches", [event["batch_id"]]))
-                    if event.get("ban_reason"):
-                        state.ban_reasons[worker] = str(event["ban_reason"])
-                elif event["event"] == "failures":
-                    state.failures[worker] = (int(event["accepted"]), int(event["rejected"]))
-                    if event["banned"]:
-                        state.failure_bans.add(worker)
-            except (KeyError, TypeError, ValueError) as error:
-                log.warning("validator journal: skipped a malformed event (%r)", error)
+                state.evidence[worker] = json.loads(text)
+            except json.JSONDecodeError as error:
+                log.warning("validator journal: skipped the unreadable evidence of %s (%r)", worker, error)
+        state.ban_reasons.update(self.db.read("SELECT worker_id, reason FROM evidence_bans"))
+        for batch_id, worker in self.db.read("SELECT batch_id, worker_id FROM evidence_batches ORDER BY rowid"):
+            state.batches.setdefault(worker, []).append(batch_id)
+        for worker, accepted, rejected, banned in self.db.read(
+            "SELECT worker_id, accepted, rejected, banned FROM failures"
+        ):
+            state.failures[worker] = (int(accepted), int(rejected))
+            if banned:
+                state.failure_bans.add(worker)
         return state
 
     def compact(self, state: JournalState) -> None:
-        """Rewrite the journal as ``state`` (one line per worker and kind), atomically and durably."""
-        lines: list[dict[str, Any]] = []
-        for worker, snapshot in state.evidence.items():
-            event = {"event": "evidence", "batch_id": "", "worker_id": worker, "state": snapshot}
-            lines.append({**event, "batches": state.batches.get(worker, []), "ban_reason": state.ban_reasons.get(worker)})
-        for worker, (accepted, rejected) in state.failures.items():
-            lines.append(
-                {
-                    "event": "failures",
-                    "batch_id": "",
-                    "worker_id": worker,
-                    "accepted": accepted,
-                    "rejected": rejected,
-                    "banned": worker in state.failure_bans,
-                }
-            )
-        text = "".join(json.dumps(line, separators=(",", ":"), allow_nan=False) + "\n" for line in lines)
+        """Replace the recorded state with ``state`` in one transaction (drops what ``restore`` could
+        not restore)."""
         try:
-            with atomic_path(self.path) as temporary:
-                temporary.write_text(text, encoding="utf-8")
-        except OSError as error:
-            raise JournalError(f"could not rewrite {self.path}: {error}") from error
+            with self.db.transaction() as connection:
+                _write_state(connection, state)
+        except (StateDBError, sqlite3.Error) as error:
+            raise JournalError(f"could not rewrite {self.db_path}: {error}") from error
 
     def restore(self, ledger: EvidenceLedger | None, tracker: FailureTracker) -> JournalState:
         """Load the journal into a fresh ``ledger`` (None: evidence is off) and ``tracker``, then

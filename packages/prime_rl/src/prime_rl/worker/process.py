@@ -45,6 +45,7 @@ from prime_rl.role import run_role
 from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable, VersionFollower
 from prime_rl.worker.episodes import build_episode_batch
 from prime_rl.worker.hostile import BEHAVIOURS, HostileWorker
+from prime_rl.worker.identity import IDENTITY_FILE, Identity, load_identity, save_identity
 from prime_rl.worker.rollout import build_batch
 from prime_rl.worker.scoring import rescoring
 
@@ -112,6 +113,7 @@ class Worker:
             config.orchestrator.url, registration_token=config.orchestrator.registration_token
         )
         self.worker_id = ""
+        self.identity_path = Path(config.run_dir) / name / IDENTITY_FILE
         self.submitted = 0
         self.stop_event = threading.Event()
         # The honest path never goes through the red-team module: a hostile worker exists only when
@@ -246,9 +248,13 @@ class Worker:
 
     def run_loop(self) -> int:
         self.client.wait_until_up(self.run.orchestrator.connect_timeout_s)
-        self.worker_id = self.client.register(self.cfg.name or self.name).worker_id
-        log.info("registered as %s (behaviour %s)", self.worker_id, self.cfg.behaviour)
-        get_metrics().log("registered", worker_id=self.worker_id, behaviour=self.cfg.behaviour)
+        identity = load_identity(self.identity_path, self.run.orchestrator.url)
+        if identity is None:
+            self.register()
+        else:  # a restart: the same identity keeps its leases, its held batches and its standing
+            self.worker_id, self.client.worker_token = identity.worker_id, identity.token
+            log.info("resumed as %s (behaviour %s)", self.worker_id, self.cfg.behaviour)
+            get_metrics().log("resumed", worker_id=self.worker_id, behaviour=self.cfg.behaviour)
         get_metrics().log("weights_loaded", policy_version=0, source="initial")
         if self.answers.follows_new_weights:
             self.follower.start()
@@ -259,6 +265,10 @@ class Worker:
                 if not self.one_batch():
                     continue
             except ClientRequestError as exc:
+                if exc.status == 401 or (exc.status == 404 and "unknown worker_id" in exc.message):
+                    log.warning("the orchestrator does not know identity %s (%s): registering anew", self.worker_id, exc)
+                    self.register()
+                    continue
                 if exc.status == 403:
                     log.info("banned by the orchestrator: %s", exc.message)
                     get_metrics().log("banned", worker_id=self.worker_id, message=exc.message)
@@ -273,6 +283,13 @@ class Worker:
                 get_metrics().log("error", kind=type(exc).__name__, message=str(exc)[:500])
                 self.stop_event.wait(self.cfg.poll_interval_s)
         return 0
+
+    def register(self) -> None:
+        """Register a new identity and save it for this worker's restarts (``worker/identity.py``)."""
+        self.worker_id = self.client.register(self.cfg.name or self.name).worker_id
+        save_identity(self.identity_path, Identity(self.worker_id, self.client.worker_token, self.run.orchestrator.url))
+        log.info("registered as %s (behaviour %s)", self.worker_id, self.cfg.behaviour)
+        get_metrics().log("registered", worker_id=self.worker_id, behaviour=self.cfg.behaviour)
 
     def close(self) -> None:
         self.follower.stop()

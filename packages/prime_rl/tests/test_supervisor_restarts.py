@@ -1,0 +1,153 @@
+"""The supervisor restarts dead children: kill -9 roles of a real `prime-rl run`, and it still finishes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prime_rl.config import load_config
+from prime_rl.launch.supervisor import ChildSpec, Supervisor, should_restart
+from prime_rl.metrics import MetricsWriter
+from prime_rl.orchestrator.store import RolloutStore
+
+
+class _Dead:
+    """What ``schedule_restart`` reads of a dead child."""
+
+    def __init__(self, name: str, role: str, exit_code: int, uptime_s: float) -> None:
+        self.spec = ChildSpec(name, role)
+        self.exit_code = exit_code
+        self.started_at = time.time() - uptime_s
+
+
+def test_restart_policy_and_backoff_budget(config_for: Any) -> None:
+    config = config_for()
+    assert should_restart(config, ChildSpec("orchestrator", "orchestrator"), 0)
+    assert should_restart(config, ChildSpec("shardcast-relay-0", "relay"), -9)
+    assert should_restart(config, ChildSpec("validator", "validator"), 0)  # a stray SIGTERM: exits 0
+    assert should_restart(config, ChildSpec("trainer", "trainer"), -9)
+    assert not should_restart(config, ChildSpec("trainer", "trainer"), 0)  # finished
+    assert not should_restart(config, ChildSpec("worker-0", "worker"), 0)  # banned or done
+    assert should_restart(config, ChildSpec("worker-0", "worker"), 1)
+    assert not should_restart(config, ChildSpec("evaluator", "evaluator"), 1)
+    with_limit = config_for("--validator.max_batches", "3")
+    assert not should_restart(with_limit, ChildSpec("validator", "validator"), 0)  # did its batches
+    assert should_restart(with_limit, ChildSpec("validator", "validator"), -9)
+
+    supervisor = Supervisor(config, None, [], MetricsWriter(None, role="run", name="run"), restart_budget=2,
+                            backoff_s=1.0, max_backoff_s=1.5)  # fmt: skip
+    dead = _Dead("validator", "validator", -9, 600.0)
+    started = time.monotonic()
+    assert supervisor.schedule_restart(dead)  # type: ignore[arg-type]
+    first = supervisor._due["validator"][0] - started
+    supervisor.restarts["validator"] = [time.monotonic()]  # as restart_due records it
+    assert supervisor.schedule_restart(dead)  # type: ignore[arg-type]
+    second = supervisor._due["validator"][0] - started
+    supervisor.restarts["validator"].append(time.monotonic())
+    assert 0.9 < first < 1.1 and 1.4 < second < 1.6  # 1 s, then doubled but capped at 1.5 s
+    assert not supervisor.schedule_restart(dead)  # type: ignore[arg-type]  # budget of 2 spent
+
+
+class StandInSupervisor(Supervisor):
+    """A real orchestrator; stand-ins for the rest: the validator exits 0 at its first start (a stray
+    SIGTERM) and sleeps at its second; the trainer, once the validator is back, dies of the same
+    error at every start (a wrong configuration); every other role sleeps until it is stopped."""
+
+    def _argv(self, spec: ChildSpec) -> list[str]:
+        if spec.role == "orchestrator":
+            return super()._argv(spec)
+        first, second = str(self.run_dir / "validator-1"), str(self.run_dir / "validator-2")
+        if spec.role == "validator":
+            code = (f"import pathlib, time\nif not pathlib.Path({first!r}).exists():\n"
+                    f"    pathlib.Path({first!r}).write_text('')\nelse:\n"
+                    f"    pathlib.Path({second!r}).write_text(''); time.sleep(120)")  # fmt: skip
+        elif spec.role == "trainer":
+            code = (f"import pathlib, time\nwhile not pathlib.Path({second!r}).exists(): time.sleep(0.1)\n"
+                    "raise ValueError('no model here')")  # fmt: skip
+        else:
+            code = "import time; time.sleep(120)"
+        return [sys.executable, "-c", code]
+
+
+def test_a_validator_exiting_0_is_restarted_and_a_repeated_error_fails_the_run(tmp_path: Path) -> None:
+    from prime_rl.launch.local import free_port
+
+    overrides = ["--run_dir", str(tmp_path), "--orchestrator.port", str(free_port()), "--evaluator.enabled", "false",
+                 "--orchestrator.connect_timeout_s", "60"]  # fmt: skip
+    config = load_config(None, overrides)
+    metrics = MetricsWriter(tmp_path / "run.jsonl", role="run", name="run")
+    supervisor = StandInSupervisor(config, None, overrides, metrics, on_progress=lambda line: None, backoff_s=0.1)
+    try:
+        assert supervisor.run() == 1
+    finally:
+        supervisor.stop_all()
+    events = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert [e["child"] for e in events if e["event"] == "child_restarted"] == ["validator", "trainer"]
+    assert [e["child"] for e in events if e["event"] == "child_died"] == ["trainer"]
+    (failed,) = [e for e in events if e["event"] == "failed"]
+    assert failed["child"] == "trainer" and failed["error"] == "ValueError: no model here"
+
+
+def _started(helpers: Any, run_dir: Path, name: str) -> list[dict[str, Any]]:
+    return [e for e in helpers.metrics_of(run_dir, "run") if e["event"] == "child_started" and e["child"] == name]
+
+
+def _kill_when_started(helpers: Any, run_dir: Path, name: str) -> int:
+    (event,) = helpers.wait_for(lambda: _started(helpers, run_dir, name), 120, f"{name} to start")[-1:]
+    os.kill(event["pid"], signal.SIGKILL)
+    return int(event["pid"])
+
+
+@pytest.mark.slow
+def test_kill_9_of_orchestrator_validator_and_worker_the_run_still_finishes(tiny_run: Any, helpers: Any) -> None:
+    """A small real run; once work flows, kill -9 the orchestrator, then the validator, then the worker.
+    The supervisor restarts each, the run finishes with exit code 0, every batch the orchestrator
+    acknowledged is in its store, no sample is claimed twice, and the worker kept its identity."""
+    config_path, run_dir = tiny_run(workers={"count": 1, "hostile": []})
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+    run = subprocess.Popen(
+        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+
+        def stored() -> list[dict[str, Any]]:
+            return [e for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "batch_stored"]
+
+        helpers.wait_for(lambda: len(stored()) >= 1, 300, "a first stored batch")
+        killed = {"orchestrator": _kill_when_started(helpers, run_dir, "orchestrator")}
+        helpers.wait_for(lambda: len(_started(helpers, run_dir, "orchestrator")) == 2, 60, "the orchestrator's restart")
+        before = len(stored())
+        helpers.wait_for(lambda: len(stored()) > before, 300, "a batch stored by the restarted orchestrator")
+        killed["validator"] = _kill_when_started(helpers, run_dir, "validator")
+        helpers.wait_for(lambda: len(_started(helpers, run_dir, "validator")) == 2, 60, "the validator's restart")
+        killed["worker-0"] = _kill_when_started(helpers, run_dir, "worker-0")
+        output, _ = run.communicate(timeout=900)
+    finally:
+        if run.poll() is None:
+            run.send_signal(signal.SIGTERM)
+            run.communicate(timeout=60)
+    assert run.returncode == 0, output[-4000:]
+    restarted = [e["child"] for e in helpers.metrics_of(run_dir, "run") if e["event"] == "child_restarted"]
+    assert sorted(restarted) == ["orchestrator", "validator", "worker-0"], restarted
+    # every acknowledged batch is stored, and every claim takes each sample once
+    store = RolloutStore(run_dir / "orchestrator")
+    acknowledged = {e["batch_id"] for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "batch_stored"}
+    assert acknowledged <= {record.meta.batch_id for record in store.batch_records()}
+    claims = store.claims()
+    config = load_config(config_path)
+    assert [claim.step for claim in claims] == list(range(config.trainer.total_steps))
+    samples = [sample for claim in claims for sample in claim.sample_ids]
+    assert len(samples) == len(set(samples))
+    # one identity for the worker, across its own restart and the orchestrator's
+    registered = [e for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "register"]
+    assert [e["worker_name"] for e in registered] == ["worker-0"], registered
+    assert any(e["event"] == "resumed" for e in helpers.metrics_of(run_dir, "worker-0"))
