@@ -2,6 +2,7 @@
 
     python examples/intellect2.py --config configs/tiny-cpu.toml      # what `make run` does
     python examples/intellect2.py --config configs/tiny-cpu.toml --trainer.total_steps 4
+    python examples/intellect2.py --config configs/tiny-cpu.toml --seed 1   # another training set
 
 The algorithm is this file, read top to bottom as one policy step; the sizes (model, group size,
 learning rate, ...) are in the config. `prime_rl` runs it as processes: an orchestrator leasing
@@ -81,7 +82,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep every process's policy copies (~20 GB), not just the last",
     )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the run's seed: tasks.seed (which problems train, in which order, with which budgets). The test "
+        "split stays fixed (evaluator.seed); task leases and sampling seeds are keyed by the run's fresh "
+        "assignment key, so they differ on every run anyway",
+    )
     args, overrides = parser.parse_known_args(argv)
+    if args.seed is not None:
+        overrides = [*overrides, "--tasks.seed", str(args.seed)]
     try:
         config = load_config(args.config, overrides)
         here = Path(__file__).resolve()

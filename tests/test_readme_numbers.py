@@ -81,7 +81,7 @@ def problems(path: Path) -> list[str]:
         if not unlisted:
             continue
         cited = [RESULTS / name for name in CITED.findall(COMMENT.sub("", body))]
-        found += [f"{where}: cites {p.relative_to(ROOT)}, which does not exist" for p in cited if not p.is_file()]
+        found += [f"{where}: cites {p.relative_to(ROOT)}, which does not exist" for p in cited if not p.exists()]
         held = "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in cited if p.is_file())
         if not held:
             found.append(f"{where}: states {unlisted} and cites no results file")

@@ -120,9 +120,9 @@ def test_the_mix_source_is_reseeded_and_keeps_both_task_types():
 
 
 def test_the_heldout_set_balances_task_families_and_keeps_their_prompt_templates():
-    """The demo's mix: 1-digit sums have only 100 distinct prompts, 65 of them in training; the
-    held-out set still gets half of its problems from each family (round-robin), every one unseen
-    in training and rendered with its family's own few-shot template."""
+    """The demo's mix: 1-digit sums have only 100 distinct prompts, 53 of them in training (29 are
+    test problems that never train); split "all" still gets half of its problems from each family
+    (round-robin), every one unseen in training and rendered with its family's own few-shot template."""
     from prime_rl.tasks import load_tasks
 
     config = load_config(Path(__file__).parents[1] / "configs" / "tiny-cpu.toml")

@@ -17,6 +17,10 @@ Sources (``tasks.source``):
     ``verifiers.Task.from_row``, the optional pass-rate filter (``difficulty_key``,
     ``min_pass_rate``, ``max_pass_rate``) and the first ``num_tasks``.
 
+Test split (``tasks.test_share``, generated sources): the problems whose prompt hashes into the
+first ``test_share`` of the hash range (:func:`in_test_split`) are skipped when the training set is
+generated, whatever ``tasks.seed``; the evaluator's ``split = "test"`` evaluates on exactly them.
+
 Prompt text = ``prompt_template`` with ``{prompt}`` replaced by the task's prompt (plain
 replacement, so other braces in a few-shot prefix need no escaping). Prompt tokens =
 :func:`encode_prompt` of that text, through the tokenizer's chat template when
@@ -25,6 +29,7 @@ replacement, so other braces in a few-shot prefix need no escaping). Prompt toke
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -32,7 +37,7 @@ from typing import Any
 
 from prime_rl.config import TasksConfig
 
-__all__ = ["TaskSet", "TaskSourceError", "encode_prompt", "load_tasks", "map_row", "read_rows"]
+__all__ = ["TaskSet", "TaskSourceError", "encode_prompt", "in_test_split", "load_tasks", "map_row", "read_rows"]
 
 
 class TaskSourceError(ValueError):
@@ -151,19 +156,48 @@ class TaskSet:
         return encode_prompt(tokenizer, text, chat_template=self.chat_template, system_prompt=self.system_prompt)
 
 
-def _arithmetic(config: TasksConfig) -> list[Any]:
+def in_test_split(prompt: str, share: float) -> bool:
+    """Whether the problem ``prompt`` (the task's own text, before any template) belongs to the test
+    split that keeps ``share`` of the problem space out of training: the first 8 bytes of
+    sha256("prime-rl test split:" + prompt), read as a fraction of 2**64, are below ``share``.
+
+    A pure function of the text, so the split is the same for every ``tasks.seed`` and process, and
+    a problem drawn twice lands on the same side both times.
+    """
+    digest = hashlib.sha256(f"prime-rl test split:{prompt}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") < share * 2**64
+
+
+def _generate(count: int, test_share: float, **kwargs: Any) -> list[Any]:
+    """The first ``count`` of ``verifiers.arithmetic_tasks(n, **kwargs)`` outside the test split.
+
+    The generator's sequence does not depend on ``n``, so drawing more only appends problems: the
+    training set is a fixed prefix of that sequence with the test problems left out. A space whose
+    problems are nearly all test problems gives fewer than ``count`` (after 64x the draws).
+    """
     import verifiers
 
-    return list(
-        verifiers.arithmetic_tasks(
-            config.num_tasks,
-            seed=config.seed,
-            ops=tuple(config.ops),
-            digits=(config.min_digits, config.digits),
-            terms=config.terms,
-            match=config.match,
-            template=config.arithmetic_template,
-        )
+    if test_share <= 0:
+        return list(verifiers.arithmetic_tasks(count, **kwargs))
+    draws = count
+    while True:
+        drawn = verifiers.arithmetic_tasks(draws, **kwargs)
+        kept = [task for task in drawn if not in_test_split(task.prompt, test_share)]
+        if len(kept) >= count or draws >= 64 * count + 64:
+            return kept[:count]
+        draws *= 2
+
+
+def _arithmetic(config: TasksConfig) -> list[Any]:
+    return _generate(
+        config.num_tasks,
+        config.test_share,
+        seed=config.seed,
+        ops=tuple(config.ops),
+        digits=(config.min_digits, config.digits),
+        terms=config.terms,
+        match=config.match,
+        template=config.arithmetic_template,
     )
 
 
@@ -171,8 +205,6 @@ def _mix(config: TasksConfig) -> list[Any]:
     """Math tasks (the arithmetic settings, ``verifiable_math``) and code tasks (``[tasks.code]``,
     ``prime_rl_code``) in a seeded order; ``tasks.code.share`` of them are code."""
     import random
-
-    import verifiers
 
     code = config.code
     num_code = round(config.num_tasks * code.share)
@@ -183,8 +215,9 @@ def _mix(config: TasksConfig) -> list[Any]:
     tasks = [
         task
         for count, ops, digits, template, task_type in families
-        for task in verifiers.arithmetic_tasks(
-            count, seed=config.seed, ops=tuple(ops), digits=digits, terms=config.terms, template=template, task_type=task_type
+        for task in _generate(
+            count, config.test_share, seed=config.seed, ops=tuple(ops), digits=digits, terms=config.terms,
+            template=template, task_type=task_type,
         )
     ]
     random.Random(f"mix:{config.seed}").shuffle(tasks)

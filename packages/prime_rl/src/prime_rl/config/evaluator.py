@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -19,6 +19,18 @@ class EvaluatorConfig(Section):
     every: int = Field(default=2, ge=1, description="Evaluate every N policy versions (plus version 0 and the last).")
     num_problems: int = Field(default=64, ge=1, description="Held-out problems (fixed, seeded).")
     seed: int = Field(default=1_000_003, ge=0, description="Seed of the held-out set (distinct from tasks.seed).")
+    test_seed: int = Field(
+        default=2_000_003,
+        ge=0,
+        description="Seed of the test split's draws (split = 'test'): its problems come from other draws than "
+        "the dev set's (seed) as well as from a share of the problem space training never sees.",
+    )
+    split: Literal["all", "dev", "test"] = Field(
+        default="all",
+        description="Which held-out problems: 'all' = every generated problem training does not use; with "
+        "tasks.test_share > 0, 'test' = only the problems kept out of training (choose nothing on them) and "
+        "'dev' = the others training does not use (for choosing templates and hyperparameters).",
+    )
     max_new_tokens: int = Field(default=0, ge=0, description="Completion limit (0 = sampling.max_new_tokens).")
     batch_size: int = Field(default=64, ge=1, description="Problems per greedy generation batch.")
     num_threads: int = Field(default=1, ge=1, description="torch.set_num_threads for this process.")

@@ -158,6 +158,14 @@ class TasksConfig(Section):
         default=1000, ge=1, description="Number of tasks (arithmetic) or max rows to read (files)."
     )
     seed: int = Field(default=0, ge=0, description="Seed of the arithmetic and mix generators.")
+    test_share: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Share of the generated problem space (by a hash of each problem's prompt, "
+        "prime_rl.tasks.in_test_split) kept out of training for the evaluator's test split "
+        "(evaluator.split = 'test'); arithmetic and mix sources only. 0 = none kept out.",
+    )
     ops: list[str] = Field(default_factory=lambda: ["+"], description="Arithmetic operators to draw from.")
     digits: int = Field(default=2, ge=1, le=18, description="Max digits per arithmetic operand.")
     min_digits: int = Field(default=1, ge=1, le=18, description="Min digits per arithmetic operand.")
@@ -211,6 +219,11 @@ class TasksConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> TasksConfig:
+        if self.test_share > 0 and self.source not in GENERATED_SOURCES:
+            raise ValueError(
+                "tasks.test_share keeps generated problems out of training; for a file source give the "
+                "evaluator its own file instead (evaluator.tasks = {path = 'test.parquet'})"
+            )
         if "{prompt}" not in self.prompt_template:
             raise ValueError("tasks.prompt_template must contain '{prompt}'")
         for task_type, template in self.prompt_templates.items():

@@ -22,7 +22,14 @@ Held-out set: the ``[tasks]`` generator (same ops, digits, task mix and prompt t
 re-seeded with ``evaluator.seed``, the rows of a task file after the training slice, or any task
 set named by ``evaluator.tasks`` (the ``[tasks]`` keys to change, e.g. ``{path = "test.parquet"}``);
 any problem whose prompt also occurs in the training task set is dropped, so accuracy measures
-generalisation, not memorisation of training prompts. Too few problems left is a warning; none
+generalisation, not memorisation of training prompts.
+
+Dev and test (``evaluator.split``, with ``tasks.test_share > 0`` and a generated source): the
+problems whose prompt falls in the test share (:func:`prime_rl.tasks.in_test_split`) never enter
+training, whatever ``tasks.seed``; ``"test"`` evaluates on them alone (report this, and choose
+nothing on it), ``"dev"`` on the other unseen problems (choose templates and hyperparameters on
+this). The two are disjoint by construction, and the test set does not change with ``tasks.seed``.
+``"all"`` (the default) takes every unseen problem, as before the split existed. Too few problems left is a warning; none
 left ends the evaluator alone (exit 0, ``eval_skipped`` in its metrics), never the run. Greedy decoding
 (temperature 0) makes the number a deterministic function of the weights.
 
@@ -110,6 +117,7 @@ def heldout_task_set(
     *,
     training: TaskSet | None = None,
     overrides: Mapping[str, Any] | None = None,
+    split: str = "all",
 ) -> TaskSet:
     """The fixed held-out problems, with every training prompt removed.
 
@@ -122,17 +130,33 @@ def heldout_task_set(
     Length budgets are set as for training (``length_reward``, ``target_lengths``) with ``seed``
     as the budget seed, so a held-out prompt ends with "Think for T tokens ..." whenever a
     training prompt does, and ``target_length(i)`` is that T.
-    """
-    from prime_rl.tasks import TaskSet, load_tasks
 
+    ``split``: "all", or "dev" / "test" (the generator's problems outside / inside the test share
+    ``tasks.test_share`` that training keeps out; see the module docstring). Raises
+    ``EvaluatorError`` for "dev" or "test" without a generated source and ``test_share > 0``.
+    """
+    from prime_rl.tasks import TaskSet, in_test_split, load_tasks
+
+    if split not in ("all", "dev", "test"):
+        raise ValueError(f"split must be 'all', 'dev' or 'test', got {split!r}")
     train = training if training is not None else load_tasks(tasks)
     seen = {_prompt_of(train.task(i)) for i in range(len(train))}
     spec = TasksConfig.model_validate({**tasks.model_dump(), **overrides}) if overrides else tasks
+    if split != "all" and not (spec.source in GENERATED_SOURCES and spec.test_share > 0):
+        raise EvaluatorError(
+            f"evaluator.split = {split!r} needs a generated task source with tasks.test_share > 0 (got source "
+            f"{spec.source!r}, test_share {spec.test_share}); use split = 'all' or set tasks.test_share"
+        )
     if spec.source in GENERATED_SOURCES:
         # Draw extra candidates so that dropping training prompts still leaves num_problems.
         # (16x: a small family, e.g. the 100 one-digit sums, needs many draws to find its unseen ones.)
-        candidates = load_tasks(spec.model_copy(update={"seed": seed, "num_tasks": 16 * num_problems + 64}))
+        # test_share 0 here: the candidates include the test problems training never sees.
+        draws = {"seed": seed, "num_tasks": 16 * num_problems + 64, "test_share": 0.0}
+        candidates = load_tasks(spec.model_copy(update=draws))
         pool = [candidates.task(i) for i in range(len(candidates))]
+        if split != "all":
+            wanted = split == "test"
+            pool = [task for task in pool if in_test_split(_prompt_of(task), spec.test_share) == wanted]
     elif overrides:
         everything = load_tasks(spec.model_copy(update={"num_tasks": len(train) + num_problems}))
         pool = [everything.task(i) for i in range(len(everything))]

@@ -32,8 +32,11 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
     metrics = init_process("evaluator", name, config.run_dir)
     torch.set_num_threads(cfg.num_threads)
     training = load_tasks(config.tasks)
+    seed = cfg.test_seed if cfg.split == "test" else cfg.seed
     try:
-        heldout = heldout_task_set(config.tasks, cfg.num_problems, cfg.seed, training=training, overrides=cfg.tasks)
+        heldout = heldout_task_set(
+            config.tasks, cfg.num_problems, seed, training=training, overrides=cfg.tasks, split=cfg.split
+        )
     except EvaluatorError as error:  # a small dataset must not stop the run it was meant to measure
         log.warning("no held-out evaluation: %s", error)
         metrics.log("eval_skipped", reason=str(error))
@@ -55,9 +58,10 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
     )
     total_steps = int(config.trainer.total_steps)
     log.info(
-        "held-out set: %d problems (seed %d); evaluating versions %s",
+        "held-out set: %d problems (seed %d, split %s); evaluating versions %s",
         len(heldout),
-        cfg.seed,
+        seed,
+        cfg.split,
         versions_to_evaluate(total_steps, cfg.every),
     )
     for wanted in versions_to_evaluate(total_steps, cfg.every):
@@ -82,7 +86,7 @@ def main(config: RunConfig, name: str = "evaluator") -> int:
             stop=config.sampling.stop,
             batch_size=cfg.batch_size,
         )
-        metrics.log("eval", **result.__dict__)
+        metrics.log("eval", split=cfg.split, seed=seed, **result.__dict__)
         per_type = (f"{name} {c['num_correct']:.0f}/{c['num_problems']:.0f}" for name, c in result.by_type.items())
         log.info(
             "policy version %d: held-out accuracy %.3f (%d/%d; %s), length distance %s in %.1fs",
