@@ -111,7 +111,9 @@ def test_kill_9_of_orchestrator_validator_and_worker_the_run_still_finishes(tiny
     """A small real run; once work flows, kill -9 the orchestrator, then the validator, then the worker.
     The supervisor restarts each, the run finishes with exit code 0, every batch the orchestrator
     acknowledged is in its store, no sample is claimed twice, and the worker kept its identity."""
-    config_path, run_dir = tiny_run(workers={"count": 1, "hostile": []})
+    # Enough steps that training is still going when the third kill lands (3 steps finished within
+    # 17 s on an idle machine, before the worker's restart could be seen).
+    config_path, run_dir = tiny_run(workers={"count": 1, "hostile": []}, trainer={"total_steps": 20})
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
     run = subprocess.Popen(
         [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],

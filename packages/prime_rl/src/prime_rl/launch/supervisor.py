@@ -472,6 +472,10 @@ class Supervisor:
                     self.last_errors[child.spec.name] = died_of
                     if child.exit_code != 0:
                         self.report_failure(child, restarting=True)
+                elif child.exit_code != 0 and trainer_done_at is not None and child.spec.role != "evaluator":
+                    # Training is complete and everything is about to stop: a worker or server that
+                    # dies now (killed, crashed while the run winds down) costs the run nothing.
+                    log.warning("%s exited with code %s after the trainer finished", child.spec.name, child.exit_code)
                 elif child.exit_code != 0:
                     self.report_failure(child)
                     return 1
