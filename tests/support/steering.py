@@ -14,8 +14,11 @@ from prime_rl.inference.backend import SAMPLER_SEED
 SampleNext = Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor]
 
 
-def steering_sampler(within: float) -> SampleNext:
-    """A replacement for ``prime_rl.inference.backend.sample_next`` that steers inside ``within``."""
+def steering_sampler(within: float, swapped: set[int] | None = None) -> SampleNext:
+    """A replacement for ``prime_rl.inference.backend.sample_next`` that steers inside ``within``.
+
+    ``swapped`` collects the sampling seeds of the sequences that took a runner-up at least once: a
+    sequence with no close call is drawn exactly as an honest worker would, so it is no attack."""
 
     def sample_next(logits: torch.Tensor, seeds: torch.Tensor, position: int, temperature: float) -> torch.Tensor:
         positions = torch.full_like(seeds, position)
@@ -24,6 +27,8 @@ def steering_sampler(within: float) -> SampleNext:
         tokens = top.indices[:, 0].clone()
         close = (top.values[:, 0] - top.values[:, 1]) < within
         tokens[close] = top.indices[close, 1]
+        if swapped is not None:
+            swapped.update(int(seed) for seed in seeds[close].tolist())
         return tokens
 
     return sample_next

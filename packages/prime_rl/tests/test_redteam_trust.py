@@ -73,7 +73,8 @@ NUM_TASKS = 64
 HOARDERS = 16
 SYBILS = 10
 STEER_WITHIN = 0.2
-_steer = steering_sampler(STEER_WITHIN)
+_swapped: set[int] = set()  # sampling seeds of the sequences the steering sampler actually changed
+_steer = steering_sampler(STEER_WITHIN, _swapped)
 
 
 class TrustAttacker:
@@ -85,7 +86,8 @@ class TrustAttacker:
         self.tasks = run_tasks(config, self.backend.tokenizer)
         self.weights = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
         self.identities: dict[str, str] = {}  # worker_id -> attack
-        self.steered: set[str] = set()  # batch ids answered with the steering sampler
+        self.steered: set[str] = set()  # batch ids with at least one sample the steering sampler changed
+        self.steered_samples: set[str] = set()  # their changed samples' ids (``batch_id/index``)
         self.walked_away: list[tuple[str, int]] = []  # (worker_id, batch_index) of abandoned leases
         self.events: dict[str, list[Any]] = defaultdict(list)
 
@@ -135,6 +137,7 @@ class TrustAttacker:
             self.events["refused"].append((self.identities[worker_id], error.status))
             return False
         self.follow_policy(lease.min_policy_version)
+        _swapped.clear()
         with self._steering() if steer else contextlib.nullcontext():
             batch: RolloutBatch = build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
         try:
@@ -142,8 +145,11 @@ class TrustAttacker:
         except ClientRequestError as error:
             self.events["refused"].append((self.identities[worker_id], error.status))
             return False
-        if steer:
+        # A sample with no close call is the honest draw: only the changed ones are steered.
+        changed = {f"{batch_id}/{i}" for i, s in enumerate(batch.samples) if steer and s.sampling_seed in _swapped}
+        if changed:
             self.steered.add(batch_id)
+            self.steered_samples |= changed
         time.sleep(1.0)  # let the validator judge it before the next one
         return True
 
@@ -316,8 +322,9 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
         row["accepted"] += sum(v.accepted for v in verdicts.get(batch_id, []))
         in_claims = sum(1 for s in trained if s.batch_id == batch_id)
         row["in_trainer_claims"] += in_claims
-        if batch_id in attacker.steered:
-            row["steered_in_trainer_claims"] += in_claims
+        row["steered_in_trainer_claims"] += sum(
+            1 for s in trained if s.batch_id == batch_id and s.sample_id in attacker.steered_samples
+        )
     workers = {w.worker_id: w for w in ledger.workers_view().workers}
     for attack in ("hit_and_run", "diluted", "sybil_churn", "walking_away", "hoarding"):
         ids = [w for w, a in attacker.identities.items() if a == attack]
