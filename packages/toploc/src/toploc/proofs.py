@@ -142,7 +142,7 @@ def compare(committed: np.ndarray | torch.Tensor, values: np.ndarray | torch.Ten
     own device (CUDA after the fused kernel) and only five ``[C]`` counts come back to the host.
     """
     counts = _compare_counts(committed, values)
-    return _results(counts.cpu().tolist(), int(torch.as_tensor(values).shape[1]))
+    return _results(counts.cpu().tolist(), int(values.shape[1]))
 
 
 def _compare_counts(committed: np.ndarray | torch.Tensor, values: np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -102,7 +102,7 @@ def decode_proofs(proofs: list[bytes], *, topk: int) -> tuple[np.ndarray, np.nda
     if bad_modulus.size:
         i = int(bad_modulus[0])
         raise ProofFormatError(f"proof {i} has modulus {int(moduli[i])}, outside 1..{P}")
-    if len(proofs) and table[:, 1:].max(initial=0) >= P:
+    if table[:, 1:].max(initial=0) >= P:
         bad_coeff = int(np.flatnonzero((table[:, 1:] >= P).any(axis=1))[0])
         raise ProofFormatError(f"proof {bad_coeff} has a coefficient >= {P}")
     return moduli, table[:, 1:].astype(np.int64)
