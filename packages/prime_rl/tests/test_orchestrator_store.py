@@ -41,8 +41,9 @@ def _register_event(number: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _answer(ledger: Ledger, lease: TaskLease) -> None:
-    """Submit ``lease``'s batch and accept every sample (advantage 1, one completion token each)."""
+def _answer(ledger: Ledger, lease: TaskLease, *, judge: bool = True) -> None:
+    """Submit ``lease``'s batch and accept every sample (advantage 1, one completion token each);
+    ``judge=False`` leaves it awaiting verdicts."""
     samples = [
         RolloutSample(
             task_id=task.task_id, group_index=g, prompt_tokens=[1], completion_tokens=[2], sampling_seed=seed,
@@ -58,6 +59,8 @@ def _answer(ledger: Ledger, lease: TaskLease) -> None:
     )  # fmt: skip
     worker = ledger.workers[lease.worker_id]
     answer = ledger.submit(worker, batch, hashlib.sha256(batch.model_dump_json().encode()).hexdigest())
+    if not judge:
+        return
     verdicts = [
         Verdict(sample_index=i, accepted=True, reason="ok", reward=1.0, advantage=1.0, logprobs=[-1.0])
         for i in range(len(samples))
@@ -173,3 +176,22 @@ def test_a_failed_migration_leaves_the_old_version(tmp_path: Path) -> None:
         StateDB(path, [create, broken], "test store")
     db = StateDB(path, [create, lambda c: c.execute("INSERT INTO t VALUES (2)")], "test store")
     assert db.version == 2 and db.read("SELECT x FROM t") == [(2,)]
+
+
+def test_an_answered_lease_folds_only_once_its_batch_is_judged_or_expired(config_for: Any, monkeypatch: Any) -> None:
+    """A lease whose batch awaits verdicts is kept one by one (a machine-only rejection would still
+    hand its tasks on); once the batch expires unjudged (no step can use it) the lease folds, at
+    once, not only at the next restart."""
+    monkeypatch.setattr(leases_module, "FOLD_EVERY", 1)
+    config = config_for("--orchestrator.prompts_per_batch", "2", "--sampling.group_size", "2",
+                        "--orchestrator.async_level", "1")  # fmt: skip
+    ledger = _open(config, [100.0])
+    worker = ledger.workers[ledger.register("slow").worker_id]
+    lease = ledger.lease(worker, None, None)
+    _answer(ledger, lease, judge=False)
+    ledger.pending(8)
+    assert ledger.leases.get(worker.worker_id, lease.batch_index) is not None  # answered, not judged: kept
+    ledger.step = 5  # (as if five steps were committed meanwhile: policy v0 is now useless)
+    ledger.pending(8)
+    assert ledger.leases.get(worker.worker_id, lease.batch_index) is None  # expired unjudged: folded
+    assert ledger.leases.answered(worker.worker_id) == 1

@@ -208,13 +208,15 @@ class BatchBook(Mapping[str, StoredBatch]):
         """How many batches await verdicts."""
         return len(self._waiting)
 
-    def expire_useless(self, step: int, async_level: int) -> None:
-        """Verdict ``expired`` on unvalidated batches no step can use any more (not the worker's fault).
+    def expire_useless(self, step: int, async_level: int) -> list[StoredBatch]:
+        """Verdict ``expired`` on unvalidated batches no step can use any more (not the worker's fault);
+        returns the batches expired now.
 
         A batch that was fresh for its own lease (``policy_version >= lease step - async_level``)
         but is older than ``step - async_level`` can never be trained on; validating it would only
         burn validator time. A batch stale for its own lease is left to the validator (``stale_policy``).
         """
+        expired = []
         for batch in self.waiting():
             version, lease_step = batch.policy_version, batch.meta.step
             if lease_step - async_level <= version < step - async_level:
@@ -235,6 +237,8 @@ class BatchBook(Mapping[str, StoredBatch]):
                 self._metrics.log(
                     "expired", batch_id=batch.batch_id, worker_id=batch.worker_id, policy_version=version
                 )
+                expired.append(batch)
+        return expired
 
     def pending(self, limit: int, step: int) -> PendingResponse:
         """Up to ``limit`` batches awaiting verdicts, freshest policy first (usable for the most

@@ -158,7 +158,7 @@ class Ledger:
             validator_judged = batch.verdicts is not None and not batch.expired
             if validator_judged and not self.release.counted(batch.batch_id):
                 self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], None)  # crashed between writes
-            if validator_judged or batch.expired:  # (an expired batch is never judged: its lease folds)
+            if validator_judged or batch.expired:  # (an expired batch is never judged: its lease folds, as in _expire_useless)
                 machine = validator_judged and machine_rejected(batch.verdicts or [])
                 self.leases.mark_judged(batch.worker_id, batch.meta.batch_index, machine_rejected=machine, replaying=True)
         for claim in self.store.claims():
@@ -325,8 +325,13 @@ class Ledger:
         return BatchVerdicts(batch_id=batch_id, judged=batch.verdicts is not None, verdicts=batch.verdicts or [])
 
     def pending(self, limit: int) -> PendingResponse:
-        self.batches.expire_useless(self.step, self.orch.async_level)
+        self._expire_useless()
         return self.batches.pending(limit, self.step)
+
+    def _expire_useless(self) -> None:
+        """Expire the batches no step can use any more; their leases are done with (they fold)."""
+        for batch in self.batches.expire_useless(self.step, self.orch.async_level):
+            self.leases.mark_judged(batch.worker_id, batch.meta.batch_index, machine_rejected=False)
 
     def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
         """Store the verdicts and count the judgement for release in one store transaction; a batch
@@ -354,7 +359,7 @@ class Ledger:
             raise ApiFailure(
                 409, "conflict", f"step {request.step} is not the current step {self.step} and has no claim"
             )
-        self.batches.expire_useless(self.step, self.orch.async_level)
+        self._expire_useless()
         banned = self.banned_workers()  # banned since their samples were accepted: not trusted any more
         usable = self._usable(banned)
         selection = select_claim(
