@@ -362,22 +362,21 @@ class ComputedEvidence:
         self.ledger = EvidenceLedger(EvidenceTests.from_profile(NoiseProfile.calibrate(honest)))
 
     def observations(self, steer: float) -> Any:
-        from toploc import Observations, sample_tokens, sampling_margins
+        from toploc import Observations, gumbel_noise, sampling_margins
 
         torch = self.torch
         self.sequence += 1
         logits = torch.randn(self.LENGTH, self.VOCAB, generator=self.generator, dtype=torch.float64) * 2
         positions = torch.arange(self.LENGTH)
-        tokens = sample_tokens(logits, 2024, torch.full((self.LENGTH,), self.sequence), positions)
-        chosen = torch.rand(self.LENGTH, generator=self.generator) < steer
-        for t in chosen.nonzero().flatten().tolist():  # the runner-up of the seeded scores, if within tolerance
-            candidates = torch.arange(self.VOCAB)
-            margins = sampling_margins(logits[t].expand(self.VOCAB, -1), candidates, 2024, self.sequence,
-                                       torch.full((self.VOCAB,), t))  # fmt: skip
-            margins[tokens[t]] = float("inf")
-            best = int(margins.argmin())
-            if margins[best] <= self.TOLERANCE:
-                tokens[t] = best
+        # The seeded sampler's scores (what sample_tokens takes the argmax of) and their two best;
+        # a steered position takes the runner-up if it scores within the tolerance, as
+        # tests/support/steering.py's sampler does.
+        noise = gumbel_noise(2024, torch.full((self.LENGTH,), self.sequence), positions, self.VOCAB)
+        top = (logits + noise).topk(2, dim=-1)
+        swap = (torch.rand(self.LENGTH, generator=self.generator) < steer) & (
+            top.values[:, 0] - top.values[:, 1] <= self.TOLERANCE
+        )
+        tokens = torch.where(swap, top.indices[:, 1], top.indices[:, 0])
         margins = sampling_margins(logits, tokens, 2024, self.sequence, positions)
         assert float(margins.max()) <= self.TOLERANCE  # inside the per-sample check: accepted
         return Observations(margins.numpy(), torch.zeros(self.LENGTH, dtype=torch.float64).numpy())
