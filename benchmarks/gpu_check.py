@@ -273,13 +273,15 @@ def verify_stages(activations: torch.Tensor, proofs: list[bytes], repeats: int, 
     kernels alone (inputs already on the device), the host's proof parsing and the comparison (its
     counts back on the host); median ms."""
     from toploc import cuda as toploc_cuda
+    from toploc.chunking import split_chunks
     from toploc.proofs import compare
     from toploc.wire import decode_proofs
 
-    chunk = 32 * activations.shape[1]
-    bits = activations.view(torch.int16).reshape(-1)[: activations.numel() // chunk * chunk].reshape(-1, chunk)
+    # verify's own chunking: the group of full 32-token decode chunks, with its own proofs
+    group = max(split_chunks(activations, 32, skip_prefill=False), key=lambda g: g.bits.shape[0])
+    bits, rows = group.bits, slice(group.first, group.first + group.bits.shape[0])
     moduli, coeffs = decode_proofs(proofs, topk=128)
-    on_device = torch.from_numpy(moduli[: bits.shape[0]]).to(device), torch.from_numpy(coeffs[: bits.shape[0]]).to(device)
+    on_device = torch.from_numpy(moduli[rows]).to(device), torch.from_numpy(coeffs[rows]).to(device)
     _, values, committed, _ = toploc_cuda.select_evaluate(bits, 128, *on_device)
     stages = {
         "select_commit_kernel": lambda: toploc_cuda.select_commit(bits, 128),
