@@ -24,7 +24,7 @@ abandoned leases, backpressure) are the ``Ledger``'s.
 
 Cost: a lease costs the same however many leases were issued before it. Open leases are counted
 per worker and per address as they open and close, expiry pops a deadline heap, and answered leases
-whose batch was judged (and not rejected for the machine's reasons only, whose tasks go back to
+whose batch was judged or expired unjudged (and not rejected for the machine's reasons only, whose tasks go back to
 another identity: ``return_tasks``) are folded every ``FOLD_EVERY`` into per-worker and per-address
 totals in the store (their events
 deleted, ``RolloutStore.fold_leases``), so neither memory nor the store nor a restart's replay grows
