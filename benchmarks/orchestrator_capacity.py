@@ -16,8 +16,8 @@ other processes):
 1. ``start``: ``CYCLES_PER_WINDOW`` full cycles on a fresh store;
 2. ``history``: leases issued and answered as fast as the lease path allows (``lease`` then the
    lease book's ``mark_answered``, no batch files, as if a batch had been stored) until
-   ``HISTORY_LEASES`` leases were issued, ``HISTORY_SECONDS`` passed or the process spent
-   ``HISTORY_CPU_SECONDS`` of CPU, with a rate per window of ``REPORT_EVERY`` leases;
+   ``HISTORY_LEASES`` leases were issued or the code version's ``HISTORY_LIMITS`` (wall and CPU
+   seconds) ran out, with a rate per window of ``REPORT_EVERY`` leases;
 3. ``after``: ``CYCLES_PER_WINDOW`` full cycles again, with all that history behind them;
 4. ``restart``: the seconds a fresh ``Ledger`` takes to open that store.
 
@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -53,8 +54,9 @@ OLD_COMMIT = "6618b31"
 IDENTITIES = 16
 CYCLES_PER_WINDOW = 400
 HISTORY_LEASES = 1_000_000
-HISTORY_SECONDS = 90.0
-HISTORY_CPU_SECONDS = 20.0
+HISTORY_LIMITS = {"old": (90.0, 20.0), "new": (4800.0, 1200.0)}
+"""Per code version, the history phase's (wall, CPU) seconds limit: the old code slows with every
+lease (hours to 10^6), the new one must get there."""
 REPORT_EVERY = 2_000
 STARTUP_EVENTS = 1_000_000
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,7 +158,7 @@ def _issued(ledger: Any) -> int:
     return sum(ledger.leases.issued(w) for w in ledger.workers)
 
 
-def child_capacity(run_dir: Path) -> dict[str, Any]:
+def child_capacity(run_dir: Path, history_seconds: float, history_cpu_seconds: float) -> dict[str, Any]:
     proofs = base64.b64encode(os.urandom(258 * 2)).decode()
     ledger = _ledger(run_dir)
     workers = [ledger.workers[ledger.register(f"id{i}").worker_id] for i in range(IDENTITIES)]
@@ -168,8 +170,8 @@ def child_capacity(run_dir: Path) -> dict[str, Any]:
     window = _Clock()
     while (
         issued < HISTORY_LEASES
-        and time.perf_counter() - wall_started < HISTORY_SECONDS
-        and time.process_time() - cpu_started < HISTORY_CPU_SECONDS
+        and time.perf_counter() - wall_started < history_seconds
+        and time.process_time() - cpu_started < history_cpu_seconds
     ):
         with window:
             lease = ledger.lease(workers[issued % len(workers)], None, None)
@@ -182,6 +184,9 @@ def child_capacity(run_dir: Path) -> dict[str, Any]:
             print(f"  history: {history[-1]}", flush=True)
     result["history"] = history
     result["history_leases"] = _issued(ledger)
+    result["history_wall_s"] = time.perf_counter() - wall_started
+    result["history_cpu_s"] = time.process_time() - cpu_started
+    result["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["after"] = _window(ledger, workers, CYCLES_PER_WINDOW, proofs)
     result["after"]["leases_issued_before"] = result["history_leases"]
     print(f"  after: {result['after']}", flush=True)
@@ -245,8 +250,8 @@ def _run_child(source_root: Path, args: list[str]) -> dict[str, Any]:
 def _table(results: dict[str, Any]) -> str:
     lines = [
         "| code | full cycles/s at start (wall / CPU) | lease path /s, first window (wall / CPU) | leases issued | "
-        "lease path /s, last window (wall / CPU) | full cycles/s after (wall / CPU) | restart s | store MB |",
-        "|---|---|---|---|---|---|---|---|",
+        "lease path /s, last window (wall / CPU) | full cycles/s after (wall / CPU) | restart s | store MB | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results["capacity"].items():
         first, last = r["history"][0], r["history"][-1]
@@ -255,7 +260,7 @@ def _table(results: dict[str, Any]) -> str:
             f"{first['leases_per_s']:.0f} / {first['leases_per_cpu_s']:.0f} | {r['history_leases']:,} | "
             f"{last['leases_per_s']:.0f} / {last['leases_per_cpu_s']:.0f} | "
             f"{r['after']['cycles_per_s']:.0f} / {r['after']['cycles_per_cpu_s']:.0f} | {r['restart_s']:.2f} | "
-            f"{r['store_bytes'] / 1e6:.1f} |"
+            f"{r['store_bytes'] / 1e6:.1f} | {r.get('max_rss_mb', 0):.0f} |"
         )
     return "\n".join(lines)
 
@@ -265,11 +270,13 @@ def main() -> None:
     parser.add_argument("--child", choices=["capacity", "startup", "journal"])
     parser.add_argument("--dir")
     parser.add_argument("--opens", type=int, default=1)
+    parser.add_argument("--history-seconds", type=float, default=90.0)
+    parser.add_argument("--history-cpu-seconds", type=float, default=20.0)
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.child:
         if args.child == "capacity":
-            result = child_capacity(Path(args.dir))
+            result = child_capacity(Path(args.dir), args.history_seconds, args.history_cpu_seconds)
         elif args.child == "startup":
             result = child_startup(Path(args.dir), args.opens)
         else:
@@ -287,7 +294,11 @@ def main() -> None:
                                        "old_commit": OLD_COMMIT, "capacity": {}, "startup": {}}  # fmt: skip
             for name, source in (("old", old), ("new", ROOT)):
                 print(f"{name}: capacity", flush=True)
-                results["capacity"][name] = _run_child(source, ["--child", "capacity", "--dir", str(Path(tmp) / f"cap-{name}")])
+                seconds, cpu_seconds = HISTORY_LIMITS[name]
+                results["capacity"][name] = _run_child(source, [
+                    "--child", "capacity", "--dir", str(Path(tmp) / f"cap-{name}"),
+                    "--history-seconds", str(seconds), "--history-cpu-seconds", str(cpu_seconds),
+                ])  # fmt: skip
             template = Path(tmp) / "startup-template"
             _run_child(ROOT, ["--child", "journal", "--dir", str(template)])
             for name, source, opens in (("old", old, 1), ("new", ROOT, 2)):
@@ -299,7 +310,7 @@ def main() -> None:
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
     results["settings"] = {"identities": IDENTITIES, "cycles_per_window": CYCLES_PER_WINDOW,
-                           "history_leases_cap": HISTORY_LEASES, "history_seconds_cap": HISTORY_SECONDS,
+                           "history_leases_cap": HISTORY_LEASES, "history_limits_s": HISTORY_LIMITS,
                            "startup_events": STARTUP_EVENTS}  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "orchestrator_capacity.json").write_text(json.dumps(results, indent=1))
@@ -310,7 +321,8 @@ def main() -> None:
         f"the CPU rates); each code version in one child process; old = commit "
         f"{OLD_COMMIT}, new = this tree. A lease cycle = status -> lease -> submit (2x2 samples, parquet + fsync) -> "
         f"verdicts, on the Ledger (no HTTP), {IDENTITIES} identities taking turns; history = leases issued and answered "
-        f"through the lease path for at most {HISTORY_SECONDS:.0f} s (cap {HISTORY_LEASES:,}).\n\n"
+        f"through the lease path until {HISTORY_LEASES:,} were issued or the time ran out (wall / CPU s: "
+        + ", ".join(f"{name} {wall:.0f} / {cpu:.0f}" for name, (wall, cpu) in HISTORY_LIMITS.items()) + ").\n\n"
         + _table(results)
         + "\n\nStartup with "
         f"{STARTUP_EVENTS:,} recorded events (1,000 registrations, leases and expiries, nothing foldable), wall / CPU "
