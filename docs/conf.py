@@ -55,7 +55,7 @@ extensions = [
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 templates_path = ["_templates"]
-exclude_patterns = ["byo.md"]  # a guide on GitHub, not part of the reference
+exclude_patterns = ["byo.md", "inflight.md"]  # guides and design notes on GitHub, not part of the reference
 root_doc = "index"
 html_theme = "alabaster"
 html_title = "INTELLECT-2 libraries"
