@@ -17,7 +17,11 @@ other processes):
 2. ``history``: leases issued and answered as fast as the lease path allows (``lease`` then the
    lease book's ``mark_answered``, no batch files, as if a batch had been stored) until
    ``HISTORY_LEASES`` leases were issued or the code version's ``HISTORY_LIMITS`` (wall and CPU
-   seconds) ran out, with a rate per window of ``REPORT_EVERY`` leases;
+   seconds) ran out, with a rate per window of ``REPORT_EVERY`` leases. The new code's SQLite store
+   runs this phase with ``synchronous=OFF`` (no fsync per lease; the same statements, so the same
+   CPU work): with an fsync per lease on this shared disk 10^6 leases take hours of wall time. Its
+   wall rates in this phase are therefore not durable rates; the CPU rates are comparable, and the
+   ``after`` phase is measured with ``synchronous=FULL`` again;
 3. ``after``: ``CYCLES_PER_WINDOW`` full cycles again, with all that history behind them;
 4. ``restart``: the seconds a fresh ``Ledger`` takes to open that store.
 
@@ -54,7 +58,7 @@ OLD_COMMIT = "6618b31"
 IDENTITIES = 16
 CYCLES_PER_WINDOW = 400
 HISTORY_LEASES = 1_000_000
-HISTORY_LIMITS = {"old": (90.0, 20.0), "new": (4800.0, 1200.0)}
+HISTORY_LIMITS = {"old": (90.0, 20.0), "new": (3600.0, 1200.0)}
 """Per code version, the history phase's (wall, CPU) seconds limit: the old code slows with every
 lease (hours to 10^6), the new one must get there."""
 REPORT_EVERY = 2_000
@@ -168,6 +172,9 @@ def child_capacity(run_dir: Path, history_seconds: float, history_cpu_seconds: f
     wall_started, cpu_started = time.perf_counter(), time.process_time()
     issued = _issued(ledger)
     window = _Clock()
+    db = getattr(ledger.store, "db", None)  # the new code's StateDB (the old code has none)
+    if db is not None:
+        db.connection.execute("PRAGMA synchronous=OFF")
     while (
         issued < HISTORY_LEASES
         and time.perf_counter() - wall_started < history_seconds
@@ -182,7 +189,10 @@ def child_capacity(run_dir: Path, history_seconds: float, history_cpu_seconds: f
                             "leases_per_cpu_s": REPORT_EVERY / window.cpu})  # fmt: skip
             window = _Clock()
             print(f"  history: {history[-1]}", flush=True)
+    if db is not None:
+        db.connection.execute("PRAGMA synchronous=FULL")
     result["history"] = history
+    result["history_synchronous_off"] = db is not None
     result["history_leases"] = _issued(ledger)
     result["history_wall_s"] = time.perf_counter() - wall_started
     result["history_cpu_s"] = time.process_time() - cpu_started
