@@ -248,6 +248,7 @@ class WorkerStats(ApiModel):
     samples_expired: int
     malformed_requests: int
     rejected_reasons: dict[str, int]
+    retired: bool = False
 
 
 class WorkersResponse(ApiModel):

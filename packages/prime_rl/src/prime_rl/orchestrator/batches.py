@@ -81,6 +81,10 @@ class StoredBatch:
         return self.verdicts is not None and all(v.reason == EXPIRED for v in self.verdicts)
 
 
+FRESH_TURN = 4
+"""In the validator's queue, one place in this many goes to a fresh identity's batch (``pending``)."""
+
+
 class BatchBook(Mapping[str, StoredBatch]):
     """All stored batches of a run (see module docstring)."""
 
@@ -240,13 +244,25 @@ class BatchBook(Mapping[str, StoredBatch]):
                 expired.append(batch)
         return expired
 
-    def pending(self, limit: int, step: int) -> PendingResponse:
-        """Up to ``limit`` batches awaiting verdicts, freshest policy first (usable for the most
-        steps), then submission order; each with its stored samples."""
+    def pending(
+        self, limit: int, step: int, *, established: Callable[[str], bool] = lambda worker_id: True
+    ) -> PendingResponse:
+        """Up to ``limit`` batches awaiting verdicts, each with its stored samples: freshest policy
+        first (usable for the most steps), then submission order, with the batches of ``established``
+        workers (accepted work) ahead of the others' but every ``FRESH_TURN``-th place kept for the
+        oldest batch of a fresh identity while one waits, so unproven work cannot delay established
+        verdicts by more than one batch in ``FRESH_TURN`` and a newcomer is never starved."""
         waiting = self.waiting()
         waiting.sort(key=lambda batch: (-batch.policy_version, batch.seq))
+        ahead = [batch for batch in waiting if established(batch.worker_id)]
+        fresh = [batch for batch in waiting if not established(batch.worker_id)]
+        fresh.sort(key=lambda batch: batch.seq)
+        ordered: list[StoredBatch] = []
+        while len(ordered) < limit and (ahead or fresh):
+            fresh_turn = len(ordered) % FRESH_TURN == FRESH_TURN - 1 or not ahead
+            ordered.append(fresh.pop(0) if fresh_turn and fresh else ahead.pop(0))
         answer = []
-        for batch in waiting[:limit]:
+        for batch in ordered:
             meta = batch.meta
             answer.append(
                 PendingBatch(

@@ -61,7 +61,7 @@ from prime_rl.orchestrator.http import (
     validation_message,
 )
 from prime_rl.orchestrator.ledger import ApiFailure, Ledger
-from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key
+from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key, network_key
 from prime_rl.orchestrator.store import RolloutStore
 
 __all__ = ["ROUTES", "OrchestratorServer", "build_app", "main"]
@@ -125,8 +125,9 @@ class _Api:
         require_token(request, self.admin_token, "admin token")
 
     def admit_registration(self, request: web.Request) -> None:
-        """ApiFailure 429 ``rate_limited`` when the client's address is over its registration rate."""
-        key = client_key(request.remote)
+        """ApiFailure 429 ``rate_limited`` when the client's network (IPv4 /24, IPv6 /64) is over its
+        registration rate."""
+        key = network_key(request.remote)
         admission = self.registrations.admit(key)
         if not admission.allowed:
             log.debug("registration from %s rate limited", key)
@@ -152,7 +153,7 @@ class _Api:
         body = await self.body(request, RegisterRequest)
         # Off the ledger's lock: a hook may take time (a stake lookup) and must not stall other requests.
         await asyncio.to_thread(self.admission.admit, body.name, request.remote or "", dict(request.headers))
-        return model_response(await self.call(self.ledger.register, body.name))
+        return model_response(await self.call(self.ledger.register, body.name, network_key(request.remote)))
 
     async def tasks(self, request: web.Request) -> web.Response:
         worker_id = request.query.get("worker_id", "")
