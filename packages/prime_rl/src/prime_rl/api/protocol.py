@@ -59,6 +59,7 @@ __all__ = [
     "VerdictRequest",
     "VerdictResponse",
     "WorkerStats",
+    "WorkerTotals",
     "WorkersResponse",
     "machine_rejected",
 ]
@@ -251,8 +252,29 @@ class WorkerStats(ApiModel):
     retired: bool = False
 
 
+class WorkerTotals(ApiModel):
+    """The whole worker table in numbers (GET /workers, with every page)."""
+
+    registered: int
+    active: int
+    banned: int
+    retired: int
+    established: int
+    samples_accepted: int
+    samples_rejected: int
+    samples_pending: int
+
+
 class WorkersResponse(ApiModel):
+    """GET /workers: one page of a snapshot of the worker table (``orchestrator/workers_view.py``)."""
+
     workers: list[WorkerStats]
+    total: int = 0
+    """Workers in the order or filter asked for, over all pages."""
+    offset: int = 0
+    totals: WorkerTotals | None = None
+    as_of: float = 0.0
+    """Orchestrator time of the snapshot (at most ``workers_view_max_age_s`` old when served)."""
 
 
 class BanRequest(ApiModel):

@@ -324,6 +324,13 @@ class OrchestratorConfig(Section):
         ge=1,
         description="Registered workers neither banned nor retired at most (503 worker_limit beyond).",
     )
+    workers_view_max_age_s: float = Field(
+        default=1.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="GET /workers serves a snapshot of the worker table rebuilt at most this often (0 = on every "
+        "read), off the ledger's lock, so anonymous readers cost one rebuild per period whatever their number.",
+    )
     max_fresh_workers_per_network: int = Field(
         default=16,
         ge=0,

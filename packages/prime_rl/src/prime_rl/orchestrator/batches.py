@@ -365,10 +365,12 @@ class BatchBook(Mapping[str, StoredBatch]):
 
     def sample_counts(self) -> tuple[dict[str, Counter[str]], dict[str, Counter[str]]]:
         """Per worker id: counts of ``batches``, ``samples``, ``pending``, ``expired``, ``accepted``,
-        ``rejected``; and per worker id the rejected samples by verdict reason."""
+        ``rejected``; and per worker id the rejected samples by verdict reason. Safe to call from
+        another thread than the ledger's (the batches are copied first with one C-level ``list()``;
+        ``GET /workers`` calls it without the ledger's lock)."""
         counts: dict[str, Counter[str]] = {}
         reasons: dict[str, Counter[str]] = {}
-        for batch in self._batches.values():
+        for batch in list(self._batches.values()):
             count = counts.setdefault(batch.worker_id, Counter())
             rejected = reasons.setdefault(batch.worker_id, Counter())
             count["batches"] += 1

@@ -63,6 +63,7 @@ from prime_rl.orchestrator.http import (
 from prime_rl.orchestrator.ledger import ApiFailure, Ledger
 from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key, network_key
 from prime_rl.orchestrator.store import RolloutStore
+from prime_rl.orchestrator.workers_view import WorkersView
 
 __all__ = ["ROUTES", "OrchestratorServer", "build_app", "main"]
 
@@ -109,6 +110,7 @@ class _Api:
             orch.register_rate_per_minute, orch.register_burst, clock=registration_clock
         )
         self.lock = asyncio.Lock()
+        self.workers_view = WorkersView(ledger, orch.workers_view_max_age_s)
 
     async def call(self, function: Callable[..., Any], *args: Any) -> Any:
         async with self.lock:
@@ -212,7 +214,8 @@ class _Api:
             await self.call(self.ledger.record_malformed, worker_id)
 
     async def workers(self, request: web.Request) -> web.Response:
-        return model_response(await self.call(self.ledger.workers_view))
+        # Anonymous: a page of a cached snapshot, never the ledger's lock (workers_view.py).
+        return model_response(await self.workers_view.page(dict(request.query)))
 
     async def ban(self, request: web.Request) -> web.Response:
         self.require_admin(request)

@@ -82,6 +82,11 @@ class WorkerRegistry(Mapping[str, WorkerRecord]):
     def __len__(self) -> int:
         return len(self._workers)
 
+    def records(self) -> list[WorkerRecord]:
+        """A copy of the records in registration order (one C-level ``list()``: safe to call from
+        another thread while the ledger's thread registers workers)."""
+        return list(self._workers.values())
+
     def active_count(self) -> int:
         """Registered workers neither banned nor retired (O(1))."""
         return self._active
