@@ -21,26 +21,30 @@ from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.workers_view import PAGE_MAX
 
 
-def test_workers_is_answered_while_the_ledger_lock_is_held(server_factory: Any) -> None:
-    # Before: GET /workers ran under the ledger's lock, so it waited for whatever held it (and,
-    # at 10k workers, held it 0.31 s itself).
+def test_anonymous_reads_are_answered_while_the_ledger_lock_is_held(server_factory: Any) -> None:
+    # Before: GET /workers and GET /status ran under the ledger's lock, so they waited for whatever
+    # held it (and /workers, at 10k workers, held it 0.31 s itself).
     server = server_factory()
     release, entered = threading.Event(), threading.Event()
-    status = server.ledger.status
+    pending = server.ledger.pending
 
-    def slow_status() -> Any:  # holds the ledger's lock until released
+    def slow_pending(limit: int) -> Any:  # holds the ledger's lock until released
         entered.set()
         release.wait(10)
-        return status()
+        return pending(limit)
 
-    server.ledger.status = slow_status  # type: ignore[method-assign]
-    blocked = threading.Thread(target=lambda: requests.get(server.url + "/status", timeout=15))
+    server.ledger.pending = slow_pending  # type: ignore[method-assign]
+    headers = {"Authorization": f"Bearer {server.admin_token}"}
+    blocked = threading.Thread(
+        target=lambda: requests.get(server.url + "/validator/pending", headers=headers, timeout=15)
+    )
     blocked.start()
     try:
         assert entered.wait(5)
-        started = time.monotonic()
-        answer = requests.get(server.url + "/workers", timeout=3)
-        assert answer.status_code == 200 and time.monotonic() - started < 2.0
+        for path in ("/workers", "/status", "/health"):
+            started = time.monotonic()
+            answer = requests.get(server.url + path, timeout=3)
+            assert answer.status_code == 200 and time.monotonic() - started < 2.0, path
     finally:
         release.set()
         blocked.join(15)

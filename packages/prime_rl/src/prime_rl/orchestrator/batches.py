@@ -365,24 +365,34 @@ class BatchBook(Mapping[str, StoredBatch]):
 
     def sample_counts(self) -> tuple[dict[str, Counter[str]], dict[str, Counter[str]]]:
         """Per worker id: counts of ``batches``, ``samples``, ``pending``, ``expired``, ``accepted``,
-        ``rejected``; and per worker id the rejected samples by verdict reason. Safe to call from
-        another thread than the ledger's (the batches are copied first with one C-level ``list()``;
-        ``GET /workers`` calls it without the ledger's lock)."""
+        ``rejected``; and per worker id the rejected samples by verdict reason."""
         counts: dict[str, Counter[str]] = {}
         reasons: dict[str, Counter[str]] = {}
-        for batch in list(self._batches.values()):
-            count = counts.setdefault(batch.worker_id, Counter())
-            rejected = reasons.setdefault(batch.worker_id, Counter())
-            count["batches"] += 1
-            count["samples"] += len(batch.task_ids)
-            if batch.verdicts is None:
-                count["pending"] += len(batch.task_ids)
-                continue
-            for verdict in batch.verdicts:
-                if verdict.reason == EXPIRED:
-                    count["expired"] += 1
-                    continue
-                count["accepted" if verdict.accepted else "rejected"] += 1
-                if not verdict.accepted:
-                    rejected[verdict.reason] += 1
+        count_samples(self._batches.values(), counts, reasons)
         return counts, reasons
+
+    def stored(self) -> list[StoredBatch]:
+        """A copy of the stored batches (one C-level ``list()``: safe while the ledger's thread adds
+        batches; ``GET /workers`` reads them without the ledger's lock)."""
+        return list(self._batches.values())
+
+
+def count_samples(
+    batches: Iterable[StoredBatch], counts: dict[str, Counter[str]], reasons: dict[str, Counter[str]]
+) -> None:
+    """Add ``batches`` to ``counts`` and ``reasons`` (``BatchBook.sample_counts``)."""
+    for batch in batches:
+        count = counts.setdefault(batch.worker_id, Counter())
+        rejected = reasons.setdefault(batch.worker_id, Counter())
+        count["batches"] += 1
+        count["samples"] += len(batch.task_ids)
+        if batch.verdicts is None:
+            count["pending"] += len(batch.task_ids)
+            continue
+        for verdict in batch.verdicts:
+            if verdict.reason == EXPIRED:
+                count["expired"] += 1
+                continue
+            count["accepted" if verdict.accepted else "rejected"] += 1
+            if not verdict.accepted:
+                rejected[verdict.reason] += 1

@@ -256,6 +256,8 @@ class Ledger:
         return max(0, self.step - self.orch.async_level)
 
     def status(self) -> StatusResponse:
+        """``GET /status``. Reads only counters and config (no iteration, no change): the HTTP layer
+        calls it without the lock, from the event loop."""
         sampling = self.config.sampling
         return StatusResponse(
             step=self.step,
