@@ -206,8 +206,10 @@ def test_unproven_work_never_holds_back_an_established_worker(config_for: Any) -
     assert ledger.buffered_samples() == 8
     assert ledger.lease(honest, None, None, "10.0.0.1").batch_index == 2
     # The validator's queue: the established worker's batch first, fresh ones get one place in four.
-    order = [batch.worker_id for batch in ledger.pending(8).batches]
+    batches = ledger.pending(8).batches
+    order = [batch.worker_id for batch in batches]
     assert order[0] == honest.worker_id and order.count(honest.worker_id) == 1 and len(order) == 8
+    assert batches[0].client == "10.0.0.1"  # the validator's per-address tool budget keys on it
 
 
 def _http(url: str, method: str, path: str, source: str, *, body: bytes = b"", token: str = "") -> tuple[int, Any]:

@@ -303,6 +303,11 @@ class PendingBatch(ApiModel):
     received_at: float
     lease: LeaseRecord | None = Field(description="The lease the batch answers; null if none was issued.")
     samples: list[RolloutSample]
+    client: str = Field(
+        default="",
+        description="The client address the lease was handed to (IPv4 address, IPv6 /64; '' if unknown): the "
+        "validator's per-address tool-time budget.",
+    )
 
 
 class PendingResponse(ApiModel):

@@ -245,13 +245,19 @@ class BatchBook(Mapping[str, StoredBatch]):
         return expired
 
     def pending(
-        self, limit: int, step: int, *, established: Callable[[str], bool] = lambda worker_id: True
+        self,
+        limit: int,
+        step: int,
+        *,
+        established: Callable[[str], bool] = lambda worker_id: True,
+        client: Callable[[StoredBatch], str] = lambda batch: "",
     ) -> PendingResponse:
         """Up to ``limit`` batches awaiting verdicts, each with its stored samples: freshest policy
         first (usable for the most steps), then submission order, with the batches of ``established``
         workers (accepted work) ahead of the others' but every ``FRESH_TURN``-th place kept for the
         oldest batch of a fresh identity while one waits, so unproven work cannot delay established
-        verdicts by more than one batch in ``FRESH_TURN`` and a newcomer is never starved."""
+        verdicts by more than one batch in ``FRESH_TURN`` and a newcomer is never starved.
+        ``client(batch)``: the client address its lease was handed to (``PendingBatch.client``)."""
         waiting = self.waiting()
         waiting.sort(key=lambda batch: (-batch.policy_version, batch.seq))
         ahead = [batch for batch in waiting if established(batch.worker_id)]
@@ -274,6 +280,7 @@ class BatchBook(Mapping[str, StoredBatch]):
                     received_at=meta.received_at,
                     lease=meta.lease,
                     samples=rollout_samples(self._store.read_batch(meta.batch_id)),
+                    client=client(batch),
                 )
             )
         return PendingResponse(batches=answer, pending_batches=len(waiting), policy_version=step, step=step)

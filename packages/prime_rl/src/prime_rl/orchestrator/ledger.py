@@ -371,7 +371,12 @@ class Ledger:
 
     def pending(self, limit: int) -> PendingResponse:
         self._expire_useless()
-        return self.batches.pending(limit, self.step, established=self._has_history)
+        return self.batches.pending(limit, self.step, established=self._has_history, client=self._client_of)
+
+    def _client_of(self, batch: StoredBatch) -> str:
+        """The client address ``batch``'s lease was handed to ("" when unknown)."""
+        held = self.leases.get(batch.worker_id, batch.meta.batch_index)
+        return held.address if held is not None else ""
 
     def _expire_useless(self) -> None:
         """Expire the batches no step can use any more; their leases are done with (they fold)."""
