@@ -39,7 +39,7 @@ ORDERS = ("id", "accepted")
 
 FIELDS = tuple(WorkerStats.model_fields)
 """The ``WorkerStats`` fields, in the order of a snapshot row."""
-ACCEPTED, BANNED, RETIRED = (FIELDS.index(name) for name in ("samples_accepted", "banned", "retired"))
+BANNED, RETIRED = (FIELDS.index(name) for name in ("banned", "retired"))
 
 PAGES_CACHED = 64
 """Serialized pages kept per snapshot (identical reads between rebuilds cost a dictionary lookup)."""
@@ -101,7 +101,8 @@ def build_steps(ledger: Ledger) -> Generator[None, None, WorkersSnapshot]:
         yield
     issued, expired = ledger.leases.issued, ledger.leases.expired
     none: Counter[str] = Counter()
-    rows = []
+    rows: list[tuple[Any, ...]] = []
+    accepted_of: list[int] = []
     banned = retired = established = accepted = rejected = pending = 0
     for position, w in enumerate(ledger.workers.records()):
         if position and position % CHUNK == 0:
@@ -119,9 +120,10 @@ def build_steps(ledger: Ledger) -> Generator[None, None, WorkersSnapshot]:
         banned += w.banned
         retired += w.retired
         established += row_accepted > 0
+        accepted_of.append(row_accepted)
         accepted, rejected, pending = accepted + row_accepted, rejected + row_rejected, pending + row_pending
     yield
-    by_accepted = sorted(range(len(rows)), key=lambda i: -rows[i][ACCEPTED])
+    by_accepted = sorted(range(len(rows)), key=lambda i: -accepted_of[i])
     return WorkersSnapshot(
         built_at=ledger.clock(),
         rows=tuple(rows),
