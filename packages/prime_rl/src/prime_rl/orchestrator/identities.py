@@ -90,8 +90,7 @@ class LeaseQueue:
 class FreshIdentities:
     """Per-network caps and retirement of identities without accepted work (module docstring).
 
-    ``has_history(worker_id)``: whether the validator accepted any of its tokens;
-    ``busy(worker_id)``: whether it holds a lease, has a batch awaiting verdicts or waits its turn.
+    ``has_history(worker_id)``: whether the validator accepted any of its tokens.
     """
 
     def __init__(
@@ -101,14 +100,12 @@ class FreshIdentities:
         max_per_network: int,
         ttl_s: float,
         has_history: Callable[[str], bool],
-        busy: Callable[[str], bool],
         clock: Callable[[], float],
     ) -> None:
         self._workers = workers
         self.max_per_network = max_per_network
         self.ttl_s = ttl_s
         self._has_history = has_history
-        self._busy = busy
         self._clock = clock
         self._by_network: dict[str, set[str]] = {}
         self._due: list[tuple[float, str]] = []  # (retire-at, worker id), a heap
@@ -152,14 +149,15 @@ class FreshIdentities:
             retry_after_s=retry,
         )
 
-    def retire_idle(self) -> list[WorkerRecord]:
-        """Retire the fresh identities past ``ttl_s`` that are not busy; returns them."""
+    def retire_idle(self, busy: Callable[[str], bool]) -> list[WorkerRecord]:
+        """Retire the fresh identities past ``ttl_s`` that are not ``busy`` (holding a lease, a batch
+        awaiting verdicts, a place in a queue); returns them."""
         now, retired = self._clock(), []
         while self._due and self._due[0][0] <= now:
             _, worker_id = heapq.heappop(self._due)
             if not self.fresh(worker_id):
                 continue  # banned, retired or established: nothing to do, ever
-            if self._busy(worker_id):
+            if busy(worker_id):
                 heapq.heappush(self._due, (now + min(RECHECK_S, self.ttl_s), worker_id))
                 continue
             worker = self._workers[worker_id]

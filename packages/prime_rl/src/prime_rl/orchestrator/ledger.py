@@ -134,7 +134,6 @@ class Ledger:
             max_per_network=self.orch.max_fresh_workers_per_network,
             ttl_s=self.orch.fresh_worker_ttl_s,
             has_history=self._has_history,
-            busy=self._busy,
             clock=clock,
         )
         self.claims: dict[int, tuple[SampleId, ...]] = {}
@@ -188,13 +187,6 @@ class Ledger:
         """Whether the validator accepted any of ``worker_id``'s tokens (an established worker)."""
         return self.release.worker_tokens(worker_id) > 0
 
-    def _busy(self, worker_id: str) -> bool:
-        """Holds a lease, has a batch awaiting verdicts or waits its turn for a lease (not retired)."""
-        return (
-            self.leases.open_count(worker_id) > 0
-            or self.rules.queue.waiting(worker_id)
-            or any(batch.worker_id == worker_id for batch in self.batches.waiting())
-        )
 
     def register(self, name: str, network: str = "") -> RegisterResponse:
         """A new worker id and token for a client of ``network`` (``rate_limit.network_key``; "" for
@@ -217,8 +209,19 @@ class Ledger:
         return RegisterResponse(worker_id=worker.worker_id, token=token)
 
     def retire_idle(self) -> int:
-        """Retire the identities without accepted work idle past ``fresh_worker_ttl_s``; how many."""
-        return len(self.fresh.retire_idle())
+        """Retire the identities without accepted work idle past ``fresh_worker_ttl_s``; how many. An
+        identity holding a lease, a batch awaiting verdicts or a place in a lease queue is busy."""
+        awaiting: set[str] | None = None
+
+        def busy(worker_id: str) -> bool:
+            nonlocal awaiting
+            if self.leases.open_count(worker_id) > 0 or self.rules.queue.waiting(worker_id):
+                return True
+            if awaiting is None:  # once per sweep, only if some identity is due
+                awaiting = {batch.worker_id for batch in self.batches.waiting()}
+            return worker_id in awaiting
+
+        return len(self.fresh.retire_idle(busy))
 
     def authenticate(self, worker_id: str, token: str) -> WorkerRecord:
         """The registered, unbanned worker owning ``token``; ApiFailure 404/401/403 otherwise."""
