@@ -34,6 +34,7 @@ def make_config(tmp_path: Path, *overrides: str) -> RunConfig:
         "--orchestrator.async_level", "1",
         "--sampling.group_size", "2",
         "--orchestrator.release_after_tokens", "0",  # claimable once accepted (test_orchestrator_release)
+        "--orchestrator.workers_view_max_age_s", "0",  # tests read GET /workers right after acting
     ]  # fmt: skip
     return load_config(None, [*base, *overrides])
 

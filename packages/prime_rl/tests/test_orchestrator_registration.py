@@ -22,7 +22,7 @@ from prime_rl.api.client import (
     OrchestratorUnavailable,
 )
 from prime_rl.config import ConfigError, load_config
-from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key
+from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key, network_key
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import TaskSet
 
@@ -145,6 +145,14 @@ def test_client_key_groups_ipv6_by_64_and_keeps_ipv4() -> None:
     assert client_key(None) == "<unknown>" and client_key("not an ip") == "not an ip"
 
 
+def test_network_key_groups_ipv4_by_24_and_ipv6_by_64() -> None:
+    assert network_key("10.1.2.3") == network_key("10.1.2.250") == "10.1.2.0/24"
+    assert network_key("10.1.3.3") != network_key("10.1.2.3")
+    assert network_key("::ffff:10.1.2.3") == "10.1.2.0/24"
+    assert network_key("2001:db8:1:2:aaaa::1") == "2001:db8:1:2::/64"
+    assert network_key(None) == "<unknown>" and network_key("not an ip") == "not an ip"
+
+
 # ---------------------------------------------------------------- over HTTP
 
 
@@ -160,10 +168,12 @@ def test_registration_rate_limit_answers_429_and_serves_everyone_else(limited_se
         assert headers["Retry-After"] == "10"  # (1 - 0 tokens) / (6/60 per s)
         with pytest.raises(OrchestratorBusy):
             client.register("c")
-        # The limited address is still served on every other endpoint, and other addresses may register.
+        # The limited address is still served on every other endpoint; its /24 shares its bucket,
+        # and other networks may register.
         assert client.status().workers == 2
         assert client.get_tasks(second.worker_id).worker_id == second.worker_id
-        assert _register_raw(server.url, source="127.0.0.2")[0] == 200
+        assert _register_raw(server.url, source="127.0.0.2")[0] == 429
+        assert _register_raw(server.url, source="127.0.1.2")[0] == 200
         clock.now += 9.0
         assert _register_raw(server.url)[2]["Retry-After"] == "1"  # 0.1 token short: 1 s (whole seconds)
         clock.now += 1.0

@@ -415,6 +415,10 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
             "max_buffered_samples": BUFFER,
             "task_timeout_s": TASK_TIMEOUT_S,
             "max_open_leases_per_address": PER_ADDRESS,
+            # All identities, 127.0.0.2's hoarders too, share loopback's /24: its registration bucket and its
+            # cap on fresh identities (the cap is tested alone: test_orchestrator_identities.py).
+            "max_fresh_workers_per_network": 0,
+            "register_burst": 100,
             "release_after_tokens": RELEASE_AFTER_TOKENS,
         },
         trainer={"total_steps": 200, "samples_per_step": SAMPLES_PER_STEP},

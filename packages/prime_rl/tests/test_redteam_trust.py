@@ -252,6 +252,10 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
             "task_timeout_s": TASK_TIMEOUT_S,
             "release_after_tokens": 64,
             "register_burst": 200,
+            # Every identity here shares loopback's /24 with the honest worker; the per-network cap on
+            # fresh identities would refuse the churn this test is about (tested alone:
+            # test_orchestrator_identities.py).
+            "max_fresh_workers_per_network": 0,
             "max_buffered_samples": 32,  # keeps the validator's queue short: honest batches never go stale
         },
         trainer={"total_steps": 400, "samples_per_step": 8},

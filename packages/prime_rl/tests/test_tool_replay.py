@@ -164,6 +164,19 @@ def test_the_lease_tool_budget_bounds_the_replay_time():
     assert [p.reason for p in pending] == [Reason.ACCEPTED, Reason.TOOL_UNVERIFIABLE, Reason.ACCEPTED]
 
 
+def test_a_lease_whose_budget_is_spent_runs_no_tool() -> None:
+    slow = played("import time\ntime.sleep(0.3)\nprint(1)", env())
+    check = SimpleNamespace(episode_env=env(), validator=SimpleNamespace(tool_seconds_per_lease=60.0))
+    pending = [checks_module.Pending(i, slow) for i in range(2)]
+    before = checks_module.tool_seconds()
+    replay_checks(pending, decode, check, budget_s=0.0)
+    assert pending[0].reason == Reason.TOOL_UNVERIFIABLE  # (the lease is lost: nothing else replays)
+    assert checks_module.tool_seconds() == before  # nothing ran
+    pending = [checks_module.Pending(i, slow) for i in range(2)]
+    replay_checks(pending, decode, check, budget_s=0.2)  # the first replay spends it: the second runs nothing
+    assert [p.reason for p in pending] == [Reason.ACCEPTED, Reason.TOOL_UNVERIFIABLE]
+
+
 def test_a_fabricated_lease_with_looping_tool_calls_costs_no_tool_time(monkeypatch):
     """Issue 34 item 1: random proofs and tool calls that loop until their timeout. The prefill rejects
     every sample first; no tool runs (the sandbox is never entered), and the validator's CPU time for

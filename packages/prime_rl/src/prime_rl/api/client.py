@@ -332,9 +332,13 @@ class OrchestratorClient:
         params = {"worker_id": worker_id, "batch_id": batch_id}
         return self.request("GET", "/rollouts/verdicts", BatchVerdicts, params=params, token=self.worker_token)
 
-    def workers(self) -> WorkersResponse:
-        """GET /workers: per-worker accounting."""
-        return self.request("GET", "/workers", WorkersResponse)
+    def workers(
+        self, *, offset: int = 0, limit: int = 100, order: str = "id", banned_only: bool = False
+    ) -> WorkersResponse:
+        """GET /workers: one page (``limit`` <= 500) of per-worker accounting, in registration
+        ``order`` ("id") or most accepted samples first ("accepted"), with the table's totals."""
+        params = {"offset": offset, "limit": limit, "order": order, "banned": "true" if banned_only else "false"}
+        return self.request("GET", "/workers", WorkersResponse, params=params)
 
     # ------------------------------------------------------------- trusted endpoints
 

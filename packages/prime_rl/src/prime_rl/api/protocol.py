@@ -59,6 +59,7 @@ __all__ = [
     "VerdictRequest",
     "VerdictResponse",
     "WorkerStats",
+    "WorkerTotals",
     "WorkersResponse",
     "machine_rejected",
 ]
@@ -248,10 +249,32 @@ class WorkerStats(ApiModel):
     samples_expired: int
     malformed_requests: int
     rejected_reasons: dict[str, int]
+    retired: bool = False
+
+
+class WorkerTotals(ApiModel):
+    """The whole worker table in numbers (GET /workers, with every page)."""
+
+    registered: int
+    active: int
+    banned: int
+    retired: int
+    established: int
+    samples_accepted: int
+    samples_rejected: int
+    samples_pending: int
 
 
 class WorkersResponse(ApiModel):
+    """GET /workers: one page of a snapshot of the worker table (``orchestrator/workers_view.py``)."""
+
     workers: list[WorkerStats]
+    total: int = 0
+    """Workers in the order or filter asked for, over all pages."""
+    offset: int = 0
+    totals: WorkerTotals | None = None
+    as_of: float = 0.0
+    """Orchestrator time of the snapshot (at most ``workers_view_max_age_s`` old when served)."""
 
 
 class BanRequest(ApiModel):
@@ -280,6 +303,11 @@ class PendingBatch(ApiModel):
     received_at: float
     lease: LeaseRecord | None = Field(description="The lease the batch answers; null if none was issued.")
     samples: list[RolloutSample]
+    client: str = Field(
+        default="",
+        description="The client address the lease was handed to (IPv4 address, IPv6 /64; '' if unknown): the "
+        "validator's per-address tool-time budget.",
+    )
 
 
 class PendingResponse(ApiModel):

@@ -320,7 +320,31 @@ class OrchestratorConfig(Section):
         default=30, ge=1, description="Registrations one client address may make at once (token bucket size)."
     )
     max_workers: int = Field(
-        default=10_000, ge=1, description="Registered, unbanned workers at most (503 worker_limit beyond)."
+        default=10_000,
+        ge=1,
+        description="Registered workers neither banned nor retired at most (503 worker_limit beyond).",
+    )
+    workers_view_max_age_s: float = Field(
+        default=1.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="GET /workers serves a snapshot of the worker table rebuilt at most this often (0 = on every "
+        "read), off the ledger's lock, so anonymous readers cost one rebuild per period whatever their number.",
+    )
+    max_fresh_workers_per_network: int = Field(
+        default=16,
+        ge=0,
+        description="Identities without accepted work registered from one network (IPv4 /24, IPv6 /64) that may "
+        "exist at once (429 rate_limited beyond; 0 = no limit). With 10,000 max_workers the table cannot fill "
+        "with fresh identities from fewer than 625 networks.",
+    )
+    fresh_worker_ttl_s: float = Field(
+        default=600.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="An identity with no accepted work this long after registering is retired (its slot in "
+        "max_workers and its network's share free; the API then answers 404 and the worker registers anew), "
+        "unless it holds a lease, has a batch awaiting verdicts or waits in the first-lease queue (0 = never).",
     )
     max_buffered_samples: int = Field(
         default=0,
@@ -340,7 +364,8 @@ class OrchestratorConfig(Section):
         ge=1,
         description="Unanswered leases the identities without accepted work at one client address (IPv6: /64) "
         "may hold together, less one per abandoned lease there not offset by answered ones (at least 1); "
-        "identities with accepted work are not counted or capped by it.",
+        "identities with accepted work are not counted or capped by it. Fresh identities refused by it wait "
+        "in a first-come queue per address, so each gets its turn whatever the others there do.",
     )
     ban_abandoned_leases: int = Field(
         default=3,

@@ -55,6 +55,23 @@ class ValidatorConfig(Section):
         description="Seconds of tool runs (episode replays) one lease may cost the validator; a lease past it is "
         "rejected as tool_unverifiable (no ban). Replays run only after every model turn's proofs passed.",
     )
+    tool_seconds_per_identity: float = Field(
+        default=300.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds of tool runs one identity may cost the validator per tool_budget_window_s (a bucket; "
+        "a lease past it replays no tool: tool_unverifiable, no ban). 0 = no per-identity budget.",
+    )
+    tool_seconds_per_address: float = Field(
+        default=300.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds of tool runs the identities without accepted samples at one client address (IPv6: "
+        "/64) may cost together per tool_budget_window_s; established identities are not charged. 0 = none.",
+    )
+    tool_budget_window_s: float = Field(
+        default=600.0, gt=0, allow_inf_nan=False, description="The period that refills a tool-time bucket."
+    )
     advantage_atol: float = Field(default=1e-4, ge=0, description="Tolerance on the claimed advantage.")
     ban_failure_rate: float = Field(
         default=0.5, gt=0, le=1, description="Ban a worker once this share of its samples fails."

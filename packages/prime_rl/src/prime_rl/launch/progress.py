@@ -1,6 +1,13 @@
 """Live progress of a run: one line per finished policy step, read incrementally from the metrics
-JSONL files (``<run_dir>/metrics/*.jsonl``) while the run writes them; the end-of-run report is
-:mod:`prime_rl.launch.report`."""
+JSONL files (``<run_dir>/metrics/*.jsonl``) while the run writes them, and the supervisor's own
+progress line and ``progress`` record (``orchestrator_progress``); the end-of-run report is
+:mod:`prime_rl.launch.report`.
+
+What is logged about workers is bounded whatever their number: the table's totals plus the
+``TOP_WORKERS`` with the most accepted samples and up to ``TOP_WORKERS`` banned ones (1,620
+identities once made the whole table 70 kB/s of ``run.jsonl``). Worker names are the workers'
+own text: ``printable`` wherever they are printed (JSON escapes them in the metrics).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +15,58 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from prime_rl.api.client import OrchestratorClient
 from prime_rl.api.fields import printable
+from prime_rl.api.protocol import WorkerStats
 from prime_rl.launch.report import WorkerTally, finite_number, format_or_dash, worker_tallies
 
-__all__ = ["ProgressTracker"]
+__all__ = ["TOP_WORKERS", "OrchestratorProgress", "ProgressTracker", "orchestrator_progress"]
+
+TOP_WORKERS = 8
+"""Workers named in a progress line or record: the most accepted samples, and as many banned ones."""
+
+
+class OrchestratorProgress:
+    """One progress reading: ``line`` for the console, ``record`` (keyword arguments of the
+    ``progress`` metrics event: step, policy_version, pending_batches, worker_totals, workers)."""
+
+    def __init__(self, line: str, record: dict[str, Any]) -> None:
+        self.line, self.record = line, record
+
+
+def orchestrator_progress(client: OrchestratorClient, total_steps: int | None) -> OrchestratorProgress:
+    """Read ``/status`` and bounded pages of ``/workers`` (raises ``ApiError`` if unanswered)."""
+    status = client.status()
+    top = client.workers(limit=TOP_WORKERS, order="accepted")
+    banned = client.workers(limit=TOP_WORKERS, banned_only=True)
+    shown: dict[str, WorkerStats] = {w.worker_id: w for w in [*top.workers, *banned.workers]}
+    parts = [f"step {status.step}" + (f"/{total_steps}" if total_steps else ""), f"policy v{status.policy_version}"]
+    parts.append(f"awaiting validation {status.pending_batches}")
+    totals = top.totals
+    if totals is not None and totals.registered > len(shown):
+        parts.append(f"{totals.registered} workers ({totals.established} with accepted work, {totals.banned} banned)")
+    for worker in shown.values():
+        text = f"{printable(worker.name or worker.worker_id)}: +{worker.samples_accepted} -{worker.samples_rejected}"
+        if worker.banned:
+            text += " BANNED"
+        parts.append(text)
+    record = {
+        "step": status.step,
+        "policy_version": status.policy_version,
+        "pending_batches": status.pending_batches,
+        "worker_totals": totals.model_dump() if totals is not None else None,
+        "workers": {
+            w.worker_id: {
+                "name": w.name,
+                "accepted": w.samples_accepted,
+                "rejected": w.samples_rejected,
+                "reasons": w.rejected_reasons,
+                "banned": w.banned,
+            }
+            for w in shown.values()
+        },
+    }
+    return OrchestratorProgress(" | ".join(parts), record)
 
 
 class ProgressTracker:

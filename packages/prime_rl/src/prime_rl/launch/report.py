@@ -18,6 +18,7 @@ worker-\*.jsonl    ``rollouts``            completion_tokens, generate_s
 worker-\*.jsonl    ``weights_wait``        waited_s (worker idle, waiting for weights)
 validator\*.jsonl  ``verdict``             sandbox_runs {kind: count} (cumulative: last one counts)
 run.jsonl          ``progress``            workers {id: {name, accepted, rejected, reasons, banned}}
+                                           (the top and banned ones only), worker_totals
 =================  ======================  ===================================================
 
 Plot (``report.png``): reward mean vs step; held-out accuracy vs policy version (with the 95%

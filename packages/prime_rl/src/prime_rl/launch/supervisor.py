@@ -65,6 +65,7 @@ from prime_rl.api.client import ApiError, OrchestratorClient
 from prime_rl.api.fields import printable
 from prime_rl.api.secrets import SecretsError, check_bind_address, run_secrets
 from prime_rl.config import RunConfig
+from prime_rl.launch.progress import TOP_WORKERS, orchestrator_progress
 from prime_rl.metrics import MetricsWriter, init_process
 from prime_rl.weights.layout import version_dirs
 
@@ -350,7 +351,10 @@ class Supervisor:
     def report_workers_gone(self, client: OrchestratorClient) -> None:
         """Log why the run stops: every honest worker stopped, and the bans the orchestrator knows."""
         try:
-            bans = [f"{printable(w.name or w.worker_id)}: {printable(w.ban_reason)}" for w in client.workers().workers if w.banned]
+            banned = client.workers(limit=TOP_WORKERS, banned_only=True)
+            bans = [f"{printable(w.name or w.worker_id)}: {printable(w.ban_reason)}" for w in banned.workers]
+            if banned.total > len(bans):
+                bans.append(f"and {banned.total - len(bans)} more")
         except ApiError as error:
             bans = [f"(the orchestrator did not answer: {error})"]
         log.error(
@@ -396,36 +400,13 @@ class Supervisor:
         self.poll()
 
     def progress_line(self, client: OrchestratorClient) -> str:
+        """The console's progress line; logs the bounded ``progress`` record (``launch/progress.py``)."""
         try:
-            status = client.status()
-            workers = client.workers().workers
+            progress = orchestrator_progress(client, self.config.trainer.total_steps)
         except ApiError:
             return "waiting for the orchestrator"
-        total = self.config.trainer.total_steps
-        parts = [f"step {status.step}" + (f"/{total}" if total else ""), f"policy v{status.policy_version}"]
-        parts.append(f"awaiting validation {status.pending_batches}")
-        for worker in workers:
-            text = f"{printable(worker.name or worker.worker_id)}: +{worker.samples_accepted} -{worker.samples_rejected}"
-            if worker.banned:
-                text += " BANNED"
-            parts.append(text)
-        self.metrics.log(
-            "progress",
-            step=status.step,
-            policy_version=status.policy_version,
-            pending_batches=status.pending_batches,
-            workers={
-                w.worker_id: {
-                    "name": w.name,
-                    "accepted": w.samples_accepted,
-                    "rejected": w.samples_rejected,
-                    "reasons": w.rejected_reasons,
-                    "banned": w.banned,
-                }
-                for w in workers
-            },
-        )
-        return " | ".join(parts)
+        self.metrics.log("progress", **progress.record)
+        return progress.line
 
     def _show(self, line: str) -> None:
         if self._tty:

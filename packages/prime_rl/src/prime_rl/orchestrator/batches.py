@@ -81,6 +81,10 @@ class StoredBatch:
         return self.verdicts is not None and all(v.reason == EXPIRED for v in self.verdicts)
 
 
+FRESH_TURN = 4
+"""In the validator's queue, one place in this many goes to a fresh identity's batch (``pending``)."""
+
+
 class BatchBook(Mapping[str, StoredBatch]):
     """All stored batches of a run (see module docstring)."""
 
@@ -240,13 +244,31 @@ class BatchBook(Mapping[str, StoredBatch]):
                 expired.append(batch)
         return expired
 
-    def pending(self, limit: int, step: int) -> PendingResponse:
-        """Up to ``limit`` batches awaiting verdicts, freshest policy first (usable for the most
-        steps), then submission order; each with its stored samples."""
+    def pending(
+        self,
+        limit: int,
+        step: int,
+        *,
+        established: Callable[[str], bool] = lambda worker_id: True,
+        client: Callable[[StoredBatch], str] = lambda batch: "",
+    ) -> PendingResponse:
+        """Up to ``limit`` batches awaiting verdicts, each with its stored samples: freshest policy
+        first (usable for the most steps), then submission order, with the batches of ``established``
+        workers (accepted work) ahead of the others' but every ``FRESH_TURN``-th place kept for the
+        oldest batch of a fresh identity while one waits, so unproven work cannot delay established
+        verdicts by more than one batch in ``FRESH_TURN`` and a newcomer is never starved.
+        ``client(batch)``: the client address its lease was handed to (``PendingBatch.client``)."""
         waiting = self.waiting()
         waiting.sort(key=lambda batch: (-batch.policy_version, batch.seq))
+        ahead = [batch for batch in waiting if established(batch.worker_id)]
+        fresh = [batch for batch in waiting if not established(batch.worker_id)]
+        fresh.sort(key=lambda batch: batch.seq)
+        ordered: list[StoredBatch] = []
+        while len(ordered) < limit and (ahead or fresh):
+            fresh_turn = len(ordered) % FRESH_TURN == FRESH_TURN - 1 or not ahead
+            ordered.append(fresh.pop(0) if fresh_turn and fresh else ahead.pop(0))
         answer = []
-        for batch in waiting[:limit]:
+        for batch in ordered:
             meta = batch.meta
             answer.append(
                 PendingBatch(
@@ -258,6 +280,7 @@ class BatchBook(Mapping[str, StoredBatch]):
                     received_at=meta.received_at,
                     lease=meta.lease,
                     samples=rollout_samples(self._store.read_batch(meta.batch_id)),
+                    client=client(batch),
                 )
             )
         return PendingResponse(batches=answer, pending_batches=len(waiting), policy_version=step, step=step)
@@ -352,19 +375,31 @@ class BatchBook(Mapping[str, StoredBatch]):
         ``rejected``; and per worker id the rejected samples by verdict reason."""
         counts: dict[str, Counter[str]] = {}
         reasons: dict[str, Counter[str]] = {}
-        for batch in self._batches.values():
-            count = counts.setdefault(batch.worker_id, Counter())
-            rejected = reasons.setdefault(batch.worker_id, Counter())
-            count["batches"] += 1
-            count["samples"] += len(batch.task_ids)
-            if batch.verdicts is None:
-                count["pending"] += len(batch.task_ids)
-                continue
-            for verdict in batch.verdicts:
-                if verdict.reason == EXPIRED:
-                    count["expired"] += 1
-                    continue
-                count["accepted" if verdict.accepted else "rejected"] += 1
-                if not verdict.accepted:
-                    rejected[verdict.reason] += 1
+        count_samples(self._batches.values(), counts, reasons)
         return counts, reasons
+
+    def stored(self) -> list[StoredBatch]:
+        """A copy of the stored batches (one C-level ``list()``: safe while the ledger's thread adds
+        batches; ``GET /workers`` reads them without the ledger's lock)."""
+        return list(self._batches.values())
+
+
+def count_samples(
+    batches: Iterable[StoredBatch], counts: dict[str, Counter[str]], reasons: dict[str, Counter[str]]
+) -> None:
+    """Add ``batches`` to ``counts`` and ``reasons`` (``BatchBook.sample_counts``)."""
+    for batch in batches:
+        count = counts.setdefault(batch.worker_id, Counter())
+        rejected = reasons.setdefault(batch.worker_id, Counter())
+        count["batches"] += 1
+        count["samples"] += len(batch.task_ids)
+        if batch.verdicts is None:
+            count["pending"] += len(batch.task_ids)
+            continue
+        for verdict in batch.verdicts:
+            if verdict.reason == EXPIRED:
+                count["expired"] += 1
+                continue
+            count["accepted" if verdict.accepted else "rejected"] += 1
+            if not verdict.accepted:
+                rejected[verdict.reason] += 1

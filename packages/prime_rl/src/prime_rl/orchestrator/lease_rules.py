@@ -17,10 +17,15 @@ knows whose tokens the validator accepted):
     counted and not capped here: however many fresh identities share their address, they keep
     their own allowance (at most ``max_open_leases`` each). The documented bound: the fresh
     identities at one address, however many, hold at most ``max_open_leases_per_address`` leases.
+    Those refused take turns, first come, first served (``identities.LeaseQueue``): a free slot
+    goes to the longest-waiting one, so a newcomer's first lease waits for at most the identities
+    queued ahead of it to take one each, whatever they abandon.
   - **Backpressure** (429 ``busy``): while ``max_buffered_samples`` usable answered samples are
     buffered, a worker that has answered samples of its own among them is refused; one with none
     buffered still gets its lease (so a flood of answered work by others cannot starve it; the
-    buffer may then exceed the limit by at most one lease per such worker).
+    buffer may then exceed the limit by at most one lease per such worker). Batches of identities
+    without accepted work that await verdicts count only when a fresh identity asks
+    (``Ledger.buffered_samples``): unproven work never holds back an established worker's lease.
   - **Abandonment bans** (``expired``): once a worker's expired leases reach
     ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases, it is banned.
 """
@@ -31,6 +36,7 @@ from collections.abc import Callable
 
 from prime_rl.api.errors import ApiFailure
 from prime_rl.config.sections import OrchestratorConfig
+from prime_rl.orchestrator.identities import LeaseQueue
 from prime_rl.orchestrator.leases import LeaseBook
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
 
@@ -41,8 +47,14 @@ class LeaseRules:
     """The lease rules of the module docstring over the ledger's books.
 
     ``has_history(worker_id)``: whether the validator accepted any of the worker's tokens.
-    ``buffered(worker_id | None)``: usable answered samples buffered (of that worker; None = all).
+    ``buffered(worker_id | None, unproven=...)``: usable answered samples buffered (of that worker;
+    None = all), with or without fresh identities' batches awaiting verdicts.
+    ``clock``: the ledger's seconds (the first-come queue's staleness).
     """
+
+    QUEUE_STALE_S = 60.0
+    """A fresh identity that has not asked for a lease for this long loses its place (the client
+    honours ``Retry-After`` up to 60 s)."""
 
     def __init__(
         self,
@@ -51,13 +63,15 @@ class LeaseRules:
         workers: WorkerRegistry,
         *,
         has_history: Callable[[str], bool],
-        buffered: Callable[[str | None], int],
+        buffered: Callable[..., int],
+        clock: Callable[[], float],
     ) -> None:
         self._orch = orch
         self._leases = leases
         self._workers = workers
         self._has_history = has_history
         self._buffered = buffered
+        self.queue = LeaseQueue(stale_s=self.QUEUE_STALE_S, clock=clock)
 
     def allowance(self, worker_id: str) -> int:
         """Open leases ``worker_id`` may hold (module docstring, "own allowance")."""
@@ -68,6 +82,10 @@ class LeaseRules:
         """Open leases the fresh identities at ``address`` may hold together."""
         unforgiven = max(0, self._leases.expired_at(address) - self._leases.answered_at(address))
         return max(1, self._orch.max_open_leases_per_address - unforgiven)
+
+    def _fresh(self, worker_id: str) -> bool:
+        worker = self._workers.get(worker_id)
+        return worker is not None and worker.active and not self._has_history(worker_id)
 
     def fresh_open_at(self, address: str) -> int:
         """Open leases at ``address`` held by identities without accepted history."""
@@ -99,17 +117,25 @@ class LeaseRules:
             )
         if not self._has_history(worker_id):
             at_address, cap = self.fresh_open_at(address), self.fresh_cap(address)
-            if at_address >= cap:
+            place = self.queue.turn(worker_id, address, cap - at_address, eligible=self._fresh)
+            if place:
                 raise ApiFailure(
                     429,
                     "busy",
                     f"{at_address} unanswered leases are open to identities without accepted work at your "
                     f"address {address} (they may hold {cap}: orchestrator.max_open_leases_per_address less "
-                    "the address's abandoned leases not offset by answered ones); retry later",
+                    f"the address's abandoned leases not offset by answered ones); you are number {place} in "
+                    "the queue for the next free one: ask again within "
+                    f"{self.QUEUE_STALE_S:.0f} s to keep your place",
                     retry_after_s=min(10.0, self._orch.task_timeout_s),
                 )
         limit = self._orch.max_buffered_samples
-        if limit and (buffered := self._buffered(None)) >= limit and (own := self._buffered(worker_id)) > 0:
+        unproven = not self._has_history(worker_id)  # only fresh identities are held back by unproven work
+        if (
+            limit
+            and (buffered := self._buffered(None, unproven=unproven)) >= limit
+            and (own := self._buffered(worker_id, unproven=unproven)) > 0
+        ):
             raise ApiFailure(
                 429,
                 "busy",

@@ -6,7 +6,9 @@ step); three collaborators own the rest of the state, each with its store events
   - ``WorkerRegistry`` (workers.py): workers, token hashes, bans, malformed counts;
   - ``LeaseBook`` (leases.py): leases, batch indices, reassignment of expired leases;
   - ``BatchBook`` (batches.py): stored batches, verdicts, expiry of batches too old to use;
-  - ``ReleaseBook`` (release.py): which accepted batches the worker's evidence already covers.
+  - ``ReleaseBook`` (release.py): which accepted batches the worker's evidence already covers;
+  - ``FreshIdentities`` (identities.py): identities without accepted work, capped per network and
+    retired when idle past ``fresh_worker_ttl_s``.
 
 Every mutating method writes to the ``RolloutStore`` (durably) *before* it changes memory and
 returns, so the HTTP layer can acknowledge as soon as a method returns, and ``Ledger.load``
@@ -18,10 +20,12 @@ Not thread-safe: the HTTP layer calls one method at a time (under one lock).
 Leases a worker cannot hoard or abandon for free (``LeaseRules``, lease_rules.py): a fresh
 identity holds one unanswered lease, one more per answered lease up to ``max_open_leases``, less
 one per lease it let expire; identities without accepted work share a per-address cap that
-identities with accepted work are exempt from; a worker whose expired leases reach
+identities with accepted work are exempt from, and take turns under it first come, first served; a worker whose expired leases reach
 ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases is banned; abandoned tasks go
 to other workers first (``LeaseBook``). Backpressure (``max_buffered_samples``) counts answered
-work only, so leases held by anyone never stop others from getting theirs.
+work only, and of fresh identities only what the validator accepted, so neither leases held by
+anyone nor unproven work stops others from getting theirs; the validator's queue serves
+established workers' batches first (``BatchBook.pending``).
 
 Accepted samples are held from claims until the validator has accepted
 ``release_after_tokens`` more tokens of the same worker and its evidence is below
@@ -66,6 +70,7 @@ from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
 from prime_rl.orchestrator.claims import ClaimSelection, select_claim
+from prime_rl.orchestrator.identities import FreshIdentities
 from prime_rl.orchestrator.lease_rules import LeaseRules
 from prime_rl.orchestrator.leases import LeaseBook, TaskPrompts
 from prime_rl.orchestrator.release import ReleaseBook
@@ -120,8 +125,16 @@ class Ledger:
             self.orch,
             self.leases,
             self.workers,
-            has_history=lambda worker_id: self.release.worker_tokens(worker_id) > 0,
+            has_history=self._has_history,
             buffered=self._buffered_of,
+            clock=clock,
+        )
+        self.fresh = FreshIdentities(
+            self.workers,
+            max_per_network=self.orch.max_fresh_workers_per_network,
+            ttl_s=self.orch.fresh_worker_ttl_s,
+            has_history=self._has_history,
+            clock=clock,
         )
         self.claims: dict[int, tuple[SampleId, ...]] = {}
         self.committed: set[int] = set()
@@ -165,29 +178,57 @@ class Ledger:
             self.claims[claim.step] = claim.sample_ids
             self.batches.mark_claimed(claim.sample_ids)
         self.leases.queue_expired_after_replay()
+        for worker in self.workers.values():
+            self.fresh.track(worker)
 
     # ------------------------------------------------------------------ workers
 
-    def register(self, name: str) -> RegisterResponse:
-        """A new worker id and token; ApiFailure 503 ``worker_limit`` once ``orchestrator.max_workers``
-        registered workers are not banned (bans free room; so does nothing else)."""
+    def _has_history(self, worker_id: str) -> bool:
+        """Whether the validator accepted any of ``worker_id``'s tokens (an established worker)."""
+        return self.release.worker_tokens(worker_id) > 0
+
+
+    def register(self, name: str, network: str = "") -> RegisterResponse:
+        """A new worker id and token for a client of ``network`` (``rate_limit.network_key``; "" for
+        in-process callers, which no network cap limits). ApiFailure 503 ``worker_limit`` once
+        ``orchestrator.max_workers`` workers are neither banned nor retired; 429 ``rate_limited``
+        once ``network`` holds ``max_fresh_workers_per_network`` identities without accepted work."""
+        self.retire_idle()
         active, limit = self.workers.active_count(), self.orch.max_workers
         if active >= limit:
             raise ApiFailure(
                 503,
                 "worker_limit",
-                f"{active} registered workers are not banned (orchestrator.max_workers = {limit}); "
-                "registration reopens when workers are banned",
+                f"{active} registered workers are neither banned nor retired (orchestrator.max_workers = {limit}); "
+                "registration reopens when workers are banned or retire (orchestrator.fresh_worker_ttl_s)",
                 retry_after_s=WORKER_LIMIT_RETRY_S,
             )
-        worker, token = self.workers.register(name)
+        self.fresh.check_register(network)
+        worker, token = self.workers.register(name, network)
+        self.fresh.track(worker)
         return RegisterResponse(worker_id=worker.worker_id, token=token)
+
+    def retire_idle(self) -> int:
+        """Retire the identities without accepted work idle past ``fresh_worker_ttl_s``; how many. An
+        identity holding a lease, a batch awaiting verdicts or a place in a lease queue is busy."""
+        awaiting: set[str] | None = None
+
+        def busy(worker_id: str) -> bool:
+            nonlocal awaiting
+            if self.leases.open_count(worker_id) > 0 or self.rules.queue.waiting(worker_id):
+                return True
+            if awaiting is None:  # once per sweep, only if some identity is due
+                awaiting = {batch.worker_id for batch in self.batches.waiting()}
+            return worker_id in awaiting
+
+        return len(self.fresh.retire_idle(busy))
 
     def authenticate(self, worker_id: str, token: str) -> WorkerRecord:
         """The registered, unbanned worker owning ``token``; ApiFailure 404/401/403 otherwise."""
         worker = self.workers.get(worker_id)
-        if worker is None:
-            raise ApiFailure(404, "not_found", f"unknown worker_id {worker_id!r}; register first")
+        if worker is None or worker.retired:
+            retired = " (retired: it did no accepted work in time)" if worker is not None else ""
+            raise ApiFailure(404, "not_found", f"unknown worker_id {worker_id!r}{retired}; register first")
         if not worker.token_matches(token):
             raise ApiFailure(
                 401, "unauthorized", "missing or wrong worker token (Authorization: Bearer <token>)"
@@ -218,6 +259,8 @@ class Ledger:
         return max(0, self.step - self.orch.async_level)
 
     def status(self) -> StatusResponse:
+        """``GET /status``. Reads only counters and config (no iteration, no change): the HTTP layer
+        calls it without the lock, from the event loop."""
         sampling = self.config.sampling
         return StatusResponse(
             step=self.step,
@@ -241,23 +284,26 @@ class Ledger:
     def banned_workers(self) -> frozenset[str]:
         return frozenset(w.worker_id for w in self.workers.values() if w.banned)
 
-    def buffered_samples(self) -> int:
+    def buffered_samples(self, *, unproven: bool = False) -> int:
         """Answered samples that may still reach the trainer soon (``BatchBook.buffered``): held samples
-        and open leases never count (counting held ones would stop the very batches that release them)."""
-        return self.batches.buffered(
-            self.min_policy_version, self._usable(self.banned_workers()), self.config.trainer.filter_zero_advantage
-        )
+        and open leases never count (counting held ones would stop the very batches that release them).
+        Batches of identities without accepted work that await verdicts (unproven work) count only
+        with ``unproven``: the backpressure of fresh identities, never of established workers (a
+        flood of it from fresh identities would otherwise refuse established workers their leases)."""
+        return self._buffered_of(None, unproven=unproven)
 
-    def _buffered_of(self, worker_id: str | None) -> int:
+    def _buffered_of(self, worker_id: str | None, *, unproven: bool = False) -> int:
         """``buffered_samples`` of one worker (None: of all)."""
-        if worker_id is None:
-            return self.buffered_samples()
         usable = self._usable(self.banned_workers())
-        return self.batches.buffered(
-            self.min_policy_version,
-            lambda batch: batch.worker_id == worker_id and usable(batch),
-            self.config.trainer.filter_zero_advantage,
-        )
+
+        def counted(batch: StoredBatch) -> bool:
+            if worker_id is not None and batch.worker_id != worker_id:
+                return False
+            if not unproven and batch.verdicts is None and not self._has_history(batch.worker_id):
+                return False
+            return usable(batch)
+
+        return self.batches.buffered(self.min_policy_version, counted, self.config.trainer.filter_zero_advantage)
 
     def _usable(self, banned: frozenset[str]) -> Callable[[StoredBatch], bool]:
         """Batches a claim may take from or that may become claimable by judgement alone: of workers
@@ -269,9 +315,11 @@ class Ledger:
     def expire_leases(self) -> int:
         """Mark unanswered leases past their deadline expired, queue their tasks for reassignment, and
         ban the workers whose abandoned leases pass ``ban_abandoned_leases`` and
-        ``ban_abandoned_share``; returns how many leases expired."""
+        ``ban_abandoned_share``, and retire idle fresh identities (``retire_idle``); returns how many
+        leases expired."""
         expired = self.leases.expire(self.clock())
         self.rules.ban_abandoners({record.worker_id for record in expired})
+        self.retire_idle()
         return len(expired)
 
     def lease_allowance(self, worker_id: str) -> int:
@@ -326,7 +374,12 @@ class Ledger:
 
     def pending(self, limit: int) -> PendingResponse:
         self._expire_useless()
-        return self.batches.pending(limit, self.step)
+        return self.batches.pending(limit, self.step, established=self._has_history, client=self._client_of)
+
+    def _client_of(self, batch: StoredBatch) -> str:
+        """The client address ``batch``'s lease was handed to ("" when unknown)."""
+        held = self.leases.get(batch.worker_id, batch.meta.batch_index)
+        return held.address if held is not None else ""
 
     def _expire_useless(self) -> None:
         """Expire the batches no step can use any more; their leases are done with (they fold)."""

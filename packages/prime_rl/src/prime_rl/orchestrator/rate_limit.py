@@ -10,8 +10,10 @@ fewer than one is left, with the time until the next token as its ``retry_after_
 So a client may act ``burst`` times at once and then ``rate_per_minute`` times per minute.
 ``rate_per_minute == 0`` turns the limit off. The clock is injectable (tests drive it by hand).
 
-IPv6 addresses are bucketed by their /64 network, since one host usually owns a whole /64 and
-could otherwise take a fresh bucket per address. At most ``max_keys`` buckets are kept; the
+Registrations are bucketed by network (``network_key``: IPv4 /24, IPv6 /64), since one host
+usually owns a whole /64 and one operator often a whole /24, and could otherwise take a fresh
+bucket per address. (``client_key``, the per-address key of the lease caps, keeps IPv4 addresses
+whole.) At most ``max_keys`` buckets are kept; the
 least recently used is dropped beyond that (with the defaults it has long refilled, so dropping
 it changes nothing).
 
@@ -27,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Admission", "TokenBuckets", "client_key"]
+__all__ = ["Admission", "TokenBuckets", "client_key", "network_key"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,18 @@ def client_key(address: str | None) -> str:
             return str(ip.ipv4_mapped)
         return str(ipaddress.IPv6Network((ip, 64), strict=False))
     return str(ip)
+
+
+def network_key(address: str | None) -> str:
+    """The network of a peer address that admission bounds: its IPv4 /24 or IPv6 /64 (raw text if
+    it is no IP address). Pitfall: a /24 may hold several operators (a campus NAT pool); they share
+    the network's registration rate and its cap on fresh identities (``max_fresh_workers_per_network``)."""
+    key = client_key(address)
+    try:
+        ip = ipaddress.ip_address(key)
+    except ValueError:
+        return key  # an IPv6 /64 already, or no IP address
+    return str(ipaddress.IPv4Network((ip, 24), strict=False))
 
 
 class TokenBuckets:

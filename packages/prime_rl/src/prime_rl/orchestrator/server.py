@@ -61,8 +61,9 @@ from prime_rl.orchestrator.http import (
     validation_message,
 )
 from prime_rl.orchestrator.ledger import ApiFailure, Ledger
-from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key
+from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key, network_key
 from prime_rl.orchestrator.store import RolloutStore
+from prime_rl.orchestrator.workers_view import WorkersView
 
 __all__ = ["ROUTES", "OrchestratorServer", "build_app", "main"]
 
@@ -109,6 +110,7 @@ class _Api:
             orch.register_rate_per_minute, orch.register_burst, clock=registration_clock
         )
         self.lock = asyncio.Lock()
+        self.workers_view = WorkersView(ledger, orch.workers_view_max_age_s)
 
     async def call(self, function: Callable[..., Any], *args: Any) -> Any:
         async with self.lock:
@@ -125,8 +127,9 @@ class _Api:
         require_token(request, self.admin_token, "admin token")
 
     def admit_registration(self, request: web.Request) -> None:
-        """ApiFailure 429 ``rate_limited`` when the client's address is over its registration rate."""
-        key = client_key(request.remote)
+        """ApiFailure 429 ``rate_limited`` when the client's network (IPv4 /24, IPv6 /64) is over its
+        registration rate."""
+        key = network_key(request.remote)
         admission = self.registrations.admit(key)
         if not admission.allowed:
             log.debug("registration from %s rate limited", key)
@@ -144,7 +147,10 @@ class _Api:
         return web.json_response({"ok": True})
 
     async def status(self, request: web.Request) -> web.Response:
-        return model_response(await self.call(self.ledger.status))
+        # Anonymous and polled by every worker: answered on the event loop without the ledger's lock
+        # (Ledger.status reads a few counters, each read atomic), so it never queues behind a
+        # lease, a batch or a verdict, and a flood of it never delays them.
+        return model_response(self.ledger.status())
 
     async def register(self, request: web.Request) -> web.Response:
         self.admit_registration(request)  # first: wrong tokens and bad bodies count against the rate too
@@ -152,7 +158,7 @@ class _Api:
         body = await self.body(request, RegisterRequest)
         # Off the ledger's lock: a hook may take time (a stake lookup) and must not stall other requests.
         await asyncio.to_thread(self.admission.admit, body.name, request.remote or "", dict(request.headers))
-        return model_response(await self.call(self.ledger.register, body.name))
+        return model_response(await self.call(self.ledger.register, body.name, network_key(request.remote)))
 
     async def tasks(self, request: web.Request) -> web.Response:
         worker_id = request.query.get("worker_id", "")
@@ -211,7 +217,8 @@ class _Api:
             await self.call(self.ledger.record_malformed, worker_id)
 
     async def workers(self, request: web.Request) -> web.Response:
-        return model_response(await self.call(self.ledger.workers_view))
+        # Anonymous: a page of a cached snapshot, never the ledger's lock (workers_view.py).
+        return web.Response(body=await self.workers_view.page(dict(request.query)), content_type="application/json")
 
     async def ban(self, request: web.Request) -> web.Response:
         self.require_admin(request)

@@ -2,7 +2,8 @@
 
 ``WorkerRegistry`` owns the worker records (a read-only ``Mapping`` from worker id to
 ``WorkerRecord`` for everyone else) and the store events that create or change them:
-``register``, ``ban`` and ``malformed``. Like the rest of the ledger, every change is appended
+``register``, ``ban``, ``retire`` (an identity that did no accepted work in time: ``Ledger``'s
+``retire_idle``) and ``malformed``. Like the rest of the ledger, every change is appended
 to the ``RolloutStore`` event log *before* memory changes, and ``replay`` rebuilds the same
 records from that log after a restart.
 
@@ -43,6 +44,15 @@ class WorkerRecord:
     ban_reason: str = ""
     last_seen: float = 0.0
     malformed: int = 0
+    network: str = ""
+    """The network it registered from (``rate_limit.network_key``; empty in stores older than it)."""
+    retired: bool = False
+    """Expired without accepted work: unknown to the API from then on (it may register anew)."""
+
+    @property
+    def active(self) -> bool:
+        """Counted against ``max_workers``: neither banned nor retired."""
+        return not (self.banned or self.retired)
 
     def token_matches(self, token: str) -> bool:
         """Constant-time comparison of ``token``'s hash with the registered one."""
@@ -52,7 +62,7 @@ class WorkerRecord:
 class WorkerRegistry(Mapping[str, WorkerRecord]):
     """Worker records by id (``w0000``, ``w0001``, ...; ids are never reused, not even after a ban)."""
 
-    EVENTS = frozenset({"register", "ban", "malformed"})
+    EVENTS = frozenset({"register", "ban", "retire", "malformed"})
     """Store event kinds this registry writes and replays."""
 
     def __init__(self, store: RolloutStore, metrics: MetricsWriter, clock: Callable[[], float]) -> None:
@@ -61,6 +71,7 @@ class WorkerRegistry(Mapping[str, WorkerRecord]):
         self._clock = clock
         self._workers: dict[str, WorkerRecord] = {}
         self._next_number = 0
+        self._active = 0  # kept as events apply: registration checks it, and must not count 10k records
 
     def __getitem__(self, worker_id: str) -> WorkerRecord:
         return self._workers[worker_id]
@@ -71,9 +82,14 @@ class WorkerRegistry(Mapping[str, WorkerRecord]):
     def __len__(self) -> int:
         return len(self._workers)
 
+    def records(self) -> list[WorkerRecord]:
+        """A copy of the records in registration order (one C-level ``list()``: safe to call from
+        another thread while the ledger's thread registers workers)."""
+        return list(self._workers.values())
+
     def active_count(self) -> int:
-        """Registered workers that are not banned."""
-        return sum(1 for worker in self._workers.values() if not worker.banned)
+        """Registered workers neither banned nor retired (O(1))."""
+        return self._active
 
     def replay(self, event: dict[str, Any]) -> None:
         """Apply one logged event of a kind in ``EVENTS`` (restart rebuild)."""
@@ -85,16 +101,28 @@ class WorkerRegistry(Mapping[str, WorkerRecord]):
                 token_sha256=event["token_sha256"],
                 registered_at=event["time"],
                 last_seen=event["time"],
+                network=event.get("network", ""),
             )
+            self._active += 1
             self._next_number = max(self._next_number, int(event["number"]) + 1)
         elif kind == "ban" and event["worker_id"] in self._workers:
-            self._workers[event["worker_id"]].banned = True
-            self._workers[event["worker_id"]].ban_reason = event["reason"]
+            self._set_ban(self._workers[event["worker_id"]], event["reason"])
+        elif kind == "retire" and event["worker_id"] in self._workers:
+            self._set_retired(self._workers[event["worker_id"]])
         elif kind == "malformed" and event["worker_id"] in self._workers:
             self._workers[event["worker_id"]].malformed += 1
 
-    def register(self, name: str) -> tuple[WorkerRecord, str]:
-        """A new worker and its bearer token (shown once; only its hash is stored)."""
+    def _set_ban(self, worker: WorkerRecord, reason: str) -> None:
+        self._active -= worker.active
+        worker.banned, worker.ban_reason = True, reason
+
+    def _set_retired(self, worker: WorkerRecord) -> None:
+        self._active -= worker.active
+        worker.retired = True
+
+    def register(self, name: str, network: str = "") -> tuple[WorkerRecord, str]:
+        """A new worker registered from ``network`` and its bearer token (shown once; only its hash
+        is stored)."""
         number = self._next_number
         worker_id = f"w{number:04d}"
         token = secrets.token_hex(16)
@@ -107,11 +135,13 @@ class WorkerRegistry(Mapping[str, WorkerRecord]):
                 "number": number,
                 "token_sha256": _sha256(token),
                 "time": now,
+                "network": network,
             }
         )
         self._next_number += 1
-        worker = WorkerRecord(worker_id, name, _sha256(token), now, last_seen=now)
+        worker = WorkerRecord(worker_id, name, _sha256(token), now, last_seen=now, network=network)
         self._workers[worker_id] = worker
+        self._active += 1
         self._metrics.log("register", worker_id=worker_id, worker_name=name)
         return worker, token
 
@@ -134,8 +164,19 @@ class WorkerRegistry(Mapping[str, WorkerRecord]):
         self._store.append_event(
             {"event": "ban", "worker_id": worker.worker_id, "reason": reason, "time": self._clock()}
         )
-        worker.banned, worker.ban_reason = True, reason
+        self._set_ban(worker, reason)
         self._metrics.log("ban", worker_id=worker.worker_id, reason=reason)
+
+    def retire(self, worker: WorkerRecord, reason: str) -> None:
+        """Retire ``worker`` (it did no accepted work in time): its slot in ``max_workers`` is free and
+        the API knows it no more. Idempotent; a banned worker stays banned, not retired."""
+        if not worker.active:
+            return
+        self._store.append_event(
+            {"event": "retire", "worker_id": worker.worker_id, "reason": reason, "time": self._clock()}
+        )
+        self._set_retired(worker)
+        self._metrics.log("retire", worker_id=worker.worker_id, reason=reason)
 
     def stats(
         self,
@@ -168,6 +209,7 @@ class WorkerRegistry(Mapping[str, WorkerRecord]):
                     samples_expired=count["expired"],
                     malformed_requests=w.malformed,
                     rejected_reasons=dict(reasons.get(w.worker_id, Counter())),
+                    retired=w.retired,
                 )
             )
         return WorkersResponse(workers=stats)

@@ -280,15 +280,24 @@ def tool_seconds() -> float:
     return _TOOL_SECONDS[0]
 
 
-def replay_checks(pending: list[Pending], decode: Callable[[Sequence[int]], str], checks: Checks) -> None:
+def replay_checks(
+    pending: list[Pending],
+    decode: Callable[[Sequence[int]], str],
+    checks: Checks,
+    *,
+    budget_s: float = math.inf,
+) -> None:
     """Re-run the environment of every episode (``validator.episodes.replay_episode``), keeping each
     transcript for the reward; after the prefill, and only while every sample of the lease is alive:
     once one has failed, the lease is lost whatever its tools print, so no tool runs at all. The
-    lease's tool time is bounded by ``validator.tool_seconds_per_lease`` (``tool_unverifiable`` past it)."""
+    lease's tool time is bounded by ``validator.tool_seconds_per_lease`` and by ``budget_s``, what its
+    identity and address have left (``validator/tool_budget.py``); ``tool_unverifiable`` past it."""
     env = checks.episode_env
     if env is None:
         return
-    left = checks.validator.tool_seconds_per_lease
+    left = min(checks.validator.tool_seconds_per_lease, budget_s)
+    if left <= 0:
+        left = -1.0  # nothing left: not even one tool run (replay_episode runs while spent <= left)
     for p in pending:
         if not all(q.alive for q in pending):
             return

@@ -13,7 +13,10 @@ for the orchestrator's release of accepted samples (``orchestrator/release.py``)
 line carries ``sandbox_runs`` ({sandbox kind: count}, cumulative for the process): the code samples
 whose rewards this validator recomputed by running them in ``verifiers``' sandbox, so the last line
 of a run says how many it ran; and ``tool_seconds`` (cumulative too) and ``batch_tool_seconds``: the
-time episode replays spent in tool calls (``validator.tool_seconds_per_lease`` bounds one lease's).
+time episode replays spent in tool calls (``validator.tool_seconds_per_lease`` bounds one lease's,
+``tool_budget.py`` each identity's and each fresh address's: ``identity_tool_seconds`` and
+``address_tool_seconds`` are what the batch's identity and client address spent in all, with what
+they have left).
 
 A batch whose version cannot be fetched *right now* (relay lagging, network) stays pending and is
 retried on the next poll; a version that is not published is judged ``unknown_policy``. Nothing a
@@ -29,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +58,7 @@ from prime_rl.validator.checks import Checks, GenerationBackend, Reason, RetryLa
 from prime_rl.validator.evidence import EvidenceLedger, FailureTracker, metrics_fields, reject_banned
 from prime_rl.validator.journal import ValidatorJournal
 from prime_rl.validator.structure import AssignmentKeyMismatch
+from prime_rl.validator.tool_budget import ToolBudget
 from prime_rl.validator.verdicts import ban_counts, validate_batch
 from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable
 from verifiers.code import sandbox_runs
@@ -108,6 +113,9 @@ class Validator:
         )
         self.client = OrchestratorClient(config.orchestrator.url, admin_token=trusted.admin_token)
         self.failures = FailureTracker(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
+        self.tool_budget = ToolBudget(
+            self.cfg.tool_seconds_per_identity, self.cfg.tool_seconds_per_address, self.cfg.tool_budget_window_s
+        )
         self.evidence: EvidenceLedger | None = None
         self.evidence_bans_posted: set[str] = set()
         profile: toploc.NoiseProfile | None = None
@@ -199,6 +207,8 @@ class Validator:
         """Validate one batch, then :meth:`post`, :meth:`log` and :meth:`ban`; False if it must be
         retried later (its version cannot be fetched now, or the orchestrator is unreachable)."""
         started, tools_before = time.monotonic(), tool_seconds()
+        established = self.failures.counts.get(batch.worker_id, [0, 0])[0] > 0
+        tool_seconds_left = self.tool_budget.left(batch.worker_id, batch.client, established=established)
         observed: list[toploc.Observations] = []
         loaded: list[int] = []  # a backend was handed out: the whole batch was prefilled, else none was
 
@@ -217,10 +227,13 @@ class Validator:
                 checks=self.checks,
                 newest_version=newest_version,
                 observe=lambda index, observations: observed.append(observations),
+                tool_seconds_left=tool_seconds_left,
             )
         except RetryLater as exc:
             log.warning("batch %s: %s; retrying later", batch.batch_id, exc)
             return False
+        finally:  # tools that ran cost their time whatever became of the batch
+            self.tool_budget.spend(batch.worker_id, batch.client, tool_seconds() - tools_before, established=established)
         evidence_ban = self._record_evidence(batch, observed)
         if evidence_ban is not None:  # a worker banned by evidence trains nothing more
             verdicts = reject_banned(verdicts, evidence_ban)
@@ -292,7 +305,22 @@ class Validator:
             sandbox_runs=sandbox_runs(),
             batch_tool_seconds=round(batch_tool_seconds, 3),  # this batch's episode replays (tool runs)
             tool_seconds=round(tool_seconds(), 3),  # cumulative for this process
+            **self._tool_budget_metrics(batch),
         )
+
+    def _tool_budget_metrics(self, batch: PendingBatch) -> dict[str, float | None]:
+        """What the batch's identity and client address spent on tool runs, in all, and have left."""
+        state = self.tool_budget.state(batch.worker_id, batch.client)
+
+        def finite(seconds: float) -> float | None:
+            return round(seconds, 3) if math.isfinite(seconds) else None
+
+        return {
+            "identity_tool_seconds": round(state.identity_spent_s, 3),
+            "address_tool_seconds": round(state.address_spent_s, 3),
+            "identity_tool_seconds_left": finite(state.identity_left_s),
+            "address_tool_seconds_left": finite(state.address_left_s),
+        }
 
     def ban(self, batch: PendingBatch, verdicts: list[Verdict], evidence_ban: str | None) -> None:
         """Count a posted batch against its worker; ban it (``POST /workers/ban``) the first time its

@@ -25,6 +25,7 @@ prefill); the trainer uses those only.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
@@ -59,6 +60,7 @@ def validate_batch(
     checks: Checks,
     newest_version: int | None = None,
     observe: Observer | None = None,
+    tool_seconds_left: float = math.inf,
 ) -> list[Verdict]:
     """Verdicts for every sample of one batch, in submission order; never raises on hostile content.
 
@@ -67,6 +69,7 @@ def validate_batch(
     answer a step-``s`` lease with a newer version committed meanwhile; that is fresher, not wrong.
     ``observe(sample_index, observations)`` receives the per-worker evidence statistics of every
     sample whose proofs passed (``validator.evidence``), in submission order.
+    ``tool_seconds_left``: what the lease's identity and address may still spend on tool runs.
     """
     pending = [Pending(i, s) for i, s in enumerate(batch.samples)]
     try:
@@ -82,7 +85,7 @@ def validate_batch(
                     p.reject(Reason.UNKNOWN_POLICY, f"policy version {batch.policy_version} is not available")
             else:
                 model_checks(pending, backend, checks, observe)
-        replay_checks(pending, decode, checks)  # tools run only after every model turn is proven
+        replay_checks(pending, decode, checks, budget_s=tool_seconds_left)  # after every model turn is proven
         _reject_rest(pending)  # the lease is lost: no reward scoring (sandbox runs) either
         reward_checks(pending, tasks, decode, checks)
         advantages = _group_checks(pending, checks)

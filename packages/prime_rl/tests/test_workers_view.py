@@ -1,0 +1,101 @@
+"""Issue 34, item 5: ``GET /workers`` is anonymous, so it must cost the same whatever the table's
+size and never wait for (or hold) the ledger's lock. The latency under load is measured by
+``benchmarks/anonymous_reads.py``."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from prime_rl.api.client import OrchestratorClient
+from prime_rl.api.protocol import BanRequest
+from prime_rl.config import load_config
+from prime_rl.launch.progress import TOP_WORKERS
+from prime_rl.launch.supervisor import Supervisor
+from prime_rl.metrics import MetricsWriter
+from prime_rl.orchestrator.workers_view import PAGE_MAX
+
+
+def test_anonymous_reads_are_answered_while_the_ledger_lock_is_held(server_factory: Any) -> None:
+    # Before: GET /workers and GET /status ran under the ledger's lock, so they waited for whatever
+    # held it (and /workers, at 10k workers, held it 0.31 s itself).
+    server = server_factory()
+    release, entered = threading.Event(), threading.Event()
+    pending = server.ledger.pending
+
+    def slow_pending(limit: int) -> Any:  # holds the ledger's lock until released
+        entered.set()
+        release.wait(10)
+        return pending(limit)
+
+    server.ledger.pending = slow_pending  # type: ignore[method-assign]
+    headers = {"Authorization": f"Bearer {server.admin_token}"}
+    blocked = threading.Thread(
+        target=lambda: requests.get(server.url + "/validator/pending", headers=headers, timeout=15)
+    )
+    blocked.start()
+    try:
+        assert entered.wait(5)
+        for path in ("/workers", "/status", "/health"):
+            started = time.monotonic()
+            answer = requests.get(server.url + path, timeout=3)
+            assert answer.status_code == 200 and time.monotonic() - started < 2.0, path
+    finally:
+        release.set()
+        blocked.join(15)
+
+
+def test_workers_answers_are_bounded_pages_with_totals(server_factory: Any) -> None:
+    server = server_factory("--orchestrator.max_fresh_workers_per_network", "0")
+    ids = [server.ledger.register(f"w{i}").worker_id for i in range(700)]  # server idle: no request in flight
+    for worker_id in ids[:3]:
+        server.ledger.ban(BanRequest(worker_id=worker_id, reason="test"))
+    with OrchestratorClient(server.url, retries=0) as client:
+        first = client.workers()
+        assert [w.worker_id for w in first.workers] == ids[:100] and first.total == 700
+        assert first.totals is not None and (first.totals.registered, first.totals.banned) == (700, 3)
+        assert first.totals.active == 697
+        last = client.workers(offset=600, limit=PAGE_MAX)
+        assert [w.worker_id for w in last.workers] == ids[600:] and last.offset == 600
+        assert [w.worker_id for w in client.workers(banned_only=True).workers] == ids[:3]
+        assert len(client.workers(order="accepted", limit=5).workers) == 5
+    raw = requests.get(server.url + "/workers", params={"limit": PAGE_MAX}, timeout=10)
+    assert len(raw.content) < PAGE_MAX * 1024  # one page, whatever the table holds
+    for bad in ({"limit": PAGE_MAX + 1}, {"offset": -1}, {"order": "name"}, {"limit": "x"}, {"banned": "1"}):
+        answer = requests.get(server.url + "/workers", params=bad, timeout=10)
+        assert answer.status_code == 400 and answer.json()["error"] == "bad_request"
+
+
+def test_workers_snapshot_is_shared_until_it_is_older_than_its_max_age(server_factory: Any) -> None:
+    server = server_factory("--orchestrator.workers_view_max_age_s", "0.5")
+    server.ledger.register("first")
+    with OrchestratorClient(server.url, retries=0) as client:
+        assert client.workers().total == 1
+        server.ledger.register("second")
+        assert client.workers().total == 1  # the cached snapshot, not a rebuild per read
+        time.sleep(0.6)
+        assert client.workers().total == 2
+
+
+def test_the_supervisors_progress_record_is_bounded_whatever_the_number_of_workers(
+    server_factory: Any, tmp_path: Path
+) -> None:
+    # Before: every 2 s the whole worker table went into run.jsonl (70 kB/s at 1,620 identities).
+    server = server_factory("--orchestrator.max_fresh_workers_per_network", "0")
+    ids = [server.ledger.register(f"sybil {i}").worker_id for i in range(300)]
+    server.ledger.ban(BanRequest(worker_id=ids[7], reason="test"))
+    config = load_config(None, ["--run_dir", str(tmp_path / "run")])
+    metrics = MetricsWriter(tmp_path / "run" / "metrics" / "run.jsonl", role="run", name="run")
+    supervisor = Supervisor(config, None, [], metrics, on_progress=lambda line: None)
+    with OrchestratorClient(server.url, retries=0) as client:
+        line = supervisor.progress_line(client)
+    record = json.loads((tmp_path / "run" / "metrics" / "run.jsonl").read_text().splitlines()[-1])
+    assert record["event"] == "progress" and len(record["workers"]) <= 2 * TOP_WORKERS
+    assert record["workers"][ids[7]]["banned"]  # banned workers are among those named
+    assert record["worker_totals"]["registered"] == 300 and record["worker_totals"]["banned"] == 1
+    assert "300 workers" in line and len(line) < 2_000
