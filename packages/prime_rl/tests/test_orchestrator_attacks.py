@@ -52,6 +52,7 @@ class Sim:
         self.step = 0
         self.trained: list[TrainSample] = []
         self.fresh_tasks: Counter[int] = Counter()  # tasks of every fresh (not reassigned) lease issued
+        self.spoiled = 0  # leases answered with a batch the validator rejects (``spoil``)
 
     def _start(self) -> OrchestratorServer:
         return OrchestratorServer(self.config, self.tasks, clock=self.clock, registration_clock=self.clock).start()
@@ -99,6 +100,20 @@ class Sim:
         self.http.post_verdicts(VerdictRequest(batch_id=batch_id, verdicts=verdicts, worker_evidence=evidence))
         return batch_id
 
+    def spoil(self, lease: TaskLease, reason: str) -> str:
+        """Submit ``lease`` and reject it as a validator does when one sample fails with ``reason``."""
+        self.http.worker_token = self.tokens[lease.worker_id]
+        batch_id = self.http.submit_rollouts(self.make_batch(lease, self.step)).batch_id
+        samples = len(lease.tasks) * lease.group_size
+        verdicts = [
+            Verdict(sample_index=i, accepted=False, reason=reason if i == 0 else "lease_rejected", reward=0.0,
+                    advantage=0.0)
+            for i in range(samples)
+        ]  # fmt: skip
+        self.http.post_verdicts(VerdictRequest(batch_id=batch_id, verdicts=verdicts, worker_evidence=0.0))
+        self.spoiled += 1
+        return batch_id
+
     def train(self) -> list[TrainSample]:
         """Claim every released sample for the current step and commit it (a trainer that takes all)."""
         available = self.http.claim(self.step, 1 << 20, filter_zero_advantage=False).available_samples
@@ -139,7 +154,10 @@ def trained_tasks(sim: Sim, group_size: int = 2) -> Counter[int]:
 # ---------------------------------------------------------------- walking away
 
 
-def _walking_away(sim: Sim, *, attacker: bool, rounds: int = 60) -> None:
+def _walking_away(sim: Sim, *, attacker: bool, rounds: int = 60, spoil: str | None = None) -> None:
+    """Two honest workers and (``attacker``) one that keeps only the leases whose tasks are all < 25:
+    it walks away from the others, or (``spoil``) answers them with a batch the validator rejects
+    for that reason (a lowered claim, a sandbox timeout it caused, a raised claim)."""
     honest = [sim.register(), sim.register()]
     abandoner = sim.register() if attacker else ""
     kept_own: list[str] = []
@@ -158,6 +176,8 @@ def _walking_away(sim: Sim, *, attacker: bool, rounds: int = 60) -> None:
                     kept_own.append(abandoner)
                 if all(task.task_id < 25 for task in lease.tasks):  # keeps only the "easy" half's leases
                     sim.answer(lease)
+                elif spoil is not None:
+                    sim.spoil(lease, spoil)
         sim.train()
         sim.tick(TIMEOUT_S / 3)
     sim.tick(2 * TIMEOUT_S)  # every abandoned lease expires
@@ -167,9 +187,13 @@ def _walking_away(sim: Sim, *, attacker: bool, rounds: int = 60) -> None:
     assert not kept_own  # an abandoned lease never goes back to the identity that abandoned it
 
 
-def test_walking_away_changes_nothing_that_is_trained(sim_factory: Any) -> None:
+@pytest.mark.parametrize("spoil", [None, "reward_unverifiable", "tool_unverifiable", "reward_mismatch"])
+def test_walking_away_changes_nothing_that_is_trained(sim_factory: Any, spoil: str | None) -> None:
+    """Issues 25 and 34: an attacker that walks away from the leases it does not want trained, or
+    answers them with a batch it makes the validator reject (a veto), changes nothing that is
+    trained, and each veto costs it what walking away costs, up to the abandonment ban."""
     attacked = sim_factory("attacked")
-    _walking_away(attacked, attacker=True)
+    _walking_away(attacked, attacker=True, spoil=spoil)
     baseline = sim_factory("baseline")
     _walking_away(baseline, attacker=False)
     # Oracle: what is trained is exactly what the keyed assignment drew (every fresh lease's tasks,
@@ -177,7 +201,7 @@ def test_walking_away_changes_nothing_that_is_trained(sim_factory: Any) -> None:
     assert trained_tasks(attacked) == attacked.fresh_tasks
     assert trained_tasks(baseline) == baseline.fresh_tasks
     stats = {w.worker_id: w for w in attacked.http.workers().workers}
-    abandoned = sum(w.leases_expired for w in stats.values())
+    abandoned = sum(w.leases_expired for w in stats.values()) + attacked.spoiled
     assert abandoned >= 8 and sum(w.banned for w in stats.values()) >= 2  # walking away was tried, and cost
     # The attacker kept only leases of tasks < 25; the trained share of those stays what the draws give,
     # as without it: two-proportion z-test, |z| < 4 (chance failure ~6e-5).
