@@ -203,6 +203,9 @@ class Pending:
     logprobs: tuple[float, ...] = ()
     transcript: tuple[Message, ...] | None = None
     """An episode's transcript (``validator.episodes``), its reward's input; None: single-turn."""
+    claimed_reward: float | None = None
+    """A claim below a clean recomputation that was accepted (``rewards.py``, rule 3): the reward the
+    worker's advantage claims rest on. None: they rest on ``reward``."""
 
     def reject(self, reason: Reason, detail: str) -> None:
         if self.reason is Reason.ACCEPTED:

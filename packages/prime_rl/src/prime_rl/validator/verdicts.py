@@ -16,8 +16,9 @@ found before the prefill, the batch costs no prefill at all (``structure.py``). 
    log-probs, reward);
 3. groups: all ``group_size`` completions of a task present once (``group_incomplete``); a group
    with a rejected member is rejected whole (``group_rejected``), because its advantages depend on
-   every member; advantages recomputed with ``grpo.group_zscore`` from the recomputed rewards
-   (``advantage_mismatch``).
+   every member; advantages recomputed with ``grpo.group_zscore`` from the recomputed rewards; the
+   claimed ones must match the z-scores of the rewards they rest on (the recomputed ones, or a low
+   claim ``rewards.py`` accepted) (``advantage_mismatch``).
 
 Accepted verdicts carry the recomputed reward, advantage and per-token log-probs (from the
 prefill); the trainer uses those only.
@@ -187,16 +188,25 @@ def _group_checks(pending: list[Pending], checks: Checks) -> dict[int, float]:
                 m.reject(Reason.GROUP_REJECTED, f"sample {bad.index} of the group was rejected: {bad.reason}")
             continue
         members.sort(key=lambda m: m.sample.group_index)
-        rewards = torch.tensor([m.reward for m in members], dtype=torch.float64)
-        recomputed = [float(a) for a in grpo.group_zscore(rewards, checks.group_size).tolist()]
+        recomputed = _zscores([m.reward for m in members], checks.group_size)
+        # The claims are checked against the rewards the worker's claims rest on (a low claim accepted
+        # by rewards.py rule 3 stands for its own reward there); the verdicts carry the recomputed ones.
+        expected = _zscores(
+            [m.reward if m.claimed_reward is None else m.claimed_reward for m in members], checks.group_size
+        )
         wrong = {
             m.index
-            for m, a in zip(members, recomputed, strict=True)
+            for m, a in zip(members, expected, strict=True)
             if not abs(m.sample.advantage - a) <= checks.validator.advantage_atol
         }
-        for m, a in zip(members, recomputed, strict=True):
+        for m, a, e in zip(members, recomputed, expected, strict=True):
             advantages[m.index] = a
             if wrong:
                 reason = Reason.ADVANTAGE_MISMATCH if m.index in wrong else Reason.GROUP_REJECTED
-                m.reject(reason, f"claimed advantage {m.sample.advantage:.6g}, recomputed {a:.6g}")
+                m.reject(reason, f"claimed advantage {m.sample.advantage:.6g}, recomputed {e:.6g}")
     return advantages
+
+
+def _zscores(rewards: Sequence[float | None], group_size: int) -> list[float]:
+    """``grpo.group_zscore`` of one group's rewards, in float64."""
+    return [float(a) for a in grpo.group_zscore(torch.tensor(rewards, dtype=torch.float64), group_size).tolist()]
