@@ -140,7 +140,13 @@ class TaskLease(ApiModel):
     worker_id: WorkerId
     step: NonNegInt
     batch_index: NonNegInt
-    min_policy_version: NonNegInt = Field(description="Generate with a policy version >= this.")
+    policy_version: NonNegInt = Field(
+        description="Generate with exactly this policy version: the newest committed when the lease was issued "
+        "(its step). A batch with any other version is rejected (wrong_policy_version)."
+    )
+    min_policy_version: NonNegInt = Field(
+        description="max(0, step - async_level): a batch of this step with an older version is stale_policy."
+    )
     deadline: float = Field(description="Unix time after which the tasks may be reassigned.")
     group_size: int
     temperature: float

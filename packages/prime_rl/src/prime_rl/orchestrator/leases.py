@@ -478,6 +478,7 @@ class LeaseBook:
             worker_id=record.worker_id,
             step=record.step,
             batch_index=record.batch_index,
+            policy_version=record.step,  # the newest committed version when it was issued
             min_policy_version=max(0, record.step - orch.async_level),
             deadline=record.deadline,
             group_size=sampling.group_size,

@@ -70,6 +70,7 @@ class Reason(enum.StrEnum):
     UNKNOWN_POLICY = "unknown_policy"
     STALE_POLICY = "stale_policy"
     FUTURE_POLICY = "future_policy"
+    WRONG_POLICY_VERSION = "wrong_policy_version"  # inside the async window, but not the lease's version
     UNASSIGNED_TASK = "not_assigned"
     PROMPT_MISMATCH = "wrong_prompt"
     SAMPLING_PARAMS_MISMATCH = "wrong_sampling_params"
