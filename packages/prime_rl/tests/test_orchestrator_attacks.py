@@ -114,6 +114,11 @@ class Sim:
         self.spoiled += 1
         return batch_id
 
+    def submit_unjudged(self, lease: TaskLease) -> str:
+        """Submit ``lease`` with its own version, for a validator that has not judged it yet."""
+        self.http.worker_token = self.tokens[lease.worker_id]
+        return self.http.submit_rollouts(self.make_batch(lease, lease.policy_version)).batch_id
+
     def train(self) -> list[TrainSample]:
         """Claim every released sample for the current step and commit it (a trainer that takes all)."""
         available = self.http.claim(self.step, 1 << 20, filter_zero_advantage=False).available_samples
@@ -157,16 +162,22 @@ def trained_tasks(sim: Sim, group_size: int = 2) -> Counter[int]:
 def _walking_away(sim: Sim, *, attacker: bool, rounds: int = 60, spoil: str | None = None) -> None:
     """Two honest workers and (``attacker``) one that keeps only the leases whose tasks are all < 25:
     it walks away from the others, or (``spoil``) answers them with a batch the validator rejects
-    for that reason (a lowered claim, a sandbox timeout it caused, a raised claim)."""
+    for that reason (a lowered claim, a sandbox timeout it caused, a raised claim), or (``spoil``
+    "late") answers them once a step was trained since, too late to train on (run it with
+    async_level 0)."""
     honest = [sim.register(), sim.register()]
     abandoner = sim.register() if attacker else ""
     kept_own: list[str] = []
+    held: list[TaskLease] = []
     for round_ in range(rounds):
         for worker_id in honest:
             lease = sim.lease(worker_id)
             assert lease is not None, f"honest {worker_id} refused in round {round_}"
             sim.answer(lease)
         if attacker:
+            for late in held:  # a step was trained since it was leased: too old to train on now
+                sim.submit_unjudged(late)
+            held.clear()
             lease = sim.lease(abandoner)
             if lease is None and sim.server.ledger.workers[abandoner].banned:
                 abandoner = sim.register()  # banned for walking away: a fresh identity
@@ -176,6 +187,8 @@ def _walking_away(sim: Sim, *, attacker: bool, rounds: int = 60, spoil: str | No
                     kept_own.append(abandoner)
                 if all(task.task_id < 25 for task in lease.tasks):  # keeps only the "easy" half's leases
                     sim.answer(lease)
+                elif spoil == "late":
+                    held.append(lease)
                 elif spoil is not None:
                     sim.spoil(lease, spoil)
         sim.train()
@@ -187,14 +200,16 @@ def _walking_away(sim: Sim, *, attacker: bool, rounds: int = 60, spoil: str | No
     assert not kept_own  # an abandoned lease never goes back to the identity that abandoned it
 
 
-@pytest.mark.parametrize("spoil", [None, "reward_unverifiable", "tool_unverifiable", "reward_mismatch"])
+@pytest.mark.parametrize("spoil", [None, "reward_unverifiable", "tool_unverifiable", "reward_mismatch", "late"])
 def test_walking_away_changes_nothing_that_is_trained(sim_factory: Any, spoil: str | None) -> None:
-    """Issues 25 and 34: an attacker that walks away from the leases it does not want trained, or
-    answers them with a batch it makes the validator reject (a veto), changes nothing that is
-    trained, and each veto costs it what walking away costs, up to the abandonment ban."""
-    attacked = sim_factory("attacked")
+    """Issues 25 and 34: an attacker that walks away from the leases it does not want trained,
+    answers them with a batch it makes the validator reject (a veto), or answers them too late to
+    train on, changes nothing that is trained; walking away and vetoes cost it, up to the
+    abandonment ban (a late answer costs nothing: a slow validator looks the same)."""
+    overrides = ("--orchestrator.async_level", "0") if spoil == "late" else ()
+    attacked = sim_factory("attacked", *overrides)
     _walking_away(attacked, attacker=True, spoil=spoil)
-    baseline = sim_factory("baseline")
+    baseline = sim_factory("baseline", *overrides)
     _walking_away(baseline, attacker=False)
     # Oracle: what is trained is exactly what the keyed assignment drew (every fresh lease's tasks,
     # once each), whichever leases the attacker kept; a dropped or duplicated abandoned task fails it.
@@ -202,7 +217,10 @@ def test_walking_away_changes_nothing_that_is_trained(sim_factory: Any, spoil: s
     assert trained_tasks(baseline) == baseline.fresh_tasks
     stats = {w.worker_id: w for w in attacked.http.workers().workers}
     abandoned = sum(w.leases_expired for w in stats.values()) + attacked.spoiled
-    assert abandoned >= 8 and sum(w.banned for w in stats.values()) >= 2  # walking away was tried, and cost
+    if spoil == "late":
+        assert sum(w.samples_expired for w in stats.values()) >= 8 * 4  # answered late was tried
+    else:
+        assert abandoned >= 8 and sum(w.banned for w in stats.values()) >= 2  # walking away was tried, and cost
     # The attacker kept only leases of tasks < 25; the trained share of those stays what the draws give,
     # as without it: two-proportion z-test, |z| < 4 (chance failure ~6e-5).
     shares = []

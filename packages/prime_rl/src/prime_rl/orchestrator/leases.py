@@ -11,9 +11,12 @@ another client address if one asks, else of another worker at the same address, 
 worker whose lease just expired, and ahead of any fresh task. Answering wrongly changes nothing
 either: a lease whose batch the validator rejects (any reason: a worker can cause every one of them
 on purpose, a lowered claim, a program that loops past the sandbox's limit) hands its tasks on the
-same way (``return_tasks``) and counts as abandoned, not answered (``rejected``). So every task the
-keyed assignment hands out is trained on someone's answer, whichever leases their first holder
-chose to answer or spoil, and the multiset of trained tasks is the multiset the assignment drew.
+same way (``return_tasks``) and counts as abandoned, not answered (``rejected``). Answering late
+changes nothing either: a lease whose batch expires unjudged, too old for any step (the lease fixes
+its version), hands its tasks on too, without a charge (a slow validator may be the cause). So
+every task the keyed assignment hands out is trained on someone's answer, whichever leases their
+first holder chose to answer, spoil or delay, and the multiset of trained tasks is the multiset the
+assignment drew.
 
 A fresh lease's tasks and sampling seeds are the keyed functions of ``api/assignment.py`` of
 ``(worker_id, step, batch_index)`` under the run's assignment key, so the validator (which holds
@@ -27,8 +30,8 @@ abandoned leases, backpressure) are the ``Ledger``'s.
 
 Cost: a lease costs the same however many leases were issued before it. Open leases are counted
 per worker and per address as they open and close, expiry pops a deadline heap, and answered leases
-whose batch was judged or expired unjudged (and not rejected, whose tasks go back to another
-identity: ``return_tasks``) are folded every ``FOLD_EVERY`` into per-worker and per-address
+whose batch was judged and accepted (a rejected or expired batch's tasks go back to another
+identity: ``return_tasks``, and its lease stays one by one) are folded every ``FOLD_EVERY`` into per-worker and per-address
 totals in the store (their events
 deleted, ``RolloutStore.fold_leases``), so neither memory nor the store nor a restart's replay grows
 with answered history. Kept one by one: open and expired leases, and answered leases that took over
@@ -75,8 +78,8 @@ class HeldLease:
     """
 
     __slots__ = (
-        "_body", "_record", "address", "answered", "batch_index", "deadline", "expired", "reissue", "reissued", "returned",
-        "worker_id",
+        "_body", "_record", "address", "answered", "batch_index", "deadline", "expired", "reissue", "reissued",
+        "rejected", "returned", "worker_id",
     )  # fmt: skip
 
     def __init__(
@@ -92,6 +95,7 @@ class HeldLease:
         self.worker_id, self.batch_index, self.deadline, self.address = worker_id, batch_index, deadline, address
         self._record, self._body = record, body
         self.answered = self.expired = self.reissued = self.returned = False
+        self.rejected = False  # its batch was rejected (counted in ``LeaseBook.rejected``)
         self.reissue = False  # it hands out an abandoned lease's tasks (``reissued``: its own were handed out)
 
     @classmethod
@@ -309,13 +313,14 @@ class LeaseBook:
         (unless it had expired before); any other lets the answered lease fold. A lease folds only
         once judged, so a lease whose tasks may still go back is never folded away first, and a
         returned lease stays one by one (its reissue is in the log)."""
+        lease = self._leases.get((worker_id, batch_index))
         if rejected:
-            lease = self._leases.get((worker_id, batch_index))
-            if self.return_tasks(worker_id, batch_index, replaying=replaying) and lease is not None and not lease.expired:
+            if lease is not None and not lease.rejected and not lease.expired:
+                lease.rejected = True
                 self._rejected[worker_id] += 1
                 self._rejected_at[lease.address] += 1
+            self.return_tasks(worker_id, batch_index, replaying=replaying)
             return
-        lease = self._leases.get((worker_id, batch_index))
         # (the log keeps who took over whose tasks: see Cost in the module doc)
         if lease is not None and lease.answered and not lease.reissue and not lease.returned:
             self._answered_unfolded[lease.key] = lease
@@ -323,8 +328,9 @@ class LeaseBook:
                 self.fold()
 
     def return_tasks(self, worker_id: str, batch_index: int, *, replaying: bool = False) -> bool:
-        """Queue the tasks of an answered lease for another identity (its batch was rejected); False
-        for a lease never issued (or folded), already returned or already reissued."""
+        """Queue the tasks of an answered lease for another identity (its batch was rejected, or
+        expired unjudged: too old to train on); False for a lease never issued (or folded), already
+        returned or already reissued."""
         lease = self._leases.get((worker_id, batch_index))
         if lease is None or lease.returned or lease.reissued:
             return False

@@ -160,9 +160,11 @@ class Ledger:
             validator_judged = batch.verdicts is not None and not batch.expired
             if validator_judged and not self.release.counted(batch.batch_id):
                 self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], None)  # crashed between writes
-            if validator_judged or batch.expired:  # (an expired batch is never judged: its lease folds, as in _expire_useless)
-                rejected = validator_judged and _rejected(batch.verdicts or [])
+            if validator_judged:
+                rejected = _rejected(batch.verdicts or [])
                 self.leases.mark_judged(batch.worker_id, batch.meta.batch_index, rejected=rejected, replaying=True)
+            elif batch.expired:  # never judged: its tasks go to another identity, as in _expire_useless
+                self.leases.return_tasks(batch.worker_id, batch.meta.batch_index, replaying=True)
         for claim in self.store.claims():
             self.claims[claim.step] = claim.sample_ids
             self.batches.mark_claimed(claim.sample_ids)
@@ -331,9 +333,10 @@ class Ledger:
         return self.batches.pending(limit, self.step)
 
     def _expire_useless(self) -> None:
-        """Expire the batches no step can use any more; their leases are done with (they fold)."""
+        """Expire the batches no step can use any more; their leases' tasks go to another identity
+        (no charge: a slow validator may be the cause), so answering late is no veto either."""
         for batch in self.batches.expire_useless(self.step, self.orch.async_level):
-            self.leases.mark_judged(batch.worker_id, batch.meta.batch_index, rejected=False)
+            self.leases.return_tasks(batch.worker_id, batch.meta.batch_index)
 
     def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
         """Store the verdicts and count the judgement for release in one store transaction; a rejected
