@@ -82,7 +82,7 @@ class Reason(enum.StrEnum):
     SAMPLING_FAILED = "sampling_mismatch"
     LOGPROBS_MISMATCH = "logprobs_mismatch"
     REWARD_MISMATCH = "reward_mismatch"
-    REWARD_UNVERIFIABLE = "reward_unverifiable"  # never counts towards a ban (verdicts.ban_counts)
+    REWARD_UNVERIFIABLE = "reward_unverifiable"  # not in the failure-rate ban (verdicts.ban_counts)
     GROUP_INCOMPLETE = "group_incomplete"
     INCOMPLETE_LEASE = "incomplete_lease"
     GROUP_REJECTED = "group_rejected"
@@ -97,7 +97,7 @@ class Reason(enum.StrEnum):
     MODEL_TOKENS_AS_ENV = "model_tokens_as_env"
     ENV_TOKENS_AS_MODEL = "env_tokens_as_model"
     TOOL_NOT_REPLAYABLE = "tool_not_replayable"
-    TOOL_UNVERIFIABLE = "tool_unverifiable"  # never counts towards a ban (protocol.UNVERIFIABLE_REASONS)
+    TOOL_UNVERIFIABLE = "tool_unverifiable"  # not in the failure-rate ban (protocol.UNVERIFIABLE_REASONS)
 
 
 class RetryLater(Exception):
