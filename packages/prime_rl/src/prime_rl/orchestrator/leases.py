@@ -308,9 +308,9 @@ class LeaseBook:
             self._answered_at[lease.address] += 1
 
     def mark_judged(self, worker_id: str, batch_index: int, *, rejected: bool, replaying: bool = False) -> None:
-        """Its batch was judged (or expired unjudged: ``rejected`` False). A rejected batch hands the
-        lease's tasks to another identity (``return_tasks``) and counts the lease as ``rejected``
-        (unless it had expired before); any other lets the answered lease fold. A lease folds only
+        """The validator judged its batch. A rejected batch hands the lease's tasks to another
+        identity (``return_tasks``) and counts the lease as ``rejected`` (unless it had expired
+        before: it counts once, as expired); an accepted one lets the answered lease fold. A lease folds only
         once judged, so a lease whose tasks may still go back is never folded away first, and a
         returned lease stays one by one (its reissue is in the log)."""
         lease = self._leases.get((worker_id, batch_index))
