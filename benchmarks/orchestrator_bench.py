@@ -108,7 +108,7 @@ def main() -> None:
             root = Path(tmp)
             ours, size = _ours(root / "ours")
             lease = TaskLease(
-                worker_id="w0000", step=0, batch_index=0, min_policy_version=0, deadline=0.0, group_size=8,
+                worker_id="w0000", step=0, batch_index=0, policy_version=0, min_policy_version=0, deadline=0.0, group_size=8,
                 temperature=1.0, max_new_tokens=COMPLETION_TOKENS, stop=[],
                 tasks=[{"task_id": i, "prompt": "p", "sampling_seeds": list(range(8))} for i in range(8)],  # type: ignore[misc]
             )  # fmt: skip

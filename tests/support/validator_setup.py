@@ -77,6 +77,7 @@ class TinyRun:
         now = time.time()
         lease = TaskLease(
             **where,
+            policy_version=step,
             min_policy_version=max(0, step - 1),
             deadline=now + 60,
             group_size=self.group_size,

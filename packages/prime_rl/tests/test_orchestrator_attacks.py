@@ -52,6 +52,7 @@ class Sim:
         self.step = 0
         self.trained: list[TrainSample] = []
         self.fresh_tasks: Counter[int] = Counter()  # tasks of every fresh (not reassigned) lease issued
+        self.spoiled = 0  # leases answered with a batch the validator rejects (``spoil``)
 
     def _start(self) -> OrchestratorServer:
         return OrchestratorServer(self.config, self.tasks, clock=self.clock, registration_clock=self.clock).start()
@@ -99,6 +100,25 @@ class Sim:
         self.http.post_verdicts(VerdictRequest(batch_id=batch_id, verdicts=verdicts, worker_evidence=evidence))
         return batch_id
 
+    def spoil(self, lease: TaskLease, reason: str) -> str:
+        """Submit ``lease`` and reject it as a validator does when one sample fails with ``reason``."""
+        self.http.worker_token = self.tokens[lease.worker_id]
+        batch_id = self.http.submit_rollouts(self.make_batch(lease, self.step)).batch_id
+        samples = len(lease.tasks) * lease.group_size
+        verdicts = [
+            Verdict(sample_index=i, accepted=False, reason=reason if i == 0 else "lease_rejected", reward=0.0,
+                    advantage=0.0)
+            for i in range(samples)
+        ]  # fmt: skip
+        self.http.post_verdicts(VerdictRequest(batch_id=batch_id, verdicts=verdicts, worker_evidence=0.0))
+        self.spoiled += 1
+        return batch_id
+
+    def submit_unjudged(self, lease: TaskLease) -> str:
+        """Submit ``lease`` with its own version, for a validator that has not judged it yet."""
+        self.http.worker_token = self.tokens[lease.worker_id]
+        return self.http.submit_rollouts(self.make_batch(lease, lease.policy_version)).batch_id
+
     def train(self) -> list[TrainSample]:
         """Claim every released sample for the current step and commit it (a trainer that takes all)."""
         available = self.http.claim(self.step, 1 << 20, filter_zero_advantage=False).available_samples
@@ -139,16 +159,25 @@ def trained_tasks(sim: Sim, group_size: int = 2) -> Counter[int]:
 # ---------------------------------------------------------------- walking away
 
 
-def _walking_away(sim: Sim, *, attacker: bool, rounds: int = 60) -> None:
+def _walking_away(sim: Sim, *, attacker: bool, rounds: int = 60, spoil: str | None = None) -> None:
+    """Two honest workers and (``attacker``) one that keeps only the leases whose tasks are all < 25:
+    it walks away from the others, or (``spoil``) answers them with a batch the validator rejects
+    for that reason (a lowered claim, a sandbox timeout it caused, a raised claim), or (``spoil``
+    "late") answers them once a step was trained since, too late to train on (run it with
+    async_level 0)."""
     honest = [sim.register(), sim.register()]
     abandoner = sim.register() if attacker else ""
     kept_own: list[str] = []
+    held: list[TaskLease] = []
     for round_ in range(rounds):
         for worker_id in honest:
             lease = sim.lease(worker_id)
             assert lease is not None, f"honest {worker_id} refused in round {round_}"
             sim.answer(lease)
         if attacker:
+            for late in held:  # a step was trained since it was leased: too old to train on now
+                sim.submit_unjudged(late)
+            held.clear()
             lease = sim.lease(abandoner)
             if lease is None and sim.server.ledger.workers[abandoner].banned:
                 abandoner = sim.register()  # banned for walking away: a fresh identity
@@ -158,6 +187,10 @@ def _walking_away(sim: Sim, *, attacker: bool, rounds: int = 60) -> None:
                     kept_own.append(abandoner)
                 if all(task.task_id < 25 for task in lease.tasks):  # keeps only the "easy" half's leases
                     sim.answer(lease)
+                elif spoil == "late":
+                    held.append(lease)
+                elif spoil is not None:
+                    sim.spoil(lease, spoil)
         sim.train()
         sim.tick(TIMEOUT_S / 3)
     sim.tick(2 * TIMEOUT_S)  # every abandoned lease expires
@@ -167,18 +200,27 @@ def _walking_away(sim: Sim, *, attacker: bool, rounds: int = 60) -> None:
     assert not kept_own  # an abandoned lease never goes back to the identity that abandoned it
 
 
-def test_walking_away_changes_nothing_that_is_trained(sim_factory: Any) -> None:
-    attacked = sim_factory("attacked")
-    _walking_away(attacked, attacker=True)
-    baseline = sim_factory("baseline")
+@pytest.mark.parametrize("spoil", [None, "reward_unverifiable", "tool_unverifiable", "reward_mismatch", "late"])
+def test_walking_away_changes_nothing_that_is_trained(sim_factory: Any, spoil: str | None) -> None:
+    """Issues 25 and 34: an attacker that walks away from the leases it does not want trained,
+    answers them with a batch it makes the validator reject (a veto), or answers them too late to
+    train on, changes nothing that is trained; walking away and vetoes cost it, up to the
+    abandonment ban (a late answer costs nothing: a slow validator looks the same)."""
+    overrides = ("--orchestrator.async_level", "0") if spoil == "late" else ()
+    attacked = sim_factory("attacked", *overrides)
+    _walking_away(attacked, attacker=True, spoil=spoil)
+    baseline = sim_factory("baseline", *overrides)
     _walking_away(baseline, attacker=False)
     # Oracle: what is trained is exactly what the keyed assignment drew (every fresh lease's tasks,
     # once each), whichever leases the attacker kept; a dropped or duplicated abandoned task fails it.
     assert trained_tasks(attacked) == attacked.fresh_tasks
     assert trained_tasks(baseline) == baseline.fresh_tasks
     stats = {w.worker_id: w for w in attacked.http.workers().workers}
-    abandoned = sum(w.leases_expired for w in stats.values())
-    assert abandoned >= 8 and sum(w.banned for w in stats.values()) >= 2  # walking away was tried, and cost
+    abandoned = sum(w.leases_expired for w in stats.values()) + attacked.spoiled
+    if spoil == "late":
+        assert sum(w.samples_expired for w in stats.values()) >= 8 * 4  # answered late was tried
+    else:
+        assert abandoned >= 8 and sum(w.banned for w in stats.values()) >= 2  # walking away was tried, and cost
     # The attacker kept only leases of tasks < 25; the trained share of those stays what the draws give,
     # as without it: two-proportion z-test, |z| < 4 (chance failure ~6e-5).
     shares = []

@@ -201,12 +201,12 @@ def test_restart_keeps_expired_leases_queued_for_reassignment(config_for: Any) -
 
 
 @pytest.mark.parametrize("fold_every", [1024, 1], ids=["no fold", "fold at every judged lease"])
-def test_a_lease_rejected_for_machine_reasons_only_goes_to_another_identity(
+def test_a_rejected_lease_goes_to_another_identity(
     config_for: Any, monkeypatch: pytest.MonkeyPatch, fold_every: int
 ) -> None:
-    """Issue 35: a lease the validator rejected as tool_unverifiable (or reward_unverifiable) alone is
-    reissued to another identity (same tasks, named source), also after a restart, and only once; a
-    lease rejected for cheating (tool_output_mismatch among its reasons) is not. With answered leases
+    """Issues 35 and 34: a lease the validator rejected, as tool_unverifiable alone or for cheating
+    (tool_output_mismatch among its reasons), is reissued to another identity (same tasks, named
+    source), also after a restart, and only once. With answered leases
     folded into totals (issue 33) as soon as they are judged, the returned one is never folded away
     and its reissue is not repeated after a restart."""
     import base64
@@ -251,8 +251,9 @@ def test_a_lease_rejected_for_machine_reasons_only_goes_to_another_identity(
     cheated = ledger.lease(cheat, None, None)
     answer(ledger, unlucky, machine, ["tool_unverifiable", "lease_rejected"])
     answer(ledger, cheat, cheated, ["tool_unverifiable", "tool_output_mismatch"])
-    assert ledger.leases.awaiting_reassignment() == 1
-    assert ledger.lease(unlucky, None, None).reassigned_from is None  # never back to the same identity
+    assert ledger.leases.awaiting_reassignment() == 2
+    taken = ledger.lease(unlucky, None, None).reassigned_from  # the cheat's tasks, never its own
+    assert taken is not None and taken.worker_id == cheat.worker_id
     ledger = open_ledger()  # a restart rebuilds the return from the stored verdicts
     other = ledger.workers[ledger.register("other").worker_id]
     reissued = ledger.lease(other, None, None)
@@ -260,4 +261,4 @@ def test_a_lease_rejected_for_machine_reasons_only_goes_to_another_identity(
     assert [t.task_id for t in reissued.tasks] == [t.task_id for t in machine.tasks]
     ledger = open_ledger()
     newcomer = ledger.workers[ledger.register("new").worker_id]
-    assert ledger.lease(newcomer, None, None).reassigned_from is None  # only once; the cheat's lease never
+    assert ledger.lease(newcomer, None, None).reassigned_from is None  # each only once

@@ -178,10 +178,13 @@ def test_a_failed_migration_leaves_the_old_version(tmp_path: Path) -> None:
     assert db.version == 2 and db.read("SELECT x FROM t") == [(2,)]
 
 
-def test_an_answered_lease_folds_only_once_its_batch_is_judged_or_expired(config_for: Any, monkeypatch: Any) -> None:
-    """A lease whose batch awaits verdicts is kept one by one (a machine-only rejection would still
-    hand its tasks on); once the batch expires unjudged (no step can use it) the lease folds, at
-    once, not only at the next restart."""
+def test_an_answered_lease_folds_only_once_its_batch_is_accepted_and_a_late_batchs_tasks_go_on(
+    config_for: Any, monkeypatch: Any
+) -> None:
+    """A lease whose batch awaits verdicts is kept one by one (a rejection would still hand its tasks
+    on). Once the batch expires unjudged (no step can use it: answered too late) its tasks go to
+    another identity, as a rejected or abandoned lease's do (issue 34: answering late is no veto),
+    without a charge (a slow validator may be the cause), also after a restart, and only once."""
     monkeypatch.setattr(leases_module, "FOLD_EVERY", 1)
     config = config_for("--orchestrator.prompts_per_batch", "2", "--sampling.group_size", "2",
                         "--orchestrator.async_level", "1")  # fmt: skip
@@ -193,5 +196,12 @@ def test_an_answered_lease_folds_only_once_its_batch_is_judged_or_expired(config
     assert ledger.leases.get(worker.worker_id, lease.batch_index) is not None  # answered, not judged: kept
     ledger.step = 5  # (as if five steps were committed meanwhile: policy v0 is now useless)
     ledger.pending(8)
-    assert ledger.leases.get(worker.worker_id, lease.batch_index) is None  # expired unjudged: folded
-    assert ledger.leases.answered(worker.worker_id) == 1
+    assert ledger.leases.awaiting_reassignment() == 1
+    assert ledger.leases.answered(worker.worker_id) == 1 and ledger.lease_allowance(worker.worker_id) == 2
+    ledger = _open(config, [100.0])  # a restart rebuilds the return from the stored expiry
+    other = ledger.workers[ledger.register("other").worker_id]
+    taken = ledger.lease(other, None, None)
+    assert taken.reassigned_from is not None and taken.reassigned_from.worker_id == worker.worker_id
+    assert [t.task_id for t in taken.tasks] == [t.task_id for t in lease.tasks]
+    newcomer = ledger.workers[ledger.register("newcomer").worker_id]
+    assert ledger.lease(newcomer, None, None).reassigned_from is None  # only once

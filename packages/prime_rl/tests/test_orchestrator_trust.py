@@ -259,6 +259,62 @@ def test_an_occasional_lost_lease_is_tolerated(config_for: Any) -> None:
     assert ledger.lease_allowance(worker.worker_id) == 2
 
 
+def _reject(ledger: Ledger, batch_id: str, reason: str) -> None:
+    """Verdicts a validator posts for a lease it rejects: ``reason`` on sample 0, the rest follow."""
+    n = len(ledger.batches[batch_id].task_ids)
+    verdicts = [
+        Verdict(sample_index=i, accepted=False, reason=reason if i == 0 else "lease_rejected", reward=0.0, advantage=0.0)
+        for i in range(n)
+    ]
+    ledger.record_verdicts(VerdictRequest(batch_id=batch_id, verdicts=verdicts))
+
+
+@pytest.mark.parametrize("reason", ["reward_unverifiable", "tool_unverifiable", "reward_mismatch"])
+def test_a_rejected_lease_costs_what_walking_away_costs(config_for: Any, reason: str) -> None:
+    """Issue 34: a worker that spoils the leases it does not want trained (a lowered claim that used to
+    be ``reward_unverifiable``, a program that loops past the sandbox limit, a raised claim) loses
+    what a worker that walks away from them loses, step for step: allowance, its address's cap for
+    fresh identities, and its standing until the abandonment ban; the spoiled lease's tasks go to
+    another identity."""
+    ledger, clock = _ledger(config_for, "--orchestrator.max_open_leases_per_address", "6")
+    walker = ledger.workers[ledger.register("walks away").worker_id]
+    spoiler = ledger.workers[ledger.register("spoils").worker_id]
+    addresses = {walker.worker_id: "10.0.0.1", spoiler.worker_id: "10.0.0.2"}
+
+    def lease(worker: Any) -> Any:
+        return ledger.lease(worker, None, None, addresses[worker.worker_id])
+
+    for worker in (walker, spoiler):
+        for _ in range(3):
+            _submit(ledger, worker, _batch(lease(worker)))  # answered, never judged: no accepted history
+    assert ledger.lease_allowance(walker.worker_id) == ledger.lease_allowance(spoiler.worker_id) == 4
+    spoiled_indices = []
+    for round_ in range(3):
+        lease(walker)
+        spoiled = lease(spoiler)
+        spoiled_indices.append(spoiled.batch_index)
+        _reject(ledger, _submit(ledger, spoiler, _batch(spoiled)).batch_id, reason)
+        clock.now += 11
+        ledger.expire_leases()
+        for worker in (walker, spoiler):  # the same cost, lease for lease
+            assert ledger.lease_allowance(worker.worker_id) == max(1, 3 - round_), (round_, worker.name)
+    assert walker.banned and spoiler.banned  # 3 of 6 leases abandoned: >= ban_abandoned_leases and >= 25 %
+    assert "abandoned 3 of 6 leases" in spoiler.ban_reason
+    # A fresh identity's spoiled lease lowers its address's cap for fresh identities as walking away does.
+    fresh_walker = ledger.workers[ledger.register("fresh walker").worker_id]
+    fresh_spoiler = ledger.workers[ledger.register("fresh spoiler").worker_id]
+    ledger.lease(fresh_walker, None, None, "10.0.0.4")
+    _reject(ledger, _submit(ledger, fresh_spoiler, _batch(ledger.lease(fresh_spoiler, None, None, "10.0.0.5"))).batch_id, reason)
+    clock.now += 11
+    ledger.expire_leases()
+    assert ledger.rules.fresh_cap("10.0.0.4") == ledger.rules.fresh_cap("10.0.0.5") == 5
+    # Every spoiled lease's tasks went to another identity (never back to the spoiler, which is banned).
+    other = ledger.workers[ledger.register("other").worker_id]
+    while ledger.leases.awaiting_reassignment():
+        _submit(ledger, other, _batch(ledger.lease(other, None, None, "10.0.0.3")))
+    assert all(ledger.leases.get(spoiler.worker_id, index).reissued for index in spoiled_indices)
+
+
 def test_fresh_identities_are_capped_per_address_and_workers_with_history_are_not(config_for: Any) -> None:
     ledger, _ = _ledger(config_for, "--orchestrator.max_open_leases_per_address", "6")
     veteran = ledger.workers[ledger.register("veteran").worker_id]

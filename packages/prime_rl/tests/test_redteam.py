@@ -173,19 +173,17 @@ class Attacker:
                     raise
                 time.sleep(0.5)
 
-    def follow_policy(self, minimum: int) -> None:
-        """Hold the newest committed version the relay serves, at least ``minimum`` (like an honest worker)."""
+    def follow_policy(self, version: int) -> None:
+        """Hold the lease's policy version (the newest committed when it was issued), like an honest worker."""
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            committed = OrchestratorClient(self.url, timeout_s=10).status().policy_version
-            version = max(minimum, min(committed, self.weights.newest_available()))
-            if version <= self.backend.policy_version:
+            if self.backend.policy_version == version:
                 return
             try:
                 self.backend.load_weights(self.weights.ensure(version), version)
             except PolicyUnavailable:  # not on the relay yet
                 time.sleep(0.5)
-        raise TimeoutError(f"policy version {minimum} never became available")
+        raise TimeoutError(f"policy version {version} never became available")
 
     def honest(self, lease: TaskLease) -> RolloutBatch:
         return build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
@@ -250,7 +248,7 @@ class Attacker:
         """One lease answered the way ``attack`` does (see the module docstring)."""
         client, worker_id = self.client(attack)
         lease = self.lease(client, worker_id)
-        self.follow_policy(lease.min_policy_version)
+        self.follow_policy(lease.policy_version)
         if attack == "grind":
             self.submit(client, self._grind(lease))
             return
@@ -282,7 +280,7 @@ class Attacker:
             except ClientRequestError as error:  # 403 banned: the evidence caught it
                 self.events[f"{attack}_refused"].append(error.status)
                 return
-            self.follow_policy(lease.min_policy_version)
+            self.follow_policy(lease.policy_version)
             if index < honest_first:
                 self.submit(client, self.honest(lease))
             else:

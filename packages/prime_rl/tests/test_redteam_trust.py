@@ -107,18 +107,17 @@ class TrustAttacker:
                     raise
                 time.sleep(0.5)
 
-    def follow_policy(self, minimum: int) -> None:
+    def follow_policy(self, version: int) -> None:
+        """Hold the lease's policy version (the newest committed when it was issued), like an honest worker."""
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            committed = OrchestratorClient(self.url, timeout_s=10).status().policy_version
-            version = max(minimum, min(committed, self.weights.newest_available()))
-            if version <= self.backend.policy_version:
+            if self.backend.policy_version == version:
                 return
             try:
                 self.backend.load_weights(self.weights.ensure(version), version)
-            except PolicyUnavailable:
+            except PolicyUnavailable:  # not on the relay yet
                 time.sleep(0.5)
-        raise TimeoutError(f"policy version {minimum} never became available")
+        raise TimeoutError(f"policy version {version} never became available")
 
     @contextlib.contextmanager
     def _steering(self) -> Iterator[None]:
@@ -136,7 +135,7 @@ class TrustAttacker:
         except ClientRequestError as error:  # 403 banned
             self.events["refused"].append((self.identities[worker_id], error.status))
             return False
-        self.follow_policy(lease.min_policy_version)
+        self.follow_policy(lease.policy_version)
         _swapped.clear()
         with self._steering() if steer else contextlib.nullcontext():
             batch: RolloutBatch = build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
@@ -180,7 +179,7 @@ class TrustAttacker:
                 client, worker_id = self.identity("walking_away")
                 lease = self.lease(client, worker_id)
             if all(task.task_id < NUM_TASKS // 2 for task in lease.tasks):
-                self.follow_policy(lease.min_policy_version)
+                self.follow_policy(lease.policy_version)
                 batch = build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
                 client.submit_rollouts(batch)
             else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 from code_run import (  # tests/support: the code run and the sandbox that fails on purpose
     CLEAN,
     CORRECT,
@@ -21,6 +22,7 @@ from code_run import (  # tests/support: the code run and the sandbox that fails
     sandbox_schedule,
 )
 
+import grpo
 from prime_rl.validator.checks import Reason
 from prime_rl.validator.journal import ValidatorJournal
 from prime_rl.validator.process import FailureTracker, Validator
@@ -84,9 +86,11 @@ def test_a_persistent_machine_failure_is_unverifiable_names_its_cause_and_bans_n
     assert [worker for worker, _ in bans] == [batch.worker_id]
 
 
-def test_a_claim_below_a_clean_recomputation_is_unverifiable_not_cheating(backend, monkeypatch):
+def test_a_claim_below_a_clean_recomputation_is_accepted_with_the_validators_reward(backend, monkeypatch):
     """The worker's sandbox failed (its claims are 0 for a correct program); the validator's runs
-    are clean. A re-score could only reproduce a spoiled 0, so none is made."""
+    are clean. A re-score could only reproduce a spoiled 0, so none is made; the trainer never uses
+    the claim, so the lease is accepted with the validator's reward (issue 34: rejecting it gave any
+    worker a free veto on the leases it did not want trained)."""
     run = code_run()
     lease, record = run.lease("spoiled-worker", 0, 0)
     sandbox_schedule(monkeypatch, [], then_dead=True)
@@ -94,9 +98,29 @@ def test_a_claim_below_a_clean_recomputation_is_unverifiable_not_cheating(backen
     assert [s.reward for s in batch.samples] == [0.0] * SAMPLES
     monkeypatch.undo()
     verdicts = judge(run, batch, record, backend)
-    assert verdicts[0].reason == Reason.REWARD_UNVERIFIABLE and "below the recomputed 1" in verdicts[0].detail
-    assert {v.reason for v in verdicts} == {Reason.REWARD_UNVERIFIABLE}
-    assert len(run.scorings) == SAMPLES and ban_counts(verdicts) == (0, 0)
+    assert [(v.reason, v.reward, v.advantage) for v in verdicts] == [(Reason.ACCEPTED, 1.0, 0.0)] * SAMPLES
+    assert len(run.scorings) == SAMPLES and ban_counts(verdicts) == (SAMPLES, 0)
+
+
+def test_a_lowered_claim_vetoes_nothing(backend):
+    """The veto of issue 34: an honest lease with one claimed reward lowered. With advantages that
+    follow its claims, it is accepted with the validator's rewards and advantages (what the trainer
+    gets is what an honest batch gives); with the honest advantages kept, the claims contradict
+    each other (``advantage_mismatch``), which counts towards a ban."""
+    run = code_run()
+    batch, record = honest_batch(run, backend, "vetoer")
+    honest = judge(run, batch, record, backend)
+    samples = [s.model_copy(update={"reward": 0.0}) if i == 0 else s for i, s in enumerate(batch.samples)]
+    lowered = batch.model_copy(update={"samples": samples})
+    kept = judge(run, lowered, record, backend)
+    assert kept[0].reason == Reason.ADVANTAGE_MISMATCH and not any(v.accepted for v in kept)
+    assert ban_counts(kept) == (0, SAMPLES)
+    claims = torch.tensor([s.reward for s in samples[:GROUP]], dtype=torch.float64)
+    consistent = [float(a) for a in grpo.group_zscore(claims, GROUP).tolist()]  # what a worker derives from its claims
+    samples = [s.model_copy(update={"advantage": consistent[i]}) if i < GROUP else s for i, s in enumerate(samples)]
+    verdicts = judge(run, lowered.model_copy(update={"samples": samples}), record, backend)
+    assert [(v.reason, v.reward, v.advantage) for v in verdicts] == [(v.reason, v.reward, v.advantage) for v in honest]
+    assert all(v.accepted and v.reward == 1.0 for v in verdicts)
 
 
 def test_a_wrong_program_claimed_correct_is_still_a_reward_mismatch(backend, monkeypatch):

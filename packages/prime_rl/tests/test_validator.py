@@ -25,7 +25,7 @@ from prime_rl.tasks import load_tasks
 from prime_rl.validator import tolerances
 from prime_rl.validator.checks import Reason, repetition_problem
 from prime_rl.validator.process import FailureTracker, Validator
-from prime_rl.validator.verdicts import validate_batch
+from prime_rl.validator.verdicts import ban_counts, validate_batch
 from prime_rl.worker.hostile import ATTACKS, BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 
 KEY = b"validator-test-assignment-key"
@@ -135,6 +135,75 @@ def test_stale_policy_is_rejected(backend):
     assert batch.policy_version == 0
     verdicts = verdicts_for(batch, record, backend)
     assert {v.reason for v in verdicts} == {Reason.STALE_POLICY}
+
+
+def test_a_lease_fixes_its_version(backend):
+    """Issue 34 (version shopping): a lease fixes the version it is generated with, its step (the
+    newest committed when it was issued). A worker holding an older version still inside the async
+    window, or a newer one committed meanwhile, used to pick the one it liked; either is now
+    ``wrong_policy_version``, found before any prefill, and counts as a whole failed lease towards
+    a ban (at least ``ban_min_samples``) whatever its size."""
+    lease, record = RUN.lease("shopper", 1, 0)  # step 1, async_level 1: versions 0 and 1 used to pass
+    assert lease.policy_version == 1 and lease.min_policy_version == 0
+    older = RUN.worker("honest").answer(lease, backend)  # generated with the backend's version 0
+    assert older.policy_version == 0
+    prefilled = []
+
+    def backend_for(version):
+        prefilled.append(version)
+        return backend if version == backend.policy_version else None
+
+    verdicts = validate_batch(
+        pending(older, record), tasks=RUN, backend_for=backend_for, decode=RUN.decode, checks=CHECKS, newest_version=2
+    )
+    assert {v.reason for v in verdicts} == {Reason.WRONG_POLICY_VERSION} and prefilled == []
+    assert "not the lease's version 1" in verdicts[0].detail
+    newer = older.model_copy(update={"policy_version": 2})  # committed after the lease was issued
+    assert {v.reason for v in verdicts_for(newer, record, backend, newest_version=2)} == {Reason.WRONG_POLICY_VERSION}
+    assert ban_counts(verdicts, prefilled=False, min_samples=16) == (0, 16)  # 8 samples count as 16
+    assert ban_counts(verdicts, prefilled=True, min_samples=16) == (0, 8)
+    # The same lease generated with its own version is accepted.
+    own, own_record = RUN.lease("keeper", 0, 0)
+    honest = RUN.worker("honest").answer(own, backend)
+    assert {v.reason for v in verdicts_for(honest, own_record, backend, newest_version=2)} == {Reason.ACCEPTED}
+
+
+def test_a_lease_that_fails_before_any_model_check_counts_towards_a_ban_whatever_its_size(tmp_path):
+    """Issue 34: one 8-sample lease rejected before the prefill (here ``wrong_policy_version``) bans a
+    fresh identity, although 8 < ``ban_min_samples`` 16; a failure the validator's own state may
+    explain (``unknown_policy``) counts only its samples, and a worker with accepted history is not
+    banned by one such lease."""
+    from types import SimpleNamespace
+
+    from prime_rl.api.protocol import Verdict
+    from prime_rl.validator.journal import ValidatorJournal
+
+    bans: list[str] = []
+    validator = SimpleNamespace(
+        failures=FailureTracker(ban_failure_rate=0.5, ban_min_samples=16),
+        evidence_bans_posted=set(),
+        client=SimpleNamespace(ban=lambda worker, reason: bans.append(worker)),
+        journal=ValidatorJournal(tmp_path / "journal.jsonl"),
+    )
+
+    def lease(reason: str) -> list[Verdict]:
+        return [
+            Verdict(sample_index=i, accepted=reason == "ok", reason=reason if i == 0 or reason == "ok" else "lease_rejected",
+                    reward=0.0, advantage=0.0)
+            for i in range(8)
+        ]  # fmt: skip
+
+    def judged(worker: str, reason: str, *, prefilled: bool) -> None:
+        Validator.ban(validator, SimpleNamespace(worker_id=worker, batch_id=f"{worker}-{reason}"), lease(reason), None,
+                      prefilled=prefilled)  # fmt: skip
+
+    judged("shopper", "wrong_policy_version", prefilled=False)
+    judged("unlucky", "unknown_policy", prefilled=False)
+    for _ in range(4):
+        judged("veteran", "ok", prefilled=True)
+    judged("veteran", "bad_seed", prefilled=False)  # 16 of 48: below 50 %
+    assert bans == ["shopper"]
+    assert validator.failures.counts["unlucky"] == [0, 8] and validator.failures.counts["veteran"] == [32, 16]
 
 
 def test_future_and_unknown_versions_and_missing_lease(backend):

@@ -1,6 +1,7 @@
 """The honest worker scores a sample again when its own sandbox failed (prime_rl.worker.scoring):
 the runner starts of a real sandbox die on purpose, the worker re-scores, and the validator then
-accepts the whole lease (before this, the lease was lost as ``reward_unverifiable``)."""
+accepts the whole lease with the rewards the worker claims (before this, the lease was lost as
+``reward_unverifiable``; since issue 34 a spoiled low claim is accepted with the validator's reward)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ def test_a_spoiled_first_scoring_is_scored_again_and_the_lease_is_accepted(backe
     assert [(v.reason, v.reward) for v in verdicts] == [(Reason.ACCEPTED, 1.0)] * SAMPLES
 
 
-def test_without_the_rescore_the_same_failure_loses_the_lease(backend, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """The control: the worker's plain score sends the spoiled 0 and the validator rejects the lease."""
+def test_without_the_rescore_the_spoiled_claim_is_replaced_by_the_validators_reward(backend, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The control: the worker's plain score sends the spoiled 0 (and advantages from it). The validator
+    used to reject the lease (``reward_unverifiable``); since issue 34 it accepts it with its own
+    clean reward and advantages, which is what the trainer gets."""
     run = code_run()
     lease, record = run.lease("honest-w", 0, 0)
     sandbox_schedule(monkeypatch, SPOILED + CLEAN * SAMPLES)
@@ -40,7 +43,7 @@ def test_without_the_rescore_the_same_failure_loses_the_lease(backend, monkeypat
     assert rewards[0] == 0.0 and rewards[1:] == [1.0] * (SAMPLES - 1)
     sandbox_schedule(monkeypatch, [], then_dead=False)
     verdicts = judge(run, batch, record, backend)
-    assert verdicts[0].reason == Reason.REWARD_UNVERIFIABLE and not any(v.accepted for v in verdicts)
+    assert [(v.reason, v.reward, v.advantage) for v in verdicts] == [(Reason.ACCEPTED, 1.0, 0.0)] * SAMPLES
 
 
 def test_a_persistent_failure_is_sent_after_a_bounded_number_of_rescores(backend, monkeypatch) -> None:  # type: ignore[no-untyped-def]

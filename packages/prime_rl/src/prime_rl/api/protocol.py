@@ -141,7 +141,13 @@ class TaskLease(ApiModel):
     worker_id: WorkerId
     step: NonNegInt
     batch_index: NonNegInt
-    min_policy_version: NonNegInt = Field(description="Generate with a policy version >= this.")
+    policy_version: NonNegInt = Field(
+        description="Generate with exactly this policy version: the newest committed when the lease was issued "
+        "(its step). A batch with any other version is rejected (wrong_policy_version)."
+    )
+    min_policy_version: NonNegInt = Field(
+        description="max(0, step - async_level): a batch of this step with an older version is stale_policy."
+    )
     deadline: float = Field(description="Unix time after which the tasks may be reassigned.")
     group_size: int
     temperature: float
@@ -339,7 +345,9 @@ class Verdict(ApiModel):
 
 UNVERIFIABLE_REASONS = frozenset({"reward_unverifiable", "tool_unverifiable"})
 """Rejections the machine, not the worker, may explain (a wall-clock-limited check, a tool output no
-replay reproduces): they reject the lease but never count towards a ban."""
+replay reproduces): they reject the lease but never count towards the validator's failure-rate ban.
+A worker can also cause them on purpose, so the lease costs what walking away costs (the
+orchestrator's abandonment accounting, ``orchestrator.lease_rules``)."""
 
 FOLLOWER_REASONS = frozenset({"lease_rejected", "group_rejected"})
 """Rejections that only follow another sample's failure (of the same lease or group)."""
@@ -347,8 +355,9 @@ FOLLOWER_REASONS = frozenset({"lease_rejected", "group_rejected"})
 
 def machine_rejected(verdicts: Sequence[Verdict]) -> bool:
     """True when a judged batch was rejected and its own failures (not ``FOLLOWER_REASONS``) are all
-    ``UNVERIFIABLE_REASONS``: it counts nothing towards its worker's ban (``validator.verdicts.ban_counts``)
-    and the orchestrator hands its lease's tasks to another identity (``orchestrator.leases``)."""
+    ``UNVERIFIABLE_REASONS``: it counts nothing towards its worker's failure-rate ban
+    (``validator.verdicts.ban_counts``). The orchestrator treats it as any rejected lease: it counts
+    as abandoned and its tasks go to another identity (``orchestrator.leases``)."""
     own = {v.reason for v in verdicts if not v.accepted and v.reason not in FOLLOWER_REASONS}
     return bool(own) and own <= UNVERIFIABLE_REASONS
 

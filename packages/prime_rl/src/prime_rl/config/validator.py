@@ -76,7 +76,12 @@ class ValidatorConfig(Section):
     ban_failure_rate: float = Field(
         default=0.5, gt=0, le=1, description="Ban a worker once this share of its samples fails."
     )
-    ban_min_samples: int = Field(default=16, ge=1, description="Samples seen before a worker can be banned.")
+    ban_min_samples: int = Field(
+        default=16,
+        ge=1,
+        description="Samples seen before a worker can be banned; a lease rejected before any model check (wrong "
+        "tasks, seeds, prompts, version, termination) counts at least this many rejections, whatever its size.",
+    )
     evidence: bool = Field(
         default=True,
         description="Accumulate per-worker evidence (sampling margins, log-prob gaps, proof mismatches) "

@@ -5,15 +5,18 @@ The rules (``LeaseRules.check`` raises the API's refusal; ``LeaseBook`` counts, 
 knows whose tokens the validator accepted):
 
   - **Own allowance** (409 ``conflict``): a worker may hold
-    ``max(1, min(max_open_leases, 1 + answered) - expired)`` unanswered leases, where
-    ``answered`` counts its leases a stored batch answers and ``expired`` those it let expire. A
-    fresh identity therefore holds one lease at a time and cannot choose between leases: to
-    hold a second, it must first answer one.
+    ``max(1, min(max_open_leases, 1 + answered) - abandoned)`` unanswered leases, where
+    ``answered`` counts its leases a stored batch answers and the validator did not reject, and
+    ``abandoned`` those it let expire or whose batch was rejected. A fresh identity therefore
+    holds one lease at a time and cannot choose between leases: to hold a second, it must first
+    answer one. A rejected batch costs what walking away costs (``LeaseBook.mark_judged``): a
+    worker that spoils the leases it does not want trained, instead of walking away from them,
+    loses the same allowance, address cap and ban standing, and the tasks go to another identity.
   - **Fresh identities per address** (429 ``busy``): identities without accepted history (no
     completion token of theirs accepted by the validator) leasing from one client address
     (IPv6: its /64) may hold at most ``max(1, max_open_leases_per_address - unforgiven)`` open
-    leases together, where ``unforgiven = max(0, expired_at - answered_at)`` counts the address's
-    abandoned leases not offset by answered ones. Identities *with* accepted history are not
+    leases together, where ``unforgiven = max(0, abandoned_at - answered_at)`` counts the address's
+    abandoned (expired or rejected) leases not offset by answered ones. Identities *with* accepted history are not
     counted and not capped here: however many fresh identities share their address, they keep
     their own allowance (at most ``max_open_leases`` each). The documented bound: the fresh
     identities at one address, however many, hold at most ``max_open_leases_per_address`` leases.
@@ -26,7 +29,7 @@ knows whose tokens the validator accepted):
     buffer may then exceed the limit by at most one lease per such worker). Batches of identities
     without accepted work that await verdicts count only when a fresh identity asks
     (``Ledger.buffered_samples``): unproven work never holds back an established worker's lease.
-  - **Abandonment bans** (``expired``): once a worker's expired leases reach
+  - **Abandonment bans** (``abandoned``): once a worker's expired or rejected leases reach
     ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases, it is banned.
 """
 
@@ -73,14 +76,21 @@ class LeaseRules:
         self._buffered = buffered
         self.queue = LeaseQueue(stale_s=self.QUEUE_STALE_S, clock=clock)
 
+    def abandoned(self, worker_id: str) -> int:
+        """Leases ``worker_id`` let expire or answered with a batch the validator rejected."""
+        return self._leases.expired(worker_id) + self._leases.rejected(worker_id)
+
     def allowance(self, worker_id: str) -> int:
         """Open leases ``worker_id`` may hold (module docstring, "own allowance")."""
-        earned = min(self._orch.max_open_leases, 1 + self._leases.answered(worker_id))
-        return max(1, earned - self._leases.expired(worker_id))
+        answered = self._leases.answered(worker_id) - self._leases.rejected(worker_id)
+        earned = min(self._orch.max_open_leases, 1 + answered)
+        return max(1, earned - self.abandoned(worker_id))
 
     def fresh_cap(self, address: str) -> int:
         """Open leases the fresh identities at ``address`` may hold together."""
-        unforgiven = max(0, self._leases.expired_at(address) - self._leases.answered_at(address))
+        leases = self._leases
+        answered = leases.answered_at(address) - leases.rejected_at(address)
+        unforgiven = max(0, leases.expired_at(address) + leases.rejected_at(address) - answered)
         return max(1, self._orch.max_open_leases_per_address - unforgiven)
 
     def _fresh(self, worker_id: str) -> bool:
@@ -92,17 +102,17 @@ class LeaseRules:
         return self._leases.open_at(address, among=lambda worker_id: not self._has_history(worker_id))
 
     def ban_abandoners(self, worker_ids: set[str]) -> None:
-        """Ban those of ``worker_ids`` whose expired leases pass both abandonment limits."""
+        """Ban those of ``worker_ids`` whose abandoned (expired or rejected) leases pass both limits."""
         for worker_id in sorted(worker_ids):
             worker = self._workers.get(worker_id)
-            abandoned, issued = self._leases.expired(worker_id), self._leases.issued(worker_id)
+            abandoned, issued = self.abandoned(worker_id), self._leases.issued(worker_id)
             if (
                 worker is not None
                 and not worker.banned
                 and abandoned >= self._orch.ban_abandoned_leases
                 and abandoned >= self._orch.ban_abandoned_share * issued
             ):
-                self._workers.ban(worker, f"abandoned {abandoned} of {issued} leases (expired unanswered)")
+                self._workers.ban(worker, f"abandoned {abandoned} of {issued} leases (expired unanswered or rejected)")
 
     def check(self, worker: WorkerRecord, address: str) -> None:
         """ApiFailure 409 / 429 when ``worker`` (leasing from ``address``) may not take a lease now."""
@@ -113,7 +123,7 @@ class LeaseRules:
                 409,
                 "conflict",
                 f"{open_leases} unanswered leases open (you may hold {allowance}: one more per answered lease up "
-                "to orchestrator.max_open_leases, less one per lease you let expire); submit them first",
+                "to orchestrator.max_open_leases, less one per lease you let expire or had rejected); submit them first",
             )
         if not self._has_history(worker_id):
             at_address, cap = self.fresh_open_at(address), self.fresh_cap(address)

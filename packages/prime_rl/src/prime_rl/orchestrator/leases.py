@@ -8,24 +8,30 @@ change, like the rest of the ledger) and ``load`` reads them back after a restar
 
 Walking away changes nothing: an expired lease's tasks go to the next lease of a worker at
 another client address if one asks, else of another worker at the same address, never to the
-worker whose lease just expired, and ahead of any fresh task. So every task the keyed assignment
-hands out is answered by someone, whichever leases their first holder chose to answer, and the
-multiset of answered tasks is the multiset the assignment drew.
+worker whose lease just expired, and ahead of any fresh task. Answering wrongly changes nothing
+either: a lease whose batch the validator rejects (any reason: a worker can cause every one of them
+on purpose, a lowered claim, a program that loops past the sandbox's limit) hands its tasks on the
+same way (``return_tasks``) and counts as abandoned, not answered (``rejected``). Answering late
+changes nothing either: a lease whose batch expires unjudged, too old for any step (the lease fixes
+its version), hands its tasks on too, without a charge (a slow validator may be the cause). So
+every task the keyed assignment hands out is trained on someone's answer, whichever leases their
+first holder chose to answer, spoil or delay, and the multiset of trained tasks is the multiset the
+assignment drew.
 
 A fresh lease's tasks and sampling seeds are the keyed functions of ``api/assignment.py`` of
 ``(worker_id, step, batch_index)`` under the run's assignment key, so the validator (which holds
 the key) can recompute them and a worker cannot predict them; a reissued lease keeps the expired
 lease's tasks and names where they came from (``reassigned_from``). Each lease remembers the
 client address it was handed to, for the per-address cap on fresh identities' open leases, and
-the book counts answered and expired leases per worker and per address (``lease_rules.py``).
+the book counts answered, expired and rejected leases per worker and per address (``lease_rules.py``).
 
 The book refuses nothing; the API's lease rules (current step only, open-lease caps, bans for
 abandoned leases, backpressure) are the ``Ledger``'s.
 
 Cost: a lease costs the same however many leases were issued before it. Open leases are counted
 per worker and per address as they open and close, expiry pops a deadline heap, and answered leases
-whose batch was judged or expired unjudged (and not rejected for the machine's reasons only, whose tasks go back to
-another identity: ``return_tasks``) are folded every ``FOLD_EVERY`` into per-worker and per-address
+whose batch was judged and accepted (a rejected or expired batch's tasks go back to another
+identity: ``return_tasks``, and its lease stays one by one) are folded every ``FOLD_EVERY`` into per-worker and per-address
 totals in the store (their events
 deleted, ``RolloutStore.fold_leases``), so neither memory nor the store nor a restart's replay grows
 with answered history. Kept one by one: open and expired leases, and answered leases that took over
@@ -65,15 +71,15 @@ class TaskPrompts(Protocol):
 
 class HeldLease:
     """One issued lease and what became of it (``answered`` by a batch, ``expired``, ``returned``
-    after a machine-only rejection, ``reissued``).
+    after its batch was rejected, ``reissued``).
 
     ``record`` is parsed from the stored event when first read (a restart replays many leases and
     reads few records); ``worker_id``, ``batch_index``, ``deadline`` and ``address`` are at hand.
     """
 
     __slots__ = (
-        "_body", "_record", "address", "answered", "batch_index", "deadline", "expired", "reissue", "reissued", "returned",
-        "worker_id",
+        "_body", "_record", "address", "answered", "batch_index", "deadline", "expired", "reissue", "reissued",
+        "rejected", "returned", "worker_id",
     )  # fmt: skip
 
     def __init__(
@@ -89,6 +95,7 @@ class HeldLease:
         self.worker_id, self.batch_index, self.deadline, self.address = worker_id, batch_index, deadline, address
         self._record, self._body = record, body
         self.answered = self.expired = self.reissued = self.returned = False
+        self.rejected = False  # its batch was rejected (counted in ``LeaseBook.rejected``)
         self.reissue = False  # it hands out an abandoned lease's tasks (``reissued``: its own were handed out)
 
     @classmethod
@@ -140,6 +147,8 @@ class LeaseBook:
         self._answered: Counter[str] = Counter()
         self._expired_at: Counter[str] = Counter()  # per client address
         self._answered_at: Counter[str] = Counter()
+        self._rejected: Counter[str] = Counter()  # answered leases whose batch was rejected (never folded)
+        self._rejected_at: Counter[str] = Counter()
         # Plain dicts, not Counters: Counter's __delitem__ is Python code, and a replay deletes often.
         self._open: dict[str, int] = {}  # open leases per worker (no zero entries)
         self._open_at: dict[str, dict[str, int]] = {}  # open leases per address, per worker
@@ -180,6 +189,15 @@ class LeaseBook:
     def answered_at(self, address: str) -> int:
         """Leases handed to client ``address`` that a stored batch answers."""
         return self._answered_at[address]
+
+    def rejected(self, worker_id: str) -> int:
+        """Leases of ``worker_id`` whose batch the validator rejected (not counting leases that had
+        expired before: those count once, as ``expired``)."""
+        return self._rejected[worker_id]
+
+    def rejected_at(self, address: str) -> int:
+        """Leases handed to client ``address`` whose batch the validator rejected (as ``rejected``)."""
+        return self._rejected_at[address]
 
     def awaiting_reassignment(self) -> int:
         """Expired unanswered (or returned) leases whose tasks no other lease has taken over yet."""
@@ -289,15 +307,20 @@ class LeaseBook:
             self._answered[worker_id] += 1
             self._answered_at[lease.address] += 1
 
-    def mark_judged(self, worker_id: str, batch_index: int, *, machine_rejected: bool, replaying: bool = False) -> None:
-        """Its batch was judged. A rejection only the machine caused hands the lease's tasks to another
-        identity (``return_tasks``); any other verdict lets the answered lease fold. A lease folds only
+    def mark_judged(self, worker_id: str, batch_index: int, *, rejected: bool, replaying: bool = False) -> None:
+        """The validator judged its batch. A rejected batch hands the lease's tasks to another
+        identity (``return_tasks``) and counts the lease as ``rejected`` (unless it had expired
+        before: it counts once, as expired); an accepted one lets the answered lease fold. A lease folds only
         once judged, so a lease whose tasks may still go back is never folded away first, and a
         returned lease stays one by one (its reissue is in the log)."""
-        if machine_rejected:
+        lease = self._leases.get((worker_id, batch_index))
+        if rejected:
+            if lease is not None and not lease.rejected and not lease.expired:
+                lease.rejected = True
+                self._rejected[worker_id] += 1
+                self._rejected_at[lease.address] += 1
             self.return_tasks(worker_id, batch_index, replaying=replaying)
             return
-        lease = self._leases.get((worker_id, batch_index))
         # (the log keeps who took over whose tasks: see Cost in the module doc)
         if lease is not None and lease.answered and not lease.reissue and not lease.returned:
             self._answered_unfolded[lease.key] = lease
@@ -305,8 +328,9 @@ class LeaseBook:
                 self.fold()
 
     def return_tasks(self, worker_id: str, batch_index: int, *, replaying: bool = False) -> bool:
-        """Queue the tasks of an answered lease for another identity (its batch was rejected for machine
-        reasons only); False for a lease never issued, already returned or already reissued."""
+        """Queue the tasks of an answered lease for another identity (its batch was rejected, or
+        expired unjudged: too old to train on); False for a lease never issued (or folded), already
+        returned or already reissued."""
         lease = self._leases.get((worker_id, batch_index))
         if lease is None or lease.returned or lease.reissued:
             return False
@@ -460,6 +484,7 @@ class LeaseBook:
             worker_id=record.worker_id,
             step=record.step,
             batch_index=record.batch_index,
+            policy_version=record.step,  # the newest committed version when it was issued
             min_policy_version=max(0, record.step - orch.async_level),
             deadline=record.deadline,
             group_size=sampling.group_size,

@@ -22,10 +22,11 @@ identity holds one unanswered lease, one more per answered lease up to ``max_ope
 one per lease it let expire; identities without accepted work share a per-address cap that
 identities with accepted work are exempt from, and take turns under it first come, first served; a worker whose expired leases reach
 ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases is banned; abandoned tasks go
-to other workers first (``LeaseBook``). Backpressure (``max_buffered_samples``) counts answered
-work only, and of fresh identities only what the validator accepted, so neither leases held by
-anyone nor unproven work stops others from getting theirs; the validator's queue serves
-established workers' batches first (``BatchBook.pending``).
+to other workers first (``LeaseBook``). A lease whose batch the validator rejects counts as
+abandoned in all of these, so spoiling a lease costs what walking away costs. Backpressure
+(``max_buffered_samples``) counts answered work only, and of fresh identities only what the
+validator accepted, so neither leases held by anyone nor unproven work stops others from getting
+theirs; the validator's queue serves established workers' batches first (``BatchBook.pending``).
 
 Accepted samples are held from claims until the validator has accepted
 ``release_after_tokens`` more tokens of the same worker and its evidence is below
@@ -41,7 +42,7 @@ and log-probs, and a worker that was not banned when the claim was made and had 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prime_rl.api.errors import ApiFailure
@@ -60,10 +61,10 @@ from prime_rl.api.protocol import (
     StatusResponse,
     SubmitResponse,
     TaskLease,
+    Verdict,
     VerdictRequest,
     VerdictResponse,
     WorkersResponse,
-    machine_rejected,
 )
 from prime_rl.api.secrets import RunSecrets, run_secrets
 from prime_rl.config import RunConfig
@@ -171,9 +172,11 @@ class Ledger:
             validator_judged = batch.verdicts is not None and not batch.expired
             if validator_judged and not self.release.counted(batch.batch_id):
                 self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], None)  # crashed between writes
-            if validator_judged or batch.expired:  # (an expired batch is never judged: its lease folds, as in _expire_useless)
-                machine = validator_judged and machine_rejected(batch.verdicts or [])
-                self.leases.mark_judged(batch.worker_id, batch.meta.batch_index, machine_rejected=machine, replaying=True)
+            if validator_judged:
+                rejected = _rejected(batch.verdicts or [])
+                self.leases.mark_judged(batch.worker_id, batch.meta.batch_index, rejected=rejected, replaying=True)
+            elif batch.expired:  # never judged: its tasks go to another identity, as in _expire_useless
+                self.leases.return_tasks(batch.worker_id, batch.meta.batch_index, replaying=True)
         for claim in self.store.claims():
             self.claims[claim.step] = claim.sample_ids
             self.batches.mark_claimed(claim.sample_ids)
@@ -382,13 +385,15 @@ class Ledger:
         return held.address if held is not None else ""
 
     def _expire_useless(self) -> None:
-        """Expire the batches no step can use any more; their leases are done with (they fold)."""
+        """Expire the batches no step can use any more; their leases' tasks go to another identity
+        (no charge: a slow validator may be the cause), so answering late is no veto either."""
         for batch in self.batches.expire_useless(self.step, self.orch.async_level):
-            self.leases.mark_judged(batch.worker_id, batch.meta.batch_index, machine_rejected=False)
+            self.leases.return_tasks(batch.worker_id, batch.meta.batch_index)
 
     def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
-        """Store the verdicts and count the judgement for release in one store transaction; a batch
-        rejected for the machine's reasons only hands its lease's tasks to another identity."""
+        """Store the verdicts and count the judgement for release in one store transaction; a rejected
+        batch costs its worker what walking away costs (``LeaseRules``: allowance, address cap,
+        abandonment ban) and hands its lease's tasks to another identity."""
         batch = self.batches.get(request.batch_id)
         judged = None
         if batch is not None:  # (unknown: 404 from the batch book)
@@ -397,9 +402,10 @@ class Ledger:
         if judged is not None:
             self.release.replay(judged)
             stored = self.batches[request.batch_id]
-            self.leases.mark_judged(
-                stored.worker_id, stored.meta.batch_index, machine_rejected=machine_rejected(stored.verdicts or [])
-            )
+            rejected = _rejected(stored.verdicts or [])
+            self.leases.mark_judged(stored.worker_id, stored.meta.batch_index, rejected=rejected)
+            if rejected:
+                self.rules.ban_abandoners({stored.worker_id})
         return answer
 
     # ------------------------------------------------------------------ trainer
@@ -500,3 +506,8 @@ class Ledger:
         self.step = request.step + 1
         self.metrics.log("commit", step=request.step, policy_version=self.step)
         return CommitResponse(step=self.step, policy_version=self.step)
+
+
+def _rejected(verdicts: Sequence[Verdict]) -> bool:
+    """Whether the validator rejected a judged batch (a lease is accepted whole or rejected whole)."""
+    return any(not v.accepted for v in verdicts)

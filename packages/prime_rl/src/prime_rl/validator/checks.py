@@ -70,6 +70,7 @@ class Reason(enum.StrEnum):
     UNKNOWN_POLICY = "unknown_policy"
     STALE_POLICY = "stale_policy"
     FUTURE_POLICY = "future_policy"
+    WRONG_POLICY_VERSION = "wrong_policy_version"  # inside the async window, but not the lease's version
     UNASSIGNED_TASK = "not_assigned"
     PROMPT_MISMATCH = "wrong_prompt"
     SAMPLING_PARAMS_MISMATCH = "wrong_sampling_params"
@@ -81,7 +82,7 @@ class Reason(enum.StrEnum):
     SAMPLING_FAILED = "sampling_mismatch"
     LOGPROBS_MISMATCH = "logprobs_mismatch"
     REWARD_MISMATCH = "reward_mismatch"
-    REWARD_UNVERIFIABLE = "reward_unverifiable"  # never counts towards a ban (verdicts.ban_counts)
+    REWARD_UNVERIFIABLE = "reward_unverifiable"  # not in the failure-rate ban (verdicts.ban_counts)
     GROUP_INCOMPLETE = "group_incomplete"
     INCOMPLETE_LEASE = "incomplete_lease"
     GROUP_REJECTED = "group_rejected"
@@ -96,7 +97,7 @@ class Reason(enum.StrEnum):
     MODEL_TOKENS_AS_ENV = "model_tokens_as_env"
     ENV_TOKENS_AS_MODEL = "env_tokens_as_model"
     TOOL_NOT_REPLAYABLE = "tool_not_replayable"
-    TOOL_UNVERIFIABLE = "tool_unverifiable"  # never counts towards a ban (protocol.UNVERIFIABLE_REASONS)
+    TOOL_UNVERIFIABLE = "tool_unverifiable"  # not in the failure-rate ban (protocol.UNVERIFIABLE_REASONS)
 
 
 class RetryLater(Exception):
@@ -203,6 +204,9 @@ class Pending:
     logprobs: tuple[float, ...] = ()
     transcript: tuple[Message, ...] | None = None
     """An episode's transcript (``validator.episodes``), its reward's input; None: single-turn."""
+    claimed_reward: float | None = None
+    """A claim below a clean recomputation that was accepted (``rewards.py``, rule 3): the reward the
+    worker's advantage claims rest on. None: they rest on ``reward``."""
 
     def reject(self, reason: Reason, detail: str) -> None:
         if self.reason is Reason.ACCEPTED:

@@ -30,7 +30,8 @@ env positions get log-prob 0.0 for the trainer.
    worker's reply passes. ``tool_output_mismatch``: two clean runs agree with each other but not
    with the worker (also: the environment ended the episode and the worker inserted more).
    ``tool_unverifiable``, which like ``reward_unverifiable`` rejects the lease and never counts
-   towards a ban: what the machine may explain (clean runs differ, fewer than two clean runs, the
+   towards the failure-rate ban (the orchestrator still counts the lease as abandoned, since a
+   worker can cause it on purpose): what the machine may explain (clean runs differ, fewer than two clean runs, the
    worker's output cut short by its machine, the lease's tool-time budget spent). An episode that
    stops while the environment wanted another turn and the budget allowed one:
    ``episode_truncated``.

@@ -4,7 +4,8 @@ Loop: ``GET /validator/pending`` (freshest policy version first, then submission
 grouped by policy version (one weight reload per version) -> :func:`prime_rl.validator.verdicts.validate_batch` with the claimed
 version's weights (fetched through shardcast by :class:`~prime_rl.weights.store.PolicyStore`) ->
 ``POST /validator/verdicts`` -> per-worker failure tracker; a worker whose rejected share reaches
-``ban_failure_rate`` after ``ban_min_samples`` samples is banned (``POST /workers/ban``). Every
+``ban_failure_rate`` after ``ban_min_samples`` samples is banned (``POST /workers/ban``; a batch
+rejected before any model check counts at least ``ban_min_samples`` rejections). Every
 prefilled sample also adds to its worker's evidence (``evidence.py``, ``validator.evidence``): a
 worker whose evidence passes the false-ban-bounded threshold is banned the same way, and the batch
 that crossed it is rejected (``banned_worker``). One ``verdict`` and one ``evidence`` metrics line
@@ -245,7 +246,7 @@ class Validator:
             batch, verdicts, prefilled=len(verdicts) if loaded else 0, seconds=time.monotonic() - started,
             batch_tool_seconds=tool_seconds() - tools_before,
         )  # fmt: skip
-        self.ban(batch, verdicts, evidence_ban)
+        self.ban(batch, verdicts, evidence_ban, prefilled=bool(loaded))
         self.done += 1
         return True
 
@@ -322,11 +323,16 @@ class Validator:
             "address_tool_seconds_left": finite(state.address_left_s),
         }
 
-    def ban(self, batch: PendingBatch, verdicts: list[Verdict], evidence_ban: str | None) -> None:
+    def ban(
+        self, batch: PendingBatch, verdicts: list[Verdict], evidence_ban: str | None, *, prefilled: bool = True
+    ) -> None:
         """Count a posted batch against its worker; ban it (``POST /workers/ban``) the first time its
-        rejected share crosses ``ban_failure_rate`` or its evidence crosses the threshold."""
+        rejected share crosses ``ban_failure_rate`` or its evidence crosses the threshold.
+        ``prefilled``: whether the batch reached the model checks (``ban_counts``)."""
         worker_id = batch.worker_id
-        accepted, rejected = ban_counts(verdicts)  # reward_unverifiable alone is the machine's: not counted
+        # reward_unverifiable alone is the machine's: not counted; a failure before any model check
+        # counts at least ban_min_samples
+        accepted, rejected = ban_counts(verdicts, prefilled=prefilled, min_samples=self.failures.ban_min_samples)
         reason = self.failures.record(worker_id, accepted=accepted, rejected=rejected)
         self.journal.failures(batch.batch_id, worker_id, self.failures)
         if evidence_ban is not None and worker_id not in self.evidence_bans_posted:

@@ -19,17 +19,23 @@ be the machine's (``Score.machine_limit``, collected through any run reward with
    (``wall_clock_checks``): the claim is what a spoiled run on the worker would give. The
    validator's clean, higher result cannot be the machine's (a test cannot pass by accident), so
    it is not re-scored (a re-score could only reproduce the spoiled value, and a correct program
-   would then be trained as wrong): ``reward_unverifiable``.
+   would then be trained as wrong). The sample is *accepted* with the validator's reward: the
+   trainer never uses a claimed reward, so a low claim harms nothing, and rejecting it would hand
+   any worker a veto on the leases it does not want trained (lower one claim, lose the lease, no
+   ban). The worker's advantage claims rest on its own rewards, so the group's advantage check
+   compares them with the z-scores of the claims it accepted this way (``Pending.claimed_reward``);
+   the verdicts carry the z-scores of the recomputed rewards.
 4. Any other difference (a claim above a clean recomputation, or a reward with no timed check):
    ``reward_mismatch``, as before.
 
 Why this gives a cheater nothing. A claim is never trusted, and no verdict ever carries a claimed
 reward: an accepted sample carries the validator's own (re-)score, so claiming "my sandbox timed
 out" buys nothing. ``reward_unverifiable`` rejects the sample, and with it the whole lease
-(``verdicts._reject_rest``): the worker earns nothing for it. What it avoids is a ban count
-(``verdicts.ban_counts``): a worker that could claim a lower reward, or submit a program that
-loops forever and claim it correct, gets its lease rejected for free instead of nearing a ban.
-That buys it no training signal and no credit, only the validator's time, and that is bounded:
+(``verdicts._reject_rest``): the worker earns nothing for it. What it avoids is a failure-rate
+ban count (``verdicts.ban_counts``); a worker that submits a program that loops forever and claims
+it correct still pays for the lease what walking away pays (the orchestrator counts every rejected
+lease as abandoned and hands its tasks to another identity: ``orchestrator.lease_rules``). Its
+cost to the validator is bounded too:
 at most ``reward_rescores`` extra scorings per batch, none once any sample of the batch is
 already rejected (the lease is lost anyway, so the classification can no longer change the
 batch's fate: a batch with any other failure counts towards the ban in full). A worker doing it on
@@ -141,12 +147,8 @@ def _judge(p: Pending, score: Callable[[], Scoring], checks: Checks, budget: lis
     if _agrees(claim, scoring.reward, atol):
         return
     after = f" after {rescores} re-score(s) (first run: {first_cause})" if rescores else ""
-    if claim < scoring.reward and scoring.wall_clock_checked:
-        p.reject(
-            Reason.REWARD_UNVERIFIABLE,
-            f"claimed reward {claim:.6g} below the recomputed {scoring.reward:.6g}{after}: a wall-clock-limited "
-            "check the worker's machine may have spoiled (a sandbox that failed to start or timed out)",
-        )
+    if claim < scoring.reward and scoring.wall_clock_checked:  # rule 3: accepted, with the validator's reward
+        p.claimed_reward = claim
         return
     p.reject(Reason.REWARD_MISMATCH, f"claimed reward {claim:.6g}, recomputed {scoring.reward:.6g}{after}")
 

@@ -11,13 +11,17 @@ found before the prefill, the batch costs no prefill at all (``structure.py``). 
    the batch answers every task of its lease with all ``group_size`` completions
    (``incomplete_lease``, ``group_incomplete``); the policy version is
    ``>= step - async_level`` of the lease (``stale_policy``), not newer than the newest
-   committed version (``future_policy``; default: the lease step) and available (``unknown_policy``);
+   committed version (``future_policy``; default: the lease step), the lease's own version, its
+   step (``wrong_policy_version``: a worker that could pick any version of the async window could
+   generate each lease with the one it likes, and nothing would tell), and available
+   (``unknown_policy``);
 2. every sample's own checks (``checks.py``: prompt, seed, termination, proofs, sampling,
    log-probs, reward);
 3. groups: all ``group_size`` completions of a task present once (``group_incomplete``); a group
    with a rejected member is rejected whole (``group_rejected``), because its advantages depend on
-   every member; advantages recomputed with ``grpo.group_zscore`` from the recomputed rewards
-   (``advantage_mismatch``).
+   every member; advantages recomputed with ``grpo.group_zscore`` from the recomputed rewards; the
+   claimed ones must match the z-scores of the rewards they rest on (the recomputed ones, or a low
+   claim ``rewards.py`` accepted) (``advantage_mismatch``).
 
 Accepted verdicts carry the recomputed reward, advantage and per-token log-probs (from the
 prefill); the trainer uses those only.
@@ -33,7 +37,7 @@ import torch
 
 import grpo
 from prime_rl.api.fields import MAX_DETAIL_CHARS
-from prime_rl.api.protocol import PendingBatch, Verdict, machine_rejected
+from prime_rl.api.protocol import FOLLOWER_REASONS, PendingBatch, Verdict, machine_rejected
 from prime_rl.inference.backend import GenerationBackend
 from prime_rl.validator.checks import (
     Checks,
@@ -65,8 +69,9 @@ def validate_batch(
     """Verdicts for every sample of one batch, in submission order; never raises on hostile content.
 
     ``backend_for(version)`` returns a backend holding that policy version (None: unavailable);
-    ``newest_version`` is the newest committed policy version (None: the lease's step). A worker may
-    answer a step-``s`` lease with a newer version committed meanwhile; that is fresher, not wrong.
+    ``newest_version`` is the newest committed policy version (None: the lease's step). A lease
+    fixes its version (its step, the newest committed when it was issued): an older version inside
+    the async window, or a newer one committed meanwhile, is ``wrong_policy_version``.
     ``observe(sample_index, observations)`` receives the per-worker evidence statistics of every
     sample whose proofs passed (``validator.evidence``), in submission order.
     ``tool_seconds_left``: what the lease's identity and address may still spend on tool runs.
@@ -99,19 +104,32 @@ def validate_batch(
     ]
 
 
-def ban_counts(verdicts: Sequence[Verdict]) -> tuple[int, int]:
+NOT_THE_WORKERS = frozenset({Reason.UNKNOWN_POLICY, Reason.INTERNAL_ERROR})
+"""Failures found before any prefill that the validator's own state may explain (a version it cannot
+fetch, a bug of its own): such a batch counts as many rejections as it has samples, no more."""
+
+
+def ban_counts(verdicts: Sequence[Verdict], *, prefilled: bool = True, min_samples: int = 0) -> tuple[int, int]:
     """(accepted, rejected) of one judged batch as they count towards its worker's ban.
 
     A batch whose only own failures are ``reward_unverifiable`` or ``tool_unverifiable``
     (``protocol.machine_rejected``; every other rejection follows them: ``lease_rejected``,
     ``group_rejected``) counts (0, 0): the machine, not the worker, may explain it, and an honest
     worker must not near a ban for it (``rewards.py`` and ``episodes.py`` say why this gives a
-    cheater nothing). Any other failure in the batch counts the whole batch as before.
+    cheater nothing). A batch rejected before any model check (``prefilled`` False: its lease,
+    tasks, version, prompts, seeds or termination are wrong, which no honest worker's noise can
+    cause) counts at least ``min_samples`` rejections (the validator's ``ban_min_samples``), so a
+    fresh identity's one failed lease reaches the ban whatever its size. Any other failure in the
+    batch counts the whole batch as before.
     """
     accepted = sum(v.accepted for v in verdicts)
+    rejected = len(verdicts) - accepted
     if machine_rejected(verdicts):
         return 0, 0
-    return accepted, len(verdicts) - accepted
+    own = {v.reason for v in verdicts if not v.accepted} - FOLLOWER_REASONS
+    if rejected and not prefilled and not own & NOT_THE_WORKERS:
+        rejected = max(rejected, min_samples)
+    return accepted, rejected
 
 
 def _verdict(
@@ -155,9 +173,13 @@ def _batch_checks(
         why = f"policy {version} < step {reference} - async_level {checks.async_level}"
         for p in pending:
             p.reject(Reason.STALE_POLICY, why)
-    if version > newest:
+    elif version > newest:
         for p in pending:
             p.reject(Reason.FUTURE_POLICY, f"policy {version} is newer than the newest version {newest}")
+    elif version != reference:
+        why = f"policy {version} is not the lease's version {reference} (the newest committed when it was issued)"
+        for p in pending:
+            p.reject(Reason.WRONG_POLICY_VERSION, why)
     problem = lease_problem(
         batch, key=checks.assignment_key, num_tasks=tasks.num_tasks, prompts_per_batch=checks.prompts_per_batch
     )
@@ -190,16 +212,25 @@ def _group_checks(pending: list[Pending], checks: Checks) -> dict[int, float]:
                 m.reject(Reason.GROUP_REJECTED, f"sample {bad.index} of the group was rejected: {bad.reason}")
             continue
         members.sort(key=lambda m: m.sample.group_index)
-        rewards = torch.tensor([m.reward for m in members], dtype=torch.float64)
-        recomputed = [float(a) for a in grpo.group_zscore(rewards, checks.group_size).tolist()]
+        recomputed = _zscores([m.reward for m in members], checks.group_size)
+        # The claims are checked against the rewards the worker's claims rest on (a low claim accepted
+        # by rewards.py rule 3 stands for its own reward there); the verdicts carry the recomputed ones.
+        expected = _zscores(
+            [m.reward if m.claimed_reward is None else m.claimed_reward for m in members], checks.group_size
+        )
         wrong = {
             m.index
-            for m, a in zip(members, recomputed, strict=True)
+            for m, a in zip(members, expected, strict=True)
             if not abs(m.sample.advantage - a) <= checks.validator.advantage_atol
         }
-        for m, a in zip(members, recomputed, strict=True):
+        for m, a, e in zip(members, recomputed, expected, strict=True):
             advantages[m.index] = a
             if wrong:
                 reason = Reason.ADVANTAGE_MISMATCH if m.index in wrong else Reason.GROUP_REJECTED
-                m.reject(reason, f"claimed advantage {m.sample.advantage:.6g}, recomputed {a:.6g}")
+                m.reject(reason, f"claimed advantage {m.sample.advantage:.6g}, recomputed {e:.6g}")
     return advantages
+
+
+def _zscores(rewards: Sequence[float | None], group_size: int) -> list[float]:
+    """``grpo.group_zscore`` of one group's rewards, in float64."""
+    return [float(a) for a in grpo.group_zscore(torch.tensor(rewards, dtype=torch.float64), group_size).tolist()]

@@ -6,9 +6,9 @@ Loop (``prime-rl worker --config FILE [--workers.behaviour NAME]``):
 2. a background :class:`~prime_rl.weights.store.VersionFollower` (``shardcast.Follower``)
    downloads every new policy version while generation continues; between batches the worker
    hot-reloads the newest downloaded version in place (``HFBackend.load_weights``);
-3. ``GET /tasks`` -> a lease; if the held version is below the lease's ``min_policy_version``
-   (``step - async_level``) the worker first waits for a newer version, so it never generates with
-   a policy older than the async bound;
+3. ``GET /tasks`` -> a lease, which fixes the policy version to generate with (``policy_version``:
+   the newest committed when it was issued); if the worker holds another version, it first waits
+   for that one (``wait_for_version``);
 4. generate ``group_size`` completions per prompt with the lease's seeds (toploc's verifiable
    sampler, proofs built during decoding), score them with ``verifiers`` (a score the machine
    limited is scored again, :mod:`prime_rl.worker.scoring`), compute the group advantages and
@@ -22,6 +22,7 @@ of its :class:`~prime_rl.worker.hostile.HostileWorker`, which :class:`Honest` an
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from pathlib import Path
@@ -150,44 +151,47 @@ class Worker:
                 seconds=time.monotonic() - started,
             )
 
-    def wait_for_version(self, minimum: int) -> None:
-        """Block until a version >= ``minimum`` is loaded (the async-level gate).
+    def wait_for_version(self, version: int, deadline: float = math.inf) -> bool:
+        """Block until policy ``version`` is loaded: a lease fixes the version its batch is generated
+        with (the newest committed when it was issued), and any other is ``wrong_policy_version``.
+        False once Unix time ``deadline`` (the lease's) has passed or the worker is stopping.
 
-        It loads the newest version the orchestrator has committed. When that is also the newest
-        published one, the follower is fetching it already: wait for the follower rather than
-        download the same file twice. An older one (the follower only fetches the newest) is
-        fetched here.
+        When ``version`` is the newest published one, the follower may be fetching it already: wait
+        for the follower rather than download the same file twice. Any other (an older one, which the
+        follower never fetches, or one the follower has not reached) is fetched here.
         """
-        if self.backend.policy_version >= minimum:
-            return
+        if self.backend.policy_version == version:
+            return True
         started = time.monotonic()
-        log.info("waiting for policy >= v%d (holding v%d)", minimum, self.backend.policy_version)
+        log.info("waiting for policy v%d (holding v%d)", version, self.backend.policy_version)
         progress = WaitLog(self.wait_log_every_s)
         while not self.stop_event.is_set():
             if (waited := progress.due()) is not None:
                 log.info(
-                    "still waiting for policy >= v%d after %.0f s (holding v%d; weights from %s)",
-                    minimum,
+                    "still waiting for policy v%d after %.0f s (holding v%d; weights from %s)",
+                    version,
                     waited,
                     self.backend.policy_version,
                     ", ".join(self.store.servers) or "none",
                 )
             try:
-                published = self.store.newest_available()
-                newest = max(minimum, min(published, self.client.status().policy_version))
-                fetching = newest == published and self.follower.newest_local < newest
-                if fetching and self.follower.is_alive() and not self.store.path(newest).is_file():
-                    self.follower.wait_newer(newest - 1, timeout_s=self.cfg.weights_poll_s)
+                fetching = version == self.store.newest_available() and self.follower.newest_local < version
+                if fetching and self.follower.is_alive() and not self.store.path(version).is_file():
+                    self.follower.wait_newer(version - 1, timeout_s=self.cfg.weights_poll_s)
                     continue
-                path = self.store.ensure(newest)
+                path = self.store.ensure(version)
             except PolicyUnavailable as exc:
+                if time.time() > deadline:
+                    log.warning("policy v%d still unavailable at the lease's deadline (%s): lease given up", version, exc)
+                    return False
                 log.debug("policy not ready: %s", exc)
                 self.stop_event.wait(self.cfg.weights_poll_s)
                 continue
-            self.backend.load_weights(path, newest)
-            get_metrics().log("weights_wait", policy_version=newest, waited_s=time.monotonic() - started)
-            get_metrics().log("weights_loaded", policy_version=newest, source="shardcast")
-            return
+            self.backend.load_weights(path, version)
+            get_metrics().log("weights_wait", policy_version=version, waited_s=time.monotonic() - started)
+            get_metrics().log("weights_loaded", policy_version=version, source="shardcast")
+            return True
+        return False
 
     # -- one batch ----------------------------------------------------------------------------
     def one_batch(self) -> bool:
@@ -199,8 +203,8 @@ class Worker:
         if self.answers.follows_new_weights:
             self.reload_newest(status.policy_version)
         lease = self.client.get_tasks(self.worker_id)
-        if self.answers.follows_new_weights:
-            self.wait_for_version(lease.min_policy_version)
+        if self.answers.follows_new_weights and not self.wait_for_version(lease.policy_version, lease.deadline):
+            return False  # the lease expired waiting for its version: it goes to another worker
         started = time.monotonic()
         batch = self.answers.answer(lease, self.backend)
         seconds = time.monotonic() - started
