@@ -14,8 +14,9 @@ CPU rate is what one dedicated core would do, the wall rate adds fsync waits and
 other processes):
 
 1. ``start``: ``CYCLES_PER_WINDOW`` full cycles on a fresh store;
-2. ``history``: leases issued and answered as fast as the lease path allows (``lease`` then the
-   lease book's ``mark_answered``, no batch files, as if a batch had been stored) until
+2. ``history``: leases issued, answered and judged as fast as the lease path allows (``lease``,
+   then the lease book's ``mark_answered`` and ``mark_judged``, accepted: no batch files, as if a
+   batch had been stored and the validator had accepted it) until
    ``HISTORY_LEASES`` leases were issued or the code version's ``HISTORY_LIMITS`` (wall and CPU
    seconds) ran out, with a rate per window of ``REPORT_EVERY`` leases. The new code's SQLite store
    runs this phase with ``synchronous=OFF`` (no fsync per lease; the same statements, so the same
@@ -158,6 +159,14 @@ def _window(ledger: Any, workers: list[Any], cycles: int, proofs: str) -> dict[s
     }
 
 
+def _judged(ledger: Any, lease: Any) -> None:
+    """The validator accepted the lease's batch: what lets an answered lease fold (in the old code,
+    and until the fold waited for the verdict, a lease folded once answered)."""
+    mark = getattr(ledger.leases, "mark_judged", None)
+    if mark is not None:
+        mark(lease.worker_id, lease.batch_index, rejected=False)
+
+
 def _issued(ledger: Any) -> int:
     return sum(ledger.leases.issued(w) for w in ledger.workers)
 
@@ -183,6 +192,7 @@ def child_capacity(run_dir: Path, history_seconds: float, history_cpu_seconds: f
         with window:
             lease = ledger.lease(workers[issued % len(workers)], None, None)
             ledger.leases.mark_answered(lease.worker_id, lease.batch_index)
+            _judged(ledger, lease)
         issued += 1
         if issued % REPORT_EVERY == 0:
             history.append({"issued": issued, "leases_per_s": REPORT_EVERY / window.wall,

@@ -255,3 +255,29 @@ def test_batches_too_old_to_train_on_expire_instead_of_being_validated(
     assert client.workers().workers[0].samples_expired == 0
     _verdict_all(client, fresh.batch_id, 4)
     assert {s.batch_id for s in client.claim(2, 4).samples} == {fresh.batch_id}
+
+
+def test_a_lease_fixes_the_version_the_worker_states_before_it_sees_its_tasks(
+    server_factory: Any, batch_for: Any
+) -> None:
+    """Issue 34 (version shopping): the lease fixes one version. The worker states the version it
+    holds when it asks (``version``); inside the async window the lease fixes that one, so a worker
+    still downloading the newest version keeps generating (downloads overlap generation); outside
+    it, or unstated, the lease fixes the newest committed. The record keeps the fixed version across
+    a restart, which is what the validator checks the batch against."""
+    server = server_factory()
+    client = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
+    reg = client.register()
+    answer = client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id)))
+    _verdict_all(client, answer.batch_id, 4)
+    assert client.claim(0, 2).ready
+    assert client.commit(0, 1).step == 1  # step 1, async_level 1: versions 0 and 1 are in the window
+    held_back = client.get_tasks(reg.worker_id, version=0)
+    assert (held_back.step, held_back.policy_version, held_back.min_policy_version) == (1, 0, 0)
+    assert client.get_tasks(reg.worker_id, version=1).policy_version == 1
+    client.submit_rollouts(batch_for(held_back, 0))
+    assert client.get_tasks(reg.worker_id, version=7).policy_version == 1  # from the future: the newest
+    server.stop()
+    restarted = server_factory()
+    held = restarted.ledger.leases.get(reg.worker_id, held_back.batch_index)
+    assert held is not None and held.record.fixed_version == 0

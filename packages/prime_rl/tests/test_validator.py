@@ -138,8 +138,8 @@ def test_stale_policy_is_rejected(backend):
 
 
 def test_a_lease_fixes_its_version(backend):
-    """Issue 34 (version shopping): a lease fixes the version it is generated with, its step (the
-    newest committed when it was issued). A worker holding an older version still inside the async
+    """Issue 34 (version shopping): a lease fixes the version it is generated with: its step (the
+    newest committed when it was issued) unless the worker stated another version of the window. A worker holding an older version still inside the async
     window, or a newer one committed meanwhile, used to pick the one it liked; either is now
     ``wrong_policy_version``, found before any prefill, and counts as a whole failed lease towards
     a ban (at least ``ban_min_samples``) whatever its size."""
@@ -162,6 +162,12 @@ def test_a_lease_fixes_its_version(backend):
     assert {v.reason for v in verdicts_for(newer, record, backend, newest_version=2)} == {Reason.WRONG_POLICY_VERSION}
     assert ban_counts(verdicts, prefilled=False, min_samples=16) == (0, 16)  # 8 samples count as 16
     assert ban_counts(verdicts, prefilled=True, min_samples=16) == (0, 8)
+    # A lease the worker asked for with the version it held (0, inside the window) fixes 0: the
+    # same batch is accepted, and the newest version is now the wrong one.
+    stated = record.model_copy(update={"policy_version": 0})
+    assert {v.reason for v in verdicts_for(older, stated, backend, newest_version=2)} == {Reason.ACCEPTED}
+    at_step = older.model_copy(update={"policy_version": 1})
+    assert {v.reason for v in verdicts_for(at_step, stated, backend, newest_version=2)} == {Reason.WRONG_POLICY_VERSION}
     # The same lease generated with its own version is accepted.
     own, own_record = RUN.lease("keeper", 0, 0)
     honest = RUN.worker("honest").answer(own, backend)

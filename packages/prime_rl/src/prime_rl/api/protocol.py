@@ -142,8 +142,9 @@ class TaskLease(ApiModel):
     step: NonNegInt
     batch_index: NonNegInt
     policy_version: NonNegInt = Field(
-        description="Generate with exactly this policy version: the newest committed when the lease was issued "
-        "(its step). A batch with any other version is rejected (wrong_policy_version)."
+        description="Generate with exactly this policy version: the one the worker asked for (GET /tasks "
+        "`version`) if inside the async window, else the newest committed when the lease was issued (its step). "
+        "A batch with any other version is rejected (wrong_policy_version)."
     )
     min_policy_version: NonNegInt = Field(
         description="max(0, step - async_level): a batch of this step with an older version is stale_policy."
@@ -173,6 +174,15 @@ class LeaseRecord(ApiModel):
     )
     source_step: NonNegInt
     source_batch_index: NonNegInt
+    policy_version: NonNegInt | None = Field(
+        default=None,
+        description="The policy version the lease fixes (None: its step; leases stored before this field).",
+    )
+
+    @property
+    def fixed_version(self) -> int:
+        """The one policy version a batch answering this lease may be generated with."""
+        return self.step if self.policy_version is None else self.policy_version
 
 
 # ------------------------------------------------------------------ rollouts

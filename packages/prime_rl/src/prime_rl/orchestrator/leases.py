@@ -396,11 +396,20 @@ class LeaseBook:
             self._reassign_queue.remove(chosen)
         return chosen
 
-    def issue(self, worker_id: str, step: int, now: float, address: str = "") -> LeaseRecord:
+    def issue(
+        self, worker_id: str, step: int, now: float, address: str = "", version: int | None = None
+    ) -> LeaseRecord:
         """A new lease for ``worker_id`` (handed to client ``address``) at its next batch index: the
         tasks of an expired, unanswered lease another worker abandoned if one waits for reassignment
-        (``_take_reassignment``), else the assignment function's fresh tasks."""
+        (``_take_reassignment``), else the assignment function's fresh tasks.
+
+        The lease fixes its policy version: ``version`` (the one the worker holds and asked for) when
+        it lies in the async window ``[step - async_level, step]``, else ``step``, the newest
+        committed. The worker states it before it sees the tasks, so it cannot choose by them; and
+        a worker still downloading the newest version generates with the one it holds, as before."""
         orch = self._config.orchestrator
+        if version is None or not max(0, step - orch.async_level) <= version <= step:
+            version = step
         index = self.next_index(worker_id)
         reissues: tuple[str, int] | None = None
         taken = self._take_reassignment(worker_id, address)
@@ -431,6 +440,7 @@ class LeaseBook:
             source_worker_id=origin[0],
             source_step=origin[1],
             source_batch_index=origin[2],
+            policy_version=version,
         )
         self._store.append_event(
             {
@@ -484,7 +494,7 @@ class LeaseBook:
             worker_id=record.worker_id,
             step=record.step,
             batch_index=record.batch_index,
-            policy_version=record.step,  # the newest committed version when it was issued
+            policy_version=record.fixed_version,
             min_policy_version=max(0, record.step - orch.async_level),
             deadline=record.deadline,
             group_size=sampling.group_size,

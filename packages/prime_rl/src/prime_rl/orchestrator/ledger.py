@@ -330,9 +330,15 @@ class Ledger:
         return self.rules.allowance(worker_id)
 
     def lease(
-        self, worker: WorkerRecord, step: int | None, batch_index: int | None, address: str = ""
+        self,
+        worker: WorkerRecord,
+        step: int | None,
+        batch_index: int | None,
+        address: str = "",
+        version: int | None = None,
     ) -> TaskLease:
-        """``GET /tasks`` for ``worker`` from client ``address`` (the key of ``rate_limit.client_key``)."""
+        """``GET /tasks`` for ``worker`` from client ``address`` (the key of ``rate_limit.client_key``);
+        ``version``: the policy version the worker holds (the lease fixes it if inside the async window)."""
         if step is not None and step != self.step:
             raise ApiFailure(
                 409, "conflict", f"step {step} is not the current step {self.step}; ask without step"
@@ -352,7 +358,7 @@ class Ledger:
         if worker.banned:  # its abandoned leases just passed the limit
             raise ApiFailure(403, "banned", f"worker {worker.worker_id} is banned: {worker.ban_reason}")
         self.rules.check(worker, address)
-        return self.leases.answer(self.leases.issue(worker.worker_id, self.step, self.clock(), address))
+        return self.leases.answer(self.leases.issue(worker.worker_id, self.step, self.clock(), address, version))
 
     # ------------------------------------------------------------------ rollouts and verdicts
 

@@ -11,8 +11,9 @@ found before the prefill, the batch costs no prefill at all (``structure.py``). 
    the batch answers every task of its lease with all ``group_size`` completions
    (``incomplete_lease``, ``group_incomplete``); the policy version is
    ``>= step - async_level`` of the lease (``stale_policy``), not newer than the newest
-   committed version (``future_policy``; default: the lease step), the lease's own version, its
-   step (``wrong_policy_version``: a worker that could pick any version of the async window could
+   committed version (``future_policy``; default: the lease step), the version the lease fixed
+   (``wrong_policy_version``: the one the worker stated before it saw the tasks, or the lease's
+   step; a worker that could pick any version of the async window after seeing its tasks could
    generate each lease with the one it likes, and nothing would tell), and available
    (``unknown_policy``);
 2. every sample's own checks (``checks.py``: prompt, seed, termination, proofs, sampling,
@@ -70,8 +71,8 @@ def validate_batch(
 
     ``backend_for(version)`` returns a backend holding that policy version (None: unavailable);
     ``newest_version`` is the newest committed policy version (None: the lease's step). A lease
-    fixes its version (its step, the newest committed when it was issued): an older version inside
-    the async window, or a newer one committed meanwhile, is ``wrong_policy_version``.
+    fixes its version (``LeaseRecord.fixed_version``): any other version inside the async window,
+    or a newer one committed meanwhile, is ``wrong_policy_version``.
     ``observe(sample_index, observations)`` receives the per-worker evidence statistics of every
     sample whose proofs passed (``validator.evidence``), in submission order.
     ``tool_seconds_left``: what the lease's identity and address may still spend on tool runs.
@@ -169,6 +170,7 @@ def _batch_checks(
     reference = batch.step
     newest = max(batch.step, newest_version) if newest_version is not None else batch.step
     version = batch.policy_version
+    leased = batch.lease.fixed_version if batch.lease is not None else reference
     if version < reference - checks.async_level:
         why = f"policy {version} < step {reference} - async_level {checks.async_level}"
         for p in pending:
@@ -176,8 +178,8 @@ def _batch_checks(
     elif version > newest:
         for p in pending:
             p.reject(Reason.FUTURE_POLICY, f"policy {version} is newer than the newest version {newest}")
-    elif version != reference:
-        why = f"policy {version} is not the lease's version {reference} (the newest committed when it was issued)"
+    elif version != leased:
+        why = f"policy {version} is not the lease's version {leased} (the one the lease fixed when it was issued)"
         for p in pending:
             p.reject(Reason.WRONG_POLICY_VERSION, why)
     problem = lease_problem(

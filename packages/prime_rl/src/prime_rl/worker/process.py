@@ -6,9 +6,9 @@ Loop (``prime-rl worker --config FILE [--workers.behaviour NAME]``):
 2. a background :class:`~prime_rl.weights.store.VersionFollower` (``shardcast.Follower``)
    downloads every new policy version while generation continues; between batches the worker
    hot-reloads the newest downloaded version in place (``HFBackend.load_weights``);
-3. ``GET /tasks`` -> a lease, which fixes the policy version to generate with (``policy_version``:
-   the newest committed when it was issued); if the worker holds another version, it first waits
-   for that one (``wait_for_version``);
+3. ``GET /tasks?version=<held>`` -> a lease, which fixes the policy version to generate with
+   (``policy_version``): the held one if it is inside the async window (``step - async_level``),
+   else the newest committed, which the worker then waits for (``wait_for_version``);
 4. generate ``group_size`` completions per prompt with the lease's seeds (toploc's verifiable
    sampler, proofs built during decoding), score them with ``verifiers`` (a score the machine
    limited is scored again, :mod:`prime_rl.worker.scoring`), compute the group advantages and
@@ -202,7 +202,9 @@ class Worker:
             return False
         if self.answers.follows_new_weights:
             self.reload_newest(status.policy_version)
-        lease = self.client.get_tasks(self.worker_id)
+        # The lease fixes the version we hold if it is recent enough: generation goes on while the
+        # follower downloads the next one (else the lease fixes the newest and we fetch it first).
+        lease = self.client.get_tasks(self.worker_id, version=self.backend.policy_version)
         if self.answers.follows_new_weights and not self.wait_for_version(lease.policy_version, lease.deadline):
             return False  # the lease expired waiting for its version: it goes to another worker
         started = time.monotonic()
