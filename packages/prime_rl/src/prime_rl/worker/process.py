@@ -248,6 +248,14 @@ class Worker:
 
     def run_loop(self) -> int:
         self.client.wait_until_up(self.run.orchestrator.connect_timeout_s)
+        self.start_identity()
+        get_metrics().log("weights_loaded", policy_version=0, source="initial")
+        if self.answers.follows_new_weights:
+            self.follower.start()
+        return self.serve()
+
+    def start_identity(self) -> None:
+        """Resume the identity saved in ``identity_path``, or register a new one."""
         identity = load_identity(self.identity_path, self.run.orchestrator.url)
         if identity is None:
             self.register()
@@ -255,9 +263,9 @@ class Worker:
             self.worker_id, self.client.worker_token = identity.worker_id, identity.token
             log.info("resumed as %s (behaviour %s)", self.worker_id, self.cfg.behaviour)
             get_metrics().log("resumed", worker_id=self.worker_id, behaviour=self.cfg.behaviour)
-        get_metrics().log("weights_loaded", policy_version=0, source="initial")
-        if self.answers.follows_new_weights:
-            self.follower.start()
+
+    def serve(self) -> int:
+        """Answer leases until stopped, banned, or ``workers.max_batches`` are submitted; exit code 0."""
         while not self.stop_event.is_set() and (
             not self.cfg.max_batches or self.submitted < self.cfg.max_batches
         ):
