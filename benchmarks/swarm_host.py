@@ -120,7 +120,7 @@ class SwarmIdentity(Worker):
         self.tasks, self.env = shared.tasks, shared.env
         self.client = OrchestratorClient(config.orchestrator.url, timeout_s=30, retries=2)
         self.client._session.hooks["response"].append(self._record_response)
-        self.worker_id = ""
+        self.worker_id, self.resuming = "", False
         self.identity_path = Path(config.run_dir) / "swarm" / name / IDENTITY_FILE
         self.submitted = 0
         self.stop_event = shared.stop
@@ -144,7 +144,8 @@ class SwarmIdentity(Worker):
         if not self.answers.ready(status):
             self.stop_event.wait(self.cfg.poll_interval_s)
             return False
-        lease = self.client.get_tasks(self.worker_id)
+        lease = self.client.get_tasks(self.worker_id, resume=self.resuming)
+        self.resuming = False
         with self.shared.lock:  # one generation at a time; no reload in the middle of a batch
             if self.answers.follows_new_weights:
                 self.reload_newest(status.policy_version)

@@ -313,10 +313,13 @@ class OrchestratorClient:
         return answer
 
     def get_tasks(
-        self, worker_id: str, *, step: int | None = None, batch_index: int | None = None
+        self, worker_id: str, *, step: int | None = None, batch_index: int | None = None, resume: bool = False
     ) -> TaskLease:
-        """GET /tasks: the worker's next lease (or, with ``batch_index``, the same lease again)."""
+        """GET /tasks: the worker's next lease (or, with ``batch_index``, the same lease again; with
+        ``resume``, after a restart, its oldest open lease if it holds one)."""
         params: dict[str, Any] = {"worker_id": worker_id}
+        if resume:
+            params["resume"] = 1
         if step is not None:
             params["step"] = step
         if batch_index is not None:

@@ -160,10 +160,11 @@ class _Api:
             raise ApiFailure(400, "bad_request", "query parameter worker_id is required")
         step = query_int(request, "step")
         batch_index = query_int(request, "batch_index")
+        resume = bool(query_int(request, "resume", default=0))
 
         def work() -> Any:
             worker = self.ledger.authenticate(worker_id, bearer(request))
-            return self.ledger.lease(worker, step, batch_index, client_key(request.remote))
+            return self.ledger.lease(worker, step, batch_index, client_key(request.remote), resume=resume)
 
         return model_response(await self.call(work))
 

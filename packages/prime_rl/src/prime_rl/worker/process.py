@@ -113,6 +113,7 @@ class Worker:
             config.orchestrator.url, registration_token=config.orchestrator.registration_token
         )
         self.worker_id = ""
+        self.resuming = False  # resumed a saved identity and has not asked for a lease yet
         self.identity_path = Path(config.run_dir) / name / IDENTITY_FILE
         self.submitted = 0
         self.stop_event = threading.Event()
@@ -198,7 +199,8 @@ class Worker:
             return False
         if self.answers.follows_new_weights:
             self.reload_newest(status.policy_version)
-        lease = self.client.get_tasks(self.worker_id)
+        lease = self.client.get_tasks(self.worker_id, resume=self.resuming)
+        self.resuming = False
         if self.answers.follows_new_weights:
             self.wait_for_version(lease.min_policy_version)
         started = time.monotonic()
@@ -261,6 +263,7 @@ class Worker:
             self.register()
         else:  # a restart: the same identity keeps its leases, its held batches and its standing
             self.worker_id, self.client.worker_token = identity.worker_id, identity.token
+            self.resuming = True  # the first GET /tasks asks for the lease it held when it stopped
             log.info("resumed as %s (behaviour %s)", self.worker_id, self.cfg.behaviour)
             get_metrics().log("resumed", worker_id=self.worker_id, behaviour=self.cfg.behaviour)
 
