@@ -253,6 +253,8 @@ class Swarm:
         relays = [f"shardcast-relay-{i}" for i in range(self.args.relays)]
         targets = ["orchestrator", "validator", "trainer", "shardcast-origin", *relays]
         targets += [f"host-{h}" for h in range(self.args.hosts)] + ["cut"]
+        if self.args.targets:
+            targets = self.args.targets.split(",")
         while not self.done.wait(1.0) and self.committed_steps() < 1:
             pass
         order: list[str] = []
@@ -338,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         "--think-s", type=float, default=0.0, help="mean pause after each batch (0: as fast as possible)"
     )
     parser.add_argument("--kills", type=int, default=0, help="SIGKILLs and link cuts during the run")
+    parser.add_argument(
+        "--targets", default="", help="comma-separated kill targets (default: every role, host and 'cut')"
+    )
     parser.add_argument("--kill-gap-s", type=float, default=8.0, help="mean seconds between two kills")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -365,9 +370,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda signum, frame: sys.exit(128 + signum))
     started = time.time()
     code = swarm.run()
+    ended_at = time.time()
     swarm.stop_all()
     records = RunRecords.read(root)
-    violations = check_invariants(swarm.config, records, swarm.host_starts)
+    violations = check_invariants(swarm.config, records, swarm.host_starts, ended_at)
     figures = compute_figures(swarm.config, records, swarm.rss, swarm.kills, args=vars(args), network=network.description,
                               emulated=network.emulated, seconds=time.time() - started, run_code=code, violations=violations)  # fmt: skip
     (root / "figures.json").write_text(json.dumps(figures, indent=1))

@@ -18,8 +18,9 @@ that violate it (sample ids ``batch/index``, batch ids or worker ids), so a fail
   honest_not_banned        no identity playing honest is banned
   honest_not_rejected      no sample of an honest identity was rejected (``expired``, too old to
                            judge before its step, is not a rejection)
-  downloads_resumed        every host fetched a version at least the last published one less one
-                           after its last start
+  downloads_resumed        every host holds (fetched, before or after its restarts) the newest version
+                           published ``GRACE_S`` before the run ended (a host last started later
+                           than that is not judged: it may still be importing torch)
   steps_reached            the run committed ``total_steps`` steps
 """
 
@@ -37,7 +38,10 @@ from prime_rl.orchestrator.release import ReleaseBook
 from prime_rl.orchestrator.store import RolloutStore
 from prime_rl.validator.journal import ValidatorJournal
 
-__all__ = ["INVARIANTS", "RunRecords", "check_invariants", "read_jsonl"]
+__all__ = ["GRACE_S", "INVARIANTS", "RunRecords", "check_invariants", "read_jsonl"]
+
+GRACE_S = 30.0
+"""Seconds a host is given to fetch a published version (``downloads_resumed``)."""
 
 INVARIANTS = (
     "acked_rollouts_stored", "posted_verdicts_stored", "no_double_claim", "trained_accepted", "trained_released",
@@ -79,10 +83,10 @@ def _metrics(run_dir: Path, name: str, event: str) -> list[dict[str, Any]]:
 
 
 def check_invariants(
-    config: RunConfig, records: RunRecords, host_starts: dict[int, float]
+    config: RunConfig, records: RunRecords, host_starts: dict[int, float], ended_at: float
 ) -> dict[str, list[str]]:
     """Each invariant's violations (empty lists when it holds). ``host_starts``: host index -> unix
-    time of its last start (for ``downloads_resumed``)."""
+    time of its last start; ``ended_at``: when the run ended (both for ``downloads_resumed``)."""
     run_dir = Path(config.run_dir)
     store = RolloutStore(config.orchestrator_data_dir)
     try:
@@ -146,16 +150,13 @@ def check_invariants(
                 if not verdict.accepted and verdict.reason != "expired":
                     found["honest_not_rejected"].append(f"{batch_id}/{index} ({verdict.reason})")
 
-    published = [r["policy_version"] for r in _metrics(run_dir, "trainer", "published")]
-    if published:
-        for host, started in sorted(host_starts.items()):
-            fetched = [
-                r["version"] for r in records.of("fetched") if r.get("host") == host and r["t"] >= started
-            ]
-            if max(fetched, default=0) < max(published) - 1:
-                found["downloads_resumed"].append(
-                    f"host-{host} (fetched {sorted(fetched)}, published up to {max(published)})"
-                )
+    cutoff = ended_at - GRACE_S
+    published = _metrics(run_dir, "trainer", "published")
+    due = max((r["policy_version"] for r in published if r["time"] <= cutoff), default=0)
+    for host, started in sorted(host_starts.items()):
+        fetched = [r["version"] for r in records.of("fetched") if r.get("host") == host]
+        if started <= cutoff and max(fetched, default=0) < due:
+            found["downloads_resumed"].append(f"host-{host} (fetched {sorted(fetched)}, due v{due})")
     committed = {e["step"] for e in events if e["event"] == "commit"}
     if len(committed) < config.trainer.total_steps:
         found["steps_reached"].append(f"{len(committed)} of {config.trainer.total_steps} steps committed")

@@ -97,6 +97,7 @@ def compute_figures(
             "time_to_all_s": round(max(r["t"] for r in got.values()) - event["time"], 2) if len(got) == hosts else None,
             "bytes_per_host": round(sum(r["bytes"] for r in got.values()) / len(got)) if got else None,
             "delta": any(r["delta"] for r in got.values()),
+            "resumed_bytes": sum(r["resumed_bytes"] for r in got.values()),
         })  # fmt: skip
     memory: dict[str, dict[str, float]] = {}
     for name in ("orchestrator", "validator", "trainer"):
