@@ -1,0 +1,215 @@
+"""Measures the emulated WAN of benchmarks/swarm_wan.py: a tiny HTTP server and a client that runs in a site.
+
+- `serve HOST`: an HTTP server on HOST (port printed as {"port": p}): GET /ping answers the client's
+  address; GET /bulk?bytes=N sends N bytes; POST /sink reads the body and answers its size.
+- `probe URL`: from inside a site, through the URL its proxy gives: a request on a fresh
+  connection, REQUESTS requests on one kept-alive connection (min and median seconds), a bulk
+  download and a bulk upload (Mbit/s), each bounded in bytes and in seconds. Prints one JSON line.
+- `--selftest [--out FILE]`: opens a network, probes every site from the root server, prints the
+  configured against the measured RTT and bandwidth (a Markdown table, also written to FILE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+REQUESTS = 5
+BLOCK = 256 * 1024
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the RTT probe reuses one connection
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _answer(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        parts = urlsplit(self.path)
+        if parts.path == "/ping":
+            self._answer(json.dumps({"client": self.client_address[0]}).encode())
+            return
+        size = int(parse_qs(parts.query)["bytes"][0])
+        self.send_response(200)
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        block = b"x" * BLOCK
+        with_error = False
+        while size > 0 and not with_error:
+            try:
+                self.wfile.write(block[: min(size, BLOCK)])
+            except OSError:
+                with_error = True  # the client stopped reading at its time bound
+            size -= BLOCK
+
+    def do_POST(self) -> None:
+        size, left = 0, int(self.headers["Content-Length"])
+        while left > 0 and (chunk := self.rfile.read(min(left, BLOCK))):
+            size, left = size + len(chunk), left - len(chunk)
+        self._answer(json.dumps({"bytes": size}).encode())
+
+
+def start_server(host: str) -> ThreadingHTTPServer:
+    """The probe server on (host, free port) in a daemon thread; stop it with .shutdown()."""
+    server = ThreadingHTTPServer((host, 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def probe(url: str, bulk_bytes: int, bulk_s: float, timeout_s: float = 20.0) -> dict:
+    """RTT and bandwidth from here to the probe server at `url` (through a site proxy)."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "", parts.port or 80
+    started = time.perf_counter()
+    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    connection.request("GET", "/ping")
+    client = json.loads(connection.getresponse().read())["client"]
+    fresh_s = time.perf_counter() - started
+    times = []
+    for _ in range(REQUESTS):
+        started = time.perf_counter()
+        connection.request("GET", "/ping")
+        connection.getresponse().read()
+        times.append(time.perf_counter() - started)
+    connection.close()
+    return {
+        "client": client,
+        "fresh_s": fresh_s,
+        "rtt_min_s": min(times),
+        "rtt_median_s": statistics.median(times),
+        "down_mbit": _download(host, port, bulk_bytes, bulk_s, timeout_s),
+        "up_mbit": _upload(host, port, bulk_bytes, bulk_s, timeout_s),
+    }
+
+
+def _download(host: str, port: int, size: int, bound_s: float, timeout_s: float) -> float:
+    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    connection.request("GET", f"/bulk?bytes={size}")
+    response = connection.getresponse()
+    first = response.read(1)  # the clock starts at the first byte: the rate, not the request's RTT
+    started, received = time.perf_counter(), len(first)
+    while received < size and time.perf_counter() - started < bound_s and (chunk := response.read1(BLOCK)):
+        received += len(chunk)
+    elapsed = time.perf_counter() - started
+    connection.close()
+    return received * 8 / elapsed / 1e6
+
+
+def _upload(host: str, port: int, size: int, bound_s: float, timeout_s: float) -> float:
+    """Upload rate on a kept-alive connection: the time to the server's answer less one request round trip."""
+    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    started = time.perf_counter()
+    connection.request("GET", "/ping")  # the handshake is over before the clock starts
+    connection.getresponse().read()
+    round_trip_s = time.perf_counter() - started
+    block = b"y" * BLOCK
+    started = time.perf_counter()
+    connection.putrequest("POST", "/sink")
+    connection.putheader("Content-Length", str(size))
+    connection.endheaders()
+    sent = 0
+    while sent < size and time.perf_counter() - started < bound_s:
+        connection.send(block[: min(BLOCK, size - sent)])
+        sent += min(BLOCK, size - sent)
+    if sent < size:  # time bound: what was handed over in it (a slight overestimate: some is in flight)
+        connection.close()
+        return sent * 8 / (time.perf_counter() - started) / 1e6
+    received = json.loads(connection.getresponse().read())["bytes"]
+    connection.close()
+    return received * 8 / max(1e-6, time.perf_counter() - started - round_trip_s) / 1e6
+
+
+def run_probe(network: object, site: int, url: str, bulk_bytes: int, bulk_s: float) -> dict:
+    """Runs `probe` inside `site` (a fresh process there) and returns its JSON."""
+    argv = [sys.executable, "-I", str(Path(__file__)), "probe", network.url(site, url)]  # type: ignore[attr-defined]
+    argv += ["--bytes", str(bulk_bytes), "--seconds", str(bulk_s)]
+    done = subprocess.run(network.command(site, argv), capture_output=True, text=True, timeout=120)  # type: ignore[attr-defined]
+    if done.returncode != 0:
+        raise RuntimeError(f"probe in site {site} failed: {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout)
+
+
+def selftest_main(argv: list[str]) -> int:
+    from swarm_wan import open_network
+
+    parser = argparse.ArgumentParser(description="configured against measured RTT and bandwidth per site")
+    parser.add_argument("--selftest", action="store_true", required=True)
+    parser.add_argument("--sites", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seconds", type=float, default=3.0, help="bound of each bulk transfer")
+    parser.add_argument("--out", type=Path, help="also write the table here")
+    args = parser.parse_args(argv)
+    network = open_network(args.sites, args.seed, loss=0.0)
+    try:
+        server = start_server(network.server_host)
+        url = f"http://{network.server_host}:{server.server_address[1]}/"
+        rows = [
+            "| site | RTT ms (set) | request ms min / median | fresh connection ms | "
+            "Mbit/s (set) | down Mbit/s | up Mbit/s |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for link in network.links:
+            # 3 s at the link's rate, at most 64 MiB: bounded in bytes and in time
+            bulk = min(int(link.mbit * 1e6 / 8 * args.seconds), 64 << 20)
+            result = run_probe(network, link.site, url, bulk, args.seconds)
+            rows.append(
+                f"| {link.site} | {link.rtt_ms:.0f} | {result['rtt_min_s'] * 1e3:.0f} / "
+                f"{result['rtt_median_s'] * 1e3:.0f} | {result['fresh_s'] * 1e3:.0f} | {link.mbit:.0f} | "
+                f"{result['down_mbit']:.1f} | {result['up_mbit']:.1f} |"
+            )
+            print(rows[-1], flush=True)
+        server.shutdown()
+    finally:
+        network.close()
+    load = os.getloadavg()
+    text = "\n".join(
+        [
+            f"# swarm_wan selftest ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+            "",
+            f"Command: `python benchmarks/swarm_wan.py --selftest --sites {args.sites} --seed {args.seed}` "
+            f"(loss set to 0 so the RTT column is the delay alone).",
+            f"Network: {network.description}",
+            f"Machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} at the end.",
+            "",
+            *rows,
+            "",
+        ]
+    )
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["serve"]:
+        server = start_server(sys.argv[2])
+        print(json.dumps({"port": server.server_address[1]}), flush=True)
+        sys.stdin.read()  # until the parent closes stdin
+    elif sys.argv[1:2] == ["probe"]:
+        parser = argparse.ArgumentParser()
+        parser.add_argument("mode")
+        parser.add_argument("url")
+        parser.add_argument("--bytes", type=int, required=True)
+        parser.add_argument("--seconds", type=float, required=True)
+        args = parser.parse_args()
+        print(json.dumps(probe(args.url, args.bytes, args.seconds)))
+    else:
+        raise SystemExit(selftest_main(sys.argv[1:]))
