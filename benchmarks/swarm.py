@@ -46,50 +46,9 @@ sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests" / "support")]
 
 from swarm_checks import RunRecords, check_invariants, read_jsonl  # noqa: E402
 from swarm_figures import compute_figures, record_results  # noqa: E402
+from swarm_wan import open_network  # noqa: E402
 
 from prime_rl.config import load_config  # noqa: E402
-
-
-class LoopbackNetwork:
-    """The ``SwarmNetwork`` of ``swarm_wan.py`` without emulation: every site is this machine's loopback."""
-
-    emulated = False
-    server_host = "127.0.0.1"
-
-    def __init__(self, reason: str) -> None:
-        self.description = f"loopback ({reason})"
-
-    def sites(self) -> int:
-        return 1 << 16
-
-    def command(self, site: int, argv: list[str]) -> list[str]:
-        return argv
-
-    def url(self, site: int, url: str) -> str:
-        return url
-
-    def site_host(self, site: int) -> str:
-        return "127.0.0.1"
-
-    def cut(self, site: int, seconds: float) -> None:
-        raise NotImplementedError("loopback links cannot be cut; the harness pauses the site's host instead")
-
-    def close(self) -> None:
-        return None
-
-
-def open_network(sites: int, seed: int, wan: bool) -> Any:
-    """The emulated WAN of ``benchmarks/swarm_wan.py`` when asked for and available, else loopback."""
-    if not wan:
-        return LoopbackNetwork("--wan not given")
-    try:
-        import swarm_wan
-    except ImportError:
-        return LoopbackNetwork("--wan: benchmarks/swarm_wan.py is not in this tree")
-    try:
-        return swarm_wan.open_network(sites, seed)
-    except Exception as error:  # no namespaces here (no privileges, no ip): say so and go on
-        return LoopbackNetwork(f"--wan: namespaces unavailable: {error}")
 
 
 def free_ports(count: int) -> list[int]:
@@ -119,6 +78,7 @@ def write_config(root: Path, args: argparse.Namespace, network: Any) -> Path:
             "host": network.server_host, "port": orchestrator_port, "async_level": 1, "prompts_per_batch": 2,
             "task_timeout_s": 60.0, "connect_timeout_s": 180.0,
             "admin_token": secrets.token_urlsafe(24),  # binding beyond loopback requires one
+            "open_registration": network.emulated,  # identities register from the sites' addresses
             "release_after_tokens": 16, "probation_tokens": 0,
             # Every identity shares this machine's address(es): the per-address limits would cap the
             # swarm at one operator's share; they are tested elsewhere (test_orchestrator_admission).
@@ -346,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-gap-s", type=float, default=8.0, help="mean seconds between two kills")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--wan", action="store_true", help="emulated WAN (benchmarks/swarm_wan.py) if available"
+        "--wan",
+        action="store_true",
+        help="emulated WAN (benchmarks/swarm_wan.py) where namespaces can be made",
     )
     parser.add_argument("--timeout-s", type=float, default=900.0, help="stop and fail after this long")
     parser.add_argument(
@@ -359,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     record = args.record if args.record is not None else not args.root
     root = Path(args.root or tempfile.mkdtemp(prefix="swarm-"))
     root.mkdir(parents=True, exist_ok=True)
-    network = open_network(args.hosts, args.seed, args.wan)
+    network = open_network(args.hosts, args.seed, emulate=args.wan)
     print(
         f"swarm: {args.identities} identities on {args.hosts} hosts, network: {network.description}, root {root}",
         flush=True,
