@@ -151,13 +151,29 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 GROWTH = [
-    ("run", None), ("network", "network"), ("req/s", "requests_per_s"), ("lease cycles/s", "lease_cycles_per_s"),
+    ("run", None), ("WAN emulated", "emulated_wan"), ("req/s", "requests_per_s"), ("lease cycles/s", "lease_cycles_per_s"),
     ("/tasks p50 ms", "tasks_p50_ms"), ("/tasks p99 ms", "tasks_p99_ms"),
     ("leases/min per honest id", "leases_per_min_per_honest_identity"), ("validator samples/s", "validator_samples_per_s"),
     ("queue age p99 s", "queue_age_p99_s"), ("time-to-all max s", "time_to_all_max_s"),
     ("orch RSS max MB", "orchestrator_rss_max_mb"), ("validator RSS max MB", "validator_rss_max_mb"),
     ("honest rejected / banned", None), ("invariants", "invariants_ok"),
 ]  # fmt: skip
+
+
+def _versions_line(versions: list[dict[str, Any]]) -> str:
+    """One line for the policy versions of a run (each version's row is in ``swarm.json``)."""
+    if not versions:
+        return "Policy versions: none published."
+    times = [v["time_to_all_s"] for v in versions if v["time_to_all_s"] is not None]
+    sizes = {v["file_bytes"] for v in versions}
+    per_host = [v["bytes_per_host"] for v in versions if v["bytes_per_host"] is not None]
+    return (
+        f"Policy versions 1-{versions[-1]['version']} ({_cell(max(sizes))} bytes each): time-to-all "
+        f"p50 {_cell(_quantile(times, 0.5))} s, max {_cell(max(times, default=None))} s, over {len(times)} of "
+        f"{len(versions)} versions fetched by every host; bytes per host {_cell(round(sum(per_host) / max(1, len(per_host))))} "
+        f"(delta: {'yes' if any(v['delta'] for v in versions) else 'no, full files'}; resumed "
+        f"{_cell(sum(v.get('resumed_bytes', 0) for v in versions))} bytes)."
+    )
 
 
 def render(runs: dict[str, dict[str, Any]]) -> list[str]:
@@ -182,11 +198,7 @@ def render(runs: dict[str, dict[str, Any]]) -> list[str]:
             [[p, e["requests"], e["p50_ms"], e["p99_ms"], ", ".join(f"{k}: {v}" for k, v in sorted(e["statuses"].items()))]
              for p, e in figures["endpoints"].items()],
         )  # fmt: skip
-        lines += _table(
-            ["policy version", "file bytes", "hosts fetched", "time-to-all s", "bytes per host", "delta"],
-            [[v["version"], v["file_bytes"], v["hosts_fetched"], v["time_to_all_s"], v["bytes_per_host"], v["delta"]]
-             for v in figures["versions"]],
-        )  # fmt: skip
+        lines += [_versions_line(figures["versions"]), ""]
         memory = "; ".join(
             f"{k} {m['first_mb']} -> max {m['max_mb']} -> {m['last_mb']} MB"
             for k, m in figures["memory"].items()
