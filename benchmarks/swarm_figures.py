@@ -119,6 +119,8 @@ def compute_figures(
         "tasks_p50_ms": tasks.get("p50_ms"), "tasks_p99_ms": tasks.get("p99_ms"),
         "leases_per_min_per_honest_identity": round(honest_batches / len(honest_ids) / (window / 60), 3) if window and honest_ids else None,
         "validator_samples_per_s": round(judged / verdict_span, 2) if verdict_span else None,
+        "validator_batch_s_p50": _quantile([v["seconds"] for v in verdicts], 0.5),
+        "tasks_busy_share": round(statuses["/tasks"].get(429, 0) / max(1, len(by_path["/tasks"])), 3),
         "queue_age_p50_s": round(_quantile(ages, 0.5) or 0, 2), "queue_age_p99_s": round(_quantile(ages, 0.99) or 0, 2),
         "time_to_all_max_s": max((v["time_to_all_s"] for v in versions if v["time_to_all_s"] is not None), default=None),
         "orchestrator_rss_max_mb": memory.get("orchestrator", {}).get("max_mb"),
