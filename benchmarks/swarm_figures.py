@@ -154,8 +154,8 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 GROWTH = [
     ("run", None), ("WAN emulated", "emulated_wan"), ("req/s", "requests_per_s"), ("lease cycles/s", "lease_cycles_per_s"),
-    ("/tasks p50 ms", "tasks_p50_ms"), ("/tasks p99 ms", "tasks_p99_ms"),
-    ("leases/min per honest id", "leases_per_min_per_honest_identity"), ("validator samples/s", "validator_samples_per_s"),
+    ("/tasks 429 share", "tasks_busy_share"), ("/tasks p50 ms", "tasks_p50_ms"), ("/tasks p99 ms", "tasks_p99_ms"),
+    ("leases/min per honest id", "leases_per_min_per_honest_identity"), ("validator samples/s", "validator_samples_per_s"), ("validator s/batch p50", "validator_batch_s_p50"),
     ("queue age p99 s", "queue_age_p99_s"), ("time-to-all max s", "time_to_all_max_s"),
     ("orch RSS max MB", "orchestrator_rss_max_mb"), ("validator RSS max MB", "validator_rss_max_mb"),
     ("honest rejected / banned", None), ("invariants", "invariants_ok"),
