@@ -10,7 +10,7 @@ What runs (everything on this machine, on loopback unless ``--wan`` finds namesp
     (``tests/support/tiny_lm.py``) so compute is not what limits the control plane;
   - ``--hosts`` swarm hosts (``benchmarks/swarm_host.py``), each running its share of the N identities
     on one shared model; every 10th identity (``--hostile-every``) plays a ``worker/hostile.py`` attack.
-With ``--kills K``, once the first step is committed a seeded schedule SIGKILLs, one every ``--kill-gap-s``
+With ``--kills K``, once the first policy version is published a seeded schedule SIGKILLs, one every ``--kill-gap-s``
 (seeded jitter), in a seeded rotation: the orchestrator, validator, trainer, origin, every relay, every
 swarm host (restarted here, under the same identities), and cuts one host's link for 2-6 s
 (``network.cut``; on loopback the host is stopped with SIGSTOP for that long instead). The supervisor
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--timeout-s", type=float, default=900.0, help="stop and fail after this long")
     parser.add_argument(
-        "--root", default="", help="working folder (default: a temporary one, removed unless kept)"
+        "--root", default="", help="working folder (default: a new temporary one, kept for inspection)"
     )
     parser.add_argument("--record", action=argparse.BooleanOptionalAction, default=None,
                         help="write benchmarks/results/swarm.{json,md} (default: when --root is not given)")  # fmt: skip
