@@ -135,8 +135,8 @@ class LoopbackNetwork:
         pass
 
 
-def run_ip(*argv: str) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+def run_ip(*argv: str, stdin: str | None = None) -> str:
+    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         raise NetworkSetupError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout
@@ -193,7 +193,18 @@ class NamespaceNetwork:
             if not free:
                 raise NetworkSetupError("no free 10.X.0.0/16 among 10.200-254 for the bridge")
             self._octet = free[0]
-            run_ip("ip", "link", "add", self._bridge, "type", "bridge", "stp_state", "0")
+            run_ip(
+                "ip",
+                "link",
+                "add",
+                self._bridge,
+                "address",
+                mac(self._octet, 0),
+                "type",
+                "bridge",
+                "stp_state",
+                "0",
+            )
             run_ip("ip", "link", "set", self._bridge, "alias", alias)
             run_ip("ip", "addr", "add", f"10.{self._octet}.0.1/16", "dev", self._bridge)
             run_ip("ip", "link", "set", self._bridge, "up")
@@ -205,7 +216,8 @@ class NamespaceNetwork:
             port = self._port(site)
             run_ip("ip", "netns", "add", namespace)
             self._namespaces.append(namespace)
-            run_ip("ip", "link", "add", port, "type", "veth", "peer", "name", "wan0", "netns", namespace)
+            peer = ["name", "wan0", "address", mac(self._octet, site + 1), "netns", namespace]
+            run_ip("ip", "link", "add", port, "type", "veth", "peer", *peer)
             run_ip("ip", "link", "set", port, "alias", alias)
             run_ip("ip", "link", "set", port, "master", self._bridge, "up")
             run_ip("ip", "-n", namespace, "addr", "add", f"{address}/16", "dev", "wan0")
@@ -218,6 +230,7 @@ class NamespaceNetwork:
                 run_ip("tc", *where, "root", "tbf", *tbf_args(rate))
             links.append(SiteLink(site, namespace, address, rtt, rate, loss, flaky))
         self.links = tuple(links)
+        self._pin_neighbours()
         for link in self.links:
             self._proxies.append(self._start_proxy(link, seed))
             self._routes.append({})
@@ -228,6 +241,27 @@ class NamespaceNetwork:
             f"{min(x.mbit for x in self.links):.0f}-{max(x.mbit for x in self.links):.0f} Mbit/s (tbf), "
             f"loss {self.links[0].loss:.2%}/segment (proxy), flaky sites {flaky_sites}"
         )
+
+    def _pin_neighbours(self) -> None:
+        """Permanent ARP entries between every pair of addresses on the bridge.
+
+        Without them a cut is not a WAN outage: ARP fails during it, and the kernel then fails
+        connects at once with EHOSTUNREACH, also for a moment after the link is back. Pinned, a
+        cut only drops packets and TCP retransmits through it, as over a real outage.
+        """
+        hosts = [(f"10.{self._octet}.0.1", mac(self._octet, 0))]
+        hosts += [(link.address, mac(self._octet, link.site + 1)) for link in self.links]
+
+        def batch(device: str, own: str) -> str:
+            return "".join(
+                f"neigh replace {address} lladdr {lladdr} dev {device} nud permanent\n"
+                for address, lladdr in hosts
+                if address != own
+            )
+
+        run_ip("ip", "-batch", "-", stdin=batch(self._bridge, self.server_host))
+        for link in self.links:
+            run_ip("ip", "-n", link.namespace, "-batch", "-", stdin=batch("wan0", link.address))
 
     def _port(self, site: int) -> str:
         return f"sw{self._token}h{site}"  # root end of the site's veth; at most 15 characters up to 999 sites
@@ -322,6 +356,11 @@ class NamespaceNetwork:
             run_ip("ip", "link", "del", self._bridge)
         if self in _LIVE:
             _LIVE.remove(self)
+
+
+def mac(octet: int, host: int) -> str:
+    """A locally administered MAC, unique per bridge (its /16) and host on it; fixed so it can be pinned."""
+    return f"02:5a:{octet:02x}:{host >> 8:02x}:{host & 0xFF:02x}:01"
 
 
 def tbf_args(mbit: float) -> list[str]:
