@@ -212,3 +212,19 @@ def test_unleased_batch_is_stored_without_lease(client: OrchestratorClient, batc
         client.submit_rollouts(far)
     assert error.value.status == 409
     assert isinstance(forged, RolloutBatch)
+
+
+def test_a_restarted_worker_gets_its_open_lease_back(server: Any, batch_for: Any) -> None:
+    """A worker that died holding a lease and came back under its saved identity asks with
+    ``resume``: it gets that lease again (same index, tasks and seeds), so the lease is answered
+    instead of expiring against it as abandoned; once it is answered, ``resume`` leases anew.
+    (Before ``resume`` existed a new identity, allowed one open lease, got 409 here.)"""
+    with OrchestratorClient(server.url, timeout_s=10, retries=0) as before:
+        worker_id = before.register("restarts").worker_id
+        held = before.get_tasks(worker_id)
+        token = before.worker_token
+    with OrchestratorClient(server.url, timeout_s=10, retries=0, worker_token=token) as after:
+        again = after.get_tasks(worker_id, resume=True)
+        assert again.model_dump() == held.model_dump()
+        after.submit_rollouts(batch_for(again))
+        assert after.get_tasks(worker_id, resume=True).batch_index == held.batch_index + 1

@@ -313,14 +313,23 @@ class OrchestratorClient:
         return answer
 
     def get_tasks(
-        self, worker_id: str, *, step: int | None = None, batch_index: int | None = None, version: int | None = None
+        self,
+        worker_id: str,
+        *,
+        step: int | None = None,
+        batch_index: int | None = None,
+        version: int | None = None,
+        resume: bool = False,
     ) -> TaskLease:
-        """GET /tasks: the worker's next lease (or, with ``batch_index``, the same lease again);
-        ``version``: the policy version the worker holds, which the lease fixes if it is inside the
-        async window (else the lease fixes the newest committed one)."""
+        """GET /tasks: the worker's next lease (or, with ``batch_index``, the same lease again; with
+        ``resume``, after a restart, its oldest open lease if it holds one). ``version``: the policy
+        version the worker holds, which a new lease fixes if it is inside the async window (else it
+        fixes the newest committed one)."""
         params: dict[str, Any] = {"worker_id": worker_id}
         if version is not None:
             params["version"] = version
+        if resume:
+            params["resume"] = 1
         if step is not None:
             params["step"] = step
         if batch_index is not None:

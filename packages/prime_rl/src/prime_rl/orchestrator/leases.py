@@ -172,6 +172,19 @@ class LeaseBook:
         """Unanswered, unexpired leases handed to client ``address`` to workers ``among`` admits."""
         return sum(count for worker_id, count in self._open_at.get(address, {}).items() if among(worker_id))
 
+    def open_leases(self, worker_id: str) -> list[HeldLease]:
+        """``worker_id``'s unanswered, unexpired leases, oldest first. Scans back from its newest
+        lease until all ``open_count`` are found: the cost is the distance to its oldest open lease
+        (none when it holds none), not the history."""
+        found: list[HeldLease] = []
+        index = self.next_index(worker_id) - 1
+        while len(found) < self.open_count(worker_id) and index >= 0:
+            lease = self._leases.get((worker_id, index))
+            if lease is not None and lease.open:
+                found.append(lease)
+            index -= 1
+        return found[::-1]
+
     def issued(self, worker_id: str) -> int:
         return self._issued[worker_id]
 

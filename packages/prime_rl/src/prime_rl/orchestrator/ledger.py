@@ -336,9 +336,15 @@ class Ledger:
         batch_index: int | None,
         address: str = "",
         version: int | None = None,
+        *,
+        resume: bool = False,
     ) -> TaskLease:
-        """``GET /tasks`` for ``worker`` from client ``address`` (the key of ``rate_limit.client_key``);
-        ``version``: the policy version the worker holds (the lease fixes it if inside the async window)."""
+        """``GET /tasks`` for ``worker`` from client ``address`` (the key of ``rate_limit.client_key``).
+
+        ``version``: the policy version the worker holds (a new lease fixes it if inside the async
+        window). ``resume``: a worker restarted under its saved identity gets back its oldest open
+        lease, if it holds one, instead of a new one; without it the lease it held when it died would
+        expire unanswered and count against it as abandoned (towards an abandonment ban)."""
         if step is not None and step != self.step:
             raise ApiFailure(
                 409, "conflict", f"step {step} is not the current step {self.step}; ask without step"
@@ -357,6 +363,8 @@ class Ledger:
         self.expire_leases()
         if worker.banned:  # its abandoned leases just passed the limit
             raise ApiFailure(403, "banned", f"worker {worker.worker_id} is banned: {worker.ban_reason}")
+        if resume and (held_open := self.leases.open_leases(worker.worker_id)):
+            return self.leases.answer(held_open[0].record)
         self.rules.check(worker, address)
         return self.leases.answer(self.leases.issue(worker.worker_id, self.step, self.clock(), address, version))
 

@@ -167,10 +167,11 @@ class _Api:
         step = query_int(request, "step")
         batch_index = query_int(request, "batch_index")
         version = query_int(request, "version")
+        resume = bool(query_int(request, "resume", default=0))
 
         def work() -> Any:
             worker = self.ledger.authenticate(worker_id, bearer(request))
-            return self.ledger.lease(worker, step, batch_index, client_key(request.remote), version)
+            return self.ledger.lease(worker, step, batch_index, client_key(request.remote), version, resume=resume)
 
         return model_response(await self.call(work))
 

@@ -114,6 +114,7 @@ class Worker:
             config.orchestrator.url, registration_token=config.orchestrator.registration_token
         )
         self.worker_id = ""
+        self.resuming = False  # resumed a saved identity and has not asked for a lease yet
         self.identity_path = Path(config.run_dir) / name / IDENTITY_FILE
         self.submitted = 0
         self.stop_event = threading.Event()
@@ -204,7 +205,8 @@ class Worker:
             self.reload_newest(status.policy_version)
         # The lease fixes the version we hold if it is recent enough: generation goes on while the
         # follower downloads the next one (else the lease fixes the newest and we fetch it first).
-        lease = self.client.get_tasks(self.worker_id, version=self.backend.policy_version)
+        lease = self.client.get_tasks(self.worker_id, version=self.backend.policy_version, resume=self.resuming)
+        self.resuming = False
         if self.answers.follows_new_weights and not self.wait_for_version(lease.policy_version, lease.deadline):
             return False  # the lease expired waiting for its version: it goes to another worker
         started = time.monotonic()
@@ -254,16 +256,25 @@ class Worker:
 
     def run_loop(self) -> int:
         self.client.wait_until_up(self.run.orchestrator.connect_timeout_s)
+        self.start_identity()
+        get_metrics().log("weights_loaded", policy_version=0, source="initial")
+        if self.answers.follows_new_weights:
+            self.follower.start()
+        return self.serve()
+
+    def start_identity(self) -> None:
+        """Resume the identity saved in ``identity_path``, or register a new one."""
         identity = load_identity(self.identity_path, self.run.orchestrator.url)
         if identity is None:
             self.register()
         else:  # a restart: the same identity keeps its leases, its held batches and its standing
             self.worker_id, self.client.worker_token = identity.worker_id, identity.token
+            self.resuming = True  # the first GET /tasks asks for the lease it held when it stopped
             log.info("resumed as %s (behaviour %s)", self.worker_id, self.cfg.behaviour)
             get_metrics().log("resumed", worker_id=self.worker_id, behaviour=self.cfg.behaviour)
-        get_metrics().log("weights_loaded", policy_version=0, source="initial")
-        if self.answers.follows_new_weights:
-            self.follower.start()
+
+    def serve(self) -> int:
+        """Answer leases until stopped, banned, or ``workers.max_batches`` are submitted; exit code 0."""
         while not self.stop_event.is_set() and (
             not self.cfg.max_batches or self.submitted < self.cfg.max_batches
         ):
