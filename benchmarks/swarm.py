@@ -83,6 +83,7 @@ def write_config(root: Path, args: argparse.Namespace, network: Any) -> Path:
             # Every identity shares this machine's address(es): the per-address limits would cap the
             # swarm at one operator's share; they are tested elsewhere (test_orchestrator_admission).
             "register_rate_per_minute": 0.0, "max_open_leases_per_address": 1 << 20,
+            "max_fresh_workers_per_network": 0,
             "max_buffered_samples": 8 * samples_per_step,  # backpressure: the validator's queue stays short
         },
         "shardcast": {"host": network.server_host, "origin_port": origin_port, "relay_ports": relay_ports, "keep_versions": 5},

@@ -144,12 +144,16 @@ class SwarmIdentity(Worker):
         if not self.answers.ready(status):
             self.stop_event.wait(self.cfg.poll_interval_s)
             return False
-        lease = self.client.get_tasks(self.worker_id, resume=self.resuming)
-        self.resuming = False
-        with self.shared.lock:  # one generation at a time; no reload in the middle of a batch
+        with self.shared.lock:
             if self.answers.follows_new_weights:
                 self.reload_newest(status.policy_version)
-                self.wait_for_version(lease.min_policy_version)
+            held = self.backend.policy_version
+        # The lease fixes the version stated here if it is inside the async window (Worker.one_batch).
+        lease = self.client.get_tasks(self.worker_id, version=held, resume=self.resuming)
+        self.resuming = False
+        with self.shared.lock:  # one generation at a time, with the lease's version: no reload mid-batch
+            if self.answers.follows_new_weights and not self.wait_for_version(lease.policy_version, lease.deadline):
+                return False  # the lease expired waiting for its version
             batch = self.answers.answer(lease, self.backend)
         self.answers.before_submit(lease, self.client)
         answer = self.client.submit_rollouts(batch)
