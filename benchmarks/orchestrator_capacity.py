@@ -218,6 +218,34 @@ def child_capacity(run_dir: Path, history_seconds: float, history_cpu_seconds: f
     return result
 
 
+def profile_cycles(cycles: int) -> None:
+    """Where a full cycle's time goes: ``cycles`` cycles of this tree under ``cProfile`` (after 100
+    unprofiled ones), the top functions by cumulative time into ``orchestrator_cycle_profile.txt``."""
+    import cProfile
+    import io
+    import pstats
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proofs = base64.b64encode(os.urandom(258 * 2)).decode()
+        ledger = _ledger(Path(tmp))
+        workers = [ledger.workers[ledger.register(f"id{i}").worker_id] for i in range(IDENTITIES)]
+        _window(ledger, workers, 100, proofs)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        rates = _window(ledger, workers, cycles, proofs)
+        profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
+    header = (
+        f"# python benchmarks/orchestrator_capacity.py --profile {cycles}  (this tree; load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; under cProfile, so slower than unprofiled)\n"
+        f"# {rates}\n"
+    )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "orchestrator_cycle_profile.txt").write_text(header + out.getvalue())
+    print(header + out.getvalue())
+
+
 def child_startup(journal_dir: Path, opens: int) -> dict[str, Any]:
     """Wall and CPU seconds each of ``opens`` consecutive ``Ledger`` opens of the run dir took."""
     seconds, cpu_seconds = [], []
@@ -290,10 +318,14 @@ def main() -> None:
     parser.add_argument("--child", choices=["capacity", "startup", "journal"])
     parser.add_argument("--dir")
     parser.add_argument("--opens", type=int, default=1)
+    parser.add_argument("--profile", type=int, default=0, help="profile this many full cycles of this tree and stop")
     parser.add_argument("--history-seconds", type=float, default=90.0)
     parser.add_argument("--history-cpu-seconds", type=float, default=20.0)
     parser.add_argument("--out")
     args = parser.parse_args()
+    if args.profile:
+        profile_cycles(args.profile)
+        return
     if args.child:
         if args.child == "capacity":
             result = child_capacity(Path(args.dir), args.history_seconds, args.history_cpu_seconds)
