@@ -11,7 +11,8 @@ What runs (everything on this machine, on loopback unless ``--wan`` finds namesp
   - ``--hosts`` swarm hosts (``benchmarks/swarm_host.py``), each running its share of the N identities
     on one shared model; every 10th identity (``--hostile-every``) plays a ``worker/hostile.py`` attack.
 With ``--kills K``, once the first policy version is published a seeded schedule SIGKILLs, one every ``--kill-gap-s``
-(seeded jitter), in a seeded rotation: the orchestrator, validator, trainer, origin, every relay, every
+(seeded jitter) or sooner when the run gets ahead (kill ``i`` by step ``1 + i * (steps - 1) // K``, so a
+fast run cannot end before its kills), in a seeded rotation: the orchestrator, validator, trainer, origin, every relay, every
 swarm host (restarted here, under the same identities), and cuts one host's link for 2-6 s
 (``network.cut``; on loopback the host is stopped with SIGSTOP for that long instead). The supervisor
 restarts its children. When the trainer has finished, the invariants of ``swarm_checks.py`` are checked
@@ -219,9 +220,7 @@ class Swarm:
         while not self.done.wait(1.0) and self.committed_steps() < 1:
             pass
         order: list[str] = []
-        while len(self.kills) < self.args.kills and not self.done.wait(
-            self.args.kill_gap_s * rng.uniform(0.5, 1.5)
-        ):
+        while len(self.kills) < self.args.kills and self.next_kill_due(rng.uniform(0.5, 1.5) * self.args.kill_gap_s):
             if not order:
                 order = rng.sample(targets, len(targets))
             target = order.pop()
@@ -246,6 +245,17 @@ class Swarm:
                     continue
                 self.kills.append({"t": time.time(), "target": target, "pid": pid})
             print(f"chaos: {self.kills[-1]}", flush=True)
+
+    def next_kill_due(self, gap_s: float) -> bool:
+        """Wait ``gap_s`` or until the run has published its share of steps for the next kill, whichever
+        comes first (kill ``i`` of ``k`` by step ``1 + i * (steps - 1) // k``, so a fast run cannot end
+        before its kills); False once the run is over."""
+        due_step = 1 + len(self.kills) * max(0, self.args.steps - 1) // max(1, self.args.kills)
+        deadline = time.monotonic() + gap_s
+        while time.monotonic() < deadline and self.committed_steps() < due_step:
+            if self.done.wait(0.2):
+                return False
+        return not self.done.is_set()
 
     def cut(self, host: int, seconds: float) -> None:
         site = host % self.network.sites()

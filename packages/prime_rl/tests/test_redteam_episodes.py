@@ -11,7 +11,9 @@ on episodes (other weights, changed prompt, fabricated completions, inflated rew
 tasks, garbage proofs, stale policy).
 
 What the run left on disk decides: no attacker sample in any trainer claim, no honest episode
-rejected, and each episode attack rejected with its own reason (``hostile.ATTACKS``).
+rejected, and each episode attack judged rejected with its own reason (``hostile.ATTACKS``); the
+validator bans the hostile identity at its first lease rejected before any model check, so the
+attacks after that one count only as far as they were submitted before the ban.
 """
 
 from __future__ import annotations
@@ -63,13 +65,15 @@ def _done(run_dir: Path, helpers: Any) -> bool:
     commits = sum(1 for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "commit")
     banned = any(e["event"] == "banned" for e in helpers.metrics_of(run_dir, "hostile-0"))
     seen = set(_judged_attacks(run_dir, helpers).values())
-    return commits >= STEPS and (seen >= MUST_JUDGE or (banned and set(EPISODE_CYCLE) <= seen))
+    return commits >= STEPS and (seen >= MUST_JUDGE or banned)
 
 
 def test_untrusted_worker_cannot_shape_training_with_multi_turn_episodes(tiny_run: Any, helpers: Any) -> None:
     config_path, run_dir = tiny_run(
         tasks={"environment": {"name": "calculator", "max_turns": 3, "feedback": True}},
-        orchestrator={"max_buffered_samples": 64},
+        # Judge whole cycles of attacks before an abandonment ban (a rejected lease now counts as
+        # abandoned, issue 34): the test is about each attack's own reason, not about how fast it bans.
+        orchestrator={"max_buffered_samples": 64, "ban_abandoned_leases": 1000},
         trainer={"total_steps": 12},
         workers={"count": 1, "hostile": ["mixed"]},
         validator={"ban_min_samples": 400},  # judge whole cycles of attacks before a failure-rate ban
@@ -127,7 +131,13 @@ def test_untrusted_worker_cannot_shape_training_with_multi_turn_episodes(tiny_ru
                 assert own == EXPECTED[attack], (attack, batch_id, reasons)
             assert own <= EXPECTED.get(attack, set()), (attack, batch_id, reasons)
     judged = {a for a, by_batch in tally.items() if any(r - FOLLOWERS for r in by_batch.values())}
-    assert set(EPISODE_CYCLE) <= judged, judged
+    # The validator bans a fresh identity at its first lease rejected before any model check (issue
+    # 34: dropped_turn is the first such attack in the cycle), so the attacks after it are judged
+    # only as far as they were submitted before the ban landed; each one's own reason without a ban:
+    # test_episodes.py. At least the attacks up to and including that first structural one.
+    assert set(EPISODE_CYCLE[:3]) <= judged and len(judged & set(EPISODE_CYCLE)) >= 4, judged
+    banned = [e for e in helpers.metrics_of(run_dir, "hostile-0") if e["event"] == "banned"]
+    assert banned or set(EPISODE_CYCLE) <= judged, judged
 
     # 3. No attacker sample in any trainer claim; the trainer trained on honest episodes.
     claims = store.claims()

@@ -370,8 +370,9 @@ class OrchestratorConfig(Section):
     ban_abandoned_leases: int = Field(
         default=3,
         ge=1,
-        description="Ban a worker once this many of its leases expired unanswered and they are at least "
-        "ban_abandoned_share of its leases. Each one also lowers its open-lease allowance by one.",
+        description="Ban a worker once this many of its leases were abandoned (expired unanswered, or answered "
+        "with a batch the validator rejected) and they are at least ban_abandoned_share of its leases. Each one "
+        "also lowers its open-lease allowance by one.",
     )
     ban_abandoned_share: float = Field(
         default=0.25, gt=0, le=1, description="Share of a worker's leases abandoned before a ban (see above)."
