@@ -35,6 +35,9 @@ knows whose tokens the validator accepted):
 
 from __future__ import annotations
 
+import math
+import random
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 from prime_rl.api.errors import ApiFailure
@@ -54,6 +57,12 @@ class LeaseRules:
     None = all), with or without fresh identities' batches awaiting verdicts.
     ``clock``: the ledger's seconds (the first-come queue's staleness).
     """
+
+    BUSY_WINDOW_S = 10.0
+    """The backpressure answer's ``Retry-After`` is sized over this window (``busy_retry_after``)."""
+    MAX_BUSY_RETRY_S = 15.0
+    """The longest ``Retry-After`` of a backpressure answer (a stalled pipeline costs a waiting worker
+    at most this long once it moves again)."""
 
     QUEUE_STALE_S = 60.0
     """A fresh identity that has not asked for a lease for this long loses its place (the client
@@ -75,6 +84,35 @@ class LeaseRules:
         self._has_history = has_history
         self._buffered = buffered
         self.queue = LeaseQueue(stale_s=self.QUEUE_STALE_S, clock=clock)
+        self._clock = clock
+        self._refused: OrderedDict[str, float] = OrderedDict()  # worker id -> last backpressure refusal
+        self._grants: deque[float] = deque()  # times of the leases granted within BUSY_WINDOW_S
+        self._jitter = random.Random()
+
+    def granted(self) -> None:
+        """A new lease was granted (counted for ``busy_retry_after``)."""
+        self._grants.append(self._clock())
+
+    def busy_retry_after(self, worker_id: str) -> float:
+        """``Retry-After`` seconds for a backpressure refusal of ``worker_id``: how long the identities
+        refused in the last ``BUSY_WINDOW_S`` take to get a lease each at the rate leases were granted
+        in it (at least one a window), jittered over [0.5, 1.5) of that so they do not come back
+        together, within [1, ``MAX_BUSY_RETRY_S``]. So the identities waiting poll about as often as
+        leases free up, whatever their number: with a fixed 1 s, 256 waiting identities sent some 200
+        requests a second for 8 leases, and their 429s took the orchestrator's core
+        (``benchmarks/results/swarm.md``)."""
+        now = self._clock()
+        horizon = now - self.BUSY_WINDOW_S
+        refused = self._refused
+        refused[worker_id] = now
+        refused.move_to_end(worker_id)
+        while refused and next(iter(refused.values())) < horizon:
+            refused.popitem(last=False)
+        while self._grants and self._grants[0] < horizon:
+            self._grants.popleft()
+        per_second = max(len(self._grants), 1) / self.BUSY_WINDOW_S
+        seconds = len(refused) / per_second * self._jitter.uniform(0.5, 1.5)
+        return min(self.MAX_BUSY_RETRY_S, max(1.0, seconds))
 
     def abandoned(self, worker_id: str) -> int:
         """Leases ``worker_id`` let expire or answered with a batch the validator rejected."""
@@ -146,8 +184,11 @@ class LeaseRules:
             and (buffered := self._buffered(None, unproven=unproven)) >= limit
             and (own := self._buffered(worker_id, unproven=unproven)) > 0
         ):
+            retry_s = self.busy_retry_after(worker_id)
             raise ApiFailure(
                 429,
                 "busy",
-                f"{buffered} samples already buffered (limit {limit}), {own} of them yours; retry later",
+                f"{buffered} samples already buffered (limit {limit}), {own} of them yours; retry in "
+                f"{math.ceil(retry_s)} s",
+                retry_after_s=retry_s,
             )
