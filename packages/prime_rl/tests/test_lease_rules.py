@@ -1,7 +1,8 @@
 """The backpressure answer's Retry-After (``LeaseRules.busy_retry_after``): sized by how many
-identities wait and how fast leases free up, so waiting identities poll about as often as leases are
-granted, whatever their number (issue 33: a fixed 1 s let 256 waiting identities send some 200
-requests a second for 8 leases, and their 429s took the orchestrator's core)."""
+identities wait, so that together they poll about ``BUSY_POLLS_PER_S`` times a second whatever their
+number (issue 33: a fixed 1 s let 256 waiting identities send some 200 requests a second for 8
+leases, and their 429s took the orchestrator's core), while a few waiting workers still ask every
+second."""
 
 from __future__ import annotations
 
@@ -24,23 +25,17 @@ def _rules(tmp_path: Path, now: list[float]) -> LeaseRules:
 def test_busy_retry_after_grows_with_the_identities_waiting_and_forgets_old_ones(tmp_path: Path) -> None:
     now = [100.0]
     rules = _rules(tmp_path, now)
-    for _ in range(20):  # 2 leases a second over the 10 s window
-        rules.granted()
-    # One, then two identities waiting for 2 leases a second: about 1 s (the floor; 2 / 2 jittered).
-    assert rules.busy_retry_after("few0") == 1.0 and 1.0 <= rules.busy_retry_after("few1") < 1.5
-    # 100 more: 102 identities / 2 per second = 51 s, jittered, capped.
-    waits = [rules.busy_retry_after(f"many{i}") for i in range(100)]
-    assert waits[-1] == LeaseRules.MAX_BUSY_RETRY_S
-    assert max(waits[:2]) < 3.0  # the first few of them still waited briefly
-    middle = rules.busy_retry_after("many0")  # asking again does not count an identity twice: still 102
-    assert middle == LeaseRules.MAX_BUSY_RETRY_S
-    # 20 identities at 2 per second: 10 s, jittered over [5, 15).
-    now[0] += 11.0  # every refusal and grant above left the window
-    for _ in range(20):
-        rules.granted()
-    spread = [rules.busy_retry_after(f"later{i}") for i in range(20)]
-    assert 5.0 <= spread[-1] < 15.0 and spread[0] == 1.0  # the first of them waited alone: 1 s
-    # Nothing granted in the window (a stalled pipeline): at most MAX_BUSY_RETRY_S, never more.
-    now[0] += 11.0
-    assert 1.0 <= rules.busy_retry_after("stalled") <= LeaseRules.MAX_BUSY_RETRY_S
-    assert len(set(spread[10:])) > 1  # jittered: the waiting do not all come back together
+    polls = LeaseRules.BUSY_POLLS_PER_S
+    # A few waiting workers ask again after 1 s, as before.
+    assert [rules.busy_retry_after(f"few{i}") for i in range(3)] == [1.0, 1.0, 1.0]
+    # 256 waiting: 256 / polls per second, jittered over [0.5, 1.5), capped: together they send
+    # about `polls` requests a second, not 256.
+    waits = [rules.busy_retry_after(f"many{i}") for i in range(253)]
+    assert all(0.5 * 256 / polls <= w < 1.5 * 256 / polls or w == LeaseRules.MAX_BUSY_RETRY_S for w in waits[-20:])
+    assert len(set(waits[-20:])) > 1  # jittered: they do not all come back together
+    assert sum(1 / w for w in waits[-20:]) / 20 * 256 < 2 * polls  # polls per second, all 256 together
+    # Asking again does not count an identity twice.
+    assert rules.busy_retry_after("many0") < 1.5 * 256 / polls
+    # Refusals older than the window are forgotten.
+    now[0] += LeaseRules.BUSY_WINDOW_S + 1
+    assert rules.busy_retry_after("later") == 1.0

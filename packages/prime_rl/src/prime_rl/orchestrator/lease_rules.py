@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 
 from prime_rl.api.errors import ApiFailure
@@ -59,7 +59,9 @@ class LeaseRules:
     """
 
     BUSY_WINDOW_S = 10.0
-    """The backpressure answer's ``Retry-After`` is sized over this window (``busy_retry_after``)."""
+    """Identities refused for backpressure within this window count as waiting (``busy_retry_after``)."""
+    BUSY_POLLS_PER_S = 20.0
+    """How many backpressure polls a second the waiting identities together are asked to send."""
     MAX_BUSY_RETRY_S = 15.0
     """The longest ``Retry-After`` of a backpressure answer (a stalled pipeline costs a waiting worker
     at most this long once it moves again)."""
@@ -86,32 +88,23 @@ class LeaseRules:
         self.queue = LeaseQueue(stale_s=self.QUEUE_STALE_S, clock=clock)
         self._clock = clock
         self._refused: OrderedDict[str, float] = OrderedDict()  # worker id -> last backpressure refusal
-        self._grants: deque[float] = deque()  # times of the leases granted within BUSY_WINDOW_S
         self._jitter = random.Random()
 
-    def granted(self) -> None:
-        """A new lease was granted (counted for ``busy_retry_after``)."""
-        self._grants.append(self._clock())
-
     def busy_retry_after(self, worker_id: str) -> float:
-        """``Retry-After`` seconds for a backpressure refusal of ``worker_id``: how long the identities
-        refused in the last ``BUSY_WINDOW_S`` take to get a lease each at the rate leases were granted
-        in it (at least one a window), jittered over [0.5, 1.5) of that so they do not come back
-        together, within [1, ``MAX_BUSY_RETRY_S``]. So the identities waiting poll about as often as
-        leases free up, whatever their number: with a fixed 1 s, 256 waiting identities sent some 200
-        requests a second for 8 leases, and their 429s took the orchestrator's core
-        (``benchmarks/results/swarm.md``)."""
+        """``Retry-After`` seconds for a backpressure refusal of ``worker_id``: the identities refused
+        in the last ``BUSY_WINDOW_S`` over ``BUSY_POLLS_PER_S``, jittered over [0.5, 1.5) so they do
+        not come back together, within [1, ``MAX_BUSY_RETRY_S``]. A few waiting workers ask every
+        second as before; many ask together about ``BUSY_POLLS_PER_S`` times a second, whatever their
+        number, and any of them takes a freed slot within a fraction of a second. With a fixed 1 s,
+        256 waiting identities sent some 200 requests a second for 8 leases, and their 429s took the
+        orchestrator's core (``benchmarks/results/swarm.md``)."""
         now = self._clock()
-        horizon = now - self.BUSY_WINDOW_S
         refused = self._refused
         refused[worker_id] = now
         refused.move_to_end(worker_id)
-        while refused and next(iter(refused.values())) < horizon:
+        while refused and next(iter(refused.values())) < now - self.BUSY_WINDOW_S:
             refused.popitem(last=False)
-        while self._grants and self._grants[0] < horizon:
-            self._grants.popleft()
-        per_second = max(len(self._grants), 1) / self.BUSY_WINDOW_S
-        seconds = len(refused) / per_second * self._jitter.uniform(0.5, 1.5)
+        seconds = len(refused) / self.BUSY_POLLS_PER_S * self._jitter.uniform(0.5, 1.5)
         return min(self.MAX_BUSY_RETRY_S, max(1.0, seconds))
 
     def abandoned(self, worker_id: str) -> int:

@@ -366,9 +366,7 @@ class Ledger:
         if resume and (held_open := self.leases.open_leases(worker.worker_id)):
             return self.leases.answer(held_open[0].record)
         self.rules.check(worker, address)
-        record = self.leases.issue(worker.worker_id, self.step, self.clock(), address, version)
-        self.rules.granted()
-        return self.leases.answer(record)
+        return self.leases.answer(self.leases.issue(worker.worker_id, self.step, self.clock(), address, version))
 
     # ------------------------------------------------------------------ rollouts and verdicts
 
