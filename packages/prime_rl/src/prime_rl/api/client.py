@@ -95,7 +95,12 @@ class OrchestratorUnavailable(ApiError):
 
 class OrchestratorBusy(OrchestratorUnavailable):
     """The orchestrator kept answering 429 (``busy``: lease backpressure; ``rate_limited``: too many
-    registrations from this address): sleep and ask again later."""
+    registrations from this address): sleep ``retry_after_s`` (its last ``Retry-After``, 0 if none)
+    and ask again."""
+
+    def __init__(self, message: str, *, problem: str = "", retry_after_s: float = 0.0) -> None:
+        super().__init__(message, problem=problem)
+        self.retry_after_s = retry_after_s
 
 
 def describe_connection_error(error: requests.RequestException) -> str:
@@ -232,10 +237,10 @@ class OrchestratorClient:
             except ValidationError as error:
                 last_problem = f"unparsable answer: {error}"
                 continue
-        error_type = OrchestratorBusy if busy else OrchestratorUnavailable
-        raise error_type(
-            f"{method} {url}: no answer after {attempts} attempts ({last_problem})", problem=last_problem
-        )
+        message = f"{method} {url}: no answer after {attempts} attempts ({last_problem})"
+        if busy:
+            raise OrchestratorBusy(message, problem=last_problem, retry_after_s=retry_after)
+        raise OrchestratorUnavailable(message, problem=last_problem)
 
     def _retry_after(self, response: requests.Response) -> float:
         """The answer's ``Retry-After`` seconds, clipped to [0, max_retry_after_s] (0 if absent or

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import toploc
 from prime_rl.api.client import (
     ClientRequestError,
+    OrchestratorBusy,
     OrchestratorClient,
     OrchestratorUnavailable,
 )
@@ -292,6 +293,9 @@ class Worker:
                     return 0
                 log.warning("request refused: %s", exc)
                 self.stop_event.wait(self.cfg.poll_interval_s)
+            except OrchestratorBusy as exc:  # backpressure: ask again when the orchestrator says
+                log.info("orchestrator busy: %s", exc)
+                self.stop_event.wait(max(self.cfg.poll_interval_s, exc.retry_after_s))
             except OrchestratorUnavailable as exc:
                 log.warning("orchestrator unavailable: %s", exc)
                 self.stop_event.wait(self.cfg.poll_interval_s)
