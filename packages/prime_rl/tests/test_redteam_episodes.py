@@ -133,9 +133,9 @@ def test_untrusted_worker_cannot_shape_training_with_multi_turn_episodes(tiny_ru
     judged = {a for a, by_batch in tally.items() if any(r - FOLLOWERS for r in by_batch.values())}
     # The validator bans a fresh identity at its first lease rejected before any model check (issue
     # 34: dropped_turn is the first such attack in the cycle), so the attacks after it are judged
-    # only as far as they were submitted before the ban landed; each one's own reason without a ban:
-    # test_episodes.py. At least the attacks up to and including that first structural one.
-    assert set(EPISODE_CYCLE[:3]) <= judged and len(judged & set(EPISODE_CYCLE)) >= 4, judged
+    # only as far as they were submitted before the ban landed (2 to 5 of them in runs so far); each
+    # one's own reason without a ban: test_episodes.py. Always: the attacks up to and including it.
+    assert EPISODE_CYCLE.index("dropped_turn") == 1 and set(EPISODE_CYCLE[:2]) <= judged, judged
     banned = [e for e in helpers.metrics_of(run_dir, "hostile-0") if e["event"] == "banned"]
     assert banned or set(EPISODE_CYCLE) <= judged, judged
 
