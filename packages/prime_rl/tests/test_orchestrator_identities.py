@@ -7,8 +7,6 @@ source addresses (Linux routes all of 127/8 to lo).
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import http.client
 import json
 from typing import Any
@@ -16,58 +14,13 @@ from typing import Any
 import pytest
 
 from prime_rl.api.errors import ApiFailure
-from prime_rl.api.protocol import RolloutBatch, RolloutSample, Verdict, VerdictRequest
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.rate_limit import network_key
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.orchestrator.store import RolloutStore
 from prime_rl.tasks import TaskSet
 
-
-# The ledger helpers of test_orchestrator_trust.py (a test module, not importable from here).
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _ledger(config_for: Any, *overrides: str) -> tuple[Ledger, _Clock]:
-    clock = _Clock()
-    config = config_for("--orchestrator.task_timeout_s", "10", *overrides)
-    tasks = TaskSet([{"prompt": f"q{i}"} for i in range(20)])
-    return Ledger(config, tasks, RolloutStore(config.orchestrator_data_dir), clock=clock), clock
-
-
-def _batch(lease: Any, version: int = 0) -> RolloutBatch:
-    samples = [
-        RolloutSample(
-            task_id=task.task_id, group_index=g, prompt_tokens=[1], completion_tokens=[2, 3], sampling_seed=seed,
-            temperature=1.0, reward=float(g), advantage=float(g) - 0.5, proofs=base64.b64encode(b"p").decode(),
-            inference_logprobs=[-9.0, -9.0],
-        )
-        for task in lease.tasks
-        for g, seed in enumerate(task.sampling_seeds)
-    ]  # fmt: skip
-    return RolloutBatch(
-        worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index, policy_version=version,
-        samples=samples,
-    )  # fmt: skip
-
-
-def _submit(ledger: Ledger, worker: Any, batch: RolloutBatch) -> Any:
-    return ledger.submit(worker, batch, hashlib.sha256(batch.model_dump_json().encode()).hexdigest())
-
-
-def _accept(ledger: Ledger, batch_id: str, logprobs: list[float] | None = None) -> None:
-    n = len(ledger.batches[batch_id].task_ids)
-    verdicts = [
-        Verdict(sample_index=i, accepted=True, reason="ok", reward=float(i % 2), advantage=float(i % 2) - 0.5,
-                logprobs=logprobs if logprobs is not None else [-0.25, -0.75])
-        for i in range(n)
-    ]  # fmt: skip
-    ledger.record_verdicts(VerdictRequest(batch_id=batch_id, verdicts=verdicts))
+from .ledger_support import _accept, _batch, _ledger, _submit
 
 
 def _register(ledger: Ledger, name: str, address: str) -> Any:

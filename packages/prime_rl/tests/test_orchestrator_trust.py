@@ -6,7 +6,6 @@ red-team run against real processes is ``test_redteam.py``.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import json
@@ -22,13 +21,15 @@ import requests
 
 from prime_rl.api.assignment import AssignmentError, mac64, sampling_seed, task_ids
 from prime_rl.api.errors import ApiFailure
-from prime_rl.api.protocol import ClaimRequest, RolloutBatch, RolloutSample, Verdict, VerdictRequest
+from prime_rl.api.protocol import ClaimRequest, Verdict, VerdictRequest
 from prime_rl.api.secrets import SecretsError, check_bind_address, is_loopback, run_secrets, secrets_path
 from prime_rl.config import ConfigError, load_config
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.orchestrator.store import RolloutStore
 from prime_rl.tasks import TaskSet
+
+from .ledger_support import _accept, _batch, _ledger, _submit
 
 TRUSTED = [
     ("GET", "/validator/pending", None),
@@ -164,49 +165,6 @@ def test_a_worker_cannot_predict_its_leases(client: Any, server: Any) -> None:
 # ---------------------------------------------------------------- leases: caps, abandonment, backpressure
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _ledger(config_for: Any, *overrides: str) -> tuple[Ledger, _Clock]:
-    clock = _Clock()
-    config = config_for("--orchestrator.task_timeout_s", "10", *overrides)
-    tasks = TaskSet([{"prompt": f"q{i}"} for i in range(20)])
-    return Ledger(config, tasks, RolloutStore(config.orchestrator_data_dir), clock=clock), clock
-
-
-def _batch(lease: Any, version: int = 0) -> RolloutBatch:
-    samples = [
-        RolloutSample(
-            task_id=task.task_id, group_index=g, prompt_tokens=[1], completion_tokens=[2, 3], sampling_seed=seed,
-            temperature=1.0, reward=float(g), advantage=float(g) - 0.5, proofs=base64.b64encode(b"p").decode(),
-            inference_logprobs=[-9.0, -9.0],
-        )
-        for task in lease.tasks
-        for g, seed in enumerate(task.sampling_seeds)
-    ]  # fmt: skip
-    return RolloutBatch(
-        worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index, policy_version=version,
-        samples=samples,
-    )  # fmt: skip
-
-
-def _submit(ledger: Ledger, worker: Any, batch: RolloutBatch) -> Any:
-    return ledger.submit(worker, batch, hashlib.sha256(batch.model_dump_json().encode()).hexdigest())
-
-
-def _accept(ledger: Ledger, batch_id: str, logprobs: list[float] | None = None) -> None:
-    n = len(ledger.batches[batch_id].task_ids)
-    verdicts = [
-        Verdict(sample_index=i, accepted=True, reason="ok", reward=float(i % 2), advantage=float(i % 2) - 0.5,
-                logprobs=logprobs if logprobs is not None else [-0.25, -0.75])
-        for i in range(n)
-    ]  # fmt: skip
-    ledger.record_verdicts(VerdictRequest(batch_id=batch_id, verdicts=verdicts))
 
 
 def test_allowance_is_earned_by_answers_and_lowered_by_abandonment_then_ban(config_for: Any) -> None:
