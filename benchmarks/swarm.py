@@ -50,6 +50,7 @@ from swarm_figures import compute_figures, record_results  # noqa: E402
 from swarm_wan import open_network  # noqa: E402
 
 from prime_rl.config import load_config  # noqa: E402
+from prime_rl.launch.groups import stop_groups  # noqa: E402
 
 
 def free_ports(count: int) -> list[int]:
@@ -165,18 +166,7 @@ class Swarm:
         for host in list(self.paused):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.hosts[host].pid, signal.SIGCONT)
-        processes = [p for p in [self.supervisor, *self.hosts.values()] if p is not None and p.poll() is None]
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for process in processes:
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
+        stop_groups([p for p in [self.supervisor, *self.hosts.values()] if p is not None], 20.0, reap_s=10.0)
         # A supervisor that could not stop its children leaves them in their own sessions.
         for pid in self.child_pids().values():
             with contextlib.suppress(ProcessLookupError, PermissionError, FileNotFoundError):

@@ -19,6 +19,7 @@ import pytest
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.api.protocol import RolloutBatch, RolloutSample, TaskLease, TrainSample
 from prime_rl.config import RunConfig, load_config
+from prime_rl.launch.groups import stop_groups
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import TaskSet
 
@@ -208,18 +209,7 @@ class ProcessHarness:
 
     def stop_all(self) -> None:
         """SIGTERM every live process at once, then reap them all (SIGKILL whatever outlives 10 s)."""
-        live = [p for p in self.processes.values() if p.poll() is None]
-        for process in live:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10.0
-        for process in live:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(30)
+        stop_groups(self.processes.values(), 10.0, reap_s=30.0)
 
 
 def wait_for(predicate: Any, timeout_s: float, what: str, poll_s: float = 0.25) -> Any:

@@ -48,7 +48,6 @@ running (their pids are in ``<run_dir>/metrics/run.jsonl``).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -65,6 +64,7 @@ from prime_rl.api.client import ApiError, OrchestratorClient
 from prime_rl.api.fields import printable
 from prime_rl.api.secrets import SecretsError, check_bind_address, run_secrets
 from prime_rl.config import RunConfig
+from prime_rl.launch.groups import stop_groups
 from prime_rl.launch.progress import TOP_WORKERS, orchestrator_progress
 from prime_rl.metrics import MetricsWriter, init_process
 from prime_rl.weights.layout import version_dirs
@@ -382,20 +382,13 @@ class Supervisor:
     def stop_all(self) -> None:
         """SIGTERM every live child's process group (newest first), SIGKILL after the grace period."""
         self._stopping = True
+        names = {child.process.pid: child.spec.name for child in self.children}
+        stop_groups(
+            [child.process for child in reversed(self.children)],
+            STOP_GRACE_S,
+            on_kill=lambda process: log.warning("%s ignored SIGTERM; killing it", names[process.pid]),
+        )
         for child in reversed(self.children):
-            if child.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for child in reversed(self.children):
-            remaining = max(0.0, deadline - time.monotonic())
-            try:
-                child.process.wait(remaining)
-            except subprocess.TimeoutExpired:
-                log.warning("%s ignored SIGTERM; killing it", child.spec.name)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.process.pid, signal.SIGKILL)
-                child.process.wait()
             child.output.close()
         self.poll()
 
