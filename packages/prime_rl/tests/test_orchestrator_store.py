@@ -54,7 +54,7 @@ def _answer(ledger: Ledger, lease: TaskLease, *, judge: bool = True) -> None:
         for g, seed in enumerate(task.sampling_seeds)
     ]  # fmt: skip
     batch = RolloutBatch(
-        worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index, policy_version=lease.step,
+        worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index, policy_version=lease.policy_version,
         samples=samples,
     )  # fmt: skip
     worker = ledger.workers[lease.worker_id]
