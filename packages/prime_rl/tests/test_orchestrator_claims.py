@@ -280,3 +280,35 @@ def test_a_lease_fixes_the_version_the_worker_states_before_it_sees_its_tasks(
     restarted = server_factory()
     held = restarted.ledger.leases.get(reg.worker_id, held_back.batch_index)
     assert held is not None and held.record.fixed_version == 0
+
+
+def test_max_off_policy_steps_bounds_training_staleness_apart_from_the_lease_window(
+    server_factory: Any, batch_for: Any, config_for: Any
+) -> None:
+    """async_level 1 bounds which version a lease fixes; max_off_policy_steps 2 bounds what trains:
+    a v0 batch validated late still trains at step 2 (2 - 0 <= 2), never at step 3."""
+    server = server_factory("--orchestrator.max_off_policy_steps", "2")
+    client = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
+    reg = client.register()
+    a, old1, old2 = (client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id), 0)) for _ in range(3))
+    _verdict_all(client, a.batch_id, 4)
+    assert {s.batch_id for s in client.claim(0, 4).samples} == {a.batch_id}
+    client.commit(0, 1)
+    c = client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id), 1))
+    _verdict_all(client, c.batch_id, 4)
+    assert {s.batch_id for s in client.claim(1, 4).samples} == {c.batch_id}
+    client.commit(1, 2)
+    assert client.status().min_policy_version == 1  # the lease window stays async_level's
+    # Not expired at step 2: the trainer may still use v0 (with async_level alone both would expire).
+    assert {b.batch_id for b in client.pending().batches} >= {old1.batch_id, old2.batch_id}
+    _verdict_all(client, old1.batch_id, 4)
+    _verdict_all(client, old2.batch_id, 4)
+    claim2 = client.claim(2, 4)
+    assert claim2.ready and claim2.min_policy_version == 0
+    assert {s.batch_id for s in claim2.samples} == {old1.batch_id}
+    assert all(s.policy_version == 0 for s in claim2.samples)
+    client.commit(2, 3)
+    late = client.claim(3, 1)  # step 3 - v0 = 3 > 2: old2's samples are stale, counted, never handed out
+    assert not late.ready and late.stale_samples == 4 and late.min_policy_version == 1
+    with pytest.raises(ValueError, match="max_off_policy_steps"):
+        config_for("--orchestrator.max_off_policy_steps", "0")  # below async_level 1

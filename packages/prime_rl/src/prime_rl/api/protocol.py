@@ -85,8 +85,10 @@ class StatusResponse(ApiModel):
 
     step: NonNegInt = Field(description="Trainer step rollouts are collected for now.")
     policy_version: NonNegInt = Field(description="Newest published policy version (weights after N steps).")
-    async_level: NonNegInt = Field(description="Max policy staleness in steps.")
-    min_policy_version: NonNegInt = Field(description="max(0, step - async_level): oldest usable version.")
+    async_level: NonNegInt = Field(description="Lease window: a new lease fixes a version >= step - async_level.")
+    min_policy_version: NonNegInt = Field(
+        description="max(0, step - async_level): oldest version a new lease may fix."
+    )
     group_size: int = Field(description="Completions per prompt.")
     prompts_per_batch: int = Field(description="Prompts per lease.")
     temperature: float = Field(description="Sampling temperature.")

@@ -267,7 +267,16 @@ class OrchestratorConfig(Section):
         default="", description="Persistent store directory (default <run_dir>/orchestrator)."
     )
     async_level: int = Field(
-        default=2, ge=0, description="Step-s rollouts must come from a policy >= s - async_level."
+        default=2,
+        ge=0,
+        description="A lease issued at step s fixes a policy version >= s - async_level (the dispatch window).",
+    )
+    max_off_policy_steps: int | None = Field(
+        default=None,
+        ge=0,
+        description="Largest staleness of a trained rollout: the step it trains in minus the version that "
+        "generated its oldest token, queue time included (prime-rl's name); older accepted samples are never "
+        "handed to the trainer, only counted (stale_samples). None = async_level; must be >= async_level.",
     )
     prompts_per_batch: int = Field(
         default=4, ge=1, description="Prompts per task lease (each sampled group_size times)."
@@ -431,7 +440,19 @@ class OrchestratorConfig(Section):
                     f"orchestrator.{name} must be at least 16 characters without surrounding spaces "
                     "(or '' to generate one for this run); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
                 )
+        if self.max_off_policy_steps is not None and self.max_off_policy_steps < self.async_level:
+            raise ValueError(
+                f"orchestrator.max_off_policy_steps ({self.max_off_policy_steps}) must be >= async_level "
+                f"({self.async_level}): a lease may fix a version async_level steps old, and its rollouts "
+                "would be stale before they are generated"
+            )
         return self
+
+    @property
+    def off_policy_bound(self) -> int:
+        """``max_off_policy_steps``, or ``async_level`` when it is null: step s trains only samples whose
+        (oldest) policy version is >= s - this."""
+        return self.async_level if self.max_off_policy_steps is None else self.max_off_policy_steps
 
     @property
     def probation_tokens_or_default(self) -> int:

@@ -212,24 +212,26 @@ class BatchBook(Mapping[str, StoredBatch]):
         """How many batches await verdicts."""
         return len(self._waiting)
 
-    def expire_useless(self, step: int, async_level: int) -> list[StoredBatch]:
+    def expire_useless(self, step: int, async_level: int, off_policy_bound: int | None = None) -> list[StoredBatch]:
         """Verdict ``expired`` on unvalidated batches no step can use any more (not the worker's fault);
         returns the batches expired now.
 
         A batch that was fresh for its own lease (``policy_version >= lease step - async_level``)
-        but is older than ``step - async_level`` can never be trained on; validating it would only
-        burn validator time. A batch stale for its own lease is left to the validator (``stale_policy``).
+        but is older than ``step - off_policy_bound`` (default ``async_level``: the trainer's staleness
+        bound, ``max_off_policy_steps``) can never be trained on; validating it would only burn
+        validator time. A batch stale for its own lease is left to the validator (``stale_policy``).
         """
+        bound = async_level if off_policy_bound is None else off_policy_bound
         expired = []
         for batch in self.waiting():
             version, lease_step = batch.policy_version, batch.meta.step
-            if lease_step - async_level <= version < step - async_level:
+            if lease_step - async_level <= version < step - bound:
                 verdicts = [
                     Verdict(
                         sample_index=i,
                         accepted=False,
                         reason=EXPIRED,
-                        detail=f"policy v{version} became older than step {step} - async_level before validation",
+                        detail=f"policy v{version} became older than step {step} - {bound} before validation",
                         reward=0.0,
                         advantage=0.0,
                     )

@@ -35,7 +35,7 @@ evidence bans it is not trained on.
 
 Invariants (tested): a sample is in at most one claim; a claim for a step never changes once
 written; ``step`` only grows; every sample handed to the trainer for step ``s`` has
-``policy_version >= s - async_level``, an ``accepted`` verdict, the validator's reward, advantage
+``policy_version >= s - max_off_policy_steps`` (default ``async_level``), an ``accepted`` verdict, the validator's reward, advantage
 and log-probs, and a worker that was not banned when the claim was made and had it released.
 """
 
@@ -401,7 +401,7 @@ class Ledger:
     def _expire_useless(self) -> None:
         """Expire the batches no step can use any more; their leases' tasks go to another identity
         (no charge: a slow validator may be the cause), so answering late is no veto either."""
-        for batch in self.batches.expire_useless(self.step, self.orch.async_level):
+        for batch in self.batches.expire_useless(self.step, self.orch.async_level, self.orch.off_policy_bound):
             self.leases.return_tasks(batch.worker_id, batch.meta.batch_index)
 
     def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
@@ -425,7 +425,7 @@ class Ledger:
     # ------------------------------------------------------------------ trainer
 
     def claim(self, request: ClaimRequest) -> ClaimResponse:
-        min_version = max(0, request.step - self.orch.async_level)
+        min_version = max(0, request.step - self.orch.off_policy_bound)
         if request.step in self.claims:
             return self._claim_answer(request.step, min_version, self.claims[request.step], None)
         if request.step != self.step:

@@ -3,8 +3,8 @@
 Per step ``s`` (the weights are policy version ``s``):
 
 1. ``POST /trainer/claim`` until the orchestrator has ``samples_per_step`` accepted samples in
-   whole informative groups with ``policy_version >= s - async_level`` (it filters zero-advantage
-   groups and stale samples); while waiting, one log line every ``wait_log_every_s`` says why
+   whole informative groups with ``policy_version >= s - max_off_policy_steps`` (default
+   ``async_level``; it filters zero-advantage groups and stale samples); while waiting, one log line every ``wait_log_every_s`` says why
    (available vs needed, batches still awaiting validation, stale samples). The claim is
    persisted by the orchestrator, so a restarted trainer gets the same samples for ``s``.
 2. Old log-probs recomputed with the current weights (``old_logprobs = "recompute"``,
@@ -185,7 +185,7 @@ class Trainer:
         return samples
 
     def _check_fresh(self, samples: list[TrainSample]) -> None:
-        floor = self.step - self.run.orchestrator.async_level
+        floor = self.step - self.run.orchestrator.off_policy_bound
         stale = [s.sample_id for s in samples if s.policy_version < floor]
         if stale:  # the orchestrator must never hand these out; refuse rather than train on them
             raise RuntimeError(
@@ -283,7 +283,7 @@ class Trainer:
                 step=self.step,
                 policy_version=version,
                 samples=len(samples),
-                min_policy_version=max(0, self.step - self.run.orchestrator.async_level),
+                min_policy_version=max(0, self.step - self.run.orchestrator.off_policy_bound),
                 sample_versions=versions,
                 min_sample_version=min(versions),
                 max_sample_version=max(versions),

@@ -99,7 +99,7 @@ class Validator:
             config.shardcast.client_servers,
             cache,
             self.backend.model.state_dict(),
-            keep=config.orchestrator.async_level + 3,
+            keep=config.orchestrator.off_policy_bound + 3,
             local=LocalPolicies.of_run(config),  # the trainer's own file when it runs on this machine
         )
         self.tasks = run_tasks(config, tokenizer)
