@@ -7,6 +7,7 @@ source addresses (Linux routes all of 127/8 to lo).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from prime_rl.api.errors import ApiFailure
+from prime_rl.orchestrator.identities import newcomer_wait_bound_s
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.rate_limit import network_key
 from prime_rl.orchestrator.server import OrchestratorServer
@@ -126,6 +128,61 @@ def test_a_newcomer_gets_its_first_lease_within_a_bounded_wait_at_a_crowded_addr
     # The 8 hoarders queued ahead of it take one lease each, then it: ceil((8 + 1) / 2) rounds of <= 10 s.
     assert first_lease_at - start <= 5 * 10
     assert not any(worker.banned for worker in hoarders)
+
+
+def test_a_newcomer_at_a_hoarded_address_leases_within_the_stated_bound(config_for: Any) -> None:
+    # benchmarks/identity_flood.py on a real orchestrator (10,000 registrations from 321 addresses),
+    # smaller and on the ledger's clock: 8 addresses, each its own /24, try 64 registrations; every
+    # identity takes a lease and never answers it. The 4 at one address keep asking every second,
+    # before anyone else, so they hold its leases and queue for them. A newcomer at its own address
+    # registers and leases at once; one at theirs, honouring every Retry-After, within
+    # newcomer_wait_bound_s = (F * L + 1) * T + min(60, ttl) + min(10, T) = 13 * 10 + 30 + 10 = 170 s.
+    fresh_cap, bans_at, timeout, ttl = 4, 3, 10.0, 30.0
+    ledger, clock = _ledger(
+        config_for, "--orchestrator.max_fresh_workers_per_network", str(fresh_cap),
+        "--orchestrator.fresh_worker_ttl_s", str(ttl), "--orchestrator.max_open_leases_per_address", "4",
+    )  # fmt: skip
+    addresses = [f"10.{i}.0.7" for i in range(8)]
+    identities: dict[str, list[Any]] = {address: [] for address in addresses}
+    for attempt in range(64):
+        address = addresses[attempt % 8]
+        try:
+            identities[address].append(_register(ledger, f"sybil{attempt}", address))
+        except ApiFailure as failure:
+            assert failure.status == 429 and failure.error == "rate_limited"
+    assert [len(group) for group in identities.values()] == [fresh_cap] * 8
+    for address, group in identities.items():
+        for worker in group:
+            ledger.lease(worker, None, None, address)
+    own = _register(ledger, "own", "192.0.2.10")  # first ask, first lease
+    assert ledger.lease(own, None, None, "192.0.2.10").batch_index == 0
+
+    shared, hoarders = addresses[0], identities[addresses[0]]
+    bound = newcomer_wait_bound_s(
+        max_fresh_per_network=fresh_cap, ban_abandoned_leases=bans_at, task_timeout_s=timeout, ttl_s=ttl
+    )
+    assert bound == 170.0
+    start, next_ask = clock.now, clock.now
+    newcomer = registered_at = leased_at = None
+    while leased_at is None and clock.now - start <= 2 * bound:
+        ledger.expire_leases()  # the server's loop, every second
+        for worker in hoarders:
+            if not worker.banned:
+                with contextlib.suppress(ApiFailure):
+                    ledger.lease(worker, None, None, shared)
+        if clock.now >= next_ask:
+            try:
+                if newcomer is None:
+                    newcomer, registered_at = _register(ledger, "newcomer", shared), clock.now
+                ledger.lease(newcomer, None, None, shared)
+                leased_at = clock.now
+            except ApiFailure as failure:
+                assert failure.status == 429
+                next_ask = clock.now + failure.retry_after_s
+        clock.now += 1
+    assert registered_at is not None and registered_at - start <= (fresh_cap * (bans_at - 1) + 1) * timeout + ttl + 1
+    assert leased_at is not None and leased_at - start <= bound + 2  # two ticks of the expiry loop
+    assert any(worker.banned for worker in hoarders)  # who left the network's share: a banned abandoner
 
 
 def test_a_place_in_the_queue_lapses_when_its_identity_stops_asking(config_for: Any) -> None:

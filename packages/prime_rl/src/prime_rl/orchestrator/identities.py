@@ -28,16 +28,53 @@ Not thread-safe (the ledger's lock). Times are the ledger clock's seconds.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 
 from prime_rl.api.errors import ApiFailure
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
 
-__all__ = ["FreshIdentities", "LeaseQueue"]
+__all__ = ["FreshIdentities", "LeaseQueue", "newcomer_wait_bound_s"]
 
 RECHECK_S = 30.0
 """How long a busy identity past its ``ttl`` waits before it is looked at again."""
+REGISTER_RETRY_MAX_S = 60.0
+"""The longest ``Retry-After`` of a registration refused for its network's fresh identities."""
+QUEUE_RETRY_MAX_S = 10.0
+"""The longest ``Retry-After`` of a lease refused to a fresh identity waiting its turn."""
+
+
+def newcomer_wait_bound_s(
+    *, max_fresh_per_network: int, ban_abandoned_leases: int, task_timeout_s: float, ttl_s: float
+) -> float:
+    """Seconds within which a new honest identity gets its first lease at an address whose
+    network's fresh identities all hoard its leases, however many it registered there and whatever
+    they abandon, if its client honours every ``Retry-After``:
+
+        (F * L + 1) * T + min(REGISTER_RETRY_MAX_S, ttl) + min(QUEUE_RETRY_MAX_S, T)
+
+    with ``F`` = ``max_fresh_per_network``, ``L`` = ``ban_abandoned_leases``, ``T`` =
+    ``task_timeout_s`` (plus the expiry loop's ticks). Derivation: registration waits for one of
+    the network's ``F`` fresh identities to leave. Idle ones retire; busy ones hold or wait for the
+    address's leases, of which at least one is always open to them (the per-address cap is >= 1,
+    handed out first come, first served), so after at most ``F * (L - 1) + 1`` expired leases of
+    ``T`` one of them has ``L`` and is banned; the client sleeps at most one more network-cap
+    ``Retry-After``. Then at most ``F - 1`` of them are ahead in the address's queue, each taking
+    one lease of at most ``T`` first, plus one queue ``Retry-After``. With the shipped values
+    (16, 3, 300 s, 600 s): 14,770 s. A newcomer whose network holds fewer than ``F`` fresh
+    identities registers at once, and one whose address has a free slot leases at once.
+
+    Pitfall: the bound assumes the attacker makes no new identity on that network meanwhile (it
+    shares the network's registrations, and may take each freed slot first) and brings none
+    registered elsewhere to lease at the address (each one lengthens the queue by one lease), and
+    that the validator judges a fabricated batch within ``T`` (a rejected lease counts as an
+    abandoned one). ``inf`` with no per-network cap (``F = 0``)."""
+    if max_fresh_per_network == 0:
+        return math.inf
+    register_retry = min(REGISTER_RETRY_MAX_S, max(1.0, ttl_s)) if ttl_s > 0 else REGISTER_RETRY_MAX_S
+    hoarded = max_fresh_per_network * ban_abandoned_leases + 1
+    return hoarded * task_timeout_s + register_retry + min(QUEUE_RETRY_MAX_S, task_timeout_s)
 
 
 class LeaseQueue:
@@ -139,7 +176,7 @@ class FreshIdentities:
             return
         now = self._clock()
         first_due = min(self._workers[w].registered_at for w in self._by_network[network]) + self.ttl_s
-        retry = min(60.0, max(1.0, first_due - now)) if self.ttl_s > 0 else 60.0
+        retry = min(REGISTER_RETRY_MAX_S, max(1.0, first_due - now)) if self.ttl_s > 0 else REGISTER_RETRY_MAX_S
         raise ApiFailure(
             429,
             "rate_limited",

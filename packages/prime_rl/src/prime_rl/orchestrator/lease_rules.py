@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 from prime_rl.api.errors import ApiFailure
 from prime_rl.config.sections import OrchestratorConfig
-from prime_rl.orchestrator.identities import LeaseQueue
+from prime_rl.orchestrator.identities import QUEUE_RETRY_MAX_S, LeaseQueue
 from prime_rl.orchestrator.leases import LeaseBook
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
 
@@ -168,7 +168,7 @@ class LeaseRules:
                     f"the address's abandoned leases not offset by answered ones); you are number {place} in "
                     "the queue for the next free one: ask again within "
                     f"{self.QUEUE_STALE_S:.0f} s to keep your place",
-                    retry_after_s=min(10.0, self._orch.task_timeout_s),
+                    retry_after_s=min(QUEUE_RETRY_MAX_S, self._orch.task_timeout_s),
                 )
         limit = self._orch.max_buffered_samples
         unproven = not self._has_history(worker_id)  # only fresh identities are held back by unproven work

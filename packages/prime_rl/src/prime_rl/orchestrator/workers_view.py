@@ -39,7 +39,7 @@ ORDERS = ("id", "accepted")
 
 FIELDS = tuple(WorkerStats.model_fields)
 """The ``WorkerStats`` fields, in the order of a snapshot row."""
-BANNED, RETIRED = (FIELDS.index(name) for name in ("banned", "retired"))
+BANNED, RETIRED, REASONS = (FIELDS.index(name) for name in ("banned", "retired", "rejected_reasons"))
 
 PAGES_CACHED = 64
 """Serialized pages kept per snapshot (identical reads between rebuilds cost a dictionary lookup)."""
@@ -47,8 +47,9 @@ PAGES_CACHED = 64
 
 @dataclass(frozen=True)
 class WorkersSnapshot:
-    """The worker table at ``built_at`` (ledger clock seconds): one row (``FIELDS`` values) per
-    worker, in registration order, with the orders and filters precomputed."""
+    """The worker table at ``built_at`` (ledger clock seconds): one row (``FIELDS`` values, the
+    rejection reasons as ``(reason, count)`` pairs) per worker, in registration order, with the
+    orders and filters precomputed."""
 
     built_at: float
     rows: tuple[tuple[Any, ...], ...]
@@ -66,7 +67,7 @@ class WorkersSnapshot:
         else:
             indices = range(len(self.rows))
         return WorkersResponse(
-            workers=[WorkerStats(**dict(zip(FIELDS, self.rows[i], strict=True))) for i in indices[offset:][:limit]],
+            workers=[_stats(self.rows[i]) for i in indices[offset:][:limit]],
             total=len(indices),
             offset=offset,
             totals=self.totals,
@@ -84,6 +85,12 @@ class WorkersSnapshot:
         return cached
 
 
+def _stats(row: tuple[Any, ...]) -> WorkerStats:
+    fields = dict(zip(FIELDS, row, strict=True))
+    fields["rejected_reasons"] = dict(row[REASONS])
+    return WorkerStats(**fields)
+
+
 CHUNK = 256
 """Workers or batches per step of a rebuild: the event loop serves other requests between steps."""
 
@@ -92,7 +99,10 @@ def build_steps(ledger: Ledger) -> Generator[None, None, WorkersSnapshot]:
     """Build the snapshot of ``ledger``'s worker table in steps of ``CHUNK`` batches or workers
     (each yield lets the event loop answer other requests; about 1 ms a step), reading the ledger
     without its lock (module docstring); returns the snapshot. O(workers + batches) in all. Plain
-    tuples and ints: a ``Counter`` per worker cost 30 us each, 0.3 s at 10k workers."""
+    tuples and ints: a ``Counter`` per worker cost 30 us each, 0.3 s at 10k workers. A row holds
+    only strings, numbers and tuples of them (its rejection reasons as ``(reason, count)`` pairs,
+    not a dict), so the garbage collector stops tracking it after one pass instead of walking
+    every row in each full collection while it holds the GIL."""
     counts: dict[str, Counter[str]] = {}
     reasons: dict[str, Counter[str]] = {}
     batches = ledger.batches.stored()
@@ -114,7 +124,7 @@ def build_steps(ledger: Ledger) -> Generator[None, None, WorkersSnapshot]:
                 w.worker_id, w.name, w.banned, w.ban_reason, w.registered_at, w.last_seen,
                 issued(w.worker_id), expired(w.worker_id), count["batches"], count["samples"],
                 row_accepted, row_rejected, row_pending, count["expired"], w.malformed,
-                dict(reasons.get(w.worker_id, none)), w.retired,
+                tuple(reasons.get(w.worker_id, none).items()), w.retired,
             )
         )  # fmt: skip
         banned += w.banned
