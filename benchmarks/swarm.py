@@ -3,11 +3,15 @@
     python benchmarks/swarm.py --identities 256 --steps 8              # figures -> benchmarks/results/swarm.md
     python benchmarks/swarm.py --identities 256 --kills 20 --seed 1    # chaos, then the invariants
     python benchmarks/swarm.py --identities 16 --think-s 2 --wan       # realistic pace, emulated WAN
+    python benchmarks/swarm.py --identities 64 --payload-mb 64 --no-delta  # a 76 MB bf16 policy, full files
 
 What runs (everything on this machine, on loopback unless ``--wan`` finds namespaces):
   - ``prime-rl run`` (the supervisor) with a config this script writes: orchestrator, shardcast origin,
     ``--relays`` relays, trainer, validator and no workers of its own, a tiny model built in code
-    (``tests/support/tiny_lm.py``) so compute is not what limits the control plane;
+    (``tests/support/tiny_lm.py``) so compute is not what limits the control plane; with
+    ``--payload-mb M`` a 4-layer Llama of that tiny family widened until its bf16 file holds M MB,
+    trained in fp32 at INTELLECT-2's lr 3e-7 and published in bf16, so versions differ by real bf16
+    weight deltas (``--no-delta``: shardcast full files only);
   - ``--hosts`` swarm hosts (``benchmarks/swarm_host.py``), each running its share of the N identities
     on one shared model; every 10th identity (``--hostile-every``) plays a ``worker/hostile.py`` attack.
 With ``--kills K``, once the first policy version is published a seeded schedule SIGKILLs, one every ``--kill-gap-s``
@@ -63,13 +67,46 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def write_config(root: Path, args: argparse.Namespace, network: Any) -> Path:
-    """The run's TOML: a tiny model, small batches, limits sized for many identities at one address."""
+PAYLOAD_LAYERS = 4
+PAYLOAD_LR = 3e-7  # INTELLECT-2's AdamW learning rate (configs/intellect2.toml)
+
+
+def payload_hidden_size(payload_mb: float, layers: int = PAYLOAD_LAYERS) -> int:
+    """Hidden size (a multiple of 64) of a ``tiny_lm`` Llama whose bf16 file is at least ``payload_mb``.
+
+    A layer of ``make_tiny_lm`` holds 9 h^2 parameters (q and o h^2 each, k and v h^2/2 each with
+    2 of 4 heads as KV heads, gate/up/down 2 h^2 each); the character vocabulary's embeddings add
+    about 200 h. At 2 bytes a parameter: 18 h^2 layers + 400 h bytes.
+    """
+    target = payload_mb * 1e6
+    hidden = 64
+    while 18 * hidden * hidden * layers + 400 * hidden < target:
+        hidden += 64
+    return hidden
+
+
+def write_model(model: Path, args: argparse.Namespace) -> None:
+    """The run's model: the 2-layer tiny one, or with ``--payload-mb`` a 4-layer Llama of that bf16 size."""
+    import torch
     from tiny_lm import save_tiny_lm
 
-    model = root / "model"
-    if not (model / "config.json").exists():
+    if (model / "config.json").exists():
+        return
+    if not args.payload_mb:
         save_tiny_lm(model)
+        return
+    hidden = payload_hidden_size(args.payload_mb)
+    # Saved in bf16 (half the disk); loaded as float32 (model.dtype), so the trainer keeps fp32
+    # master weights and each bf16 version differs from the last by what the step moved across
+    # bf16's rounding boundaries, as in a real run (trainer.save_dtype = "bfloat16").
+    save_tiny_lm(model, hidden_size=hidden, num_layers=PAYLOAD_LAYERS, dtype=torch.bfloat16)
+
+
+def write_config(root: Path, args: argparse.Namespace, network: Any) -> Path:
+    """The run's TOML: a tiny model (or ``--payload-mb``'s), small batches, limits sized for many
+    identities at one address."""
+    model = root / "model"
+    write_model(model, args)
     orchestrator_port, origin_port, *relay_ports = free_ports(2 + args.relays)
     samples_per_step = 16
     sections: dict[str, dict[str, Any]] = {
@@ -88,8 +125,11 @@ def write_config(root: Path, args: argparse.Namespace, network: Any) -> Path:
             "max_fresh_workers_per_network": 0,
             "max_buffered_samples": 8 * samples_per_step,  # backpressure: the validator's queue stays short
         },
-        "shardcast": {"host": network.server_host, "origin_port": origin_port, "relay_ports": relay_ports, "keep_versions": 5},
-        "trainer": {"total_steps": args.steps, "samples_per_step": samples_per_step, "filter_zero_advantage": False},
+        "shardcast": {"host": network.server_host, "origin_port": origin_port, "relay_ports": relay_ports, "keep_versions": 5,
+                      "delta": args.delta},
+        "trainer": {"total_steps": args.steps, "samples_per_step": samples_per_step, "filter_zero_advantage": False,
+                    **({"save_dtype": "bfloat16", "lr": args.lr or PAYLOAD_LR} if args.payload_mb else
+                       {"lr": args.lr} if args.lr else {})},
         "workers": {"count": 0, "hostile": [], "weights_poll_s": 0.5, "poll_interval_s": 0.5},
         "evaluator": {"enabled": False},
     }  # fmt: skip
@@ -311,6 +351,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="emulated WAN (benchmarks/swarm_wan.py) where namespaces can be made",
     )
+    parser.add_argument(
+        "--payload-mb", type=float, default=0.0,
+        help="policy of at least this many MB in bf16 (a 4-layer Llama built in code, lr 3e-7); 0: the tiny model",
+    )  # fmt: skip
+    parser.add_argument("--lr", type=float, default=0.0, help="trainer learning rate (0: the default)")
+    parser.add_argument("--delta", action=argparse.BooleanOptionalAction, default=True,
+                        help="[shardcast] delta: publish versions also as deltas against the previous one")  # fmt: skip
     parser.add_argument("--timeout-s", type=float, default=900.0, help="stop and fail after this long")
     parser.add_argument(
         "--root", default="", help="working folder (default: a new temporary one, kept for inspection)"
@@ -331,14 +378,15 @@ def main(argv: list[str] | None = None) -> int:
     atexit.register(swarm.stop_all)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda signum, frame: sys.exit(128 + signum))
-    started = time.time()
+    started, load_start = time.time(), os.getloadavg()[0]
     code = swarm.run()
-    ended_at = time.time()
+    ended_at, load_end = time.time(), os.getloadavg()[0]
     swarm.stop_all()
     records = RunRecords.read(root)
     violations = check_invariants(swarm.config, records, swarm.host_starts, ended_at)
     figures = compute_figures(swarm.config, records, swarm.rss, swarm.kills, args=vars(args), network=network.description,
-                              emulated=network.emulated, seconds=time.time() - started, run_code=code, violations=violations)  # fmt: skip
+                              emulated=network.emulated, seconds=time.time() - started, run_code=code, violations=violations,
+                              load_average=(round(load_start, 2), round(load_end, 2)))  # fmt: skip
     (root / "figures.json").write_text(json.dumps(figures, indent=1))
     if record:
         record_results(figures)

@@ -3,8 +3,9 @@
 From one run's records: requests per second and p50/p99 per endpoint (client side, each HTTP answer's
 time to headers, as the identities saw it), lease cycles per second (rollout batches answered 2xx),
 leases per minute per honest identity, validator samples per second and queue age (verdict posted
-minus batch received), per policy version the time from publish (trainer) until every host had
-downloaded it and the bytes each host downloaded (full or delta), resident memory of the
+minus batch received), per policy version the time from its first publish (trainer) until every
+host had downloaded it and the bytes each host downloaded (full or delta, against the file's size
+and the published delta's), the machine's load average at start and end, resident memory of the
 orchestrator, validator and trainer over time, and the invariants' outcome.
 
 ``swarm.json`` keeps one entry per run label (identities, pace, kills, network); ``swarm.md`` is the
@@ -80,25 +81,8 @@ def compute_figures(
     judged = sum(v["accepted"] + v["rejected"] for v in verdicts)
     verdict_span = (verdicts[-1]["time"] - verdicts[0]["time"]) if len(verdicts) > 1 else 0.0
 
-    published = {
-        r["policy_version"]: r
-        for r in read_jsonl(run_dir / "metrics" / "trainer.jsonl")
-        if r.get("event") == "published"
-    }
-    fetched: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)  # version -> host -> first fetch
-    for r in records.of("fetched"):
-        fetched[r["version"]].setdefault(r["host"], r)
     hosts = args["hosts"]
-    versions = []
-    for version, event in sorted(published.items()):
-        got = fetched.get(version, {})
-        versions.append({
-            "version": version, "file_bytes": event.get("bytes"), "hosts_fetched": len(got),
-            "time_to_all_s": round(max(r["t"] for r in got.values()) - event["time"], 2) if len(got) == hosts else None,
-            "bytes_per_host": round(sum(r["bytes"] for r in got.values()) / len(got)) if got else None,
-            "delta": any(r["delta"] for r in got.values()),
-            "resumed_bytes": sum(r["resumed_bytes"] for r in got.values()),
-        })  # fmt: skip
+    versions = _versions(run_dir, records, hosts)
     memory: dict[str, dict[str, float]] = {}
     for name in ("orchestrator", "validator", "trainer"):
         series = [s["rss_mb"] for s in rss if s["process"] == name]
@@ -123,18 +107,69 @@ def compute_figures(
         "tasks_busy_share": round(statuses["/tasks"].get(429, 0) / max(1, len(by_path["/tasks"])), 3),
         "queue_age_p50_s": round(_quantile(ages, 0.5) or 0, 2), "queue_age_p99_s": round(_quantile(ages, 0.99) or 0, 2),
         "time_to_all_max_s": max((v["time_to_all_s"] for v in versions if v["time_to_all_s"] is not None), default=None),
+        "time_to_all_p50_s": _quantile([v["time_to_all_s"] for v in versions if v["time_to_all_s"] is not None], 0.5),
+        "payload": _payload(args, versions), "file_bytes": max((v["file_bytes"] or 0 for v in versions), default=None),
+        "bytes_per_host_per_version": _mean([v["bytes_per_host"] for v in versions if v["bytes_per_host"] is not None]),
+        "load_average": list(run.get("load_average", ())),
         "orchestrator_rss_max_mb": memory.get("orchestrator", {}).get("max_mb"),
         "validator_rss_max_mb": memory.get("validator", {}).get("max_mb"),
         "honest_rejected": len(violations["honest_not_rejected"]), "honest_banned": len(violations["honest_not_banned"]),
         "invariants_ok": not any(violations.values()),
     }  # fmt: skip
     label = f"N={args['identities']}" + (f", think {args['think_s']}s" if args["think_s"] else "") + (
-        f", {len(kills)} kills" if args["kills"] else "") + (", WAN" if run["emulated"] else "")  # fmt: skip
+        f", {len(kills)} kills" if args["kills"] else "") + (", WAN" if run["emulated"] else "") + (
+        f", {summary['payload']}" if args.get("payload_mb") else "")  # fmt: skip
     return {
         "label": label, "summary": summary, "endpoints": endpoints, "versions": versions, "memory": memory,
         "rss_series": rss[:: max(1, len(rss) // 200)], "kills": kills,
         "invariants": {name: ids[:50] for name, ids in violations.items()},
     }  # fmt: skip
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values)) if values else None
+
+
+def _payload(args: dict[str, Any], versions: list[dict[str, Any]]) -> str:
+    """What each version was: ``76 MB bf16, delta`` (``--payload-mb``) or the tiny model's fp32 file."""
+    size = max((v["file_bytes"] or 0 for v in versions), default=0)
+    if not args.get("payload_mb"):
+        return f"tiny {size / 1e6:.2f} MB fp32, full"
+    return f"{size / 1e6:.0f} MB bf16, {'delta' if args.get('delta', True) else 'no delta'}"
+
+
+def _versions(run_dir: Path, records: RunRecords, hosts: int) -> list[dict[str, Any]]:
+    """Per policy version: its file and published delta sizes, how many hosts fetched it, the bytes
+    each host downloaded (all its fetches of the version: a host restarted mid-download fetches
+    again), how many took the delta, the slowest host's own fetch (listing to verified file; the
+    rest of time-to-all is the relays' pull and the follower's poll), and time-to-all: from the
+    version's *first* publish until the last host had it in its cache (a trainer killed after
+    publishing publishes the version again on restart, ``replayed``; counted from that one,
+    time-to-all came out negative)."""
+    published: dict[int, dict[str, Any]] = {}
+    for r in read_jsonl(run_dir / "metrics" / "trainer.jsonl"):
+        if r.get("event") == "published":
+            published.setdefault(r["policy_version"], r)  # the file is in time order: the first publish
+    first: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)  # version -> host -> first fetch
+    downloaded: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # version -> host -> bytes
+    for r in records.of("fetched"):
+        first[r["version"]].setdefault(r["host"], r)
+        downloaded[r["version"]][r["host"]] += r["bytes"]
+    versions = []
+    for version, event in sorted(published.items()):
+        got = first.get(version, {})
+        per_host = list(downloaded.get(version, {}).values())
+        versions.append({
+            "version": version, "file_bytes": event.get("bytes"), "published_delta_bytes": event.get("delta_bytes"),
+            "hosts_fetched": len(got),
+            "time_to_all_s": round(max(r["t"] for r in got.values()) - event["time"], 2) if len(got) == hosts else None,
+            "bytes_per_host": round(sum(per_host) / len(per_host)) if per_host else None,
+            "delta": any(r["delta"] for r in got.values()),
+            "hosts_by_delta": sum(1 for r in got.values() if r["delta"]),
+            "resumed_bytes": sum(r["resumed_bytes"] for r in got.values()),
+            "fetch_s_max": round(max(r["s"] for r in got.values()), 2) if got else None,
+        })  # fmt: skip
+    return versions
 
 
 def _cell(value: Any) -> str:
@@ -156,9 +191,11 @@ GROWTH = [
     ("run", None), ("WAN emulated", "emulated_wan"), ("req/s", "requests_per_s"), ("lease cycles/s", "lease_cycles_per_s"),
     ("/tasks 429 share", "tasks_busy_share"), ("/tasks p50 ms", "tasks_p50_ms"), ("/tasks p99 ms", "tasks_p99_ms"),
     ("leases/min per honest id", "leases_per_min_per_honest_identity"), ("validator samples/s", "validator_samples_per_s"), ("validator s/batch p50", "validator_batch_s_p50"),
-    ("queue age p99 s", "queue_age_p99_s"), ("time-to-all max s", "time_to_all_max_s"),
+    ("queue age p99 s", "queue_age_p99_s"), ("payload per version", None),
+    ("bytes/host/version p50", None), ("time-to-all p50 s", "time_to_all_p50_s"),
+    ("time-to-all max s", "time_to_all_max_s"),
     ("orch RSS max MB", "orchestrator_rss_max_mb"), ("validator RSS max MB", "validator_rss_max_mb"),
-    ("honest rejected / banned", None), ("invariants", "invariants_ok"),
+    ("honest rejected / banned", None), ("invariants", "invariants_ok"), ("load avg start / end", None),
 ]  # fmt: skip
 
 
@@ -178,6 +215,29 @@ def _versions_line(versions: list[dict[str, Any]]) -> str:
     )
 
 
+def _special(name: str, figures: dict[str, Any]) -> Any:
+    """The growth-table cells that are not one summary field."""
+    summary = figures["summary"]
+    if name == "bytes/host/version p50":  # the median version: a delta one when deltas were taken
+        return _quantile([v["bytes_per_host"] for v in figures["versions"] if v["bytes_per_host"] is not None], 0.5)
+    if name == "payload per version":  # runs recorded before --payload-mb all had the tiny model
+        return str(summary.get("payload", "tiny 0.35 MB fp32, full"))
+    if name == "load avg start / end":
+        load = summary.get("load_average")
+        return " / ".join(f"{x:.1f}" for x in load) if load else "-"
+    return f"{summary['honest_rejected']} / {summary['honest_banned']}"
+
+
+def _versions_table(versions: list[dict[str, Any]]) -> list[str]:
+    """Per version, for a run with a realistic payload: full file against what each host downloaded."""
+    return _table(
+        ["version", "file bytes", "delta published, bytes", "hosts fetched", "bytes per host", "hosts by delta",
+         "slowest host's fetch s", "time-to-all s"],
+        [[v["version"], v["file_bytes"], v.get("published_delta_bytes"), v["hosts_fetched"], v["bytes_per_host"],
+          v.get("hosts_by_delta"), v.get("fetch_s_max"), v["time_to_all_s"]] for v in versions],
+    )  # fmt: skip
+
+
 def render(runs: dict[str, dict[str, Any]]) -> list[str]:
     """The generated part of ``swarm.md``: the growth table, then one section per run."""
     ordered = sorted(
@@ -186,8 +246,7 @@ def render(runs: dict[str, dict[str, Any]]) -> list[str]:
     rows = []
     for figures in ordered:
         s = figures["summary"]
-        row = [figures["label"] if key is None and name == "run" else s[key] if key else f"{s['honest_rejected']} / {s['honest_banned']}"
-               for name, key in GROWTH]  # fmt: skip
+        row = [figures["label"] if name == "run" else s.get(key) if key else _special(name, figures) for name, key in GROWTH]
         rows.append(row)
     lines = ["## Growth with N", "", *_table([name for name, _ in GROWTH], rows)]
     for figures in ordered:
@@ -201,6 +260,8 @@ def render(runs: dict[str, dict[str, Any]]) -> list[str]:
              for p, e in figures["endpoints"].items()],
         )  # fmt: skip
         lines += [_versions_line(figures["versions"]), ""]
+        if figures["summary"].get("payload", "").endswith("delta"):  # a --payload-mb run
+            lines += _versions_table(figures["versions"])
         memory = "; ".join(
             f"{k} {m['first_mb']} -> max {m['max_mb']} -> {m['last_mb']} MB"
             for k, m in figures["memory"].items()

@@ -14,7 +14,8 @@ What it records, for the harness's figures and invariant checks, in ``<out>/host
   ``{"kind": "submitted", "identity", "worker_id", "batch_id", "honest", "t"}`` per rollout batch
   answered 2xx; ``{"kind": "request", "path", "status", "s", "t"}`` per HTTP answer (``s``: seconds
   until its headers arrived, ``requests``' ``elapsed``); ``{"kind": "fetched", "version", "bytes",
-  "resumed_bytes", "delta", "s", "t"}`` per downloaded policy version.
+  "resumed_bytes", "file_bytes", "delta", "delta_base", "s", "t"}`` per downloaded policy version
+  (``bytes``: on the wire; ``delta``: only the delta shards against cached ``delta_base`` travelled).
 
 Pitfall: the identities' threads share one interpreter, so what one host sustains is bounded by
 the GIL and by generation; the harness spreads identities over several hosts for that reason.
@@ -42,7 +43,7 @@ from prime_rl.episodes import load_episode_env
 from prime_rl.inference.select import make_backend
 from prime_rl.metrics import init_process
 from prime_rl.reward import run_tasks
-from prime_rl.weights.store import PolicyStore, VersionFollower
+from prime_rl.weights.store import PolicyFetch, PolicyStore, VersionFollower
 from prime_rl.worker.hostile import MIXED_CYCLE, HostileWorker
 from prime_rl.worker.identity import IDENTITY_FILE
 from prime_rl.worker.process import Honest, Worker
@@ -73,21 +74,6 @@ class Records:
             self._file.close()
 
 
-class RecordingFollower(VersionFollower):
-    """The host's follower, recording each download's bytes (full or delta, resumed or not)."""
-
-    def __init__(self, store: PolicyStore, poll_s: float, records: Records) -> None:
-        self.records = records
-        super().__init__(store, poll_s)
-
-    def _on_fetched(self, result: Any) -> None:
-        super()._on_fetched(result)
-        self.records.write(
-            "fetched", version=result.version, bytes=result.bytes_downloaded, resumed_bytes=result.bytes_resumed,
-            delta=result.used_delta, s=result.seconds,
-        )  # fmt: skip
-
-
 class Shared:
     """What a host's identities share: config, backend, tasks, policy store, follower, lock, stop."""
 
@@ -100,13 +86,21 @@ class Shared:
         cache = Path(config.run_dir) / "swarm" / f"host-{host}" / "policies"
         # local=None: download through shardcast like a remote worker (no hard link to the trainer's file).
         self.store = PolicyStore(
-            config.shardcast.client_servers, cache, self.backend.model.state_dict(), local=None
-        )
-        self.follower = RecordingFollower(self.store, config.workers.weights_poll_s, records)
+            config.shardcast.client_servers, cache, self.backend.model.state_dict(), local=None,
+            on_fetch=self._record_fetch,
+        )  # fmt: skip
+        self.follower = VersionFollower(self.store, config.workers.weights_poll_s)
         self.tasks = run_tasks(config, self.backend.tokenizer)
         self.env = load_episode_env(config, self.tasks.task_set, self.backend.tokenizer)
         self.lock = threading.Lock()
         self.stop = threading.Event()
+
+    def _record_fetch(self, fetch: PolicyFetch) -> None:
+        """Each version the host's store brings in: bytes on the wire, full or delta, resumed or not."""
+        self.records.write(
+            "fetched", version=fetch.version, bytes=fetch.bytes_downloaded, resumed_bytes=fetch.bytes_resumed,
+            file_bytes=fetch.file_bytes, delta=fetch.used_delta, delta_base=fetch.delta_base, s=fetch.seconds,
+        )  # fmt: skip
 
 
 class SwarmIdentity(Worker):

@@ -12,6 +12,7 @@ import torch
 from tiny_lm import make_tiny_lm
 
 import grpo
+import shardcast
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.api.protocol import RolloutBatch, RolloutSample, Verdict, VerdictRequest
 from prime_rl.config import ConfigError, load_config
@@ -241,6 +242,10 @@ def test_trainer_trains_publishes_commits_and_resumes(tmp_path, tiny_lm_dir):
             trainer2.close()
         assert client.status().step == 2
         assert (run / "policies" / "v2" / "model.safetensors").is_file()
+        # [shardcast] delta (default on): v2 also went out as deltas against v1
+        origin = shardcast.DataDir(run / "shardcast" / "origin")
+        manifest = shardcast.parse_manifest(origin.manifest_path(2).read_bytes())
+        assert manifest.delta is not None and manifest.delta.base_version == 1
         admin.close()
 
 

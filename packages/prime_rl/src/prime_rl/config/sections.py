@@ -485,6 +485,13 @@ class ShardcastConfig(Section):
         default="", description="Directory for origin/relay data (default <run_dir>/shardcast)."
     )
     keep_versions: int = Field(default=5, ge=1, description="Policy versions kept by the origin and relays.")
+    delta: bool = Field(
+        default=True,
+        description=(
+            "Trainer also publishes each version as xor-zstd deltas against the previous one; a store "
+            "holding that version downloads only the deltas (others fall back to full shards)."
+        ),
+    )
 
     @property
     def origin_url(self) -> str:

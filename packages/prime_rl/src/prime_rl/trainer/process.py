@@ -260,12 +260,34 @@ class Trainer:
             return
         path = save_policy(state, policy_file(self.policy_dir, version), dtype=self.save_dtype)
         data_dir = self.origin.data_dir if self.origin is not None else self.run.shardcast_data_dir / "origin"
+        size = path.stat().st_size
         try:
-            shardcast.publish_file(data_dir, path, version=version, keep=self.run.shardcast.keep_versions)
+            manifest = shardcast.publish_file(
+                data_dir,
+                path,
+                version=version,
+                keep=self.run.shardcast.keep_versions,
+                delta=self.run.shardcast.delta,
+            )
         except shardcast.AlreadyPublished:
             log.info("policy v%d is already published (replayed step)", version)
-        get_metrics().log("published", policy_version=version, bytes=path.stat().st_size)
-        log.info("published policy v%d (%d bytes)", version, path.stat().st_size)
+            get_metrics().log("published", policy_version=version, bytes=size, replayed=True)
+            return
+        delta = manifest.delta
+        delta_bytes = sum(shard.stored_size for shard in delta.shards) if delta is not None else None
+        get_metrics().log(
+            "published",
+            policy_version=version,
+            bytes=size,
+            delta_base=delta.base_version if delta is not None else None,
+            delta_bytes=delta_bytes,
+        )
+        log.info(
+            "published policy v%d (%d bytes%s)",
+            version,
+            size,
+            f"; delta against v{delta.base_version}: {delta_bytes} bytes" if delta is not None else "",
+        )
 
     def finish_step(self, samples: list[TrainSample]) -> None:
         version = self.step + 1

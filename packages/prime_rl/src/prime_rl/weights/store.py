@@ -12,9 +12,18 @@ Three ways in, one cache:
   a batch, a worker at its async-level gate);
 * ``PolicyStore.wait_for_published(minimum)`` waits until some server holds a version >= minimum
   and fetches the oldest such (the evaluator, which scores chosen versions);
-* a :class:`VersionFollower` (``shardcast.Follower`` underneath) fetches each new newest version in
-  a background thread, so generation continues while weights travel; the worker swaps them in
-  between batches (hot reload in place).
+* a :class:`VersionFollower` fetches each new newest version in a background thread (through
+  ``ensure``), so generation continues while weights travel; the worker swaps them in between
+  batches (hot reload in place).
+
+Every download passes the newest cached older version as shardcast's delta base: when the trainer
+published the version as a delta against exactly that file (``[shardcast] delta``; shardcast checks
+the base's digest), only the xor-zstd delta shards travel, else the full shards do. Each version
+brought in logs one ``policy_fetched`` metrics record (:class:`PolicyFetch`: bytes on the wire,
+delta or full, linked or downloaded).
+
+Pitfall: a delta is written against the previous *published* version only, so a store that skipped a
+version (or lost its cache) downloads the next one in full.
 """
 
 from __future__ import annotations
@@ -33,14 +42,14 @@ from typing import TYPE_CHECKING
 import torch
 
 import shardcast
-from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog
+from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.weights.files import save_policy
 from prime_rl.weights.layout import policy_file, version_dirs
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
 
-__all__ = ["LocalPolicies", "PolicyStore", "PolicyUnavailable", "VersionFollower"]
+__all__ = ["LocalPolicies", "PolicyFetch", "PolicyStore", "PolicyUnavailable", "VersionFollower"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +107,30 @@ class LocalPolicies:
         return True
 
 
+@dataclass(frozen=True)
+class PolicyFetch:
+    """One policy version brought into a store's cache, and what it cost on the wire.
+
+    ``bytes_downloaded`` counts shard bytes received in this fetch (delta shards when
+    ``delta_base`` is set; 0 when ``linked``); ``bytes_resumed`` those a resumed download already
+    held; ``file_bytes`` the policy file's size; ``delta_base`` the cached version the delta was
+    applied to (``None``: full shards, or a link); ``linked``: hard-linked from the trainer's file
+    on this machine (:class:`LocalPolicies`), nothing downloaded.
+    """
+
+    version: int
+    file_bytes: int
+    bytes_downloaded: int
+    bytes_resumed: int
+    delta_base: int | None
+    linked: bool
+    seconds: float
+
+    @property
+    def used_delta(self) -> bool:
+        return self.delta_base is not None
+
+
 class PolicyUnavailable(RuntimeError):
     """A policy version cannot be obtained (not published, or no server reachable)."""
 
@@ -113,6 +146,8 @@ class PolicyStore:
     ``initial_state`` is written as version 0 unless already there; ``None`` leaves version 0 out
     (a process that keeps the initial weights in memory and never reads them back). The newest
     ``keep`` fetched versions are kept; version 0 and the version just fetched are never pruned.
+    ``on_fetch`` is called (on the fetching thread) with each version's :class:`PolicyFetch`, after
+    the ``policy_fetched`` metrics record.
     """
 
     def __init__(
@@ -124,8 +159,10 @@ class PolicyStore:
         keep: int = 4,
         deadline_s: float = 600.0,
         local: LocalPolicies | None = None,
+        on_fetch: Callable[[PolicyFetch], None] | None = None,
     ) -> None:
         self.local = local
+        self.on_fetch = on_fetch
         self.cache_dir = Path(cache_dir)
         self.servers = list(servers)
         self.client = shardcast.Client(self.servers) if servers else None
@@ -161,23 +198,73 @@ class PolicyStore:
             if target.is_file():
                 return target
             target.parent.mkdir(parents=True, exist_ok=True)
+            started = time.monotonic()
             if self.local is not None and self.local.link(version, target):
-                log.info("linked policy v%d from the trainer's file on this machine", version)
-                self._prune(version)
+                size = target.stat().st_size
+                self._fetched(PolicyFetch(version, size, 0, 0, None, True, time.monotonic() - started))
                 return target
+            base = self.delta_base(version)
             try:
-                result = self.client.fetch(version, target, deadline_s=self.deadline_s)
+                result = self.client.fetch(
+                    version,
+                    target,
+                    deadline_s=self.deadline_s,
+                    base=self.path(base) if base is not None else None,
+                )
             except (shardcast.VersionNotFoundError, shardcast.VersionGoneError) as exc:
                 # Versions are published before the orchestrator announces them, so a version no
                 # server lists was never published or has been retired: asking again cannot help.
                 raise PolicyUnavailable(version, f"not available: {exc}", permanent=True) from exc
             except (shardcast.ShardcastError, OSError) as exc:
                 raise PolicyUnavailable(version, str(exc), permanent=False) from exc
-            log.info(
-                "fetched policy v%d (%d bytes in %.2fs)", version, result.manifest.file_size, result.seconds
+            self._fetched(
+                PolicyFetch(
+                    version,
+                    result.manifest.file_size,
+                    result.bytes_downloaded,
+                    result.bytes_resumed,
+                    base if result.used_delta else None,
+                    False,
+                    result.seconds,
+                )
             )
-            self._prune(version)
         return target
+
+    def delta_base(self, version: int) -> int | None:
+        """The newest cached version older than ``version`` (the delta base offered to shardcast)."""
+        older = [cached for cached in version_dirs(self.cache_dir) if cached < version]
+        return next((cached for cached in sorted(older, reverse=True) if self.path(cached).is_file()), None)
+
+    def _fetched(self, fetch: PolicyFetch) -> None:
+        """Record one version brought in (log line, metrics record, ``on_fetch``), then prune."""
+        if fetch.linked:
+            how = "linked from the trainer's file on this machine"
+        elif fetch.used_delta:
+            how = f"delta against v{fetch.delta_base}"
+        else:
+            how = "full"
+        log.info(
+            "fetched policy v%d (%s): %d of %d bytes downloaded in %.2fs",
+            fetch.version,
+            how,
+            fetch.bytes_downloaded,
+            fetch.file_bytes,
+            fetch.seconds,
+        )
+        get_metrics().log(
+            "policy_fetched",
+            policy_version=fetch.version,
+            bytes_downloaded=fetch.bytes_downloaded,
+            bytes_resumed=fetch.bytes_resumed,
+            file_bytes=fetch.file_bytes,
+            delta=fetch.used_delta,
+            delta_base=fetch.delta_base,
+            linked=fetch.linked,
+            seconds=round(fetch.seconds, 4),
+        )
+        if self.on_fetch is not None:
+            self.on_fetch(fetch)
+        self._prune(fetch.version)
 
     def wait_for_published(
         self, minimum: int, *, timeout_s: float, poll_s: float, log_every_s: float = WAIT_LOG_EVERY_S
@@ -223,14 +310,6 @@ class PolicyStore:
             return []
         return sorted(version for version in complete if version >= minimum)
 
-    def adopt(self, result: shardcast.FetchResult) -> None:
-        """Take a version another fetcher (the :class:`VersionFollower`) put into the cache folder."""
-        with self._lock:
-            target = self.path(result.version)
-            if result.path != target:  # published under another file name
-                os.replace(result.path, target)
-            self._prune(result.version)
-
     def _prune(self, newest: int) -> None:
         # Version 0 (the initial model) is never pruned: it is written once, not fetched again.
         fetched = [(version, path) for version, path in version_dirs(self.cache_dir).items() if version > 0]
@@ -239,10 +318,10 @@ class PolicyStore:
                 shutil.rmtree(path, ignore_errors=True)
 
 
-class _LinkingFollower(threading.Thread):
-    """The follower of a store with :class:`LocalPolicies`: every ``poll_s`` it lists the servers and
-    takes each new newest version through :meth:`PolicyStore.ensure` (a hard link when the trainer's
-    file is on this machine, else a download), then calls ``arrived(version)``."""
+class _StoreFollower(threading.Thread):
+    """Every ``poll_s`` it lists the servers and takes each new newest version through
+    :meth:`PolicyStore.ensure` (a hard link when the trainer's file is on this machine, else a
+    download against the newest cached version as delta base), then calls ``arrived(version)``."""
 
     def __init__(self, store: PolicyStore, arrived: Callable[[int], None], poll_s: float) -> None:
         super().__init__(name="policy-follower", daemon=True)
@@ -272,29 +351,22 @@ class _LinkingFollower(threading.Thread):
 class VersionFollower:
     """Fetches each new newest policy version into a :class:`PolicyStore`, in a background thread.
 
-    A ``shardcast.Follower`` does the work (with :class:`LocalPolicies`, a follower that links the
-    trainer's file on this machine through :meth:`PolicyStore.ensure`): every ``poll_s`` seconds it lists the servers and, when
-    a version newer than the last one it fetched is listed, downloads it into the store's cache
-    folder (the previous version serving as delta base), after which the store prunes old versions
-    and :attr:`newest_local` moves. Fetch errors are logged and retried at the next poll. With no
-    servers configured there is nothing to follow and the follower stays idle.
+    Every ``poll_s`` seconds it lists the servers and, when a version newer than the last one it
+    took is listed, brings it in through :meth:`PolicyStore.ensure` (so with the store's delta base,
+    link, pruning and ``policy_fetched`` record, and under its lock: a gate waiting in ``ensure``
+    for the same version never downloads it a second time), after which :attr:`newest_local`
+    moves. Fetch errors are logged and retried at the next poll. With no servers configured there
+    is nothing to follow and the follower stays idle.
+
+    (Not ``shardcast.Follower``: its first download after a restart has no delta base, and its
+    downloads bypass the store's lock.)
     """
 
     def __init__(self, store: PolicyStore, poll_s: float = 1.0) -> None:
         self.store = store
         self._newest = 0
         self._arrived = threading.Condition()
-        self._thread: shardcast.Follower | _LinkingFollower | None = None
-        if store.client is not None and store.local is not None:  # link the trainer's file when it is here
-            self._thread = _LinkingFollower(store, self._arrive, poll_s)
-        elif store.client is not None:
-            self._thread = store.client.follower(
-                self._on_fetched,
-                output_dir=store.cache_dir,
-                poll_interval_s=poll_s,
-                keep=None,  # the store prunes: it keeps version 0 and knows the version layout
-                deadline_s=store.deadline_s,
-            )
+        self._thread = _StoreFollower(store, self._arrive, poll_s) if store.client is not None else None
 
     @property
     def newest_local(self) -> int:
@@ -320,11 +392,6 @@ class VersionFollower:
         with self._arrived:
             self._arrived.wait_for(lambda: self._newest > than, timeout=timeout_s)
             return self._newest
-
-    def _on_fetched(self, result: shardcast.FetchResult) -> None:
-        self.store.adopt(result)
-        log.info("fetched policy v%d in the background (%.2fs)", result.version, result.seconds)
-        self._arrive(result.version)
 
     def _arrive(self, version: int) -> None:
         with self._arrived:

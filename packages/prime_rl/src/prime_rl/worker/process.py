@@ -3,8 +3,8 @@
 Loop (``prime-rl worker --config FILE [--workers.behaviour NAME]``):
 
 1. register with the orchestrator (``POST /workers/register``);
-2. a background :class:`~prime_rl.weights.store.VersionFollower` (``shardcast.Follower``)
-   downloads every new policy version while generation continues; between batches the worker
+2. a background :class:`~prime_rl.weights.store.VersionFollower` downloads every new policy
+   version (as a delta against the held one when the trainer published one) while generation continues; between batches the worker
    hot-reloads the newest downloaded version in place (``HFBackend.load_weights``);
 3. ``GET /tasks?version=<held>`` -> a lease, which fixes the policy version to generate with
    (``policy_version``): the held one if it is inside the async window (``step - async_level``),
