@@ -108,7 +108,7 @@ def write_config(root: Path, args: argparse.Namespace, network: Any) -> Path:
     model = root / "model"
     write_model(model, args)
     orchestrator_port, origin_port, *relay_ports = free_ports(2 + args.relays)
-    samples_per_step = 16
+    samples_per_step = args.samples_per_step
     sections: dict[str, dict[str, Any]] = {
         "model": {"path": str(model), "dtype": "float32"},
         "tasks": {"num_tasks": 1000, "digits": 1, "seed": args.seed},
@@ -339,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--think-s", type=float, default=0.0, help="mean pause after each batch (0: as fast as possible)"
+    )
+    parser.add_argument(
+        "--samples-per-step",
+        type=int,
+        default=16,
+        help="trainer samples per step (size it to the swarm's pace so that answered leases are trained)",
     )
     parser.add_argument("--kills", type=int, default=0, help="SIGKILLs and link cuts during the run")
     parser.add_argument(

@@ -94,6 +94,13 @@ def compute_figures(
             }
     violations = run["violations"]
     tasks = endpoints.get("/tasks", {})
+    # After the start: once every identity has answered its first lease (the registrations and first
+    # leases of all identities at once are a burst no paced swarm repeats).
+    first_batch: dict[str, float] = {}
+    for r in submitted:
+        first_batch.setdefault(r["identity"], r["t"])
+    started = max(first_batch.values()) if first_batch else None
+    later = [r["s"] for r in requests if started is not None and r["t"] > started and _endpoint(r["path"]) == "/tasks"]
     summary = {
         "identities": args["identities"], "hosts": hosts, "think_s": args["think_s"], "kills": len(kills),
         "network": run["network"], "emulated_wan": run["emulated"], "run_exit_code": run["run_code"],
@@ -101,6 +108,9 @@ def compute_figures(
         "requests_per_s": round(len(requests) / request_window, 1) if request_window else None,
         "lease_cycles_per_s": round(len(submitted) / window, 2) if window else None,
         "tasks_p50_ms": tasks.get("p50_ms"), "tasks_p99_ms": tasks.get("p99_ms"),
+        "start_s": round(started - min(span), 1) if started is not None and span else None,
+        "tasks_after_start": len(later), "tasks_p50_after_start_ms": _ms(_quantile(later, 0.5)),
+        "tasks_p99_after_start_ms": _ms(_quantile(later, 0.99)),
         "leases_per_min_per_honest_identity": round(honest_batches / len(honest_ids) / (window / 60), 3) if window and honest_ids else None,
         "validator_samples_per_s": round(judged / verdict_span, 2) if verdict_span else None,
         "validator_batch_s_p50": _quantile([v["seconds"] for v in verdicts], 0.5),
@@ -116,7 +126,9 @@ def compute_figures(
         "honest_rejected": len(violations["honest_not_rejected"]), "honest_banned": len(violations["honest_not_banned"]),
         "invariants_ok": not any(violations.values()),
     }  # fmt: skip
+    per_step = args.get("samples_per_step", 16)
     label = f"N={args['identities']}" + (f", think {args['think_s']}s" if args["think_s"] else "") + (
+        f", {per_step} samples/step" if per_step != 16 else "") + (
         f", {len(kills)} kills" if args["kills"] else "") + (", WAN" if run["emulated"] else "") + (
         f", {summary['payload']}" if args.get("payload_mb") else "")  # fmt: skip
     return {
@@ -190,6 +202,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 GROWTH = [
     ("run", None), ("WAN emulated", "emulated_wan"), ("req/s", "requests_per_s"), ("lease cycles/s", "lease_cycles_per_s"),
     ("/tasks 429 share", "tasks_busy_share"), ("/tasks p50 ms", "tasks_p50_ms"), ("/tasks p99 ms", "tasks_p99_ms"),
+    ("/tasks p99 ms after start", "tasks_p99_after_start_ms"),
     ("leases/min per honest id", "leases_per_min_per_honest_identity"), ("validator samples/s", "validator_samples_per_s"), ("validator s/batch p50", "validator_batch_s_p50"),
     ("queue age p99 s", "queue_age_p99_s"), ("payload per version", None),
     ("bytes/host/version p50", None), ("time-to-all p50 s", "time_to_all_p50_s"),
