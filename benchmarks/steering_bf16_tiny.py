@@ -34,7 +34,8 @@ over the held-out pool (what withholding costs them).
 
 Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/steering_bf16_tiny.py --json
 benchmarks/results/steering_bf16_tiny.json`` (decoding the pools is the long part; ``--cache``
-keeps them; the replay is ~3 min at ``--repeats 32`` on the loaded 2-core machine).
+keeps them; the replays took 501-624 s per answer window at ``--repeats 32``, three at once on the
+shared 2-core machine: ``benchmarks/results/steering_bf16_tiny.md``).
 """
 
 from __future__ import annotations
