@@ -17,17 +17,25 @@ proof results). Three pools of 256-token completions:
    goes). The old rule (one count at the tolerance, hard limit 3x the largest honest margin, mean
    log-prob gap) is replayed beside the new one with its own attacker.
 
+Three variants, replayed on the same random streams (``new`` and ``withheld`` share the attacker's
+pool, so their rows are paired): ``old`` (the rule before issue #34), ``new`` (the per-threshold
+rule, every accepted batch releasable) and ``withheld`` (the same rule, and the orchestrator never
+releases a batch whose accepted sample has a token beyond the tolerance, ``Verdict.beyond_tolerance``).
+
 Then :func:`replay_run`: the rule (a rejected sample trains nothing), the identity's evidence
 (whole history and CUSUM; its ban drops what it holds) and the orchestrator's own ``ReleaseBook``
 at the run's defaults (2,048 more accepted tokens, the largest evidence since the batch below 0.25
 of the threshold, probation). An attacker spreads
 ``--samples`` samples over I fresh identities, a share r of them steered. Reported per (rule, r,
 I): steered tokens per 10^6 trained (every token of a steered sample counts, as in
-``steering_budget.py``), swapped tokens per 10^6 trained, identities banned; and honest
-identities' rejections and bans over the held-out pool.
+``steering_budget.py``), the steered samples and tokens trained (the denominators), swapped tokens
+per 10^6 trained, identities banned; and honest identities' rejections, bans and trained tokens
+over the held-out pool (what withholding costs them).
 
 Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/steering_bf16_tiny.py --json
-benchmarks/results/steering_bf16_tiny.json`` (~1-2 min on 2 cores).
+benchmarks/results/steering_bf16_tiny.json`` (decoding the pools is the long part; ``--cache``
+keeps them; the replays took 501-624 s per answer window at ``--repeats 32``, three at once on the
+shared 2-core machine: ``benchmarks/results/steering_bf16_tiny.md``).
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ from prime_rl.validator.tolerances import for_precision
 TEMPERATURE = 1.0
 RATES = (1.0, 0.3, 0.1, 0.03)
 IDENTITIES = (4, 16)
+KEYS = ("trained", "steered_trained", "steered_samples_trained", "swaps_trained", "banned", "honest_trained", "honest_banned")
 OLD_GRID = (1e-6, 1e-5, 1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.2, 0.3, 0.5, 1.0)
 """toploc's sampling-margin grid before issue #34 added 0.25 (the "old" rows are judged on it)."""
 
@@ -118,18 +127,21 @@ class Book:
 
 def replay_run(tests: toploc.EvidenceTests, identities: list[list[tuple[SampleStats, int]]],
                honest: list[SampleStats], rejected: Callable[[SampleStats], bool],
-               release_max_evidence: float | None = None) -> dict[str, int]:  # fmt: skip
+               release_max_evidence: float | None = None, tolerance: float | None = None) -> dict[str, int]:  # fmt: skip
     """One run through the orchestrator's real ``ReleaseBook`` at the run's defaults
     (``release_after_tokens``, the largest evidence since the batch below ``release_max_evidence``,
     probation and its run-wide budget), each sample one batch, judged by the rule and the identity's
     evidence (a ban drops everything the identity holds and ends it). ``release_max_evidence``
-    replaces the run's default (0.25) where given.
+    replaces the run's default (0.25) where given. ``tolerance``: each accepted verdict carries the
+    sample's tokens beyond it (``Verdict.beyond_tolerance``), so the book withholds those batches
+    (None: every verdict carries 0, the book before issue #34's withholding).
 
     The attacker's identities come one after another (Sybil churn); one honest worker (``honest``,
     its own identity) submits a sample before each of the attacker's, so trusted work funds the
     probation budget as in a real run. ``(sample, swaps)``: swaps > 0 marks a steered sample.
-    Returns the attacker's trained tokens, tokens of its steered samples trained, its swaps trained
-    and identities banned, and the honest worker's trained tokens and ban (0/1).
+    Returns the attacker's trained tokens, tokens of its steered samples trained, its steered
+    samples trained, its swaps trained and identities banned, and the honest worker's trained
+    tokens and ban (0/1).
     """
     orch = load_config(None, []).orchestrator
     max_evidence = orch.release_max_evidence if release_max_evidence is None else release_max_evidence
@@ -137,22 +149,24 @@ def replay_run(tests: toploc.EvidenceTests, identities: list[list[tuple[SampleSt
                        probation_tokens=orch.probation_tokens_or_default, probation_max_evidence=orch.probation_max_evidence,
                        probation_release_share=orch.probation_release_share)  # fmt: skip
     held: dict[str, tuple[str, int, int]] = {}  # batch id -> (worker, tokens, swaps)
-    out = {"trained": 0, "steered_trained": 0, "swaps_trained": 0, "banned": 0, "honest_trained": 0, "honest_banned": 0}
+    out = dict.fromkeys(KEYS, 0)
     evidence = {"h": toploc.WorkerEvidence(tests)}
     banned: set[str] = set()
 
     def judge(worker: str, batch_id: str, sample: SampleStats, swaps: int) -> None:
-        state = evidence[worker].update(sample.observations())
+        state = evidence[worker].update(observations_of(sample))
         if state.banned:
             banned.add(worker)
             for batch in [b for b, h in held.items() if h[0] == worker]:
                 del held[batch]
             return
-        accepted = not rejected(sample)
+        accepted = not rejected_memo(sample)
+        beyond = int((sample.margins > tolerance).sum()) if tolerance is not None and accepted else 0
         verdict = Verdict(sample_index=0, accepted=accepted, reason="ok" if accepted else "sampling_mismatch",
-                          reward=0.0, advantage=0.0, logprobs=[0.0] * sample.margins.size if accepted else [])  # fmt: skip
+                          reward=0.0, advantage=0.0, logprobs=[0.0] * sample.margins.size if accepted else [],
+                          beyond_tolerance=beyond)  # fmt: skip
         book.judged(batch_id, worker, [verdict], state.fraction)
-        if accepted:
+        if accepted and not beyond:  # (a withheld batch is never released: no need to ask)
             held[batch_id] = (worker, sample.margins.size, swaps)
         for batch, (owner, tokens, swapped) in list(held.items()):
             if book.released(batch, owner):
@@ -162,7 +176,14 @@ def replay_run(tests: toploc.EvidenceTests, identities: list[list[tuple[SampleSt
                     continue
                 out["trained"] += tokens
                 out["steered_trained"] += tokens if swapped else 0
+                out["steered_samples_trained"] += bool(swapped)
                 out["swaps_trained"] += swapped
+
+    def rejected_memo(sample: SampleStats) -> bool:
+        key = (id(rejected), id(sample))
+        if key not in _REJECTED:
+            _REJECTED[key] = (sample, rejected(sample))
+        return _REJECTED[key][1]
 
     step = 0
     for number, stream in enumerate(identities):
@@ -178,6 +199,19 @@ def replay_run(tests: toploc.EvidenceTests, identities: list[list[tuple[SampleSt
                 break
     out["honest_banned"] = int("h" in banned)
     return out
+
+
+_OBSERVATIONS: dict[int, tuple[SampleStats, toploc.Observations]] = {}
+_REJECTED: dict[tuple[int, int], tuple[SampleStats, bool]] = {}
+"""Per sample (by id, the sample kept alive beside it): its observations, and per rule (by the id of
+its ``rejected``, alive for the whole run) its judgement (the replays judge the same pooled samples
+thousands of times)."""
+
+
+def observations_of(sample: SampleStats) -> toploc.Observations:
+    if id(sample) not in _OBSERVATIONS:
+        _OBSERVATIONS[id(sample)] = (sample, sample.observations())
+    return _OBSERVATIONS[id(sample)][1]
 
 
 def tiny_model(dtype: torch.dtype) -> torch.nn.Module:
@@ -274,9 +308,14 @@ def main() -> None:
         pools[name] = collected[key] = list(zip(pool, spender.finish(), strict=True))
     if args.cache:
         args.cache.write_bytes(pickle.dumps((calibration, honest, collected)))
-    rng = np.random.default_rng(0)
-    for name, rule, rejected in (("old", old_rule, rejected_old), ("new", new_rule, rejected_new)):
-        pool = pools[name]
+    variants = (  # (row name, rule, pool and evidence tests, rejected, withholding tolerance)
+        ("old", old_rule, "old", rejected_old, None),
+        ("new", new_rule, "new", rejected_new, None),
+        ("withheld", new_rule, "new", rejected_new, new_rule.tolerance),
+    )
+    for name, rule, family, rejected, withhold in variants:
+        rng = np.random.default_rng(0)  # the same streams for every variant: "new" and "withheld" are paired
+        pool = pools[family]
         honest_rejected = sum(rejected(s) for s in honest)
         pool_rejected = sum(rejected(s) for s, _ in pool)
         swaps = float(np.mean([k for _, k in pool]))
@@ -285,6 +324,9 @@ def main() -> None:
             "bands": [list(b) for b in rule.bands], "swaps_per_steered_sample": swaps,
             "steered_samples_rejected": pool_rejected, "steered_samples": len(pool),
             "honest_samples_rejected": honest_rejected, "honest_samples": len(honest),
+            "withholding": withhold is not None,
+            "honest_samples_beyond_tolerance": sum(int((s.margins > rule.tolerance).any()) for s in honest),
+            "calibration_samples_beyond_tolerance": sum(int((s.margins > rule.tolerance).any()) for s in calibration),
         }  # fmt: skip
         print(f"{name} rule: tolerance {rule.tolerance}, hard limit {rule.hard_limit:.3g}, allowed({n}) = {rule.allowed(n)}; "
               f"attacker swaps {swaps:.1f}/sample, {pool_rejected}/{len(pool)} steered and {honest_rejected}/{len(honest)} "
@@ -292,13 +334,14 @@ def main() -> None:
         honest_bans = honest_workers = 0
         for rate in RATES:
             for identities in IDENTITIES:
-                totals = {"trained": 0, "steered_trained": 0, "swaps_trained": 0, "banned": 0, "honest_trained": 0, "honest_banned": 0}
+                totals = dict.fromkeys(KEYS, 0)
                 for _ in range(args.repeats):
                     flags = rng.random(args.samples) < rate
                     stream = [pool[rng.integers(len(pool))] if f else (honest[rng.integers(len(honest))], 0) for f in flags]
                     chunks = np.array_split(np.arange(args.samples), identities)
                     own = [honest[i] for i in rng.permutation(len(honest))]
-                    row = replay_run(tests[name], [[stream[i] for i in chunk] for chunk in chunks], own, rejected, args.release_max_evidence)
+                    row = replay_run(tests[family], [[stream[i] for i in chunk] for chunk in chunks], own, rejected,
+                                     args.release_max_evidence, withhold)  # fmt: skip
                     totals = {key: totals[key] + row[key] for key in totals}
                 honest_bans += totals["honest_banned"]
                 honest_workers += args.repeats
@@ -306,21 +349,27 @@ def main() -> None:
                 per_million = 1e6 * totals["steered_trained"] / trained if trained else 0.0
                 swapped = 1e6 * totals["swaps_trained"] / trained if trained else 0.0
                 print(f"  {name} r={rate:g} I={identities}: {per_million:.0f} tokens of steered samples per 10^6 trained, "
-                      f"{swapped:.0f} swapped; trained {trained}, banned {totals['banned']}/{identities * args.repeats}")  # fmt: skip
+                      f"{swapped:.0f} swapped; trained {trained} ({totals['steered_samples_trained']} steered samples), "
+                      f"banned {totals['banned']}/{identities * args.repeats}; honest worker trained {totals['honest_trained']}")  # fmt: skip
                 result["rows"].append({"rule": name, "rate": rate, "identities": identities, "steered_per_million": per_million,
                                        "swapped_per_million": swapped, "trained": trained, "banned": totals["banned"],
                                        "attackers": identities * args.repeats, "honest_trained": totals["honest_trained"],
-                                       "honest_banned": totals["honest_banned"]})  # fmt: skip
-        bans = 0
+                                       "honest_banned": totals["honest_banned"],
+                                       "steered_samples_trained": totals["steered_samples_trained"]})  # fmt: skip
+        bans = honest_only_trained = 0
         for identities in IDENTITIES:  # honest identities only, same churn: none may be banned
             chunks = np.array_split(rng.permutation(len(honest)), identities)
-            row = replay_run(tests[name], [[(honest[i], 0) for i in chunk] for chunk in chunks], honest, rejected, args.release_max_evidence)
+            row = replay_run(tests[family], [[(honest[i], 0) for i in chunk] for chunk in chunks], honest, rejected,
+                             args.release_max_evidence, withhold)  # fmt: skip
             bans += row["banned"] + row["honest_banned"]
+            honest_only_trained += row["trained"] + row["honest_trained"]
+        result["rules"][name]["honest_only_trained"] = honest_only_trained
+        result["rules"][name]["honest_only_offered"] = 2 * len(IDENTITIES) * len(honest) * n
         result["rules"][name]["honest_workers_beside_attackers"] = honest_workers
         result["rules"][name]["honest_workers_banned_beside_attackers"] = honest_bans
         fractions = []
         for chunk in np.array_split(np.arange(len(honest)), 4):
-            evidence = toploc.WorkerEvidence(tests[name])
+            evidence = toploc.WorkerEvidence(tests[family])
             fractions += [evidence.update(honest[i].observations()).fraction for i in chunk]
         result["rules"][name]["honest_bans"] = bans
         result["rules"][name]["honest_identities"] = sum(IDENTITIES) + len(IDENTITIES)

@@ -180,3 +180,80 @@ def test_release_equals_the_whole_history_reference(judgements: list[tuple[int, 
         later = [e for _, e in judgements[k:] if e is not None]
         expected = cumulative[-1] >= cumulative[k] + after and all(e < 0.25 for e in later)
         assert book.released(f"b{k}", "w") == expected, k
+
+
+def _beyond(count: int) -> list[Verdict]:
+    """``_verdicts()`` with ``count`` tokens beyond the sampling tolerance in the last sample."""
+    verdicts = _verdicts()
+    verdicts[-1] = verdicts[-1].model_copy(update={"beyond_tolerance": count})
+    return verdicts
+
+
+def test_a_batch_with_a_token_beyond_the_sampling_tolerance_is_never_released() -> None:
+    """Issue #34 item 9: the allowance beyond the tolerance can be spent on chosen tokens, and one to
+    five of them lift the evidence less than the release bound. Such a batch is withheld for good,
+    whatever the evidence; its tokens still count towards releasing the worker's later batches, not
+    towards the probation budget, and replaying the events gives the same book."""
+    events: list[dict[str, Any]] = []
+
+    class Store:
+        def append_event(self, event: dict[str, Any]) -> None:
+            events.append(event)
+
+    def book(store: Any) -> ReleaseBook:
+        return ReleaseBook(store, after_tokens=TOKENS, max_evidence=0.25, probation_tokens=TOKENS,
+                           probation_release_share=1.0)  # fmt: skip
+
+    live = book(Store())
+    live.judged("p0", "w", _verdicts(), 0.0)  # probation (trusted from here)
+    live.judged("p1", "w", _beyond(1), 0.0)  # trusted work, withheld: funds no probation budget
+    for k in range(2, 5):
+        live.judged(f"p{k}", "w", _verdicts(), 0.0)
+    live.judged("h", "honest", _verdicts(), 0.0)
+    live.judged("q0", "fresh", _beyond(2), 0.0)  # a probation batch withheld: never granted
+    live.judged("q1", "fresh", _verdicts(), 0.0)
+    assert not live.released("p1", "w") and not live.released("q0", "fresh")
+    assert live.released("p2", "w") and live.released("p3", "w") and not live.released("p4", "w")
+    assert live.worker_tokens("w") == 5 * TOKENS  # p1 prefilled and fed the evidence: its tokens count
+    assert live.trusted_tokens == 3 * TOKENS + TOKENS  # p2..p4 and q1, not p1
+    assert [e.get("withheld", False) for e in events] == [False, True, False, False, False, False, True, False]
+    replayed = book(_NoStore())
+    for event in events:
+        replayed.replay(event)
+    for batch_id, worker in [("p0", "w"), ("p1", "w"), ("p2", "w"), ("p3", "w"), ("q0", "fresh"), ("q1", "fresh")]:
+        assert replayed.released(batch_id, worker) == live.released(batch_id, worker), batch_id
+
+
+def test_a_withheld_batch_is_never_claimed_over_http(server_factory: Any, batch_for: Any) -> None:
+    server = server_factory(
+        "--orchestrator.release_after_tokens", "0", "--orchestrator.probation_tokens", "0",
+        "--trainer.samples_per_step", "2",
+    )  # fmt: skip
+    run = Run(server, batch_for)
+    a = run.register()
+    a0, a1 = run.submit(a), run.submit(a)
+    run.client.post_verdicts(VerdictRequest(batch_id=a0, verdicts=_beyond(1), worker_evidence=0.0))
+    _judge(run.client, a1, evidence=0.0)
+    waiting = run.client.claim(0, 2 * SAMPLES)
+    assert (waiting.available_samples, waiting.held_samples) == (SAMPLES, SAMPLES)
+    claim = run.client.claim(0, SAMPLES)
+    assert claim.ready and {s.batch_id for s in claim.samples} == {a1}
+
+
+def test_a_withheld_batchs_tasks_go_to_another_identity(server_factory: Any, batch_for: Any) -> None:
+    """One token beyond the tolerance keeps a batch out of training, so it must not keep its tasks out
+    too (issue #34 item 2, the free veto): they are leased again to another identity, without charge
+    (honest noise puts such tokens there too), as an expired lease's are."""
+    server = server_factory("--orchestrator.probation_tokens", "0", "--trainer.samples_per_step", "2")
+    run = Run(server, batch_for)
+    a, b = run.register(), run.register()
+    run.client.worker_token = run.tokens[a]
+    lease = run.client.get_tasks(a)
+    batch_id = run.client.submit_rollouts(batch_for(lease)).batch_id
+    run.client.post_verdicts(VerdictRequest(batch_id=batch_id, verdicts=_beyond(1), worker_evidence=0.0))
+    run.client.worker_token = run.tokens[b]
+    again = run.client.get_tasks(b)
+    assert again.reassigned_from is not None and again.reassigned_from.worker_id == a
+    assert [t.task_id for t in again.tasks] == [t.task_id for t in lease.tasks]
+    stats = {w.worker_id: w for w in run.client.workers().workers}
+    assert stats[a].leases_expired == 0  # no charge

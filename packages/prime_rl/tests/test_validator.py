@@ -520,3 +520,34 @@ def test_a_validator_with_another_assignment_key_stops_instead_of_rejecting_hone
     batch, record = _honest(backend, "keys")
     with pytest.raises(AssignmentKeyMismatch, match="assignment_secret"):
         verdicts_for(batch, record, backend, checks=replace(CHECKS, assignment_key=b"another-key-another-key"))
+
+
+def test_accepted_verdicts_count_the_tokens_beyond_the_sampling_tolerance(backend, monkeypatch):
+    """A bf16 rule accepts a few tokens beyond the tolerance (honest noise puts them there); the
+    verdict says how many, so the orchestrator never trains on them (issue #34 item 9). The margins
+    are the validator's real ones (fp32: all 0) with the first token of sample 1 lifted to 0.2."""
+    import torch
+
+    from prime_rl.validator import checks as checks_module
+    from prime_rl.validator.token_rule import TokenRule
+
+    real = checks_module.sampling_margins
+    calls = []
+
+    def margins(logits, tokens, seed, temperature):
+        out = real(logits, tokens, seed, temperature)
+        calls.append(seed)
+        if len(calls) == 2:
+            out = out.clone()
+            out[0] = 0.2
+        return out
+
+    monkeypatch.setattr(checks_module, "sampling_margins", margins)
+    rule = TokenRule(tolerance=0.1, rate=0.2, hard_limit=0.3)  # allows a token beyond 0.1 in a 6-token sample
+    assert rule.problem(torch.tensor([0.2, 0, 0, 0, 0, 0])) is None
+    batch, record = _honest(backend, "beyond")
+    from dataclasses import replace
+
+    verdicts = verdicts_for(batch, record, backend, checks=replace(CHECKS, sampling_rule=rule))
+    assert all(v.accepted for v in verdicts), [(v.reason, v.detail) for v in verdicts]
+    assert [v.beyond_tolerance for v in verdicts] == [0, 1] + [0] * (len(verdicts) - 2)

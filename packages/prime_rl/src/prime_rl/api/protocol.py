@@ -353,6 +353,11 @@ class Verdict(ApiModel):
         description="Accepted: the log-prob of each completion token recomputed by the validator's prefill "
         "with the generating policy (what the trainer receives); rejected: empty.",
     )
+    beyond_tolerance: NonNegInt = Field(
+        default=0,
+        description="Accepted: tokens whose sampling margin lies beyond the validator's sampling tolerance (bf16 "
+        "allows a few, as honest noise does); a batch with any is never trained on (orchestrator ReleaseBook).",
+    )
 
 
 UNVERIFIABLE_REASONS = frozenset({"reward_unverifiable", "tool_unverifiable"})

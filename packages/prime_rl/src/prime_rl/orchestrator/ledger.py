@@ -74,7 +74,7 @@ from prime_rl.orchestrator.claims import ClaimSelection, select_claim
 from prime_rl.orchestrator.identities import FreshIdentities
 from prime_rl.orchestrator.lease_rules import LeaseRules
 from prime_rl.orchestrator.leases import LeaseBook, TaskPrompts
-from prime_rl.orchestrator.release import ReleaseBook
+from prime_rl.orchestrator.release import ReleaseBook, withheld
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
 from prime_rl.weights.layout import POLICY_FILENAME
@@ -174,6 +174,8 @@ class Ledger:
                 self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], None)  # crashed between writes
             if validator_judged:
                 rejected = _rejected(batch.verdicts or [])
+                if not rejected and withheld(batch.verdicts or []):  # as in record_verdicts
+                    self.leases.return_tasks(batch.worker_id, batch.meta.batch_index, replaying=True)
                 self.leases.mark_judged(batch.worker_id, batch.meta.batch_index, rejected=rejected, replaying=True)
             elif batch.expired:  # never judged: its tasks go to another identity, as in _expire_useless
                 self.leases.return_tasks(batch.worker_id, batch.meta.batch_index, replaying=True)
@@ -417,6 +419,11 @@ class Ledger:
             self.release.replay(judged)
             stored = self.batches[request.batch_id]
             rejected = _rejected(stored.verdicts or [])
+            if not rejected and withheld(stored.verdicts or []):
+                # Never trained (``release.py``): its tasks go to another identity, so a worker cannot
+                # keep tasks out of training with one token beyond the tolerance; no charge, since
+                # honest noise puts such tokens there too (before mark_judged: a returned lease never folds).
+                self.leases.return_tasks(stored.worker_id, stored.meta.batch_index)
             self.leases.mark_judged(stored.worker_id, stored.meta.batch_index, rejected=rejected)
             if rejected:
                 self.rules.ban_abandoners({stored.worker_id})

@@ -29,6 +29,20 @@ in fresh identities' first batches reaches training at most at that share of rea
 however many identities it is spread over: each identity pays ``probation_tokens`` of accepted
 work before any of its work counts, and all of them share one budget.
 
+**Tokens beyond the sampling tolerance.** A batch with an accepted sample that has any token whose
+sampling margin lies beyond the validator's sampling tolerance (``Verdict.beyond_tolerance``) is
+never released. The bf16 rule accepts a few such tokens per sample because honest noise puts them
+there and a rejection costs the whole lease, but the seeded sampler tells a worker every margin in
+advance, so it can spend exactly that allowance on tokens of its choosing. One to five such tokens
+in a sample lift an identity's evidence less than one release bound, and a Sybil attacker gives
+each identity too few samples for a ban, so those samples were trained on (issue #34 item 9).
+Withheld, they train nothing, whatever the identity's history.
+The cost is the share of honest samples with such a token (none in fp32, where the rule allows
+none; ``benchmarks/results/steering_bf16_tiny.md`` for bf16). A withheld batch still counts as
+accepted tokens towards releasing its worker's later batches (it was prefilled and fed the
+evidence), but it never counts as trusted work funding the probation budget, and a probation batch
+withheld is never granted.
+
 A deviation the evidence bans within ``release_after_tokens`` of its start therefore trains
 nothing; a deviation too weak to be banned trains nothing either once it lifts its worker's score
 above ``release_max_evidence`` (honest workers stay below 6% of the threshold: README). Held
@@ -58,12 +72,18 @@ from typing import Any
 from prime_rl.api.protocol import Verdict
 from prime_rl.orchestrator.store import RolloutStore
 
-__all__ = ["ReleaseBook", "accepted_tokens"]
+__all__ = ["ReleaseBook", "accepted_tokens", "withheld"]
 
 
 def accepted_tokens(verdicts: Sequence[Verdict]) -> int:
     """Completion tokens of the accepted samples (each carries one recomputed log-prob per token)."""
     return sum(len(v.logprobs) for v in verdicts if v.accepted)
+
+
+def withheld(verdicts: Sequence[Verdict]) -> bool:
+    """Whether an accepted sample of the batch has a token beyond the sampling tolerance (module
+    docstring: such a batch is never released)."""
+    return any(v.accepted and v.beyond_tolerance > 0 for v in verdicts)
 
 
 @dataclass
@@ -97,6 +117,7 @@ class _Batch:
     tokens: int
     probation: bool
     granted: bool = False
+    withheld: bool = False  # a sample with tokens beyond the sampling tolerance: never released
 
 
 class ReleaseBook:
@@ -134,7 +155,8 @@ class ReleaseBook:
     def replay(self, event: dict[str, Any]) -> None:
         """Apply one logged event of a kind in ``EVENTS`` (restart rebuild)."""
         evidence = event.get("evidence")
-        self._apply(str(event["batch_id"]), str(event["worker_id"]), int(event["tokens"]), evidence)
+        batch_id, worker_id, tokens = str(event["batch_id"]), str(event["worker_id"]), int(event["tokens"])
+        self._apply(batch_id, worker_id, tokens, evidence, withheld=bool(event.get("withheld", False)))
 
     def judged(self, batch_id: str, worker_id: str, verdicts: Sequence[Verdict], evidence: float | None) -> None:
         """Count a batch the validator just judged (once per batch; ``evidence``: the worker's
@@ -152,7 +174,10 @@ class ReleaseBook:
         if batch_id in self._batches:
             return None
         tokens = accepted_tokens(verdicts)
-        return {"event": "judged", "batch_id": batch_id, "worker_id": worker_id, "tokens": tokens, "evidence": evidence}
+        event = {"event": "judged", "batch_id": batch_id, "worker_id": worker_id, "tokens": tokens, "evidence": evidence}
+        if withheld(verdicts):
+            event["withheld"] = True  # absent otherwise: events written before it replay the same
+        return event
 
     def counted(self, batch_id: str) -> bool:
         return batch_id in self._batches
@@ -167,7 +192,7 @@ class ReleaseBook:
         worker = self._workers.get(worker_id)
         return self.probation_tokens == 0 or (worker is not None and worker.trusted)
 
-    def _apply(self, batch_id: str, worker_id: str, tokens: int, evidence: float | None) -> None:
+    def _apply(self, batch_id: str, worker_id: str, tokens: int, evidence: float | None, *, withheld: bool) -> None:
         if batch_id in self._batches:
             return
         worker = self._workers.setdefault(worker_id, _Worker(trusted=self.probation_tokens == 0))
@@ -176,14 +201,16 @@ class ReleaseBook:
         if evidence is not None:
             worker.report(float(evidence))
         batch = _Batch(worker_id, worker.judgements, worker.accepted_tokens + self.after_tokens, tokens, not worker.trusted)
+        batch.withheld = withheld
         self._batches[batch_id] = batch
         if batch.probation:
-            worker.probation_batches.append(batch_id)
+            if not withheld:
+                worker.probation_batches.append(batch_id)
             if worker.accepted_tokens >= self.probation_tokens and worker.max_evidence < self.probation_max_evidence:
                 worker.trusted = True
                 self._grant_queue.extend(worker.probation_batches)
                 worker.probation_batches.clear()
-        else:
+        elif not withheld:
             self.trusted_tokens += tokens
         self._grant()
 
@@ -201,7 +228,7 @@ class ReleaseBook:
     def released(self, batch_id: str, worker_id: str) -> bool:
         """Whether the judged batch ``batch_id`` of ``worker_id`` may be claimed now."""
         batch = self._batches.get(batch_id)
-        if batch is None:  # not judged by the validator (awaiting validation, or expired)
+        if batch is None or batch.withheld:  # not judged by the validator (awaiting validation, or expired)
             return False
         worker = self._workers[worker_id]
         if worker.accepted_tokens < batch.release_at or (batch.probation and not batch.granted):

@@ -207,6 +207,9 @@ class Pending:
     claimed_reward: float | None = None
     """A claim below a clean recomputation that was accepted (``rewards.py``, rule 3): the reward the
     worker's advantage claims rest on. None: they rest on ``reward``."""
+    beyond_tolerance: int = 0
+    """Tokens whose sampling margin lies beyond the sampling tolerance (the rule allowed them): such a
+    sample is accepted but never trained on (``orchestrator.release``)."""
 
     def reject(self, reason: Reason, detail: str) -> None:
         if self.reason is Reason.ACCEPTED:
@@ -382,6 +385,8 @@ def _model_checks_chunk(
         if why is not None:
             p.reject(Reason.SAMPLING_FAILED, why)
             continue
+        tolerance = checks.sampling_rule.tolerance if checks.sampling_rule is not None else checks.validator.sampling_tolerance
+        p.beyond_tolerance = int((margins > tolerance).sum())
         p.logprobs = trainer_logprobs  # what the trainer gets, never the claim
         why = logprob_problem(recomputed, claimed, checks)
         if why is not None:

@@ -23,7 +23,11 @@ our own H200 run with a random-weight model, ``benchmarks/results/gpu_check.md``
   (if the profile's rates bound the honest ones); what hides inside the rule, every token
   beyond the tolerance included, feeds the per-worker whole-history evidence
   (``toploc.evidence``), so a worker that spends its allowance on every sample is banned at the
-  rate it steers (``benchmarks/results/steering_bf16_tiny.md``).
+  rate it steers. A worker that spends it on one sample in ten or thirty, spread over fresh
+  identities, lifts no identity's evidence to a ban or the release bound; so an accepted sample
+  with any token beyond the tolerance is never trained on (``Verdict.beyond_tolerance``, the
+  orchestrator's ``ReleaseBook``): the allowance keeps an honest lease from being rejected, it
+  buys a steering worker nothing in training (``benchmarks/results/steering_bf16_tiny.md``).
 * **log-probs, per token**: the same rule on ``|claimed - recomputed|`` (``logprob_atol`` as the
   tolerance, the profile's ``logprob_gap`` grid); without a profile every token within
   ``logprob_atol``.

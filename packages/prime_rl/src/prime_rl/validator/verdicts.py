@@ -101,7 +101,8 @@ def validate_batch(
     except Exception as exc:  # a validator bug must reject, not crash the process
         return [_verdict(p.index, Reason.INTERNAL_ERROR, f"{exc!r:.300}") for p in pending]
     return [
-        _verdict(p.index, p.reason, p.detail, p.reward, advantages.get(p.index), p.logprobs) for p in pending
+        _verdict(p.index, p.reason, p.detail, p.reward, advantages.get(p.index), p.logprobs, p.beyond_tolerance)
+        for p in pending
     ]
 
 
@@ -140,9 +141,11 @@ def _verdict(
     reward: float | None = None,
     advantage: float | None = None,
     logprobs: Sequence[float] = (),
+    beyond_tolerance: int = 0,
 ) -> Verdict:
     """The wire verdict (reward/advantage 0 where the checks stopped before computing them; the
-    recomputed log-probs only when accepted: they are what the trainer learns from)."""
+    recomputed log-probs and the tokens beyond the sampling tolerance only when accepted: they are
+    what the trainer learns from, and what keeps it from learning)."""
     accepted = reason is Reason.ACCEPTED
     return Verdict(
         sample_index=index,
@@ -152,6 +155,7 @@ def _verdict(
         reward=float(reward) if reward is not None else 0.0,
         advantage=float(advantage) if advantage is not None else 0.0,
         logprobs=list(logprobs) if accepted else [],
+        beyond_tolerance=beyond_tolerance if accepted else 0,
     )
 
 
