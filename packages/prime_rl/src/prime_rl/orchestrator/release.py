@@ -42,6 +42,10 @@ none; ``benchmarks/results/steering_bf16_tiny.md`` for bf16). A withheld batch s
 accepted tokens towards releasing its worker's later batches (it was prefilled and fed the
 evidence), but it never counts as trusted work funding the probation budget, and a probation batch
 withheld is never granted.
+Residual: a worker can put one such token into a batch it does not want trained; its tasks then go
+to another identity, whose fresh samples train instead. That is walking away without its cost (no
+allowance or ban charge here, since honest noise puts such tokens too): it chooses which of its own
+honest samples train, not which tasks do, and the replacement is another identity's draw.
 
 A deviation the evidence bans within ``release_after_tokens`` of its start therefore trains
 nothing; a deviation too weak to be banned trains nothing either once it lifts its worker's score
