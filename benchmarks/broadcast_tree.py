@@ -7,7 +7,7 @@ real bf16 weight deltas between RL steps. One run:
 - payload (benchmarks/broadcast_tree_payload.py): K consecutive bf16 checkpoints of a
   Qwen2-shaped model (about 64 MB), one real AdamW step apart, each published with
   `shardcast.publish_file(..., delta=True)` into the origin's data directory;
-- tree (`plan_tree`): `depth` tiers of relays with fan-out at most `fanout` (origin included):
+- tree (`plan_tree`, benchmarks/broadcast_tree_nodes.py): `depth` tiers of relays with fan-out at most `fanout` (origin included):
   ceil(N / fanout) leaf relays, each tier above ceil(tier below / fanout) relays, the top tier
   under the origin; so for a fixed depth a larger N means more relays, not a longer path;
 - processes: the origin (`shardcast origin`) and every relay (`shardcast relay`) are real
@@ -17,8 +17,10 @@ real bf16 weight deltas between RL steps. One run:
 - network (benchmarks/swarm_wan.py): one namespace per site on a bridge, `tc tbf` both ways at the
   site's rate, RTT and loss added by the site's proxy. A path between two sites crosses both
   access links, so each access link gets half the issue's RTT (25-150 ms, paths 50-300 ms) and
-  half its loss (0.25%, paths ~0.5%); rates 50-600 Mbit/s log-uniform; all seeded. Where
-  namespaces cannot be made it runs on loopback and says so;
+  half its loss (0.25%, paths ~0.5%); rates 50-600 Mbit/s log-uniform; drawn from a seed, site
+  by site (origin, relays tier by tier, then hosts), so the same seed gives the origin and the
+  first relays the same links in every configuration. Where namespaces cannot be made it runs
+  on loopback and says so;
 - cadence: version k+1 is published once every client holds version k and every relay has
   mirrored it completely (or `version_timeout_s` passed), so each version is timed alone.
 
@@ -35,10 +37,8 @@ import argparse
 import json
 import math
 import os
-import re
 import resource
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,79 +46,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import broadcast_tree_payload as payloads
-from shardcast_procs import free_port
-from swarm_wan import SwarmNetwork, open_network, run_ip
+from broadcast_tree_nodes import RelayVersion, Tree, TreePlan, plan_tree, tx_bytes
+from swarm_wan import open_network
 
-from prime_rl.launch.groups import stop_groups
 from shardcast import publish_file
 
-CLIENTS = Path(__file__).with_name("broadcast_tree_clients.py")
-# the relay's log lines (shardcast.cli's format: local time with milliseconds first)
-RELAY_LOG = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*?(mirroring|mirrored) v(\d+)(?: in [\d.]+s: (\d+) bytes)?",
-    re.M,
-)
-SERVER_PORT = 8000  # every site has its own address, so every server can take the same port
-
-
-@dataclass(frozen=True)
-class TreePlan:
-    """Who pulls from whom. Relays are numbered tier by tier from the top; parent -1 is the origin."""
-
-    depth: int
-    fanout: int
-    clients: int
-    relay_parent: tuple[int, ...]
-    relay_tier: tuple[int, ...]  # 1 (under the origin) .. depth (leaves)
-    client_parent: tuple[int, ...]  # the leaf relay of each client
-
-    @property
-    def relays(self) -> int:
-        return len(self.relay_parent)
-
-
-def plan_tree(depth: int, fanout: int, clients: int) -> TreePlan:
-    """The tree of `depth` relay tiers with fan-out at most `fanout` everywhere (origin included).
-
-    Tier sizes from the leaves up: ceil(clients / fanout), then ceil(tier below / fanout) each;
-    child i of a tier hangs under node i // fanout of the tier above. Raises ValueError when the
-    top tier would exceed `fanout` (the tree needs more depth for that many clients).
-    """
-    if depth < 1 or fanout < 1 or clients < 1:
-        raise ValueError(f"depth, fanout and clients must be >= 1, got {depth}, {fanout}, {clients}")
-    sizes = [math.ceil(clients / fanout)]
-    for _ in range(depth - 1):
-        sizes.insert(0, math.ceil(sizes[0] / fanout))
-    if sizes[0] > fanout:
-        raise ValueError(
-            f"{clients} clients with fan-out {fanout} need more than {depth} tiers "
-            f"(the origin would feed {sizes[0]} relays)"
-        )
-    parent: list[int] = []
-    tier: list[int] = []
-    first = [0]  # index of each tier's first relay
-    for level, size in enumerate(sizes, start=1):
-        parent += [-1 if level == 1 else first[-2] + i // fanout for i in range(size)]
-        tier += [level] * size
-        first.append(first[-1] + size)
-    leaves = first[-2]
-    return TreePlan(
-        depth,
-        fanout,
-        clients,
-        tuple(parent),
-        tuple(tier),
-        tuple(leaves + c // fanout for c in range(clients)),
-    )
-
-
-@dataclass
-class RelayVersion:
-    """One relay's log about one version: wall-clock start and end of its mirroring, payload bytes pulled."""
-
-    started: float | None = None
-    finished: float | None = None
-    pulled: int = 0
+__all__ = ["RunResult", "TreePlan", "VersionRow", "plan_tree", "run_tree"]
 
 
 @dataclass
@@ -168,149 +101,6 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def _tx_bytes(network: SwarmNetwork, site: int) -> int:
-    link = network.links[site]
-    shown = json.loads(run_ip("ip", "-n", link.namespace, "-s", "-j", "link", "show", "wan0"))
-    return int(shown[0]["stats64"]["tx"]["bytes"])
-
-
-class Tree:
-    """The running processes of one plan on one network; `close()` stops them (by PID) and the network."""
-
-    def __init__(
-        self,
-        plan: TreePlan,
-        network: SwarmNetwork,
-        workdir: Path,
-        *,
-        per_host: int,
-        poll_s: float,
-        rehash: bool,
-        max_seconds: float,
-    ) -> None:
-        self.plan, self.network, self.workdir = plan, network, workdir
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self.hosts = math.ceil(plan.clients / per_host)
-        self.origin_dir = workdir / "origin"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        address = [self._address(site) for site in range(1 + plan.relays)]
-        retention = ["--keep", "3", "--grace", "30"]
-        self._spawn(
-            0,
-            [
-                "origin",
-                "--data-dir",
-                str(self.origin_dir),
-                "--host",
-                address[0][0],
-                "--port",
-                str(address[0][1]),
-                *retention,
-            ],
-            "origin",
-            env,
-        )
-        for relay, parent in enumerate(plan.relay_parent):
-            site = 1 + relay
-            upstream = network.url(site, "http://{}:{}".format(*address[parent + 1]))
-            argv = [
-                "relay",
-                "--upstream",
-                upstream,
-                "--data-dir",
-                str(workdir / f"relay{relay}"),
-                "--host",
-                address[site][0],
-                "--port",
-                str(address[site][1]),
-                "--poll-interval",
-                str(poll_s),
-                *retention,
-            ]
-            self._spawn(site, argv, f"relay{relay}", env)
-        self._wait_serving(1 + plan.relays, 30.0)
-        for host in range(self.hosts):
-            site = 1 + plan.relays + host
-            members = range(host * per_host, min(plan.clients, (host + 1) * per_host))
-            spec = {
-                "clients": [
-                    {
-                        "id": c,
-                        "server": network.url(
-                            site, "http://{}:{}".format(*address[1 + plan.client_parent[c]])
-                        ),
-                    }
-                    for c in members
-                ],
-                "output_dir": str(workdir / f"host{host}"),
-                "poll_s": poll_s,
-                "rehash": rehash,
-                "max_seconds": max_seconds,
-            }
-            argv = network.command(site, [sys.executable, str(CLIENTS), json.dumps(spec)])
-            with (
-                open(workdir / f"host{host}.out", "wb") as out,
-                open(workdir / f"host{host}.err", "wb") as err,
-            ):
-                self.processes.append(
-                    subprocess.Popen(
-                        argv, stdin=subprocess.PIPE, stdout=out, stderr=err, env=env, start_new_session=True
-                    )
-                )
-
-    def _address(self, site: int) -> tuple[str, int]:
-        if self.network.emulated:
-            return self.network.site_host(site), SERVER_PORT
-        return "127.0.0.1", free_port()
-
-    def _spawn(self, site: int, argv: list[str], name: str, env: dict[str, str]) -> None:
-        command = self.network.command(site, [sys.executable, "-m", "shardcast.cli", *argv])
-        with open(self.workdir / f"{name}.out", "wb") as out, open(self.workdir / f"{name}.err", "wb") as err:
-            self.processes.append(
-                subprocess.Popen(command, stdout=out, stderr=err, env=env, start_new_session=True)
-            )
-
-    def _wait_serving(self, count: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        names = ["origin"] + [f"relay{r}" for r in range(self.plan.relays)]
-        while time.monotonic() < deadline:
-            if all("serving" in (self.workdir / f"{n}.out").read_text() for n in names[:count]):
-                return
-            dead = [p.args for p in self.processes if p.poll() is not None]
-            if dead:
-                raise RuntimeError(f"a server exited at start: {dead[0]} (see {self.workdir})")
-            time.sleep(0.2)
-        raise RuntimeError(f"servers not serving within {timeout_s} s (see {self.workdir})")
-
-    def client_events(self) -> list[dict]:
-        events = []
-        for host in range(self.hosts):
-            text = (self.workdir / f"host{host}.out").read_text()
-            events += [json.loads(line) for line in text.splitlines() if line.endswith("}")]
-        return events
-
-    def relay_log(self) -> dict[int, dict[int, RelayVersion]]:
-        """relay -> version -> when it started and finished mirroring it and the bytes it pulled (its log)."""
-        seen: dict[int, dict[int, RelayVersion]] = {}
-        for relay in range(self.plan.relays):
-            for match in RELAY_LOG.finditer((self.workdir / f"relay{relay}.err").read_text()):
-                logged = time.mktime(time.strptime(match.group(1), "%Y-%m-%d %H:%M:%S"))
-                logged += int(match.group(2)) / 1000
-                version = int(match.group(4))
-                entry = seen.setdefault(relay, {}).setdefault(version, RelayVersion())
-                if match.group(3) == "mirroring":
-                    entry.started = logged
-                else:
-                    entry.finished, entry.pulled = logged, int(match.group(5))
-        return seen
-
-    def close(self) -> None:
-        for process in self.processes:
-            if process.stdin is not None:
-                process.stdin.close()  # the client hosts stop at EOF
-        stop_groups(self.processes, grace_s=10.0, reap_s=5.0)
-
-
 def run_tree(
     plan: TreePlan,
     payload: payloads.Payload,
@@ -342,7 +132,7 @@ def run_tree(
     try:
         relay_sites = range(1, 1 + plan.relays)
         if network.emulated:
-            tx_before = {site: _tx_bytes(network, site) for site in relay_sites}
+            tx_before = {site: tx_bytes(network, site) for site in relay_sites}
         tree = Tree(
             plan,
             network,
@@ -388,7 +178,7 @@ def run_tree(
         if network.emulated:
             for site in relay_sites:
                 tx_tiers.setdefault(plan.relay_tier[site - 1], []).append(
-                    _tx_bytes(network, site) - tx_before[site]
+                    tx_bytes(network, site) - tx_before[site]
                 )
     finally:
         if tree is not None:
@@ -475,7 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--fanout", type=int, default=4, help="children per origin/relay at most")
     parser.add_argument("--per-host", type=int, default=4, help="clients per worker-host process (one site)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per configuration (min/median reported)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per configuration, run k with links drawn from seed + k (min/median reported)",
+    )
     parser.add_argument("--versions", type=int, default=4, help="versions published (1 full + deltas)")
     parser.add_argument("--lr", type=float, default=3e-7, help="AdamW lr between versions")
     parser.add_argument(
@@ -486,12 +281,18 @@ def main(argv: list[str] | None = None) -> int:
         help="lrs whose delta sizes are reported too",
     )
     parser.add_argument("--shard-size", type=int, default=4_000_000, help="bytes per shard")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the links")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the links of each configuration's first run"
+    )
     parser.add_argument("--loopback", action="store_true", help="do not emulate the WAN")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/broadcast_tree_cache"), help="payload cache")
     parser.add_argument(
         "--workdir", type=Path, default=Path("/tmp/broadcast_tree_runs"), help="run directories"
     )
+    parser.add_argument(
+        "--compare", type=Path, default=None, help="an earlier run's .json, summarised under the table"
+    )
+    parser.add_argument("--compare-label", default="earlier", help="what the earlier run was")
     parser.add_argument("--keep-workdir", action="store_true", help="keep each run's logs and files")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "broadcast_tree")
     args = parser.parse_args(argv)
@@ -503,17 +304,20 @@ def main(argv: list[str] | None = None) -> int:
         other = payloads.build(payloads.PayloadSpec(lr=lr, versions=args.versions), args.cache)
         sizes[lr] = payloads.delta_sizes(other, args.shard_size)
     runs = []
+    done: dict[tuple[int, int], int] = {}
     for item in args.grid.split(","):
         depth, clients = (int(x) for x in item.split(":"))
         plan = plan_tree(depth, args.fanout, clients)
-        for attempt in range(args.repeat):
+        for _ in range(args.repeat):
+            attempt = done.get((depth, clients), 0)  # a configuration listed twice goes on counting
+            done[(depth, clients)] = attempt + 1
             workdir = args.workdir / f"d{depth}-n{clients}-{attempt}-{os.getpid()}"
             workdir.mkdir(parents=True)
             result = run_tree(
                 plan,
                 payload,
                 workdir,
-                seed=args.seed,
+                seed=args.seed + attempt,
                 per_host=args.per_host,
                 shard_size=args.shard_size,
                 emulate=not args.loopback,
@@ -531,9 +335,11 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             runs.append(result)
+            write_report(
+                args, payload, sizes, [asdict(r) for r in runs], args.out
+            )  # kept if a later run fails
             if not args.keep_workdir:
                 shutil.rmtree(workdir, ignore_errors=True)
-    write_report(args, payload, sizes, [asdict(r) for r in runs], args.out)
     return 0
 
 

@@ -140,6 +140,28 @@ def write_report(
             f"| {statistics.median(row['cpu_share']):.2f} | {min(row['load']):.0f}-{max(row['load']):.0f} "
             f"| {statistics.median(row['wall_s']):.0f} | {'yes' if row['ok'] else 'NO'} |"
         )
+    if getattr(args, "compare", None):
+        earlier = summarise(json.loads(Path(args.compare).read_text())["runs"])
+        lines += [
+            "",
+            f"The same grid with {args.compare_label} (`{args.compare}`), delta versions, "
+            "min / median as above, against this table:",
+            "",
+            "| depth | N | time-to-all p50, earlier / now | time-to-all max, earlier / now "
+            "| last relay complete, earlier / now | load (1 min), earlier |",
+            "|---|---|---|---|---|---|",
+        ]
+        now = {(r["depth"], r["clients"]): r for r in summary}
+        for row in earlier:
+            other = now.get((row["depth"], row["clients"]))
+            if other is None:
+                continue
+            lines.append(
+                f"| {row['depth']} | {row['clients']} | {_min_median(row['delta_p50'])} / "
+                f"{_min_median(other['delta_p50'])} | {_min_median(row['delta_max'])} / "
+                f"{_min_median(other['delta_max'])} | {_min_median(row['relays_done_delta'])} / "
+                f"{_min_median(other['relays_done_delta'])} | {min(row['load']):.0f}-{max(row['load']):.0f} |"
+            )
     lines += [
         "",
         "Delta size per version against the full file (one AdamW step each; the broadcast used the first lr):",
