@@ -40,6 +40,7 @@ import os
 import resource
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -258,6 +259,36 @@ def _version_row(
     )
 
 
+def client_delta_cost(payload: payloads.Payload, shard_size: int, *, repeats: int) -> dict:
+    """One client's fetch of version 2 as a delta against version 1, from an origin in this process
+    on loopback: wall seconds and CPU seconds of this process (client and server together), and the
+    load average, `repeats` times. What a worker host spends to rebuild a version from a delta."""
+    from shardcast import Client, Origin
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="broadcast-cost-") as scratch:
+        work = Path(scratch)
+        with Origin(work / "origin", port=0, delta=True, shard_size=shard_size) as origin:
+            for path in payload.paths[:2]:
+                origin.publish(path, file_name=payloads.FILE_NAME)
+            client = Client([origin.url])
+            first = client.fetch(1, work / "base" / payloads.FILE_NAME)
+            for attempt in range(repeats):
+                wall, cpu = time.monotonic(), time.process_time()
+                result = client.fetch(2, work / f"delta{attempt}" / payloads.FILE_NAME, base=first.path)
+                assert result.used_delta
+                rows.append(
+                    {
+                        "wall_s": time.monotonic() - wall,
+                        "cpu_s": time.process_time() - cpu,
+                        "bytes": result.bytes_downloaded,
+                        "file_bytes": result.manifest.file_size,
+                        "load_1min": os.getloadavg()[0],
+                    }
+                )
+    return {"shard_size": shard_size, "fetches": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -293,12 +324,22 @@ def main(argv: list[str] | None = None) -> int:
         "--compare", type=Path, default=None, help="an earlier run's .json, summarised under the table"
     )
     parser.add_argument("--compare-label", default="earlier", help="what the earlier run was")
+    parser.add_argument(
+        "--client-cost",
+        action="store_true",
+        help="only measure one client's delta fetch (wall and CPU s) on loopback, into <out>_client_cost.json",
+    )
     parser.add_argument("--keep-workdir", action="store_true", help="keep each run's logs and files")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "broadcast_tree")
     args = parser.parse_args(argv)
     from broadcast_tree_report import write_report
 
     payload = payloads.build(payloads.PayloadSpec(lr=args.lr, versions=args.versions), args.cache)
+    if args.client_cost:
+        cost = client_delta_cost(payload, args.shard_size, repeats=args.repeat)
+        args.out.with_name(args.out.name + "_client_cost.json").write_text(json.dumps(cost, indent=1))
+        print(json.dumps(cost))
+        return 0
     sizes = {args.lr: payloads.delta_sizes(payload, args.shard_size)}
     for lr in args.sensitivity_lr:
         other = payloads.build(payloads.PayloadSpec(lr=lr, versions=args.versions), args.cache)
