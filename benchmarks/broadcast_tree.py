@@ -329,12 +329,28 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only measure one client's delta fetch (wall and CPU s) on loopback, into <out>_client_cost.json",
     )
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="rewrite the report from this run's .json, running nothing",
+    )
     parser.add_argument("--keep-workdir", action="store_true", help="keep each run's logs and files")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "broadcast_tree")
     args = parser.parse_args(argv)
     from broadcast_tree_report import write_report
 
     payload = payloads.build(payloads.PayloadSpec(lr=args.lr, versions=args.versions), args.cache)
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        for key in ("grid", "fanout", "per_host", "repeat", "versions", "lr"):
+            setattr(args, key, type(getattr(args, key))(saved["args"][key]))
+        sizes = {
+            float(lr): [payloads.DeltaSize(**row) for row in rows]
+            for lr, rows in saved["delta_sizes"].items()
+        }
+        write_report(args, payload, sizes, saved["runs"], args.out)
+        return 0
     if args.client_cost:
         cost = client_delta_cost(payload, args.shard_size, repeats=args.repeat)
         args.out.with_name(args.out.name + "_client_cost.json").write_text(json.dumps(cost, indent=1))

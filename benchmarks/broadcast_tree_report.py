@@ -144,11 +144,10 @@ def write_report(
         earlier = summarise(json.loads(Path(args.compare).read_text())["runs"])
         lines += [
             "",
-            f"The same grid with {args.compare_label} (`{args.compare}`), delta versions, "
-            "min / median as above, against this table:",
+            f"The same grid with {args.compare_label} (`{Path(args.compare).name}`), delta versions, "
+            "min / median as above, earlier -> this table:",
             "",
-            "| depth | N | time-to-all p50, earlier / now | time-to-all max, earlier / now "
-            "| last relay complete, earlier / now | load (1 min), earlier |",
+            "| depth | N | time-to-all p50 | time-to-all max | last relay complete | load (1 min), earlier |",
             "|---|---|---|---|---|---|",
         ]
         now = {(r["depth"], r["clients"]): r for r in summary}
@@ -157,9 +156,9 @@ def write_report(
             if other is None:
                 continue
             lines.append(
-                f"| {row['depth']} | {row['clients']} | {_min_median(row['delta_p50'])} / "
-                f"{_min_median(other['delta_p50'])} | {_min_median(row['delta_max'])} / "
-                f"{_min_median(other['delta_max'])} | {_min_median(row['relays_done_delta'])} / "
+                f"| {row['depth']} | {row['clients']} | {_min_median(row['delta_p50'])} -> "
+                f"{_min_median(other['delta_p50'])} | {_min_median(row['delta_max'])} -> "
+                f"{_min_median(other['delta_max'])} | {_min_median(row['relays_done_delta'])} -> "
                 f"{_min_median(other['relays_done_delta'])} | {min(row['load']):.0f}-{max(row['load']):.0f} |"
             )
     lines += [
