@@ -108,5 +108,39 @@ def test_relay_deletes_retired_versions_after_grace_without_new_versions(tmp_pat
     data_dir.write_index(Index(versions=(), retired=(RetiredEntry(1, time.time() - 0.2),)))
     relay = relay_factory(["http://127.0.0.1:9"], "r", grace_s=0.3)
     assert data_dir.version_dir(1).is_dir(), "deleted before its grace period was over"
-    wait_until(lambda: not data_dir.version_dir(1).exists(), timeout=5, what="retired v1 deleted")
-    assert relay.local_index().retired == ()
+    # the sweep deletes the directory first and rewrites the index after it: wait for both
+    wait_until(
+        lambda: not data_dir.version_dir(1).exists() and relay.local_index().retired == (),
+        timeout=5,
+        what="retired v1 deleted and unlisted",
+    )
+
+
+def test_relay_places_every_delta_shard_before_any_full_shard(origin_factory, relay_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # A client holding the previous version needs only the deltas, so a relay must not make it wait
+    # behind the full shards. Upstream full shards are slow (64 KiB at 200 kB/s per response) and
+    # there are more jobs (24 deltas + 24 shards) than the relay has slots (8) or connections (4).
+    origin = origin_factory(rate_limit_bps=200_000, delta=True)
+    first = write_random(tmp_path / "v1.bin", 24 * 64 * 1024, seed=3)
+    second = bytearray(first.read_bytes())
+    second[::4096] = bytes(len(second[::4096]))  # a sparse change: small delta shards
+    (tmp_path / "v2.bin").write_bytes(bytes(second))
+    origin.publish(first, file_name="model.bin")
+    relay = relay_factory([origin.url], "r1")
+    wait_until(lambda: relay.local_index().latest(complete_only=True) == 1, timeout=60, what="v1 mirrored")
+    origin.publish(tmp_path / "v2.bin", file_name="model.bin")
+    version_dir = tmp_path / "r1" / "v2"
+    first_seen: dict[str, float] = {}
+
+    def complete() -> bool:
+        if version_dir.is_dir():
+            now = time.monotonic()
+            for path in version_dir.glob("*_*.bin"):
+                first_seen.setdefault(path.name, now)
+        return relay.local_index().latest(complete_only=True) == 2
+
+    wait_until(complete, timeout=60, what="v2 mirrored")
+    deltas = [t for name, t in first_seen.items() if name.startswith("delta_")]
+    shards = [t for name, t in first_seen.items() if name.startswith("shard_")]
+    assert len(deltas) == 24 and len(shards) == 24
+    assert max(deltas) <= min(shards), "a full shard was placed while delta shards were still missing"

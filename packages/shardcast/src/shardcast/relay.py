@@ -8,9 +8,10 @@ Loop (every ``poll_interval_s``):
    follows, newest first);
 3. fetch its manifest (validated, signature checked), write it to ``v<N>/manifest.json``
    and list ``v<N>`` as ``complete: false``;
-4. download shards (deltas first: they are small) from all upstreams with the client's
-   engine; each shard is verified and only then renamed into ``v<N>/``, where it is served
-   at once, so a downstream relay or client can fetch shard 0 while shard 9 is in flight;
+4. download shards from all upstreams with the client's engine, every delta shard before
+   any full shard (a client holding the previous version needs only the deltas); each shard
+   is verified and only then renamed into ``v<N>/``, where it is served at once, so a
+   downstream relay or client can fetch shard 0 while shard 9 is in flight;
 5. mark the version ``complete: true``; versions beyond ``keep`` are retired (unlisted).
 
 A sweep thread (:mod:`shardcast.retention`) deletes each retired version once ``grace_s`` has
@@ -51,7 +52,7 @@ from .server import HttpServer
 from .servers import ServerPool
 from .signing import VerifyKey
 from .sinks import MirrorSink
-from .transfer import ShardJob, Transfer
+from .transfer import ShardJob, Transfer, TransferStats
 
 log = logging.getLogger("shardcast.relay")
 
@@ -233,17 +234,20 @@ class Relay:
             sum(j.stored_size for j in jobs),
             sources,
         )
-        transfer = Transfer(
-            session=session,
-            pool=pool,
-            tracker=tracker,
-            sink=sink,
-            jobs=jobs,
-            deadline=started + self.deadline_s,
-            concurrency=self.concurrency,
-        )
+        transfers = [
+            Transfer(
+                session=session,
+                pool=pool,
+                tracker=tracker,
+                sink=sink,
+                jobs=phase,
+                deadline=started + self.deadline_s,
+                concurrency=self.concurrency,
+            )
+            for phase in _phases(jobs)
+        ]
         stop_watch = asyncio.create_task(self._cancel_on_stop())
-        run = asyncio.create_task(transfer.run())
+        run = asyncio.create_task(_run_in_order(transfers))
         try:
             done, _ = await asyncio.wait({run, stop_watch}, return_when=asyncio.FIRST_COMPLETED)
             if run not in done:
@@ -297,6 +301,28 @@ class Relay:
             remaining = tuple(e for e in index.versions if e.version != version)
             retired = (*index.retired, RetiredEntry(version, time.time()))
             self.data_dir.write_index(Index(remaining, retired))
+
+
+def _phases(jobs: list[ShardJob]) -> list[list[ShardJob]]:
+    """Delta shards, then full shards (each phase only if non-empty).
+
+    A client holding the previous version needs only the deltas; in one transfer they would be
+    interleaved with the full shards (a job whose server is busy goes back in the queue), so a
+    client's small delta would wait for most of the relay's full mirror, at every tier.
+    """
+    return [phase for phase in ([j for j in jobs if j.delta], [j for j in jobs if not j.delta]) if phase]
+
+
+async def _run_in_order(transfers: list[Transfer]) -> TransferStats:
+    """Run each transfer after the previous one; their statistics added up."""
+    total = TransferStats()
+    for transfer in transfers:
+        stats = await transfer.run()
+        total.bytes_downloaded += stats.bytes_downloaded
+        total.bytes_resumed += stats.bytes_resumed
+        total.bad_shards += stats.bad_shards
+        total.failed_requests += stats.failed_requests
+    return total
 
 
 def _mirror_jobs(manifest: Manifest) -> list[ShardJob]:
