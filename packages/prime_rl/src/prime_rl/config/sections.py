@@ -269,6 +269,13 @@ class OrchestratorConfig(Section):
     async_level: int = Field(
         default=2, ge=0, description="Step-s rollouts must come from a policy >= s - async_level."
     )
+    max_versions_per_sample: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="In-flight weight updates: most policy versions one sample may span (RolloutSample.spans; "
+        "1 = no in-flight switch accepted).",
+    )
     prompts_per_batch: int = Field(
         default=4, ge=1, description="Prompts per task lease (each sampled group_size times)."
     )
