@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
@@ -20,6 +21,7 @@ from prime_rl.api.spans import SPAN_ALIGN, VersionSpan, future_span, spans_probl
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.contract import PROOF_CHUNK
 from prime_rl.orchestrator.records import batch_rows, rollout_samples
+from prime_rl.orchestrator.store import BATCH_SCHEMA
 from prime_rl.validator.checks import Reason
 from prime_rl.validator.spans import proof_reason
 from prime_rl.validator.verdicts import validate_batch
@@ -87,11 +89,23 @@ class Validator:
         )
 
 
-def honest(files: dict[int, Path], worker_id: str, after: dict[int, int] | None):
-    """A lease answered by a real decode that switches to version v at the ``after[v]``-th chunk boundary."""
-    lease, record = RUN.lease(worker_id, 0, 0)
-    backend = worker_backend(files, Offer(files, after) if after else None)
-    return RUN.worker("honest").answer(lease, backend), record
+SWITCHES = {"none": None, "one": {1: 1}, "two": {1: 1, 2: 2}}
+"""Honest decodes of one lease: no switch; v1 from the first chunk boundary (token 32); and v2 from
+the second (token 64) too. Decoded once per module (a decode is the slow part of these tests)."""
+
+
+@pytest.fixture(scope="module")
+def decodes(files: dict[int, Path]) -> dict[str, RolloutBatch]:
+    lease, _ = RUN.lease("w-inflight", 0, 0)
+    out = {}
+    for name, after in SWITCHES.items():
+        backend = worker_backend(files, Offer(files, after) if after else None)
+        out[name] = RUN.worker("honest").answer(lease, backend)
+        assert backend.policy_version == (max(after) if after else 0)
+    return out
+
+
+RECORD = RUN.lease("w-inflight", 0, 0)[1]
 
 
 def own_reasons(verdicts) -> set[str]:
@@ -116,14 +130,10 @@ def pairs(sample: RolloutSample) -> list[tuple[int, int]] | None:
 # ------------------------------------------------------------------ the decode
 
 
-def test_the_decode_switches_at_the_first_chunk_boundary_after_a_version_is_ready(files):
-    lease, _ = RUN.lease("w-decode", 0, 0)
-    plain = RUN.worker("honest").answer(lease, worker_backend(files, None))
-    offer = Offer(files, {1: 1})  # ready when first asked: at token 32
-    backend = worker_backend(files, offer)
-    switched = RUN.worker("honest").answer(lease, backend)
+def test_the_decode_switches_at_the_first_chunk_boundary_after_a_version_is_ready(decodes):
+    plain, switched = decodes["none"], decodes["one"]  # v1 ready when first asked: at token 32
     assert PROOF_CHUNK == SPAN_ALIGN
-    assert backend.policy_version == 1 and switched.policy_version == 0  # the batch states its start version
+    assert switched.policy_version == 0  # the batch states its start version
     long = [i for i, s in enumerate(plain.samples) if len(s.completion_tokens) > 32]
     assert long, "the decode needs samples longer than one chunk"
     for i, (p, s) in enumerate(zip(plain.samples, switched.samples, strict=True)):
@@ -152,8 +162,8 @@ def test_committed_versions_offers_only_downloaded_committed_versions(tmp_path):
 # ------------------------------------------------------------------ the validator
 
 
-def test_an_honest_mixed_version_lease_is_accepted_exactly_each_version_loaded_once(files):
-    batch, record = honest(files, "w-honest", {1: 1, 2: 2})  # v1 from token 32, v2 from token 64
+def test_an_honest_mixed_version_lease_is_accepted_exactly_each_version_loaded_once(files, decodes):
+    batch, record = decodes["two"], RECORD  # v1 from token 32, v2 from token 64
     spans = [pairs(s) for s in batch.samples]
     assert [(0, 0), (1, 32), (2, 64)] in spans, spans  # some sample spans all three versions
     validator = Validator(files)
@@ -164,15 +174,15 @@ def test_an_honest_mixed_version_lease_is_accepted_exactly_each_version_loaded_o
         assert max(abs(a - b) for a, b in zip(v.logprobs, s.inference_logprobs, strict=True)) < 1e-4
 
 
-def test_a_span_claiming_a_newer_version_than_generated_it_is_span_version_forged(files):
-    batch, record = honest(files, "w-forged", None)  # all of it generated with v0 ...
+def test_a_span_claiming_a_newer_version_than_generated_it_is_span_version_forged(files, decodes):
+    batch, record = decodes["none"], RECORD  # all of it generated with v0 ...
     forged = with_spans(batch, lambda s: [(0, 0), (1, 32)] if len(s.completion_tokens) > 32 else None)  # ... labelled v1 from 32
     verdicts = Validator(files).judge(forged, record)
     assert own_reasons(verdicts) == {Reason.SPAN_VERSION_FORGED}, [(v.reason, v.detail) for v in verdicts]
 
 
-def test_a_boundary_claimed_later_than_the_switch_is_span_boundary_mismatch(files):
-    batch, record = honest(files, "w-shifted", {1: 1})  # switched at 32
+def test_a_boundary_claimed_later_than_the_switch_is_span_boundary_mismatch(files, decodes):
+    batch, record = decodes["one"], RECORD  # switched at 32
     shifted = with_spans(batch, lambda s: [(0, 0), (1, 64)] if len(s.completion_tokens) > 64 else None)
     verdicts = Validator(files).judge(shifted, record)
     reasons = own_reasons(verdicts)
@@ -180,15 +190,15 @@ def test_a_boundary_claimed_later_than_the_switch_is_span_boundary_mismatch(file
     assert Reason.SPAN_BOUNDARY_MISMATCH in reasons and reasons <= {Reason.SPAN_BOUNDARY_MISMATCH, Reason.PROOF_FAILED}
 
 
-def test_a_span_of_an_uncommitted_version_is_span_version_future_before_any_prefill(files):
-    batch, record = honest(files, "w-future", {1: 1})
+def test_a_span_of_an_uncommitted_version_is_span_version_future_before_any_prefill(files, decodes):
+    batch, record = decodes["one"], RECORD
     validator = Validator(files)
     verdicts = validator.judge(batch, record, newest_version=0)  # v1 is not committed yet
     assert own_reasons(verdicts) == {Reason.SPAN_VERSION_FUTURE} and validator.loads == []
 
 
-def test_dropping_or_merging_a_switch_on_one_sample_is_span_not_lease_wide(files):
-    batch, record = honest(files, "w-dropped", {1: 1, 2: 2})
+def test_dropping_or_merging_a_switch_on_one_sample_is_span_not_lease_wide(files, decodes):
+    batch, record = decodes["two"], RECORD
     three = next(i for i, s in enumerate(batch.samples) if pairs(s) == [(0, 0), (1, 32), (2, 64)])
     dropped = with_spans(batch, lambda s: None if s is batch.samples[three] else pairs(s))
     merged = with_spans(batch, lambda s: [(0, 0), (2, 32)] if s is batch.samples[three] else pairs(s))
@@ -198,15 +208,15 @@ def test_dropping_or_merging_a_switch_on_one_sample_is_span_not_lease_wide(files
         assert own_reasons(verdicts) == {Reason.SPAN_NOT_LEASE_WIDE} and validator.loads == []
 
 
-def test_spans_dropped_on_every_sample_fail_the_proofs(files):
+def test_spans_dropped_on_every_sample_fail_the_proofs(files, decodes):
     """Nothing is left to compare lease-wide: the later version's chunks fail against the start version."""
-    batch, record = honest(files, "w-all-dropped", {1: 1})
+    batch, record = decodes["one"], RECORD
     verdicts = Validator(files).judge(with_spans(batch, lambda s: None), record)
     assert own_reasons(verdicts) == {Reason.PROOF_FAILED}
 
 
-def test_malformed_spans_in_a_stored_batch_are_span_malformed(files):
-    batch, record = honest(files, "w-malformed", {1: 1})
+def test_malformed_spans_in_a_stored_batch_are_span_malformed(files, decodes):
+    batch, record = decodes["one"], RECORD
     bad = with_spans(batch, lambda s: [(0, 0), (1, 40)] if pairs(s) else None)  # not a chunk boundary
     assert own_reasons(Validator(files).judge(bad, record)) == {Reason.SPAN_MALFORMED}
 
@@ -252,12 +262,8 @@ def test_good_spans_pass_and_future_ones_are_found():
     assert future_span(spans, 6) is None and future_span(spans, 5) == spans[2]
 
 
-def test_spans_survive_the_store_and_absent_spans_stay_absent(files):
-    batch, _ = honest(files, "w-store", {1: 1})
-    import pyarrow as pa
-
-    from prime_rl.orchestrator.store import BATCH_SCHEMA
-
+def test_spans_survive_the_store_and_absent_spans_stay_absent(decodes):
+    batch = decodes["one"]
     table = pa.Table.from_pydict(dict(batch_rows(batch)), schema=BATCH_SCHEMA)
     assert rollout_samples(table) == batch.samples
     assert any(s.spans is None for s in batch.samples) and any(s.spans for s in batch.samples)

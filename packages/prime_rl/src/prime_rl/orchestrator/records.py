@@ -13,7 +13,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from prime_rl.api.protocol import RolloutBatch, RolloutSample, SampleId, Segment, TrainSample, Verdict, VersionSpan
+from prime_rl.api.protocol import (
+    RolloutBatch,
+    RolloutSample,
+    SampleId,
+    Segment,
+    TrainSample,
+    Verdict,
+    VersionSpan,
+)
 from prime_rl.orchestrator.store import BatchMeta
 
 __all__ = ["batch_rows", "rollout_samples", "train_samples"]

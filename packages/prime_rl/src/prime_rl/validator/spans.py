@@ -92,7 +92,7 @@ def span_checks(
                 )
         if found is None:
             # (first_token, policy_version) per span
-            expected = [(0, start)] + sorted((b, v) for b, v in (switches or {}).items() if b < n)
+            expected = [(0, start), *sorted((b, v) for b, v in (switches or {}).items() if b < n)]
             claimed = [(s.first_token, s.policy_version) for s in spans] if spans else [(0, start)]
             if switches is None or claimed != expected:
                 found = (

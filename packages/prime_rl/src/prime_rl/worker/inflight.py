@@ -11,6 +11,7 @@ seconds, so a boundary costs a dictionary lookup, not a request.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,10 +54,8 @@ class CommittedVersions:
         now = self._clock()
         if now - self._polled >= self._poll_s:
             self._polled = now
-            try:
+            with contextlib.suppress(OrchestratorUnavailable, OrchestratorBusy, ClientRequestError):
                 self._committed = max(self._committed, self._committed_now())
-            except (OrchestratorUnavailable, OrchestratorBusy, ClientRequestError):
-                pass
         return self._committed
 
     def newer(self, current: int) -> tuple[int, Path] | None:
