@@ -7,6 +7,7 @@ in code (seeds 0, 1, 2) are policy versions 0, 1, 2; every forgery below starts 
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -297,3 +298,92 @@ def test_submission_refuses_bad_spans_with_422_and_stores_good_ones(server, batc
     client.submit_rollouts(with_spans(batch, lambda s: [(0, 0)]))
     stored = client.pending().batches[0].samples
     assert [pairs(s) for s in stored] == [[(0, 0)]] * len(stored)
+
+
+# ------------------------------------------------------------------ a real worker, over HTTP
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # two 8-sample leases of 64 tokens and a validation: 274 s on a loaded 2-core box
+def test_a_worker_switches_mid_lease_when_a_version_is_committed_and_the_validator_accepts_it(tmp_path, tiny_lm_dir):
+    """A ``Worker`` with ``workers.inflight_updates`` follows shardcast, answers its second lease while
+    the orchestrator commits v1 (the trainer's claim and commit are played from inside its first
+    chunk-boundary check, so the commit lands mid-lease), switches, submits spans that pass the
+    submission rules, and the validator accepts the stored batch by chained forwards."""
+    import shardcast
+    from prime_rl.api.protocol import Verdict, VerdictRequest
+    from prime_rl.config import load_config
+    from prime_rl.orchestrator.server import OrchestratorServer
+    from prime_rl.tasks import load_tasks
+    from prime_rl.validator.checks import Checks
+    from prime_rl.worker.process import Worker
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    origin_port = free_port()
+    config = load_config(
+        None,
+        [
+            "--run_dir", str(tmp_path / "run"), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "20",
+            "--orchestrator.port", str(free_port()), "--orchestrator.prompts_per_batch", "4",
+            "--orchestrator.async_level", "1", "--orchestrator.release_after_tokens", "0",
+            "--sampling.group_size", "2", "--sampling.max_new_tokens", "64", "--sampling.stop", "[]",
+            "--shardcast.origin_port", str(origin_port), "--shardcast.relay_ports", "[]",
+            "--workers.max_batches", "2", "--workers.weights_poll_s", "0.05", "--workers.inflight_updates", "true",
+        ],
+    )  # fmt: skip
+    v1 = save_policy(make_tiny_lm(seed=1).state_dict(), tmp_path / "v1" / "model.safetensors")
+    with (
+        OrchestratorServer(config, load_tasks(config.tasks)) as server,
+        shardcast.Origin(tmp_path / "origin", port=origin_port) as origin,
+        OrchestratorClient(server.url, admin_token=server.admin_token) as trainer,
+    ):
+        worker = Worker(config, "worker-0")
+        source = worker.backend.version_source
+        assert isinstance(source, CommittedVersions)
+        origin.publish(v1, version=1)  # downloaded early, but not committed: no switch in the first lease
+
+        def commit_during_second_lease(current: int):
+            if worker.submitted == 1 and server.ledger.step == 0:
+                deadline = time.monotonic() + 60
+                while worker.follower.newest_local < 1 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                first = trainer.pending().batches[0]
+                trainer.post_verdicts(VerdictRequest(batch_id=first.batch_id, verdicts=[
+                    Verdict(sample_index=i, accepted=True, reason="ok", reward=s.reward, advantage=s.advantage,
+                            logprobs=s.inference_logprobs) for i, s in enumerate(first.samples)
+                ]))  # fmt: skip
+                assert trainer.claim(0, 1, filter_zero_advantage=False).ready
+                trainer.commit(0, 1)
+                time.sleep(0.06)  # past the source's poll period: the next boundary sees v1 committed
+            return CommittedVersions.newer(source, current)
+
+        source.newer = commit_during_second_lease  # type: ignore[method-assign]
+        worker.run_loop()
+        assert worker.submitted == 2 and worker.backend.policy_version == 1
+        second = trainer.pending().batches[0]
+        assert second.policy_version == 0 and second.step == 0
+        switched = [pairs(s) for s in second.samples if s.spans]
+        assert switched and all(p[0] == (0, 0) and p[1][0] == 1 for p in switched), switched
+        worker.close()
+
+        backend = HFBackend(tiny_lm_dir)
+        files = {0: worker.store.path(0), 1: v1}
+
+        def backend_for(version: int) -> HFBackend:
+            if version != backend.policy_version:
+                backend.load_weights(files[version], version)
+            return backend
+
+        checks = Checks.from_config(
+            config, vocab_size=100, eos_token_ids=backend.eos_token_ids, assignment_key=server.trusted.assignment_key,
+            hidden_size=backend.model.config.hidden_size,
+        )  # fmt: skip
+        verdicts = validate_batch(
+            second, tasks=worker.tasks, backend_for=backend_for, checks=checks, newest_version=1,
+            decode=lambda t: backend.tokenizer.decode(list(t), skip_special_tokens=True),
+        )  # fmt: skip
+        assert {v.reason for v in verdicts} == {Reason.ACCEPTED}, [(v.reason, v.detail) for v in verdicts]

@@ -259,6 +259,9 @@ class Worker:
             "env_turns": sum(
                 0 if x.segments is None else sum(g.kind == "env" for g in x.segments) for x in batch.samples
             ),
+            # in-flight updates: samples that switched version mid-completion, and the newest version in them
+            "switched_samples": sum(bool(x.spans) for x in batch.samples),
+            "newest_span_version": max((x.spans[-1].policy_version for x in batch.samples if x.spans), default=batch.policy_version),
         }
         get_metrics().log("rollouts", **fields)
         log.info(
