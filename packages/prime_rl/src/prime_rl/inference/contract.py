@@ -98,6 +98,20 @@ class VersionSource(Protocol):
         ...
 
 
+@runtime_checkable
+class ChainedForward(Protocol):
+    """A backend the validator can recompute mixed-version samples with (``validator/spans.py``):
+    forwards that continue a KV cache under whichever weights are loaded (``HFBackend``)."""
+
+    def extend(self, tokens: Sequence[int], cache: Any) -> tuple[torch.Tensor, Any]:
+        """Final hidden states ``[len(tokens), H]`` of ``tokens`` fed after ``cache`` (None: empty), and the cache."""
+        ...
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits ``[n, V]`` of hidden states ``[n, H]``."""
+        ...
+
+
 class GenerationError(RuntimeError):
     """The backend cannot serve the request (empty prompt, context too long, ...)."""
 

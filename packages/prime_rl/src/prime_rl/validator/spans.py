@@ -39,6 +39,7 @@ the sample fails, and the lease with it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,7 +47,7 @@ import torch
 
 from prime_rl.api.protocol import PendingBatch, RolloutSample
 from prime_rl.api.spans import SPAN_ALIGN, VersionSpan, future_span, span_bounds, spans_problem
-from prime_rl.inference.contract import GenerationBackend, GenerationError, Prefill
+from prime_rl.inference.contract import ChainedForward, GenerationBackend, GenerationError, Prefill
 from prime_rl.validator.checks import Checks, Observer, Pending, Reason, judge_prefill
 
 __all__ = ["chained_prefills", "has_spans", "lease_switches", "proof_reason", "span_checks", "span_model_checks"]
@@ -129,7 +130,7 @@ def chained_prefills(
             for k, (span_version, first, end) in enumerate(span_bounds(sample.spans, len(sample.completion_tokens))):
                 if span_version != version:
                     continue
-                if backend is None or not hasattr(backend, "extend"):
+                if not isinstance(backend, ChainedForward):
                     row["error"] = f"policy version {version} is not available for chained forwards"
                     break
                 start = 0 if k == 0 else prompt + first - 1
@@ -182,5 +183,8 @@ def span_model_checks(
         if isinstance(pre, str):
             p.reject(Reason.UNKNOWN_POLICY if "not available" in pre else Reason.MALFORMED, pre)
             continue
-        spans = p.sample.spans or []
-        judge_prefill(p, pre, checks, observe, lambda failed, spans=spans: proof_reason(failed, spans))
+        judge_prefill(p, pre, checks, observe, functools.partial(_name_failure, spans=p.sample.spans or []))
+
+
+def _name_failure(failed: list[bool], *, spans: Sequence[VersionSpan]) -> tuple[str, str]:
+    return proof_reason(failed, spans)
