@@ -27,6 +27,7 @@ from prime_rl.api.fields import (
     WorkerName,
 )
 from prime_rl.api.segments import Segment, segments_problem
+from prime_rl.api.spans import MAX_SPANS, VersionSpan
 
 __all__ = [
     "FOLLOWER_REASONS",
@@ -58,6 +59,7 @@ __all__ = [
     "Verdict",
     "VerdictRequest",
     "VerdictResponse",
+    "VersionSpan",
     "WorkerStats",
     "WorkerTotals",
     "WorkersResponse",
@@ -211,6 +213,11 @@ class RolloutSample(ApiModel):
         default=None,
         description="Multi-turn episode: the completion as alternating model and env segments "
         "(api/segments.py); null: single-turn, every completion token sampled by the model.",
+    )
+    spans: Annotated[list[VersionSpan], Field(max_length=MAX_SPANS)] | None = Field(
+        default=None,
+        description="In-flight weight updates: which policy version sampled which tokens (api/spans.py); "
+        "null: the batch's policy_version sampled every token.",
     )
 
     @model_validator(mode="after")
@@ -435,6 +442,9 @@ class TrainSample(ApiModel):
         "by the validator's prefill (never the worker's claimed inference_logprobs); 0.0 at env tokens."
     )
     segments: list[Segment] | None = Field(default=None, description="Episode segments (null: single-turn).")
+    spans: list[VersionSpan] | None = Field(
+        default=None, description="Version spans of an in-flight sample (null: policy_version sampled every token)."
+    )
     temperature: float
     reward: float = Field(description="Validator's reward.")
     advantage: float = Field(description="Validator's advantage.")

@@ -278,6 +278,13 @@ class OrchestratorConfig(Section):
         "generated its oldest token, queue time included (prime-rl's name); older accepted samples are never "
         "handed to the trainer, only counted (stale_samples). None = async_level; must be >= async_level.",
     )
+    max_versions_per_sample: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="In-flight weight updates: most policy versions one sample may span (RolloutSample.spans; "
+        "1 = no in-flight switch accepted).",
+    )
     prompts_per_batch: int = Field(
         default=4, ge=1, description="Prompts per task lease (each sampled group_size times)."
     )

@@ -44,6 +44,11 @@ class WorkerConfig(Section):
     num_threads: int = Field(default=1, ge=1, description="torch.set_num_threads for this process.")
     cache_dir: str = Field(default="", description="Downloaded policies (default <run_dir>/<name>/policies).")
     weights_poll_s: float = Field(default=1.0, gt=0, description="Seconds between polls for a new policy version.")
+    inflight_updates: bool = Field(
+        default=False,
+        description="HF workers switch to a newer committed version mid-lease, at the first 32-token proof-chunk "
+        "boundary after it has loaded, keeping the KV cache (docs/inflight.md); off until measured in the demo.",
+    )
     poll_interval_s: float = Field(
         default=0.5, gt=0, description="Seconds to wait when the orchestrator has no work."
     )

@@ -45,6 +45,7 @@ from prime_rl.inference.contract import (
     GenerationError,
     Prefill,
     SamplingParams,
+    VersionSource,
     build_proofs,
     completion_text,
     proof_size,
@@ -66,6 +67,7 @@ __all__ = [
     "HFBackend",
     "Prefill",
     "SamplingParams",
+    "VersionSource",
     "build_proofs",
     "proof_size",
     "proof_topk",
@@ -144,6 +146,9 @@ class HFBackend:
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.decode = self._resolve_decode(decode)
         self.graph_error: str | None = None  # why a CUDA graph could not be captured (then: static steps)
+        self.version_source: VersionSource | None = None
+        """In-flight weight updates (``workers.inflight_updates``): where :meth:`generate` finds a newer
+        committed version to switch to at a proof-chunk boundary; None: every batch keeps its version."""
 
     def _resolve_decode(self, decode: DecodeMode) -> DecodeMode:
         """``"auto"`` -> ``"graph"`` on CUDA where the static step applies, else ``"dynamic"``;
@@ -181,9 +186,12 @@ class HFBackend:
         if len(prompts) != len(seeds):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         out: list[Completion] = []
+        # A switch inside one decode batch would start the next one on the newer version, while every
+        # sample must start on the lease's: in-flight only when the call fits one decode batch.
+        source = self.version_source if len(prompts) <= self.max_batch_size else None
         for start in range(0, len(prompts), self.max_batch_size):
             stop = start + self.max_batch_size
-            out.extend(self._generate_batch(prompts[start:stop], seeds[start:stop], params))
+            out.extend(self._generate_batch(prompts[start:stop], seeds[start:stop], params, source))
         return out
 
     def _prefill_prompts(
@@ -221,13 +229,23 @@ class HFBackend:
 
     @torch.no_grad()
     def _generate_batch(
-        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], params: SamplingParams
+        self,
+        prompts: Sequence[Sequence[int]],
+        seeds: Sequence[int],
+        params: SamplingParams,
+        source: VersionSource | None = None,
     ) -> list[Completion]:
         """The decode loop. The device runs ahead of the host: tokens, log-probs and hidden rows
         stay in preallocated device buffers, and the host reads them once every ``sync_every``
         steps (two copies), ends rows at EOS or a stop string there, and hands the window's rows
         of the rows still running to the proof builder. Rows ended inside a window (and a batch
         that ended early) cost at most ``sync_every - 1`` extra decode steps, never other output.
+
+        In-flight updates (``source``): where a settled window ends on a proof-chunk boundary ``b``
+        and ``source`` has a newer version, its weights are copied in place before the forward of
+        token ``b - 1``, which samples token ``b``; the KV cache is kept (keep-KV), and every row
+        still running records the span ``(version, b)``. The rule is "the first chunk boundary
+        after the version is on disk and committed" (``docs/inflight.md`` section 4).
         """
         if any(len(p) == 0 for p in prompts):
             raise GenerationError("every prompt needs at least one token")
@@ -250,6 +268,8 @@ class HFBackend:
         matchers = None
         if any(params.stop):
             matchers = [StopStringMatcher(self.tokenizer, params.stop) for _ in range(batch)]
+        start_version, versions = self._policy_version, 1
+        switched: list[list[tuple[int, int]]] = [[] for _ in range(batch)]
         with decode_attention(self.model, step_decoder):
             window_start = 0
             for step in range(limit):
@@ -267,6 +287,8 @@ class HFBackend:
                     window_start = step + 1
                     if all(f is not None for f in finish):
                         break
+                    if source is not None and versions < source.max_versions and window_start % PROOF_CHUNK == 0:
+                        versions += self._switch(source, window_start, finish, switched, limit)
                 if step + 1 == limit:
                     break
                 hidden = step_decoder(sampled, step)
@@ -280,9 +302,32 @@ class HFBackend:
                 seed=int(seeds[i]),
                 finish_reason=finish[i] or "length",
                 text=completion_text(self.tokenizer, tokens[i]),
+                spans=((start_version, 0), *switched[i]) if switched[i] else (),
             )
             for i in range(batch)
         ]
+
+    def _switch(
+        self,
+        source: VersionSource,
+        boundary: int,
+        finish: Sequence[FinishReason | None],
+        switched: list[list[tuple[int, int]]],
+        limit: int,
+    ) -> int:
+        """At completion position ``boundary`` (a proof-chunk boundary, every row settled): load the
+        newer version ``source`` offers, if any, and open its span on every running row; 1 if it did."""
+        if boundary >= limit:
+            return 0
+        newer = source.newer(self._policy_version)
+        if newer is None:
+            return 0
+        version, path = newer
+        self.load_weights(path, version)
+        for row, done in enumerate(finish):
+            if done is None:
+                switched[row].append((version, boundary))
+        return 1
 
     def _step_decoder(
         self, prompt_mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache, limit: int, dtype: torch.dtype
@@ -337,6 +382,30 @@ class HFBackend:
         return kept
 
     # -- verification ------------------------------------------------------------------------
+    @torch.no_grad()
+    def extend(self, tokens: Sequence[int], cache: DynamicCache | None) -> tuple[torch.Tensor, DynamicCache]:
+        """Feed ``tokens`` after what ``cache`` holds (None: from position 0) with the loaded weights.
+
+        Returns the final hidden states ``[len(tokens), H]`` (model dtype) and the grown cache: the
+        validator's chained forwards over a sample's version spans (keep-KV, ``validator/spans.py``),
+        one call per span, each with that span's version loaded.
+        """
+        if not tokens:
+            raise GenerationError("extend needs at least one token")
+        cache = cache if cache is not None else DynamicCache()
+        start = cache.get_seq_length()
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + len(tokens), device=self.device)[None]
+        hidden = self._decoder(
+            input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True
+        ).last_hidden_state[0]
+        return hidden, cache
+
+    @torch.no_grad()
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits ``[n, V]`` of final hidden states ``[n, H]`` under the loaded weights."""
+        return self._lm_head(hidden).float()
+
     @torch.no_grad()
     def prefill(
         self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]

@@ -66,6 +66,9 @@ class Completion:
     seed: int
     finish_reason: FinishReason
     text: str
+    spans: tuple[tuple[int, int], ...] = ()
+    """In-flight weight updates: ``(policy_version, first_token)`` per version span, the start version
+    from token 0 first (``api.spans``); empty: one version sampled every token."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,36 @@ class Prefill:
 
     hidden: torch.Tensor
     logits: torch.Tensor
+
+
+@runtime_checkable
+class VersionSource(Protocol):
+    """Where a decoding backend finds a newer policy version to switch to mid-batch (in-flight updates).
+
+    ``max_versions``: the most versions one sample may span (``orchestrator.max_versions_per_sample``).
+    """
+
+    max_versions: int
+
+    def newer(self, current: int) -> tuple[int, Path] | None:
+        """A version newer than ``current`` that the orchestrator has committed and whose weights are
+        on disk here, with their file; None if there is none (called at proof-chunk boundaries, so it
+        must be cheap)."""
+        ...
+
+
+@runtime_checkable
+class ChainedForward(Protocol):
+    """A backend the validator can recompute mixed-version samples with (``validator/spans.py``):
+    forwards that continue a KV cache under whichever weights are loaded (``HFBackend``)."""
+
+    def extend(self, tokens: Sequence[int], cache: Any) -> tuple[torch.Tensor, Any]:
+        """Final hidden states ``[len(tokens), H]`` of ``tokens`` fed after ``cache`` (None: empty), and the cache."""
+        ...
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits ``[n, V]`` of hidden states ``[n, H]``."""
+        ...
 
 
 class GenerationError(RuntimeError):

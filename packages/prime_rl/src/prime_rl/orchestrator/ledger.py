@@ -54,6 +54,7 @@ from prime_rl.api.protocol import (
     ClaimResponse,
     CommitRequest,
     CommitResponse,
+    LeaseRecord,
     PendingResponse,
     RegisterResponse,
     RolloutBatch,
@@ -67,6 +68,7 @@ from prime_rl.api.protocol import (
     WorkersResponse,
 )
 from prime_rl.api.secrets import RunSecrets, run_secrets
+from prime_rl.api.spans import future_span, spans_problem
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
@@ -379,10 +381,35 @@ class Ledger:
             raise ApiFailure(409, "conflict", f"batch_index {batch.batch_index} was never leased to you")
         held = self.leases.get(worker.worker_id, batch.batch_index)
         lease = held.record if held is not None and held.record.step == batch.step else None
+        self._check_spans(batch, lease)
         answer = self.batches.add(batch, body_sha256, rows, lease)
         if lease is not None and not answer.duplicate:
             self.leases.mark_answered(worker.worker_id, batch.batch_index)
         return answer
+
+    def _check_spans(self, batch: RolloutBatch, lease: LeaseRecord | None) -> None:
+        """ApiFailure 422 ``bad_spans`` for a sample whose version spans (in-flight updates,
+        ``api/spans.py``) break a rule: each rule has its own message."""
+        start = lease.fixed_version if lease is not None else batch.policy_version
+        for index, sample in enumerate(batch.samples):
+            if sample.spans is None:
+                continue
+            if sample.segments is not None:
+                raise ApiFailure(422, "bad_spans", f"sample {index}: spans on an episode (segments) are not supported yet")
+            problem = spans_problem(
+                sample.spans, len(sample.completion_tokens), start_version=start,
+                max_versions=self.orch.max_versions_per_sample,
+            )  # fmt: skip
+            if problem is None and sample.spans[0].policy_version != batch.policy_version:
+                problem = f"spans[0].policy_version {sample.spans[0].policy_version} is not the batch's policy_version {batch.policy_version}"
+            future = future_span(sample.spans, self.step)
+            if problem is None and future is not None:
+                problem = (
+                    f"span version {future.policy_version} (from token {future.first_token}) is not committed: "
+                    f"the newest committed version is {self.step}"
+                )
+            if problem is not None:
+                raise ApiFailure(422, "bad_spans", f"sample {index}: {problem}")
 
     def batch_verdicts(self, worker: WorkerRecord, batch_id: str) -> BatchVerdicts:
         """The verdicts of one of ``worker``'s own batches (404 for any other batch id)."""

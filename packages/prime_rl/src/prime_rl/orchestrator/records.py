@@ -13,7 +13,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from prime_rl.api.protocol import RolloutBatch, RolloutSample, SampleId, Segment, TrainSample, Verdict
+from prime_rl.api.protocol import (
+    RolloutBatch,
+    RolloutSample,
+    SampleId,
+    Segment,
+    TrainSample,
+    Verdict,
+    VersionSpan,
+)
 from prime_rl.orchestrator.store import BatchMeta
 
 __all__ = ["batch_rows", "rollout_samples", "train_samples"]
@@ -41,6 +49,9 @@ def batch_rows(batch: RolloutBatch) -> dict[str, Sequence[Any]]:
         None if sample.segments is None else [s.model_dump() for s in sample.segments]
         for sample in batch.samples
     ]
+    rows["spans"] = [
+        None if sample.spans is None else [s.model_dump() for s in sample.spans] for sample in batch.samples
+    ]
     return rows
 
 
@@ -50,10 +61,18 @@ def _segments(row: dict[str, Any]) -> list[Segment] | None:
     return None if stored is None else [Segment.model_construct(**s) for s in stored]
 
 
+def _spans(row: dict[str, Any]) -> list[VersionSpan] | None:
+    """A stored row's version spans (None: one version, or a batch stored before in-flight updates)."""
+    stored = row.get("spans")
+    return None if stored is None else [VersionSpan.model_construct(**s) for s in stored]
+
+
 def rollout_samples(table: pa.Table) -> list[RolloutSample]:
     """The stored samples as submitted (trusted data: constructed without re-validation)."""
     return [
-        RolloutSample.model_construct(**{name: row[name] for name in _SAMPLE_FIELDS}, segments=_segments(row))
+        RolloutSample.model_construct(
+            **{name: row[name] for name in _SAMPLE_FIELDS}, segments=_segments(row), spans=_spans(row)
+        )
         for row in table.to_pylist()
     ]
 
@@ -87,5 +106,6 @@ def train_samples(
                 reward=verdict.reward,
                 advantage=verdict.advantage,
                 segments=_segments(row),
+                spans=_spans(row),
             )
     return result

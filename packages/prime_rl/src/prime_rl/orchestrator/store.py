@@ -70,10 +70,12 @@ BATCH_SCHEMA = pa.schema(
             "segments",
             pa.list_(pa.struct([("kind", pa.string()), ("length", pa.int32()), ("turn", pa.int32())])),
         ),
+        ("spans", pa.list_(pa.struct([("policy_version", pa.int64()), ("first_token", pa.int32())]))),
     ]
 )
 """One row per sample. Floats are float64 so the stored batch is exactly what was submitted.
-``segments`` is null for single-turn samples (and absent from batches stored before episodes)."""
+``segments`` is null for single-turn samples (and absent from batches stored before episodes);
+``spans`` is null for samples of one version (and absent from batches stored before in-flight updates)."""
 
 VERDICT_SCHEMA = pa.schema(
     [

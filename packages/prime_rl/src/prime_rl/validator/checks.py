@@ -44,6 +44,7 @@ from prime_rl.inference.backend import (
     SAMPLER_SEED,
     GenerationBackend,
     GenerationError,
+    Prefill,
     proof_topk,
     token_logprobs,
     verify_proofs,
@@ -98,6 +99,12 @@ class Reason(enum.StrEnum):
     ENV_TOKENS_AS_MODEL = "env_tokens_as_model"
     TOOL_NOT_REPLAYABLE = "tool_not_replayable"
     TOOL_UNVERIFIABLE = "tool_unverifiable"  # not in the failure-rate ban (protocol.UNVERIFIABLE_REASONS)
+    # in-flight weight updates: samples of several versions (validator/spans.py)
+    SPAN_MALFORMED = "span_malformed"
+    SPAN_VERSION_FUTURE = "span_version_future"
+    SPAN_NOT_LEASE_WIDE = "span_not_lease_wide"
+    SPAN_BOUNDARY_MISMATCH = "span_boundary_mismatch"
+    SPAN_VERSION_FORGED = "span_version_forged"
 
 
 class RetryLater(Exception):
@@ -140,6 +147,8 @@ class Checks:
     temperature: float
     max_new_tokens: int
     stop: tuple[str, ...]
+    max_versions_per_sample: int = 4
+    """``orchestrator.max_versions_per_sample``: most version spans one sample may have."""
 
     @classmethod
     def from_config(
@@ -164,6 +173,7 @@ class Checks:
             temperature=config.sampling.temperature,
             max_new_tokens=config.sampling.max_new_tokens,
             stop=tuple(config.sampling.stop),
+            max_versions_per_sample=config.orchestrator.max_versions_per_sample,
         )
 
     def widened(self, **tolerances: float) -> Checks:
@@ -343,54 +353,69 @@ def _model_checks_chunk(
         for p in alive:
             p.reject(Reason.MALFORMED, f"prefill failed: {exc}")
         return
-    thresholds = checks.thresholds
     for p, pre in zip(alive, prefills, strict=True):
-        sample = p.sample
-        try:
-            if checks.episode_env is not None:
-                episode = episode_values(sample, pre.hidden, pre.logits, checks.hidden_size, sampling_margins)
-                results = episode.proof_results
-            else:
-                results = verify_proofs(pre.hidden, p.proofs)
-        except (toploc.ProofFormatError, toploc.ActivationError, ValueError) as exc:
-            p.reject(Reason.MALFORMED_PROOF, f"{exc}")
-            continue
-        verdicts = [thresholds.check(r) for r in results]
-        failed = [v for v in verdicts if not v.passed]
-        if failed:
-            p.reject(
-                Reason.PROOF_FAILED, f"{len(failed)}/{len(verdicts)} proof chunks fail: {failed[0].reason}"
-            )
-            continue
-        if checks.episode_env is not None:  # model tokens only; env positions train with log-prob 0 (masked)
-            margins, recomputed, claimed = episode.margins, episode.recomputed, episode.claimed
-            trainer_logprobs = episode.trainer_logprobs
+        judge_prefill(p, pre, checks, observe)
+
+
+ProofNamer = Callable[[list[bool]], tuple[str, str]]
+"""Names a proof failure from which chunks failed: ``(reason code, detail)`` (``validator/spans.py``)."""
+
+
+def judge_prefill(
+    p: Pending, pre: Prefill, checks: Checks, observe: Observer | None, name_failure: ProofNamer | None = None
+) -> None:
+    """The proof, sampling and log-prob checks of one sample against its recomputed prefill.
+
+    ``name_failure``: how a proof failure is reported (None: ``toploc_mismatch``).
+    """
+    sample = p.sample
+    try:
+        if checks.episode_env is not None:
+            episode = episode_values(sample, pre.hidden, pre.logits, checks.hidden_size, sampling_margins)
+            results = episode.proof_results
         else:
-            tokens = torch.tensor(sample.completion_tokens, dtype=torch.long, device=pre.logits.device)
-            margins = sampling_margins(pre.logits, tokens, sample.sampling_seed, sample.temperature)
-            recomputed = token_logprobs(pre.logits, tokens, sample.temperature).cpu()  # compared with the claim
-            claimed = sample.inference_logprobs
-            trainer_logprobs = tuple(float(x) for x in recomputed.tolist())
-        if observe is not None:  # evidence from every sample whose proofs pass, accepted or not
-            observe(p.index, Observations.from_checks(margins, claimed, recomputed, results))
-        why = (
-            checks.sampling_rule.problem(margins)
-            if checks.sampling_rule is not None
-            else sampling_problem(
-                margins,
-                tolerance=checks.validator.sampling_tolerance,
-                max_mismatch_fraction=checks.validator.sampling_max_mismatch_fraction,
-            )
+            results = verify_proofs(pre.hidden, p.proofs)
+    except (toploc.ProofFormatError, toploc.ActivationError, ValueError) as exc:
+        p.reject(Reason.MALFORMED_PROOF, f"{exc}")
+        return
+    verdicts = [checks.thresholds.check(r) for r in results]
+    failed = [v for v in verdicts if not v.passed]
+    if failed:
+        if name_failure is not None:
+            code, detail = name_failure([not v.passed for v in verdicts])
+            p.reject(Reason(code), f"{detail}: {failed[0].reason}")
+        else:
+            p.reject(Reason.PROOF_FAILED, f"{len(failed)}/{len(verdicts)} proof chunks fail: {failed[0].reason}")
+        return
+    if checks.episode_env is not None:  # model tokens only; env positions train with log-prob 0 (masked)
+        margins, recomputed, claimed = episode.margins, episode.recomputed, episode.claimed
+        trainer_logprobs = episode.trainer_logprobs
+    else:
+        tokens = torch.tensor(sample.completion_tokens, dtype=torch.long, device=pre.logits.device)
+        margins = sampling_margins(pre.logits, tokens, sample.sampling_seed, sample.temperature)
+        recomputed = token_logprobs(pre.logits, tokens, sample.temperature).cpu()  # compared with the claim
+        claimed = sample.inference_logprobs
+        trainer_logprobs = tuple(float(x) for x in recomputed.tolist())
+    if observe is not None:  # evidence from every sample whose proofs pass, accepted or not
+        observe(p.index, Observations.from_checks(margins, claimed, recomputed, results))
+    why = (
+        checks.sampling_rule.problem(margins)
+        if checks.sampling_rule is not None
+        else sampling_problem(
+            margins,
+            tolerance=checks.validator.sampling_tolerance,
+            max_mismatch_fraction=checks.validator.sampling_max_mismatch_fraction,
         )
-        if why is not None:
-            p.reject(Reason.SAMPLING_FAILED, why)
-            continue
-        tolerance = checks.sampling_rule.tolerance if checks.sampling_rule is not None else checks.validator.sampling_tolerance
-        p.beyond_tolerance = int((margins > tolerance).sum())
-        p.logprobs = trainer_logprobs  # what the trainer gets, never the claim
-        why = logprob_problem(recomputed, claimed, checks)
-        if why is not None:
-            p.reject(Reason.LOGPROBS_MISMATCH, why)
+    )
+    if why is not None:
+        p.reject(Reason.SAMPLING_FAILED, why)
+        return
+    tolerance = checks.sampling_rule.tolerance if checks.sampling_rule is not None else checks.validator.sampling_tolerance
+    p.beyond_tolerance = int((margins > tolerance).sum())
+    p.logprobs = trainer_logprobs  # what the trainer gets, never the claim
+    why = logprob_problem(recomputed, claimed, checks)
+    if why is not None:
+        p.reject(Reason.LOGPROBS_MISMATCH, why)
 
 
 def logprob_problem(recomputed: torch.Tensor, claimed: Sequence[float], checks: Checks) -> str | None:

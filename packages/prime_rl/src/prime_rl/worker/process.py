@@ -48,6 +48,7 @@ from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable
 from prime_rl.worker.episodes import build_episode_batch
 from prime_rl.worker.hostile import BEHAVIOURS, HostileWorker
 from prime_rl.worker.identity import IDENTITY_FILE, Identity, load_identity, save_identity
+from prime_rl.worker.inflight import CommittedVersions
 from prime_rl.worker.rollout import build_batch
 from prime_rl.worker.scoring import rescoring
 
@@ -114,6 +115,8 @@ class Worker:
         self.client = OrchestratorClient(
             config.orchestrator.url, registration_token=config.orchestrator.registration_token
         )
+        if self.cfg.inflight_updates:
+            self.start_inflight()
         self.worker_id = ""
         self.resuming = False  # resumed a saved identity and has not asked for a lease yet
         self.identity_path = Path(config.run_dir) / name / IDENTITY_FILE
@@ -135,6 +138,20 @@ class Worker:
         )
 
     # -- weights ------------------------------------------------------------------------------
+    def start_inflight(self) -> None:
+        """Let the backend switch to a newer committed version mid-lease (``worker/inflight.py``):
+        honest single-turn HF workers only (spans on episodes and vLLM's switch are not built yet)."""
+        if not isinstance(self.backend, HFBackend) or self.env is not None or self.cfg.behaviour != "honest":
+            log.warning("workers.inflight_updates needs an honest single-turn HF worker: off for this one")
+            return
+        self.backend.version_source = CommittedVersions(
+            lambda: self.client.status().policy_version,
+            lambda: self.follower.newest_local,
+            self.store.path,
+            max_versions=self.run.orchestrator.max_versions_per_sample,
+            poll_s=self.cfg.weights_poll_s,
+        )
+
     def reload_newest(self, limit: int) -> None:
         """Swap in the newest downloaded version ``<= limit`` (between batches, so no batch mixes versions).
 
@@ -242,6 +259,9 @@ class Worker:
             "env_turns": sum(
                 0 if x.segments is None else sum(g.kind == "env" for g in x.segments) for x in batch.samples
             ),
+            # in-flight updates: samples that switched version mid-completion, and the newest version in them
+            "switched_samples": sum(bool(x.spans) for x in batch.samples),
+            "newest_span_version": max((x.spans[-1].policy_version for x in batch.samples if x.spans), default=batch.policy_version),
         }
         get_metrics().log("rollouts", **fields)
         log.info(

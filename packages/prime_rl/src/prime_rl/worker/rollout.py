@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 import grpo
-from prime_rl.api.protocol import RolloutBatch, RolloutSample, TaskLease
+from prime_rl.api.protocol import RolloutBatch, RolloutSample, TaskLease, VersionSpan
 from prime_rl.inference.backend import Completion, GenerationBackend, SamplingParams
 
 
@@ -79,6 +79,7 @@ def to_samples(
             advantage=float(a),
             proofs=c.proofs,
             inference_logprobs=[float(x) for x in c.logprobs],
+            spans=[VersionSpan(policy_version=v, first_token=b) for v, b in c.spans] if c.spans else None,
         )
         for g, (c, r, a) in enumerate(zip(completions, rewards, advantages, strict=True))
     ]
@@ -109,11 +110,13 @@ def build_batch(
 
 
 def lease_batch(lease: TaskLease, backend: GenerationBackend, samples: list[RolloutSample]) -> RolloutBatch:
-    """The wire batch answering ``lease`` with ``samples``, stamped with the backend's policy version."""
+    """The wire batch answering ``lease`` with ``samples``, stamped with the version they started on:
+    the backend's, or, after an in-flight switch, the first span's."""
+    started = next((s.spans[0].policy_version for s in samples if s.spans), backend.policy_version)
     return RolloutBatch(
         worker_id=lease.worker_id,
         step=lease.step,
         batch_index=lease.batch_index,
-        policy_version=backend.policy_version,
+        policy_version=started,
         samples=samples,
     )

@@ -1,0 +1,190 @@
+"""The validator's checks of mixed-version samples (in-flight weight updates, ``api/spans.py``).
+
+A sample with ``spans`` was sampled by several policy versions, each from a proof-chunk boundary
+on, with the KV cache kept across the switch (keep-KV, ``docs/inflight.md`` section 3). The
+validator recomputes it exactly that way: chained forwards through one growing KV cache, span
+``k`` fed with version ``v_k`` loaded, over the inputs ``[P + b_k - 1, P + b_{k+1} - 1)`` (``P``
+prompt tokens; span 0 from position 0, the prompt prefill), so every position's key and value
+come from the version that wrote them on the worker. Each version is loaded once per batch: the
+versions of the batch in increasing order, each forwarding the spans of that version of every
+sample (a sample's versions increase, so its earlier spans are done). The recomputed rows and
+logits then go through the same proof, sampling and log-prob checks as a one-version sample;
+every proof chunk lies inside one span, so chunk ``j`` is checked against the version of the span
+that holds token ``32 j``.
+
+Model-free checks first (:func:`span_checks`), each with its own reason:
+
+* ``span_malformed``: the spans break the wire rules (the orchestrator refuses them with 422;
+  re-checked on the stored batch), or come with episode segments (not supported yet);
+* ``span_version_future``: a span's version is newer than the newest committed version;
+* ``span_not_lease_wide``: a lease is decoded as one batch, so every sample still running at a
+  switch switches there: each sample's spans must be the batch's switch points that fall inside
+  it. A sample that drops or merges a switch its lease-mates made, or a switch at a point where
+  they did not, breaks it. (A worker that drops the spans of *every* sample leaves nothing to
+  compare: its later chunks then fail as ``toploc_mismatch``.)
+
+After the prefill, a failing proof of a spanned sample is named by where it fails
+(:func:`proof_reason`), from the first failing chunk ``j`` inside span ``k``:
+
+* ``span_boundary_mismatch``: span ``k``'s first chunks pass and a later one fails while a span
+  follows (the next version began before the claimed boundary), or span ``k >= 1``'s first chunk
+  fails while a later chunk of it passes (the version began after it);
+* ``span_version_forged``: every chunk of span ``k >= 1`` fails against its claimed version;
+* ``toploc_mismatch`` otherwise.
+
+Pitfall: these names are labels of where the proofs fail, not proofs of what the worker did; a
+boundary claimed one chunk too early fails the same chunks as a forged one-chunk span. Either way
+the sample fails, and the lease with it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from prime_rl.api.protocol import PendingBatch, RolloutSample
+from prime_rl.api.spans import SPAN_ALIGN, VersionSpan, future_span, span_bounds, spans_problem
+from prime_rl.inference.contract import ChainedForward, GenerationBackend, GenerationError, Prefill
+from prime_rl.validator.checks import Checks, Observer, Pending, Reason, judge_prefill
+
+__all__ = ["chained_prefills", "has_spans", "lease_switches", "proof_reason", "span_checks", "span_model_checks"]
+
+
+def has_spans(sample: RolloutSample) -> bool:
+    """True for a sample of several versions (one span, or none, is a one-version sample)."""
+    return sample.spans is not None and len(sample.spans) > 1
+
+
+def lease_switches(samples: Sequence[RolloutSample]) -> dict[int, int] | None:
+    """The batch's switch points ``{first_token: policy_version}`` (every span after the first of every
+    sample); None if two samples put different versions at one point."""
+    switches: dict[int, int] = {}
+    for sample in samples:
+        for span in (sample.spans or [])[1:]:
+            if switches.setdefault(span.first_token, span.policy_version) != span.policy_version:
+                return None
+    return switches
+
+
+def span_checks(
+    batch: PendingBatch, *, newest_version: int, max_versions: int
+) -> list[tuple[str, str] | None]:
+    """Per sample: ``(reason, detail)`` of its first model-free span failure, or None."""
+    start = batch.lease.fixed_version if batch.lease is not None else batch.policy_version
+    switches = lease_switches(batch.samples)
+    out: list[tuple[str, str] | None] = []
+    for sample in batch.samples:
+        spans, n = sample.spans, len(sample.completion_tokens)
+        found: tuple[str, str] | None = None
+        if spans is not None:
+            problem = spans_problem(spans, n, start_version=start, max_versions=max_versions)
+            if problem is None and sample.segments is not None:
+                problem = "spans on an episode (segments) are not supported yet"
+            if problem is not None:
+                found = ("span_malformed", problem)
+            elif (future := future_span(spans, newest_version)) is not None:
+                found = (
+                    "span_version_future",
+                    f"span from token {future.first_token} claims version {future.policy_version}, "
+                    f"newer than the newest committed version {newest_version}",
+                )
+        if found is None:
+            # (first_token, policy_version) per span
+            expected = [(0, start), *sorted((b, v) for b, v in (switches or {}).items() if b < n)]
+            claimed = [(s.first_token, s.policy_version) for s in spans] if spans else [(0, start)]
+            if switches is None or claimed != expected:
+                found = (
+                    "span_not_lease_wide",
+                    f"spans {_show(claimed)} differ from the lease's switch points inside this sample "
+                    f"{_show(expected) if switches is not None else '(two samples put different versions at one point)'}",
+                )
+        out.append(found)
+    return out
+
+
+def _show(points: Sequence[tuple[int, int]]) -> str:
+    return "[" + ", ".join(f"v{v} from {b}" for b, v in points) + "]"
+
+
+def chained_prefills(
+    samples: Sequence[RolloutSample], backend_for: Callable[[int], GenerationBackend | None]
+) -> list[Prefill | str]:
+    """The prefill of each spanned sample by chained forwards (module docstring), or why it failed
+    (a version unavailable, a backend without chained forwards, a forward that failed).
+
+    Loads each version of the batch once, in increasing order; holds every sample's KV cache
+    between versions (at most ``max_versions_per_sample`` forwards per sample).
+    """
+    state: list[dict[str, Any]] = [{"cache": None, "hidden": [], "logits": [], "error": None} for _ in samples]
+    versions = sorted({span.policy_version for sample in samples for span in sample.spans or []})
+    for version in versions:
+        backend = backend_for(version)
+        for sample, row in zip(samples, state, strict=True):
+            if row["error"] is not None:
+                continue
+            sequence = list(sample.prompt_tokens) + list(sample.completion_tokens)
+            prompt = len(sample.prompt_tokens)
+            for k, (span_version, first, end) in enumerate(span_bounds(sample.spans, len(sample.completion_tokens))):
+                if span_version != version:
+                    continue
+                if not isinstance(backend, ChainedForward):
+                    row["error"] = f"policy version {version} is not available for chained forwards"
+                    break
+                start = 0 if k == 0 else prompt + first - 1
+                try:
+                    hidden, row["cache"] = backend.extend(sequence[start : prompt + end - 1], row["cache"])
+                except (GenerationError, ValueError, IndexError, RuntimeError) as exc:
+                    row["error"] = f"chained forward of span {k} failed: {exc}"
+                    break
+                # Completion token t is sampled from the state at position P + t - 1.
+                if k == 0:
+                    hidden = hidden[prompt - 1 :]
+                row["hidden"].append(hidden)
+                row["logits"].append(backend.head(hidden))
+    out: list[Prefill | str] = []
+    for row in state:
+        if row["error"] is not None:
+            out.append(row["error"])
+        else:
+            out.append(Prefill(hidden=torch.cat(row["hidden"]), logits=torch.cat(row["logits"])))
+    return out
+
+
+def proof_reason(failed: Sequence[bool], spans: Sequence[VersionSpan]) -> tuple[str, str]:
+    """``(reason, detail)`` of a spanned sample whose proof chunks ``failed[j]`` (module docstring)."""
+    chunk_starts = [s.first_token // SPAN_ALIGN for s in spans] + [len(failed)]
+    first = next(j for j, bad in enumerate(failed) if bad)
+    k = max(i for i in range(len(spans)) if chunk_starts[i] <= first)
+    own = failed[chunk_starts[k] : chunk_starts[k + 1]]
+    version = spans[k].policy_version
+    where = f"{sum(failed)}/{len(failed)} proof chunks fail, first chunk {first} in span {k} (v{version}"
+    where += f", chunks {chunk_starts[k]}-{chunk_starts[k + 1] - 1})"
+    if first > chunk_starts[k] and k + 1 < len(spans):
+        return "span_boundary_mismatch", f"{where}: the next version began before the claimed boundary {spans[k + 1].first_token}"
+    if k >= 1 and all(own):
+        return "span_version_forged", f"{where}: no chunk of the span matches its claimed version"
+    if k >= 1 and first == chunk_starts[k]:
+        return "span_boundary_mismatch", f"{where}: the span's version began after its claimed boundary {spans[k].first_token}"
+    return "toploc_mismatch", where
+
+
+def span_model_checks(
+    spanned: Sequence[Pending],
+    backend_for: Callable[[int], GenerationBackend | None],
+    checks: Checks,
+    observe: Observer | None,
+) -> None:
+    """Chained prefills of the live spanned samples, then the per-sample model checks on them."""
+    alive = [p for p in spanned if p.alive]
+    for p, pre in zip(alive, chained_prefills([p.sample for p in alive], backend_for), strict=True):
+        if isinstance(pre, str):
+            p.reject(Reason.UNKNOWN_POLICY if "not available" in pre else Reason.MALFORMED, pre)
+            continue
+        judge_prefill(p, pre, checks, observe, functools.partial(_name_failure, spans=p.sample.spans or []))
+
+
+def _name_failure(failed: list[bool], *, spans: Sequence[VersionSpan]) -> tuple[str, str]:
+    return proof_reason(failed, spans)
