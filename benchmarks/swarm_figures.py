@@ -145,8 +145,8 @@ def _mean(values: list[float]) -> float | None:
 def _payload(args: dict[str, Any], versions: list[dict[str, Any]]) -> str:
     """What each version was: ``76 MB bf16, delta`` (``--payload-mb``) or the tiny model's fp32 file."""
     size = max((v["file_bytes"] or 0 for v in versions), default=0)
-    if not args.get("payload_mb"):
-        return f"tiny {size / 1e6:.2f} MB fp32, full"
+    if not args.get("payload_mb"):  # runs before --delta existed sent full files
+        return f"tiny {size / 1e6:.2f} MB fp32, {'delta' if args.get('delta') else 'full'}"
     return f"{size / 1e6:.0f} MB bf16, {'delta' if args.get('delta', True) else 'no delta'}"
 
 
