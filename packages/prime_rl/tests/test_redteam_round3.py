@@ -6,9 +6,10 @@ same session longer and writes ``benchmarks/results/redteam_round3.md``).
 * Tool-replay denial of service: fresh identities, each from its own loopback /24, send
   fabricated episodes whose two tool calls loop until the 5 s limit, with random well-formed
   proofs. The validator runs no tool for them (its replays come after every model turn's proofs
-  pass: 0 tool seconds per lease, where the old code ran every call, 80 s a lease), judges them in
-  under 2 s (median), trains none, and bans every identity (at its first lease: before, a fresh
-  identity's 8 rejected samples stayed under ``ban_min_samples`` 16 and 26 of 26 went unbanned);
+  pass: 0 tool seconds per lease, where issue 34 measured 82 s a lease before), judges them in
+  under 2 s (median), trains none, and bans every identity at its first lease (before fe9527b a
+  fresh identity's 8 rejected samples stayed under ``ban_min_samples`` 16 and none was banned:
+  ``benchmarks/results/redteam_round3.md``);
   the honest worker's accepted samples per minute during the attack stay within half the rate
   without it (a bound with margin for 20 s windows; the benchmark measures the 20% goal).
 * Free veto: a trusted identity answers honestly but lowers one sample's claimed reward on the
@@ -17,6 +18,11 @@ same session longer and writes ``benchmarks/results/redteam_round3.md``).
   veto costs it an open lease of allowance, like walking away.
 * Version shopping: a lease fixes version v; a batch generated with v + 1 or v - 1 (both committed
   and inside the async window) is ``wrong_policy_version``, never trained, and the identity banned.
+
+Each part fails on a broken copy: with the validator's ``wrong_policy_version`` check off, the
+shopper's batch is accepted (``ok``); with rejected leases not marked rejected in the ledger
+(``Ledger.record_verdicts``), the vetoed lease's tasks are never re-issued and the wait for them to
+train times out; on the validator before fe9527b no fabricating identity is banned.
 """
 
 from __future__ import annotations
