@@ -211,6 +211,15 @@ def test_a_lease_that_fails_before_any_model_check_counts_towards_a_ban_whatever
     assert bans == ["shopper"]
     assert validator.failures.counts["unlucky"] == [0, 8] and validator.failures.counts["veteran"] == [32, 16]
 
+    # Issue 34 (red team round three): a fresh identity's lease that fails after the prefill (made-up
+    # episodes with random proofs: toploc_mismatch) bans it too, and a machine-limited one still counts
+    # nothing; a worker with accepted samples keeps the ban_min_samples grace for the same failure.
+    judged("fabricator", "toploc_mismatch", prefilled=True)
+    judged("sandboxed", "reward_unverifiable", prefilled=True)
+    judged("veteran", "toploc_mismatch", prefilled=True)  # 24 of 56: below 50 %
+    assert bans == ["shopper", "fabricator"]
+    assert validator.failures.counts["sandboxed"] == [0, 0] and validator.failures.counts["veteran"] == [32, 24]
+
 
 def test_future_and_unknown_versions_and_missing_lease(backend):
     lease, record = RUN.lease("w", 0, 0)

@@ -80,7 +80,8 @@ class ValidatorConfig(Section):
         default=16,
         ge=1,
         description="Samples seen before a worker can be banned; a lease rejected before any model check (wrong "
-        "tasks, seeds, prompts, version, termination) counts at least this many rejections, whatever its size.",
+        "tasks, seeds, prompts, version, termination), or any rejected lease of an identity with no accepted "
+        "sample yet, counts at least this many rejections, whatever its size.",
     )
     evidence: bool = Field(
         default=True,

@@ -5,7 +5,8 @@ grouped by policy version (one weight reload per version) -> :func:`prime_rl.val
 version's weights (fetched through shardcast by :class:`~prime_rl.weights.store.PolicyStore`) ->
 ``POST /validator/verdicts`` -> per-worker failure tracker; a worker whose rejected share reaches
 ``ban_failure_rate`` after ``ban_min_samples`` samples is banned (``POST /workers/ban``; a batch
-rejected before any model check counts at least ``ban_min_samples`` rejections). Every
+rejected before any model check, or any rejected batch of an identity with no accepted sample yet,
+counts at least ``ban_min_samples`` rejections). Every
 prefilled sample also adds to its worker's evidence (``evidence.py``, ``validator.evidence``): a
 worker whose evidence passes the false-ban-bounded threshold is banned the same way, and the batch
 that crossed it is rejected (``banned_worker``). One ``verdict`` and one ``evidence`` metrics line
@@ -330,9 +331,12 @@ class Validator:
         rejected share crosses ``ban_failure_rate`` or its evidence crosses the threshold.
         ``prefilled``: whether the batch reached the model checks (``ban_counts``)."""
         worker_id = batch.worker_id
-        # reward_unverifiable alone is the machine's: not counted; a failure before any model check
-        # counts at least ban_min_samples
-        accepted, rejected = ban_counts(verdicts, prefilled=prefilled, min_samples=self.failures.ban_min_samples)
+        # reward_unverifiable alone is the machine's: not counted; a failure before any model check, or
+        # any own failure of an identity with no accepted sample yet, counts at least ban_min_samples
+        fresh = self.failures.counts.get(worker_id, [0, 0])[0] == 0
+        accepted, rejected = ban_counts(
+            verdicts, prefilled=prefilled, fresh=fresh, min_samples=self.failures.ban_min_samples
+        )
         reason = self.failures.record(worker_id, accepted=accepted, rejected=rejected)
         self.journal.failures(batch.batch_id, worker_id, self.failures)
         if evidence_ban is not None and worker_id not in self.evidence_bans_posted:

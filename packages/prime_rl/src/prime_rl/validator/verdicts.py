@@ -119,7 +119,9 @@ NOT_THE_WORKERS = frozenset({Reason.UNKNOWN_POLICY, Reason.INTERNAL_ERROR})
 fetch, a bug of its own): such a batch counts as many rejections as it has samples, no more."""
 
 
-def ban_counts(verdicts: Sequence[Verdict], *, prefilled: bool = True, min_samples: int = 0) -> tuple[int, int]:
+def ban_counts(
+    verdicts: Sequence[Verdict], *, prefilled: bool = True, fresh: bool = False, min_samples: int = 0
+) -> tuple[int, int]:
     """(accepted, rejected) of one judged batch as they count towards its worker's ban.
 
     A batch whose only own failures are ``reward_unverifiable`` or ``tool_unverifiable``
@@ -129,15 +131,19 @@ def ban_counts(verdicts: Sequence[Verdict], *, prefilled: bool = True, min_sampl
     cheater nothing). A batch rejected before any model check (``prefilled`` False: its lease,
     tasks, version, prompts, seeds or termination are wrong, which no honest worker's noise can
     cause) counts at least ``min_samples`` rejections (the validator's ``ban_min_samples``), so a
-    fresh identity's one failed lease reaches the ban whatever its size. Any other failure in the
-    batch counts the whole batch as before.
+    fresh identity's one failed lease reaches the ban whatever its size. So does any own failure of a
+    ``fresh`` worker's batch (one with no accepted sample yet): ``min_samples`` is a grace that keeps a
+    rare noisy sample from banning a worker with a record, and a fresh identity has none; without
+    this, every new identity got one free lease of fabricated episodes with random proofs
+    (``toploc_mismatch`` after the prefill, 8 samples < 16), and identities cost nothing (issue 34,
+    ``test_redteam_round3.py``). Any other failure in the batch counts the whole batch as before.
     """
     accepted = sum(v.accepted for v in verdicts)
     rejected = len(verdicts) - accepted
     if machine_rejected(verdicts):
         return 0, 0
     own = {v.reason for v in verdicts if not v.accepted} - FOLLOWER_REASONS
-    if rejected and not prefilled and not own & NOT_THE_WORKERS:
+    if rejected and (fresh or not prefilled) and not own & NOT_THE_WORKERS:
         rejected = max(rejected, min_samples)
     return accepted, rejected
 
