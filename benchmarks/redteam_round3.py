@@ -404,8 +404,8 @@ def session(
     ``window_s`` with each of ``attacks`` ((threads, pause_s): each thread sends a fabricated lease,
     then waits pause_s), then the veto (until ``vetoes`` vetoed leases or a ban) and version
     shopping; stop; read the disk."""
-    sys.path.insert(0, str(ROOT / "packages" / "prime_rl" / "tests"))
-    from conftest import free_ports
+    from swarm import free_ports  # (not the tests' conftest: under pytest that name is another package's)
+
     from prime_rl.orchestrator.ledger import Ledger
     from prime_rl.tasks import load_tasks
 

@@ -126,6 +126,7 @@ def test_one_line_reward_edit_reaches_workers_and_the_validator(tmp_path: Path, 
         "--orchestrator.port", str(free_port()), "--orchestrator.prompts_per_batch", "2",
         "--sampling.group_size", "4", "--sampling.max_new_tokens", "6", "--validator.max_batches", "1",
         "--workers.device", "cpu", "--validator.device", "cpu",
+        "--orchestrator.workers_view_max_age_s", "0",  # GET /workers right after acting
     ]  # fmt: skip
     swapped = load_config(None, [*base, "--components.reward", f"{edited}:reward"])
     shipped = load_config(None, [*base, "--components.reward", f"{RECIPE}:reward"])
@@ -147,12 +148,16 @@ def test_one_line_reward_edit_reaches_workers_and_the_validator(tmp_path: Path, 
         judge = Validator(shipped)
         judge.run_loop()
         judge.close()
+        # A reward claim no noise explains bans an identity with no accepted work (validator
+        # verdicts.ban_counts); the second half answers under a new identity.
+        assert admin.workers().workers[0].banned
+        worker.worker_id = worker.client.register("worker-0b").worker_id
 
         assert worker.one_batch()
         judge = Validator(swapped)
         judge.run_loop()
         judge.close()
         worker.close()
-        (stats,) = admin.workers().workers
-    assert (stats.samples_rejected, stats.samples_accepted) == (8, 8)
-    assert dict(stats.rejected_reasons) == {"reward_mismatch": 8}
+        first, second = admin.workers().workers
+    assert (first.samples_rejected, first.samples_accepted, second.samples_rejected, second.samples_accepted) == (8, 0, 0, 8)
+    assert dict(first.rejected_reasons) == {"reward_mismatch": 8} and not second.banned

@@ -44,7 +44,7 @@ def test_full_help_lists_every_key_with_type_default_and_description(capsys: pyt
         assert f"  {role} " in text
     # one key in full: its type, default, bound and description (from config/sections.py)
     assert "--orchestrator.async_level int (default 2, >= 0)" in text
-    assert "Step-s rollouts must come from a policy >= s - async_level." in text
+    assert "A lease issued at step s fixes a policy version >= s - async_level (the dispatch window)." in text
     assert "--sampling.stop list[str] (default [])" in text
     assert "--trainer.device {auto,cpu,cuda} (default \"auto\")" in text
 

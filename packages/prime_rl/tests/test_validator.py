@@ -217,8 +217,11 @@ def test_a_lease_that_fails_before_any_model_check_counts_towards_a_ban_whatever
     judged("fabricator", "toploc_mismatch", prefilled=True)
     judged("sandboxed", "reward_unverifiable", prefilled=True)
     judged("veteran", "toploc_mismatch", prefilled=True)  # 24 of 56: below 50 %
+    # A per-token rule an honest bf16 worker fails at its calibrated rate keeps the grace for a newcomer.
+    judged("newcomer", "sampling_mismatch", prefilled=True)
     assert bans == ["shopper", "fabricator"]
     assert validator.failures.counts["sandboxed"] == [0, 0] and validator.failures.counts["veteran"] == [32, 24]
+    assert validator.failures.counts["newcomer"] == [0, 8]
 
 
 def test_future_and_unknown_versions_and_missing_lease(backend):

@@ -119,6 +119,12 @@ NOT_THE_WORKERS = frozenset({Reason.UNKNOWN_POLICY, Reason.INTERNAL_ERROR})
 fetch, a bug of its own): such a batch counts as many rejections as it has samples, no more."""
 
 
+NOISE_REASONS = frozenset({Reason.SAMPLING_FAILED, Reason.LOGPROBS_MISMATCH})
+"""Per-token rules an honest worker fails at their calibrated false-rejection rate (bf16 decode
+against prefill noise): a fresh identity keeps the ``ban_min_samples`` grace for them, so one unlucky
+first lease does not ban an honest newcomer; the evidence still sees every such token."""
+
+
 def ban_counts(
     verdicts: Sequence[Verdict], *, prefilled: bool = True, fresh: bool = False, min_samples: int = 0
 ) -> tuple[int, int]:
@@ -136,14 +142,16 @@ def ban_counts(
     rare noisy sample from banning a worker with a record, and a fresh identity has none; without
     this, every new identity got one free lease of fabricated episodes with random proofs
     (``toploc_mismatch`` after the prefill, 8 samples < 16), and identities cost nothing (issue 34,
-    ``test_redteam_round3.py``). Any other failure in the batch counts the whole batch as before.
+    ``test_redteam_round3.py``), except where its only own failures are ``NOISE_REASONS``. Any other
+    failure in the batch counts the whole batch as before.
     """
     accepted = sum(v.accepted for v in verdicts)
     rejected = len(verdicts) - accepted
     if machine_rejected(verdicts):
         return 0, 0
     own = {v.reason for v in verdicts if not v.accepted} - FOLLOWER_REASONS
-    if rejected and (fresh or not prefilled) and not own & NOT_THE_WORKERS:
+    graced = fresh and prefilled and own <= NOISE_REASONS
+    if rejected and (fresh or not prefilled) and not own & NOT_THE_WORKERS and not graced:
         rejected = max(rejected, min_samples)
     return accepted, rejected
 
