@@ -89,10 +89,22 @@ def write_run_config(tmp: Path, model_dir: Path, ports: list[int], **sections: d
     config["workers"].update(count=1, hostile=[])
     for name, values in sections.items():
         config[name] = {**config.get(name, {}), **values}
-    sys.path.insert(0, str(ROOT / "packages" / "prime_rl" / "tests"))
-    from conftest import write_toml  # one TOML writer for the run configs of tests and benches
+    return _prime_rl_test_helpers().write_toml(tmp / "run.toml", config)
 
-    return write_toml(tmp / "run.toml", config)
+
+def _prime_rl_test_helpers() -> Any:
+    """prime_rl's tests/conftest.py, loaded under its own name: under pytest the module ``conftest``
+    may be another package's (one TOML writer serves the run configs of tests and benches)."""
+    import importlib.util
+
+    name = "prime_rl_tests_conftest"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "packages" / "prime_rl" / "tests" / "conftest.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 @contextlib.contextmanager
@@ -404,8 +416,7 @@ def session(
     ``window_s`` with each of ``attacks`` ((threads, pause_s): each thread sends a fabricated lease,
     then waits pause_s), then the veto (until ``vetoes`` vetoed leases or a ban) and version
     shopping; stop; read the disk."""
-    from swarm import free_ports  # (not the tests' conftest: under pytest that name is another package's)
-
+    free_ports = _prime_rl_test_helpers().free_ports
     from prime_rl.orchestrator.ledger import Ledger
     from prime_rl.tasks import load_tasks
 
