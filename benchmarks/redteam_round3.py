@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from requests.adapters import HTTPAdapter
 
 import toploc
 from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorBusy, OrchestratorClient
@@ -139,23 +138,8 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
     raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
-class _SourceAddress(HTTPAdapter):
-    """Connections from one loopback source address: the orchestrator sees a client there."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        super().__init__()
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        kwargs["source_address"] = (self.address, 0)
-        super().init_poolmanager(*args, **kwargs)
-
-
 def client_at(url: str, address: str | None = None) -> OrchestratorClient:
-    client = OrchestratorClient(url, timeout_s=20, retries=2, backoff_s=0.5)
-    if address is not None:
-        client._session.mount("http://", _SourceAddress(address))  # the client has no source-address option
-    return client
+    return OrchestratorClient(url, timeout_s=20, retries=2, backoff_s=0.5, source_address=address)
 
 
 def lease_of(client: OrchestratorClient, worker_id: str, timeout_s: float = 60.0, **kwargs: Any) -> TaskLease:

@@ -257,3 +257,13 @@ def test_registration_config_is_validated() -> None:
     ):
         with pytest.raises(ConfigError, match=override[0].removeprefix("--")):
             load_config(None, override)
+
+
+def test_a_client_connects_from_its_source_address(server: Any, batch_for: Any) -> None:
+    """``OrchestratorClient(source_address=...)``: the orchestrator sees the client at that address
+    (the red teams' identities each come from their own loopback address this way)."""
+    admin = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
+    worker = OrchestratorClient(server.url, retries=0, source_address="127.0.0.3")
+    reg = worker.register()
+    worker.submit_rollouts(batch_for(worker.get_tasks(reg.worker_id), 0))
+    assert [b.client for b in admin.pending().batches] == ["127.0.0.3"]

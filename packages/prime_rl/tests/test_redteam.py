@@ -101,18 +101,6 @@ STEER_WITHIN = 0.2
 NOISE = 1e-3
 
 
-class _SourceAddress(requests.adapters.HTTPAdapter):
-    """Send from another loopback address, as a second machine would."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        super().__init__()
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        kwargs["source_address"] = (self.address, 0)
-        super().init_poolmanager(*args, **kwargs)
-
-
 def _public_hash64(*parts: object) -> int:
     """The assignment hash API.md documented before issue 13 (BLAKE2b-64 of the joined parts)."""
     text = "prime-rl/" + "/".join(str(p) for p in parts)
@@ -154,9 +142,8 @@ class Attacker:
     def client(
         self, attack: str, source: str | None = None, retries: int = 3
     ) -> tuple[OrchestratorClient, str]:
-        client = OrchestratorClient(self.url, timeout_s=10, retries=3, backoff_s=0.5)
-        if source is not None:
-            client._session.mount("http://", _SourceAddress(source))
+        # source: another loopback address, as a second machine would send from
+        client = OrchestratorClient(self.url, timeout_s=10, retries=3, backoff_s=0.5, source_address=source)
         worker_id = client.register(f"attack-{attack}").worker_id
         client.retries = retries
         self.identities[worker_id] = attack

@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 
 import requests
 from pydantic import BaseModel, ValidationError
+from requests.adapters import HTTPAdapter
 
 from prime_rl.api.protocol import (
     BanRequest,
@@ -125,6 +126,18 @@ def describe_connection_error(error: requests.RequestException) -> str:
     return f"{type(error).__name__}: {text[:200]}"
 
 
+class _SourceAddress(HTTPAdapter):
+    """Connections from one local address (``OrchestratorClient(source_address=...)``)."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        super().__init__()
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["source_address"] = (self.address, 0)
+        super().init_poolmanager(*args, **kwargs)
+
+
 class OrchestratorClient:
     """Typed client for the orchestrator (one per thread).
 
@@ -138,6 +151,8 @@ class OrchestratorClient:
         worker_token: bearer token of a registered worker (set by ``register``).
         registration_token: bearer token ``register`` sends (``orchestrator.registration_token``).
         sleep: how the client waits between attempts (default ``time.sleep``; tests inject one).
+        source_address: local IP address to connect from (default: the system's choice), e.g. one of
+            several addresses of a multi-homed host; the orchestrator sees its clients by address.
     """
 
     def __init__(
@@ -153,6 +168,7 @@ class OrchestratorClient:
         worker_token: str = "",
         registration_token: str = "",
         sleep: Callable[[float], None] = time.sleep,
+        source_address: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
@@ -165,6 +181,9 @@ class OrchestratorClient:
         self.registration_token = registration_token
         self.sleep = sleep
         self._session = requests.Session()
+        if source_address is not None:
+            self._session.mount("http://", _SourceAddress(source_address))
+            self._session.mount("https://", _SourceAddress(source_address))
 
     def close(self) -> None:
         self._session.close()
