@@ -12,8 +12,9 @@ tasks, garbage proofs, stale policy).
 
 What the run left on disk decides: no attacker sample in any trainer claim, no honest episode
 rejected, and each episode attack judged rejected with its own reason (``hostile.ATTACKS``); the
-validator bans the hostile identity at its first lease rejected before any model check, so the
-attacks after that one count only as far as they were submitted before the ban.
+validator bans a fresh identity at its first lease rejected for anything but per-token noise
+(issue 34: the first attack, a forged tool output, already bans), so the attacks after it count only
+as far as they were submitted before the ban.
 """
 
 from __future__ import annotations
@@ -131,11 +132,12 @@ def test_untrusted_worker_cannot_shape_training_with_multi_turn_episodes(tiny_ru
                 assert own == EXPECTED[attack], (attack, batch_id, reasons)
             assert own <= EXPECTED.get(attack, set()), (attack, batch_id, reasons)
     judged = {a for a, by_batch in tally.items() if any(r - FOLLOWERS for r in by_batch.values())}
-    # The validator bans a fresh identity at its first lease rejected before any model check (issue
-    # 34: dropped_turn is the first such attack in the cycle), so the attacks after it are judged
-    # only as far as they were submitted before the ban landed (2 to 5 of them in runs so far); each
-    # one's own reason without a ban: test_episodes.py. Always: the attacks up to and including it.
-    assert EPISODE_CYCLE.index("dropped_turn") == 1 and set(EPISODE_CYCLE[:2]) <= judged, judged
+    # The validator bans a fresh identity at its first lease rejected for anything but per-token
+    # noise (issue 34): the cycle's first attack, a forged tool output, passes the proofs and fails
+    # the tool replay, so it bans. The attacks after it are judged only as far as they were submitted
+    # before the ban landed (1 to 5 of them in runs so far, depending on the machine's load); each
+    # one's own reason without a ban: test_episodes.py. Always: the first attack, and the ban.
+    assert EPISODE_CYCLE[0] == "forged_tool_output" and EPISODE_CYCLE[0] in judged, judged
     banned = [e for e in helpers.metrics_of(run_dir, "hostile-0") if e["event"] == "banned"]
     assert banned or set(EPISODE_CYCLE) <= judged, judged
 
