@@ -20,7 +20,7 @@ from prime_rl.api.client import ClientRequestError, OrchestratorClient
 from prime_rl.api.protocol import PendingBatch, RolloutBatch, RolloutSample
 from prime_rl.api.spans import SPAN_ALIGN, VersionSpan, future_span, spans_problem
 from prime_rl.inference.backend import HFBackend
-from prime_rl.inference.contract import PROOF_CHUNK
+from prime_rl.inference.contract import PROOF_CHUNK, VersionSwitch
 from prime_rl.orchestrator.records import batch_rows, rollout_samples
 from prime_rl.orchestrator.store import BATCH_SCHEMA
 from prime_rl.validator.checks import Reason
@@ -43,10 +43,10 @@ class Offer:
     def __init__(self, files: dict[int, Path], after: dict[int, int], max_versions: int = 4) -> None:
         self.files, self.after, self.max_versions, self.asked = files, after, max_versions, 0
 
-    def newer(self, current: int) -> tuple[int, Path] | None:
+    def newer(self, current: int, boundary: int) -> VersionSwitch | None:
         self.asked += 1
         ready = [v for v, n in self.after.items() if v > current and self.asked >= n]
-        return (max(ready), self.files[max(ready)]) if ready else None
+        return VersionSwitch(max(ready), self.files[max(ready)]) if ready else None
 
 
 @pytest.fixture(scope="module")
@@ -153,11 +153,11 @@ def test_committed_versions_offers_only_downloaded_committed_versions(tmp_path):
     source = CommittedVersions(
         lambda: committed[0], lambda: 2, lambda v: tmp_path / f"v{v}", max_versions=4, poll_s=1.0, clock=lambda: clock[0]
     )
-    assert source.newer(0) is None  # v1 is committed but not downloaded (no file), v2 downloaded but not committed
+    assert source.newer(0, 32) is None  # v1 is committed but not downloaded (no file), v2 downloaded but not committed
     committed[0] = 2
-    assert source.newer(0) is None  # the committed version is asked again only after poll_s
+    assert source.newer(0, 32) is None  # the committed version is asked again only after poll_s
     clock[0] = 1.0
-    assert source.newer(0) == (2, tmp_path / "v2") and source.newer(2) is None
+    assert source.newer(0, 32) == VersionSwitch(2, tmp_path / "v2") and source.newer(2, 32) is None
 
 
 # ------------------------------------------------------------------ the validator
@@ -346,7 +346,7 @@ def test_a_worker_switches_mid_lease_when_a_version_is_committed_and_the_validat
         assert isinstance(source, CommittedVersions)
         origin.publish(v1, version=1)  # downloaded early, but not committed: no switch in the first lease
 
-        def commit_during_second_lease(current: int):
+        def commit_during_second_lease(current: int, boundary: int):
             if worker.submitted == 1 and server.ledger.step == 0:
                 deadline = time.monotonic() + 60
                 while worker.follower.newest_local < 1 and time.monotonic() < deadline:
@@ -359,7 +359,7 @@ def test_a_worker_switches_mid_lease_when_a_version_is_committed_and_the_validat
                 assert trainer.claim(0, 1, filter_zero_advantage=False).ready
                 trainer.commit(0, 1)
                 time.sleep(0.06)  # past the source's poll period: the next boundary sees v1 committed
-            return CommittedVersions.newer(source, current)
+            return CommittedVersions.newer(source, current, boundary)
 
         source.newer = commit_during_second_lease  # type: ignore[method-assign]
         worker.run_loop()

@@ -37,6 +37,7 @@ __all__ = [
     "mac64",
     "sampling_seed",
     "sampling_seeds",
+    "span_seed",
     "task_ids",
 ]
 
@@ -141,3 +142,17 @@ def sampling_seeds(
         )
         for group_index in range(group_size)
     )
+
+
+def span_seed(seed: int, nonce: int) -> int:
+    """The sampler seed of a sample's tokens after an announced in-flight switch (``docs/inflight.md``).
+
+    ``seed`` is the sample's lease seed, ``nonce`` the orchestrator's answer to the switch
+    announcement (a MAC the worker cannot know before it has fixed the switch chunk). Public and
+    keyless: SHA-256 of ``"prime-rl/span/<seed>/<nonce>"``, first 8 bytes big-endian, ``& (2**63 - 1)``.
+    """
+    for name, value in (("seed", seed), ("nonce", nonce)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise AssignmentError(f"{name} must be a non-negative int, got {value!r}")
+    digest = hashlib.sha256(f"prime-rl/span/{seed}/{nonce}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & MAX_SEED

@@ -35,6 +35,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 import toploc
+from prime_rl.api.assignment import span_seed
 from prime_rl.devices import torch_dtype
 from prime_rl.inference.contract import (
     PROOF_CHUNK,
@@ -46,6 +47,7 @@ from prime_rl.inference.contract import (
     Prefill,
     SamplingParams,
     VersionSource,
+    VersionSwitch,
     build_proofs,
     completion_text,
     proof_size,
@@ -68,6 +70,7 @@ __all__ = [
     "Prefill",
     "SamplingParams",
     "VersionSource",
+    "VersionSwitch",
     "build_proofs",
     "proof_size",
     "proof_topk",
@@ -288,7 +291,7 @@ class HFBackend:
                     if all(f is not None for f in finish):
                         break
                     if source is not None and versions < source.max_versions and window_start % PROOF_CHUNK == 0:
-                        versions += self._switch(source, window_start, finish, switched, limit)
+                        versions += self._switch(source, window_start, finish, switched, limit, seed_tensor)
                 if step + 1 == limit:
                     break
                 hidden = step_decoder(sampled, step)
@@ -314,19 +317,22 @@ class HFBackend:
         finish: Sequence[FinishReason | None],
         switched: list[list[tuple[int, int]]],
         limit: int,
+        seed_tensor: torch.Tensor,
     ) -> int:
         """At completion position ``boundary`` (a proof-chunk boundary, every row settled): load the
-        newer version ``source`` offers, if any, and open its span on every running row; 1 if it did."""
+        newer version ``source`` offers, if any, and open its span on every running row (with the
+        switch's nonce, each running row's seed becomes ``span_seed(seed, nonce)``); 1 if it did."""
         if boundary >= limit:
             return 0
-        newer = source.newer(self._policy_version)
-        if newer is None:
+        switch = source.newer(self._policy_version, boundary)
+        if switch is None:
             return 0
-        version, path = newer
-        self.load_weights(path, version)
+        self.load_weights(switch.path, switch.version)
         for row, done in enumerate(finish):
             if done is None:
-                switched[row].append((version, boundary))
+                switched[row].append((switch.version, boundary))
+                if switch.nonce is not None:
+                    seed_tensor[row] = span_seed(int(seed_tensor[row]), switch.nonce)
         return 1
 
     def _step_decoder(

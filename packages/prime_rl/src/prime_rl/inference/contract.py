@@ -82,6 +82,18 @@ class Prefill:
     logits: torch.Tensor
 
 
+@dataclass(frozen=True)
+class VersionSwitch:
+    """An in-flight switch a :class:`VersionSource` offers: load ``path`` (version ``version``) and,
+    where ``nonce`` is set (the orchestrator's answer to the switch announcement), sample every
+    token from the boundary on with ``api.assignment.span_seed(sample seed, nonce)`` instead of the
+    sample seed; ``nonce`` None keeps the sample seeds."""
+
+    version: int
+    path: Path
+    nonce: int | None = None
+
+
 @runtime_checkable
 class VersionSource(Protocol):
     """Where a decoding backend finds a newer policy version to switch to mid-batch (in-flight updates).
@@ -91,10 +103,10 @@ class VersionSource(Protocol):
 
     max_versions: int
 
-    def newer(self, current: int) -> tuple[int, Path] | None:
+    def newer(self, current: int, boundary: int) -> VersionSwitch | None:
         """A version newer than ``current`` that the orchestrator has committed and whose weights are
-        on disk here, with their file; None if there is none (called at proof-chunk boundaries, so it
-        must be cheap)."""
+        on disk here, to switch to at completion position ``boundary`` (a proof-chunk boundary); None
+        if there is none. Called at proof-chunk boundaries, so it must be cheap when it says None."""
         ...
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prime_rl.api.client import ClientRequestError, OrchestratorBusy, OrchestratorUnavailable
+from prime_rl.inference.contract import VersionSwitch
 
 __all__ = ["CommittedVersions"]
 
@@ -58,10 +59,11 @@ class CommittedVersions:
                 self._committed = max(self._committed, self._committed_now())
         return self._committed
 
-    def newer(self, current: int) -> tuple[int, Path] | None:
-        """The newest downloaded, committed version if it is newer than ``current``, with its file."""
+    def newer(self, current: int, boundary: int) -> VersionSwitch | None:
+        """The newest downloaded, committed version if it is newer than ``current``, with its file
+        (no announcement yet: the sample seeds stay, ``nonce`` None)."""
         newest = min(self._newest_local(), self.committed())
         if newest <= current:
             return None
         path = self._path(newest)
-        return (newest, path) if path.is_file() else None
+        return VersionSwitch(newest, path) if path.is_file() else None
