@@ -10,7 +10,14 @@ The table is rendered from :data:`ATTACKS`, the one list of attacks (``prime-rl 
 ``mixed`` answers each lease with the attack ``MIXED_CYCLE[batch_index % len(MIXED_CYCLE)]`` (the
 attacks marked "mixed", in table order; in a multi-turn run the episode attacks, ``EPISODE_CYCLE``,
 come first). Other members of a rejected sample's group get
-``group_rejected``, the rest of its batch ``lease_rejected``.
+``group_rejected``, the rest of its batch ``lease_rejected``. An attack with a "refused" answer
+never reaches the validator: the orchestrator refuses its batch at submission (that answer, and the
+lease expires unanswered).
+
+The span forgeries (in-flight weight updates, ``api/spans.py``; not in ``mixed``) each decode the
+lease for real with the HF backend, switching in flight to a newer committed version where the
+attack needs one (:mod:`prime_rl.worker.hostile_spans`), and then claim other version spans. They
+need the worker's committed versions (``HostileWorker.versions``) and a single-turn run.
 
 A new attack is one :data:`ATTACKS` entry plus a ``HostileWorker._<name>(lease, backend)`` method
 that builds its batch; the worker loop reaches it only through :class:`HostileWorker`'s hooks
@@ -32,11 +39,13 @@ import torch
 
 from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
 from prime_rl.api.protocol import RolloutBatch, RolloutSample, StatusResponse, SubmitResponse, TaskLease
+from prime_rl.api.spans import SPAN_ALIGN
 from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import (
     Completion,
     GenerationBackend,
     HFBackend,
+    VersionSwitch,
     build_proofs,
     token_logprobs,
 )
@@ -49,6 +58,15 @@ from prime_rl.worker.hostile_episodes import (
     reorder_turns,
     truncate_episode,
 )
+from prime_rl.worker.hostile_spans import (
+    MidChunkSwitch,
+    SpanVersions,
+    SwitchAt,
+    points,
+    relabel,
+    switching,
+    wait_for_newer,
+)
 from prime_rl.worker.rollout import (
     PlannedTask,
     build_batch,
@@ -59,6 +77,10 @@ from prime_rl.worker.rollout import (
 )
 
 log = logging.getLogger(__name__)
+
+SPAN_WAIT_MARGIN_S = 15.0
+"""A span attack waits for a newer committed version until this long before its lease's deadline
+(then it gives the lease up: decode and submission need the rest)."""
 
 @dataclass(frozen=True)
 class Attack:
@@ -71,6 +93,11 @@ class Attack:
     episodes: bool = False
     """Tampers with multi-turn episodes: only in a multi-turn run ([tasks.environment]), where
     ``mixed`` plays these first."""
+    spans: bool = False
+    """Forges in-flight version spans: needs the worker's committed versions (single-turn runs)."""
+    refused: str = ""
+    """The orchestrator's answer at submission when it refuses the batch (then no verdict: ``expected``
+    is empty), e.g. ``"422 bad_spans"``."""
 
 
 ATTACKS: dict[str, Attack] = {
@@ -102,6 +129,46 @@ ATTACKS: dict[str, Attack] = {
     "truncated_episode": Attack("keeps only model turn 0 of each episode", ("episode_truncated",), episodes=True),
     "model_as_env": Attack("labels turn 0's last sampled token as an env token", ("model_tokens_as_env",), episodes=True),
     "env_as_model": Attack("labels the first tool output as model tokens", ("env_tokens_as_model",), episodes=True),
+    # in-flight version spans (worker/hostile_spans.py): a real decode, then a forged span claim
+    "forged_span_version": Attack(
+        "decodes with the lease's version v alone, claims the tokens from 32 on as the newest committed version",
+        ("span_version_forged",),
+        mixed=False,
+        spans=True,
+    ),
+    "future_span_version": Attack(
+        "decodes with v alone, claims the tokens from 32 on as a version not yet committed",
+        (),
+        mixed=False,
+        spans=True,
+        refused="422 bad_spans",
+    ),
+    "shifted_span_boundary": Attack(
+        "switches to the newer version at token 32, claims the switch at 64 (samples ended before 64 claim none)",
+        ("span_boundary_mismatch", "toploc_mismatch"),
+        mixed=False,
+        spans=True,
+    ),
+    "mid_chunk_switch": Attack(
+        "switches weights at token 48, inside a proof chunk, and claims the switch at 32 (the chunk of the switch "
+        "fails; the next passes, keep-KV: the version began after its claimed boundary)",
+        ("span_boundary_mismatch", "span_version_forged"),
+        mixed=False,
+        spans=True,
+    ),
+    "partial_switch": Attack(
+        "switches at token 32, then drops the switch from every other sample that made it",
+        ("span_not_lease_wide",),
+        mixed=False,
+        spans=True,
+    ),
+    "too_many_spans": Attack(
+        "switches at token 32, then claims more versions per sample than the run allows",
+        (),
+        mixed=False,
+        spans=True,
+        refused="422 bad_spans",
+    ),
 }
 """Every attack by name, in ``mixed``'s order: the table above, the tests and the red team read it."""
 
@@ -120,12 +187,19 @@ EXPECTED_REASONS: dict[str, tuple[str, ...]] = {"honest": ("ok",)} | {
 """Verdict reasons each behaviour's samples must get (group mates of a rejected sample: ``group_rejected``)."""
 
 
+def span_attack(behaviour: str) -> bool:
+    """Whether ``behaviour`` forges in-flight version spans (it needs the worker's committed versions)."""
+    return behaviour in ATTACKS and ATTACKS[behaviour].spans
+
+
 def attack_table(width: int = 54) -> str:
     """:data:`ATTACKS` as the reStructuredText table of this module's docstring."""
     rows = [("name", "what it does", "expected verdict", "mixed")]
     for name, attack in ATTACKS.items():
         does = textwrap.wrap(attack.does, width)
         reasons = [f"``{reason}``" + (" or" if i < len(attack.expected) - 1 else "") for i, reason in enumerate(attack.expected)]
+        if attack.refused:
+            reasons.append(f"refused: {attack.refused}")
         for line in range(max(len(does), len(reasons))):
             rows.append((
                 f"``{name}``" if line == 0 else "",
@@ -158,6 +232,9 @@ class HostileWorker:
     num_tasks: int
     env: EpisodeEnv | None = None
     """The run's episode environment (None: a single-turn run; the episode attacks need one)."""
+    versions: SpanVersions | None = None
+    """The worker's committed, downloaded versions (``worker.inflight.CommittedVersions``; the span
+    forgeries need them)."""
     _other: GenerationBackend | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -168,6 +245,8 @@ class HostileWorker:
             raise TypeError(f"attacks without a HostileWorker._<name> method: {missing}")
         if self.behaviour in ATTACKS and ATTACKS[self.behaviour].episodes and self.env is None:
             raise ValueError(f"{self.behaviour} tampers with episodes: it needs a multi-turn run ([tasks.environment] name)")
+        if span_attack(self.behaviour) and (self.versions is None or self.env is not None):
+            raise ValueError(f"{self.behaviour} forges version spans: it needs a single-turn run and the worker's versions")
 
     # -- the hooks the worker loop calls -------------------------------------------------------
     @property
@@ -237,6 +316,66 @@ class HostileWorker:
 
     def _env_as_model(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
         return self._tampered(lease, backend, env_as_model)
+
+    # -- span forgeries: a real decode of the lease, then a forged claim of which version did what --
+    def _newer(self, lease: TaskLease, backend: GenerationBackend) -> tuple[HFBackend, int, VersionSwitch]:
+        """The HF backend, the lease's version and the next committed, downloaded version (waited for)."""
+        if not isinstance(backend, HFBackend) or self.versions is None:
+            raise TypeError(f"{self.behaviour} needs an HFBackend and the worker's committed versions")
+        start = backend.policy_version
+        return backend, start, wait_for_newer(self.versions, start, lease.deadline - SPAN_WAIT_MARGIN_S)
+
+    def _switched(self, lease: TaskLease, backend: GenerationBackend) -> tuple[RolloutBatch, int, int]:
+        """The lease decoded honestly with an in-flight switch to the newer version at token 32."""
+        hf, start, switch = self._newer(lease, backend)
+        with switching(hf, SwitchAt(switch)):
+            batch = self._build(lease, hf)
+        return batch, start, switch.version
+
+    def _forged_span_version(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        hf, start, switch = self._newer(lease, backend)  # committed: the claim passes the submission rules
+        batch = self._build(lease, hf)  # every token sampled by the lease's version
+        claim = [(start, 0), (switch.version, SPAN_ALIGN)]
+        return relabel(batch, lambda i, s: claim if len(s.completion_tokens) > SPAN_ALIGN else None)
+
+    def _future_span_version(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        if self.versions is None:
+            raise TypeError(f"{self.behaviour} needs the worker's committed versions")
+        start = backend.policy_version
+        # Two past the committed one: a committed() answer up to one poll old stays in the future.
+        claim = [(start, 0), (max(self.versions.committed(), start) + 2, SPAN_ALIGN)]
+        batch = self._build(lease, backend)
+        return relabel(batch, lambda i, s: claim if len(s.completion_tokens) > SPAN_ALIGN else None)
+
+    def _shifted_span_boundary(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        batch, start, version = self._switched(lease, backend)
+        claim = [(start, 0), (version, 2 * SPAN_ALIGN)]
+        return relabel(batch, lambda i, s: claim if len(s.completion_tokens) > 2 * SPAN_ALIGN else None)
+
+    def _mid_chunk_switch(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        hf, start, switch = self._newer(lease, backend)
+        batch = self._build(lease, MidChunkSwitch(hf, switch, SPAN_ALIGN + SPAN_ALIGN // 2, start))
+        claim = [(start, 0), (switch.version, SPAN_ALIGN)]
+        return relabel(batch, lambda i, s: claim if len(s.completion_tokens) > SPAN_ALIGN else None)
+
+    def _partial_switch(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        batch, _, _ = self._switched(lease, backend)
+        switched = [i for i, s in enumerate(batch.samples) if s.spans]
+        dropped = set(switched[1::2])
+        return relabel(batch, lambda i, s: None if i in dropped else points(s))
+
+    def _too_many_spans(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        batch, _, version = self._switched(lease, backend)
+        assert self.versions is not None  # _switched checked it
+        extra = self.versions.max_versions  # spans: the real two, plus this many - 1 made up
+
+        def claim(i: int, s: RolloutSample) -> list[tuple[int, int]] | None:
+            real = points(s)
+            if real is None:
+                return None
+            return real + [(version + k, (k + 1) * SPAN_ALIGN) for k in range(1, extra)]
+
+        return relabel(batch, claim)
 
     def _honest(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
         return self._build(lease, backend)

@@ -46,7 +46,7 @@ from prime_rl.reward import RunTasks, run_tasks
 from prime_rl.role import run_role
 from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable, VersionFollower
 from prime_rl.worker.episodes import build_episode_batch
-from prime_rl.worker.hostile import BEHAVIOURS, HostileWorker
+from prime_rl.worker.hostile import BEHAVIOURS, HostileWorker, span_attack
 from prime_rl.worker.identity import IDENTITY_FILE, Identity, load_identity, save_identity
 from prime_rl.worker.inflight import CommittedVersions
 from prime_rl.worker.rollout import build_batch
@@ -134,6 +134,9 @@ class Worker:
                 self.tasks.prompt_tokens,
                 self.tasks.num_tasks,
                 env=self.env,
+                # the span forgeries switch in flight for real before they forge: they need what an
+                # in-flight worker has (hostile.py), whatever workers.inflight_updates says
+                versions=self.committed_versions() if span_attack(self.cfg.behaviour) else None,
             )
         )
 
@@ -144,7 +147,11 @@ class Worker:
         if not isinstance(self.backend, HFBackend) or self.env is not None or self.cfg.behaviour != "honest":
             log.warning("workers.inflight_updates needs an honest single-turn HF worker: off for this one")
             return
-        self.backend.version_source = CommittedVersions(
+        self.backend.version_source = self.committed_versions()
+
+    def committed_versions(self) -> CommittedVersions:
+        """The versions this worker may switch to in flight: committed by the orchestrator, downloaded here."""
+        return CommittedVersions(
             lambda: self.client.status().policy_version,
             lambda: self.follower.newest_local,
             self.store.path,
@@ -231,7 +238,14 @@ class Worker:
         batch = self.answers.answer(lease, self.backend)
         seconds = time.monotonic() - started
         self.answers.before_submit(lease, self.client)
-        answer = self.client.submit_rollouts(batch)
+        try:
+            answer = self.client.submit_rollouts(batch)
+        except ClientRequestError as exc:  # a refused batch leaves its lease unanswered: say which rule refused it
+            get_metrics().log(
+                "submit_refused", step=lease.step, batch_index=lease.batch_index, behaviour=self.answers.resolve(lease),
+                status=exc.status, error=exc.error, message=exc.message[:500],
+            )  # fmt: skip
+            raise
         self.submitted += 1
         self.log_batch(lease, batch, answer.batch_id, seconds)
         return True

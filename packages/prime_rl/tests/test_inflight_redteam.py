@@ -1,0 +1,127 @@
+"""The span forgeries of ``worker/hostile.py`` (in-flight weight updates), in process, on real decodes.
+
+Each hostile behaviour decodes a lease of the tiny model for real (versions 0 and 1 are the tiny
+models of seeds 0 and 1, as in ``test_inflight.py``), switching in flight where it needs to, and
+forges its span claim; the validator must reject it with the attack's own reason
+(``hostile.ATTACKS``), and the two the orchestrator refuses must break the submission rules with
+their own message. The same behaviours as worker processes: ``test_redteam_spans.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from tiny_lm import make_tiny_lm, make_tiny_tokenizer
+from validator_setup import TinyRun
+
+from prime_rl.api.protocol import PendingBatch, RolloutBatch
+from prime_rl.api.spans import future_span, spans_problem
+from prime_rl.inference.backend import HFBackend
+from prime_rl.inference.contract import VersionSwitch
+from prime_rl.validator.checks import Reason
+from prime_rl.validator.verdicts import validate_batch
+from prime_rl.weights.files import save_policy
+from prime_rl.worker.hostile import ATTACKS, HostileWorker
+from prime_rl.worker.hostile_spans import decode_switching_at, points
+from prime_rl.worker.rollout import sampling_params
+
+KEY = b"inflight-redteam-assignment-key"
+TOKENIZER = make_tiny_tokenizer()
+MAX_NEW = 96  # three proof chunks
+RUN = TinyRun(KEY, TOKENIZER, lambda t: f"{t}*{t + 7}=", 12, group_size=4, prompts_per_batch=2, max_new_tokens=MAX_NEW)
+CHECKS = RUN.checks()
+FOLLOWERS = {Reason.LEASE_REJECTED, Reason.GROUP_REJECTED}
+SPAN_ATTACKS = sorted(name for name, attack in ATTACKS.items() if attack.spans)
+
+
+class Versions:
+    """The worker's versions: v1 committed and on disk (``SpanVersions``)."""
+
+    max_versions = 4
+
+    def __init__(self, files: dict[int, Path]) -> None:
+        self.files = files
+
+    def committed(self) -> int:
+        return 1
+
+    def newer(self, current: int, boundary: int) -> VersionSwitch | None:
+        return VersionSwitch(1, self.files[1]) if current < 1 else None
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    root = tmp_path_factory.mktemp("versions")
+    return {v: save_policy(make_tiny_lm(seed=v).state_dict(), root / f"v{v}.safetensors") for v in range(2)}
+
+
+def worker_backend() -> HFBackend:
+    return HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=TOKENIZER, decode="dynamic")
+
+
+def judge(batch: RolloutBatch, record, files: dict[int, Path]) -> list:
+    backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=TOKENIZER)
+
+    def backend_for(version: int) -> HFBackend | None:
+        if version not in files:
+            return None
+        if version != backend.policy_version:
+            backend.load_weights(files[version], version)
+        return backend
+
+    pending = PendingBatch(
+        batch_id="b", worker_id=batch.worker_id, step=batch.step, batch_index=batch.batch_index,
+        policy_version=batch.policy_version, received_at=time.time(), lease=record, samples=batch.samples,
+    )  # fmt: skip
+    return validate_batch(pending, tasks=RUN, backend_for=backend_for, decode=RUN.decode, checks=CHECKS, newest_version=1)
+
+
+def attack(behaviour: str, files: dict[int, Path]) -> tuple[RolloutBatch, object]:
+    lease, record = RUN.lease(f"w-{behaviour.replace('_', '-')}", 0, 0)
+    worker = HostileWorker(behaviour, RUN.encode, RUN.score, RUN.prompt_tokens, RUN.num_tasks, versions=Versions(files))
+    return worker.answer(lease, worker_backend()), record
+
+
+@pytest.mark.parametrize("behaviour", [n for n in SPAN_ATTACKS if not ATTACKS[n].refused])
+def test_each_span_forgery_is_rejected_with_its_own_reason(files, behaviour):
+    batch, record = attack(behaviour, files)
+    assert batch.policy_version == 0 and any(s.spans for s in batch.samples)
+    verdicts = judge(batch, record, files)
+    assert not any(v.accepted for v in verdicts)
+    own = {v.reason for v in verdicts} - FOLLOWERS
+    expected = {Reason(r) for r in ATTACKS[behaviour].expected}
+    assert own & expected and own <= expected, [(v.reason, v.detail) for v in verdicts]
+    assert Reason(ATTACKS[behaviour].expected[0]) in own  # the attack's first reason is always there
+
+
+@pytest.mark.parametrize("behaviour", [n for n in SPAN_ATTACKS if ATTACKS[n].refused])
+def test_the_refused_span_forgeries_break_a_submission_rule(files, behaviour):
+    batch, _ = attack(behaviour, files)
+    spanned = [s for s in batch.samples if s.spans]
+    assert spanned
+    for s in spanned:
+        problem = spans_problem(s.spans or [], len(s.completion_tokens), start_version=0, max_versions=Versions.max_versions)
+        if behaviour == "too_many_spans":
+            assert problem is not None and "at most 4 versions per sample" in problem
+        else:  # future_span_version: well-formed, but its version is not committed (the orchestrator's 422)
+            assert problem is None and future_span(s.spans or [], 1) is not None
+
+
+def test_an_honest_switch_is_accepted_and_the_token_by_token_decode_reproduces_it(files):
+    """The control: the same lease, decoded with the same in-flight switch and claimed as it was, passes;
+    and ``decode_switching_at`` (the mid-chunk attack's decode) is the backend's decode with a free
+    switch point: switched at the same chunk boundary, it samples the same tokens, log-probs and proofs."""
+    lease, record = RUN.lease("w-control", 0, 0)
+    worker = HostileWorker("partial_switch", RUN.encode, RUN.score, RUN.prompt_tokens, RUN.num_tasks, versions=Versions(files))
+    batch, start, version = worker._switched(lease, worker_backend())
+    assert (start, version) == (0, 1) and any(points(s) == [(0, 0), (1, 32)] for s in batch.samples)
+    assert {v.reason for v in judge(batch, record, files)} == {Reason.ACCEPTED}
+    prompts = [s.prompt_tokens for s in batch.samples]
+    seeds = [s.sampling_seed for s in batch.samples]
+    completions = decode_switching_at(worker_backend(), prompts, seeds, sampling_params(lease), VersionSwitch(1, files[1]), 32)
+    for sample, completion in zip(batch.samples, completions, strict=True):
+        assert list(completion.completion_tokens) == sample.completion_tokens
+        assert max(abs(a - b) for a, b in zip(completion.logprobs, sample.inference_logprobs, strict=True)) < 1e-4
+        assert len(completion.proofs) == len(sample.proofs)
