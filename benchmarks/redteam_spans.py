@@ -181,6 +181,11 @@ def collect(run_dir: Path) -> dict[str, Any]:
             "expected": list(ATTACKS[attack].expected),
             "refused_expected": ATTACKS[attack].refused,
             "batches_stored": len(by_name.get(name, [])),
+            # samples that claimed a switch (a lease whose samples all ended before the claimed boundary
+            # claims none: the forgery's shape is then missing, e.g. no sample ran past 64 for the shift)
+            "samples_claiming_spans": sum(
+                1 for b in by_name.get(name, []) for s in rollout_samples(store.read_batch(b)) if s.spans and len(s.spans) > 1
+            ),
             "batches_judged": sum(1 for b in by_name.get(name, []) if b in verdicts),
             "own_reasons": dict(own),
             "accepted": accepted,

@@ -2,8 +2,10 @@
 session (one ``prime-rl run``: an honest in-flight worker and one hostile identity per span forgery
 of ``worker/hostile.py``, each decoding its lease for real before it forges).
 
-Asserted on what the run left on disk: every span forgery the validator judges is rejected with
-its own reasons (``hostile.ATTACKS``; its first listed reason among them), the two the orchestrator
+Asserted on what the run left on disk (trainer lr 1e-2: adjacent versions far enough apart for
+toploc to tell them apart): every span forgery the validator judges is rejected with its own
+reasons (``hostile.ATTACKS``; its first listed reason among them wherever a sample claimed the
+forged span), the two the orchestrator
 refuses are refused at submission with ``422 bad_spans`` and the rule's own message, no attacker
 sample is in any trainer claim, and the honest worker's samples (those that switched version
 mid-completion among them) are never rejected. In-process twins of each attack:
@@ -58,7 +60,10 @@ def test_each_span_forgery_is_rejected_with_its_own_reason_and_honest_spans_pass
         else:
             own = set(attack["own_reasons"])
             expected = set(ATTACKS[name].expected)
-            assert ATTACKS[name].expected[0] in own and own <= expected, (name, attack)
+            assert own and own <= expected, (name, attack)
+            # the attack's first reason wherever its shape was played (a lease whose samples all end
+            # before the shifted boundary, 64, claims no span: toploc_mismatch only)
+            assert ATTACKS[name].expected[0] in own or attack["samples_claiming_spans"] == 0, (name, attack)
 
     honest = result["honest"]
     assert honest["accepted"] > 0 and honest["rejected"] == {}, honest
