@@ -30,6 +30,7 @@ from prime_rl.api.spans import SPAN_ALIGN, VersionSpan
 from prime_rl.inference.backend import HFBackend, sample_next, token_logprobs
 from prime_rl.inference.contract import (
     Completion,
+    FinishReason,
     GenerationError,
     Prefill,
     SamplingParams,
@@ -175,7 +176,7 @@ class _Row:
         self.fed = 0  # tokens whose forward has run (the last sampled one waits for the next step's weights)
         self.logprobs: list[float] = []
         self.rows: list[torch.Tensor] = []
-        self.finish: str | None = None
+        self.finish: FinishReason | None = None
         self.matcher = StopStringMatcher(backend.tokenizer, params.stop) if any(params.stop) else None
 
     def run(self, backend: HFBackend, params: SamplingParams, *, until: int) -> None:
@@ -201,6 +202,6 @@ class _Row:
             logprobs=tuple(self.logprobs),
             proofs=build_proofs(torch.stack(self.rows)),
             seed=self.seed,
-            finish_reason=self.finish or "length",  # type: ignore[arg-type]
+            finish_reason=self.finish or "length",
             text=completion_text(backend.tokenizer, self.tokens),
         )
