@@ -279,6 +279,95 @@ def test_an_inflight_worker_on_vllm_gets_a_version_source(engine):
     assert engine._limits().async_scheduling is False
 
 
+@pytest.mark.slow
+def test_a_vllm_worker_switches_mid_lease_over_http_and_the_validator_accepts_it(engine, files, model_dir, tmp_path, monkeypatch):
+    """A ``Worker`` with ``backend = "vllm"`` and ``inflight_updates`` (on the module's engine: one per
+    module) follows shardcast, answers its second lease while the orchestrator commits v1 (played
+    from inside its first chunk-boundary check), switches, submits spans that pass the submission
+    rules, and the validator accepts the stored batch by chained forwards."""
+    import socket
+
+    import shardcast
+    from prime_rl.api.client import OrchestratorClient
+    from prime_rl.api.protocol import Verdict, VerdictRequest
+    from prime_rl.config import load_config
+    from prime_rl.orchestrator.server import OrchestratorServer
+    from prime_rl.tasks import load_tasks
+    from prime_rl.validator.checks import Checks, Reason
+    from prime_rl.worker import process
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    origin_port = free_port()
+    config = load_config(
+        None,
+        [
+            "--run_dir", str(tmp_path / "run"), "--model.path", str(model_dir), "--tasks.num_tasks", "20",
+            "--orchestrator.port", str(free_port()), "--orchestrator.prompts_per_batch", "4",
+            "--orchestrator.async_level", "1", "--orchestrator.release_after_tokens", "0",
+            "--sampling.group_size", "2", "--sampling.max_new_tokens", "64", "--sampling.stop", "[]",
+            "--shardcast.origin_port", str(origin_port), "--shardcast.relay_ports", "[]",
+            "--workers.max_batches", "2", "--workers.weights_poll_s", "0.05", "--workers.inflight_updates", "true",
+            "--workers.backend", "vllm",
+        ],
+    )  # fmt: skip
+    if engine.policy_version != 0:
+        engine.load_weights(files[0], 0)
+    monkeypatch.setattr(process, "make_backend", lambda *args, **kwargs: engine)
+    with (
+        OrchestratorServer(config, load_tasks(config.tasks)) as server,
+        shardcast.Origin(tmp_path / "origin", port=origin_port) as origin,
+        OrchestratorClient(server.url, admin_token=server.admin_token) as trainer,
+    ):
+        worker = Worker(config, "worker-0")
+        source = engine.version_source
+        assert isinstance(source, CommittedVersions)
+        origin.publish(files[1], version=1)  # downloaded early, but not committed: no switch in the first lease
+
+        def commit_during_second_lease(current: int, boundary: int):
+            if worker.submitted == 1 and server.ledger.step == 0:
+                deadline = time.monotonic() + 60
+                while worker.follower.newest_local < 1 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                first = trainer.pending().batches[0]
+                trainer.post_verdicts(VerdictRequest(batch_id=first.batch_id, verdicts=[
+                    Verdict(sample_index=i, accepted=True, reason="ok", reward=s.reward, advantage=s.advantage,
+                            logprobs=s.inference_logprobs) for i, s in enumerate(first.samples)
+                ]))  # fmt: skip
+                assert trainer.claim(0, 1, filter_zero_advantage=False).ready
+                trainer.commit(0, 1)
+                time.sleep(0.06)  # past the source's poll period: the next boundary sees v1 committed
+            return CommittedVersions.newer(source, current, boundary)
+
+        source.newer = commit_during_second_lease  # type: ignore[method-assign]
+        try:
+            worker.run_loop()
+        finally:
+            engine.version_source = None
+            worker.close()
+        assert worker.submitted == 2 and engine.policy_version == 1
+        second = trainer.pending().batches[0]
+        assert second.policy_version == 0 and second.step == 0
+        switched = [s.spans for s in second.samples if s.spans]
+        assert switched and all(
+            [(x.policy_version, x.first_token) for x in p][:2] == [(0, 0), (1, 32)] for p in switched
+        ), switched
+
+        validator = Validator(model_dir, files)
+        checks = Checks.from_config(
+            config, vocab_size=100, eos_token_ids=validator.backend.eos_token_ids,
+            assignment_key=server.trusted.assignment_key, hidden_size=H,
+        )  # fmt: skip
+        verdicts = validate_batch(
+            second, tasks=worker.tasks, backend_for=validator.backend_for, checks=checks, newest_version=1,
+            decode=lambda t: validator.backend.tokenizer.decode(list(t), skip_special_tokens=True),
+        )  # fmt: skip
+        assert {v.reason for v in verdicts} == {Reason.ACCEPTED}, [(v.reason, v.detail) for v in verdicts]
+
+
 @pytest.mark.cuda
 def test_cuda_engine_switches_and_the_validator_accepts(engine, files, model_dir):
     """On a CUDA build of vLLM: asynchronous scheduling is off for in-flight engines, and a switched
