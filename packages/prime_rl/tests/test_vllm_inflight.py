@@ -244,6 +244,38 @@ def test_no_switch_where_lock_step_is_not_guaranteed(engine, files):
     assert all(c.spans == () for c in got)
 
 
+class Preempting(Offer):
+    """Preempts every running request at boundary ``at`` (as KV pressure would: vLLM then recomputes
+    their KV from their tokens with the weights loaded at that moment) and offers nothing there."""
+
+    def __init__(self, engine: VLLMBackend, at: int, files: dict[int, Path], after: dict[int, int]) -> None:
+        super().__init__(files, after)
+        self.engine, self.at = engine, at
+
+    def newer(self, current: int, boundary: int) -> VersionSwitch | None:
+        if boundary == self.at:
+            self.asked.append(boundary)
+            self.engine._scheduler().reset_prefix_cache(reset_running_requests=True)
+            return None
+        return super().newer(current, boundary)
+
+
+def test_a_preemption_after_a_switch_fails_the_batch_and_one_before_stops_switching(engine, files):
+    """After a switch a preempted request's old-version KV is recomputed under the new weights, which
+    no span records: the batch raises rather than return samples the validator would reject, and
+    leaves the engine empty. Before any switch it only ends switching for the batch."""
+    from prime_rl.inference.contract import GenerationError
+    from toploc.vllm.trace import TRACES
+
+    with pytest.raises(GenerationError, match="left lock step after an in-flight switch"):
+        decode(engine, files, Preempting(engine, 64, files, {1: 1}))  # v1 at 32, preempted at 64
+    assert not engine.llm.llm_engine.has_unfinished_requests() and len(TRACES) == 0
+    offer = Preempting(engine, 32, files, {1: 2})  # preempted at 32; v1 would be offered at 64
+    batch = decode(engine, files, offer)
+    assert offer.asked == [32] and engine.policy_version == 0
+    assert all(s.spans is None for s in batch.samples) and max(len(s.completion_tokens) for s in batch.samples) > 64
+
+
 def test_the_next_batch_after_a_switch_is_not_served_stale_kv(engine, hf, files, model_dir):
     """Blocks filled under v0 during a switched lease stay in vLLM's prefix cache; the next batch,
     under v1, on a prompt that starts with such a block must not reuse it (the cache is dropped when

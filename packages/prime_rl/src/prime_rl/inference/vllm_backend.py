@@ -28,9 +28,10 @@ and the validator's chained forwards (``validator/spans.py``) recompute the same
 This needs the requests in lock step, which :func:`lockstep_problem` checks before the batch
 (idle engine, synchronous scheduling, all requests and prompts in one step, free KV blocks for
 every request's full length, so none is preempted and recomputed under the newer weights) and
-the loop checks after every step (token counts); a batch that fails the first check does not
-switch (logged), one that leaves lock step after a switch raises ``GenerationError`` rather
-than return samples the validator would reject. The prefix cache is kept during the batch (the
+the loop checks after every step (token counts, and the scheduler's preemption counters: a
+preempted request may be recomputed and catch up within one step, so equal counts alone do not
+show it); a batch that fails the first check does not switch (logged), one that leaves lock step
+after a switch raises ``GenerationError`` rather than return samples the validator would reject. The prefix cache is kept during the batch (the
 running requests' blocks are the keep-KV state; no other request joins) and dropped once it ends,
 so no later request reuses a block cached under an older version.
 
@@ -330,13 +331,21 @@ class VLLMBackend:
             )
         return completions
 
+    def _scheduler(self) -> Any:
+        """The in-process engine's scheduler (None if the engine core runs elsewhere)."""
+        core = getattr(self.llm.llm_engine.engine_core, "engine_core", None)  # InprocClient: the EngineCore itself
+        return getattr(core, "scheduler", None)
+
+    def _preemptions(self) -> int:
+        """Preemptions of the requests the engine holds (each one recomputed its KV from its tokens)."""
+        requests = getattr(self._scheduler(), "requests", None) or {}
+        return sum(int(getattr(request, "num_preemptions", 0)) for request in requests.values())
+
     def _limits(self) -> EngineLimits:
         """What the engine can schedule now (``lockstep_problem``); read from the in-process scheduler."""
         engine = self.llm.llm_engine
         config = engine.vllm_config
-        core = getattr(engine.engine_core, "engine_core", None)  # InprocClient: the EngineCore itself
-        scheduler = getattr(core, "scheduler", None)
-        pool = getattr(getattr(scheduler, "kv_cache_manager", None), "block_pool", None)
+        pool = getattr(getattr(self._scheduler(), "kv_cache_manager", None), "block_pool", None)
         return EngineLimits(
             max_num_seqs=int(config.scheduler_config.max_num_seqs),
             max_num_batched_tokens=int(config.scheduler_config.max_num_batched_tokens),
@@ -398,14 +407,13 @@ class _Run:
                 running = [i for i, output in enumerate(outputs) if output is None]
                 if source is None or not lockstep or not running:
                     continue
-                if any(len(tokens[i]) != steps for i in running):
+                preempted = self.backend._preemptions()
+                if preempted or any(len(tokens[i]) != steps for i in running):
                     lockstep = False
-                    counts = sorted({len(tokens[i]) for i in running})
+                    state = f"step {steps}, token counts {sorted({len(tokens[i]) for i in running})}, {preempted} preemptions"
                     if self.switched:  # a request preempted after a switch was recomputed: unverifiable
-                        raise GenerationError(
-                            f"requests left lock step after an in-flight switch (step {steps}, token counts {counts})"
-                        )
-                    log.warning("no further in-flight switch in this batch: step %d, token counts %s", steps, counts)
+                        raise GenerationError(f"requests left lock step after an in-flight switch ({state})")
+                    log.warning("no further in-flight switch in this batch: %s", state)
                 elif steps % PROOF_CHUNK == 0 and steps < self.limit and versions < source.max_versions:
                     versions += self._switch(source, steps, running)
         except BaseException:
