@@ -28,6 +28,7 @@ class TinyRun:
     group_size: int = 4
     prompts_per_batch: int = 2
     max_new_tokens: int = 6
+    hidden_size: int = 64  # tiny_lm's default; the vLLM tests use 128 (vLLM's CPU attention needs head size >= 32)
 
     def prompt(self, task_id: int) -> str:
         return self.prompt_text(task_id)
@@ -55,7 +56,7 @@ class TinyRun:
         ]  # fmt: skip
         return Checks.from_config(
             load_config(None, overrides), vocab_size=100, eos_token_ids=frozenset({2}), assignment_key=self.key,
-            hidden_size=64,
+            hidden_size=self.hidden_size,
         )
 
     def worker(self, behaviour: str) -> HostileWorker:

@@ -100,3 +100,28 @@ def test_registry_keeps_a_resumed_request_and_flags_key_reuse() -> None:
     registry.open(_args(seed=6))
     assert first.error is not None and "same toploc key" in first.error
     assert registry.take("k") is first and registry.take("k") is None
+
+
+def test_reseed_changes_the_sequence_id_from_its_position_on_and_only_ahead() -> None:
+    trace = RequestTrace(_args())
+    base = trace.args.sequence_id
+    rows = _rows(2)
+    trace.record(0, 3, -1.0, rows[0])
+    trace.record(1, 4, -1.0, rows[1])
+    with pytest.raises(ValueError, match="2 tokens are drawn"):
+        trace.reseed(1, 99)  # token 1 is drawn already: the past keeps its id
+    trace.reseed(2, 99)
+    trace.reseed(4, 77)
+    with pytest.raises(ValueError, match="last reseed from 4"):
+        trace.reseed(3, 55)
+    assert [trace.sequence_id_at(t) for t in range(6)] == [base, base, 99, 99, 77, 77]
+
+
+def test_registry_reseeds_open_traces_only() -> None:
+    registry = TraceRegistry()
+    trace = registry.open(_args())
+    registry.reseed("k", 0, 5)
+    assert trace.sequence_id_at(0) == 5
+    registry.take("k")
+    with pytest.raises(TraceError, match="no open trace"):
+        registry.reseed("k", 1, 6)

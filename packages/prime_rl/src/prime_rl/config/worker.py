@@ -46,8 +46,8 @@ class WorkerConfig(Section):
     weights_poll_s: float = Field(default=1.0, gt=0, description="Seconds between polls for a new policy version.")
     inflight_updates: bool = Field(
         default=False,
-        description="HF workers switch to a newer committed version mid-lease, at the first 32-token proof-chunk "
-        "boundary after it has loaded, keeping the KV cache (docs/inflight.md); off until measured in the demo.",
+        description="Workers (HF or vLLM) switch to a newer committed version mid-lease, at the first 32-token "
+        "proof-chunk boundary after it has loaded, keeping the KV cache (docs/inflight.md); off until measured in the demo.",
     )
     poll_interval_s: float = Field(
         default=0.5, gt=0, description="Seconds to wait when the orchestrator has no work."

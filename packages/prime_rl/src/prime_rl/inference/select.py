@@ -43,4 +43,10 @@ def make_backend(
         gpu_memory_utilization=workers.vllm_gpu_memory_utilization,
         enforce_eager=workers.vllm_enforce_eager,
     )
-    return VLLMBackend(config.model.path, dtype=config.model.dtype, max_batch_size=max_batch_size, memory=memory)
+    return VLLMBackend(
+        config.model.path,
+        dtype=config.model.dtype,
+        max_batch_size=max_batch_size,
+        memory=memory,
+        inflight_updates=workers.inflight_updates,
+    )

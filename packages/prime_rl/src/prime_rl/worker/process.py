@@ -41,6 +41,7 @@ from prime_rl.devices import choose_device
 from prime_rl.episodes import EpisodeEnv, load_episode_env
 from prime_rl.inference.backend import GenerationBackend, GenerationError, HFBackend
 from prime_rl.inference.select import make_backend
+from prime_rl.inference.vllm_backend import VLLMBackend  # the class only: vLLM is imported when one is built
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.reward import RunTasks, run_tasks
 from prime_rl.role import run_role
@@ -143,9 +144,13 @@ class Worker:
     # -- weights ------------------------------------------------------------------------------
     def start_inflight(self) -> None:
         """Let the backend switch to a newer committed version mid-lease (``worker/inflight.py``):
-        honest single-turn HF workers only (spans on episodes and vLLM's switch are not built yet)."""
-        if not isinstance(self.backend, HFBackend) or self.env is not None or self.cfg.behaviour != "honest":
-            log.warning("workers.inflight_updates needs an honest single-turn HF worker: off for this one")
+        honest single-turn workers on HF or vLLM only (spans on episodes are not built yet)."""
+        if (
+            not isinstance(self.backend, HFBackend | VLLMBackend)
+            or self.env is not None
+            or self.cfg.behaviour != "honest"
+        ):
+            log.warning("workers.inflight_updates needs an honest single-turn HF or vLLM worker: off for this one")
             return
         self.backend.version_source = self.committed_versions()
 

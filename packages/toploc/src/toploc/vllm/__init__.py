@@ -29,7 +29,16 @@ from typing import TYPE_CHECKING, Any
 from toploc.vllm.trace import EXTRA_ARGS_KEY, CheckableOutput, SamplerArgs, TraceError
 
 if TYPE_CHECKING:
-    from toploc.vllm.engine import IN_PROCESS_ENV, attach, checkable, checkable_llm, collect
+    from toploc.vllm.engine import (
+        IN_PROCESS_ENV,
+        attach,
+        checkable,
+        checkable_llm,
+        collect,
+        collect_tokens,
+        discard,
+        reseed,
+    )
     from toploc.vllm.processor import SeededSampler
 
 # vLLM is imported on first use of these names, so that ``toploc.vllm.trace`` (pure) imports without it.
@@ -39,6 +48,9 @@ _LAZY = {
     "checkable": "toploc.vllm.engine",
     "checkable_llm": "toploc.vllm.engine",
     "collect": "toploc.vllm.engine",
+    "collect_tokens": "toploc.vllm.engine",
+    "discard": "toploc.vllm.engine",
+    "reseed": "toploc.vllm.engine",
     "SeededSampler": "toploc.vllm.processor",
 }
 
@@ -59,4 +71,7 @@ __all__ = [
     "checkable",
     "checkable_llm",
     "collect",
+    "collect_tokens",
+    "discard",
+    "reseed",
 ]

@@ -102,6 +102,30 @@ def checkable_llm(model: str, **llm_kwargs: Any) -> Any:
     return llm
 
 
+def _key(params: Any) -> str:
+    args = SamplerArgs.from_extra_args(params.extra_args)
+    if args is None:
+        raise ValueError("sampling params without toploc args: build them with toploc.vllm.checkable")
+    return args.key
+
+
+def reseed(params: Any, position: int, sequence_id: int) -> None:
+    """Draw the running request of ``params`` with ``sequence_id`` from generated-token index ``position``
+    on (an in-flight switch's per-span seed; between engine steps, in this process).
+
+    Raises:
+        TraceError: the engine has not scheduled the request yet, or its trace was collected.
+        ValueError: ``position`` lies before a token already drawn (``RequestTrace.reseed``).
+    """
+    TRACES.reseed(_key(params), position, sequence_id)
+
+
+def discard(params: Sequence[Any]) -> None:
+    """Drop the traces of requests that will not be collected (aborted), so none outlives them."""
+    for p in params:
+        TRACES.take(_key(p))
+
+
 def collect(params: Sequence[Any], outputs: Sequence[Any]) -> list[CheckableOutput]:
     """Per request (same order as ``params``): the ``CheckableOutput`` of ``outputs[i].outputs[0]``.
 
@@ -112,19 +136,25 @@ def collect(params: Sequence[Any], outputs: Sequence[Any]) -> list[CheckableOutp
     """
     if len(params) != len(outputs):
         raise ValueError(f"{len(params)} sampling params but {len(outputs)} outputs")
-    keys = []
-    for p in params:
-        args = SamplerArgs.from_extra_args(p.extra_args)
-        if args is None:
-            raise ValueError("sampling params without toploc args: build them with toploc.vllm.checkable")
-        keys.append(args.key)
+    return collect_tokens(params, [list(output.outputs[0].token_ids) for output in outputs])
+
+
+def collect_tokens(params: Sequence[Any], token_ids: Sequence[Sequence[int]]) -> list[CheckableOutput]:
+    """``collect`` for a caller that gathered each request's emitted tokens itself (an engine stepped
+    by hand, with ``RequestOutputKind.DELTA`` outputs): ``token_ids[i]`` are request ``i``'s tokens.
+
+    Raises: as ``collect``.
+    """
+    if len(params) != len(token_ids):
+        raise ValueError(f"{len(params)} sampling params but {len(token_ids)} token lists")
+    keys = [_key(p) for p in params]
     traces = [TRACES.take(key) for key in keys]  # take all first: nothing leaks if one fails
     results = []
-    for key, trace, output in zip(keys, traces, outputs, strict=True):
+    for key, trace, emitted in zip(keys, traces, token_ids, strict=True):
         if trace is None:
             raise TraceError(
                 f"request {key} was not drawn by toploc's SeededSampler in this process "
                 "(engine without logits_processors=[SeededSampler], or running in another process)"
             )
-        results.append(trace.finish(list(output.outputs[0].token_ids)))
+        results.append(trace.finish(list(emitted)))
     return results

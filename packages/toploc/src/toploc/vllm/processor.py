@@ -3,12 +3,13 @@
 For every row of a request whose ``SamplingParams.extra_args["toploc"]`` holds ``SamplerArgs``
 (rows of other requests are untouched), at generated-token index ``t = len(output_token_ids)``:
 
-    token  = toploc.sample_tokens(logits_row, seed, [sequence_id], [t], temperature)
+    token  = toploc.sample_tokens(logits_row, seed, [sequence_id(t)], [t], temperature)
     logp   = log_softmax(logits_row / T)[token]          (T = 1 when greedy)
     logits_row <- -inf everywhere except 0 at ``token``  (vLLM's sampler can only pick it)
 
-so the tokens vLLM emits are exactly what ``toploc.check_sampling`` expects from the same
-logits. The draw is Gumbel-max, an exact sample of softmax(logits / T): the processor never
+where ``sequence_id(t)`` is the request's ``sequence_id`` unless its trace was reseeded from an
+index ``<= t`` (``RequestTrace.reseed``: an in-flight switch's per-span seed). So the tokens vLLM
+emits are exactly what ``toploc.check_sampling`` expects from the same logits. The draw is Gumbel-max, an exact sample of softmax(logits / T): the processor never
 changes a token's probability, only chooses which token the (one) draw lands on. vLLM's
 reported log-probs in its default ``logprobs_mode="raw_logprobs"`` are taken before any logits
 processor (so at T = 1, unforced); the processed modes would show the forced one-hot row, and
@@ -124,7 +125,10 @@ class SeededSampler(LogitsProcessor):
             contiguous = indices == list(range(indices[0], indices[0] + len(indices)))
             block = logits.narrow(0, indices[0], len(indices)) if contiguous else logits.index_select(0, index_tensor)
             positions = [len(row.output_token_ids) for row in rows]
-            sequence_ids = torch.tensor([row.trace.args.sequence_id for row in rows], device=logits.device)
+            sequence_ids = torch.tensor(
+                [row.trace.sequence_id_at(position) for row, position in zip(rows, positions, strict=True)],
+                device=logits.device,
+            )
             tokens = toploc.sample_tokens(
                 block, seed, sequence_ids, torch.tensor(positions, device=logits.device), temperature
             )

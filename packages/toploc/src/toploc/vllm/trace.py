@@ -13,6 +13,10 @@ committed only once a later position shows that its token was kept, and ``finish
 last one after checking the engine's final token count. Any other sequence of positions (a gap,
 a step backwards) marks the trace broken; ``finish`` then raises instead of returning proofs
 that could be misaligned with the tokens.
+
+A trace may change its request's sequence id from a generated-token index on (``reseed``): an
+in-flight weight update with a fresh per-span seed, where every token from a proof-chunk boundary
+on is drawn with the new id. Only the future can be reseeded.
 """
 
 from __future__ import annotations
@@ -141,6 +145,28 @@ class RequestTrace:
         self._builder: ProofBuilder | None = None
         self._committed = 0  # rows in the builder; the held-back row is for position len(tokens) - 1
         self._held: torch.Tensor | None = None
+        self._reseeds: list[tuple[int, int]] = []  # (from position, sequence id), positions increasing
+
+    def reseed(self, position: int, sequence_id: int) -> None:
+        """Draw the tokens at generated-token index ``position`` and later with ``sequence_id``.
+
+        Raises:
+            ValueError: ``position`` lies before a token already drawn or before an earlier reseed.
+        """
+        if position < len(self.tokens) or (self._reseeds and position < self._reseeds[-1][0]):
+            raise ValueError(
+                f"cannot reseed from token {position}: {len(self.tokens)} tokens are drawn"
+                + (f", last reseed from {self._reseeds[-1][0]}" if self._reseeds else "")
+            )
+        self._reseeds.append((position, sequence_id))
+
+    def sequence_id_at(self, position: int) -> int:
+        """The sequence id that draws the token at generated-token index ``position``."""
+        sequence_id = self.args.sequence_id
+        for start, reseeded in self._reseeds:
+            if position >= start:
+                sequence_id = reseeded
+        return sequence_id
 
     def fail(self, message: str) -> None:
         """Mark the trace broken (first message wins); ``finish`` will raise it."""
@@ -225,6 +251,15 @@ class TraceRegistry:
             elif trace.args != args:
                 trace.fail("two requests used the same toploc key with different arguments")
             return trace
+
+    def reseed(self, key: str, position: int, sequence_id: int) -> None:
+        """``RequestTrace.reseed`` of the open trace of ``key`` (``TraceError`` if none is open: the
+        engine has not scheduled the request yet, or it was taken)."""
+        with self._lock:
+            trace = self._traces.get(key)
+        if trace is None:
+            raise TraceError(f"request {key} has no open trace to reseed")
+        trace.reseed(position, sequence_id)
 
     def take(self, key: str) -> RequestTrace | None:
         """Remove and return the trace of ``key`` (``None`` if the engine never scheduled it)."""
