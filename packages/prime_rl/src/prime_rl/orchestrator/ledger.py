@@ -61,6 +61,8 @@ from prime_rl.api.protocol import (
     SampleId,
     StatusResponse,
     SubmitResponse,
+    SwitchRequest,
+    SwitchResponse,
     TaskLease,
     Verdict,
     VerdictRequest,
@@ -78,6 +80,7 @@ from prime_rl.orchestrator.lease_rules import LeaseRules
 from prime_rl.orchestrator.leases import LeaseBook, TaskPrompts
 from prime_rl.orchestrator.release import ReleaseBook, withheld
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
+from prime_rl.orchestrator.switches import decide_switch
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
 from prime_rl.weights.layout import POLICY_FILENAME
 
@@ -371,6 +374,28 @@ class Ledger:
             return self.leases.answer(held_open[0].record)
         self.rules.check(worker, address)
         return self.leases.answer(self.leases.issue(worker.worker_id, self.step, self.clock(), address, version))
+
+    def switch(self, worker: WorkerRecord, request: SwitchRequest) -> SwitchResponse:
+        """``POST /leases/switch``: record ``worker``'s in-flight switch of its lease (the first
+        announcement per lease and version, durably, before the answer) and answer its nonce; an
+        identical retry answers the same (rules: ``switches.py``). 404 for a lease the caller was
+        never handed at that step."""
+        held = self.leases.get(worker.worker_id, request.batch_index)
+        if held is None or held.record.step != request.step:
+            raise ApiFailure(
+                404, "not_found", f"you hold no lease at step {request.step}, batch_index {request.batch_index}"
+            )
+        record = held.record
+        switch = decide_switch(
+            record, is_open=held.open, policy_version=request.policy_version, chunk=request.chunk,
+            committed=self.step, now=self.clock(), max_versions=self.orch.max_versions_per_sample,
+            max_new_tokens=self.config.sampling.max_new_tokens, max_tokens_per_s=self.orch.max_decode_tokens_per_s,
+        )  # fmt: skip
+        if switch in record.switches:
+            nonce = self.leases.nonce(record, switch)
+        else:
+            nonce = self.leases.record_switch(held, switch)
+        return SwitchResponse(policy_version=switch.policy_version, chunk=switch.chunk, nonce=nonce)
 
     # ------------------------------------------------------------------ rollouts and verdicts
 

@@ -47,6 +47,7 @@ from prime_rl.api.protocol import (
     CommitRequest,
     RegisterRequest,
     RolloutBatch,
+    SwitchRequest,
     VerdictRequest,
 )
 from prime_rl.api.secrets import RunSecrets, SecretsError, check_bind_address, run_secrets
@@ -84,6 +85,7 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/status"): Route("status"),
     ("POST", "/workers/register"): Route("register", RegisterRequest),
     ("GET", "/tasks"): Route("tasks"),
+    ("POST", "/leases/switch"): Route("switch", SwitchRequest),
     ("POST", "/rollouts"): Route("rollouts", RolloutBatch),
     ("GET", "/rollouts/verdicts"): Route("batch_verdicts"),
     ("GET", "/workers"): Route("workers"),
@@ -173,6 +175,15 @@ class _Api:
         def work() -> Any:
             worker = self.ledger.authenticate(worker_id, bearer(request))
             return self.ledger.lease(worker, step, batch_index, client_key(request.remote), version, resume=resume)
+
+        return model_response(await self.call(work))
+
+    async def switch(self, request: web.Request) -> web.Response:
+        body = await self.body(request, SwitchRequest)
+
+        def work() -> Any:
+            worker = self.ledger.authenticate(body.worker_id, bearer(request))
+            return self.ledger.switch(worker, body)
 
         return model_response(await self.call(work))
 
