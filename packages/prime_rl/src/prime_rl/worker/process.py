@@ -150,6 +150,9 @@ class Worker:
             self.store.path,
             max_versions=self.run.orchestrator.max_versions_per_sample,
             poll_s=self.cfg.weights_poll_s,
+            announce=lambda step, batch_index, version, chunk: self.client.announce_switch(
+                self.worker_id, step=step, batch_index=batch_index, policy_version=version, chunk=chunk
+            ).nonce,
         )
 
     def reload_newest(self, limit: int) -> None:
@@ -228,6 +231,8 @@ class Worker:
         if self.answers.follows_new_weights and not self.wait_for_version(lease.policy_version, lease.deadline):
             return False  # the lease expired waiting for its version: it goes to another worker
         started = time.monotonic()
+        if isinstance(source := getattr(self.backend, "version_source", None), CommittedVersions):
+            source.lease = (lease.step, lease.batch_index)  # its switches are announced for this lease
         batch = self.answers.answer(lease, self.backend)
         seconds = time.monotonic() - started
         self.answers.before_submit(lease, self.client)
