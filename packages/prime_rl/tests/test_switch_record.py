@@ -26,16 +26,31 @@ from validator_setup import TinyRun
 
 from prime_rl.api.assignment import AssignmentError, span_seed, switch_nonce
 from prime_rl.api.client import ClientRequestError, OrchestratorClient
-from prime_rl.api.protocol import PendingBatch, RolloutBatch, Verdict, VerdictRequest
+from prime_rl.api.errors import ApiFailure
+from prime_rl.api.protocol import (
+    ClaimRequest,
+    CommitRequest,
+    DoneRequest,
+    LeaseDone,
+    PendingBatch,
+    RolloutBatch,
+    SwitchRequest,
+    Verdict,
+    VerdictRequest,
+)
+from prime_rl.api.spans import lease_digest
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.contract import PROOF_CHUNK, VersionSwitch
+from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.orchestrator.switches import mandatory_problem
 from prime_rl.validator.checks import Reason
 from prime_rl.validator.verdicts import validate_batch
 from prime_rl.weights.files import save_policy
 from prime_rl.worker.inflight import CommittedVersions
 
 from .conftest import make_batch, make_config
+from .ledger_support import _accept, _batch, _ledger, _submit
 
 FOLLOWERS = {Reason.LEASE_REJECTED, Reason.GROUP_REJECTED}
 
@@ -172,11 +187,18 @@ def test_the_first_announcement_per_lease_and_version_wins_and_survives_a_restar
         assert error.value.status == 409
         record = server.ledger.leases.get(worker_id, lease.batch_index).record
         assert [(s.policy_version, s.chunk) for s in record.switches] == [(1, 2), (2, 3)]
-        # A submitted batch's stored lease (the validator's, in GET /validator/pending) keeps the records.
+        # Done over HTTP: the first digest stands, a retry answers the same, another digest is 409.
         worker.base_url = server.url
-        answer = worker.submit_rollouts(make_batch(lease, 0))
+        batch = make_batch(lease, 0)
+        declared = worker.declare_done(worker_id, **where, digest=lease_digest(batch.samples))
+        assert worker.declare_done(worker_id, **where, digest=lease_digest(batch.samples)) == declared
+        status, _, _ = refusal(lambda: worker.declare_done(worker_id, **where, digest="0" * 64))
+        assert status == 409
+        # A submitted batch's stored lease (the validator's, in GET /validator/pending) keeps the records.
+        answer = worker.submit_rollouts(batch)
         stored = server.ledger.batches[answer.batch_id].meta.lease
         assert stored is not None and [(s.policy_version, s.chunk) for s in stored.switches] == [(1, 2), (2, 3)]
+        assert stored.done is not None and stored.done.digest == declared.digest
         status, _, message = refusal(lambda: announce_again(server, worker, worker_id, where, 3, 4))
         assert status == 409 and "answered or expired" in message  # a closed lease switches no more
     finally:
@@ -206,6 +228,110 @@ def test_the_speed_cap_refuses_a_chunk_no_worker_can_have_reached(tmp_path):
         assert (status, error) == (422, "bad_switch") and "max_decode_tokens_per_s" in message
         now[0] += 0.01
         assert worker.announce_switch(worker_id, **where, policy_version=1, chunk=2).nonce > 0
+
+
+# ------------------------------------------------------------------ the mandatory switch (part A)
+
+
+def mandatory_ledger(config_for: Any, *overrides: str) -> tuple[Ledger, Any, Any, Any]:
+    """A ledger with ``switch_deadline_s`` 2 (leases time out after 10 s), a worker holding a v0
+    lease, and v1 committed 1 s after it was issued: ``(ledger, clock, worker, lease)``."""
+    ledger, clock = _ledger(
+        config_for, "--orchestrator.switch_deadline_s", "2", "--sampling.max_new_tokens", "256", *overrides
+    )
+    worker = ledger.workers[ledger.register("switcher").worker_id]
+    lease = ledger.lease(worker, None, None)
+    feeder = ledger.workers[ledger.register("feeder").worker_id]
+    fed = ledger.lease(feeder, None, None)
+    clock.now += 1.0
+    answer = _submit(ledger, feeder, _batch(fed))
+    _accept(ledger, answer.batch_id)
+    assert ledger.claim(ClaimRequest(step=0, min_samples=1, filter_zero_advantage=False)).ready
+    ledger.commit(CommitRequest(step=0, policy_version=1))
+    return ledger, clock, worker, lease
+
+
+def long_batch(lease: Any, tokens: int) -> RolloutBatch:
+    batch = _batch(lease)
+    samples = [s.model_copy(update={"completion_tokens": [4] * tokens, "inference_logprobs": [-0.5] * tokens}) for s in batch.samples]
+    return batch.model_copy(update={"samples": samples})
+
+
+def test_a_lease_neither_switched_nor_done_by_the_deadline_is_void(config_for):
+    ledger, clock, worker, lease = mandatory_ledger(config_for)
+    clock.now += 2.5  # v1 was committed 2.5 s ago, deadline 2 s: nothing announced, nothing declared
+    with pytest.raises(ApiFailure) as refused:
+        _submit(ledger, worker, _batch(lease))
+    assert refused.value.status == 409 and "the lease is void" in refused.value.message
+    clock.now += 10
+    assert ledger.expire_leases() == 1 and ledger.leases.expired(worker.worker_id) == 1  # counted as abandoned
+
+
+def test_a_batch_submitted_before_the_deadline_needs_nothing(config_for):
+    ledger, clock, worker, lease = mandatory_ledger(config_for)
+    clock.now += 1.5
+    assert not _submit(ledger, worker, _batch(lease)).duplicate
+
+
+def test_a_switch_within_the_deadline_satisfies_it(config_for):
+    ledger, clock, worker, lease = mandatory_ledger(config_for)
+    clock.now += 1.0
+    request = SwitchRequest(worker_id=worker.worker_id, step=0, batch_index=lease.batch_index, policy_version=1, chunk=1)
+    ledger.switch(worker, request)
+    clock.now += 5.0
+    _submit(ledger, worker, _batch(lease))
+
+
+def test_done_within_the_deadline_fixes_the_batch(config_for):
+    ledger, clock, worker, lease = mandatory_ledger(config_for)
+    batch = _batch(lease)
+    digest = lease_digest(batch.samples)
+    clock.now += 1.0
+    declared = ledger.done(worker, DoneRequest(worker_id=worker.worker_id, step=0, batch_index=lease.batch_index, digest=digest))
+    assert ledger.done(worker, DoneRequest(worker_id=worker.worker_id, step=0, batch_index=lease.batch_index, digest=digest)) == declared
+    with pytest.raises(ApiFailure) as other:
+        ledger.done(worker, DoneRequest(worker_id=worker.worker_id, step=0, batch_index=lease.batch_index, digest="0" * 64))
+    assert other.value.status == 409
+    with pytest.raises(ApiFailure) as switch_after_done:
+        ledger.switch(worker, SwitchRequest(worker_id=worker.worker_id, step=0, batch_index=lease.batch_index, policy_version=1, chunk=1))
+    assert switch_after_done.value.status == 409 and "declared done" in switch_after_done.value.message
+    clock.now += 5.0
+    rerolled = long_batch(lease, 2)  # the same shape, other tokens: not the declared batch
+    rerolled = rerolled.model_copy(update={"samples": [s.model_copy(update={"completion_tokens": [5, 5]}) for s in rerolled.samples]})
+    with pytest.raises(ApiFailure) as differs:
+        _submit(ledger, worker, rerolled)
+    assert differs.value.status == 409 and "differs from the digest declared done" in differs.value.message
+    _submit(ledger, worker, batch)
+
+
+def test_done_is_capped_by_speed_like_a_switch(config_for):
+    """At 64 tokens/s, a lease declared done 1 s after it was issued can hold samples of at most
+    64 + 32 = 96 tokens: a 97-token batch is refused at submission, 96 passes the rule."""
+    ledger, _, worker, lease = mandatory_ledger(config_for, "--orchestrator.max_decode_tokens_per_s", "64")
+    too_long = long_batch(lease, 97)
+    where = {"worker_id": worker.worker_id, "step": 0, "batch_index": lease.batch_index}
+    ledger.done(worker, DoneRequest(**where, digest=lease_digest(too_long.samples)))  # 1 s after the lease
+    with pytest.raises(ApiFailure) as refused:
+        _submit(ledger, worker, too_long)
+    assert refused.value.status == 409 and "more than 64 tokens/s" in refused.value.message
+    record = ledger.leases.get(worker.worker_id, lease.batch_index).record
+    fits = long_batch(lease, 96)
+    declared = record.model_copy(update={"done": LeaseDone(digest=lease_digest(fits.samples), declared_at=record.issued_at + 1.0)})
+    assert mandatory_problem(
+        declared, digest=lease_digest(fits.samples), longest=96, commit_times=ledger.commit_times, now=ledger.clock(),
+        deadline_s=2.0, max_versions=4, max_tokens_per_s=64.0,
+    ) is None  # fmt: skip
+
+
+def test_done_survives_a_restart(config_for):
+    ledger, clock, worker, lease = mandatory_ledger(config_for)
+    digest = lease_digest(_batch(lease).samples)
+    ledger.done(worker, DoneRequest(worker_id=worker.worker_id, step=0, batch_index=lease.batch_index, digest=digest))
+    again = Ledger(ledger.config, ledger.tasks, ledger.store, clock=clock)
+    assert again.leases.get(worker.worker_id, lease.batch_index).record.done == ledger.leases.get(worker.worker_id, lease.batch_index).record.done
+    assert again.commit_times == ledger.commit_times
+    clock.now += 5.0
+    _submit(again, again.workers[worker.worker_id], _batch(lease))
 
 
 class _Tasks:

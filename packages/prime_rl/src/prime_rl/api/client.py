@@ -38,6 +38,8 @@ from prime_rl.api.protocol import (
     ClaimResponse,
     CommitRequest,
     CommitResponse,
+    DoneRequest,
+    DoneResponse,
     PendingResponse,
     RegisterRequest,
     RegisterResponse,
@@ -379,6 +381,13 @@ class OrchestratorClient:
             worker_id=worker_id, step=step, batch_index=batch_index, policy_version=policy_version, chunk=chunk
         )
         return self.request("POST", "/leases/switch", SwitchResponse, body=body, token=self.worker_token)
+
+    def declare_done(self, worker_id: str, *, step: int, batch_index: int, digest: str) -> DoneResponse:
+        """POST /leases/done: the lease ``(step, batch_index)`` is decoded; ``digest`` is
+        ``api.spans.lease_digest`` of the samples the worker will submit (idempotent; 409 for another
+        digest or a closed lease)."""
+        body = DoneRequest(worker_id=worker_id, step=step, batch_index=batch_index, digest=digest)
+        return self.request("POST", "/leases/done", DoneResponse, body=body, token=self.worker_token)
 
     def batch_verdicts(self, worker_id: str, batch_id: str) -> BatchVerdicts:
         """GET /rollouts/verdicts: how the validator judged one of this worker's batches, and why."""

@@ -40,7 +40,10 @@ __all__ = [
     "ClaimResponse",
     "CommitRequest",
     "CommitResponse",
+    "DoneRequest",
+    "DoneResponse",
     "ErrorResponse",
+    "LeaseDone",
     "LeaseRecord",
     "LeaseSource",
     "LeaseSwitch",
@@ -177,6 +180,15 @@ class LeaseSwitch(ApiModel):
     announced_at: float = Field(description="Orchestrator (unix) time of the first announcement.")
 
 
+class LeaseDone(ApiModel):
+    """A worker's declaration that its lease's samples are all decoded (``POST /leases/done``)."""
+
+    digest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] = Field(
+        description="api.spans.lease_digest of the batch the worker will submit."
+    )
+    declared_at: float = Field(description="Orchestrator (unix) time of the declaration.")
+
+
 class LeaseRecord(ApiModel):
     """A lease as stored by the orchestrator (given to the validator)."""
 
@@ -199,6 +211,7 @@ class LeaseRecord(ApiModel):
         default_factory=list,
         description="In-flight switches announced for this lease, oldest first (versions and chunks increase).",
     )
+    done: LeaseDone | None = Field(default=None, description="The worker's done declaration, if any.")
 
     @property
     def fixed_version(self) -> int:
@@ -216,6 +229,24 @@ class SwitchRequest(ApiModel):
     chunk: Annotated[int, Field(ge=1, le=1 << 19)] = Field(
         description="Proof-chunk index of the switch: the new version samples from completion token 32 * chunk."
     )
+
+
+class DoneRequest(ApiModel):
+    """POST /leases/done: the worker declares its lease decoded, with the digest of its batch."""
+
+    worker_id: WorkerId
+    step: NonNegInt
+    batch_index: NonNegInt
+    digest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] = Field(
+        description="api.spans.lease_digest(samples) of the batch the worker will submit (SHA-256 hex)."
+    )
+
+
+class DoneResponse(ApiModel):
+    """Answer to POST /leases/done."""
+
+    digest: str
+    declared_at: float = Field(description="Orchestrator time of the first declaration.")
 
 
 class SwitchResponse(ApiModel):

@@ -49,7 +49,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from prime_rl.api.assignment import sampling_seeds, switch_nonce, task_ids
-from prime_rl.api.protocol import LeaseRecord, LeaseSource, LeaseSwitch, LeaseTask, TaskLease
+from prime_rl.api.protocol import LeaseDone, LeaseRecord, LeaseSource, LeaseSwitch, LeaseTask, TaskLease
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.store import LeaseTotals, RolloutStore
@@ -118,6 +118,10 @@ class HeldLease:
         """Record an in-flight switch on the lease (``LeaseRecord.switches``, oldest first)."""
         self._record = self.record.model_copy(update={"switches": [*self.record.switches, switch]})
 
+    def declare_done(self, done: LeaseDone) -> None:
+        """Record the worker's done declaration on the lease (``LeaseRecord.done``)."""
+        self._record = self.record.model_copy(update={"done": done})
+
     @property
     def reassignable(self) -> bool:
         """Its tasks wait for another identity: expired unanswered, or returned; not yet reissued."""
@@ -132,7 +136,7 @@ class HeldLease:
 class LeaseBook:
     """All leases of a run (see module docstring)."""
 
-    EVENTS = frozenset({"lease", "lease_expired", "lease_switch"})
+    EVENTS = frozenset({"lease", "lease_expired", "lease_switch", "lease_done"})
     """Store event kinds this book writes (and reads back in ``load``)."""
 
     def __init__(
@@ -247,6 +251,8 @@ class LeaseBook:
                 continue
             elif kind == "lease_switch":
                 lease.add_switch(LeaseSwitch.model_validate(json.loads(body)["switch"]))
+            elif kind == "lease_done":
+                lease.declare_done(LeaseDone.model_validate(json.loads(body)["done"]))
             else:
                 self._mark_expired(lease)
 
@@ -503,6 +509,16 @@ class LeaseBook:
             policy_version=switch.policy_version, chunk=switch.chunk,
         )  # fmt: skip
         return self.nonce(record, switch)
+
+    def record_done(self, lease: HeldLease, done: LeaseDone) -> None:
+        """Record the worker's done declaration on ``lease`` durably (a ``lease_done`` event)."""
+        self._store.append_event(
+            {
+                "event": "lease_done", "worker_id": lease.worker_id, "batch_index": lease.batch_index,
+                "done": done.model_dump(), "time": done.declared_at,
+            }
+        )  # fmt: skip
+        lease.declare_done(done)
 
     def nonce(self, record: LeaseRecord, switch: LeaseSwitch) -> int:
         """The nonce of ``switch`` on the lease ``record`` (``api.assignment.switch_nonce``)."""

@@ -45,6 +45,7 @@ from prime_rl.api.protocol import (
     BanRequest,
     ClaimRequest,
     CommitRequest,
+    DoneRequest,
     RegisterRequest,
     RolloutBatch,
     SwitchRequest,
@@ -86,6 +87,7 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("POST", "/workers/register"): Route("register", RegisterRequest),
     ("GET", "/tasks"): Route("tasks"),
     ("POST", "/leases/switch"): Route("switch", SwitchRequest),
+    ("POST", "/leases/done"): Route("done", DoneRequest),
     ("POST", "/rollouts"): Route("rollouts", RolloutBatch),
     ("GET", "/rollouts/verdicts"): Route("batch_verdicts"),
     ("GET", "/workers"): Route("workers"),
@@ -184,6 +186,15 @@ class _Api:
         def work() -> Any:
             worker = self.ledger.authenticate(body.worker_id, bearer(request))
             return self.ledger.switch(worker, body)
+
+        return model_response(await self.call(work))
+
+    async def done(self, request: web.Request) -> web.Response:
+        body = await self.body(request, DoneRequest)
+
+        def work() -> Any:
+            worker = self.ledger.authenticate(body.worker_id, bearer(request))
+            return self.ledger.done(worker, body)
 
         return model_response(await self.call(work))
 

@@ -104,7 +104,7 @@ class StoreError(RuntimeError):
     """The store could not read or write its files (disk full, permissions, corrupt file)."""
 
 
-LEASE_EVENTS = ("lease", "lease_expired", "lease_switch")
+LEASE_EVENTS = ("lease", "lease_expired", "lease_switch", "lease_done")
 """Event kinds keyed by ``(worker_id, batch_index)``: the ones ``fold_leases`` deletes (a folded
 lease's switches live on in its batch's ``BatchMeta.lease``)."""
 
@@ -199,7 +199,7 @@ def _event_row(event: dict[str, Any]) -> tuple[Any, ...]:
             str(event.get("address", "")), str(reissues[0]) if reissues else None,
             int(reissues[1]) if reissues else None, body,
         )  # fmt: skip
-    if kind in ("lease_expired", "lease_switch"):
+    if kind in ("lease_expired", "lease_switch", "lease_done"):
         return kind, str(event["worker_id"]), int(event["batch_index"]), None, None, None, None, body
     return kind, None, None, None, None, None, None, body
 
@@ -315,9 +315,9 @@ class RolloutStore:
             yield json.loads(body)
 
     def lease_events(self) -> list[tuple[Any, ...]]:
-        """The ``lease``, ``lease_expired`` and ``lease_switch`` events in order, as rows ``(kind,
-        worker_id, batch_index, deadline, address, reissues_worker, reissues_index, body)``
-        (``lease_expired`` rows carry only the first three, ``lease_switch`` rows those and the body)."""
+        """The events of ``LEASE_EVENTS`` in order, as rows ``(kind, worker_id, batch_index, deadline,
+        address, reissues_worker, reissues_index, body)`` (``lease_expired`` rows carry only the first
+        three, ``lease_switch`` and ``lease_done`` rows those and the body)."""
         kinds = ", ".join(f"'{kind}'" for kind in LEASE_EVENTS)
         return self.db.read(f"SELECT {_EVENT_COLUMNS} FROM events WHERE kind IN ({kinds}) ORDER BY seq")
 

@@ -24,15 +24,24 @@ each with its own message:
 
 An identical retry (same version and chunk) answers the recorded switch again, whatever happened
 to the lease since: the answer is the same nonce, so it tells the worker nothing new.
+
+The mandatory switch (part A, ``orchestrator.switch_deadline_s`` > 0; :func:`mandatory_problem`):
+for every version committed while a lease is open, the worker must, within the deadline, announce
+a switch to it or a newer version, or declare the lease done (``POST /leases/done`` with the
+digest of the batch it will submit, :func:`decide_done`), or have submitted. A batch that comes
+later without either is refused, so its lease expires as abandoned; a batch that differs from its
+declared digest, or whose longest sample is longer than ``max_decode_tokens_per_s`` lets a worker
+decode by the declaration, is refused too. So a worker that has not finished by the deadline
+cannot keep the no-switch continuation, and one that declares done fixes its batch.
 """
 
 from __future__ import annotations
 
 from prime_rl.api.errors import ApiFailure
-from prime_rl.api.protocol import LeaseRecord, LeaseSwitch
+from prime_rl.api.protocol import LeaseDone, LeaseRecord, LeaseSwitch
 from prime_rl.api.spans import SPAN_ALIGN
 
-__all__ = ["current_version", "decide_switch"]
+__all__ = ["current_version", "decide_done", "decide_switch", "mandatory_problem"]
 
 
 def current_version(record: LeaseRecord) -> int:
@@ -70,6 +79,8 @@ def decide_switch(
             )  # fmt: skip
     if not is_open:
         raise ApiFailure(409, "conflict", "the lease is answered or expired: a switch needs an open lease")
+    if record.done is not None:
+        raise ApiFailure(409, "conflict", "the lease was declared done: its samples are all decoded")
     current = current_version(record)
     if policy_version <= current:
         raise ApiFailure(
@@ -105,3 +116,62 @@ def decide_switch(
             f"(orchestrator.max_decode_tokens_per_s): at most chunk {reachable} now",
         )  # fmt: skip
     return LeaseSwitch(policy_version=policy_version, chunk=chunk, announced_at=now)
+
+
+def decide_done(record: LeaseRecord, *, is_open: bool, digest: str, now: float) -> LeaseDone:
+    """The done declaration to answer with: the recorded one for an identical retry, else a new one
+    (the caller records it). 409 for another digest or a closed lease."""
+    if record.done is not None:
+        if record.done.digest == digest:
+            return record.done
+        raise ApiFailure(409, "conflict", "the lease was declared done with another digest; the first declaration stands")
+    if not is_open:
+        raise ApiFailure(409, "conflict", "the lease is answered or expired: done needs an open lease")
+    return LeaseDone(digest=digest, declared_at=now)
+
+
+def mandatory_problem(
+    record: LeaseRecord,
+    *,
+    digest: str,
+    longest: int,
+    commit_times: dict[int, float],
+    now: float,
+    deadline_s: float,
+    max_versions: int,
+    max_tokens_per_s: float,
+) -> str | None:
+    """Why a batch (``digest``: ``api.spans.lease_digest`` of its samples; ``longest``: its longest
+    completion, tokens) submitted at ``now`` breaks the mandatory switch rule (module docstring), or
+    None. ``commit_times``: version -> orchestrator time it was committed; ``deadline_s``:
+    ``orchestrator.switch_deadline_s`` (0: no rule)."""
+    if deadline_s <= 0:
+        return None
+    done = record.done
+    if done is not None:
+        if digest != done.digest:
+            return f"the batch differs from the digest declared done at {done.declared_at:.3f}"
+        reachable = max_tokens_per_s * max(0.0, done.declared_at - record.issued_at) + SPAN_ALIGN
+        if max_tokens_per_s > 0 and longest > reachable:
+            return (
+                f"a sample of {longest} tokens was declared done {done.declared_at - record.issued_at:.2f} s after "
+                f"the lease was issued: more than {max_tokens_per_s:g} tokens/s per sequence can decode "
+                "(orchestrator.max_decode_tokens_per_s)"
+            )
+    for version, committed_at in sorted(commit_times.items()):
+        if version <= record.fixed_version or committed_at <= record.issued_at:
+            continue
+        due = committed_at + deadline_s
+        if now <= due:
+            continue  # submitted in time: the batch itself fixes the lease
+        switched = [s for s in record.switches if s.announced_at <= due]
+        if any(s.policy_version >= version for s in switched) or len(switched) >= max_versions - 1:
+            continue
+        if done is not None and done.declared_at <= due:
+            continue
+        return (
+            f"v{version} was committed at {committed_at:.3f} while the lease was open, and neither a switch to it "
+            f"(or a newer version) nor done came within orchestrator.switch_deadline_s = {deadline_s:g} s; the "
+            f"batch came at {now:.3f}: the lease is void"
+        )
+    return None
