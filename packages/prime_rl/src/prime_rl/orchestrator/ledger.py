@@ -426,7 +426,8 @@ class Ledger:
         held = self.leases.get(worker.worker_id, batch.batch_index)
         lease = held.record if held is not None and held.record.step == batch.step else None
         self._check_spans(batch, lease)
-        if lease is not None and held is not None and not held.answered:  # (a retry was checked the first time)
+        # The mandatory switch (switches.py); a retry of an answered lease was checked the first time.
+        if self.orch.switch_deadline_s > 0 and lease is not None and held is not None and not held.answered:
             problem = mandatory_problem(
                 lease, digest=lease_digest(batch.samples), longest=max(len(s.completion_tokens) for s in batch.samples),
                 commit_times=self.commit_times, now=self.clock(), deadline_s=self.orch.switch_deadline_s,
