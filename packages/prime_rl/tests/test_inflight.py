@@ -16,8 +16,9 @@ import pytest
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
 
+from prime_rl.api.assignment import switch_nonce
 from prime_rl.api.client import ClientRequestError, OrchestratorClient
-from prime_rl.api.protocol import PendingBatch, RolloutBatch, RolloutSample
+from prime_rl.api.protocol import LeaseRecord, LeaseSwitch, PendingBatch, RolloutBatch, RolloutSample
 from prime_rl.api.spans import SPAN_ALIGN, VersionSpan, future_span, spans_problem
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.contract import PROOF_CHUNK, VersionSwitch
@@ -38,15 +39,23 @@ FOLLOWERS = {Reason.LEASE_REJECTED, Reason.GROUP_REJECTED}
 
 
 class Offer:
-    """A version source that has ``versions[i]`` ready from the ``after[i]``-th boundary it is asked at."""
+    """A version source that has ``versions[i]`` ready from the ``after[i]``-th boundary it is asked at,
+    and answers each switch with the nonce the orchestrator would give the lease ``w-inflight`` s0 b0
+    (``switches``: the records it would keep)."""
 
     def __init__(self, files: dict[int, Path], after: dict[int, int], max_versions: int = 4) -> None:
         self.files, self.after, self.max_versions, self.asked = files, after, max_versions, 0
+        self.switches: list[LeaseSwitch] = []
 
     def newer(self, current: int, boundary: int) -> VersionSwitch | None:
         self.asked += 1
         ready = [v for v, n in self.after.items() if v > current and self.asked >= n]
-        return VersionSwitch(max(ready), self.files[max(ready)]) if ready else None
+        if not ready:
+            return None
+        version, chunk = max(ready), boundary // PROOF_CHUNK
+        self.switches.append(LeaseSwitch(policy_version=version, chunk=chunk, announced_at=0.0))
+        nonce = switch_nonce(key=KEY, worker_id="w-inflight", step=0, batch_index=0, policy_version=version, chunk=chunk)
+        return VersionSwitch(version, self.files[version], nonce)
 
 
 @pytest.fixture(scope="module")
@@ -95,18 +104,22 @@ SWITCHES = {"none": None, "one": {1: 1}, "two": {1: 1, 2: 2}}
 the second (token 64) too. Decoded once per module (a decode is the slow part of these tests)."""
 
 
+RECORD = RUN.lease("w-inflight", 0, 0)[1]
+RECORDS: dict[str, LeaseRecord] = {}
+"""The orchestrator's record of the lease after each decode's announced switches (filled by ``decodes``)."""
+
+
 @pytest.fixture(scope="module")
 def decodes(files: dict[int, Path]) -> dict[str, RolloutBatch]:
     lease, _ = RUN.lease("w-inflight", 0, 0)
     out = {}
     for name, after in SWITCHES.items():
-        backend = worker_backend(files, Offer(files, after) if after else None)
+        offer = Offer(files, after) if after else None
+        backend = worker_backend(files, offer)
         out[name] = RUN.worker("honest").answer(lease, backend)
         assert backend.policy_version == (max(after) if after else 0)
+        RECORDS[name] = RECORD.model_copy(update={"switches": offer.switches if offer else []})
     return out
-
-
-RECORD = RUN.lease("w-inflight", 0, 0)[1]
 
 
 def own_reasons(verdicts) -> set[str]:
@@ -150,21 +163,31 @@ def test_committed_versions_offers_only_downloaded_committed_versions(tmp_path):
     (tmp_path / "v2").write_bytes(b"x")
     committed = [1]
     clock = [0.0]
+    announced: list[tuple[int, int, int, int]] = []
+
+    def announce(step: int, batch_index: int, version: int, chunk: int) -> int:
+        announced.append((step, batch_index, version, chunk))
+        return 1000 + chunk
+
     source = CommittedVersions(
-        lambda: committed[0], lambda: 2, lambda v: tmp_path / f"v{v}", max_versions=4, poll_s=1.0, clock=lambda: clock[0]
-    )
+        lambda: committed[0], lambda: 2, lambda v: tmp_path / f"v{v}", max_versions=4, poll_s=1.0,
+        announce=announce, clock=lambda: clock[0],
+    )  # fmt: skip
+    source.lease = (0, 3)
     assert source.newer(0, 32) is None  # v1 is committed but not downloaded (no file), v2 downloaded but not committed
     committed[0] = 2
     assert source.newer(0, 32) is None  # the committed version is asked again only after poll_s
     clock[0] = 1.0
-    assert source.newer(0, 32) == VersionSwitch(2, tmp_path / "v2") and source.newer(2, 32) is None
+    assert announced == []  # nothing was ready: no request
+    assert source.newer(0, 64) == VersionSwitch(2, tmp_path / "v2", 1002) and source.newer(2, 96) is None
+    assert announced == [(0, 3, 2, 2)]  # announced for the lease, at the boundary asked about
 
 
 # ------------------------------------------------------------------ the validator
 
 
 def test_an_honest_mixed_version_lease_is_accepted_exactly_each_version_loaded_once(files, decodes):
-    batch, record = decodes["two"], RECORD  # v1 from token 32, v2 from token 64
+    batch, record = decodes["two"], RECORDS["two"]  # v1 from token 32, v2 from token 64
     spans = [pairs(s) for s in batch.samples]
     assert [(0, 0), (1, 32), (2, 64)] in spans, spans  # some sample spans all three versions
     validator = Validator(files)
@@ -176,14 +199,18 @@ def test_an_honest_mixed_version_lease_is_accepted_exactly_each_version_loaded_o
 
 
 def test_a_span_claiming_a_newer_version_than_generated_it_is_span_version_forged(files, decodes):
-    batch, record = decodes["none"], RECORD  # all of it generated with v0 ...
+    """The switch to v1 at 32 was announced (recorded), but the worker went on with v0."""
+    batch, record = decodes["none"], RECORDS["one"]  # all of it generated with v0 ...
     forged = with_spans(batch, lambda s: [(0, 0), (1, 32)] if len(s.completion_tokens) > 32 else None)  # ... labelled v1 from 32
     verdicts = Validator(files).judge(forged, record)
     assert own_reasons(verdicts) == {Reason.SPAN_VERSION_FORGED}, [(v.reason, v.detail) for v in verdicts]
 
 
-def test_a_boundary_claimed_later_than_the_switch_is_span_boundary_mismatch(files, decodes):
-    batch, record = decodes["one"], RECORD  # switched at 32
+def test_a_switch_made_before_its_announced_boundary_is_span_boundary_mismatch(files, decodes):
+    """The worker announced v1 at chunk 2 (token 64) and claims it there, but switched at 32: the
+    spans match the record, the proofs name the mismatch."""
+    batch = decodes["one"]  # switched at 32
+    record = RECORD.model_copy(update={"switches": [LeaseSwitch(policy_version=1, chunk=2, announced_at=0.0)]})
     shifted = with_spans(batch, lambda s: [(0, 0), (1, 64)] if len(s.completion_tokens) > 64 else None)
     verdicts = Validator(files).judge(shifted, record)
     reasons = own_reasons(verdicts)
@@ -192,32 +219,32 @@ def test_a_boundary_claimed_later_than_the_switch_is_span_boundary_mismatch(file
 
 
 def test_a_span_of_an_uncommitted_version_is_span_version_future_before_any_prefill(files, decodes):
-    batch, record = decodes["one"], RECORD
+    batch, record = decodes["one"], RECORDS["one"]
     validator = Validator(files)
     verdicts = validator.judge(batch, record, newest_version=0)  # v1 is not committed yet
     assert own_reasons(verdicts) == {Reason.SPAN_VERSION_FUTURE} and validator.loads == []
 
 
-def test_dropping_or_merging_a_switch_on_one_sample_is_span_not_lease_wide(files, decodes):
-    batch, record = decodes["two"], RECORD
+def test_dropping_or_merging_a_recorded_switch_on_one_sample_is_caught_before_any_prefill(files, decodes):
+    batch, record = decodes["two"], RECORDS["two"]
     three = next(i for i, s in enumerate(batch.samples) if pairs(s) == [(0, 0), (1, 32), (2, 64)])
     dropped = with_spans(batch, lambda s: None if s is batch.samples[three] else pairs(s))
     merged = with_spans(batch, lambda s: [(0, 0), (2, 32)] if s is batch.samples[three] else pairs(s))
-    for forgery in (dropped, merged):
+    for forgery, reason in ((dropped, Reason.SPAN_MISSING_MANDATORY), (merged, Reason.SPAN_BOUNDARY_MISMATCH)):
         validator = Validator(files)
         verdicts = validator.judge(forgery, record)
-        assert own_reasons(verdicts) == {Reason.SPAN_NOT_LEASE_WIDE} and validator.loads == []
+        assert own_reasons(verdicts) == {reason} and validator.loads == []
 
 
-def test_spans_dropped_on_every_sample_fail_the_proofs(files, decodes):
-    """Nothing is left to compare lease-wide: the later version's chunks fail against the start version."""
-    batch, record = decodes["one"], RECORD
+def test_spans_dropped_on_every_sample_are_span_missing_mandatory(files, decodes):
+    """The lease's record says it switched at 32: every sample longer than that must carry the span."""
+    batch, record = decodes["one"], RECORDS["one"]
     verdicts = Validator(files).judge(with_spans(batch, lambda s: None), record)
-    assert own_reasons(verdicts) == {Reason.PROOF_FAILED}
+    assert own_reasons(verdicts) == {Reason.SPAN_MISSING_MANDATORY}
 
 
 def test_malformed_spans_in_a_stored_batch_are_span_malformed(files, decodes):
-    batch, record = decodes["one"], RECORD
+    batch, record = decodes["one"], RECORDS["one"]
     bad = with_spans(batch, lambda s: [(0, 0), (1, 40)] if pairs(s) else None)  # not a chunk boundary
     assert own_reasons(Validator(files).judge(bad, record)) == {Reason.SPAN_MALFORMED}
 

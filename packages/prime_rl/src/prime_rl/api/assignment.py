@@ -7,6 +7,7 @@ worker does not control, with a keyed hash whose key (the run's assignment key,
 
     task_ids(key, worker_id, step, batch_index, num_tasks, prompts_per_batch)
     sampling_seed(key, worker_id, step, batch_index, task_id, group_index)
+    switch_nonce(key, worker_id, step, batch_index, policy_version, chunk)   (in-flight switches)
 
 The orchestrator hands out *leases* (worker_id, step, batch_index) and the validator recomputes
 both functions from the lease to check every submitted sample. The worker id is chosen by the
@@ -38,6 +39,7 @@ __all__ = [
     "sampling_seed",
     "sampling_seeds",
     "span_seed",
+    "switch_nonce",
     "task_ids",
 ]
 
@@ -142,6 +144,26 @@ def sampling_seeds(
         )
         for group_index in range(group_size)
     )
+
+
+def switch_nonce(
+    *, key: bytes, worker_id: str, step: int, batch_index: int, policy_version: int, chunk: int
+) -> int:
+    """The orchestrator's answer to a worker's in-flight switch announcement (``POST /leases/switch``).
+
+    ``mac64(key, "switch", worker_id, step, batch_index, policy_version, chunk) & (2**63 - 1)``:
+    keyed, so the worker learns the noise of its tokens after the switch (``span_seed(seed,
+    nonce)``) only once it has fixed the switch chunk, and only for the first chunk it announced for
+    that version (the orchestrator records it). The validator recomputes it from the lease's switch
+    record. ``chunk`` is the switch's proof-chunk index (first token ``32 * chunk``), >= 1.
+    """
+    _check_common(key, worker_id, step, batch_index)
+    for name, value in (("policy_version", policy_version), ("chunk", chunk)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise AssignmentError(f"{name} must be a non-negative int, got {value!r}")
+    if chunk < 1:
+        raise AssignmentError("chunk must be >= 1: a switch at token 0 is the lease's own version")
+    return mac64(key, "switch", worker_id, step, batch_index, policy_version, chunk) & MAX_SEED
 
 
 def span_seed(seed: int, nonce: int) -> int:

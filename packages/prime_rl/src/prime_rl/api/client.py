@@ -38,12 +38,16 @@ from prime_rl.api.protocol import (
     ClaimResponse,
     CommitRequest,
     CommitResponse,
+    DoneRequest,
+    DoneResponse,
     PendingResponse,
     RegisterRequest,
     RegisterResponse,
     RolloutBatch,
     StatusResponse,
     SubmitResponse,
+    SwitchRequest,
+    SwitchResponse,
     TaskLease,
     VerdictRequest,
     VerdictResponse,
@@ -363,6 +367,27 @@ class OrchestratorClient:
     def submit_rollouts(self, batch: RolloutBatch) -> SubmitResponse:
         """POST /rollouts: returns once the batch is durably stored (idempotent for the same batch)."""
         return self.request("POST", "/rollouts", SubmitResponse, body=batch, token=self.worker_token)
+
+    def announce_switch(
+        self, worker_id: str, *, step: int, batch_index: int, policy_version: int, chunk: int
+    ) -> SwitchResponse:
+        """POST /leases/switch: announce that the lease ``(step, batch_index)`` switches to the committed
+        ``policy_version`` at completion token ``32 * chunk``; the answer's ``nonce`` seeds every token
+        from there on (``api.assignment.span_seed``). Idempotent: a retry of the same announcement gets
+        the same nonce; ``ClientRequestError`` 409 when another chunk was announced for that version
+        first (or the lease is closed, or the version is not newer), 422 when the version is not
+        committed or the chunk is beyond the speed cap."""
+        body = SwitchRequest(
+            worker_id=worker_id, step=step, batch_index=batch_index, policy_version=policy_version, chunk=chunk
+        )
+        return self.request("POST", "/leases/switch", SwitchResponse, body=body, token=self.worker_token)
+
+    def declare_done(self, worker_id: str, *, step: int, batch_index: int, digest: str) -> DoneResponse:
+        """POST /leases/done: the lease ``(step, batch_index)`` is decoded; ``digest`` is
+        ``api.spans.lease_digest`` of the samples the worker will submit (idempotent; 409 for another
+        digest or a closed lease)."""
+        body = DoneRequest(worker_id=worker_id, step=step, batch_index=batch_index, digest=digest)
+        return self.request("POST", "/leases/done", DoneResponse, body=body, token=self.worker_token)
 
     def batch_verdicts(self, worker_id: str, batch_id: str) -> BatchVerdicts:
         """GET /rollouts/verdicts: how the validator judged one of this worker's batches, and why."""

@@ -40,9 +40,13 @@ __all__ = [
     "ClaimResponse",
     "CommitRequest",
     "CommitResponse",
+    "DoneRequest",
+    "DoneResponse",
     "ErrorResponse",
+    "LeaseDone",
     "LeaseRecord",
     "LeaseSource",
+    "LeaseSwitch",
     "LeaseTask",
     "PendingBatch",
     "PendingResponse",
@@ -54,6 +58,8 @@ __all__ = [
     "Segment",
     "StatusResponse",
     "SubmitResponse",
+    "SwitchRequest",
+    "SwitchResponse",
     "TaskLease",
     "TrainSample",
     "Verdict",
@@ -164,6 +170,25 @@ class TaskLease(ApiModel):
     )
 
 
+class LeaseSwitch(ApiModel):
+    """A worker's in-flight switch, as the orchestrator recorded it (``POST /leases/switch``): the
+    lease's samples still running at token ``32 * chunk`` are sampled by ``policy_version`` from there,
+    with the seeds ``span_seed(seed, switch_nonce(...))``."""
+
+    policy_version: NonNegInt
+    chunk: Annotated[int, Field(ge=1)] = Field(description="Proof-chunk index of the switch (first token 32 * chunk).")
+    announced_at: float = Field(description="Orchestrator (unix) time of the first announcement.")
+
+
+class LeaseDone(ApiModel):
+    """A worker's declaration that its lease's samples are all decoded (``POST /leases/done``)."""
+
+    digest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] = Field(
+        description="api.spans.lease_digest of the batch the worker will submit."
+    )
+    declared_at: float = Field(description="Orchestrator (unix) time of the declaration.")
+
+
 class LeaseRecord(ApiModel):
     """A lease as stored by the orchestrator (given to the validator)."""
 
@@ -182,11 +207,54 @@ class LeaseRecord(ApiModel):
         default=None,
         description="The policy version the lease fixes (None: its step; leases stored before this field).",
     )
+    switches: list[LeaseSwitch] = Field(
+        default_factory=list,
+        description="In-flight switches announced for this lease, oldest first (versions and chunks increase).",
+    )
+    done: LeaseDone | None = Field(default=None, description="The worker's done declaration, if any.")
 
     @property
     def fixed_version(self) -> int:
         """The one policy version a batch answering this lease may be generated with."""
         return self.step if self.policy_version is None else self.policy_version
+
+
+class SwitchRequest(ApiModel):
+    """POST /leases/switch: the worker announces an in-flight switch of its open lease."""
+
+    worker_id: WorkerId
+    step: NonNegInt
+    batch_index: NonNegInt
+    policy_version: NonNegInt = Field(description="The committed version to switch to (newer than the lease's current).")
+    chunk: Annotated[int, Field(ge=1, le=1 << 19)] = Field(
+        description="Proof-chunk index of the switch: the new version samples from completion token 32 * chunk."
+    )
+
+
+class DoneRequest(ApiModel):
+    """POST /leases/done: the worker declares its lease decoded, with the digest of its batch."""
+
+    worker_id: WorkerId
+    step: NonNegInt
+    batch_index: NonNegInt
+    digest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] = Field(
+        description="api.spans.lease_digest(samples) of the batch the worker will submit (SHA-256 hex)."
+    )
+
+
+class DoneResponse(ApiModel):
+    """Answer to POST /leases/done."""
+
+    digest: str
+    declared_at: float = Field(description="Orchestrator time of the first declaration.")
+
+
+class SwitchResponse(ApiModel):
+    """Answer to POST /leases/switch: the nonce that seeds every token from the switch on."""
+
+    policy_version: NonNegInt
+    chunk: Annotated[int, Field(ge=1)]
+    nonce: Seed = Field(description="span_seed(sample seed, nonce) samples the sample's tokens from 32 * chunk on.")
 
 
 # ------------------------------------------------------------------ rollouts

@@ -25,12 +25,14 @@ Pitfall: the token at ``first_token`` is sampled from the forward whose *input* 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["MAX_SPANS", "SPAN_ALIGN", "VersionSpan", "future_span", "span_bounds", "spans_problem"]
+__all__ = ["MAX_SPANS", "SPAN_ALIGN", "VersionSpan", "future_span", "lease_digest", "span_bounds", "spans_problem"]
 
 SPAN_ALIGN = 32
 """Span boundaries fall on multiples of this many completion tokens: ``inference.contract.PROOF_CHUNK``
@@ -93,3 +95,20 @@ def span_bounds(spans: Sequence[VersionSpan] | None, num_tokens: int) -> list[tu
         return []
     ends = [s.first_token for s in spans[1:]] + [num_tokens]
     return [(s.policy_version, s.first_token, end) for s, end in zip(spans, ends, strict=True)]
+
+
+def lease_digest(samples: Sequence[Any]) -> str:
+    """SHA-256 hex of what a worker declares fixed with ``POST /leases/done``: per sample (in
+    ``(task_id, group_index)`` order) its task, group index, completion tokens, proofs (hex) and
+    spans, as compact JSON ``[[task_id, group_index, [tokens...], "proofs hex", [[version,
+    first_token]...] or null], ...]``. ``samples``: ``RolloutSample``s (duck-typed: this module
+    stays free of the protocol)."""
+    rows = list(
+        (
+            int(s.task_id), int(s.group_index), [int(t) for t in s.completion_tokens], bytes(s.proofs).hex(),
+            None if s.spans is None else [[int(x.policy_version), int(x.first_token)] for x in s.spans],
+        )
+        for s in samples
+    )  # fmt: skip
+    rows.sort(key=lambda row: (row[0], row[1]))
+    return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()

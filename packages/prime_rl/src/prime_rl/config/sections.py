@@ -285,6 +285,22 @@ class OrchestratorConfig(Section):
         description="In-flight weight updates: most policy versions one sample may span (RolloutSample.spans; "
         "1 = no in-flight switch accepted).",
     )
+    switch_deadline_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="In-flight mandatory switch (docs/inflight.md section 4, part A): for every version committed "
+        "while a lease is open, the worker must announce a switch to it or a newer one (POST /leases/switch) or "
+        "declare the lease done (POST /leases/done) within this many seconds of the commit, or submit before; "
+        "a later batch without either is refused (409) and the lease expires as abandoned. Covers download + "
+        "load of a version. 0 = off (no mandatory switch).",
+    )
+    max_decode_tokens_per_s: float = Field(
+        default=2000.0,
+        ge=0,
+        description="In-flight switch speed cap (docs/inflight.md section 4, part A): POST /leases/switch refuses a "
+        "chunk c with 32 c > max_decode_tokens_per_s * (seconds since the lease was issued) + 32, so a worker "
+        "cannot announce a switch beyond where any worker could have decoded (tokens/s per sequence; 0 = no cap).",
+    )
     prompts_per_batch: int = Field(
         default=4, ge=1, description="Prompts per task lease (each sampled group_size times)."
     )

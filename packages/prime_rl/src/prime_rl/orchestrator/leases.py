@@ -48,8 +48,8 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from prime_rl.api.assignment import sampling_seeds, task_ids
-from prime_rl.api.protocol import LeaseRecord, LeaseSource, LeaseTask, TaskLease
+from prime_rl.api.assignment import sampling_seeds, switch_nonce, task_ids
+from prime_rl.api.protocol import LeaseDone, LeaseRecord, LeaseSource, LeaseSwitch, LeaseTask, TaskLease
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.store import LeaseTotals, RolloutStore
@@ -114,6 +114,14 @@ class HeldLease:
     def key(self) -> tuple[str, int]:
         return self.worker_id, self.batch_index
 
+    def add_switch(self, switch: LeaseSwitch) -> None:
+        """Record an in-flight switch on the lease (``LeaseRecord.switches``, oldest first)."""
+        self._record = self.record.model_copy(update={"switches": [*self.record.switches, switch]})
+
+    def declare_done(self, done: LeaseDone) -> None:
+        """Record the worker's done declaration on the lease (``LeaseRecord.done``)."""
+        self._record = self.record.model_copy(update={"done": done})
+
     @property
     def reassignable(self) -> bool:
         """Its tasks wait for another identity: expired unanswered, or returned; not yet reissued."""
@@ -128,7 +136,7 @@ class HeldLease:
 class LeaseBook:
     """All leases of a run (see module docstring)."""
 
-    EVENTS = frozenset({"lease", "lease_expired"})
+    EVENTS = frozenset({"lease", "lease_expired", "lease_switch", "lease_done"})
     """Store event kinds this book writes (and reads back in ``load``)."""
 
     def __init__(
@@ -239,7 +247,13 @@ class LeaseBook:
             if kind == "lease":
                 reissues = (reissues_worker, reissues_index) if reissues_worker is not None else None
                 self._add(HeldLease(worker_id, batch_index, deadline, address, body=body), reissues)
-            elif (lease := self._leases.get((worker_id, batch_index))) is not None:
+            elif (lease := self._leases.get((worker_id, batch_index))) is None:
+                continue
+            elif kind == "lease_switch":
+                lease.add_switch(LeaseSwitch.model_validate(json.loads(body)["switch"]))
+            elif kind == "lease_done":
+                lease.declare_done(LeaseDone.model_validate(json.loads(body)["done"]))
+            else:
                 self._mark_expired(lease)
 
     def queue_expired_after_replay(self) -> None:
@@ -475,6 +489,43 @@ class LeaseBook:
             reassigned=origin[0] != worker_id or origin[2] != index,
         )
         return record
+
+    def record_switch(self, lease: HeldLease, switch: LeaseSwitch) -> int:
+        """Record ``switch`` on ``lease`` durably (a ``lease_switch`` event, replayed by ``load``) and
+        return its nonce (``switch_nonce``)."""
+        self._store.append_event(
+            {
+                "event": "lease_switch",
+                "worker_id": lease.worker_id,
+                "batch_index": lease.batch_index,
+                "switch": switch.model_dump(),
+                "time": switch.announced_at,
+            }
+        )
+        lease.add_switch(switch)
+        record = lease.record
+        self._metrics.log(
+            "lease_switch", worker_id=lease.worker_id, step=record.step, batch_index=lease.batch_index,
+            policy_version=switch.policy_version, chunk=switch.chunk,
+        )  # fmt: skip
+        return self.nonce(record, switch)
+
+    def record_done(self, lease: HeldLease, done: LeaseDone) -> None:
+        """Record the worker's done declaration on ``lease`` durably (a ``lease_done`` event)."""
+        self._store.append_event(
+            {
+                "event": "lease_done", "worker_id": lease.worker_id, "batch_index": lease.batch_index,
+                "done": done.model_dump(), "time": done.declared_at,
+            }
+        )  # fmt: skip
+        lease.declare_done(done)
+
+    def nonce(self, record: LeaseRecord, switch: LeaseSwitch) -> int:
+        """The nonce of ``switch`` on the lease ``record`` (``api.assignment.switch_nonce``)."""
+        return switch_nonce(
+            key=self._key, worker_id=record.worker_id, step=record.step, batch_index=record.batch_index,
+            policy_version=switch.policy_version, chunk=switch.chunk,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ answers
 

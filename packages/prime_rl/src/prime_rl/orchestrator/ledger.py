@@ -54,6 +54,8 @@ from prime_rl.api.protocol import (
     ClaimResponse,
     CommitRequest,
     CommitResponse,
+    DoneRequest,
+    DoneResponse,
     LeaseRecord,
     PendingResponse,
     RegisterResponse,
@@ -61,6 +63,8 @@ from prime_rl.api.protocol import (
     SampleId,
     StatusResponse,
     SubmitResponse,
+    SwitchRequest,
+    SwitchResponse,
     TaskLease,
     Verdict,
     VerdictRequest,
@@ -68,7 +72,7 @@ from prime_rl.api.protocol import (
     WorkersResponse,
 )
 from prime_rl.api.secrets import RunSecrets, run_secrets
-from prime_rl.api.spans import future_span, spans_problem
+from prime_rl.api.spans import future_span, lease_digest, spans_problem
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
@@ -78,6 +82,7 @@ from prime_rl.orchestrator.lease_rules import LeaseRules
 from prime_rl.orchestrator.leases import LeaseBook, TaskPrompts
 from prime_rl.orchestrator.release import ReleaseBook, withheld
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
+from prime_rl.orchestrator.switches import decide_done, decide_switch, mandatory_problem
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
 from prime_rl.weights.layout import POLICY_FILENAME
 
@@ -141,6 +146,7 @@ class Ledger:
         )
         self.claims: dict[int, tuple[SampleId, ...]] = {}
         self.committed: set[int] = set()
+        self.commit_times: dict[int, float] = {}  # policy version -> orchestrator time of its commit
         if self.orch.prompts_per_batch > len(tasks):
             raise ValueError(
                 f"orchestrator.prompts_per_batch ({self.orch.prompts_per_batch}) exceeds the task set ({len(tasks)} tasks)"
@@ -168,6 +174,7 @@ class Ledger:
                 self.release.replay(event)
             elif kind == "commit":
                 self.committed.add(int(event["step"]))
+                self.commit_times[int(event["step"]) + 1] = float(event.get("time", 0.0))
                 self.step = max(self.step, int(event["step"]) + 1)
         for batch in self.batches.load():
             self.leases.mark_answered(batch.worker_id, batch.meta.batch_index)
@@ -372,6 +379,43 @@ class Ledger:
         self.rules.check(worker, address)
         return self.leases.answer(self.leases.issue(worker.worker_id, self.step, self.clock(), address, version))
 
+    def switch(self, worker: WorkerRecord, request: SwitchRequest) -> SwitchResponse:
+        """``POST /leases/switch``: record ``worker``'s in-flight switch of its lease (the first
+        announcement per lease and version, durably, before the answer) and answer its nonce; an
+        identical retry answers the same (rules: ``switches.py``). 404 for a lease the caller was
+        never handed at that step."""
+        held = self.leases.get(worker.worker_id, request.batch_index)
+        if held is None or held.record.step != request.step:
+            raise ApiFailure(
+                404, "not_found", f"you hold no lease at step {request.step}, batch_index {request.batch_index}"
+            )
+        record = held.record
+        switch = decide_switch(
+            record, is_open=held.open, policy_version=request.policy_version, chunk=request.chunk,
+            committed=self.step, now=self.clock(), max_versions=self.orch.max_versions_per_sample,
+            max_new_tokens=self.config.sampling.max_new_tokens, max_tokens_per_s=self.orch.max_decode_tokens_per_s,
+        )  # fmt: skip
+        if switch in record.switches:
+            nonce = self.leases.nonce(record, switch)
+        else:
+            nonce = self.leases.record_switch(held, switch)
+        return SwitchResponse(policy_version=switch.policy_version, chunk=switch.chunk, nonce=nonce)
+
+    def done(self, worker: WorkerRecord, request: DoneRequest) -> DoneResponse:
+        """``POST /leases/done``: record that ``worker``'s lease is decoded, with the digest of the
+        batch it will submit (the first declaration, durably; an identical retry answers the same).
+        Under ``orchestrator.switch_deadline_s`` it stands in for the switches of versions committed
+        later (``switches.mandatory_problem``)."""
+        held = self.leases.get(worker.worker_id, request.batch_index)
+        if held is None or held.record.step != request.step:
+            raise ApiFailure(
+                404, "not_found", f"you hold no lease at step {request.step}, batch_index {request.batch_index}"
+            )
+        done = decide_done(held.record, is_open=held.open, digest=request.digest, now=self.clock())
+        if held.record.done is None:
+            self.leases.record_done(held, done)
+        return DoneResponse(digest=done.digest, declared_at=done.declared_at)
+
     # ------------------------------------------------------------------ rollouts and verdicts
 
     def submit(self, worker: WorkerRecord, batch: RolloutBatch, body_sha256: str) -> SubmitResponse:
@@ -382,6 +426,15 @@ class Ledger:
         held = self.leases.get(worker.worker_id, batch.batch_index)
         lease = held.record if held is not None and held.record.step == batch.step else None
         self._check_spans(batch, lease)
+        # The mandatory switch (switches.py); a retry of an answered lease was checked the first time.
+        if self.orch.switch_deadline_s > 0 and lease is not None and held is not None and not held.answered:
+            problem = mandatory_problem(
+                lease, digest=lease_digest(batch.samples), longest=max(len(s.completion_tokens) for s in batch.samples),
+                commit_times=self.commit_times, now=self.clock(), deadline_s=self.orch.switch_deadline_s,
+                max_versions=self.orch.max_versions_per_sample, max_tokens_per_s=self.orch.max_decode_tokens_per_s,
+            )  # fmt: skip
+            if problem is not None:
+                raise ApiFailure(409, "conflict", problem)
         answer = self.batches.add(batch, body_sha256, rows, lease)
         if lease is not None and not answer.duplicate:
             self.leases.mark_answered(worker.worker_id, batch.batch_index)
@@ -542,15 +595,12 @@ class Ledger:
             raise ApiFailure(
                 409, "conflict", f"no claim exists for step {request.step}; claim before committing"
             )
+        now = self.clock()
         self.store.append_event(
-            {
-                "event": "commit",
-                "step": request.step,
-                "policy_version": request.policy_version,
-                "time": self.clock(),
-            }
+            {"event": "commit", "step": request.step, "policy_version": request.policy_version, "time": now}
         )
         self.committed.add(request.step)
+        self.commit_times[request.step + 1] = now
         self.step = request.step + 1
         self.metrics.log("commit", step=request.step, policy_version=self.step)
         return CommitResponse(step=self.step, policy_version=self.step)

@@ -45,8 +45,10 @@ from prime_rl.api.protocol import (
     BanRequest,
     ClaimRequest,
     CommitRequest,
+    DoneRequest,
     RegisterRequest,
     RolloutBatch,
+    SwitchRequest,
     VerdictRequest,
 )
 from prime_rl.api.secrets import RunSecrets, SecretsError, check_bind_address, run_secrets
@@ -84,6 +86,8 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/status"): Route("status"),
     ("POST", "/workers/register"): Route("register", RegisterRequest),
     ("GET", "/tasks"): Route("tasks"),
+    ("POST", "/leases/switch"): Route("switch", SwitchRequest),
+    ("POST", "/leases/done"): Route("done", DoneRequest),
     ("POST", "/rollouts"): Route("rollouts", RolloutBatch),
     ("GET", "/rollouts/verdicts"): Route("batch_verdicts"),
     ("GET", "/workers"): Route("workers"),
@@ -173,6 +177,24 @@ class _Api:
         def work() -> Any:
             worker = self.ledger.authenticate(worker_id, bearer(request))
             return self.ledger.lease(worker, step, batch_index, client_key(request.remote), version, resume=resume)
+
+        return model_response(await self.call(work))
+
+    async def switch(self, request: web.Request) -> web.Response:
+        body = await self.body(request, SwitchRequest)
+
+        def work() -> Any:
+            worker = self.ledger.authenticate(body.worker_id, bearer(request))
+            return self.ledger.switch(worker, body)
+
+        return model_response(await self.call(work))
+
+    async def done(self, request: web.Request) -> web.Response:
+        body = await self.body(request, DoneRequest)
+
+        def work() -> Any:
+            worker = self.ledger.authenticate(body.worker_id, bearer(request))
+            return self.ledger.done(worker, body)
 
         return model_response(await self.call(work))
 

@@ -104,8 +104,9 @@ class StoreError(RuntimeError):
     """The store could not read or write its files (disk full, permissions, corrupt file)."""
 
 
-LEASE_EVENTS = ("lease", "lease_expired")
-"""Event kinds keyed by ``(worker_id, batch_index)``: the ones ``fold_leases`` deletes."""
+LEASE_EVENTS = ("lease", "lease_expired", "lease_switch", "lease_done")
+"""Event kinds keyed by ``(worker_id, batch_index)``: the ones ``fold_leases`` deletes (a folded
+lease's switches live on in its batch's ``BatchMeta.lease``)."""
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ def _event_row(event: dict[str, Any]) -> tuple[Any, ...]:
             str(event.get("address", "")), str(reissues[0]) if reissues else None,
             int(reissues[1]) if reissues else None, body,
         )  # fmt: skip
-    if kind == "lease_expired":
+    if kind in ("lease_expired", "lease_switch", "lease_done"):
         return kind, str(event["worker_id"]), int(event["batch_index"]), None, None, None, None, body
     return kind, None, None, None, None, None, None, body
 
@@ -314,12 +315,11 @@ class RolloutStore:
             yield json.loads(body)
 
     def lease_events(self) -> list[tuple[Any, ...]]:
-        """The ``lease`` and ``lease_expired`` events in order, as rows ``(kind, worker_id,
-        batch_index, deadline, address, reissues_worker, reissues_index, body)`` (``lease_expired``
-        rows carry only the first three)."""
-        return self.db.read(
-            f"SELECT {_EVENT_COLUMNS} FROM events WHERE kind IN ('lease', 'lease_expired') ORDER BY seq"
-        )
+        """The events of ``LEASE_EVENTS`` in order, as rows ``(kind, worker_id, batch_index, deadline,
+        address, reissues_worker, reissues_index, body)`` (``lease_expired`` rows carry only the first
+        three, ``lease_switch`` and ``lease_done`` rows those and the body)."""
+        kinds = ", ".join(f"'{kind}'" for kind in LEASE_EVENTS)
+        return self.db.read(f"SELECT {_EVENT_COLUMNS} FROM events WHERE kind IN ({kinds}) ORDER BY seq")
 
     def event_count(self) -> int:
         """Events in the log (folded leases no longer count)."""

@@ -105,6 +105,8 @@ class Reason(enum.StrEnum):
     SPAN_NOT_LEASE_WIDE = "span_not_lease_wide"
     SPAN_BOUNDARY_MISMATCH = "span_boundary_mismatch"
     SPAN_VERSION_FORGED = "span_version_forged"
+    SPAN_UNANNOUNCED = "span_unannounced"
+    SPAN_MISSING_MANDATORY = "span_missing_mandatory"
 
 
 class RetryLater(Exception):
@@ -362,11 +364,19 @@ ProofNamer = Callable[[list[bool]], tuple[str, str]]
 
 
 def judge_prefill(
-    p: Pending, pre: Prefill, checks: Checks, observe: Observer | None, name_failure: ProofNamer | None = None
+    p: Pending,
+    pre: Prefill,
+    checks: Checks,
+    observe: Observer | None,
+    name_failure: ProofNamer | None = None,
+    *,
+    seeds: Sequence[tuple[int, int]] | None = None,
 ) -> None:
     """The proof, sampling and log-prob checks of one sample against its recomputed prefill.
 
-    ``name_failure``: how a proof failure is reported (None: ``toploc_mismatch``).
+    ``name_failure``: how a proof failure is reported (None: ``toploc_mismatch``). ``seeds``:
+    ``(first_token, seed)`` per version span of a single-turn sample, in order (``validator/spans.py``:
+    the seed changes at an announced switch); None: the sample's seed for every token.
     """
     sample = p.sample
     try:
@@ -392,7 +402,11 @@ def judge_prefill(
         trainer_logprobs = episode.trainer_logprobs
     else:
         tokens = torch.tensor(sample.completion_tokens, dtype=torch.long, device=pre.logits.device)
-        margins = sampling_margins(pre.logits, tokens, sample.sampling_seed, sample.temperature)
+        margins = (
+            sampling_margins(pre.logits, tokens, sample.sampling_seed, sample.temperature)
+            if seeds is None
+            else span_sampling_margins(pre.logits, tokens, seeds, sample.temperature)
+        )
         recomputed = token_logprobs(pre.logits, tokens, sample.temperature).cpu()  # compared with the claim
         claimed = sample.inference_logprobs
         trainer_logprobs = tuple(float(x) for x in recomputed.tolist())
@@ -443,6 +457,21 @@ def sampling_margins(logits: torch.Tensor, tokens: torch.Tensor, seed: int, temp
     """
     positions = torch.arange(tokens.numel(), device=logits.device)
     return toploc.sampling_margins(logits, tokens, SAMPLER_SEED, seed, positions, temperature)
+
+
+def span_sampling_margins(
+    logits: torch.Tensor, tokens: torch.Tensor, seeds: Sequence[tuple[int, int]], temperature: float
+) -> torch.Tensor:
+    """:func:`sampling_margins` where the seed changes along the completion: ``seeds`` is
+    ``(first_token, seed)`` per span in order (the first at 0); the noise of token ``t`` is drawn with
+    its span's seed at position ``t`` (positions stay completion indices across spans). ``[n]`` float64."""
+    n = tokens.numel()
+    bounds = [first for first, _ in seeds[1:]] + [n]
+    parts = []
+    for (first, seed), end in zip(seeds, bounds, strict=True):
+        positions = torch.arange(first, end, device=logits.device)
+        parts.append(toploc.sampling_margins(logits[first:end], tokens[first:end], SAMPLER_SEED, seed, positions, temperature))
+    return torch.cat(parts)
 
 
 def sampling_problem(margins: torch.Tensor, *, tolerance: float, max_mismatch_fraction: float) -> str | None:

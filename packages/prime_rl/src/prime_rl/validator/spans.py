@@ -17,11 +17,20 @@ Model-free checks first (:func:`span_checks`), each with its own reason:
 * ``span_malformed``: the spans break the wire rules (the orchestrator refuses them with 422;
   re-checked on the stored batch), or come with episode segments (not supported yet);
 * ``span_version_future``: a span's version is newer than the newest committed version;
-* ``span_not_lease_wide``: a lease is decoded as one batch, so every sample still running at a
-  switch switches there: each sample's spans must be the batch's switch points that fall inside
-  it. A sample that drops or merges a switch its lease-mates made, or a switch at a point where
-  they did not, breaks it. (A worker that drops the spans of *every* sample leaves nothing to
-  compare: its later chunks then fail as ``toploc_mismatch``.)
+* against the lease's switch records (``LeaseRecord.switches``: the first announcement per
+  version, ``POST /leases/switch``), in span order: ``span_unannounced``, a span ``(v, b)`` with
+  no record for ``v``; ``span_boundary_mismatch``, a record for ``v`` at another boundary than
+  ``b``; then ``span_missing_mandatory``, a record at ``32 c`` inside the sample (the sample is
+  longer than ``32 c``, so it was still running at the switch) without that span. So every sample
+  carries exactly the lease's recorded switches that fall inside it, and no other;
+* ``span_not_lease_wide`` (a batch without a lease only: it is rejected as ``not_assigned``
+  anyway): each sample's spans must be the batch's switch points that fall inside it.
+
+After those, every span ``k >= 1`` is a recorded switch, and its tokens must be the seeded
+sampler's draws with the seed ``span_seed(seed_{k-1}, nonce_k)`` (``nonce_k = switch_nonce(key,
+lease, v_k, c_k)``, recomputed here with the run's key; ``seed_0`` the sample's seed), from its
+boundary on (:func:`span_seeds`); a worker that decoded a tail with any other seed (another
+switch point's nonce, the lease seed kept past the switch) fails ``sampling_mismatch``.
 
 After the prefill, a failing proof of a spanned sample is named by where it fails
 (:func:`proof_reason`), from the first failing chunk ``j`` inside span ``k``:
@@ -45,12 +54,16 @@ from typing import Any
 
 import torch
 
-from prime_rl.api.protocol import PendingBatch, RolloutSample
+from prime_rl.api.assignment import span_seed, switch_nonce
+from prime_rl.api.protocol import LeaseRecord, PendingBatch, RolloutSample
 from prime_rl.api.spans import SPAN_ALIGN, VersionSpan, future_span, span_bounds, spans_problem
 from prime_rl.inference.contract import ChainedForward, GenerationBackend, GenerationError, Prefill
 from prime_rl.validator.checks import Checks, Observer, Pending, Reason, judge_prefill
 
-__all__ = ["chained_prefills", "has_spans", "lease_switches", "proof_reason", "span_checks", "span_model_checks"]
+__all__ = [
+    "chained_prefills", "has_spans", "lease_switches", "proof_reason", "record_problem", "span_checks",
+    "span_model_checks", "span_seeds",
+]
 
 
 def has_spans(sample: RolloutSample) -> bool:
@@ -91,7 +104,9 @@ def span_checks(
                     f"span from token {future.first_token} claims version {future.policy_version}, "
                     f"newer than the newest committed version {newest_version}",
                 )
-        if found is None:
+        if found is None and batch.lease is not None:
+            found = record_problem(spans or [], n, batch.lease)
+        elif found is None:
             # (first_token, policy_version) per span
             expected = [(0, start), *sorted((b, v) for b, v in (switches or {}).items() if b < n)]
             claimed = [(s.first_token, s.policy_version) for s in spans] if spans else [(0, start)]
@@ -103,6 +118,54 @@ def span_checks(
                 )
         out.append(found)
     return out
+
+
+def record_problem(spans: Sequence[VersionSpan], num_tokens: int, lease: LeaseRecord) -> tuple[str, str] | None:
+    """``(reason, detail)`` where a sample's spans (``[]``: one version) differ from its lease's switch
+    records (module docstring), else None."""
+    recorded = {s.policy_version: SPAN_ALIGN * s.chunk for s in lease.switches}
+    for span in spans[1:]:
+        boundary = recorded.get(span.policy_version)
+        if boundary is None:
+            return (
+                "span_unannounced",
+                f"span v{span.policy_version} from token {span.first_token}: the lease has no switch record for "
+                f"v{span.policy_version} (announced: {_records(lease)})",
+            )
+        if boundary != span.first_token:
+            return (
+                "span_boundary_mismatch",
+                f"span v{span.policy_version} from token {span.first_token}: the lease's switch to "
+                f"v{span.policy_version} was announced at token {boundary}",
+            )
+    claimed = {(s.policy_version, s.first_token) for s in spans[1:]}
+    for version, boundary in recorded.items():
+        if boundary < num_tokens and (version, boundary) not in claimed:
+            return (
+                "span_missing_mandatory",
+                f"the lease switched to v{version} at token {boundary}, but this sample of {num_tokens} tokens "
+                "has no span there",
+            )
+    return None
+
+
+def _records(lease: LeaseRecord) -> str:
+    return ", ".join(f"v{s.policy_version} at token {SPAN_ALIGN * s.chunk}" for s in lease.switches) or "none"
+
+
+def span_seeds(sample: RolloutSample, lease: LeaseRecord, key: bytes) -> list[tuple[int, int]]:
+    """``(first_token, seed)`` per span of a sample whose spans passed :func:`record_problem`: span 0
+    the sample's seed, span ``k`` ``span_seed(seed of span k - 1, nonce of its record)``, as the
+    worker's decode chains them (``HFBackend._switch``)."""
+    chunks = {s.policy_version: s.chunk for s in lease.switches}
+    seeds = [(0, sample.sampling_seed)]
+    for span in (sample.spans or [])[1:]:
+        nonce = switch_nonce(
+            key=key, worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index,
+            policy_version=span.policy_version, chunk=chunks[span.policy_version],
+        )  # fmt: skip
+        seeds.append((span.first_token, span_seed(seeds[-1][1], nonce)))
+    return seeds
 
 
 def _show(points: Sequence[tuple[int, int]]) -> str:
@@ -176,14 +239,20 @@ def span_model_checks(
     backend_for: Callable[[int], GenerationBackend | None],
     checks: Checks,
     observe: Observer | None,
+    lease: LeaseRecord | None = None,
 ) -> None:
-    """Chained prefills of the live spanned samples, then the per-sample model checks on them."""
+    """Chained prefills of the live spanned samples, then the per-sample model checks on them, the
+    sampling check with each span's seed (:func:`span_seeds`; ``lease`` None: the sample's seed
+    throughout, a batch without a lease, which fails ``not_assigned`` before this)."""
     alive = [p for p in spanned if p.alive]
     for p, pre in zip(alive, chained_prefills([p.sample for p in alive], backend_for), strict=True):
         if isinstance(pre, str):
             p.reject(Reason.UNKNOWN_POLICY if "not available" in pre else Reason.MALFORMED, pre)
             continue
-        judge_prefill(p, pre, checks, observe, functools.partial(_name_failure, spans=p.sample.spans or []))
+        seeds = span_seeds(p.sample, lease, checks.assignment_key) if lease is not None else None
+        judge_prefill(
+            p, pre, checks, observe, functools.partial(_name_failure, spans=p.sample.spans or []), seeds=seeds
+        )
 
 
 def _name_failure(failed: list[bool], *, spans: Sequence[VersionSpan]) -> tuple[str, str]:

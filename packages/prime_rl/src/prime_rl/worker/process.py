@@ -36,6 +36,7 @@ from prime_rl.api.client import (
     OrchestratorUnavailable,
 )
 from prime_rl.api.protocol import RolloutBatch, StatusResponse, TaskLease
+from prime_rl.api.spans import lease_digest
 from prime_rl.config.worker import WorkerConfig
 from prime_rl.devices import choose_device
 from prime_rl.episodes import EpisodeEnv, load_episode_env
@@ -162,6 +163,9 @@ class Worker:
             self.store.path,
             max_versions=self.run.orchestrator.max_versions_per_sample,
             poll_s=self.cfg.weights_poll_s,
+            announce=lambda step, batch_index, version, chunk: self.client.announce_switch(
+                self.worker_id, step=step, batch_index=batch_index, policy_version=version, chunk=chunk
+            ).nonce,
         )
 
     def reload_newest(self, limit: int) -> None:
@@ -240,8 +244,12 @@ class Worker:
         if self.answers.follows_new_weights and not self.wait_for_version(lease.policy_version, lease.deadline):
             return False  # the lease expired waiting for its version: it goes to another worker
         started = time.monotonic()
+        if isinstance(source := getattr(self.backend, "version_source", None), CommittedVersions):
+            source.lease = (lease.step, lease.batch_index)  # its switches are announced for this lease
         batch = self.answers.answer(lease, self.backend)
         seconds = time.monotonic() - started
+        if isinstance(source, CommittedVersions):
+            self.declare_done(lease, batch)
         self.answers.before_submit(lease, self.client)
         try:
             answer = self.client.submit_rollouts(batch)
@@ -254,6 +262,18 @@ class Worker:
         self.submitted += 1
         self.log_batch(lease, batch, answer.batch_id, seconds)
         return True
+
+    def declare_done(self, lease: TaskLease, batch: RolloutBatch) -> None:
+        """``POST /leases/done`` with the batch's digest, as soon as it is decoded: under
+        ``orchestrator.switch_deadline_s`` it stands in for the switches to versions committed from
+        now until the batch is stored (``orchestrator/switches.py``). Best effort: a failed
+        declaration only leaves the submission to fix the batch."""
+        try:
+            self.client.declare_done(
+                self.worker_id, step=lease.step, batch_index=lease.batch_index, digest=lease_digest(batch.samples)
+            )
+        except (ClientRequestError, OrchestratorUnavailable, OrchestratorBusy) as error:
+            log.warning("could not declare lease %d done: %s", lease.batch_index, error)
 
     def log_batch(self, lease: TaskLease, batch: RolloutBatch, batch_id: str, seconds: float) -> None:
         """One ``rollouts`` metrics line and one log line per submitted batch."""
