@@ -143,9 +143,10 @@ class Worker:
     # -- weights ------------------------------------------------------------------------------
     def start_inflight(self) -> None:
         """Let the backend switch to a newer committed version mid-lease (``worker/inflight.py``):
-        honest single-turn HF workers only (spans on episodes and vLLM's switch are not built yet)."""
-        if not isinstance(self.backend, HFBackend) or self.env is not None or self.cfg.behaviour != "honest":
-            log.warning("workers.inflight_updates needs an honest single-turn HF worker: off for this one")
+        honest HF workers only (vLLM's switch is not built yet). Episodes switch only at model-turn
+        starts (``worker/episodes.py``)."""
+        if not isinstance(self.backend, HFBackend) or self.cfg.behaviour != "honest":
+            log.warning("workers.inflight_updates needs an honest HF worker: off for this one")
             return
         self.backend.version_source = self.committed_versions()
 
