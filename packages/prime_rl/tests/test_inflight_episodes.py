@@ -318,3 +318,27 @@ def _starts(sample):
         out.append((start, g))
         start += g.length
     return out
+
+
+class RecordingBackend(HFBackend):
+    """An HF backend that records the version source each ``generate`` call would switch with."""
+
+    def __init__(self) -> None:
+        super().__init__("unused", model=make_tiny_lm(seed=0), tokenizer=TOKENIZER, decode="dynamic")
+        self.sources_seen: list[object] = []
+
+    def generate(self, prompts, seeds, params):
+        self.sources_seen.append(self.version_source)
+        return super().generate(prompts, seeds, params)
+
+
+def test_the_backends_mid_decode_switch_is_held_off_inside_model_turns(files):
+    """The trap: a turn's generate re-prefills the context, so a switch inside a turn (the backend's
+    own, at a 32-token boundary) would be keep-KV over a recompute-KV prefix, which nothing verifies.
+    Every turn's generate runs with no source; the source is back on the backend afterwards."""
+    backend = RecordingBackend()
+    offer = TurnOffer(files, {1: 1})
+    backend.version_source = offer
+    batch = build_episode_batch(LEASE, backend, ENV, encode=RUN.encode)[0]
+    assert backend.sources_seen == [None] * TURNS and backend.version_source is offer
+    assert all(pairs(s) == [(0, 0), (1, turn_starts(s.segments)[1])] for s in batch.samples)
