@@ -342,3 +342,37 @@ def test_the_backends_mid_decode_switch_is_held_off_inside_model_turns(files):
     batch = build_episode_batch(LEASE, backend, ENV, encode=RUN.encode)[0]
     assert backend.sources_seen == [None] * TURNS and backend.version_source is offer
     assert all(pairs(s) == [(0, 0), (1, turn_starts(s.segments)[1])] for s in batch.samples)
+
+
+def test_an_episode_that_ended_before_a_switch_turn_need_not_carry_it(plays):
+    """Lease-wide by turn index: an episode of two model turns is not expected to carry the switch at
+    turn 2 (it was no longer running), but must carry the one at turn 1."""
+    from prime_rl.validator.spans import span_checks
+
+    batch = plays["two"]
+    first = batch.samples[0]
+    cut = sum(g.length for g in first.segments[:3])  # model, env, model: turns 0 and 1
+    short = first.model_copy(
+        update={
+            "completion_tokens": first.completion_tokens[:cut],
+            "inference_logprobs": first.inference_logprobs[:cut],
+            "segments": first.segments[:3],
+            "spans": first.spans[:2],
+        }
+    )
+
+    def checked(sample: RolloutSample) -> list:
+        samples = [sample, *batch.samples[1:]]
+        pending = PendingBatch(
+            batch_id="b", worker_id=batch.worker_id, step=batch.step, batch_index=batch.batch_index,
+            policy_version=batch.policy_version, received_at=time.time(), lease=RECORD, samples=samples,
+        )  # fmt: skip
+        return span_checks(pending, newest_version=2, max_versions=4)
+
+    assert checked(short) == [None] * len(batch.samples)
+    missing = checked(short.model_copy(update={"spans": None}))
+    assert (
+        missing[0] is not None
+        and missing[0][0] == "span_not_lease_wide"
+        and missing[1:] == [None] * (len(batch.samples) - 1)
+    )
