@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from prime_rl.api.assignment import MAX_SEED
 
-__all__ = ["MAX_SEGMENTS", "Segment", "model_token_mask", "segments_problem", "turn_seed"]
+__all__ = ["MAX_SEGMENTS", "Segment", "model_token_mask", "segments_problem", "turn_seed", "turn_starts"]
 
 MAX_SEGMENTS = 63
 """At most 32 model turns and the 31 environment replies between them."""
@@ -77,6 +77,19 @@ def model_token_mask(segments: Sequence[Segment] | None, num_tokens: int) -> lis
     if segments is None:
         return [True] * num_tokens
     return [s.kind == "model" for s in segments for _ in range(s.length)]
+
+
+def turn_starts(segments: Sequence[Segment] | None) -> list[int]:
+    """Completion index of each model turn's first token, in turn order (``[0]`` for a single-turn
+    sample): the only points where an episode may switch policy versions (``api/spans.py``)."""
+    if segments is None:
+        return [0]
+    starts, start = [], 0
+    for s in segments:
+        if s.kind == "model":
+            starts.append(start)
+        start += s.length
+    return starts
 
 
 def turn_seed(seed: int, turn: int) -> int:

@@ -15,6 +15,11 @@ message) and again by the validator (``span_malformed``, ``span_version_future``
   every toploc proof covers tokens of one version) and ``< len(completion_tokens)``;
 * versions strictly increasing (a worker only ever moves to a newer version);
 * at most ``max_versions`` spans (``orchestrator.max_versions_per_sample``);
+* on a multi-turn episode (``segments``), every boundary is the first token of a model turn
+  (``segments.turn_starts``) instead of a multiple of the proof chunk: the HF episode loop prefills
+  each turn's whole context afresh, so a version switched in at a turn's start generates that turn
+  over a prefix whose keys and values it recomputed itself (recompute-KV, ``docs/inflight.md``
+  section 0). A boundary inside a model turn or in an environment segment is refused;
 * every version committed when the batch arrives (:func:`future_span`): a worker can only have
   switched to a version it could have held, and a version committed after its submission it could
   not.
@@ -54,10 +59,16 @@ class VersionSpan(BaseModel):
 
 
 def spans_problem(
-    spans: Sequence[VersionSpan], num_tokens: int, *, start_version: int, max_versions: int
+    spans: Sequence[VersionSpan],
+    num_tokens: int,
+    *,
+    start_version: int,
+    max_versions: int,
+    turn_starts: Sequence[int] | None = None,
 ) -> str | None:
     """None if ``spans`` follow the rules of the module docstring for a completion of ``num_tokens``
-    tokens whose lease fixed ``start_version``, else what is wrong (one message per rule)."""
+    tokens whose lease fixed ``start_version``, else what is wrong (one message per rule).
+    ``turn_starts``: an episode's model-turn starts (``segments.turn_starts``); None: single-turn."""
     if not spans:
         return "spans is empty; send null for a sample of one version"
     if len(spans) > max_versions:
@@ -72,7 +83,12 @@ def spans_problem(
         before, span = spans[k - 1], spans[k]
         if span.first_token <= before.first_token:
             return f"spans[{k}].first_token {span.first_token} is not after spans[{k - 1}]'s {before.first_token}"
-        if span.first_token % SPAN_ALIGN:
+        if turn_starts is not None and span.first_token not in turn_starts:
+            return (
+                f"spans[{k}].first_token {span.first_token} is not the first token of a model turn "
+                f"(turns start at {list(turn_starts)[:16]}); an episode switches versions only at a model turn's start"
+            )
+        if turn_starts is None and span.first_token % SPAN_ALIGN:
             return f"spans[{k}].first_token {span.first_token} is not a multiple of the proof chunk {SPAN_ALIGN}"
         if span.first_token >= num_tokens:
             return f"spans[{k}].first_token {span.first_token} is not inside the completion ({num_tokens} tokens)"

@@ -72,6 +72,7 @@ from prime_rl.api.protocol import (
     WorkersResponse,
 )
 from prime_rl.api.secrets import RunSecrets, run_secrets
+from prime_rl.api.segments import turn_starts
 from prime_rl.api.spans import future_span, lease_digest, spans_problem
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
@@ -447,11 +448,10 @@ class Ledger:
         for index, sample in enumerate(batch.samples):
             if sample.spans is None:
                 continue
-            if sample.segments is not None:
-                raise ApiFailure(422, "bad_spans", f"sample {index}: spans on an episode (segments) are not supported yet")
             problem = spans_problem(
                 sample.spans, len(sample.completion_tokens), start_version=start,
                 max_versions=self.orch.max_versions_per_sample,
+                turn_starts=None if sample.segments is None else turn_starts(sample.segments),
             )  # fmt: skip
             if problem is None and sample.spans[0].policy_version != batch.policy_version:
                 problem = f"spans[0].policy_version {sample.spans[0].policy_version} is not the batch's policy_version {batch.policy_version}"

@@ -15,22 +15,26 @@ that holds token ``32 j``.
 Model-free checks first (:func:`span_checks`), each with its own reason:
 
 * ``span_malformed``: the spans break the wire rules (the orchestrator refuses them with 422;
-  re-checked on the stored batch), or come with episode segments (not supported yet);
+  re-checked on the stored batch); on an episode, a boundary that is not a model turn's first token;
 * ``span_version_future``: a span's version is newer than the newest committed version;
 * against the lease's switch records (``LeaseRecord.switches``: the first announcement per
-  version, ``POST /leases/switch``), in span order: ``span_unannounced``, a span ``(v, b)`` with
-  no record for ``v``; ``span_boundary_mismatch``, a record for ``v`` at another boundary than
-  ``b``; then ``span_missing_mandatory``, a record at ``32 c`` inside the sample (the sample is
-  longer than ``32 c``, so it was still running at the switch) without that span. So every sample
-  carries exactly the lease's recorded switches that fall inside it, and no other;
-* ``span_not_lease_wide`` (a batch without a lease only: it is rejected as ``not_assigned``
-  anyway): each sample's spans must be the batch's switch points that fall inside it.
+  version, ``POST /leases/switch``), in span order, for single-turn samples: ``span_unannounced``, a
+  span ``(v, b)`` with no record for ``v``; ``span_boundary_mismatch``, a record for ``v`` at another
+  boundary than ``b``; then ``span_missing_mandatory``, a record at ``32 c`` inside the sample (the
+  sample is longer than ``32 c``, so it was still running at the switch) without that span. So every
+  sample carries exactly the lease's recorded switches that fall inside it, and no other;
+* ``span_not_lease_wide`` (episodes, whose turn-start switches have no record yet, and a batch
+  without a lease, which is rejected as ``not_assigned`` anyway): a lease is decoded as one batch,
+  so every sample still running at a switch switches there: each sample's spans must be the batch's
+  switch points that fall inside it. On episodes the points compared are model-turn indices
+  (``validator/episode_spans.py``).
 
-After those, every span ``k >= 1`` is a recorded switch, and its tokens must be the seeded
-sampler's draws with the seed ``span_seed(seed_{k-1}, nonce_k)`` (``nonce_k = switch_nonce(key,
-lease, v_k, c_k)``, recomputed here with the run's key; ``seed_0`` the sample's seed), from its
-boundary on (:func:`span_seeds`); a worker that decoded a tail with any other seed (another
-switch point's nonce, the lease seed kept past the switch) fails ``sampling_mismatch``.
+After those, every span ``k >= 1`` of a single-turn sample is a recorded switch, and its tokens must
+be the seeded sampler's draws with the seed ``span_seed(seed_{k-1}, nonce_k)`` (``nonce_k =
+switch_nonce(key, lease, v_k, c_k)``, recomputed here with the run's key; ``seed_0`` the sample's
+seed), from its boundary on (:func:`span_seeds`); a worker that decoded a tail with any other seed
+(another switch point's nonce, the lease seed kept past the switch) fails ``sampling_mismatch``.
+Episodes keep their turn seeds across a switch.
 
 After the prefill, a failing proof of a spanned sample is named by where it fails
 (:func:`proof_reason`), from the first failing chunk ``j`` inside span ``k``:
@@ -56,9 +60,11 @@ import torch
 
 from prime_rl.api.assignment import span_seed, switch_nonce
 from prime_rl.api.protocol import LeaseRecord, PendingBatch, RolloutSample
+from prime_rl.api.segments import turn_starts
 from prime_rl.api.spans import SPAN_ALIGN, VersionSpan, future_span, span_bounds, spans_problem
 from prime_rl.inference.contract import ChainedForward, GenerationBackend, GenerationError, Prefill
 from prime_rl.validator.checks import Checks, Observer, Pending, Reason, judge_prefill
+from prime_rl.validator.episode_spans import episode_span_model_checks, point_limit, switch_points
 
 __all__ = [
     "chained_prefills", "has_spans", "lease_switches", "proof_reason", "record_problem", "span_checks",
@@ -72,12 +78,13 @@ def has_spans(sample: RolloutSample) -> bool:
 
 
 def lease_switches(samples: Sequence[RolloutSample]) -> dict[int, int] | None:
-    """The batch's switch points ``{first_token: policy_version}`` (every span after the first of every
-    sample); None if two samples put different versions at one point."""
+    """The batch's switch points ``{point: policy_version}`` (every span after the first of every
+    sample; a point is a first token, or an episode's model turn: ``episode_spans.switch_points``);
+    None if two samples put different versions at one point."""
     switches: dict[int, int] = {}
     for sample in samples:
-        for span in (sample.spans or [])[1:]:
-            if switches.setdefault(span.first_token, span.policy_version) != span.policy_version:
+        for point, version in switch_points(sample)[1:]:
+            if point >= 0 and switches.setdefault(point, version) != version:
                 return None
     return switches
 
@@ -93,9 +100,8 @@ def span_checks(
         spans, n = sample.spans, len(sample.completion_tokens)
         found: tuple[str, str] | None = None
         if spans is not None:
-            problem = spans_problem(spans, n, start_version=start, max_versions=max_versions)
-            if problem is None and sample.segments is not None:
-                problem = "spans on an episode (segments) are not supported yet"
+            starts = None if sample.segments is None else turn_starts(sample.segments)
+            problem = spans_problem(spans, n, start_version=start, max_versions=max_versions, turn_starts=starts)
             if problem is not None:
                 found = ("span_malformed", problem)
             elif (future := future_span(spans, newest_version)) is not None:
@@ -104,16 +110,18 @@ def span_checks(
                     f"span from token {future.first_token} claims version {future.policy_version}, "
                     f"newer than the newest committed version {newest_version}",
                 )
-        if found is None and batch.lease is not None:
+        if found is None and batch.lease is not None and sample.segments is None:
             found = record_problem(spans or [], n, batch.lease)
         elif found is None:
-            # (first_token, policy_version) per span
-            expected = [(0, start), *sorted((b, v) for b, v in (switches or {}).items() if b < n)]
-            claimed = [(s.first_token, s.policy_version) for s in spans] if spans else [(0, start)]
+            # (point, policy_version) per span
+            limit = point_limit(sample)
+            expected = [(0, start), *sorted((b, v) for b, v in (switches or {}).items() if b < limit)]
+            claimed = switch_points(sample) if spans else [(0, start)]
             if switches is None or claimed != expected:
                 found = (
                     "span_not_lease_wide",
-                    f"spans {_show(claimed)} differ from the lease's switch points inside this sample "
+                    f"spans {_show(claimed)} differ from the lease's switch points inside this "
+                    f"{'sample' if sample.segments is None else 'episode (points are model turns)'} "
                     f"{_show(expected) if switches is not None else '(two samples put different versions at one point)'}",
                 )
         out.append(found)
@@ -243,7 +251,11 @@ def span_model_checks(
 ) -> None:
     """Chained prefills of the live spanned samples, then the per-sample model checks on them, the
     sampling check with each span's seed (:func:`span_seeds`; ``lease`` None: the sample's seed
-    throughout, a batch without a lease, which fails ``not_assigned`` before this)."""
+    throughout, a batch without a lease, which fails ``not_assigned`` before this). Episodes: one
+    prefill per version instead, with their turn seeds (``validator/episode_spans.py``)."""
+    if checks.episode_env is not None:
+        episode_span_model_checks(spanned, backend_for, checks, observe)
+        return
     alive = [p for p in spanned if p.alive]
     for p, pre in zip(alive, chained_prefills([p.sample for p in alive], backend_for), strict=True):
         if isinstance(pre, str):

@@ -7,21 +7,35 @@ so each turn is drawn by the contract's seeded sampler and proven by toploc over
 the proofs of an episode are its model turns' proofs, turn after turn. The environment's reply
 (``episodes.EpisodeEnv.step``) is appended as an ``env`` segment with log-prob 0.0 (nothing was
 sampled there). No I/O; the validator re-derives everything built here.
+
+In-flight updates (``workers.inflight_updates``, ``HFBackend.version_source``): an episode switches
+versions only at the start of a model turn. Before turn ``t >= 1`` the loop asks the source for a
+newer committed, downloaded version and loads it; every episode still running records the span
+``(version, its completion length)``, the first token of its turn ``t``. Each turn's ``generate``
+prefills the whole context again under the weights loaded then, so turn ``t`` is generated entirely
+by one version over keys and values that version recomputed (recompute-KV): exactly what the
+validator re-derives with one prefill per version (``validator/episode_spans.py``). The backend's
+own mid-decode switch is held off during the turns (:func:`turn_start_switches`): a switch inside a
+turn would be keep-KV over a re-prefilled context, which nothing verifies. A switch's nonce is not
+used: episodes keep their turn seeds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from prime_rl.api.protocol import RolloutBatch, RolloutSample, Segment, TaskLease
+from prime_rl.api.protocol import RolloutBatch, RolloutSample, Segment, TaskLease, VersionSpan
 from prime_rl.api.segments import turn_seed
 from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import GenerationBackend, SamplingParams
+from prime_rl.inference.contract import VersionSource
+from prime_rl.worker.inflight import CommittedVersions
 from prime_rl.worker.rollout import PlannedTask, group_advantages, lease_batch, plan_lease, sampling_params
 from verifiers.envs import Message
 
-__all__ = ["Episode", "build_episode_batch", "episode_samples", "generate_episodes"]
+__all__ = ["Episode", "build_episode_batch", "episode_samples", "generate_episodes", "turn_start_switches"]
 
 
 @dataclass
@@ -36,6 +50,9 @@ class Episode:
     logprobs: list[float] = field(default_factory=list)
     proofs: bytes = b""
     segments: list[Segment] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    """``(policy_version, first_token)`` per version span, the start version from token 0 first;
+    empty: one version played every turn."""
     done: bool = False
     reward: float = 0.0
 
@@ -49,16 +66,35 @@ class Episode:
 
 
 def generate_episodes(
-    backend: GenerationBackend, plan: Sequence[PlannedTask], params: SamplingParams, env: EpisodeEnv
+    backend: GenerationBackend,
+    plan: Sequence[PlannedTask],
+    params: SamplingParams,
+    env: EpisodeEnv,
+    source: VersionSource | None = None,
 ) -> list[list[Episode]]:
-    """Play ``len(task.seeds)`` episodes per planned task; one list per task, scored."""
+    """Play ``len(task.seeds)`` episodes per planned task; one list per task, scored. ``source``: where
+    to find a newer version to switch to at a model turn's start (module docstring); None: no switch."""
     episodes = [
         Episode(t.task_id, t.prompt_tokens, seed, env.start(t.task_id)) for t in plan for seed in t.seeds
     ]
+    start_version, versions = backend.policy_version, 1
     for turn in range(env.max_turns):
         live = [e for e in episodes if not e.done]
         if not live:
             break
+        if turn > 0 and source is not None and versions < source.max_versions:
+            # the boundary a source sees: the earliest first token of this turn among the live episodes
+            boundary = min(len(e.tokens) for e in live)
+            if isinstance(source, CommittedVersions):  # a worker's: no announcement for a turn start
+                switch = source.at_turn_start(backend.policy_version)
+            else:
+                switch = source.newer(backend.policy_version, boundary)
+            if switch is not None:
+                backend.load_weights(switch.path, switch.version)
+                versions += 1
+                for e in live:
+                    e.spans = e.spans or [(start_version, 0)]
+                    e.spans.append((switch.version, len(e.tokens)))
         prompts = [(*e.prompt_tokens, *e.tokens) for e in live]
         completions = backend.generate(prompts, [turn_seed(e.seed, turn) for e in live], params)
         for e, c in zip(live, completions, strict=True):
@@ -99,6 +135,7 @@ def episode_samples(group: Sequence[Episode], temperature: float) -> list[Rollou
             proofs=e.proofs,
             inference_logprobs=[float(x) for x in e.logprobs],
             segments=list(e.segments),
+            spans=[VersionSpan(policy_version=v, first_token=b) for v, b in e.spans] if e.spans else None,
         )
         for g, (e, a) in enumerate(zip(group, advantages, strict=True))
     ]
@@ -119,7 +156,24 @@ def build_episode_batch(
     params = sampling_params(lease)
     samples: list[RolloutSample] = []
     played: list[Episode] = []
-    for group in generate_episodes(backend, plan, params, env):
+    with turn_start_switches(backend) as source:
+        groups = generate_episodes(backend, plan, params, env, source)
+    for group in groups:
         samples.extend(episode_samples(group, params.temperature))
         played.extend(group)
     return lease_batch(lease, backend, samples), played
+
+
+@contextlib.contextmanager
+def turn_start_switches(backend: GenerationBackend) -> Iterator[VersionSource | None]:
+    """The backend's in-flight version source (None: in-flight updates off), detached from the backend
+    while the episodes play, so that versions switch only at model-turn starts, never inside a turn."""
+    source = getattr(backend, "version_source", None)
+    if source is None:
+        yield None
+        return
+    backend.version_source = None  # type: ignore[attr-defined]
+    try:
+        yield source
+    finally:
+        backend.version_source = source  # type: ignore[attr-defined]

@@ -78,6 +78,14 @@ class CommittedVersions:
                 self._committed = max(self._committed, self._committed_now())
         return self._committed
 
+    def at_turn_start(self, current: int) -> VersionSwitch | None:
+        """For an episode's model-turn start (``worker/episodes.py``): the newest downloaded, committed
+        version if it is newer than ``current``, without an announcement (episode switches have no
+        switch record yet: ``docs/inflight.md`` section 0)."""
+        newest = min(self._newest_local(), self.committed())
+        path = self._path(newest)
+        return VersionSwitch(newest, path) if newest > current and path.is_file() else None
+
     def newer(self, current: int, boundary: int) -> VersionSwitch | None:
         """The newest downloaded, committed version if it is newer than ``current``, with its file
         and the nonce the orchestrator answered to its announcement at ``boundary``; None if there

@@ -145,13 +145,14 @@ class Worker:
     # -- weights ------------------------------------------------------------------------------
     def start_inflight(self) -> None:
         """Let the backend switch to a newer committed version mid-lease (``worker/inflight.py``):
-        honest single-turn workers on HF or vLLM only (spans on episodes are not built yet)."""
+        honest workers on HF or vLLM; episodes (HF only) switch only at model-turn starts
+        (``worker/episodes.py``)."""
         if (
             not isinstance(self.backend, HFBackend | VLLMBackend)
-            or self.env is not None
             or self.cfg.behaviour != "honest"
+            or (self.env is not None and not isinstance(self.backend, HFBackend))
         ):
-            log.warning("workers.inflight_updates needs an honest single-turn HF or vLLM worker: off for this one")
+            log.warning("workers.inflight_updates needs an honest HF or vLLM worker (HF for episodes): off for this one")
             return
         self.backend.version_source = self.committed_versions()
 

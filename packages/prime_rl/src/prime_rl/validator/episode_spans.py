@@ -1,0 +1,170 @@
+"""The validator's checks of mixed-version multi-turn episodes (in-flight updates at model-turn starts).
+
+An episode switches policy versions only at the start of a model turn (``api/spans.py``). The
+worker's episode loop (``worker/episodes.py``) prefills each turn's whole context afresh with the
+weights loaded then, so model turn ``t`` is generated entirely by one version ``v_t``, over a prefix
+whose keys and values ``v_t`` recomputed itself (recompute-KV; no key or value of an older version
+is ever attended to). The validator recomputes exactly that, with at most one prefill per version:
+for each version ``v`` of the sample, one prefill of the episode from the start up to the end of
+``v``'s last model turn with ``v`` loaded; ``v``'s turns' rows are taken from it (each turn's rows
+depend only on its prefix, so the longer prefill gives the same rows as the worker's prefill of the
+turn's own context). The assembled rows then pass the unchanged per-turn proof, sampling and
+log-prob checks of ``validator/episodes.py`` (:func:`~prime_rl.validator.checks.judge_prefill`).
+Versions are handled in increasing order, each loaded once per batch and prefilled for every
+episode that has it, as ``validator/spans.py`` does for single-turn samples.
+
+Model-free rules (``validator/spans.py``, :func:`switch_points`): every boundary is a model turn's
+first token (else ``span_malformed``), and the lease-wide rule compares model-turn indices, not
+token indices: the worker plays a lease's episodes turn by turn in lockstep, so every episode still
+running at turn ``t`` switches at turn ``t``'s start when any does (``span_not_lease_wide``).
+
+A failing proof is named by the turns that fail (:func:`episode_proof_reason`): every turn of a
+span ``k >= 1`` fails against its claimed version: ``span_version_forged``; the span's first turn
+fails whole while a later turn of it passes, or span ``k``'s last turns fail whole while a span
+follows: ``span_boundary_mismatch``; else ``toploc_mismatch``. Labels of where proofs fail, as in
+``validator/spans.py``, not proofs of intent.
+
+Pitfall: turn ``t``'s completion positions restart at 0 for the sampler (``turn_seed``), and its
+rows are the states at absolute positions ``P + start_t - 1 ...``: the per-version prefill must run
+from position 0 of the prompt, not continue a cache from another version.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from prime_rl.api.protocol import RolloutSample
+from prime_rl.api.segments import turn_starts
+from prime_rl.api.spans import VersionSpan
+from prime_rl.inference.contract import PROOF_CHUNK, GenerationBackend, GenerationError, Prefill
+from prime_rl.validator.checks import Checks, Observer, Pending, Reason, judge_prefill
+from prime_rl.validator.episodes import ModelSpan, model_spans, segments_of
+
+__all__ = ["episode_proof_reason", "episode_span_model_checks", "switch_points", "turn_versions"]
+
+
+def switch_points(sample: RolloutSample) -> list[tuple[int, int]]:
+    """``(point, policy_version)`` per span, where the lease-wide rule compares them: the completion
+    index of the span's first token for a single-turn sample, the model turn it starts for an episode
+    (a boundary that starts no model turn gets ``-1 - first_token``: malformed, refused before)."""
+    spans = sample.spans or []
+    if sample.segments is None:
+        return [(s.first_token, s.policy_version) for s in spans]
+    turn_of = {start: turn for turn, start in enumerate(turn_starts(sample.segments))}
+    return [(turn_of.get(s.first_token, -1 - s.first_token), s.policy_version) for s in spans]
+
+
+def point_limit(sample: RolloutSample) -> int:
+    """How far a sample's switch points can reach: its completion tokens, or an episode's model turns."""
+    return len(sample.completion_tokens) if sample.segments is None else len(turn_starts(sample.segments))
+
+
+def turn_versions(sample: RolloutSample) -> list[int] | None:
+    """The version of each model turn (that of the last span starting at or before it), or None if a
+    span boundary is not the first token of a model turn."""
+    spans, turns = sample.spans or [], model_spans(segments_of(sample))
+    starts = {t.start for t in turns}
+    if any(s.first_token not in starts for s in spans[1:]):
+        return None
+    return [
+        max((s for s in spans if s.first_token <= t.start), key=lambda s: s.first_token).policy_version
+        for t in turns
+    ]
+
+
+def episode_span_model_checks(
+    spanned: Sequence[Pending],
+    backend_for: Callable[[int], GenerationBackend | None],
+    checks: Checks,
+    observe: Observer | None,
+) -> None:
+    """One prefill per version of the live mixed-version episodes (module docstring), each version
+    loaded once, in increasing order; then the per-turn model checks on the assembled rows."""
+    alive = [p for p in spanned if p.alive]
+    versions_of: dict[int, list[int]] = {}
+    for p in alive:
+        versions = turn_versions(p.sample)
+        if versions is None:
+            p.reject(Reason.SPAN_MALFORMED, "a span boundary is not the first token of a model turn")
+        else:
+            versions_of[p.index] = versions
+    rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for version in sorted({v for versions in versions_of.values() for v in versions}):
+        group = [p for p in alive if p.alive and version in versions_of[p.index]]
+        if not group:
+            continue
+        backend = backend_for(version)
+        if backend is None:
+            for p in group:
+                p.reject(Reason.UNKNOWN_POLICY, f"policy version {version} is not available")
+            continue
+        turns = [_own_turns(p.sample, versions_of[p.index], version) for p in group]
+        try:  # from position 0 up to the end of the version's last turn: recompute-KV, as the worker did
+            prefills = backend.prefill(
+                [p.sample.prompt_tokens for p in group],
+                [
+                    p.sample.completion_tokens[: own[-1].start + own[-1].length]
+                    for p, own in zip(group, turns, strict=True)
+                ],
+            )
+        except (GenerationError, ValueError, IndexError, RuntimeError) as exc:
+            for p in group:
+                p.reject(Reason.MALFORMED, f"prefill with version {version} failed: {exc}")
+            continue
+        for p, own, pre in zip(group, turns, prefills, strict=True):
+            n = len(p.sample.completion_tokens)
+            hidden, logits = rows.setdefault(
+                p.index,
+                (
+                    pre.hidden.new_zeros((n, pre.hidden.shape[-1])),
+                    pre.logits.new_zeros((n, pre.logits.shape[-1])),
+                ),
+            )  # env rows stay zero: no proof, sampler or log-prob check reads them (episode_values)
+            for turn in own:
+                hidden[turn.start : turn.start + turn.length] = pre.hidden[
+                    turn.start : turn.start + turn.length
+                ]
+                logits[turn.start : turn.start + turn.length] = pre.logits[
+                    turn.start : turn.start + turn.length
+                ]
+    for p in alive:
+        if p.alive:
+            name = functools.partial(_name_failure, sample=p.sample, versions=versions_of[p.index])
+            judge_prefill(p, Prefill(*rows[p.index]), checks, observe, name)
+
+
+def _own_turns(sample: RolloutSample, versions: Sequence[int], version: int) -> list[ModelSpan]:
+    return [t for t, v in zip(model_spans(segments_of(sample)), versions, strict=True) if v == version]
+
+
+def episode_proof_reason(
+    failed: Sequence[bool], turns: Sequence[ModelSpan], versions: Sequence[int], spans: Sequence[VersionSpan]
+) -> tuple[str, str]:
+    """``(reason, detail)`` of a mixed-version episode whose proof chunks ``failed[j]`` (turn after
+    turn, ``ceil(length / 32)`` chunks each); ``versions[t]``: model turn ``t``'s claimed version."""
+    chunk_turn = [t for t, turn in enumerate(turns) for _ in range(math.ceil(turn.length / PROOF_CHUNK))]
+    turn_failed = [
+        all(f for f, u in zip(failed, chunk_turn, strict=True) if u == t) for t in range(len(turns))
+    ]
+    first = chunk_turn[next(j for j, bad in enumerate(failed) if bad)]
+    version = versions[first]
+    k = next(i for i, s in enumerate(spans) if s.policy_version == version)
+    own = [t for t, v in enumerate(versions) if v == version]
+    where = (
+        f"{sum(failed)}/{len(failed)} proof chunks fail, first in model turn {first} (span {k}, v{version})"
+    )
+    if k >= 1 and all(turn_failed[t] for t in own):
+        return "span_version_forged", f"{where}: no turn of the span matches its claimed version"
+    if turn_failed[first] and k >= 1 and first == own[0]:
+        return "span_boundary_mismatch", f"{where}: the span's version began after its claimed turn"
+    if turn_failed[first] and k + 1 < len(spans) and all(turn_failed[t] for t in own if t >= first):
+        return "span_boundary_mismatch", f"{where}: the next version began before its claimed turn"
+    return "toploc_mismatch", where
+
+
+def _name_failure(failed: list[bool], *, sample: RolloutSample, versions: Sequence[int]) -> tuple[str, str]:
+    return episode_proof_reason(failed, model_spans(segments_of(sample)), versions, sample.spans or [])
