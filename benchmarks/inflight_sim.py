@@ -42,11 +42,12 @@ Metrics over the steps after ``warmup_steps``: trained tokens per simulated seco
 rollouts, the trainer's idle share, the workers' share of time spent waiting for a version, and
 the mean length of trained versus generated completions (staleness drops bias toward short ones).
 
-Pitfall: one lease per worker and lock-step decoding is today's worker; an engine that refills
-finished slots (continuous batching across leases) would change the between-lease numbers more
-than in-flight updates do. That is a separate change, not modelled here.
+Pitfall: one lease per worker and lock-step decoding is today's worker. An engine that refills
+finished slots (continuous batching across leases) is a separate what-if, ``engine="continuous"``
+(``inflight_sim_continuous.py``), reported in its own section of the results.
 
-Run: ``python benchmarks/inflight_sim.py`` (about a minute) writes
+Run: ``python benchmarks/inflight_sim.py`` (about ten minutes on this loaded machine, most of it the continuous
+what-if of ``inflight_sim_continuous.py``) writes
 ``benchmarks/results/inflight_sim.{md,json}``.
 """
 
@@ -109,6 +110,12 @@ class SimParams:
     submit: str = "lease"
     """``lease``: a lease's groups are submitted together when its longest completion ends (today);
     ``group``: each group as soon as its own longest member ends (a what-if, in every mode)."""
+    engine: str = "lockstep"
+    """``lockstep``: a worker decodes one lease at a time (today); ``continuous``: a what-if engine that
+    refills finished slots from its next lease and submits per group (``inflight_sim_continuous.py``)."""
+    drain: str = "eager"
+    """``engine="continuous"``, between-lease only: ``eager`` stops refilling once a newer version has
+    loaded and switches when idle; ``lazy`` only once its version is too old for a new lease."""
     trainer_tok_s: float = 10000.0
     trainer_overhead_s: float = 5.0
     steps: int = 30
@@ -415,42 +422,47 @@ class _Sim:
         return self.result()
 
     def result(self) -> SimResult:
-        p = self.p
-        if self.step < p.steps:
-            raise RuntimeError(f"the simulation stalled at step {self.step} of {p.steps}")
-        lo, hi = self.commits[p.warmup_steps], self.commits[p.steps]
-        window = [c for c in self.claims if p.warmup_steps <= c["step"] < p.steps]
-        hist: Counter[int] = Counter()
-        for claim in window:
-            hist.update(claim["hist"])
-        generated = [g for g in self.generated if lo < g[0] <= hi]
+        return summarize(self)
 
-        def overlap(spans: list[tuple[float, float]]) -> float:
-            return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in spans)
 
-        gen_samples = sum(g[1] for g in generated)
-        trained_samples = sum(c["samples"] for c in window)
-        return SimResult(
-            params=asdict(p),
-            trained_tokens_per_s=sum(c["tokens"] for c in window) / (hi - lo),
-            staleness_mean=sum(k * v for k, v in hist.items()) / sum(hist.values()),
-            staleness_p50=_quantile(hist, 0.5),
-            staleness_p90=_quantile(hist, 0.9),
-            staleness_max=max(hist),
-            staleness_hist=dict(sorted(hist.items())),
-            rollout_staleness_max=max(c["oldest"] for c in window),
-            generated_samples=gen_samples,
-            dropped_samples=sum(n for time, n in self.dropped if lo < time <= hi),
-            trainer_idle_share=overlap(self.idle_spans) / (hi - lo),
-            worker_wait_share=overlap(self.waits) / ((hi - lo) * p.workers),
-            mean_trained_len=sum(c["tokens"] for c in window) / trained_samples,
-            mean_generated_len=sum(g[2] for g in generated) / max(1, gen_samples),
-            switched_token_share=sum(c["switched"] for c in window) / sum(c["tokens"] for c in window),
-            switches=self.switches,
-            live_at_switch_p50=_quantile(self.live_at_switch, 0.5) if self.switches else 0.0,
-            sim_seconds=hi,
-            claims=[{k: v for k, v in c.items() if k != "hist"} for c in self.claims],
-        )
+def summarize(sim: Any) -> SimResult:
+    """The measured window of a finished simulation (``_Sim`` or the continuous engine's)."""
+    p = sim.p
+    if sim.step < p.steps:
+        raise RuntimeError(f"the simulation stalled at step {sim.step} of {p.steps}")
+    lo, hi = sim.commits[p.warmup_steps], sim.commits[p.steps]
+    window = [c for c in sim.claims if p.warmup_steps <= c["step"] < p.steps]
+    hist: Counter[int] = Counter()
+    for claim in window:
+        hist.update(claim["hist"])
+    generated = [g for g in sim.generated if lo < g[0] <= hi]
+
+    def overlap(spans: list[tuple[float, float]]) -> float:
+        return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in spans)
+
+    gen_samples = sum(g[1] for g in generated)
+    trained_samples = sum(c["samples"] for c in window)
+    return SimResult(
+        params=asdict(p),
+        trained_tokens_per_s=sum(c["tokens"] for c in window) / (hi - lo),
+        staleness_mean=sum(k * v for k, v in hist.items()) / sum(hist.values()),
+        staleness_p50=_quantile(hist, 0.5),
+        staleness_p90=_quantile(hist, 0.9),
+        staleness_max=max(hist),
+        staleness_hist=dict(sorted(hist.items())),
+        rollout_staleness_max=max(c["oldest"] for c in window),
+        generated_samples=gen_samples,
+        dropped_samples=sum(n for time, n in sim.dropped if lo < time <= hi),
+        trainer_idle_share=overlap(sim.idle_spans) / (hi - lo),
+        worker_wait_share=overlap(sim.waits) / ((hi - lo) * p.workers),
+        mean_trained_len=sum(c["tokens"] for c in window) / trained_samples,
+        mean_generated_len=sum(g[2] for g in generated) / max(1, gen_samples),
+        switched_token_share=sum(c["switched"] for c in window) / sum(c["tokens"] for c in window),
+        switches=sim.switches,
+        live_at_switch_p50=_quantile(sim.live_at_switch, 0.5) if sim.switches else 0.0,
+        sim_seconds=hi,
+        claims=[{k: v for k, v in c.items() if k != "hist"} for c in sim.claims],
+    )
 
 
 def _quantile(hist: Counter[int], q: float) -> float:
@@ -466,6 +478,12 @@ def _quantile(hist: Counter[int], q: float) -> float:
 
 def simulate(params: SimParams) -> SimResult:
     """Run one simulation (deterministic for a given ``params``, seed included)."""
+    if params.engine == "continuous":
+        from inflight_sim_continuous import ContinuousSim
+
+        return ContinuousSim(params, _Sim(replace(params, mode="between_lease", engine="lockstep"))).run()
+    if params.engine != "lockstep":
+        raise ValueError(f"engine must be 'lockstep' or 'continuous', got {params.engine!r}")
     return _Sim(params).run()
 
 
@@ -599,12 +617,21 @@ def main() -> None:
     text += "dropped/generated | idle | len trained/generated | switched | live at switch |\n"
     text += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     text += "\n".join(_row(r) for r in recompute) + "\n"
+    from inflight_sim_continuous import what_if as continuous_what_if
+
+    continuous, continuous_rows, continuous_text = continuous_what_if(base)
+    text += "\n" + continuous_text
     args.out.with_suffix(".md").write_text(text)
     args.out.with_suffix(".json").write_text(json.dumps({
         "base_params": asdict(base),
-        "runs": [{k: v for k, v in asdict(r).items() if k != "claims"} for r in results + what_if + recompute],
+        "runs": [{k: v for k, v in asdict(r).items() if k != "claims"} for r in results + what_if + recompute + continuous],
         "comparisons": rows,
+        "continuous_comparisons": continuous_rows,
     }, indent=1))
+    for m in continuous_rows:
+        print(f"continuous in-flight vs {m['baseline']} W={m['workers']} seed={m['seed']} BL@{m['bl_bound']} "
+              f"{m['bl_tok_s']:.0f} p50 {m['bl_p50']:g} -> IF@{m['if_bound']} {m['if_tok_s']:.0f} p50 {m['if_p50']:g}: "
+              f"{m['ratio']:.2f}x")
     for m in headline:
         print(f"long_tail {m['submit']} W={m['workers']} seed={m['seed']} BL@{m['bl_bound']} {m['bl_tok_s']:.0f} tok/s p50 {m['bl_p50']:g}"
               f" -> IF@{m['if_bound']} {m['if_tok_s']:.0f} p50 {m['if_p50']:g}: {m['ratio']:.2f}x"

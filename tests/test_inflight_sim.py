@@ -92,3 +92,53 @@ def test_group_submission_with_equal_lengths_is_lease_submission(monkeypatch: py
     # Broken: a group's end time that forgets the switch pauses submits groups before they exist.
     monkeypatch.setattr(inflight_sim._Lease, "time_at", lambda lease, tokens: lease.start + tokens / lease.rate)
     assert simulate(replace(base, submit="group")).claims != by_lease.claims
+
+
+# ---------------------------------------------------------------- the continuous-batching what-if
+
+CONTINUOUS = replace(SMALL, engine="continuous", submit="group")
+
+
+@pytest.mark.parametrize("bound", [1, 2])
+def test_continuous_inflight_respects_the_bound_and_counts_every_token(bound: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = simulate(replace(CONTINUOUS, mode="inflight", bound=bound))
+    assert result.switches > 0 and result.switched_token_share > 0
+    assert result.rollout_staleness_max <= bound and result.staleness_max <= bound
+    trained = sum(c["tokens"] for c in result.claims if SMALL.warmup_steps <= c["step"] < SMALL.steps)
+    assert sum(result.staleness_hist.values()) == trained
+    # Broken: a claim that drops groups by their newest member's first version lets older tokens through.
+    import inflight_sim_continuous
+
+    original = inflight_sim_continuous.ContinuousSim.trainer_try
+
+    def newest_first(self: inflight_sim_continuous.ContinuousSim, t: float) -> None:
+        self.buffer = [[(max(v for v, _, _ in group), b, n) for _, b, n in group] for group in self.buffer]
+        original(self, t)
+
+    monkeypatch.setattr(inflight_sim_continuous.ContinuousSim, "trainer_try", newest_first)
+    assert simulate(replace(CONTINUOUS, mode="inflight", bound=bound)).staleness_max > bound
+
+
+@pytest.mark.parametrize("drain", ["eager", "lazy"])
+def test_continuous_between_lease_never_mixes_versions_in_a_sample(drain: str) -> None:
+    result = simulate(replace(CONTINUOUS, mode="between_lease", bound=2, drain=drain))
+    assert result.switched_token_share == 0 and result.switches == 0
+    assert result.rollout_staleness_max <= 2
+
+
+def test_refilling_slots_beats_lock_step_with_the_long_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    lock_step = simulate(replace(SMALL, mode="inflight", bound=1, submit="group"))
+    continuous = simulate(replace(CONTINUOUS, mode="inflight", bound=1))
+    assert continuous.trained_tokens_per_s > 1.2 * lock_step.trained_tokens_per_s
+    # Broken: an engine that refills only once every slot is empty is lock step again.
+    import inflight_sim_continuous
+
+    original = inflight_sim_continuous.ContinuousSim.fill
+
+    def fill_when_empty(self: inflight_sim_continuous.ContinuousSim, wi: int, t: float) -> None:
+        if not any(self.workers[wi].slots):
+            original(self, wi, t)
+
+    monkeypatch.setattr(inflight_sim_continuous.ContinuousSim, "fill", fill_when_empty)
+    broken = simulate(replace(CONTINUOUS, mode="inflight", bound=1))
+    assert broken.trained_tokens_per_s < 1.1 * lock_step.trained_tokens_per_s

@@ -8,7 +8,10 @@ Events read (missing ones show as ``-``; nothing here is required for a run to w
 =================  ======================  ===================================================
 file               event                   fields used
 =================  ======================  ===================================================
-trainer.jsonl      ``batch``               step, waited_s (trainer idle, waiting for data)
+trainer.jsonl      ``batch``               step, waited_s (trainer idle, waiting for data),
+                                           token_staleness, rollout_staleness, spans_per_sample
+                                           ({versions: count}, :mod:`prime_rl.staleness`)
+orchestrator.jsonl ``claim``               stale_drops {reason: samples} (the last claim's)
 trainer.jsonl      ``train``               step, reward_mean, num_tokens
 trainer.jsonl      ``commit``              step, policy_version (a step is done)
 evaluator.jsonl    ``eval``                policy_version, accuracy, num_correct, num_problems,
@@ -40,6 +43,7 @@ from typing import Any
 
 from prime_rl.api.fields import printable
 from prime_rl.metrics import read_metrics
+from prime_rl.staleness import histogram, histogram_mean, histogram_quantile, merge_histograms
 
 __all__ = [
     "RunSummary",
@@ -100,6 +104,14 @@ class RunSummary:
     problems_by_type: dict[str, int] = field(default_factory=dict)
     length_distance_by_version: dict[int, float] = field(default_factory=dict)
     sandbox_runs: dict[str, int] | None = None
+    token_staleness: dict[int, int] = field(default_factory=dict)
+    """Trained model tokens by versions behind their step (``prime_rl.staleness``), summed over steps."""
+    rollout_staleness: dict[int, int] = field(default_factory=dict)
+    """Trained samples by versions their oldest span is behind the step."""
+    spans_per_sample: dict[int, int] = field(default_factory=dict)
+    """Trained samples by the number of versions that sampled them (1 without in-flight updates)."""
+    stale_drops: dict[str, int] = field(default_factory=dict)
+    """Samples never trained for being too old, per reason (``orchestrator.claims.STALE_REASONS``)."""
     turns: dict[str, int] = field(default_factory=dict)
     """Multi-turn runs: ``episodes``, ``model_turns`` and ``env_turns`` (tool / feedback replies) in
     every submitted batch (empty when no batch had an environment turn)."""
@@ -158,12 +170,15 @@ def summarize_run(run_dir: str | Path) -> RunSummary:
     rewards: dict[int, list[float]] = defaultdict(list)
     steps_done = 0
     trainer_wait = 0.0
+    staleness: dict[str, list[dict[int, int]]] = defaultdict(list)
     for record in trainer:
         event = record.get("event")
         if event == "train" and (reward := finite_number(record.get("reward_mean"))) is not None:
             rewards[int(record.get("step", 0))].append(reward)
         elif event == "batch":
             trainer_wait += finite_number(record.get("waited_s")) or 0.0
+            for key in ("token_staleness", "rollout_staleness", "spans_per_sample"):
+                staleness[key].append(histogram(record.get(key)))
         elif event == "commit":
             steps_done = max(steps_done, int(record.get("policy_version", 0)))
     accuracy: dict[int, float] = {}
@@ -213,6 +228,8 @@ def summarize_run(run_dir: str | Path) -> RunSummary:
             elif record.get("event") == "weights_wait":
                 worker_wait += finite_number(record.get("waited_s")) or 0.0
     sandbox_runs = _validator_sandbox_runs(root)
+    claims = [r for r in _records(root, "orchestrator*.jsonl") if r.get("event") == "claim"]
+    drops = claims[-1].get("stale_drops") if claims else None
     run_records = _records(root, "run.jsonl")
     progress = [r for r in run_records if r.get("event") == "progress"]
     times = [t for r in run_records if (t := finite_number(r.get("time"))) is not None]
@@ -237,6 +254,12 @@ def summarize_run(run_dir: str | Path) -> RunSummary:
         length_distance_by_version=dict(sorted(distance.items())),
         sandbox_runs=sandbox_runs,
         turns=dict(turns) if turns.get("env_turns") else {},
+        token_staleness=merge_histograms(staleness["token_staleness"]),
+        rollout_staleness=merge_histograms(staleness["rollout_staleness"]),
+        spans_per_sample=merge_histograms(staleness["spans_per_sample"]),
+        stale_drops={str(k): int(v) for k, v in drops.items() if finite_number(v) is not None}
+        if isinstance(drops, dict)
+        else {},
     )
 
 
@@ -418,6 +441,7 @@ def render_summary(summary: RunSummary) -> str:
         lines.append(
             f"code samples run in the sandbox by the validator: {sum(kinds.values())}" + (f" ({which})" if which else "")
         )
+    lines.extend(_staleness_lines(summary))
     lines.append(
         f"trainer waited {summary.trainer_wait_s:.0f} s for data; workers waited {summary.worker_wait_s:.0f} s "
         f"for weights; generation {format_or_dash(summary.tokens_per_s or None, '.1f')} tokens/s"
@@ -425,6 +449,35 @@ def render_summary(summary: RunSummary) -> str:
     for label, path in summary.files.items():
         lines.append(f"{label}: {path}")
     return "\n".join(lines)
+
+
+def _shares(counts: dict[int, int]) -> str:
+    total = sum(counts.values())
+    return " ".join(f"{k}:{v / total:.2f}" for k, v in counts.items())
+
+
+def _staleness_lines(summary: RunSummary) -> list[str]:
+    """Token and rollout staleness of what was trained (versions behind the step), spans, stale drops."""
+    lines = []
+    tokens = summary.token_staleness
+    if tokens:
+        lines.append(
+            f"token staleness of trained tokens (versions): mean {histogram_mean(tokens):.2f}, "
+            f"p50 {histogram_quantile(tokens, 0.5)}, p90 {histogram_quantile(tokens, 0.9)}, max {max(tokens)} "
+            f"(shares {_shares(tokens)})"
+        )
+    if summary.rollout_staleness:
+        spans = summary.spans_per_sample
+        multi = sum(v for k, v in spans.items() if k > 1)
+        lines.append(
+            f"rollout staleness (oldest span, samples): {_shares(summary.rollout_staleness)}; "
+            f"samples with 2+ versions: {multi} of {sum(spans.values())}"
+        )
+    if summary.stale_drops:
+        lines.append(
+            "samples dropped as stale: " + ", ".join(f"{reason} {count}" for reason, count in summary.stale_drops.items())
+        )
+    return lines
 
 
 def write_report(run_dir: str | Path) -> tuple[RunSummary, str]:

@@ -27,7 +27,18 @@ from typing import Protocol
 
 from prime_rl.api.protocol import SampleId, Verdict
 
-__all__ = ["BatchView", "ClaimSelection", "select_claim"]
+__all__ = ["STALE_REASONS", "BatchView", "ClaimSelection", "select_claim", "stale_drops"]
+
+STALE_REASONS = ("past_bound", "expired", "stale_policy")
+"""Why samples are never trained for being too old, one name per place they are dropped:
+
+- ``past_bound``: accepted, unclaimed, and older than ``step - max_off_policy_steps`` at this claim
+  (``ClaimSelection.stale``). Such samples are never claimed later and the bound only rises, so the
+  count only grows: the last claim's is the run's total so far (of workers not banned);
+- ``expired``: expired by the orchestrator before validation, too old for any step
+  (``BatchBook.expire_useless``, verdict reason ``expired``; run total);
+- ``stale_policy``: rejected by the validator, the lease's version already below
+  ``lease step - async_level`` when generated (run total)."""
 
 
 class BatchView(Protocol):
@@ -98,3 +109,16 @@ def select_claim(
                 break
             chosen.extend(group)
     return ClaimSelection(tuple(chosen), available, pending_batches, pending_samples, stale, zero)
+
+
+def stale_drops(batches: Iterable[BatchView], *, past_bound: int) -> dict[str, int]:
+    """Samples dropped as too old, per reason of :data:`STALE_REASONS`: ``past_bound`` as given (a
+    claim's ``ClaimSelection.stale``), ``expired`` and ``stale_policy`` counted over the verdicts of
+    ``batches`` (every stored batch: run totals)."""
+    counts = dict.fromkeys(STALE_REASONS, 0)
+    counts["past_bound"] = past_bound
+    for batch in batches:
+        for verdict in batch.verdicts or ():
+            if not verdict.accepted and verdict.reason in ("expired", "stale_policy"):
+                counts[str(verdict.reason)] += 1
+    return counts

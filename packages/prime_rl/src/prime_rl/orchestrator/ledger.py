@@ -66,6 +66,7 @@ from prime_rl.api.protocol import (
     SwitchRequest,
     SwitchResponse,
     TaskLease,
+    TrainSample,
     Verdict,
     VerdictRequest,
     VerdictResponse,
@@ -77,7 +78,7 @@ from prime_rl.api.spans import future_span, lease_digest, spans_problem
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
-from prime_rl.orchestrator.claims import ClaimSelection, select_claim
+from prime_rl.orchestrator.claims import ClaimSelection, select_claim, stale_drops
 from prime_rl.orchestrator.identities import FreshIdentities
 from prime_rl.orchestrator.lease_rules import LeaseRules
 from prime_rl.orchestrator.leases import LeaseBook, TaskPrompts
@@ -85,6 +86,7 @@ from prime_rl.orchestrator.release import ReleaseBook, withheld
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
 from prime_rl.orchestrator.switches import decide_done, decide_switch, mandatory_problem
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
+from prime_rl.staleness import claim_staleness
 from prime_rl.weights.layout import POLICY_FILENAME
 
 __all__ = ["EXPIRED", "ApiFailure", "Ledger", "TaskPrompts"]
@@ -558,6 +560,7 @@ class Ledger:
         self.store.write_claim(ClaimRecord(request.step, min_version, self.clock(), chosen))
         self.claims[request.step] = chosen
         self.batches.mark_claimed(chosen)
+        samples = self.batches.training_samples(chosen)
         self.metrics.log(
             "claim",
             step=request.step,
@@ -565,17 +568,24 @@ class Ledger:
             min_policy_version=min_version,
             stale_samples=selection.stale,
             zero_advantage_samples=selection.zero_advantage,
+            stale_drops=stale_drops(self.batches.values(), past_bound=selection.stale),
+            **claim_staleness(samples, request.step).metrics(),
         )
-        return self._claim_answer(request.step, min_version, chosen, selection)
+        return self._claim_answer(request.step, min_version, chosen, selection, samples)
 
     def _claim_answer(
-        self, step: int, min_version: int, sample_ids: tuple[SampleId, ...], selection: ClaimSelection | None
+        self,
+        step: int,
+        min_version: int,
+        sample_ids: tuple[SampleId, ...],
+        selection: ClaimSelection | None,
+        samples: list[TrainSample] | None = None,
     ) -> ClaimResponse:
         return ClaimResponse(
             ready=True,
             step=step,
             min_policy_version=min_version,
-            samples=self.batches.training_samples(sample_ids),
+            samples=samples if samples is not None else self.batches.training_samples(sample_ids),
             reason="",
             available_samples=len(sample_ids),
             pending_batches=selection.pending_batches if selection else 0,

@@ -46,6 +46,7 @@ from prime_rl.config.trainer import TrainerConfig
 from prime_rl.devices import choose_device, torch_dtype
 from prime_rl.metrics import get_metrics
 from prime_rl.role import run_role
+from prime_rl.staleness import claim_staleness
 from prime_rl.trainer import distributed
 from prime_rl.trainer.batching import make_micro_batches, split_minibatches
 from prime_rl.trainer.checkpoint import TrainerState, latest_step, load_checkpoint, save_checkpoint
@@ -177,7 +178,11 @@ class Trainer:
                     )
                 time.sleep(self.cfg.poll_interval_s)
             get_metrics().log(
-                "batch", step=self.step, waited_s=time.monotonic() - started, samples=len(samples)
+                "batch",
+                step=self.step,
+                waited_s=time.monotonic() - started,
+                samples=len(samples),
+                **claim_staleness(samples, self.step).metrics(),
             )
         samples = distributed.broadcast_object(samples)  # type: ignore[assignment]
         assert samples is not None

@@ -303,6 +303,8 @@ class Validator:
             # why, for the first rejections (group mates repeat the first reason; a few suffice)
             details={str(v.sample_index): f"{v.reason}: {v.detail}" for v in rejections[:4]},
             seconds=seconds,
+            samples=len(verdicts),
+            spanned_samples=sum(1 for sample in batch.samples if sample.spans),  # in-flight: >1 version
             prefilled=prefilled,
             sandbox_runs=sandbox_runs(),
             batch_tool_seconds=round(batch_tool_seconds, 3),  # this batch's episode replays (tool runs)
