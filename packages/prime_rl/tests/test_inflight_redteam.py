@@ -16,8 +16,9 @@ import pytest
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
 
-from prime_rl.api.protocol import PendingBatch, RolloutBatch
-from prime_rl.api.spans import future_span, spans_problem
+from prime_rl.api.assignment import switch_nonce
+from prime_rl.api.protocol import LeaseRecord, LeaseSwitch, PendingBatch, RolloutBatch, TaskLease
+from prime_rl.api.spans import SPAN_ALIGN, future_span, spans_problem
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.contract import VersionSwitch
 from prime_rl.validator.checks import Reason
@@ -37,18 +38,32 @@ SPAN_ATTACKS = sorted(name for name, attack in ATTACKS.items() if attack.spans)
 
 
 class Versions:
-    """The worker's versions: v1 committed and on disk (``SpanVersions``)."""
+    """The worker's versions: v1 committed and on disk (``SpanVersions``); a switch to it is announced
+    for ``lease`` and recorded as the orchestrator records it (the first announcement wins; another
+    chunk is refused), answered with the record's nonce."""
 
     max_versions = 4
 
-    def __init__(self, files: dict[int, Path]) -> None:
-        self.files = files
+    def __init__(self, files: dict[int, Path], lease: TaskLease) -> None:
+        self.files, self.lease = files, lease
+        self.switches: list[LeaseSwitch] = []
 
     def committed(self) -> int:
         return 1
 
     def newer(self, current: int, boundary: int) -> VersionSwitch | None:
-        return VersionSwitch(1, self.files[1]) if current < 1 else None
+        if current >= 1:
+            return None
+        chunk = boundary // SPAN_ALIGN
+        if not self.switches:
+            self.switches.append(LeaseSwitch(policy_version=1, chunk=chunk, announced_at=time.time()))
+        if self.switches[0].chunk != chunk:
+            return None  # 409: v1 is recorded at another chunk
+        nonce = switch_nonce(
+            key=KEY, worker_id=self.lease.worker_id, step=self.lease.step, batch_index=self.lease.batch_index,
+            policy_version=1, chunk=chunk,
+        )  # fmt: skip
+        return VersionSwitch(1, self.files[1], nonce)
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +93,13 @@ def judge(batch: RolloutBatch, record, files: dict[int, Path]) -> list:
     return validate_batch(pending, tasks=RUN, backend_for=backend_for, decode=RUN.decode, checks=CHECKS, newest_version=1)
 
 
-def attack(behaviour: str, files: dict[int, Path]) -> tuple[RolloutBatch, object]:
+def attack(behaviour: str, files: dict[int, Path]) -> tuple[RolloutBatch, LeaseRecord]:
+    """The behaviour's batch for a fresh lease, and the lease's record with the switches it announced."""
     lease, record = RUN.lease(f"w-{behaviour.replace('_', '-')}", 0, 0)
-    worker = HostileWorker(behaviour, RUN.encode, RUN.score, RUN.prompt_tokens, RUN.num_tasks, versions=Versions(files))
-    return worker.answer(lease, worker_backend()), record
+    versions = Versions(files, lease)
+    worker = HostileWorker(behaviour, RUN.encode, RUN.score, RUN.prompt_tokens, RUN.num_tasks, versions=versions)
+    batch = worker.answer(lease, worker_backend())
+    return batch, record.model_copy(update={"switches": versions.switches})
 
 
 @pytest.mark.parametrize("behaviour", [n for n in SPAN_ATTACKS if not ATTACKS[n].refused])
@@ -114,13 +132,17 @@ def test_an_honest_switch_is_accepted_and_the_token_by_token_decode_reproduces_i
     and ``decode_switching_at`` (the mid-chunk attack's decode) is the backend's decode with a free
     switch point: switched at the same chunk boundary, it samples the same tokens, log-probs and proofs."""
     lease, record = RUN.lease("w-control", 0, 0)
-    worker = HostileWorker("partial_switch", RUN.encode, RUN.score, RUN.prompt_tokens, RUN.num_tasks, versions=Versions(files))
+    versions = Versions(files, lease)
+    worker = HostileWorker("partial_switch", RUN.encode, RUN.score, RUN.prompt_tokens, RUN.num_tasks, versions=versions)
     batch, start, version = worker._switched(lease, worker_backend())
     assert (start, version) == (0, 1) and any(points(s) == [(0, 0), (1, 32)] for s in batch.samples)
+    record = record.model_copy(update={"switches": versions.switches})
     assert {v.reason for v in judge(batch, record, files)} == {Reason.ACCEPTED}
     prompts = [s.prompt_tokens for s in batch.samples]
     seeds = [s.sampling_seed for s in batch.samples]
-    completions = decode_switching_at(worker_backend(), prompts, seeds, sampling_params(lease), VersionSwitch(1, files[1]), 32)
+    switch = versions.newer(0, SPAN_ALIGN)  # the recorded switch again: the same nonce
+    assert switch is not None and switch.nonce is not None
+    completions = decode_switching_at(worker_backend(), prompts, seeds, sampling_params(lease), switch, 32)
     for sample, completion in zip(batch.samples, completions, strict=True):
         assert list(completion.completion_tokens) == sample.completion_tokens
         assert max(abs(a - b) for a, b in zip(completion.logprobs, sample.inference_logprobs, strict=True)) < 1e-4

@@ -131,7 +131,8 @@ ATTACKS: dict[str, Attack] = {
     "env_as_model": Attack("labels the first tool output as model tokens", ("env_tokens_as_model",), episodes=True),
     # in-flight version spans (worker/hostile_spans.py): a real decode, then a forged span claim
     "forged_span_version": Attack(
-        "decodes with the lease's version v alone, claims the tokens from 32 on as the newest committed version",
+        "announces a switch to the newest committed version at token 32, then decodes with the lease's version "
+        "v alone (with the switch's seeds from 32) and claims the tokens from 32 on as the newer version",
         ("span_version_forged",),
         mixed=False,
         spans=True,
@@ -144,21 +145,23 @@ ATTACKS: dict[str, Attack] = {
         refused="422 bad_spans",
     ),
     "shifted_span_boundary": Attack(
-        "switches to the newer version at token 32, claims the switch at 64 (samples ended before 64 claim none)",
-        ("span_boundary_mismatch", "toploc_mismatch"),
+        "switches to the newer version at token 32 (announced), claims the switch at 64 (samples ended before 64 "
+        "claim none)",
+        ("span_boundary_mismatch", "span_missing_mandatory"),
         mixed=False,
         spans=True,
     ),
     "mid_chunk_switch": Attack(
-        "switches weights at token 48, inside a proof chunk, and claims the switch at 32 (the chunk of the switch "
-        "fails; the next passes, keep-KV: the version began after its claimed boundary)",
-        ("span_boundary_mismatch", "span_version_forged"),
+        "announces a switch at token 32 and draws with its seeds from there, but switches weights at token 48, "
+        "inside a proof chunk (the chunk of the switch fails; the next passes, keep-KV: the version began after "
+        "its claimed boundary)",
+        ("span_boundary_mismatch", "span_version_forged", "sampling_mismatch"),
         mixed=False,
         spans=True,
     ),
     "partial_switch": Attack(
-        "switches at token 32, then drops the switch from every other sample that made it",
-        ("span_not_lease_wide",),
+        "switches at token 32 (announced), then drops the switch from every other sample that made it",
+        ("span_missing_mandatory",),
         mixed=False,
         spans=True,
     ),
@@ -333,8 +336,9 @@ class HostileWorker:
         return batch, start, switch.version
 
     def _forged_span_version(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
-        hf, start, switch = self._newer(lease, backend)  # committed: the claim passes the submission rules
-        batch = self._build(lease, hf)  # every token sampled by the lease's version
+        hf, start, switch = self._newer(lease, backend)  # announced and committed: the claim matches the record
+        # every token sampled by the lease's version, from 32 on with the announced switch's seeds
+        batch = self._build(lease, MidChunkSwitch(hf, switch, SPAN_ALIGN, start, load=False))
         claim = [(start, 0), (switch.version, SPAN_ALIGN)]
         return relabel(batch, lambda i, s: claim if len(s.completion_tokens) > SPAN_ALIGN else None)
 
@@ -354,7 +358,8 @@ class HostileWorker:
 
     def _mid_chunk_switch(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
         hf, start, switch = self._newer(lease, backend)
-        batch = self._build(lease, MidChunkSwitch(hf, switch, SPAN_ALIGN + SPAN_ALIGN // 2, start))
+        # the announced switch's seeds from 32, as the record says; the weights from 48
+        batch = self._build(lease, MidChunkSwitch(hf, switch, SPAN_ALIGN + SPAN_ALIGN // 2, start, reseed_at=SPAN_ALIGN))
         claim = [(start, 0), (switch.version, SPAN_ALIGN)]
         return relabel(batch, lambda i, s: claim if len(s.completion_tokens) > SPAN_ALIGN else None)
 

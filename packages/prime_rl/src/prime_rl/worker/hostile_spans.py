@@ -25,6 +25,7 @@ from typing import Protocol
 
 import torch
 
+from prime_rl.api.assignment import span_seed
 from prime_rl.api.protocol import RolloutBatch, RolloutSample
 from prime_rl.api.spans import SPAN_ALIGN, VersionSpan
 from prime_rl.inference.backend import HFBackend, sample_next, token_logprobs
@@ -122,20 +123,31 @@ def decode_switching_at(
     params: SamplingParams,
     switch: VersionSwitch,
     position: int,
+    *,
+    reseed_at: int | None = None,
+    load: bool = True,
 ) -> list[Completion]:
     """Decode every row with the loaded weights up to completion ``position``, then load ``switch``'s
     weights (keeping every row's KV cache) and decode the rest: the weights change before the
     forward that samples token ``position`` (whose input is token ``position - 1``), as in
-    ``HFBackend.generate``'s switch, but wherever that falls in a proof chunk.
+    ``HFBackend.generate``'s switch, but wherever that falls in a proof chunk. With ``switch.nonce``
+    every row samples with ``span_seed(seed, nonce)`` from ``reseed_at`` (default ``position``) on,
+    as after an announced switch; ``load`` False keeps the loaded weights (a forged version: the
+    old weights drawing with the new version's seeds).
 
     Token by token through ``backend.extend`` (one sequence at a time, one KV cache per row), with
     the sampler, stop rule, proofs and log-probs of ``HFBackend.generate``. ``Completion.spans`` is
     left empty: what to claim is the caller's forgery.
     """
-    rows = [_Row(backend, prompt, seed, params) for prompt, seed in zip(prompts, seeds, strict=True)]
+    late = (position if reseed_at is None else reseed_at) if switch.nonce is not None else None
+    rows = [
+        _Row(backend, prompt, seed, params, None if late is None else (late, span_seed(int(seed), switch.nonce or 0)))
+        for prompt, seed in zip(prompts, seeds, strict=True)
+    ]
     for row in rows:
         row.run(backend, params, until=position)
-    backend.load_weights(switch.path, switch.version)
+    if load:
+        backend.load_weights(switch.path, switch.version)
     for row in rows:
         row.run(backend, params, until=params.max_new_tokens)
     return [row.completion(backend) for row in rows]
@@ -145,8 +157,18 @@ class MidChunkSwitch:
     """A generation backend (``generate`` only, plus what ``worker.rollout`` reads) that decodes with
     :func:`decode_switching_at` and states ``start_version``: the batch a mid-chunk switch produces."""
 
-    def __init__(self, backend: HFBackend, switch: VersionSwitch, position: int, start_version: int) -> None:
+    def __init__(
+        self,
+        backend: HFBackend,
+        switch: VersionSwitch,
+        position: int,
+        start_version: int,
+        *,
+        reseed_at: int | None = None,
+        load: bool = True,
+    ) -> None:
         self.backend, self.switch, self.position, self.start_version = backend, switch, position, start_version
+        self.reseed_at, self.load = reseed_at, load
         self.tokenizer, self.eos_token_ids = backend.tokenizer, backend.eos_token_ids
 
     @property
@@ -156,7 +178,9 @@ class MidChunkSwitch:
     def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], params: SamplingParams) -> list[Completion]:
         if self.backend.policy_version != self.start_version:
             raise GenerationError(f"the backend holds v{self.backend.policy_version}, not the lease's v{self.start_version}")
-        return decode_switching_at(self.backend, prompts, seeds, params, self.switch, self.position)
+        return decode_switching_at(
+            self.backend, prompts, seeds, params, self.switch, self.position, reseed_at=self.reseed_at, load=self.load
+        )
 
     def prefill(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[Prefill]:
         return self.backend.prefill(prompts, completions)
@@ -168,8 +192,11 @@ class MidChunkSwitch:
 class _Row:
     """One sequence of :func:`decode_switching_at`: its cache, last hidden state and outputs so far."""
 
-    def __init__(self, backend: HFBackend, prompt: Sequence[int], seed: int, params: SamplingParams) -> None:
+    def __init__(
+        self, backend: HFBackend, prompt: Sequence[int], seed: int, params: SamplingParams, late: tuple[int, int] | None
+    ) -> None:
         self.prompt, self.seed = tuple(int(t) for t in prompt), int(seed)
+        self.late = late  # (position, seed): the seed from that completion position on (an announced switch)
         hidden, self.cache = backend.extend(self.prompt, None)
         self.hidden = hidden[-1:]
         self.tokens: list[int] = []
@@ -180,8 +207,9 @@ class _Row:
         self.matcher = StopStringMatcher(backend.tokenizer, params.stop) if any(params.stop) else None
 
     def run(self, backend: HFBackend, params: SamplingParams, *, until: int) -> None:
-        seeds = torch.tensor([self.seed], dtype=torch.long, device=backend.device)
         while self.finish is None and len(self.tokens) < min(until, params.max_new_tokens):
+            seed = self.late[1] if self.late is not None and len(self.tokens) >= self.late[0] else self.seed
+            seeds = torch.tensor([seed], dtype=torch.long, device=backend.device)
             if len(self.tokens) > self.fed:  # the forward of the last token, with the weights loaded now
                 self.hidden, self.cache = backend.extend([self.tokens[-1]], self.cache)
                 self.fed = len(self.tokens)

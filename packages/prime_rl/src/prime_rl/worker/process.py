@@ -247,6 +247,8 @@ class Worker:
         started = time.monotonic()
         if isinstance(source := getattr(self.backend, "version_source", None), CommittedVersions):
             source.lease = (lease.step, lease.batch_index)  # its switches are announced for this lease
+        if isinstance(forger := getattr(self.answers, "versions", None), CommittedVersions):
+            forger.lease = (lease.step, lease.batch_index)  # a span forger announces like an honest worker
         batch = self.answers.answer(lease, self.backend)
         seconds = time.monotonic() - started
         if isinstance(source, CommittedVersions):
