@@ -36,6 +36,7 @@ from prime_rl.api.spans import spans_problem
 from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.contract import VersionSwitch
+from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import TaskSet
 from prime_rl.validator.checks import Reason
 from prime_rl.validator.episode_spans import episode_proof_reason
@@ -46,6 +47,9 @@ from prime_rl.worker.episodes import build_episode_batch
 from prime_rl.worker.inflight import CommittedVersions
 from verifiers import Task
 from verifiers.envs import CalculatorEnv
+
+from .conftest import make_config
+from .test_switch_record import commit_next, other_worker
 
 KEY = b"inflight-episodes-test-key"
 NUM_TASKS, GROUP, PER_BATCH, MAX_NEW, TURNS = 12, 2, 2, 5, 3
@@ -262,6 +266,57 @@ def test_an_honest_episode_lease_switching_at_turn_starts_is_accepted_one_prefil
         # fp32: each turn's log-probs under its own version, recomputed from a fresh prefix (recompute-KV)
         assert max(abs(v.logprobs[i] - s.inference_logprobs[i]) for i in model) < 1e-4
         assert all(v.logprobs[i] == 0.0 for i in range(len(s.completion_tokens)) if i not in model)
+
+
+class _Tasks:
+    """The orchestrator's task set: RUN's prompts."""
+
+    def __len__(self) -> int:
+        return NUM_TASKS
+
+    def prompt(self, task_id: int) -> str:
+        return TASKS.task(task_id).prompt
+
+
+def test_an_honest_episode_lease_announcing_through_a_real_orchestrator_is_accepted(files, tmp_path):
+    """A real orchestrator in a multi-turn run (calculator, max_turns 3): the worker's
+    ``CommittedVersions`` announces v1 for model turn 1 of its open lease, the orchestrator records it
+    and answers the nonce, the episodes draw turns 1 and 2 with the nonce's seeds, the stored batch
+    carries the record, and the validator accepts every episode against it (fp32)."""
+    config = make_config(
+        tmp_path, "--sampling.max_new_tokens", str(MAX_NEW), "--sampling.stop", "[]", "--sampling.temperature", "1.0",
+        "--orchestrator.max_decode_tokens_per_s", "64", "--tasks.environment.name", "calculator",
+        "--tasks.environment.max_turns", str(TURNS),
+    )  # fmt: skip
+    with OrchestratorServer(config, _Tasks()) as server:
+        trainer = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
+        worker = OrchestratorClient(server.url, retries=0)
+        worker_id = worker.register("episodes").worker_id
+        lease = worker.get_tasks(worker_id)
+        assert lease.policy_version == 0 and commit_next(other_worker(server.url), trainer) == 1
+        source = CommittedVersions(
+            lambda: trainer.status().policy_version, lambda: 1, files.__getitem__, max_versions=4, poll_s=0.0,
+            announce=lambda step, index, version, chunk: worker.announce_switch(
+                worker_id, step=step, batch_index=index, policy_version=version, chunk=chunk
+            ).nonce,
+        )  # fmt: skip
+        source.lease = (lease.step, lease.batch_index)
+        backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=TOKENIZER, decode="dynamic")
+        backend.version_source = source
+        batch = build_episode_batch(lease, backend, ENV, encode=RUN.encode)[0]
+        assert source.announced == [(lease.step, lease.batch_index, 1, 1)]
+        assert all(pairs(s) == [(0, 0), (1, turn_starts(s.segments)[1])] for s in batch.samples)
+        worker.submit_rollouts(batch)
+        pending = next(b for b in trainer.pending(32).batches if b.worker_id == worker_id)
+        assert pending.lease is not None and [(s.policy_version, s.chunk) for s in pending.lease.switches] == [(1, 1)]
+        run = TinyRun(server.trusted.assignment_key, TOKENIZER, RUN.prompt_text, NUM_TASKS, GROUP, PER_BATCH, MAX_NEW)
+        validator = Validator(files)
+        verdicts = validate_batch(
+            pending, tasks=run, backend_for=validator.backend_for, decode=run.decode,
+            checks=dataclasses.replace(run.checks(), episode_env=ENV), newest_version=1,
+        )  # fmt: skip
+        assert [v.reason for v in verdicts] == [Reason.ACCEPTED] * len(verdicts), [(v.reason, v.detail) for v in verdicts]
+        assert validator.loads == [1]
 
 
 def test_an_episode_switch_with_no_record_is_span_unannounced_before_any_prefill(files, plays):
