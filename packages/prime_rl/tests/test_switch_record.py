@@ -230,6 +230,52 @@ def test_the_speed_cap_refuses_a_chunk_no_worker_can_have_reached(tmp_path):
         assert worker.announce_switch(worker_id, **where, policy_version=1, chunk=2).nonce > 0
 
 
+def test_an_episode_run_announces_model_turns_below_max_turns_with_no_token_rules(tmp_path):
+    """In a multi-turn run ``chunk`` is the model turn ``t`` the switch starts: ``1 <= t < max_turns``
+    (here 3), the first announcement per version wins as for single-turn, and neither ``max_new_tokens``
+    (32: one proof chunk, so a single-turn chunk 2 would be refused) nor the speed cap (64 tokens/s
+    on a clock that never moves) applies. The nonce is keyed on the turn."""
+    now = [1000.0]
+    config = make_config(
+        tmp_path, "--sampling.max_new_tokens", "32", "--orchestrator.max_decode_tokens_per_s", "64",
+        "--orchestrator.max_versions_per_sample", "3", "--tasks.environment.name", "calculator",
+        "--tasks.environment.max_turns", "3",
+    )  # fmt: skip
+    with OrchestratorServer(config, _tasks(), clock=lambda: now[0]) as server:
+        assert server.ledger.episode_turns == 3
+        trainer = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
+        feeder = other_worker(server.url)
+        worker = OrchestratorClient(server.url, retries=0)
+        worker_id = worker.register("episodes").worker_id
+        lease = worker.get_tasks(worker_id)
+        assert commit_next(feeder, trainer) == 1
+        where = {"step": lease.step, "batch_index": lease.batch_index}
+
+        def announce(version: int, turn: int) -> int:
+            return worker.announce_switch(worker_id, **where, policy_version=version, chunk=turn).nonce
+
+        status, error, message = refusal(lambda: announce(1, 3))
+        assert (status, error) == (422, "bad_switch") and "max_turns 3" in message
+        first = announce(1, 2)
+        key = server.trusted.assignment_key
+        assert first == switch_nonce(key=key, worker_id=worker_id, **where, policy_version=1, chunk=2)
+        assert announce(1, 2) == first
+        status, _, message = refusal(lambda: announce(1, 1))  # another turn for v1: the first stands
+        assert status == 409 and "announced for this lease at chunk 2" in message
+        assert commit_next(feeder, trainer) == 2
+        status, _, message = refusal(lambda: announce(2, 2))
+        assert status == 409 and "not after the last switch's chunk 2" in message
+        status, _, message = refusal(lambda: announce(2, 3))
+        assert status == 422 and "max_turns" in message
+        record = server.ledger.leases.get(worker_id, lease.batch_index).record
+        assert [(s.policy_version, s.chunk) for s in record.switches] == [(1, 2)]
+
+
+def test_a_single_turn_run_keeps_its_token_rules(config_for):
+    """No environment: chunks stay proof chunks (the token rules of the tests above)."""
+    assert _ledger(config_for)[0].episode_turns is None
+
+
 # ------------------------------------------------------------------ the mandatory switch (part A)
 
 

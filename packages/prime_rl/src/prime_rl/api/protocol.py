@@ -176,7 +176,9 @@ class LeaseSwitch(ApiModel):
     with the seeds ``span_seed(seed, switch_nonce(...))``."""
 
     policy_version: NonNegInt
-    chunk: Annotated[int, Field(ge=1)] = Field(description="Proof-chunk index of the switch (first token 32 * chunk).")
+    chunk: Annotated[int, Field(ge=1)] = Field(
+        description="Proof-chunk index of the switch (first token 32 * chunk); in a multi-turn run the model turn it starts."
+    )
     announced_at: float = Field(description="Orchestrator (unix) time of the first announcement.")
 
 
@@ -227,7 +229,8 @@ class SwitchRequest(ApiModel):
     batch_index: NonNegInt
     policy_version: NonNegInt = Field(description="The committed version to switch to (newer than the lease's current).")
     chunk: Annotated[int, Field(ge=1, le=1 << 19)] = Field(
-        description="Proof-chunk index of the switch: the new version samples from completion token 32 * chunk."
+        description="Proof-chunk index of the switch: the new version samples from completion token 32 * chunk. "
+        "In a multi-turn run (tasks.environment not single_turn): the model turn t >= 1 at whose start it switches."
     )
 
 

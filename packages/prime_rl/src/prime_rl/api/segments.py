@@ -26,9 +26,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from prime_rl.api.assignment import MAX_SEED
+from prime_rl.api.assignment import MAX_SEED, span_seed
 
-__all__ = ["MAX_SEGMENTS", "Segment", "model_token_mask", "segments_problem", "turn_seed", "turn_starts"]
+__all__ = [
+    "MAX_SEGMENTS", "Segment", "model_token_mask", "segments_problem", "switched_turn_seed", "turn_seed", "turn_starts",
+]
 
 MAX_SEGMENTS = 63
 """At most 32 model turns and the 31 environment replies between them."""
@@ -100,3 +102,15 @@ def turn_seed(seed: int, turn: int) -> int:
         return seed
     digest = hashlib.blake2b(f"prime-rl-turn:{seed}:{turn}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % (MAX_SEED + 1)
+
+
+def switched_turn_seed(seed: int, turn: int, nonces: Sequence[int]) -> int:
+    """The sampling seed of model turn ``turn`` of an episode with seed ``seed`` that switched versions
+    before it with the switch nonces ``nonces`` (the lease's recorded switches at turns ``<= turn``,
+    oldest first: ``POST /leases/switch``): ``turn_seed(seed, turn)`` chained through
+    ``span_seed(., nonce)`` per switch, as a single-turn sample's span seeds chain. No nonce: the
+    plain turn seed."""
+    out = turn_seed(seed, turn)
+    for nonce in nonces:
+        out = span_seed(out, nonce)
+    return out

@@ -76,6 +76,7 @@ from prime_rl.api.secrets import RunSecrets, run_secrets
 from prime_rl.api.segments import turn_starts
 from prime_rl.api.spans import future_span, lease_digest, spans_problem
 from prime_rl.config import RunConfig
+from prime_rl.config.sections import BUILTIN_ENVIRONMENTS
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
 from prime_rl.orchestrator.claims import ClaimSelection, select_claim, stale_drops
@@ -382,6 +383,15 @@ class Ledger:
         self.rules.check(worker, address)
         return self.leases.answer(self.leases.issue(worker.worker_id, self.step, self.clock(), address, version))
 
+    @property
+    def episode_turns(self) -> int | None:
+        """None in a single-turn run; in a multi-turn run the environment's ``max_turns`` where the
+        orchestrator knows it (a built-in), else 0 (``switches.decide_switch``: switches are by turn)."""
+        section = self.config.tasks.environment
+        if section.name == "single_turn":
+            return None
+        return section.max_turns if section.name in BUILTIN_ENVIRONMENTS else 0
+
     def switch(self, worker: WorkerRecord, request: SwitchRequest) -> SwitchResponse:
         """``POST /leases/switch``: record ``worker``'s in-flight switch of its lease (the first
         announcement per lease and version, durably, before the answer) and answer its nonce; an
@@ -397,6 +407,7 @@ class Ledger:
             record, is_open=held.open, policy_version=request.policy_version, chunk=request.chunk,
             committed=self.step, now=self.clock(), max_versions=self.orch.max_versions_per_sample,
             max_new_tokens=self.config.sampling.max_new_tokens, max_tokens_per_s=self.orch.max_decode_tokens_per_s,
+            max_turns=self.episode_turns,
         )  # fmt: skip
         if switch in record.switches:
             nonce = self.leases.nonce(record, switch)

@@ -22,6 +22,15 @@ each with its own message:
   ``32 c > max_tokens_per_s * (now - issued_at) + 32`` (part A of section 4: no worker can have
   decoded that far, so announcing it would only keep a tail it has already seen).
 
+Episodes (a multi-turn run, ``tasks.environment`` not ``single_turn``): an episode lease switches
+only at a model turn's start, so ``chunk`` is the model turn ``t >= 1`` it switches at, and every
+episode still running at turn ``t`` draws turns ``t`` on with ``switched_turn_seed``
+(``api/segments.py``). The rules are the same except the position's: ``t`` must be below the
+environment's ``max_turns`` (a turn no episode plays would be a no-op switch; 422 ``bad_switch``),
+where the orchestrator knows it (a built-in environment, ``tasks.environment.max_turns``; for a user
+environment it does not load, no upper bound), and neither ``max_new_tokens`` nor the speed cap
+applies (a turn is not a token count).
+
 An identical retry (same version and chunk) answers the recorded switch again, whatever happened
 to the lease since: the answer is the same nonce, so it tells the worker nothing new.
 
@@ -60,13 +69,15 @@ def decide_switch(
     max_versions: int,
     max_new_tokens: int,
     max_tokens_per_s: float,
+    max_turns: int | None = None,
 ) -> LeaseSwitch:
     """The switch to answer with: the recorded one for an identical retry, else a new one (the
     caller records it); ApiFailure for a refusal (module docstring).
 
     ``committed``: the newest committed policy version; ``now``: orchestrator unix time;
     ``max_versions``: ``orchestrator.max_versions_per_sample``; ``max_tokens_per_s``:
-    ``orchestrator.max_decode_tokens_per_s`` (0: no speed cap).
+    ``orchestrator.max_decode_tokens_per_s`` (0: no speed cap); ``max_turns``: None in a single-turn
+    run; in a multi-turn run ``chunk`` is a model turn, bounded by ``max_turns`` (0: unknown, unbounded).
     """
     for switch in record.switches:
         if switch.policy_version == policy_version:
@@ -100,6 +111,13 @@ def decide_switch(
         raise ApiFailure(
             422, "bad_switch", f"version {policy_version} is not committed: the newest committed version is {committed}"
         )
+    if max_turns is not None:  # an episode lease: chunk is the model turn the switch starts
+        if max_turns and chunk >= max_turns:
+            raise ApiFailure(
+                422, "bad_switch",
+                f"model turn {chunk} is at or past the environment's max_turns {max_turns}: no episode plays it",
+            )  # fmt: skip
+        return LeaseSwitch(policy_version=policy_version, chunk=chunk, announced_at=now)
     if SPAN_ALIGN * chunk >= max_new_tokens:
         raise ApiFailure(
             422, "bad_switch",

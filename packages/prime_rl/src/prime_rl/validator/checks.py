@@ -371,17 +371,21 @@ def judge_prefill(
     name_failure: ProofNamer | None = None,
     *,
     seeds: Sequence[tuple[int, int]] | None = None,
+    turn_seeds: Sequence[int] | None = None,
 ) -> None:
     """The proof, sampling and log-prob checks of one sample against its recomputed prefill.
 
     ``name_failure``: how a proof failure is reported (None: ``toploc_mismatch``). ``seeds``:
     ``(first_token, seed)`` per version span of a single-turn sample, in order (``validator/spans.py``:
     the seed changes at an announced switch); None: the sample's seed for every token.
+    ``turn_seeds``: an episode's seed per model turn (``validator/episode_spans.py``); None: its turn seeds.
     """
     sample = p.sample
     try:
         if checks.episode_env is not None:
-            episode = episode_values(sample, pre.hidden, pre.logits, checks.hidden_size, sampling_margins)
+            episode = episode_values(
+                sample, pre.hidden, pre.logits, checks.hidden_size, sampling_margins, turn_seeds
+            )
             results = episode.proof_results
         else:
             results = verify_proofs(pre.hidden, p.proofs)

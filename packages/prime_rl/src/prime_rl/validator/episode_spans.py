@@ -14,9 +14,17 @@ Versions are handled in increasing order, each loaded once per batch and prefill
 episode that has it, as ``validator/spans.py`` does for single-turn samples.
 
 Model-free rules (``validator/spans.py``, :func:`switch_points`): every boundary is a model turn's
-first token (else ``span_malformed``), and the lease-wide rule compares model-turn indices, not
-token indices: the worker plays a lease's episodes turn by turn in lockstep, so every episode still
-running at turn ``t`` switches at turn ``t``'s start when any does (``span_not_lease_wide``).
+first token (else ``span_malformed``). Then, against the lease's switch records (``POST
+/leases/switch``; in a multi-turn run a record's ``chunk`` is the model turn ``t`` it switches at),
+by model-turn index (:func:`episode_record_problem`): a span of a version with no record is
+``span_unannounced``; one at another turn than its record ``span_boundary_mismatch``; an episode
+that plays turn ``t`` of a record without that span ``span_missing_mandatory``. The worker plays a
+lease's episodes turn by turn in lockstep, so every episode still running at turn ``t`` switches
+there. A batch without a lease is compared lease-wide among its episodes instead
+(``span_not_lease_wide``). The per-turn sampling check then draws each turn with
+``switched_turn_seed(seed, turn, nonces)`` (:func:`episode_turn_seeds`), the nonces recomputed from
+the records with the run's key, so turns drawn with the plain turn seeds after a recorded switch
+fail ``sampling_mismatch``.
 
 A failing proof is named by the turns that fail (:func:`episode_proof_reason`): every turn of a
 span ``k >= 1`` fails against its claimed version: ``span_version_forged``; the span's first turn
@@ -37,14 +45,18 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from prime_rl.api.protocol import RolloutSample
-from prime_rl.api.segments import turn_starts
+from prime_rl.api.assignment import switch_nonce
+from prime_rl.api.protocol import LeaseRecord, RolloutSample
+from prime_rl.api.segments import switched_turn_seed, turn_starts
 from prime_rl.api.spans import VersionSpan
 from prime_rl.inference.contract import PROOF_CHUNK, GenerationBackend, GenerationError, Prefill
 from prime_rl.validator.checks import Checks, Observer, Pending, Reason, judge_prefill
 from prime_rl.validator.episodes import ModelSpan, model_spans, segments_of
 
-__all__ = ["episode_proof_reason", "episode_span_model_checks", "switch_points", "turn_versions"]
+__all__ = [
+    "episode_proof_reason", "episode_record_problem", "episode_span_model_checks", "episode_turn_seeds",
+    "switch_points", "turn_versions",
+]
 
 
 def switch_points(sample: RolloutSample) -> list[tuple[int, int]]:
@@ -56,6 +68,54 @@ def switch_points(sample: RolloutSample) -> list[tuple[int, int]]:
         return [(s.first_token, s.policy_version) for s in spans]
     turn_of = {start: turn for turn, start in enumerate(turn_starts(sample.segments))}
     return [(turn_of.get(s.first_token, -1 - s.first_token), s.policy_version) for s in spans]
+
+
+def episode_record_problem(sample: RolloutSample, lease: LeaseRecord) -> tuple[str, str] | None:
+    """``(reason, detail)`` where an episode's spans differ from its lease's switch records by model-turn
+    index (module docstring), else None. Its boundaries already start model turns (``span_malformed``)."""
+    recorded = {s.policy_version: s.chunk for s in lease.switches}
+    shown = ", ".join(f"v{s.policy_version} at turn {s.chunk}" for s in lease.switches) or "none"
+    claimed = switch_points(sample)[1:] if sample.spans else []
+    for turn, version in claimed:
+        if version not in recorded:
+            return (
+                "span_unannounced",
+                f"span v{version} from model turn {turn}: the lease has no switch record for v{version} "
+                f"(announced: {shown})",
+            )
+        if recorded[version] != turn:
+            return (
+                "span_boundary_mismatch",
+                f"span v{version} from model turn {turn}: the lease's switch to v{version} was announced at "
+                f"model turn {recorded[version]}",
+            )
+    turns = point_limit(sample)
+    for version, turn in recorded.items():
+        if turn < turns and (turn, version) not in claimed:
+            return (
+                "span_missing_mandatory",
+                f"the lease switched to v{version} at model turn {turn}, but this episode of {turns} model turns "
+                "has no span there",
+            )
+    return None
+
+
+def episode_turn_seeds(sample: RolloutSample, lease: LeaseRecord, key: bytes) -> list[int]:
+    """The seed of each model turn of an episode whose spans passed :func:`episode_record_problem`:
+    ``switched_turn_seed(seed, turn, nonces)`` with the nonces of its spans starting at or before the
+    turn (recomputed from the records: ``switch_nonce(key, lease, version, turn)``), as the worker's
+    episode loop draws them (``worker/episodes.py``)."""
+    nonces = []
+    for turn, version in switch_points(sample)[1:]:
+        nonce = switch_nonce(
+            key=key, worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index,
+            policy_version=version, chunk=turn,
+        )  # fmt: skip
+        nonces.append((turn, nonce))
+    return [
+        switched_turn_seed(sample.sampling_seed, t.turn, [n for start, n in nonces if start <= t.turn])
+        for t in model_spans(segments_of(sample))
+    ]
 
 
 def point_limit(sample: RolloutSample) -> int:
@@ -81,9 +141,12 @@ def episode_span_model_checks(
     backend_for: Callable[[int], GenerationBackend | None],
     checks: Checks,
     observe: Observer | None,
+    lease: LeaseRecord | None = None,
 ) -> None:
     """One prefill per version of the live mixed-version episodes (module docstring), each version
-    loaded once, in increasing order; then the per-turn model checks on the assembled rows."""
+    loaded once, in increasing order; then the per-turn model checks on the assembled rows, with the
+    turn seeds of the lease's switch records (:func:`episode_turn_seeds`; ``lease`` None: the plain
+    turn seeds, a batch without a lease, which fails ``not_assigned`` anyway)."""
     alive = [p for p in spanned if p.alive]
     versions_of: dict[int, list[int]] = {}
     for p in alive:
@@ -134,7 +197,8 @@ def episode_span_model_checks(
     for p in alive:
         if p.alive:
             name = functools.partial(_name_failure, sample=p.sample, versions=versions_of[p.index])
-            judge_prefill(p, Prefill(*rows[p.index]), checks, observe, name)
+            seeds = episode_turn_seeds(p.sample, lease, checks.assignment_key) if lease is not None else None
+            judge_prefill(p, Prefill(*rows[p.index]), checks, observe, name, turn_seeds=seeds)
 
 
 def _own_turns(sample: RolloutSample, versions: Sequence[int], version: int) -> list[ModelSpan]:

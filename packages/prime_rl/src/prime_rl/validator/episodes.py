@@ -378,9 +378,12 @@ def episode_values(
     logits: torch.Tensor,
     hidden_size: int,
     sampling_margins: Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor],
+    turn_seeds: Sequence[int] | None = None,
 ) -> EpisodeValues:
     """The per-turn checks' inputs from one prefill's ``hidden [n, H]`` and ``logits [n, V]`` rows;
-    ``sampling_margins`` is ``checks.sampling_margins`` (the one sampler rule).
+    ``sampling_margins`` is ``checks.sampling_margins`` (the one sampler rule). ``turn_seeds``: the
+    seed of each model turn, in order (``validator/episode_spans.py``: a recorded switch changes the
+    seeds of the turns after it); None: ``turn_seed(sampling_seed, turn)``.
 
     Raises ``toploc.ProofFormatError``/``ValueError`` for proofs that do not split into the turns' counts.
     """
@@ -389,12 +392,12 @@ def episode_values(
     tokens = torch.tensor(sample.completion_tokens, dtype=torch.long, device=logits.device)
     results: list[Any] = []
     margins, offset = [], 0
-    for span in spans:
+    for k, span in enumerate(spans):
         chunk = math.ceil(span.length / PROOF_CHUNK) * size
         rows = slice(span.start, span.start + span.length)
         results += verify_proofs(hidden[rows], sample.proofs[offset : offset + chunk])
         offset += chunk
-        seed = turn_seed(sample.sampling_seed, span.turn)
+        seed = turn_seed(sample.sampling_seed, span.turn) if turn_seeds is None else turn_seeds[k]
         margins.append(sampling_margins(logits[rows], tokens[rows], seed, sample.temperature))
     if offset != len(sample.proofs):
         raise toploc.ProofFormatError(f"{len(sample.proofs)} proof bytes, the model turns need {offset}")

@@ -18,14 +18,15 @@ Model-free checks first (:func:`span_checks`), each with its own reason:
   re-checked on the stored batch); on an episode, a boundary that is not a model turn's first token;
 * ``span_version_future``: a span's version is newer than the newest committed version;
 * against the lease's switch records (``LeaseRecord.switches``: the first announcement per
-  version, ``POST /leases/switch``), in span order, for single-turn samples: ``span_unannounced``, a
+  version, ``POST /leases/switch``), in span order: ``span_unannounced``, a
   span ``(v, b)`` with no record for ``v``; ``span_boundary_mismatch``, a record for ``v`` at another
   boundary than ``b``; then ``span_missing_mandatory``, a record at ``32 c`` inside the sample (the
   sample is longer than ``32 c``, so it was still running at the switch) without that span. So every
-  sample carries exactly the lease's recorded switches that fall inside it, and no other;
-* ``span_not_lease_wide`` (episodes, whose turn-start switches have no record yet, and a batch
-  without a lease, which is rejected as ``not_assigned`` anyway): a lease is decoded as one batch,
-  so every sample still running at a switch switches there: each sample's spans must be the batch's
+  sample carries exactly the lease's recorded switches that fall inside it, and no other. On episodes
+  the records are compared by model-turn index (``validator/episode_spans.py``:
+  ``episode_record_problem``; a record's chunk is the turn it switches at);
+* ``span_not_lease_wide`` (a batch without a lease, which is rejected as ``not_assigned`` anyway):
+  a lease is decoded as one batch, so every sample still running at a switch switches there: each sample's spans must be the batch's
   switch points that fall inside it. On episodes the points compared are model-turn indices
   (``validator/episode_spans.py``).
 
@@ -34,7 +35,8 @@ be the seeded sampler's draws with the seed ``span_seed(seed_{k-1}, nonce_k)`` (
 switch_nonce(key, lease, v_k, c_k)``, recomputed here with the run's key; ``seed_0`` the sample's
 seed), from its boundary on (:func:`span_seeds`); a worker that decoded a tail with any other seed
 (another switch point's nonce, the lease seed kept past the switch) fails ``sampling_mismatch``.
-Episodes keep their turn seeds across a switch.
+An episode's turns after a recorded switch draw with ``switched_turn_seed`` (``api/segments.py``;
+``validator/episode_spans.py``).
 
 After the prefill, a failing proof of a spanned sample is named by where it fails
 (:func:`proof_reason`), from the first failing chunk ``j`` inside span ``k``:
@@ -64,7 +66,12 @@ from prime_rl.api.segments import turn_starts
 from prime_rl.api.spans import SPAN_ALIGN, VersionSpan, future_span, span_bounds, spans_problem
 from prime_rl.inference.contract import ChainedForward, GenerationBackend, GenerationError, Prefill
 from prime_rl.validator.checks import Checks, Observer, Pending, Reason, judge_prefill
-from prime_rl.validator.episode_spans import episode_span_model_checks, point_limit, switch_points
+from prime_rl.validator.episode_spans import (
+    episode_record_problem,
+    episode_span_model_checks,
+    point_limit,
+    switch_points,
+)
 
 __all__ = [
     "chained_prefills", "has_spans", "lease_switches", "proof_reason", "record_problem", "span_checks",
@@ -110,8 +117,12 @@ def span_checks(
                     f"span from token {future.first_token} claims version {future.policy_version}, "
                     f"newer than the newest committed version {newest_version}",
                 )
-        if found is None and batch.lease is not None and sample.segments is None:
-            found = record_problem(spans or [], n, batch.lease)
+        if found is None and batch.lease is not None:
+            found = (
+                record_problem(spans or [], n, batch.lease)
+                if sample.segments is None
+                else episode_record_problem(sample, batch.lease)
+            )
         elif found is None:
             # (point, policy_version) per span
             limit = point_limit(sample)
@@ -252,9 +263,9 @@ def span_model_checks(
     """Chained prefills of the live spanned samples, then the per-sample model checks on them, the
     sampling check with each span's seed (:func:`span_seeds`; ``lease`` None: the sample's seed
     throughout, a batch without a lease, which fails ``not_assigned`` before this). Episodes: one
-    prefill per version instead, with their turn seeds (``validator/episode_spans.py``)."""
+    prefill per version instead, with the turn seeds of the lease's records (``validator/episode_spans.py``)."""
     if checks.episode_env is not None:
-        episode_span_model_checks(spanned, backend_for, checks, observe)
+        episode_span_model_checks(spanned, backend_for, checks, observe, lease)
         return
     alive = [p for p in spanned if p.alive]
     for p, pre in zip(alive, chained_prefills([p.sample for p in alive], backend_for), strict=True):

@@ -15,6 +15,9 @@ and version and answers a nonce, and every token from the boundary on is sampled
 e.g. by an earlier decode batch of the same lease; 422: beyond the speed cap) or an unreachable
 orchestrator means no switch at this boundary: the lease goes on with the version it has, which is
 always valid. A version refused with 409 for a lease is not announced again for it.
+
+Episodes (``worker/episodes.py``) switch only at a model turn's start: :meth:`CommittedVersions.at_turn`
+announces the turn index as ``chunk`` (the orchestrator reads it so in a multi-turn run).
 """
 
 from __future__ import annotations
@@ -78,13 +81,15 @@ class CommittedVersions:
                 self._committed = max(self._committed, self._committed_now())
         return self._committed
 
-    def at_turn_start(self, current: int) -> VersionSwitch | None:
-        """For an episode's model-turn start (``worker/episodes.py``): the newest downloaded, committed
-        version if it is newer than ``current``, without an announcement (episode switches have no
-        switch record yet: ``docs/inflight.md`` section 0)."""
+    def at_turn(self, current: int, turn: int) -> VersionSwitch | None:
+        """For an episode's model turn ``turn >= 1`` (``worker/episodes.py``): the newest downloaded,
+        committed version if it is newer than ``current``, announced as the switch at the start of
+        that turn (in a multi-turn run the orchestrator reads ``chunk`` as the model turn), with the
+        answered nonce; None as for :meth:`newer`."""
         newest = min(self._newest_local(), self.committed())
-        path = self._path(newest)
-        return VersionSwitch(newest, path) if newest > current and path.is_file() else None
+        if newest <= current or self.lease is None or turn <= 0:
+            return None
+        return self._announced(newest, turn)
 
     def newer(self, current: int, boundary: int) -> VersionSwitch | None:
         """The newest downloaded, committed version if it is newer than ``current``, with its file
@@ -94,18 +99,23 @@ class CommittedVersions:
         newest = min(self._newest_local(), self.committed())
         if newest <= current or self.lease is None or boundary % SPAN_ALIGN or boundary <= 0:
             return None
-        path = self._path(newest)
+        return self._announced(newest, boundary // SPAN_ALIGN)
+
+    def _announced(self, version: int, chunk: int) -> VersionSwitch | None:
+        """Announce the switch to ``version`` at ``chunk`` for the lease; the switch with the answered
+        nonce, or None (no file yet, or refused, or the orchestrator unreachable)."""
+        assert self.lease is not None
+        path = self._path(version)
         step, batch_index = self.lease
-        if not path.is_file() or (step, batch_index, newest) in self._refused:
+        if not path.is_file() or (step, batch_index, version) in self._refused:
             return None
-        chunk = boundary // SPAN_ALIGN
         try:
-            nonce = self._announce(step, batch_index, newest, chunk)
+            nonce = self._announce(step, batch_index, version, chunk)
         except ClientRequestError as error:
             if error.status == 409:
-                self._refused.add((step, batch_index, newest))
+                self._refused.add((step, batch_index, version))
             return None
         except (OrchestratorUnavailable, OrchestratorBusy):
             return None
-        self.announced.append((step, batch_index, newest, chunk))
-        return VersionSwitch(newest, path, nonce)
+        self.announced.append((step, batch_index, version, chunk))
+        return VersionSwitch(version, path, nonce)
