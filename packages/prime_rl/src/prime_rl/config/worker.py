@@ -34,6 +34,13 @@ class WorkerConfig(Section):
     vllm_max_model_len: int = Field(
         default=2048, ge=0, description="vLLM's longest prompt + completion in tokens (0 = the model's limit)."
     )
+    vllm_max_num_batched_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Tokens one vLLM engine step may take, prompts included (0 = vLLM's own). With inflight_updates "
+        "a lease switches only if all its prompts fit one step and its requests fit the KV cache (vllm_kv_cache_mb); "
+        "the worker logs why a lease did not.",
+    )
     vllm_gpu_memory_utilization: float = Field(
         default=0.5, gt=0, le=1, description="Fraction of GPU memory vLLM may take (GPU only)."
     )

@@ -42,6 +42,7 @@ def make_backend(
         max_model_len=workers.vllm_max_model_len,
         gpu_memory_utilization=workers.vllm_gpu_memory_utilization,
         enforce_eager=workers.vllm_enforce_eager,
+        max_num_batched_tokens=workers.vllm_max_num_batched_tokens,
     )
     return VLLMBackend(
         config.model.path,

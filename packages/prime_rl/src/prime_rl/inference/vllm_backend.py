@@ -83,12 +83,16 @@ class EngineMemory:
         gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only; ignored on CPU
             when ``kv_cache_bytes`` is set).
         enforce_eager: skip torch.compile / CUDA graphs (faster start, slower steps).
+        max_num_batched_tokens: tokens one engine step may take, prompt tokens of prefills included
+            (0 = vLLM's own). An in-flight switch needs a whole lease's prompts in one step
+            (:func:`lockstep_problem`).
     """
 
     kv_cache_bytes: int = 256 << 20
     max_model_len: int = 2048
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = True
+    max_num_batched_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -227,6 +231,8 @@ class VLLMBackend:
             engine["kv_cache_memory_bytes"] = memory.kv_cache_bytes
         if memory.max_model_len:
             engine["max_model_len"] = memory.max_model_len
+        if memory.max_num_batched_tokens:
+            engine["max_num_batched_tokens"] = memory.max_num_batched_tokens
         # The initial checkpoint's tensors define what a policy file must hold (checked before reloading).
         self._shapes = _tensor_shapes(sorted(Path(model_path).glob("*.safetensors")))
         self.llm = checkable_llm(str(model_path), **engine)
