@@ -6,6 +6,7 @@ import math
 import typing
 from types import SimpleNamespace
 
+import pytest
 import torch
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 
@@ -65,3 +66,22 @@ def test_token_logprobs_hand_oracle():
     assert math.isclose(hf_module.token_logprobs(logits, torch.tensor([1]), 0.0).item(), math.log(0.75), abs_tol=1e-6)
     expected = -math.log(1 + math.sqrt(3))
     assert math.isclose(hf_module.token_logprobs(logits, torch.tensor([0]), 2.0).item(), expected, abs_tol=1e-6)
+
+
+def test_the_workers_vllm_settings_reach_the_engine(monkeypatch):
+    """Every ``[workers] vllm_*`` engine setting is handed to the vLLM backend (an in-flight switch
+    needs ``vllm_max_num_batched_tokens``: a lease's prompts in one engine step)."""
+    pytest.importorskip("vllm")
+    seen: dict[str, typing.Any] = {}
+    monkeypatch.setattr(vllm_module, "VLLMBackend", lambda path, **kwargs: seen.update(kwargs) or "engine")
+    workers = SimpleNamespace(
+        vllm_kv_cache_mb=512, vllm_max_model_len=1024, vllm_gpu_memory_utilization=0.3,
+        vllm_enforce_eager=False, vllm_max_num_batched_tokens=8192, inflight_updates=True,
+    )  # fmt: skip
+    config = SimpleNamespace(workers=workers, model=SimpleNamespace(path="unused", dtype="float32"))
+    assert make_backend(config, backend="vllm", device=torch.device("cpu"), max_batch_size=32) == "engine"
+    assert seen["memory"] == vllm_module.EngineMemory(
+        kv_cache_bytes=512 << 20, max_model_len=1024, gpu_memory_utilization=0.3, enforce_eager=False,
+        max_num_batched_tokens=8192,
+    )  # fmt: skip
+    assert seen["inflight_updates"] is True and seen["max_batch_size"] == 32
