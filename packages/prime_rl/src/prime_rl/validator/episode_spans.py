@@ -16,7 +16,7 @@ episode that has it, as ``validator/spans.py`` does for single-turn samples.
 Model-free rules (``validator/spans.py``, :func:`switch_points`): every boundary is a model turn's
 first token (else ``span_malformed``). Then, against the lease's switch records (``POST
 /leases/switch``; in a multi-turn run a record's ``chunk`` is the model turn ``t`` it switches at),
-by model-turn index (:func:`episode_record_problem`): a span of a version with no record is
+by model-turn index (``validator.spans.record_problem``): a span of a version with no record is
 ``span_unannounced``; one at another turn than its record ``span_boundary_mismatch``; an episode
 that plays turn ``t`` of a record without that span ``span_missing_mandatory``. The worker plays a
 lease's episodes turn by turn in lockstep, so every episode still running at turn ``t`` switches
@@ -54,7 +54,7 @@ from prime_rl.validator.checks import Checks, Observer, Pending, Reason, judge_p
 from prime_rl.validator.episodes import ModelSpan, model_spans, segments_of
 
 __all__ = [
-    "episode_proof_reason", "episode_record_problem", "episode_span_model_checks", "episode_turn_seeds",
+    "episode_proof_reason", "episode_span_model_checks", "episode_turn_seeds",
     "switch_points", "turn_versions",
 ]
 
@@ -70,38 +70,8 @@ def switch_points(sample: RolloutSample) -> list[tuple[int, int]]:
     return [(turn_of.get(s.first_token, -1 - s.first_token), s.policy_version) for s in spans]
 
 
-def episode_record_problem(sample: RolloutSample, lease: LeaseRecord) -> tuple[str, str] | None:
-    """``(reason, detail)`` where an episode's spans differ from its lease's switch records by model-turn
-    index (module docstring), else None. Its boundaries already start model turns (``span_malformed``)."""
-    recorded = {s.policy_version: s.chunk for s in lease.switches}
-    shown = ", ".join(f"v{s.policy_version} at turn {s.chunk}" for s in lease.switches) or "none"
-    claimed = switch_points(sample)[1:] if sample.spans else []
-    for turn, version in claimed:
-        if version not in recorded:
-            return (
-                "span_unannounced",
-                f"span v{version} from model turn {turn}: the lease has no switch record for v{version} "
-                f"(announced: {shown})",
-            )
-        if recorded[version] != turn:
-            return (
-                "span_boundary_mismatch",
-                f"span v{version} from model turn {turn}: the lease's switch to v{version} was announced at "
-                f"model turn {recorded[version]}",
-            )
-    turns = point_limit(sample)
-    for version, turn in recorded.items():
-        if turn < turns and (turn, version) not in claimed:
-            return (
-                "span_missing_mandatory",
-                f"the lease switched to v{version} at model turn {turn}, but this episode of {turns} model turns "
-                "has no span there",
-            )
-    return None
-
-
 def episode_turn_seeds(sample: RolloutSample, lease: LeaseRecord, key: bytes) -> list[int]:
-    """The seed of each model turn of an episode whose spans passed :func:`episode_record_problem`:
+    """The seed of each model turn of an episode whose spans passed ``validator.spans.record_problem``:
     ``switched_turn_seed(seed, turn, nonces)`` with the nonces of its spans starting at or before the
     turn (recomputed from the records: ``switch_nonce(key, lease, version, turn)``), as the worker's
     episode loop draws them (``worker/episodes.py``)."""

@@ -23,8 +23,8 @@ Model-free checks first (:func:`span_checks`), each with its own reason:
   boundary than ``b``; then ``span_missing_mandatory``, a record at ``32 c`` inside the sample (the
   sample is longer than ``32 c``, so it was still running at the switch) without that span. So every
   sample carries exactly the lease's recorded switches that fall inside it, and no other. On episodes
-  the records are compared by model-turn index (``validator/episode_spans.py``:
-  ``episode_record_problem``; a record's chunk is the turn it switches at);
+  :func:`record_problem` compares the records by model-turn index (a record's chunk is the turn it
+  switches at; ``validator/episode_spans.py`` has the turn seeds);
 * ``span_not_lease_wide`` (a batch without a lease, which is rejected as ``not_assigned`` anyway):
   a lease is decoded as one batch, so every sample still running at a switch switches there: each sample's spans must be the batch's
   switch points that fall inside it. On episodes the points compared are model-turn indices
@@ -67,7 +67,6 @@ from prime_rl.api.spans import SPAN_ALIGN, VersionSpan, future_span, span_bounds
 from prime_rl.inference.contract import ChainedForward, GenerationBackend, GenerationError, Prefill
 from prime_rl.validator.checks import Checks, Observer, Pending, Reason, judge_prefill
 from prime_rl.validator.episode_spans import (
-    episode_record_problem,
     episode_span_model_checks,
     point_limit,
     switch_points,
@@ -118,11 +117,7 @@ def span_checks(
                     f"newer than the newest committed version {newest_version}",
                 )
         if found is None and batch.lease is not None:
-            found = (
-                record_problem(spans or [], n, batch.lease)
-                if sample.segments is None
-                else episode_record_problem(sample, batch.lease)
-            )
+            found = record_problem(sample, batch.lease)
         elif found is None:
             # (point, policy_version) per span
             limit = point_limit(sample)
@@ -139,37 +134,38 @@ def span_checks(
     return out
 
 
-def record_problem(spans: Sequence[VersionSpan], num_tokens: int, lease: LeaseRecord) -> tuple[str, str] | None:
-    """``(reason, detail)`` where a sample's spans (``[]``: one version) differ from its lease's switch
-    records (module docstring), else None."""
-    recorded = {s.policy_version: SPAN_ALIGN * s.chunk for s in lease.switches}
-    for span in spans[1:]:
-        boundary = recorded.get(span.policy_version)
-        if boundary is None:
+def record_problem(sample: RolloutSample, lease: LeaseRecord) -> tuple[str, str] | None:
+    """``(reason, detail)`` where a sample's spans (none: one version) differ from its lease's switch
+    records (module docstring), else None. Points are completion tokens (a record at ``32 * chunk``),
+    or model turns for an episode (a record's chunk is the turn; its boundaries already start model
+    turns, else ``span_malformed``)."""
+    episode = sample.segments is not None
+    unit, whole = ("model turn", "episode") if episode else ("token", "sample")
+    recorded = {s.policy_version: s.chunk if episode else SPAN_ALIGN * s.chunk for s in lease.switches}
+    shown = ", ".join(f"v{v} at {unit} {point}" for v, point in recorded.items()) or "none"
+    claimed = switch_points(sample)[1:] if sample.spans else []
+    for point, version in claimed:
+        if version not in recorded:
             return (
                 "span_unannounced",
-                f"span v{span.policy_version} from token {span.first_token}: the lease has no switch record for "
-                f"v{span.policy_version} (announced: {_records(lease)})",
+                f"span v{version} from {unit} {point}: the lease has no switch record for v{version} "
+                f"(announced: {shown})",
             )
-        if boundary != span.first_token:
+        if recorded[version] != point:
             return (
                 "span_boundary_mismatch",
-                f"span v{span.policy_version} from token {span.first_token}: the lease's switch to "
-                f"v{span.policy_version} was announced at token {boundary}",
+                f"span v{version} from {unit} {point}: the lease's switch to v{version} was announced at "
+                f"{unit} {recorded[version]}",
             )
-    claimed = {(s.policy_version, s.first_token) for s in spans[1:]}
-    for version, boundary in recorded.items():
-        if boundary < num_tokens and (version, boundary) not in claimed:
+    limit = point_limit(sample)
+    for version, point in recorded.items():
+        if point < limit and (point, version) not in claimed:
             return (
                 "span_missing_mandatory",
-                f"the lease switched to v{version} at token {boundary}, but this sample of {num_tokens} tokens "
+                f"the lease switched to v{version} at {unit} {point}, but this {whole} of {limit} {unit}s "
                 "has no span there",
             )
     return None
-
-
-def _records(lease: LeaseRecord) -> str:
-    return ", ".join(f"v{s.policy_version} at token {SPAN_ALIGN * s.chunk}" for s in lease.switches) or "none"
 
 
 def span_seeds(sample: RolloutSample, lease: LeaseRecord, key: bytes) -> list[tuple[int, int]]:
