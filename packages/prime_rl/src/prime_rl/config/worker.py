@@ -54,7 +54,8 @@ class WorkerConfig(Section):
     inflight_updates: bool = Field(
         default=False,
         description="Workers (HF or vLLM) switch to a newer committed version mid-lease, at the first 32-token "
-        "proof-chunk boundary after it has loaded, keeping the KV cache (docs/inflight.md); off until measured in the demo.",
+        "proof-chunk boundary after it has loaded, keeping the KV cache (docs/inflight.md; vLLM: see vllm_max_num_batched_tokens). Off by default: in the demo it "
+        "changed nothing that trained (benchmarks/results/demo_inflight).",
     )
     poll_interval_s: float = Field(
         default=0.5, gt=0, description="Seconds to wait when the orchestrator has no work."
