@@ -117,7 +117,7 @@ def lease_digest(samples: Sequence[Any]) -> str:
     """SHA-256 hex of what a worker declares fixed with ``POST /leases/done``: per sample (in
     ``(task_id, group_index)`` order) its task, group index, completion tokens, proofs (hex) and
     spans, as compact JSON ``[[task_id, group_index, [tokens...], "proofs hex", [[version,
-    first_token]...] or null], ...]``. ``samples``: ``RolloutSample``s (duck-typed: this module
+    first_token]...] or null], ...]``. ``samples``: ``RolloutSample`` objects (duck-typed: this module
     stays free of the protocol)."""
     rows = list(
         (

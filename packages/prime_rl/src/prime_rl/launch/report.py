@@ -5,24 +5,24 @@ one, or one that crashed.
 
 Events read (missing ones show as ``-``; nothing here is required for a run to work):
 
-=================  ======================  ===================================================
-file               event                   fields used
-=================  ======================  ===================================================
-trainer.jsonl      ``batch``               step, waited_s (trainer idle, waiting for data),
-                                           token_staleness, rollout_staleness, spans_per_sample
-                                           ({versions: count}, :mod:`prime_rl.staleness`)
-orchestrator.jsonl ``claim``               stale_drops {reason: samples} (the last claim's)
-trainer.jsonl      ``train``               step, reward_mean, num_tokens
-trainer.jsonl      ``commit``              step, policy_version (a step is done)
-evaluator.jsonl    ``eval``                policy_version, accuracy, num_correct, num_problems,
-                                           by_type {task_type: {num_correct, num_problems}},
-                                           mean_length_distance
-worker-\*.jsonl    ``rollouts``            completion_tokens, generate_s
-worker-\*.jsonl    ``weights_wait``        waited_s (worker idle, waiting for weights)
-validator\*.jsonl  ``verdict``             sandbox_runs {kind: count} (cumulative: last one counts)
-run.jsonl          ``progress``            workers {id: {name, accepted, rejected, reasons, banned}}
-                                           (the top and banned ones only), worker_totals
-=================  ======================  ===================================================
+===================  ======================  ===================================================
+file                 event                   fields used
+===================  ======================  ===================================================
+trainer.jsonl        ``batch``               step, waited_s (trainer idle, waiting for data),
+                                             token_staleness, rollout_staleness, spans_per_sample
+                                             ({versions: count}, :mod:`prime_rl.staleness`)
+orchestrator.jsonl   ``claim``               stale_drops {reason: samples} (the last claim's)
+trainer.jsonl        ``train``               step, reward_mean, num_tokens
+trainer.jsonl        ``commit``              step, policy_version (a step is done)
+evaluator.jsonl      ``eval``                policy_version, accuracy, num_correct, num_problems,
+                                             by_type {task_type: {num_correct, num_problems}},
+                                             mean_length_distance
+worker-\*.jsonl      ``rollouts``            completion_tokens, generate_s
+worker-\*.jsonl      ``weights_wait``        waited_s (worker idle, waiting for weights)
+validator\*.jsonl    ``verdict``             sandbox_runs {kind: count} (cumulative: last one counts)
+run.jsonl            ``progress``            workers {id: {name, accepted, rejected, reasons, banned}}
+                                             (the top and banned ones only), worker_totals
+===================  ======================  ===================================================
 
 Plot (``report.png``): reward mean vs step; held-out accuracy vs policy version (with the 95%
 Wilson interval of each evaluation, and one line per task type when the held-out set mixes 2+
