@@ -20,7 +20,7 @@ Reported per run (medians over repeats in the table, every run in the ``.json``)
   events' ``token_staleness`` histograms, i.e. model tokens) over the wall-clock from the trainer's
   start to its last commit;
 * token staleness: the trainer's per-claim token-staleness histograms summed (versions behind the
-  step that trained them; :mod:`prime_rl.staleness`), with mean, p50 and max; samples with 2+
+  step that trained them; :mod:`prime_rl.api.staleness`), with mean, p50 and max; samples with 2+
   versions; stale drops per reason (the orchestrator's last ``claim`` event);
 * validator seconds per sample: the validator's ``verdict`` events, total seconds / samples, and the
   same over the batches holding spanned samples;
@@ -55,8 +55,8 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from tiny_lm import save_tiny_lm  # noqa: E402
 
+from prime_rl.api.staleness import histogram, histogram_mean, histogram_quantile, merge_histograms  # noqa: E402
 from prime_rl.metrics import read_metrics  # noqa: E402
-from prime_rl.staleness import histogram, histogram_mean, histogram_quantile, merge_histograms  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

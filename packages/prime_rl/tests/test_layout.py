@@ -26,7 +26,7 @@ from import_graph import find_cycles  # tests/support: the cycle finder the libr
 import prime_rl
 
 PACKAGE_ROOT = Path(prime_rl.__file__).parent
-TOP_LEVEL = {"cli", "tasks", "reward", "episodes", "role", "metrics", "trackers", "devices", "durable", "statedb", "_name_clash"}  # besides __init__
+TOP_LEVEL = {"cli", "tasks", "reward", "episodes", "role", "metrics", "trackers", "devices", "durable", "statedb", "seeds", "_name_clash"}  # besides __init__
 
 # Room -> rooms it may import (besides itself). Top-level modules count as rooms of their own name.
 ALLOWED: dict[str, set[str]] = {
@@ -36,15 +36,16 @@ ALLOWED: dict[str, set[str]] = {
     "durable": set(),  # atomic durable writes: rollout batches, checkpoints, weights files, worker identities
     "statedb": set(),  # control-plane state in SQLite: the orchestrator's store, the validator's journal
     "devices": set(),  # config device/dtype names -> torch objects
+    "seeds": set(),  # keyless seed rules (span_seed) the sampler and the wire share
     "tasks": {"config"},
     "reward": {"config", "tasks"},  # the reward contract, next to the tasks it scores
     "episodes": {"config", "tasks"},  # multi-turn episodes' environment turns as tokens: worker and validator share it
     "role": {"config", "api", "metrics"},  # run_role: the scaffold of the worker, validator and trainer mains
-    "api": {"config"},
+    "api": {"config", "seeds"},
     "weights": {"config", "metrics", "durable"},
     # weights: only the torch-free layout (POLICY_FILENAME), which TORCH_FREE below enforces
     "orchestrator": {"config", "api", "tasks", "metrics", "durable", "statedb", "weights"},
-    "inference": {"config", "tasks", "weights", "metrics", "devices"},
+    "inference": {"config", "tasks", "weights", "metrics", "devices", "seeds"},
     "worker": {"config", "api", "inference", "weights", "tasks", "reward", "episodes", "role", "metrics", "devices", "durable"},
     "validator": {"config", "api", "inference", "weights", "tasks", "reward", "episodes", "role", "metrics", "devices", "durable",
                   "statedb"},
@@ -56,7 +57,7 @@ ALLOWED: dict[str, set[str]] = {
     "__init__": {"config", "api", "_name_clash"},
 }
 # Module-name prefixes that must never reach torch: the control plane runs on any small machine.
-TORCH_FREE = ("prime_rl.config", "prime_rl.api", "prime_rl.orchestrator", "prime_rl.tasks", "prime_rl.metrics",
+TORCH_FREE = ("prime_rl.config", "prime_rl.api", "prime_rl.seeds", "prime_rl.orchestrator", "prime_rl.tasks", "prime_rl.metrics",
               "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report", "prime_rl.launch.progress", "prime_rl.durable", "prime_rl.statedb",
               "prime_rl.weights.layout", "prime_rl.launch.model_cache", "prime_rl.trackers")
 TORCH_MODULES = {"torch", "transformers", "safetensors", "vllm"}

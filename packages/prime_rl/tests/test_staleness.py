@@ -21,9 +21,9 @@ from prime_rl.api.protocol import (
 )
 from prime_rl.api.segments import Segment
 from prime_rl.api.spans import VersionSpan
+from prime_rl.api.staleness import claim_staleness, histogram_mean, histogram_quantile
 from prime_rl.launch.report import render_summary, summarize_run
 from prime_rl.metrics import MetricsWriter, read_metrics
-from prime_rl.staleness import claim_staleness, histogram_mean, histogram_quantile
 
 from .ledger_support import _accept, _batch, _ledger, _submit
 

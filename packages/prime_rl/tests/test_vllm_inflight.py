@@ -26,8 +26,8 @@ from validator_setup import TinyRun  # noqa: E402
 from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402
 
 import toploc  # noqa: E402
-from prime_rl.api.assignment import span_seed  # noqa: E402
-from prime_rl.api.protocol import PendingBatch, RolloutBatch  # noqa: E402
+from prime_rl.api.assignment import span_seed, switch_nonce  # noqa: E402
+from prime_rl.api.protocol import LeaseSwitch, PendingBatch, RolloutBatch  # noqa: E402
 from prime_rl.inference.backend import HFBackend, SamplingParams  # noqa: E402
 from prime_rl.inference.contract import PROOF_CHUNK, SAMPLER_SEED, VersionSwitch, verify_proofs  # noqa: E402
 from prime_rl.inference.vllm_backend import EngineMemory, VLLMBackend  # noqa: E402
@@ -51,18 +51,31 @@ RUN = TinyRun(
 CHECKS = RUN.checks()
 MEMORY = EngineMemory(kv_cache_bytes=32 << 20, max_model_len=256)
 NONCE = 0xC0FFEE
+LEASE_WORKER = "w-vllm-inflight"
 
 
 class Offer:
-    """A version source that has version ``v`` ready from the ``after[v]``-th boundary it is asked at."""
+    """A version source that has version ``v`` ready from the ``after[v]``-th boundary it is asked at.
+    Each switch is announced for the test lease and recorded as the orchestrator records it
+    (``switches``), answered with the record's nonce; ``nonce`` given: that nonce, unrecorded."""
 
     def __init__(self, files: dict[int, Path], after: dict[int, int], nonce: int | None = None) -> None:
         self.files, self.after, self.nonce, self.max_versions, self.asked = files, after, nonce, 4, []
+        self.switches: list[LeaseSwitch] = []
 
     def newer(self, current: int, boundary: int) -> VersionSwitch | None:
         self.asked.append(boundary)
         ready = [v for v, n in self.after.items() if v > current and len(self.asked) >= n]
-        return VersionSwitch(max(ready), self.files[max(ready)], self.nonce) if ready else None
+        if not ready:
+            return None
+        version, chunk = max(ready), boundary // PROOF_CHUNK
+        if self.nonce is not None:
+            return VersionSwitch(version, self.files[version], self.nonce)
+        self.switches.append(LeaseSwitch(policy_version=version, chunk=chunk, announced_at=time.time()))
+        nonce = switch_nonce(
+            key=KEY, worker_id=LEASE_WORKER, step=0, batch_index=0, policy_version=version, chunk=chunk
+        )
+        return VersionSwitch(version, self.files[version], nonce)
 
 
 @contextmanager
@@ -109,7 +122,7 @@ def hf(model_dir: Path) -> HFBackend:
 
 def decode(backend: HFBackend | VLLMBackend, files: dict[int, Path], offer: Offer | None) -> RolloutBatch:
     """The honest worker's batch for the test lease, decoded from v0 with ``offer`` as the version source."""
-    lease, _ = RUN.lease("w-vllm-inflight", 0, 0)
+    lease, _ = RUN.lease(LEASE_WORKER, 0, 0)
     if backend.policy_version != 0:
         backend.load_weights(files[0], 0)
     backend.version_source = offer
@@ -134,8 +147,9 @@ class Validator:
             self.loads.append(version)
         return self.backend
 
-    def judge(self, batch: RolloutBatch) -> list:
-        record = RUN.lease(batch.worker_id, batch.step, batch.batch_index)[1]
+    def judge(self, batch: RolloutBatch, switches: list[LeaseSwitch]) -> list:
+        """Judge ``batch`` as the answer to its lease, with the switches the worker announced."""
+        record = RUN.lease(batch.worker_id, batch.step, batch.batch_index)[1].model_copy(update={"switches": switches})
         pending = PendingBatch(
             batch_id="vllm-inflight", worker_id=batch.worker_id, step=batch.step, batch_index=batch.batch_index,
             policy_version=batch.policy_version, received_at=time.time(), lease=record, samples=batch.samples,
@@ -172,7 +186,7 @@ def test_vllm_switches_mid_lease_like_hf_and_the_validator_accepts_every_sample(
     expected = {"two": [(0, 0), (1, 32), (2, 64)], "late": [(0, 0), (1, 64)]}[schedule]
     assert expected in spans(got), spans(got)  # some sample ran through every switch
     validator = Validator(model_dir, files)
-    verdicts = validator.judge(got)
+    verdicts = validator.judge(got, offer.switches)
     assert [v.reason for v in verdicts] == ["ok"] * len(got.samples), [(v.reason, v.detail) for v in verdicts]
     assert validator.loads == sorted(SCHEDULES[schedule])  # each further version loaded once for the batch
     for v, s in zip(verdicts, got.samples, strict=True):  # fp32: the chained forwards reproduce the engine's
@@ -303,6 +317,7 @@ def test_an_inflight_worker_on_vllm_gets_a_version_source(engine):
         follower=SimpleNamespace(newest_local=0), store=SimpleNamespace(path=lambda v: Path(f"v{v}")),
         run=SimpleNamespace(orchestrator=SimpleNamespace(max_versions_per_sample=4)),
     )  # fmt: skip
+    stub.committed_versions = lambda: Worker.committed_versions(stub)  # type: ignore[arg-type]
     try:
         Worker.start_inflight(stub)  # type: ignore[arg-type]
         assert isinstance(engine.version_source, CommittedVersions)
@@ -409,9 +424,10 @@ def test_cuda_engine_switches_and_the_validator_accepts(engine, files, model_dir
     if not current_platform.is_cuda():
         pytest.skip("this vLLM build is not a CUDA one")
     assert engine._limits().async_scheduling is False
-    got = decode(engine, files, Offer(files, {1: 1, 2: 2}))
+    offer = Offer(files, {1: 1, 2: 2})
+    got = decode(engine, files, offer)
     assert [(0, 0), (1, 32), (2, 64)] in spans(got)
     validator = Validator(model_dir, files)
     validator.backend = HFBackend(model_dir, device="cuda")
-    verdicts = validator.judge(got)
+    verdicts = validator.judge(got, offer.switches)
     assert [v.reason for v in verdicts] == ["ok"] * len(got.samples), [(v.reason, v.detail) for v in verdicts]

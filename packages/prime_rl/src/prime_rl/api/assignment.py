@@ -31,6 +31,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from prime_rl.seeds import MAX_SEED, span_seed
+
 __all__ = [
     "MAX_SEED",
     "MIN_KEY_BYTES",
@@ -43,8 +45,6 @@ __all__ = [
     "task_ids",
 ]
 
-MAX_SEED = 2**63 - 1
-"""Sampling seeds are in [0, 2**63 - 1] so they fit a signed int64 parquet column and torch seeds."""
 
 MIN_KEY_BYTES = 16
 """Shortest key accepted: a short key could be recovered from one lease by trying candidates."""
@@ -165,16 +165,3 @@ def switch_nonce(
         raise AssignmentError("chunk must be >= 1: a switch at token 0 is the lease's own version")
     return mac64(key, "switch", worker_id, step, batch_index, policy_version, chunk) & MAX_SEED
 
-
-def span_seed(seed: int, nonce: int) -> int:
-    """The sampler seed of a sample's tokens after an announced in-flight switch (``docs/inflight.md``).
-
-    ``seed`` is the sample's lease seed, ``nonce`` the orchestrator's answer to the switch
-    announcement (a MAC the worker cannot know before it has fixed the switch chunk). Public and
-    keyless: SHA-256 of ``"prime-rl/span/<seed>/<nonce>"``, first 8 bytes big-endian, ``& (2**63 - 1)``.
-    """
-    for name, value in (("seed", seed), ("nonce", nonce)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise AssignmentError(f"{name} must be a non-negative int, got {value!r}")
-    digest = hashlib.sha256(f"prime-rl/span/{seed}/{nonce}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") & MAX_SEED

@@ -35,7 +35,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 import toploc
-from prime_rl.api.assignment import span_seed
 from prime_rl.devices import torch_dtype
 from prime_rl.inference.contract import (
     PROOF_CHUNK,
@@ -57,6 +56,7 @@ from prime_rl.inference.contract import (
 )
 from prime_rl.inference.decode_steps import DynamicStep, StaticStep, decode_attention
 from prime_rl.inference.stop_strings import StopStringMatcher
+from prime_rl.seeds import span_seed
 from prime_rl.weights.files import load_policy_into
 
 __all__ = [

@@ -54,7 +54,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoTokenizer
 
-from prime_rl.api.assignment import span_seed
 from prime_rl.inference.contract import (
     PROOF_CHUNK,
     SAMPLER_SEED,
@@ -68,6 +67,7 @@ from prime_rl.inference.contract import (
     proof_topk,
     tokenizer_eos_ids,
 )
+from prime_rl.seeds import span_seed
 from prime_rl.weights.files import WeightsMismatchError
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ file                 event                   fields used
 ===================  ======================  ===================================================
 trainer.jsonl        ``batch``               step, waited_s (trainer idle, waiting for data),
                                              token_staleness, rollout_staleness, spans_per_sample
-                                             ({versions: count}, :mod:`prime_rl.staleness`)
+                                             ({versions: count}, :mod:`prime_rl.api.staleness`)
 orchestrator.jsonl   ``claim``               stale_drops {reason: samples} (the last claim's)
 trainer.jsonl        ``train``               step, reward_mean, num_tokens
 trainer.jsonl        ``commit``              step, policy_version (a step is done)
@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from prime_rl.api.fields import printable
+from prime_rl.api.staleness import histogram, histogram_mean, histogram_quantile, merge_histograms
 from prime_rl.metrics import read_metrics
-from prime_rl.staleness import histogram, histogram_mean, histogram_quantile, merge_histograms
 
 __all__ = [
     "RunSummary",
@@ -105,7 +105,7 @@ class RunSummary:
     length_distance_by_version: dict[int, float] = field(default_factory=dict)
     sandbox_runs: dict[str, int] | None = None
     token_staleness: dict[int, int] = field(default_factory=dict)
-    """Trained model tokens by versions behind their step (``prime_rl.staleness``), summed over steps."""
+    """Trained model tokens by versions behind their step (``prime_rl.api.staleness``), summed over steps."""
     rollout_staleness: dict[int, int] = field(default_factory=dict)
     """Trained samples by versions their oldest span is behind the step."""
     spans_per_sample: dict[int, int] = field(default_factory=dict)

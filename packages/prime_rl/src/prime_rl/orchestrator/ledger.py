@@ -75,6 +75,7 @@ from prime_rl.api.protocol import (
 from prime_rl.api.secrets import RunSecrets, run_secrets
 from prime_rl.api.segments import turn_starts
 from prime_rl.api.spans import future_span, lease_digest, spans_problem
+from prime_rl.api.staleness import claim_staleness
 from prime_rl.config import RunConfig
 from prime_rl.config.sections import BUILTIN_ENVIRONMENTS
 from prime_rl.metrics import MetricsWriter
@@ -87,7 +88,6 @@ from prime_rl.orchestrator.release import ReleaseBook, withheld
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
 from prime_rl.orchestrator.switches import decide_done, decide_switch, mandatory_problem
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
-from prime_rl.staleness import claim_staleness
 from prime_rl.weights.layout import POLICY_FILENAME
 
 __all__ = ["EXPIRED", "ApiFailure", "Ledger", "TaskPrompts"]

@@ -41,12 +41,12 @@ import shardcast
 from prime_rl.api.client import OrchestratorClient, OrchestratorUnavailable
 from prime_rl.api.protocol import TrainSample
 from prime_rl.api.secrets import run_secrets
+from prime_rl.api.staleness import claim_staleness
 from prime_rl.config.loss import load_loss
 from prime_rl.config.trainer import TrainerConfig
 from prime_rl.devices import choose_device, torch_dtype
 from prime_rl.metrics import get_metrics
 from prime_rl.role import run_role
-from prime_rl.staleness import claim_staleness
 from prime_rl.trainer import distributed
 from prime_rl.trainer.batching import make_micro_batches, split_minibatches
 from prime_rl.trainer.checkpoint import TrainerState, latest_step, load_checkpoint, save_checkpoint
