@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import Any
 
 from prime_rl.seeds import MAX_SEED, span_seed
 
@@ -38,6 +39,7 @@ __all__ = [
     "MIN_KEY_BYTES",
     "AssignmentError",
     "mac64",
+    "recorded_switch_nonce",
     "sampling_seed",
     "sampling_seeds",
     "span_seed",
@@ -165,3 +167,20 @@ def switch_nonce(
         raise AssignmentError("chunk must be >= 1: a switch at token 0 is the lease's own version")
     return mac64(key, "switch", worker_id, step, batch_index, policy_version, chunk) & MAX_SEED
 
+
+
+def recorded_switch_nonce(key: bytes, lease: Any, policy_version: int) -> int:
+    """:func:`switch_nonce` of the switch to ``policy_version`` recorded on ``lease`` (a
+    ``LeaseRecord``: ``worker_id``, ``step``, ``batch_index`` and ``switches``, duck-typed so this
+    module stays free of the protocol): what the orchestrator answered and the validator recomputes.
+
+    Raises:
+        KeyError: the lease has no switch to ``policy_version``.
+    """
+    chunk = next((s.chunk for s in lease.switches if s.policy_version == policy_version), None)
+    if chunk is None:
+        raise KeyError(f"the lease has no switch record for v{policy_version}")
+    return switch_nonce(
+        key=key, worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index,
+        policy_version=policy_version, chunk=chunk,
+    )  # fmt: skip

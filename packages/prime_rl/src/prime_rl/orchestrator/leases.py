@@ -48,7 +48,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from prime_rl.api.assignment import sampling_seeds, switch_nonce, task_ids
+from prime_rl.api.assignment import recorded_switch_nonce, sampling_seeds, task_ids
 from prime_rl.api.protocol import LeaseDone, LeaseRecord, LeaseSource, LeaseSwitch, LeaseTask, TaskLease
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
@@ -521,11 +521,8 @@ class LeaseBook:
         lease.declare_done(done)
 
     def nonce(self, record: LeaseRecord, switch: LeaseSwitch) -> int:
-        """The nonce of ``switch`` on the lease ``record`` (``api.assignment.switch_nonce``)."""
-        return switch_nonce(
-            key=self._key, worker_id=record.worker_id, step=record.step, batch_index=record.batch_index,
-            policy_version=switch.policy_version, chunk=switch.chunk,
-        )  # fmt: skip
+        """The nonce of ``switch``, recorded on the lease ``record`` (``api.assignment.switch_nonce``)."""
+        return recorded_switch_nonce(self._key, record, switch.policy_version)
 
     # ------------------------------------------------------------------ answers
 

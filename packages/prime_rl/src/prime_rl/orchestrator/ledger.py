@@ -83,7 +83,7 @@ from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
 from prime_rl.orchestrator.claims import ClaimSelection, select_claim, stale_drops
 from prime_rl.orchestrator.identities import FreshIdentities
 from prime_rl.orchestrator.lease_rules import LeaseRules
-from prime_rl.orchestrator.leases import LeaseBook, TaskPrompts
+from prime_rl.orchestrator.leases import HeldLease, LeaseBook, TaskPrompts
 from prime_rl.orchestrator.release import ReleaseBook, withheld
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
 from prime_rl.orchestrator.switches import decide_done, decide_switch, mandatory_problem
@@ -392,16 +392,19 @@ class Ledger:
             return None
         return section.max_turns if section.name in BUILTIN_ENVIRONMENTS else 0
 
+    def _own_lease(self, worker: WorkerRecord, step: int, batch_index: int) -> HeldLease:
+        """The lease ``worker`` was handed at ``(step, batch_index)``; 404 if it was never handed one."""
+        held = self.leases.get(worker.worker_id, batch_index)
+        if held is None or held.record.step != step:
+            raise ApiFailure(404, "not_found", f"you hold no lease at step {step}, batch_index {batch_index}")
+        return held
+
     def switch(self, worker: WorkerRecord, request: SwitchRequest) -> SwitchResponse:
         """``POST /leases/switch``: record ``worker``'s in-flight switch of its lease (the first
         announcement per lease and version, durably, before the answer) and answer its nonce; an
         identical retry answers the same (rules: ``switches.py``). 404 for a lease the caller was
         never handed at that step."""
-        held = self.leases.get(worker.worker_id, request.batch_index)
-        if held is None or held.record.step != request.step:
-            raise ApiFailure(
-                404, "not_found", f"you hold no lease at step {request.step}, batch_index {request.batch_index}"
-            )
+        held = self._own_lease(worker, request.step, request.batch_index)
         record = held.record
         switch = decide_switch(
             record, is_open=held.open, policy_version=request.policy_version, chunk=request.chunk,
@@ -420,11 +423,7 @@ class Ledger:
         batch it will submit (the first declaration, durably; an identical retry answers the same).
         Under ``orchestrator.switch_deadline_s`` it stands in for the switches of versions committed
         later (``switches.mandatory_problem``)."""
-        held = self.leases.get(worker.worker_id, request.batch_index)
-        if held is None or held.record.step != request.step:
-            raise ApiFailure(
-                404, "not_found", f"you hold no lease at step {request.step}, batch_index {request.batch_index}"
-            )
+        held = self._own_lease(worker, request.step, request.batch_index)
         done = decide_done(held.record, is_open=held.open, digest=request.digest, now=self.clock())
         if held.record.done is None:
             self.leases.record_done(held, done)

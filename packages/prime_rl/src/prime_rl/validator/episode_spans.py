@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from prime_rl.api.assignment import switch_nonce
+from prime_rl.api.assignment import recorded_switch_nonce
 from prime_rl.api.protocol import LeaseRecord, RolloutSample
 from prime_rl.api.segments import switched_turn_seed, turn_starts
 from prime_rl.api.spans import VersionSpan
@@ -73,15 +73,9 @@ def switch_points(sample: RolloutSample) -> list[tuple[int, int]]:
 def episode_turn_seeds(sample: RolloutSample, lease: LeaseRecord, key: bytes) -> list[int]:
     """The seed of each model turn of an episode whose spans passed ``validator.spans.record_problem``:
     ``switched_turn_seed(seed, turn, nonces)`` with the nonces of its spans starting at or before the
-    turn (recomputed from the records: ``switch_nonce(key, lease, version, turn)``), as the worker's
+    turn (recomputed from the records: ``recorded_switch_nonce``), as the worker's
     episode loop draws them (``worker/episodes.py``)."""
-    nonces = []
-    for turn, version in switch_points(sample)[1:]:
-        nonce = switch_nonce(
-            key=key, worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index,
-            policy_version=version, chunk=turn,
-        )  # fmt: skip
-        nonces.append((turn, nonce))
+    nonces = [(turn, recorded_switch_nonce(key, lease, version)) for turn, version in switch_points(sample)[1:]]
     return [
         switched_turn_seed(sample.sampling_seed, t.turn, [n for start, n in nonces if start <= t.turn])
         for t in model_spans(segments_of(sample))

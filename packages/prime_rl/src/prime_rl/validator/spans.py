@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from prime_rl.api.assignment import span_seed, switch_nonce
+from prime_rl.api.assignment import recorded_switch_nonce, span_seed
 from prime_rl.api.protocol import LeaseRecord, PendingBatch, RolloutSample
 from prime_rl.api.segments import turn_starts
 from prime_rl.api.spans import SPAN_ALIGN, VersionSpan, future_span, span_bounds, spans_problem
@@ -172,13 +172,9 @@ def span_seeds(sample: RolloutSample, lease: LeaseRecord, key: bytes) -> list[tu
     """``(first_token, seed)`` per span of a sample whose spans passed :func:`record_problem`: span 0
     the sample's seed, span ``k`` ``span_seed(seed of span k - 1, nonce of its record)``, as the
     worker's decode chains them (``HFBackend._switch``)."""
-    chunks = {s.policy_version: s.chunk for s in lease.switches}
     seeds = [(0, sample.sampling_seed)]
     for span in (sample.spans or [])[1:]:
-        nonce = switch_nonce(
-            key=key, worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index,
-            policy_version=span.policy_version, chunk=chunks[span.policy_version],
-        )  # fmt: skip
+        nonce = recorded_switch_nonce(key, lease, span.policy_version)
         seeds.append((span.first_token, span_seed(seeds[-1][1], nonce)))
     return seeds
 
