@@ -26,7 +26,7 @@ from import_graph import find_cycles  # tests/support: the cycle finder the libr
 import prime_rl
 
 PACKAGE_ROOT = Path(prime_rl.__file__).parent
-TOP_LEVEL = {"cli", "tasks", "reward", "episodes", "role", "metrics", "trackers", "devices", "durable", "statedb", "seeds", "_name_clash"}  # besides __init__
+TOP_LEVEL = {"cli", "tasks", "reward", "episodes", "role", "metrics", "trackers", "devices", "durable", "statedb", "storeguard", "seeds", "_name_clash"}  # besides __init__
 
 # Room -> rooms it may import (besides itself). Top-level modules count as rooms of their own name.
 ALLOWED: dict[str, set[str]] = {
@@ -34,7 +34,8 @@ ALLOWED: dict[str, set[str]] = {
     "metrics": set(),
     "trackers": {"config", "metrics"},  # W&B / TensorBoard fed from the metrics events, beside metrics.py
     "durable": set(),  # atomic durable writes: rollout batches, checkpoints, weights files, worker identities
-    "statedb": set(),  # control-plane state in SQLite: the orchestrator's store, the validator's journal
+    "statedb": {"storeguard"},  # control-plane state in SQLite: the orchestrator's store, the validator's journal
+    "storeguard": set(),  # the store's flock and the WAL damage check, before SQLite opens the file
     "devices": set(),  # config device/dtype names -> torch objects
     "seeds": set(),  # keyless seed rules (span_seed) the sampler and the wire share
     "tasks": {"config"},
@@ -58,7 +59,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 # Module-name prefixes that must never reach torch: the control plane runs on any small machine.
 TORCH_FREE = ("prime_rl.config", "prime_rl.api", "prime_rl.seeds", "prime_rl.orchestrator", "prime_rl.tasks", "prime_rl.metrics",
-              "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report", "prime_rl.launch.progress", "prime_rl.durable", "prime_rl.statedb",
+              "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report", "prime_rl.launch.progress", "prime_rl.durable", "prime_rl.statedb", "prime_rl.storeguard",
               "prime_rl.weights.layout", "prime_rl.launch.model_cache", "prime_rl.trackers")
 TORCH_MODULES = {"torch", "transformers", "safetensors", "vllm"}
 

@@ -19,8 +19,11 @@ migration. A torn last line (a crash mid-append) is dropped alone, with a warnin
 line that is not a JSON object. A torn line *inside* the file (an append glued onto a torn line) is
 split at the glue point so the complete record after it is kept.
 
-Pitfall: one process per file. WAL allows concurrent readers, but the stores keep in-memory indexes
-that another writer would silently invalidate.
+One process per file, and damage refused at open (:mod:`prime_rl.storeguard`): opening takes
+``flock`` on ``<file>.lock`` (a second process gets a clear error: the stores keep in-memory
+indexes another writer would silently invalidate), and refuses a write-ahead log damaged in its
+middle or missing after a crash, which SQLite itself would open without the lost commits and
+without a word. A clean :meth:`StateDB.close` checkpoints the log into the database first.
 
 Torch-free and dependency-free: the control plane imports it.
 """
@@ -35,6 +38,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from prime_rl.storeguard import StoreGuard, StoreGuardError, open_guard
 
 __all__ = ["Migration", "StateDB", "StateDBError", "read_jsonl_journal"]
 
@@ -61,6 +66,7 @@ class StateDB:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._depth = 0
+        self._guard = self._open_guard()
         try:
             # isolation_level=None: no implicit transactions; BEGIN/COMMIT are ours.
             self.connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -68,9 +74,23 @@ class StateDB:
             self.connection.execute("PRAGMA synchronous=FULL")
             self.connection.execute("PRAGMA foreign_keys=ON")
             self.connection.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            self._guard.mark_open()  # after journal_mode=WAL: the -wal file exists from here on
             self.version = self._migrate(migrations)
         except sqlite3.Error as error:
+            self._guard.release()
             raise StateDBError(f"could not open the {what} at {self.path}: {error}") from error
+        except BaseException:
+            self._guard.release()
+            raise
+
+    def _open_guard(self) -> StoreGuard:
+        """Lock the file for this process and refuse a damaged or orphaned WAL (before SQLite reads it)."""
+        try:
+            return open_guard(self.path, self.what)
+        except StoreGuardError as error:
+            raise StateDBError(str(error)) from error
+        except OSError as error:
+            raise StateDBError(f"could not lock the {self.what} at {self.path}: {error}") from error
 
     def _migrate(self, migrations: Sequence[Migration]) -> int:
         row = self.connection.execute("SELECT version FROM schema_version").fetchone()
@@ -137,8 +157,24 @@ class StateDB:
                 raise StateDBError(f"could not read the {self.what} at {self.path}: {error}") from error
 
     def close(self) -> None:
+        """Checkpoint the log into the database, mark the close clean, and release the lock."""
         with self._lock:
-            self.connection.close()
+            if not self._guard.held:
+                return
+            try:
+                self._close_cleanly()
+            finally:
+                self.connection.close()
+                self._guard.release()
+
+    def _close_cleanly(self) -> None:
+        try:
+            busy = self.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error as error:
+            log.warning("%s: checkpoint at close failed (%s); the next open checks the log", self.what, error)
+            return
+        if busy is not None and busy[0] == 0:
+            self._guard.mark_closed()
 
 
 def _glued_record(line: str) -> dict[str, Any] | None:

@@ -279,12 +279,12 @@ class RolloutStore:
         self.batches_dir = self.root / "batches"
         for directory in (self.root, self.batches_dir):
             directory.mkdir(parents=True, exist_ok=True)
-        for stale in self.root.rglob(TEMP_GLOB):  # leftovers of a crash mid-write
-            stale.unlink(missing_ok=True)
-        try:
+        try:  # StateDB locks the directory's store first: the temp files below are ours to delete
             self.db = StateDB(self.root / "state.sqlite", [_schema_v1(self.root)], "orchestrator store")
         except (StateDBError, OSError, pa.ArrowException) as error:
             raise StoreError(f"could not open the store in {self.root}: {error}") from error
+        for stale in self.root.rglob(TEMP_GLOB):  # leftovers of a crash mid-write
+            stale.unlink(missing_ok=True)
         journal = self.root / "journal.jsonl"
         if journal.exists():  # imported by the migration: never read again
             journal.rename(journal.with_name("journal.jsonl.imported"))
