@@ -407,7 +407,7 @@ def session(
     config_path = write_run_config(tmp, model_dir, free_ports(3), sampling={"max_new_tokens": max_new_tokens})
     config = load_config(config_path)
     run_dir = Path(config.run_dir)
-    store = RolloutStore(run_dir / "orchestrator")
+    store = RolloutStore(run_dir / "orchestrator", reader=True)
     out: dict[str, Any] = {"config": {"window_s": window_s, "attacks": attacks, "vetoes": vetoes}}
 
     def commits() -> int:

@@ -110,7 +110,7 @@ def test_orchestrator_killed_keeps_every_acknowledged_rollout(
         assert stored[batch_id].samples == list(batch.samples), batch_id
     # The store itself (what a later process reads) agrees.
     assert set(acked) <= {
-        record.meta.batch_id for record in RolloutStore(run_dir / "orchestrator").batch_records()
+        record.meta.batch_id for record in RolloutStore(run_dir / "orchestrator", reader=True).batch_records()
     }
 
 
@@ -239,7 +239,7 @@ def test_trainer_killed_resumes_without_losing_or_reusing_rollouts(
     helpers.wait_for(lambda: _exited(harness, "trainer-restarted"), 170, "the restarted trainer to finish")
     assert harness.processes["trainer-restarted"].returncode == 0, harness.output("trainer-restarted")[-3000:]
 
-    store = RolloutStore(run_dir / "orchestrator")
+    store = RolloutStore(run_dir / "orchestrator", reader=True)
     claims = {claim.step: claim.sample_ids for claim in store.claims()}
     assert sorted(claims) == [0, 1, 2]
     every = [sample for samples in claims.values() for sample in samples]
@@ -286,7 +286,7 @@ def test_validator_behind_trainer_waits_and_never_trains_unvalidated(
         "the trainer's waiting log line",
     )
     assert "0 fresh accepted samples" in log_path.read_text()
-    store = RolloutStore(run_dir / "orchestrator")
+    store = RolloutStore(run_dir / "orchestrator", reader=True)
     assert store.claims() == [] and not store.all_verdicts()
     assert not _events(run_dir, helpers, "trainer", "commit")
     harness.start("validator", "validator")

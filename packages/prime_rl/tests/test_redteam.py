@@ -440,7 +440,7 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         hoarder.join(30)
         hoard_end = time.time()
         # Let the validator judge every attack batch and the trainer claim twice after that.
-        store = RolloutStore(run_dir / "orchestrator")
+        store = RolloutStore(run_dir / "orchestrator", reader=True)
         helpers.wait_for(
             lambda: set(attacker.submitted) <= set(store.all_verdicts()),
             180,

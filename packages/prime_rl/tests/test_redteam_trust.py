@@ -285,7 +285,7 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
         stop.set()
         hoarder.join(60)
         hoard_end = time.time()
-        store = RolloutStore(run_dir / "orchestrator")
+        store = RolloutStore(run_dir / "orchestrator", reader=True)
         helpers.wait_for(
             lambda: attacker.steered <= set(store.all_verdicts()), 300, "verdicts on every steered batch"
         )

@@ -166,6 +166,15 @@ def test_a_second_process_on_the_same_store_is_refused_and_deletes_nothing(tmp_p
         assert second.returncode != 0
         assert f"in use by another process (open pid={holder.pid})" in second.stderr
         assert in_flight.exists()
+        # an inspector beside the live orchestrator reads without the lock, and cannot write
+        reader = RolloutStore(tmp_path, reader=True)
+        try:
+            assert reader.db.read("SELECT count(*) FROM schema_version") == [(1,)]
+            with pytest.raises(StateDBError, match="readonly"):
+                reader.db.write("DELETE FROM schema_version")
+        finally:
+            reader.close()
+        assert in_flight.exists()
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=30)

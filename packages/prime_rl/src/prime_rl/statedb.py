@@ -57,16 +57,21 @@ class StateDB:
     """One SQLite state file (thread-safe: one connection behind a lock; one process per file).
 
     ``migrations[i]`` brings the schema from version ``i`` to ``i + 1``; opening applies the
-    missing ones. ``what`` names the store in errors and logs.
+    missing ones. ``what`` names the store in errors and logs. ``reader``: inspect a store another
+    process may have open (an audit, a test beside a live run): read-only, no lock, no migration.
     """
 
-    def __init__(self, path: str | Path, migrations: Sequence[Migration], what: str) -> None:
+    def __init__(self, path: str | Path, migrations: Sequence[Migration], what: str, reader: bool = False) -> None:
         self.path = Path(path)
         self.what = what
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._depth = 0
-        self._guard = self._open_guard()
+        self._guard: StoreGuard | None = None
+        if reader:
+            self.connection, self.version = self._open_reader(len(migrations))
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._guard = guard = self._open_guard()
         try:
             # isolation_level=None: no implicit transactions; BEGIN/COMMIT are ours.
             self.connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -74,14 +79,34 @@ class StateDB:
             self.connection.execute("PRAGMA synchronous=FULL")
             self.connection.execute("PRAGMA foreign_keys=ON")
             self.connection.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-            self._guard.mark_open()  # after journal_mode=WAL: the -wal file exists from here on
+            guard.mark_open()  # after journal_mode=WAL: the -wal file exists from here on
             self.version = self._migrate(migrations)
         except sqlite3.Error as error:
-            self._guard.release()
+            guard.release()
             raise StateDBError(f"could not open the {what} at {self.path}: {error}") from error
         except BaseException:
-            self._guard.release()
+            guard.release()
             raise
+
+    def _open_reader(self, known: int) -> tuple[sqlite3.Connection, int]:
+        """A read-only connection (writes fail with ``StateDBError``) to a store at schema ``known``."""
+        if not self.path.exists():
+            raise StateDBError(f"no {self.what} at {self.path}")
+        try:
+            connection = sqlite3.connect(
+                f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+            )
+            row = connection.execute("SELECT version FROM schema_version").fetchone()
+        except sqlite3.Error as error:
+            raise StateDBError(f"could not read the {self.what} at {self.path}: {error}") from error
+        version = 0 if row is None else int(row[0])
+        if version != known:
+            connection.close()
+            raise StateDBError(
+                f"the {self.what} at {self.path} has schema version {version}, this code reads {known}: "
+                "open it once with its own process (which migrates it) or with a matching prime_rl"
+            )
+        return connection, version
 
     def _open_guard(self) -> StoreGuard:
         """Lock the file for this process and refuse a damaged or orphaned WAL (before SQLite reads it)."""
@@ -159,22 +184,24 @@ class StateDB:
     def close(self) -> None:
         """Checkpoint the log into the database, mark the close clean, and release the lock."""
         with self._lock:
-            if not self._guard.held:
+            guard = self._guard
+            if guard is None or not guard.held:
+                self.connection.close()  # a reader, or closed already
                 return
             try:
-                self._close_cleanly()
+                self._close_cleanly(guard)
             finally:
                 self.connection.close()
-                self._guard.release()
+                guard.release()
 
-    def _close_cleanly(self) -> None:
+    def _close_cleanly(self, guard: StoreGuard) -> None:
         try:
             busy = self.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         except sqlite3.Error as error:
             log.warning("%s: checkpoint at close failed (%s); the next open checks the log", self.what, error)
             return
         if busy is not None and busy[0] == 0:
-            self._guard.mark_closed()
+            guard.mark_closed()
 
 
 def _glued_record(line: str) -> dict[str, Any] | None:

@@ -272,11 +272,18 @@ def _legacy_claims(claims_dir: Path) -> list[ClaimRecord]:
 
 
 class RolloutStore:
-    """Durable storage of one orchestrator (thread-safe writes; one process per directory)."""
+    """Durable storage of one orchestrator (thread-safe writes; one process per directory, which
+    holds its lock). ``reader``: inspect a store a live orchestrator may hold (read-only, no lock)."""
 
-    def __init__(self, data_dir: str | Path) -> None:
+    def __init__(self, data_dir: str | Path, reader: bool = False) -> None:
         self.root = Path(data_dir)
         self.batches_dir = self.root / "batches"
+        if reader:
+            try:
+                self.db = StateDB(self.root / "state.sqlite", [_schema_v1(self.root)], "orchestrator store", reader=True)
+            except StateDBError as error:
+                raise StoreError(f"could not read the store in {self.root}: {error}") from error
+            return
         for directory in (self.root, self.batches_dir):
             directory.mkdir(parents=True, exist_ok=True)
         try:  # StateDB locks the directory's store first: the temp files below are ours to delete

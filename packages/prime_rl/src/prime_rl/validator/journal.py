@@ -127,14 +127,14 @@ class ValidatorJournal:
     state lives beside it in ``path.with_suffix(".sqlite")``.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, reader: bool = False) -> None:
         self.path = Path(path)
         self.db_path = self.path.with_suffix(".sqlite")
-        try:
-            self.db = StateDB(self.db_path, [_schema_v1(self.path)], "validator journal")
+        try:  # reader: inspect a journal a live validator may hold (read-only, no lock)
+            self.db = StateDB(self.db_path, [_schema_v1(self.path)], "validator journal", reader=reader)
         except (StateDBError, OSError) as error:
             raise JournalError(f"could not open {self.db_path}: {error}") from error
-        if self.path.exists():  # imported by the migration: never read again
+        if self.path.exists() and not reader:  # imported by the migration: never read again
             self.path.rename(self.path.with_name(self.path.name + ".imported"))
 
     def close(self) -> None:
