@@ -153,3 +153,89 @@ def test_kill_9_of_orchestrator_validator_and_worker_the_run_still_finishes(tiny
     registered = [e for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "register"]
     assert [e["worker_name"] for e in registered] == ["worker-0"], registered
     assert any(e["event"] == "resumed" for e in helpers.metrics_of(run_dir, "worker-0"))
+
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _ErrorSupervisor(Supervisor):
+    """``error_of`` reads a set error instead of a log file."""
+
+    error: str | None = None
+
+    def error_of(self, child: Any) -> str | None:
+        return self.error
+
+
+def test_the_same_error_days_apart_is_restarted_and_twice_within_the_window_is_not(config_for: Any) -> None:
+    clock = _FakeClock()
+    metrics = MetricsWriter(None, role="run", name="run")
+    supervisor = _ErrorSupervisor(config_for(), None, [], metrics, clock=clock)
+    supervisor.error = "OSError: [Errno 104] Connection reset by peer"
+    validator = _Dead("validator", "validator", 1, 3600.0)
+    assert supervisor.handle_death(validator)  # type: ignore[arg-type]
+    supervisor.restarts.setdefault("validator", []).append(clock.now)  # as restart_due records it
+    clock.now += 2 * 86400.0  # two days later the same transient error: restarted again
+    assert supervisor.handle_death(validator)  # type: ignore[arg-type]
+    clock.now += 5.0  # and again within the window: a wrong configuration does not heal, the run fails
+    assert not supervisor.handle_death(validator)  # type: ignore[arg-type]
+
+
+def test_a_worker_past_its_budget_is_dropped_and_a_trusted_role_fails_the_run(config_for: Any) -> None:
+    clock = _FakeClock()
+    supervisor = _ErrorSupervisor(config_for(), None, [], MetricsWriter(None, role="run", name="run"),
+                                  clock=clock, restart_budget=2)  # fmt: skip
+    for name, role in (("worker-1", "worker"), ("trainer", "trainer")):
+        for attempt in range(3):
+            supervisor.error = f"RuntimeError: flaky {attempt}"  # a different error each time
+            dead = _Dead(name, role, 1, 1.0)
+            kept = supervisor.handle_death(dead)  # type: ignore[arg-type]
+            if attempt < 2:
+                assert kept and name in supervisor._due
+                supervisor.restarts.setdefault(name, []).append(clock.now)  # as restart_due records it
+                del supervisor._due[name]
+            clock.now += 1.0
+        assert kept == (role == "worker")
+    assert supervisor.dropped == {"worker-1": "RuntimeError: flaky 2"}
+
+
+class DropSupervisor(Supervisor):
+    """A real orchestrator; worker-1 dies of the same error at every start, worker-0 sleeps; the
+    trainer finishes (exit 0) once the run's metrics say worker-1 was dropped, or after 60 s."""
+
+    def _argv(self, spec: ChildSpec) -> list[str]:
+        if spec.role == "orchestrator":
+            return super()._argv(spec)
+        run_log = str(self.run_dir / "run.jsonl")
+        if spec.name == "worker-1":
+            code = "raise ConnectionError('the orchestrator went away')"
+        elif spec.role == "trainer":
+            code = (f"import json, pathlib, time\nfor _ in range(600):\n    p = pathlib.Path({run_log!r})\n"
+                    "    events = [json.loads(l)['event'] for l in p.read_text().splitlines()] if p.exists() else []\n"
+                    "    if 'child_dropped' in events: break\n    time.sleep(0.1)")  # fmt: skip
+        else:
+            code = "import time; time.sleep(120)"
+        return [sys.executable, "-c", code]
+
+
+def test_a_worker_dying_of_the_same_error_is_dropped_and_the_run_finishes(tmp_path: Path) -> None:
+    from prime_rl.launch.local import free_port
+
+    overrides = ["--run_dir", str(tmp_path), "--orchestrator.port", str(free_port()), "--evaluator.enabled", "false",
+                 "--orchestrator.connect_timeout_s", "60", "--workers.count", "2"]  # fmt: skip
+    config = load_config(None, overrides)
+    metrics = MetricsWriter(tmp_path / "run.jsonl", role="run", name="run")
+    supervisor = DropSupervisor(config, None, overrides, metrics, on_progress=lambda line: None, backoff_s=0.1)
+    try:
+        assert supervisor.run() == 0
+    finally:
+        supervisor.stop_all()
+    events = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    (dropped,) = [e for e in events if e["event"] == "child_dropped"]
+    assert dropped["child"] == "worker-1" and dropped["error"] == "ConnectionError: the orchestrator went away"
+    assert not [e for e in events if e["event"] == "failed"]

@@ -18,8 +18,11 @@ stops every child (SIGTERM to its process group, SIGKILL after ``STOP_GRACE_S``)
 Restarts: a child that dies while the run goes on is started again (same command; its error and log
 are reported first), after an exponential backoff (``backoff_s``, doubling per recent restart, at
 most ``max_backoff_s``), within a budget of ``restart_budget`` restarts per child in
-``RESTART_WINDOW_S``; past the budget, or when a child dies of the same error twice in a row (a
-wrong configuration does not heal by restarting), the run fails as it did before restarts existed. What
+``RESTART_WINDOW_S``. Past the budget, or when a child dies of the same error twice in a row within
+``RESTART_WINDOW_S`` (a wrong configuration does not heal by restarting; the same transient error
+days apart is not "in a row"), a worker is dropped and reported (``child_dropped``) and the run goes
+on without it, while a trusted role (orchestrator, origin, relay, trainer, validator) fails the run
+as it did before restarts existed. What
 restarts (:func:`should_restart`): the orchestrator, the shardcast origin and relays, whatever their
 exit code (none ends on its own while the run goes on); the validator whatever its exit code too,
 so a run never goes on without one (a validator stopped by a stray SIGTERM exits 0), unless it
@@ -29,9 +32,9 @@ resumes from its durable state: the orchestrator from its store (``orchestrator/
 validator from its journal, the trainer from its last checkpoint, a worker under its saved identity
 (``worker/identity.py``). The evaluator and ``calibrate-noise`` are not restarted.
 
-Exit code 0 when the trainer finished, 1 when a child failed past its restart budget (or was not
-restartable: its name, its error, read from its output by :func:`first_error`, and its log are
-reported) or when every honest worker stopped before the trainer finished (with no
+Exit code 0 when the trainer finished, 1 when a trusted child failed past its restart budget (or was
+not restartable: its name, its error, read from its output by :func:`first_error`, and its log are
+reported) or when every honest worker stopped or was dropped before the trainer finished (with no
 ``workers.max_batches`` a worker stops on its own only when it is banned; the orchestrator's ban
 reasons are reported: a run nobody feeds would wait forever), 130/143 when interrupted.
 
@@ -95,6 +98,9 @@ BACKOFF_S = 1.0
 """Wait before a child's first restart in the window; doubled per further one."""
 MAX_BACKOFF_S = 30.0
 """Longest wait before a restart."""
+DROPPABLE_ROLES = ("worker",)
+"""Roles whose child is dropped, not the run failed, past its restart budget: untrusted workers, one
+of many; the run cannot go on without any trusted role."""
 
 
 @dataclass(frozen=True)
@@ -225,10 +231,12 @@ class Supervisor:
         restart_budget: int = RESTART_BUDGET,
         backoff_s: float = BACKOFF_S,
         max_backoff_s: float = MAX_BACKOFF_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``on_progress(line)`` gets the run's status line every ``progress_every_s`` seconds and once
         at the end (default: a one-line ticker on stdout, rewritten in place on a terminal).
-        ``restart_budget`` (0: never restart), ``backoff_s``, ``max_backoff_s``: module docstring."""
+        ``restart_budget`` (0: never restart), ``backoff_s``, ``max_backoff_s``: module docstring;
+        ``clock``: the monotonic time of restarts and their window."""
         self.config = config
         self.config_path = config_path
         self.overrides = overrides
@@ -241,7 +249,10 @@ class Supervisor:
         self.max_backoff_s = max_backoff_s
         self.restarts: dict[str, list[float]] = {}  # child name -> monotonic times of its restarts
         self._due: dict[str, tuple[float, ChildSpec]] = {}  # child name -> (restart time, spec)
-        self.last_errors: dict[str, str | None] = {}  # child name -> the error its last death printed
+        self.clock = clock
+        # child name -> (clock time, error) of its last death: "the same error twice" only within the window
+        self.last_errors: dict[str, tuple[float, str | None]] = {}
+        self.dropped: dict[str, str | None] = {}  # workers dropped past their budget -> the error they died of
         self._stopping = False
         self._tty = sys.stdout.isatty()
         self.on_progress = on_progress if on_progress is not None else self._show
@@ -290,7 +301,7 @@ class Supervisor:
 
     def schedule_restart(self, child: _Child) -> bool:
         """Plan ``child``'s restart after its backoff; False when its restart budget is spent."""
-        name, now = child.spec.name, time.monotonic()
+        name, now = child.spec.name, self.clock()
         recent = [t for t in self.restarts.get(name, []) if now - t < RESTART_WINDOW_S]
         self.restarts[name] = recent
         if len(recent) >= self.restart_budget:
@@ -303,7 +314,7 @@ class Supervisor:
 
     def restart_due(self) -> None:
         """Start the children whose backoff has passed (replacing their dead entries)."""
-        now = time.monotonic()
+        now = self.clock()
         for name, (due, spec) in list(self._due.items()):
             if now < due:
                 continue
@@ -314,6 +325,36 @@ class Supervisor:
             self.restarts.setdefault(name, []).append(now)
             child = self.start(spec)
             self.metrics.log("child_restarted", child=name, pid=child.process.pid, restarts=len(self.restarts[name]))
+
+    def handle_death(self, child: _Child) -> bool:
+        """``child`` died while the run goes on and :func:`should_restart` says restart it: schedule
+        its restart, or drop it (a worker past its budget, or dead of the same error twice within the
+        window), or False: a trusted role past its budget fails the run (reported)."""
+        name, now = child.spec.name, self.clock()
+        died_of = self.error_of(child) if child.exit_code else None
+        previous = self.last_errors.get(name)
+        repeated = (
+            died_of is not None
+            and previous is not None
+            and previous[1] == died_of
+            and now - previous[0] < RESTART_WINDOW_S
+        )
+        self.last_errors[name] = (now, died_of)
+        if not repeated and self.schedule_restart(child):
+            if child.exit_code != 0:
+                self.report_failure(child, restarting=True)
+            return True
+        if child.spec.role in DROPPABLE_ROLES:
+            self.dropped[name] = died_of
+            why = "the same error twice in a row" if repeated else "its restart budget spent"
+            log.error(
+                "%s dropped (%s; exit code %s: %s); the run goes on without it\n  (full output: %s)",
+                name, why, child.exit_code, died_of or "it printed no error", self._output_path(child.spec),
+            )  # fmt: skip
+            self.metrics.log("child_dropped", child=name, code=child.exit_code, error=died_of, why=why)
+            return True
+        self.report_failure(child)
+        return False
 
     def error_of(self, child: _Child) -> str | None:
         """The error ``child`` died of, read from this start's output (:func:`first_error`)."""
@@ -342,11 +383,13 @@ class Supervisor:
 
     def honest_workers_gone(self) -> bool:
         """Every honest worker this run started has exited on its own (banned: none has a batch
-        limit), so no sample will come from this machine any more."""
+        limit) or was dropped, so no sample will come from this machine any more."""
+        honest = [c for c in self.children if c.spec.role == "worker" and c.spec.name.startswith("worker-")]
+        if honest and all(c.spec.name in self.dropped for c in honest):
+            return True
         if getattr(self.config.workers, "max_batches", 0):
             return False
-        honest = [c for c in self.children if c.spec.role == "worker" and c.spec.name.startswith("worker-")]
-        return bool(honest) and all(c.exit_code == 0 for c in honest)
+        return bool(honest) and all(c.exit_code == 0 or c.spec.name in self.dropped for c in honest)
 
     def report_workers_gone(self, client: OrchestratorClient) -> None:
         """Log why the run stops: every honest worker stopped, and the bans the orchestrator knows."""
@@ -359,8 +402,9 @@ class Supervisor:
             bans = [f"(the orchestrator did not answer: {error})"]
         log.error(
             "every honest worker stopped before the trainer finished, so no more samples will come; "
-            "banned workers: %s",
+            "banned workers: %s; dropped past their restart budget: %s",
             "; ".join(bans) or "none",
+            "; ".join(f"{name} ({error})" for name, error in self.dropped.items()) or "none",
         )
         self.metrics.log("failed", child="workers", code=0, error="every honest worker stopped", bans=bans)
 
@@ -436,16 +480,8 @@ class Supervisor:
                     trainer_done_at = time.monotonic()
                     log.info("trainer finished all steps")
                 elif trainer_done_at is None and should_restart(self.config, child.spec, child.exit_code or 0):
-                    # The same error twice in a row (a wrong configuration, a missing file) does not
-                    # heal by restarting: the run fails, as it did before restarts existed.
-                    died_of = self.error_of(child) if child.exit_code else None
-                    repeated = died_of is not None and died_of == self.last_errors.get(child.spec.name)
-                    if repeated or not self.schedule_restart(child):
-                        self.report_failure(child)
+                    if not self.handle_death(child):  # a trusted role past its budget
                         return 1
-                    self.last_errors[child.spec.name] = died_of
-                    if child.exit_code != 0:
-                        self.report_failure(child, restarting=True)
                 elif child.exit_code != 0 and trainer_done_at is not None and child.spec.role != "evaluator":
                     # Training is complete and everything is about to stop: a worker or server that
                     # dies now (killed, crashed while the run winds down) costs the run nothing.
