@@ -38,7 +38,10 @@ reported) or when every honest worker stopped or was dropped before the trainer 
 ``workers.max_batches`` a worker stops on its own only when it is banned; the orchestrator's ban
 reasons are reported: a run nobody feeds would wait forever), 130/143 when interrupted.
 
-Before any child starts, the run's secrets (the admin token of the trusted endpoints and the
+Before any child starts, the weight copies a killed run left behind are removed and the disk is
+checked for what the run's weight copies can take (``launch/cleanup.py``: exit code 2 with the
+figures when it cannot hold them); when it ends, however it ends, the copies any process re-creates
+on demand are removed again. Before any child starts, the run's secrets (the admin token of the trusted endpoints and the
 assignment key) are created in ``<run_dir>/secrets/run.json`` (mode 0600) unless configured; the
 orchestrator, validator and trainer read them there, workers are never given them. An
 orchestrator bound beyond loopback without a configured ``orchestrator.admin_token`` stops the
@@ -53,7 +56,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -67,10 +69,10 @@ from prime_rl.api.client import ApiError, OrchestratorClient
 from prime_rl.api.fields import printable
 from prime_rl.api.secrets import SecretsError, check_bind_address, run_secrets
 from prime_rl.config import RunConfig
+from prime_rl.launch.cleanup import check_free_space, remove_stale_copies, remove_weight_copies
 from prime_rl.launch.groups import stop_groups
 from prime_rl.launch.progress import TOP_WORKERS, orchestrator_progress
 from prime_rl.metrics import MetricsWriter, init_process
-from prime_rl.weights.layout import version_dirs
 
 __all__ = [
     "STOP_GRACE_S",
@@ -461,6 +463,14 @@ class Supervisor:
         except SecretsError as error:
             log.error("not starting the run: %s", error)
             return 2
+        freed = remove_stale_copies(self.config)  # what a killed run left: caches, relays' shards
+        if freed:
+            log.info("removed %.2f GiB of weight copies a previous run left behind", freed / 2**30)
+        problem = check_free_space(self.config)
+        if problem is not None:
+            log.error("not starting the run: %s", problem)
+            self.metrics.log("failed", child="run", code=2, error=problem)
+            return 2
         client = OrchestratorClient(self.config.orchestrator.url, timeout_s=5, retries=0)
         orchestrator = self.start(specs[0])
         # Everything starts at once: each role waits for the orchestrator itself (role.py), so its
@@ -507,36 +517,6 @@ class Supervisor:
             time.sleep(0.25)
 
 
-def remove_weight_copies(config: RunConfig) -> int:
-    """Delete the transient copies of policy weights a finished run leaves behind; return bytes freed.
-
-    Recent policy versions live in several places: the workers', the validator's and the
-    evaluator's ``policies/`` caches (hard links of the trainer's files in a local run, copies when
-    a version had to be downloaded), the shardcast origin's and relays' shards, the trainer's older
-    ``policies/v*``. The bytes returned are those actually freed (a file still linked from a kept
-    path, such as the trainer's newest policy, frees nothing).
-    Kept: the trainer's newest policy file, its training checkpoints (to resume), and every log,
-    metrics file and report. Call it only after a successful run.
-    """
-    run_dir = Path(config.run_dir)
-    doomed = [config.shardcast_data_dir]
-    doomed += [cache for cache in run_dir.glob("*/policies") if cache.is_dir()]
-    trainer_versions = list(version_dirs(run_dir / "policies").values())  # ascending by version
-    doomed += trainer_versions[:-1]
-    # A hard link (a local run's policy caches link the trainer's files) frees its bytes only when
-    # every name of the file goes: count each file once, and only if all its names are doomed.
-    files: dict[tuple[int, int], tuple[int, int, int]] = {}  # (dev, inode) -> (names seen, links, size)
-    for path in doomed:
-        for file in path.rglob("*") if path.exists() else ():
-            if file.is_file() and not file.is_symlink():
-                info = file.stat()
-                seen, _, _ = files.get((info.st_dev, info.st_ino), (0, 0, 0))
-                files[(info.st_dev, info.st_ino)] = (seen + 1, info.st_nlink, info.st_size)
-    for path in doomed:
-        shutil.rmtree(path, ignore_errors=True)
-    return sum(size for seen, links, size in files.values() if seen >= links)
-
-
 class _Interrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -564,6 +544,8 @@ def main(
         for signum in previous:
             signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not abort the clean stop
         supervisor.stop_all()
+        freed = remove_stale_copies(config)  # however the run ended: what any process re-creates
+        log.info("removed %.2f GiB of re-creatable weight copies", freed / 2**30)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         if supervisor._tty:

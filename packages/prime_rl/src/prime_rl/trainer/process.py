@@ -52,7 +52,7 @@ from prime_rl.trainer.batching import make_micro_batches, split_minibatches
 from prime_rl.trainer.checkpoint import TrainerState, latest_step, load_checkpoint, save_checkpoint
 from prime_rl.trainer.step import old_logprobs_for, rank_share, train_minibatch, warmup_lambda
 from prime_rl.weights.files import save_policy
-from prime_rl.weights.layout import policy_file
+from prime_rl.weights.layout import policy_file, prune_version_dirs
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -297,6 +297,8 @@ class Trainer:
     def finish_step(self, samples: list[TrainSample]) -> None:
         version = self.step + 1
         self._publish(version)
+        if self.is_main:  # the origin keeps as many: older files only fed links nobody makes now
+            prune_version_dirs(self.policy_dir, self.run.shardcast.keep_versions)
         if version % self.cfg.checkpoint_every == 0 or version == self.cfg.total_steps:
             state = TrainerState(step=version, scheduler=self.scheduler.state_dict())
             save_checkpoint(

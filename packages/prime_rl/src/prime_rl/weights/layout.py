@@ -15,9 +15,17 @@ with a version's name, is ignored.
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
-__all__ = ["POLICY_FILENAME", "parse_version_dir_name", "policy_file", "version_dir", "version_dirs"]
+__all__ = [
+    "POLICY_FILENAME",
+    "parse_version_dir_name",
+    "policy_file",
+    "prune_version_dirs",
+    "version_dir",
+    "version_dirs",
+]
 
 POLICY_FILENAME = "model.safetensors"
 """The one file a policy version is (also its file name inside shardcast)."""
@@ -61,3 +69,16 @@ def version_dirs(root: str | Path) -> dict[int, Path]:
         if version is not None and entry.is_dir():
             found[version] = entry
     return dict(sorted(found.items()))
+
+
+def prune_version_dirs(root: str | Path, keep: int) -> list[int]:
+    """Delete all but the newest ``keep`` version folders under ``root``; the versions deleted.
+
+    Deleting a name frees nothing while another process's cache still hard-links the file, and a
+    reader that has the file open keeps reading it (POSIX), so pruning never breaks a load in flight.
+    """
+    versions = version_dirs(root)
+    doomed = list(versions)[: max(0, len(versions) - keep)]
+    for version in doomed:
+        shutil.rmtree(versions[version], ignore_errors=True)
+    return doomed

@@ -106,6 +106,34 @@ class LocalPolicies:
             return False
         return True
 
+    def share(self, path: Path) -> bool:
+        """Make ``path`` (a process's own copy of the initial weights) one file on this machine:
+        replaced by a hard link of an identical file another process of the run wrote first (same
+        size and sha256), or offered as that file to the next one. Read-only (0444) like every link.
+        Pool: ``<policies>/.shared/<sha256>``. False (nothing changed) when it cannot link."""
+        pool = self.policies_dir / ".shared"
+        try:
+            digest = hashlib.sha256()
+            with path.open("rb") as handle:
+                while block := handle.read(1 << 22):
+                    digest.update(block)
+            pool.mkdir(parents=True, exist_ok=True)
+            shared = pool / digest.hexdigest()
+            temporary = path.with_name(f".{path.name}.share-{os.getpid()}")
+            temporary.unlink(missing_ok=True)
+            if shared.is_file() and shared.stat().st_size == path.stat().st_size:
+                os.link(shared, temporary)
+                os.replace(temporary, path)  # this process's copy goes: one file for every process
+            else:
+                os.chmod(path, 0o444)
+                os.link(path, temporary)
+                os.replace(temporary, shared)
+            os.chmod(path, 0o444)
+        except OSError as exc:
+            log.info("initial weights %s: not shared (%s); keeping this process's copy", path, exc)
+            return False
+        return True
+
 
 @dataclass(frozen=True)
 class PolicyFetch:
@@ -171,6 +199,8 @@ class PolicyStore:
         self._lock = threading.Lock()
         if initial_state is not None and not self.path(0).is_file():
             save_policy(initial_state, self.path(0))
+            if local is not None:  # one machine, several roles: one file of the initial weights
+                local.share(self.path(0))
 
     def path(self, version: int) -> Path:
         return policy_file(self.cache_dir, version)
