@@ -181,3 +181,16 @@ def test_a_second_process_on_the_same_store_is_refused_and_deletes_nothing(tmp_p
     # the kernel released the dead holder's lock: the next orchestrator opens, and cleans up
     RolloutStore(tmp_path).close()
     assert not in_flight.exists()
+
+
+def test_the_vectorised_checksum_is_sqlites() -> None:
+    import random
+
+    from prime_rl.storeguard import _checksum, _checksum_loop
+
+    generator = random.Random(0)
+    for size in (24, 8 + 512, 8 + 4096, 8 + 65536):
+        data = generator.randbytes(size)
+        seed = (generator.getrandbits(32), generator.getrandbits(32))
+        for big_endian in (True, False):
+            assert _checksum(data, *seed, big_endian) == _checksum_loop(data, *seed, big_endian)

@@ -29,12 +29,13 @@ Each refusal says which files to restore. Torch-free and dependency-free, like :
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 __all__ = [
     "StoreDamaged",
@@ -78,13 +79,47 @@ class WalScan:
     damaged: bool
 
 
-def _checksum(data: bytes, s0: int, s1: int, big_endian: bool) -> tuple[int, int]:
-    """SQLite's WAL checksum: over pairs of 32-bit words, seeded with the previous values."""
+def _checksum_loop(data: bytes, s0: int, s1: int, big_endian: bool) -> tuple[int, int]:
+    """SQLite's WAL checksum, as SQLite writes it: over pairs of 32-bit words, seeded with the
+    previous values (``s0 += a + s1; s1 += b + s0`` per pair ``a, b``, modulo 2**32)."""
     words = struct.unpack(f"{'>' if big_endian else '<'}{len(data) // 4}I", data)
     for index in range(0, len(words), 2):
         s0 = (s0 + words[index] + s1) & 0xFFFFFFFF
         s1 = (s1 + words[index + 1] + s0) & 0xFFFFFFFF
     return s0, s1
+
+
+@functools.lru_cache(maxsize=8)
+def _weights(pairs: int) -> tuple[Any, Any, tuple[int, int, int, int]]:
+    """The checksum as one linear map: per pair ``v' = M v + (a, a + b)`` with ``M = [[1, 1], [1, 2]]``,
+    so after ``n`` pairs ``v = M^n v0 + sum_i M^(n-1-i) (a_i, a_i + b_i)``. Returns the weights of
+    every ``a_i`` and ``b_i`` on ``s0`` and ``s1`` and ``M^n`` (all modulo 2**32)."""
+    import numpy as np
+
+    mask = 0xFFFFFFFF
+    power = (1, 0, 0, 1)  # M^0 as (m00, m01, m10, m11)
+    on_a = np.zeros((2, pairs), dtype=np.uint64)
+    on_b = np.zeros((2, pairs), dtype=np.uint64)
+    for step in range(pairs):  # power = M^step is the weight of pair n - 1 - step
+        m00, m01, m10, m11 = power
+        on_a[:, pairs - 1 - step] = ((m00 + m01) & mask, (m10 + m11) & mask)
+        on_b[:, pairs - 1 - step] = (m01, m11)
+        power = ((m00 + m01) & mask, (m00 + 2 * m01) & mask, (m10 + m11) & mask, (m10 + 2 * m11) & mask)
+    return on_a, on_b, power
+
+
+def _checksum(data: bytes, s0: int, s1: int, big_endian: bool) -> tuple[int, int]:
+    """:func:`_checksum_loop`, vectorised (numpy): a page in microseconds rather than a millisecond.
+    Unsigned 64-bit arithmetic wraps modulo 2**64, a multiple of 2**32, so the low 32 bits are exact."""
+    import numpy as np
+
+    words = np.frombuffer(data, dtype=">u4" if big_endian else "<u4").astype(np.uint64)
+    on_a, on_b, (m00, m01, m10, m11) = _weights(len(words) // 2)
+    a, b = words[0::2], words[1::2]
+    with np.errstate(over="ignore"):
+        total = on_a @ a + on_b @ b
+    mask = 0xFFFFFFFF
+    return (int(total[0]) + m00 * s0 + m01 * s1) & mask, (int(total[1]) + m10 * s0 + m11 * s1) & mask
 
 
 def _db_page_size(db_path: Path) -> int | None:
