@@ -130,7 +130,8 @@ def test_the_validator_journal_refuses_a_missing_wal_after_a_crash(tmp_path) -> 
     code = textwrap.dedent(f"""
         import os
         from prime_rl.validator.journal import ValidatorJournal
-        ValidatorJournal({str(journal)!r})
+        journal = ValidatorJournal({str(journal)!r})
+        journal.db.write("INSERT INTO schema_version VALUES (1)")  # a commit that lives in the WAL only
         os._exit(0)
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -194,3 +195,16 @@ def test_the_vectorised_checksum_is_sqlites() -> None:
         seed = (generator.getrandbits(32), generator.getrandbits(32))
         for big_endian in (True, False):
             assert _checksum(data, *seed, big_endian) == _checksum_loop(data, *seed, big_endian)
+
+
+def test_a_process_that_exits_without_closing_leaves_a_store_that_opens(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """SQLite checkpoints and deletes the WAL as the last connection goes at exit: that is no loss."""
+    path = tmp_path / "state.sqlite"
+    code = textwrap.dedent(f"""
+        from prime_rl.statedb import StateDB
+        db = StateDB({str(path)!r}, [lambda c: c.execute("CREATE TABLE t (i INTEGER, s TEXT)")], "probe")
+        db.write("INSERT INTO t VALUES (?, ?)", [(i, "x") for i in range(30)])
+    """)  # no close(): the interpreter's exit closes the connection
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert not Path(f"{path}-wal").exists() or Path(f"{path}-wal").stat().st_size == 0
+    assert _rows(path) == 30

@@ -34,6 +34,7 @@ import json
 import logging
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,6 +68,7 @@ class StateDB:
         self._lock = threading.RLock()
         self._depth = 0
         self._guard: StoreGuard | None = None
+        self._closer: weakref.finalize[Any, Any] | None = None
         if reader:
             self.connection, self.version = self._open_reader(len(migrations))
             return
@@ -87,6 +89,7 @@ class StateDB:
         except BaseException:
             guard.release()
             raise
+        self._closer = weakref.finalize(self, _close_store, self.connection, guard, self._lock, what)
 
     def _open_reader(self, known: int) -> tuple[sqlite3.Connection, int]:
         """A read-only connection (writes fail with ``StateDBError``) to a store at schema ``known``."""
@@ -184,24 +187,26 @@ class StateDB:
     def close(self) -> None:
         """Checkpoint the log into the database, mark the close clean, and release the lock."""
         with self._lock:
-            guard = self._guard
-            if guard is None or not guard.held:
-                self.connection.close()  # a reader, or closed already
-                return
-            try:
-                self._close_cleanly(guard)
-            finally:
-                self.connection.close()
-                guard.release()
+            if self._closer is not None:
+                self._closer()  # once; also run when the object is collected or at interpreter exit
+            else:
+                self.connection.close()  # a reader
 
-    def _close_cleanly(self, guard: StoreGuard) -> None:
+
+def _close_store(connection: sqlite3.Connection, guard: StoreGuard, lock: threading.RLock, what: str) -> None:
+    """Close a writer's connection cleanly: a process that exits without :meth:`StateDB.close`
+    would still have SQLite checkpoint and delete the WAL as its connection goes, and the
+    ``open`` marker left behind would then read as a lost log at the next open."""
+    with lock:
         try:
-            busy = self.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        except sqlite3.Error as error:
-            log.warning("%s: checkpoint at close failed (%s); the next open checks the log", self.what, error)
-            return
-        if busy is not None and busy[0] == 0:
-            guard.mark_closed()
+            busy = connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if busy is not None and busy[0] == 0:
+                guard.mark_closed()
+        except (sqlite3.Error, OSError) as error:
+            log.warning("%s: clean close failed (%s); the next open checks the log", what, error)
+        finally:
+            connection.close()
+            guard.release()
 
 
 def _glued_record(line: str) -> dict[str, Any] | None:
