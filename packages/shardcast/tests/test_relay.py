@@ -144,3 +144,30 @@ def test_relay_places_every_delta_shard_before_any_full_shard(origin_factory, re
     shards = [t for name, t in first_seen.items() if name.startswith("shard_")]
     assert len(deltas) == 24 and len(shards) == 24
     assert max(deltas) <= min(shards), "a full shard was placed while delta shards were still missing"
+
+
+
+def test_a_relay_beside_its_origin_links_its_shards_and_still_verifies_them(  # type: ignore[no-untyped-def]
+    origin_factory, relay_factory, payload: Path, tmp_path: Path
+) -> None:
+    origin = origin_factory()
+    manifest = origin.publish(payload)
+    # the data directory on this machine: the origin's files, one of them damaged on disk
+    local = tmp_path / "local"
+    shutil.copytree(origin.data_dir.root, local)
+    good = origin.data_dir.shard_path(1, 2).read_bytes()
+    DataDir(local).shard_path(1, 2).write_bytes(b"\x00" + good[1:])
+    beside = relay_factory([origin.url], "beside", local_sources=[local])
+    apart = relay_factory([origin.url], "apart")
+    for relay in (beside, apart):
+        wait_until(lambda relay=relay: relay.local_index().latest(complete_only=True) == 1, what="mirrored")
+    shards = range(manifest.num_shards)
+    linked = [beside.data_dir.shard_path(1, i).stat().st_ino == DataDir(local).shard_path(1, i).stat().st_ino
+              for i in shards]  # fmt: skip
+    assert [i for i in shards if not linked[i]] == [2]  # one copy on this machine, but not of a bad shard
+    assert beside.data_dir.shard_path(1, 2).read_bytes() == good  # verified, deleted, downloaded
+    result = Client([beside.url]).fetch(1, tmp_path / "out.bin", deadline_s=60)
+    assert files_equal(result.path, payload)
+    assert not any(
+        apart.data_dir.shard_path(1, i).stat().st_ino == origin.data_dir.shard_path(1, i).stat().st_ino for i in shards
+    )

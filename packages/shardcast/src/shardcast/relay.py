@@ -76,6 +76,10 @@ class Relay:
             even if no newer version arrives.
         concurrency / per_server_connections: download parallelism.
         rate_limit_bps: optional per-response serving rate limit.
+        local_sources: data directories on this machine that may hold the same versions (the
+            origin's, when the relay runs beside it): a shard found there with the manifest's size
+            is hard-linked instead of downloaded, then verified like any shard on disk (a wrong one
+            is deleted and downloaded), so one machine keeps one copy.
         deadline_s: give up on one version after this long (it is retried at the next poll,
             resuming what was already verified).
     """
@@ -98,6 +102,7 @@ class Relay:
         deadline_s: float = DEFAULT_DEADLINE_S,
         max_shards: int = MAX_SHARDS,
         rate_limit_bps: float | None = None,
+        local_sources: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
         if isinstance(upstreams, str | bytes):
             raise TypeError(f"upstreams must be a list of URLs, not one string: write Relay([{upstreams!r}], ...)")
@@ -105,6 +110,7 @@ class Relay:
             raise ValueError("Relay needs at least one upstream URL")
         self.upstreams = list(dict.fromkeys(normalise_url(u) for u in upstreams))
         self.data_dir = DataDir(data_dir)
+        self.local_sources = [DataDir(source) for source in local_sources]
         self.server = HttpServer(
             self.data_dir, host=host, port=port, token=token, rate_limit_bps=rate_limit_bps
         )
@@ -221,6 +227,7 @@ class Relay:
         self._install_manifest(manifest)
         jobs = _mirror_jobs(manifest)
         sink = MirrorSink(self.data_dir, manifest)
+        await asyncio.to_thread(link_local_shards, self.local_sources, self.data_dir, manifest.version, jobs)
         await asyncio.to_thread(sink.adopt_existing, jobs)
         tracker = VersionTracker(session, manifest, verify_key=self.verify_key)
         tracker.mark_agrees(source)
@@ -323,6 +330,29 @@ async def _run_in_order(transfers: list[Transfer]) -> TransferStats:
         total.bad_shards += stats.bad_shards
         total.failed_requests += stats.failed_requests
     return total
+
+
+def link_local_shards(sources: Sequence[DataDir], target: DataDir, version: int, jobs: list[ShardJob]) -> int:
+    """Hard-link into ``target`` the shards of ``version`` that a data directory on this machine
+    holds with the expected size; the number linked. Unverified: the caller verifies what is on
+    disk (``MirrorSink.adopt_existing``). Another disk, or no such file: nothing, it is downloaded."""
+    linked = 0
+    for job in jobs:
+        final = target.shard_path(version, job.index, job.delta)
+        if final.exists():
+            continue
+        for source in sources:
+            candidate = source.shard_path(version, job.index, job.delta)
+            try:
+                if candidate.stat().st_size != job.stored_size:
+                    continue
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.link(candidate, final)
+            except OSError:
+                continue
+            linked += 1
+            break
+    return linked
 
 
 def _mirror_jobs(manifest: Manifest) -> list[ShardJob]:

@@ -5,7 +5,8 @@ Where a run's weights live (``B``: one policy file, e.g. 514 MB for the 135M dem
 
 - the trainer's ``policies/v*``: the newest ``shardcast.keep_versions`` (the trainer prunes after
   each publish, :func:`prime_rl.weights.layout.prune_version_dirs`);
-- the shardcast origin and each relay: ``shardcast.keep_versions`` versions each (full shards);
+- the shardcast origin: ``shardcast.keep_versions`` versions (full shards); a relay beside it
+  hard-links the origin's shards (``local_sources``), so relays on this machine add nothing;
 - the trainer's checkpoints: ``trainer.keep_checkpoints`` complete ones plus the one being written,
   each about ``3 B`` (weights and AdamW's two moments, in the model's dtype);
 - each worker's, the validator's and the evaluator's ``policies/`` cache: hard links of the
@@ -73,12 +74,10 @@ def disk_needed(config: RunConfig, policy_bytes: int | None = None) -> DiskNeed 
     if not size:
         return None
     keep = int(config.shardcast.keep_versions)
-    relays = len(config.shardcast.relay_ports)
     checkpoints = int(getattr(config.trainer, "keep_checkpoints", 2)) + 1
     places = {
         "trainer policies": keep * size,
         "shardcast origin": keep * size,
-        "shardcast relays": relays * keep * size,
         "checkpoints": checkpoints * CHECKPOINT_FACTOR * size,
         "initial weights": size,  # one file shared by every process
     }
@@ -105,7 +104,7 @@ def check_free_space(config: RunConfig, policy_bytes: int | None = None) -> str 
     return (
         f"not enough disk for the run's weight copies: it needs about {need.describe()}, and "
         f"{free / 2**30:.1f} GiB are free on the disk of {run_dir}. Free space there, choose another "
-        "run_dir, or lower shardcast.keep_versions, trainer.keep_checkpoints or the number of relays."
+        "run_dir, or lower shardcast.keep_versions or trainer.keep_checkpoints."
     )
 
 

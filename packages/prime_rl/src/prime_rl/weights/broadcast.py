@@ -78,5 +78,6 @@ def relay_main(config: RunConfig, name: str = "shardcast-relay-0", index: int = 
         port=sc.relay_ports[index],
         keep=sc.keep_versions,
         poll_interval_s=0.5,
+        local_sources=[config.shardcast_data_dir / "origin"],  # beside the origin: links, one copy
     )
     return _serve_until_signal(relay, relay.data_dir, "shardcast-relay", name, config)
