@@ -41,8 +41,8 @@ reasons are reported: a run nobody feeds would wait forever), 130/143 when inter
 Before any child starts, the weight copies a killed run left behind are removed and the disk is
 checked for what the run's weight copies can take (``launch/cleanup.py``: exit code 2 with the
 figures when it cannot hold them); when it ends, however it ends, the copies any process re-creates
-on demand are removed again. Before any child starts, the run's secrets (the admin token of the trusted endpoints and the
-assignment key) are created in ``<run_dir>/secrets/run.json`` (mode 0600) unless configured; the
+on demand are removed again. Before any child starts, the run's secrets (the admin token of the
+trusted endpoints and the assignment key) are created in ``<run_dir>/secrets/run.json`` (mode 0600) unless configured; the
 orchestrator, validator and trainer read them there, workers are never given them. An
 orchestrator bound beyond loopback without a configured ``orchestrator.admin_token`` stops the
 run before it starts (exit code 2).
