@@ -208,3 +208,15 @@ def test_a_process_that_exits_without_closing_leaves_a_store_that_opens(tmp_path
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     assert not Path(f"{path}-wal").exists() or Path(f"{path}-wal").stat().st_size == 0
     assert _rows(path) == 30
+
+
+def test_a_deleted_database_is_refused_not_started_empty(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "state.sqlite"
+    db = StateDB(path, [_table], "probe")
+    db.write("INSERT INTO t VALUES (?, ?)", [(1, "x")])
+    db.close()
+    path.unlink()  # a clean store whose database went (an operator, a sync tool)
+    with pytest.raises(StateDBError, match=r"database .* is missing.*SQLite would start an empty store"):
+        StateDB(path, [_table], "probe")
+    Path(f"{path}.lock").unlink()  # the operator starts empty on purpose, as the message says
+    assert _rows(path) == 0

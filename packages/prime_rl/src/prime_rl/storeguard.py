@@ -270,6 +270,16 @@ def _check_files(db_path: Path, previous_state: str, what: str) -> None:
         f"Restore {db_path.name} together with {wal.name} from the same backup (copies taken at one "
         f"moment, while no process had the store open), or move both aside to start an empty {what}."
     )
+    if not db_path.exists():
+        if previous_state or (wal.exists() and wal.stat().st_size > WAL_HEADER):
+            raise StoreDamaged(
+                f"the {what}'s database {db_path} is missing, but "
+                + (f"its {wal.name} holds commits" if wal.exists() else f"{db_path.name}.lock says one was here")
+                + f" ({previous_state or 'a write-ahead log'}); SQLite would start an empty store. Restore "
+                f"{db_path.name} (and {wal.name}, if it was backed up with it), or, to start empty, move "
+                f"{wal.name} and {db_path.name}.lock aside."
+            )
+        return
     if wal.exists():
         scan = scan_wal(wal, _db_page_size(db_path))
         if scan.damaged:
