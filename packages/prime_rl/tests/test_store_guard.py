@@ -79,6 +79,9 @@ def test_a_damaged_middle_of_the_wal_is_refused_with_what_to_restore(tmp_path) -
     with pytest.raises(StoreError, match="damaged"):
         RolloutStore(tmp_path)
     assert wal.read_bytes() == before
+    # the operator chooses SQLite's reading over a restore, as the message offers: once
+    subprocess.run([sys.executable, "-m", "prime_rl.storeguard", "accept", str(path)], check=True, timeout=60)
+    assert _rows(path) == COMMITS - scan.lost_commits - 1  # SQLite kept those before the damaged commit
 
 
 def test_a_torn_tail_opens_with_every_acknowledged_commit(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -114,7 +117,7 @@ def test_a_missing_wal_after_a_crash_is_refused_but_not_after_a_clean_close(tmp_
     with pytest.raises(StateDBError, match=r"write-ahead log .* is missing.*crashed or was killed.*Restore"):
         StateDB(path, [_table], "probe")
     # the operator accepts the loss as the message says: the store opens with what the file holds
-    Path(f"{path}.lock").unlink()
+    subprocess.run([sys.executable, "-m", "prime_rl.storeguard", "accept", str(path)], check=True, timeout=60)
     StateDB(path, [_table], "probe").close()
     # a clean close checkpoints the log: no WAL is needed to reopen everything
     clean = tmp_path / "clean" / "state.sqlite"

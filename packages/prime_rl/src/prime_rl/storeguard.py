@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import logging
 import os
 import struct
 import threading
@@ -38,14 +39,18 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
+    "ACCEPT",
     "StoreDamaged",
     "StoreGuard",
     "StoreGuardError",
     "StoreLocked",
     "WalScan",
+    "accept",
     "open_guard",
     "scan_wal",
 ]
+
+log = logging.getLogger(__name__)
 
 WAL_MAGIC = (0x377F0682, 0x377F0683)  # low bit set: checksums over big-endian words
 WAL_HEADER = 32
@@ -270,6 +275,9 @@ def _check_files(db_path: Path, previous_state: str, what: str) -> None:
         f"Restore {db_path.name} together with {wal.name} from the same backup (copies taken at one "
         f"moment, while no process had the store open), or move both aside to start an empty {what}."
     )
+    if previous_state == ACCEPT:
+        log.warning("%s: opening %s as SQLite reads it, as the operator accepted (%s)", what, db_path, ACCEPT)
+        return
     if not db_path.exists():
         if previous_state or (wal.exists() and wal.stat().st_size > WAL_HEADER):
             raise StoreDamaged(
@@ -286,7 +294,7 @@ def _check_files(db_path: Path, previous_state: str, what: str) -> None:
             raise StoreDamaged(
                 f"the {what}'s write-ahead log {wal} is damaged at frame {scan.bad_frame}: {scan.lost_commits} "
                 f"committed transaction(s) after it would be silently dropped by SQLite. {restore} "
-                "Opening it as it is loses those commits."
+                f"To open it as it is, losing those commits: python -m prime_rl.storeguard accept {db_path}"
             )
         return
     try:
@@ -302,8 +310,24 @@ def _check_files(db_path: Path, previous_state: str, what: str) -> None:
             f"the {what}'s write-ahead log {wal} is missing, but the last process to use {db_path} did not "
             f"close it ({previous_state}; it crashed or was killed), so its recent commits lived only in "
             f"that log and SQLite would open the store without them, silently. {restore} To accept the "
-            f"loss and open what {db_path.name} holds, delete {db_path.name}.lock."
+            f"loss and open what {db_path.name} holds: python -m prime_rl.storeguard accept {db_path}"
         )
+
+
+ACCEPT = "accept"
+"""The lock file's state after ``python -m prime_rl.storeguard accept <db>``: the next open skips
+the damage checks once (the operator chose SQLite's reading over a restore); opening marks it open."""
+
+
+def accept(db_path: str | Path) -> None:
+    """Let the next open of ``db_path`` proceed as SQLite would, losing what the checks protect."""
+    path = Path(db_path)
+    with open(path.with_name(path.name + ".lock"), "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreLocked(f"{path} is open in another process ({_read_state(handle)})") from None
+        _write_state(handle, ACCEPT)
 
 
 def open_guard(db_path: str | Path, what: str) -> StoreGuard:
@@ -336,3 +360,12 @@ def open_guard(db_path: str | Path, what: str) -> StoreGuard:
         held = _Held(handle)
         _HELD[lock_path.resolve()] = held
         return StoreGuard(path, held, previous)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "accept":
+        raise SystemExit("usage: python -m prime_rl.storeguard accept <store.sqlite>")
+    accept(sys.argv[2])
+    print(f"the next open of {sys.argv[2]} skips the damage checks once")
