@@ -55,6 +55,8 @@ def test_a_killed_runs_leftovers_go_and_what_a_resume_needs_stays(tmp_path: Path
         _write(tmp_path / "shardcast/relay-0/v3/shard_000000.bin", 102),
         _write(tmp_path / "policies/.shared/ab12", 103),
         _write(tmp_path / "policies/v1/model.safetensors", 104),
+        _write(tmp_path / "policies/v3/.model.safetensors.tmp-0123456789abcdef", 105),  # killed mid-write
+        _write(tmp_path / "checkpoints/step_4/.optimizer.pt.tmp-0123456789abcdef", 106),
     ]
     kept = [
         _write(tmp_path / "policies/v2/model.safetensors", 7),
@@ -63,7 +65,7 @@ def test_a_killed_runs_leftovers_go_and_what_a_resume_needs_stays(tmp_path: Path
         _write(tmp_path / "checkpoints/step_3/COMPLETE", 7),
         _write(tmp_path / "orchestrator/state.sqlite", 7),
     ]
-    assert remove_stale_copies(config) == sum(range(100, 105))
+    assert remove_stale_copies(config) == sum(range(100, 107))
     assert [p for p in stale if p.exists()] == [] and all(p.exists() for p in kept)
 
 

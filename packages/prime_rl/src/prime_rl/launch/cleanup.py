@@ -35,6 +35,8 @@ __all__ = ["DiskNeed", "check_free_space", "disk_needed", "remove_stale_copies",
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 CHECKPOINT_FACTOR = 3
 """A checkpoint's size in policy files: the weights and AdamW's two moments."""
+TEMP_GLOB = ".*.tmp-*"
+"""The temporaries of an atomic write (``prime_rl.durable.TEMP_GLOB``; launch may not import durable)."""
 MARGIN = 1.1
 """Head room over the estimate (logs, metrics, rollout batches, the store)."""
 
@@ -111,7 +113,8 @@ def check_free_space(config: RunConfig, policy_bytes: int | None = None) -> str 
 def remove_stale_copies(config: RunConfig) -> int:
     """Delete what the run's processes re-create on demand; return the bytes freed: every process's
     ``policies/`` cache, the shared initial weights, the relays' shards (they mirror the origin
-    again), and the trainer's versions past ``shardcast.keep_versions``. Kept: the origin (a
+    again), the trainer's versions past ``shardcast.keep_versions``, and the half-written
+    temporaries a process killed mid-write left in the trainer's policies and checkpoints. Kept: the origin (a
     restarted validator may still need an older version to judge a pending batch), the trainer's
     newest versions and checkpoints, logs, metrics, the stores."""
     run_dir = Path(config.run_dir)
@@ -120,10 +123,20 @@ def remove_stale_copies(config: RunConfig) -> int:
     doomed += [relay for relay in config.shardcast_data_dir.glob("relay-*") if relay.is_dir()]
     trainer_versions = list(version_dirs(run_dir / "policies").values())
     doomed += trainer_versions[: max(0, len(trainer_versions) - int(config.shardcast.keep_versions))]
+    # half-written files of a process killed mid-write (prime_rl.durable's temporaries: a whole
+    # policy file each), where nothing deletes them: the trainer's policies and checkpoints
+    checkpoints = Path(getattr(config.trainer, "checkpoint_dir", "") or run_dir / "checkpoints")
+    for folder in (run_dir / "policies", checkpoints):
+        doomed += [stale for stale in folder.rglob(TEMP_GLOB) if stale.is_file()] if folder.is_dir() else []
     return _remove(doomed)
 
 
 def _remove(doomed: list[Path]) -> int:
+    doomed_files = [path for path in doomed if path.is_file()]
+    freed_files = sum(path.stat().st_size for path in doomed_files if path.stat().st_nlink == 1)
+    for path in doomed_files:
+        path.unlink(missing_ok=True)
+    doomed = [path for path in doomed if path not in doomed_files]
     # A hard link (a local run's policy caches link the trainer's files) frees its bytes only when
     # every name of the file goes: count each file once, and only if all its names are doomed.
     files: dict[tuple[int, int], tuple[int, int, int]] = {}  # (dev, inode) -> (names seen, links, size)
@@ -135,7 +148,7 @@ def _remove(doomed: list[Path]) -> int:
                 files[(info.st_dev, info.st_ino)] = (seen + 1, info.st_nlink, info.st_size)
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
-    return sum(size for seen, links, size in files.values() if seen >= links)
+    return freed_files + sum(size for seen, links, size in files.values() if seen >= links)
 
 
 def remove_weight_copies(config: RunConfig) -> int:
