@@ -23,7 +23,14 @@ SQLite would do silently is refused loudly instead:
   checkpoints the log into the database and writes ``closed`` into the lock file; at open it writes
   ``open``. A missing WAL beside a WAL-mode database whose last user never closed it is refused.
 
-Each refusal says which files to restore. Torch-free and dependency-free, like :mod:`prime_rl.statedb`.
+- **A missing database** where the lock file or a WAL with commits says a store was: SQLite would
+  start an empty one.
+
+Each refusal says which files to restore; ``python -m prime_rl.storeguard accept <db>`` (:func:`accept`)
+lets the next open read the store as SQLite would instead, once. The check assumes each commit is
+on disk before the next starts (``synchronous=FULL``); with commits made durable in groups, a power
+cut can leave several unacknowledged transactions out of order, which reads as damage (a false
+alarm, never a silent loss). Torch-free; numpy for the checksum.
 """
 
 from __future__ import annotations
