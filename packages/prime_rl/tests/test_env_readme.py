@@ -31,7 +31,7 @@ def test_the_readme_environment_config_loads_the_verifiers_example(tmp_path, mon
          "--tasks.environment.turn_template", section["turn_template"]],
     )  # fmt: skip
     tasks = TaskSet([Task("How many metres are 3 miles?", "verifiable_math", {"ground_truth": "4828.032"})])
-    env = load_episode_env(config, tasks, tiny_tokenizer, replayable_only=True)  # the validator's loading
+    env = load_episode_env(config, tasks, tiny_tokenizer)  # every role's loading: checked, replayable
     assert type(env.env).__name__ == "UnitConverterEnv" and env.max_turns == 4 and env.replayable
     call = '<tool_call>{"name": "convert", "arguments": {"value": 2, "from": "km", "to": "m"}}</tool_call>'
     step = env.step(0, env.start(0), call)

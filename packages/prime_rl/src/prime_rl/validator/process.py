@@ -146,7 +146,7 @@ class Validator:
         )
         # A multi-turn run: episodes are re-played in the run's environment (validator/episodes.py).
         self.checks = dataclasses.replace(
-            self.checks, episode_env=load_episode_env(config, self.tasks.task_set, tokenizer, replayable_only=True)
+            self.checks, episode_env=load_episode_env(config, self.tasks.task_set, tokenizer)
         )
         # Per-identity evidence and failure counts survive a restart (journal.py).
         self.journal = ValidatorJournal(Path(config.run_dir) / "validator" / "journal.jsonl")
