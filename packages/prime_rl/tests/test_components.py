@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import grpo
+import verifiers
 from prime_rl.config import ComponentError, ConfigError, load_component, load_config, with_overrides
 from prime_rl.config.components import ImportPath, check_signature
 from prime_rl.config.loss import load_loss
@@ -133,7 +134,7 @@ def test_reward_must_take_task_completion_num_tokens_budget(package: Path, tiny_
     config = load_config(
         None, ["--tasks.num_tasks", "3", "--components.reward", "my_recipes.components:nan_reward"]
     )
-    with pytest.raises(ComponentError, match="returned nan for task 0"):
+    with pytest.raises(ComponentError, match="reward function 'nan_reward', task 0: returned nan"):
         run_tasks(config, tiny_tokenizer)
     assert check_signature(("a",))(print) is None  # builtins without an inspectable signature pass
 
@@ -141,7 +142,10 @@ def test_reward_must_take_task_completion_num_tokens_budget(package: Path, tiny_
 def test_reward_must_return_a_finite_number(package: Path):
     tasks = TaskSet([{"prompt": "1 + 1 =", "task_type": "arithmetic_exact"}])
     book = RunTasks(tasks, tokenizer=None, reward=load_reward("my_recipes.components:nan_reward"))
-    with pytest.raises(ComponentError, match="returned nan for task 0; a reward must be a finite number"):
+    with pytest.raises(
+        verifiers.RewardError,
+        match=r"^environment 'single_turn', reward function 'nan_reward', task 0: returned nan \(float\); a reward must",
+    ):
         book.score(0, "2", 1)
     assert RunTasks(tasks, tokenizer=None).reward is default_reward
 

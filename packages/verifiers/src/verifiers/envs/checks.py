@@ -61,6 +61,11 @@ def _return_annotation(fn: object) -> object:
         return inspect.Signature.empty
 
 
+def _type_name(annotation: object) -> str:
+    """``str`` for a class, ``typing.Optional[float]`` for a typing form, the text of a string."""
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
+
+
 def _takes(fn: object, count: int) -> str | None:
     """None when ``fn`` can be called with ``count`` positional arguments, else its signature."""
     try:
@@ -94,7 +99,7 @@ def _check_rubric(env: Environment, where: str) -> None:
         if returns is not inspect.Signature.empty and returns not in _NUMBER_TYPES:
             raise EnvironmentSpecError(
                 where, attribute,
-                f"is annotated to return {getattr(returns, '__name__', returns)!s}; a reward must return a finite real "
+                f"is annotated to return {_type_name(returns)}; a reward must return a finite real "
                 "number (annotate it -> float, and return a float, not a str, bool or None)",
             )  # fmt: skip
         weight = func.weight
@@ -120,7 +125,7 @@ def _check_tools(env: ToolEnv, where: str) -> None:
         returns = _return_annotation(tool)
         if returns is not inspect.Signature.empty and returns not in (str, "str"):
             raise EnvironmentSpecError(
-                where, attribute, f"is annotated to return {getattr(returns, '__name__', returns)!s}; a tool returns str"
+                where, attribute, f"is annotated to return {_type_name(returns)}; a tool returns str"
             )
 
 
