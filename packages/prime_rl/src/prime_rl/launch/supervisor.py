@@ -69,6 +69,7 @@ from prime_rl.api.secrets import SecretsError, check_bind_address, run_secrets
 from prime_rl.config import RunConfig
 from prime_rl.launch.groups import stop_groups
 from prime_rl.launch.progress import TOP_WORKERS, orchestrator_progress
+from prime_rl.launch.waits import trainer_wait_summary
 from prime_rl.metrics import MetricsWriter, init_process
 from prime_rl.weights.layout import version_dirs
 
@@ -558,6 +559,8 @@ def main(
             signal.signal(signum, handler)
         if supervisor._tty:
             sys.stdout.write("\n")
+        if (waits := trainer_wait_summary(config.run_dir)) is not None:
+            log.info("%s", waits)  # a run that trained nothing says why (launch/waits.py)
         metrics.log("shutdown", code=code, children={c.spec.name: c.exit_code for c in supervisor.children})
         log.info("run finished with exit code %d (logs and metrics in %s)", code, config.run_dir)
     return code
