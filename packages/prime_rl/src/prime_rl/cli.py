@@ -190,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (problem := check_environment_first(args.role, config)) is not None:
         print(f"prime-rl {args.role}: {problem}", file=sys.stderr)
         return 2
+    if args.role in ("run", "trainer") and (warning := config.broadcast_warning()) is not None:
+        print(f"prime-rl {args.role}: warning: {warning}", file=sys.stderr)
     name = args.name or args.role
     # stderr only until the role's init_process adds its log file: the demo model's one-time
     # conversion below must not look like a hang
