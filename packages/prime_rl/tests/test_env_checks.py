@@ -178,3 +178,58 @@ def test_the_supervisor_shows_a_configuration_error_and_stops_instead_of_restart
 def test_first_error_reads_the_cli_configuration_line() -> None:
     output = "2026-01-01 [INFO] loading\nprime-rl worker: components.reward = 'x:y': module 'x' not found\n"
     assert first_error(output) == "prime-rl worker: components.reward = 'x:y': module 'x' not found"
+
+
+ENV_FILE = '''from verifiers.envs import SingleTurnEnv
+
+
+class Echo(SingleTurnEnv):
+    """{note}"""
+'''
+
+
+def _free_port() -> int:
+    from prime_rl.launch.local import free_port
+
+    return free_port()
+
+
+def test_a_worker_with_another_copy_of_the_environment_is_refused_before_loading_a_model(tmp_path: Path) -> None:
+    from prime_rl.config.environment import environment_digest
+    from prime_rl.orchestrator.server import OrchestratorServer
+    from prime_rl.tasks import load_tasks
+    from prime_rl.worker.process import Worker
+
+    for copy, note in (("run", "the run's copy"), ("same", "the run's copy"), ("old", "an older copy")):
+        (tmp_path / copy).mkdir()
+        (tmp_path / copy / "echo_env.py").write_text(ENV_FILE.format(note=note))
+    port = _free_port()
+
+    def config(copy: str, model: str = "") -> Any:
+        return load_config(None, [
+            "--run_dir", str(tmp_path / "runs"), "--orchestrator.port", str(port), "--tasks.num_tasks", "4",
+            "--tasks.environment.name", f"{tmp_path / copy / 'echo_env.py'}:Echo",
+            "--model.path", model or str(tmp_path / "no-model"),
+        ])  # fmt: skip
+
+    digests = {copy: environment_digest(config(copy).tasks.environment) for copy in ("run", "same", "old")}
+    assert digests["run"] == digests["same"] != digests["old"] and len(digests["run"]) == 16  # content, not path
+    missing = load_config(None, ["--tasks.environment.name", f"{tmp_path / 'nowhere.py'}:Echo"]).tasks.environment
+    assert environment_digest(missing) == ""  # not known here: nothing to compare
+    run = config("run")
+    with OrchestratorServer(run, load_tasks(run.tasks)) as server:
+        assert _published_environment(server.url) == digests["run"]
+        with pytest.raises(ComponentError) as refused:
+            Worker(config("old"), "worker-0")  # the model path does not exist: reaching it would say so
+        with pytest.raises(OSError):  # the same copy passes the check and goes on to load the model
+            Worker(config("same"), "worker-0")
+    message = str(refused.value)
+    assert message.startswith(f"tasks.environment.name = '{tmp_path / 'old' / 'echo_env.py'}:Echo': this worker's environment")
+    assert f"(digest {digests['old']}, source {tmp_path / 'old' / 'echo_env.py'}) differs from the run's (digest {digests['run']}" in message
+
+
+def _published_environment(url: str) -> str:
+    from prime_rl.api.client import OrchestratorClient
+
+    with OrchestratorClient(url) as client:
+        return client.status().environment

@@ -25,6 +25,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from prime_rl.config.components import ComponentError, load_component
+from prime_rl.config.environment import environment_digest, environment_source
 from prime_rl.config.sections import BUILTIN_ENVIRONMENTS, ENVIRONMENT_ENTRY_POINTS, EnvironmentConfig
 from prime_rl.tasks import TaskSet
 from verifiers.envs import CalculatorEnv, Environment, Message, PythonToolEnv, check_environment, defined_at
@@ -33,7 +34,14 @@ from verifiers.errors import EnvironmentSpecError, RewardError
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
 
-__all__ = ["EnvStep", "EpisodeEnv", "check_run_environment", "load_environment", "load_episode_env"]
+__all__ = [
+    "EnvStep",
+    "EpisodeEnv",
+    "check_run_environment",
+    "check_same_environment",
+    "load_environment",
+    "load_episode_env",
+]
 
 KEY = "tasks.environment.name"
 
@@ -196,3 +204,20 @@ def load_episode_env(config: RunConfig, task_set: TaskSet, tokenizer: Any) -> Ep
     if env is None:
         return None
     return EpisodeEnv(env, task_set, tokenizer, turn_template=section.turn_template, name=section.name)
+
+
+def check_same_environment(section: EnvironmentConfig, published: str, *, role: str, url: str) -> None:
+    """Raise ``ComponentError`` when the run's environment digest ``published`` in ``GET /status``
+    (``StatusResponse.environment``) differs from this process's own (``config/environment.py``):
+    its episodes would be re-derived differently by the validator and every lease rejected. Nothing
+    is compared when either side does not know its digest ("")."""
+    mine = environment_digest(section)
+    if not published or not mine or published == mine:
+        return
+    source = environment_source(section)
+    raise ComponentError(
+        f"{KEY} = {section.name!r}: this {role}'s environment (digest {mine}"
+        f"{f', source {source}' if source else ''}) differs from the run's (digest {published}, in GET /status "
+        f"of {url}): the validator would re-derive its episodes differently and reject them. Use the run's copy of "
+        "the environment's file and the same [tasks.environment] settings (args, max_turns, turn_template)"
+    )

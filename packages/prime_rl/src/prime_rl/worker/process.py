@@ -39,7 +39,7 @@ from prime_rl.api.protocol import RolloutBatch, StatusResponse, TaskLease
 from prime_rl.api.spans import lease_digest
 from prime_rl.config.worker import WorkerConfig
 from prime_rl.devices import choose_device
-from prime_rl.episodes import EpisodeEnv, load_episode_env
+from prime_rl.episodes import EpisodeEnv, check_same_environment, load_episode_env
 from prime_rl.inference.backend import GenerationBackend, GenerationError, HFBackend
 from prime_rl.inference.select import make_backend
 from prime_rl.inference.vllm_backend import VLLMBackend  # the class only: vLLM is imported when one is built
@@ -99,6 +99,13 @@ class Worker:
         if self.cfg.behaviour not in BEHAVIOURS:
             raise ValueError(f"unknown workers.behaviour {self.cfg.behaviour!r}; choose from {BEHAVIOURS}")
         self.name = name
+        self.client = OrchestratorClient(
+            config.orchestrator.url, registration_token=config.orchestrator.registration_token
+        )
+        # Before the model loads: another copy of the environment than the run's is refused (exit code 2).
+        check_same_environment(
+            config.tasks.environment, self.client.status().environment, role="worker", url=config.orchestrator.url
+        )
         # Hostile behaviours reach into the transformers model (copies, prefills): they stay on HF.
         self.backend = make_backend(
             config,
@@ -115,9 +122,6 @@ class Worker:
         self.follower = VersionFollower(self.store, poll_s=self.cfg.weights_poll_s)
         self.tasks = run_tasks(config, self.backend.tokenizer)
         self.env = load_episode_env(config, self.tasks.task_set, self.backend.tokenizer)
-        self.client = OrchestratorClient(
-            config.orchestrator.url, registration_token=config.orchestrator.registration_token
-        )
         if self.cfg.inflight_updates:
             self.start_inflight()
         self.worker_id = ""
