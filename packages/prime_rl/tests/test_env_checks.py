@@ -198,6 +198,7 @@ def test_a_worker_with_another_copy_of_the_environment_is_refused_before_loading
     from prime_rl.config.environment import environment_digest
     from prime_rl.orchestrator.server import OrchestratorServer
     from prime_rl.tasks import load_tasks
+    from prime_rl.validator.process import Validator
     from prime_rl.worker.process import Worker
 
     for copy, note in (("run", "the run's copy"), ("same", "the run's copy"), ("old", "an older copy")):
@@ -223,6 +224,8 @@ def test_a_worker_with_another_copy_of_the_environment_is_refused_before_loading
             Worker(config("old"), "worker-0")  # the model path does not exist: reaching it would say so
         with pytest.raises(OSError):  # the same copy passes the check and goes on to load the model
             Worker(config("same"), "worker-0")
+        with pytest.raises(ComponentError, match="this validator's environment"):  # the validator checks it too
+            Validator(config("old"))
     message = str(refused.value)
     assert message.startswith(f"tasks.environment.name = '{tmp_path / 'old' / 'echo_env.py'}:Echo': this worker's environment")
     assert f"(digest {digests['old']}, source {tmp_path / 'old' / 'echo_env.py'}) differs from the run's (digest {digests['run']}" in message
