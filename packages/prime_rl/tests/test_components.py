@@ -40,6 +40,10 @@ def nan_reward(task, completion, num_tokens, budget):
     return float("nan")
 
 
+def text_reward(task, completion, num_tokens, budget) -> str:
+    return "1.0"
+
+
 class Recipe:
     reward = staticmethod(reward)
 """
@@ -122,14 +126,14 @@ def test_reward_must_take_task_completion_num_tokens_budget(package: Path, tiny_
         load_reward("my_recipes.components:two_arguments")
     with pytest.raises(ComponentError, match=r"must be callable .* got a LossConfig"):
         load_reward("my_recipes.components:loss_config")
-    # A loss is callable with four arguments too: the start-up call finds out it is no reward.
+    with pytest.raises(ComponentError, match=r"text_reward': is annotated to return str; a reward must return a finite"):
+        load_reward("my_recipes.components:text_reward")  # issue 48: refused before it is ever called
+    # A loss is callable with four arguments too: its return annotation says it is no reward
+    # (an unannotated one is found out by the start-up call, as nan_reward below).
     config = load_config(
         None, ["--tasks.num_tasks", "3", "--components.reward", "my_recipes.components:loss"]
     )
-    with pytest.raises(
-        ComponentError,
-        match=r"components\.reward = .*: calling it for task 0 with an empty completion failed",
-    ):
+    with pytest.raises(ComponentError, match=r"components\.reward = .*: is annotated to return LossOutput"):
         run_tasks(config, tiny_tokenizer)
     config = load_config(
         None, ["--tasks.num_tasks", "3", "--components.reward", "my_recipes.components:nan_reward"]

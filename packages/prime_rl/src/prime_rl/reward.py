@@ -27,6 +27,7 @@ from prime_rl.config import ComponentError, load_component
 from prime_rl.config.components import check_signature
 from prime_rl.tasks import TaskSet, load_tasks
 from verifiers.envs import reward_value
+from verifiers.envs.checks import reward_return_problem
 from verifiers.errors import RewardError
 from verifiers.length import ALPHA
 
@@ -105,8 +106,15 @@ def weighted(*terms: tuple[Reward, float]) -> WeightedReward:
 
 
 def load_reward(path: str) -> Reward:
-    """The reward ``path`` names (``module:attribute``); ``ComponentError`` if it is not one."""
-    return load_component("components.reward", path, check_signature(REWARD_PARAMETERS))  # type: ignore[return-value]
+    """The reward ``path`` names (``module:attribute``); ``ComponentError`` if it is not one: not
+    callable as ``(task, completion, num_tokens, budget)``, or annotated to return something other
+    than a number (``verifiers.envs.checks.reward_return_problem``)."""
+    signature = check_signature(REWARD_PARAMETERS)
+
+    def accepts(value: object) -> str | None:
+        return signature(value) or reward_return_problem(value)
+
+    return load_component("components.reward", path, accepts)  # type: ignore[return-value]
 
 
 class RunTasks:

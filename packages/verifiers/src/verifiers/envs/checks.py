@@ -31,7 +31,7 @@ from verifiers.envs.core import Environment, Rubric
 from verifiers.envs.tools import ToolEnv
 from verifiers.errors import EnvironmentSpecError
 
-__all__ = ["check_environment", "defined_at"]
+__all__ = ["check_environment", "defined_at", "reward_return_problem"]
 
 _TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _NUMBER_TYPES: tuple[object, ...] = (float, int, Real, "float", "int")
@@ -79,6 +79,18 @@ def _takes(fn: object, count: int) -> str | None:
     return None
 
 
+def reward_return_problem(fn: object) -> str | None:
+    """What is wrong with a reward function's return annotation (a sentence), or None: none, or a
+    number type (``float``, ``int``, ``numbers.Real``)."""
+    returns = _return_annotation(fn)
+    if returns is inspect.Signature.empty or returns in _NUMBER_TYPES:
+        return None
+    return (
+        f"is annotated to return {_type_name(returns)}; a reward must return a finite real number "
+        "(annotate it -> float, and return a float, not a str, bool or None)"
+    )
+
+
 def _check_rubric(env: Environment, where: str) -> None:
     rubric = getattr(env, "rubric", None)
     if not isinstance(rubric, Rubric):
@@ -95,13 +107,8 @@ def _check_rubric(env: Environment, where: str) -> None:
             raise EnvironmentSpecError(where, attribute, f"must be callable as fn(task, messages), got {type(func.fn).__name__}")
         if (signature := _takes(func.fn, 2)) is not None:
             raise EnvironmentSpecError(where, attribute, f"must be callable as fn(task, messages); its signature is {signature}")
-        returns = _return_annotation(func.fn)
-        if returns is not inspect.Signature.empty and returns not in _NUMBER_TYPES:
-            raise EnvironmentSpecError(
-                where, attribute,
-                f"is annotated to return {_type_name(returns)}; a reward must return a finite real "
-                "number (annotate it -> float, and return a float, not a str, bool or None)",
-            )  # fmt: skip
+        if (problem := reward_return_problem(func.fn)) is not None:
+            raise EnvironmentSpecError(where, attribute, problem)
         weight = func.weight
         if isinstance(weight, bool) or not isinstance(weight, Real) or not math.isfinite(weight):
             raise EnvironmentSpecError(where, attribute, f"weight {weight!r} is not a finite real number")
