@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import grpo
+import verifiers
 from prime_rl.config import ComponentError, ConfigError, load_component, load_config, with_overrides
 from prime_rl.config.components import ImportPath, check_signature
 from prime_rl.config.loss import load_loss
@@ -37,6 +38,10 @@ def two_arguments(task, completion):
 
 def nan_reward(task, completion, num_tokens, budget):
     return float("nan")
+
+
+def text_reward(task, completion, num_tokens, budget) -> str:
+    return "1.0"
 
 
 class Recipe:
@@ -121,19 +126,19 @@ def test_reward_must_take_task_completion_num_tokens_budget(package: Path, tiny_
         load_reward("my_recipes.components:two_arguments")
     with pytest.raises(ComponentError, match=r"must be callable .* got a LossConfig"):
         load_reward("my_recipes.components:loss_config")
-    # A loss is callable with four arguments too: the start-up call finds out it is no reward.
+    with pytest.raises(ComponentError, match=r"text_reward': is annotated to return str; a reward must return a finite"):
+        load_reward("my_recipes.components:text_reward")  # issue 48: refused before it is ever called
+    # A loss is callable with four arguments too: its return annotation says it is no reward
+    # (an unannotated one is found out by the start-up call, as nan_reward below).
     config = load_config(
         None, ["--tasks.num_tasks", "3", "--components.reward", "my_recipes.components:loss"]
     )
-    with pytest.raises(
-        ComponentError,
-        match=r"components\.reward = .*: calling it for task 0 with an empty completion failed",
-    ):
+    with pytest.raises(ComponentError, match=r"components\.reward = .*: is annotated to return LossOutput"):
         run_tasks(config, tiny_tokenizer)
     config = load_config(
         None, ["--tasks.num_tasks", "3", "--components.reward", "my_recipes.components:nan_reward"]
     )
-    with pytest.raises(ComponentError, match="returned nan for task 0"):
+    with pytest.raises(ComponentError, match="reward function 'nan_reward', task 0: returned nan"):
         run_tasks(config, tiny_tokenizer)
     assert check_signature(("a",))(print) is None  # builtins without an inspectable signature pass
 
@@ -141,7 +146,10 @@ def test_reward_must_take_task_completion_num_tokens_budget(package: Path, tiny_
 def test_reward_must_return_a_finite_number(package: Path):
     tasks = TaskSet([{"prompt": "1 + 1 =", "task_type": "arithmetic_exact"}])
     book = RunTasks(tasks, tokenizer=None, reward=load_reward("my_recipes.components:nan_reward"))
-    with pytest.raises(ComponentError, match="returned nan for task 0; a reward must be a finite number"):
+    with pytest.raises(
+        verifiers.RewardError,
+        match=r"^environment 'single_turn', reward function 'nan_reward', task 0: returned nan \(float\); a reward must",
+    ):
         book.score(0, "2", 1)
     assert RunTasks(tasks, tokenizer=None).reward is default_reward
 

@@ -53,14 +53,15 @@ ALLOWED: dict[str, set[str]] = {
     "trainer": {"config", "api", "weights", "role", "metrics", "devices", "durable"},
     "evaluator": {"config", "inference", "weights", "tasks", "metrics", "devices"},
     "launch": {"config", "api", "weights", "metrics", "devices"},
-    "cli": {"config", "launch", "metrics", "trackers"},  # logging, the demo model's path, the trackers: before a role starts
+    "cli": {"config", "launch", "metrics", "trackers", "episodes"},  # logging, the demo model's path, the trackers,
+    # the environment's contract: before a role starts
     "_name_clash": set(),  # the import-time warning about another package of the same name
     "__init__": {"config", "api", "_name_clash"},
 }
 # Module-name prefixes that must never reach torch: the control plane runs on any small machine.
 TORCH_FREE = ("prime_rl.config", "prime_rl.api", "prime_rl.seeds", "prime_rl.orchestrator", "prime_rl.tasks", "prime_rl.metrics",
               "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report", "prime_rl.launch.progress", "prime_rl.durable", "prime_rl.statedb", "prime_rl.storeguard",
-              "prime_rl.weights.layout", "prime_rl.launch.model_cache", "prime_rl.trackers")
+              "prime_rl.weights.layout", "prime_rl.launch.model_cache", "prime_rl.trackers", "prime_rl.episodes")
 TORCH_MODULES = {"torch", "transformers", "safetensors", "vllm"}
 
 

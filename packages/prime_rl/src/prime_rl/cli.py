@@ -19,7 +19,9 @@ A role that loads the policy and finds ``model.path = ""`` uses the embedded dem
 (:func:`prime_rl.launch.model_cache.resolve_model_path`); ``run`` resolves it once and hands the
 path to its children. Selected roles feed their metrics events to the experiment trackers of
 ``[tracking]``. Exit codes: the role's own, 2 for a bad command line, configuration (including a
-component import path (``[components] reward``, ``[trainer.loss]``) the role cannot import, found when the role starts) or missing demo model,
+component import path (``[components] reward``, ``[trainer.loss]``) the role cannot import, found when the role starts, and
+an environment that breaks the contract, found before ``worker``, ``validator``, ``calibrate-noise`` or ``run`` does anything
+else: :func:`check_environment_first`) or missing demo model,
 141 when the reader of ``--help``/``--print-config`` output went away (``| head``).
 """
 
@@ -35,6 +37,7 @@ from typing import Any
 
 from prime_rl.config import ConfigError, RunConfig, load_config
 from prime_rl.config.help import describe_config
+from prime_rl.episodes import load_environment
 from prime_rl.launch.model_cache import ModelSourceError, resolve_model_path
 from prime_rl.metrics import setup_logging
 from prime_rl.trackers import TrackerUnavailable, install_trackers
@@ -78,6 +81,8 @@ ROLE_SECTIONS: dict[str, list[str]] = {
     "run": [name for name in RunConfig.model_fields if name != "run_dir"],
     "calibrate-noise": ["model", "tasks", "sampling", "validator", "workers"],
 }
+ENVIRONMENT_ROLES = frozenset({"worker", "validator", "run", "calibrate-noise"})
+"""Roles that check ``[tasks.environment]`` before anything else (:func:`check_environment_first`)."""
 MODEL_ROLES = frozenset({"worker", "validator", "trainer", "evaluator", "run", "calibrate-noise"})
 """Roles that load the policy, so an empty ``model.path`` is resolved to the demo model for them."""
 
@@ -150,6 +155,20 @@ def role_entry(role: str) -> Any:
     return getattr(importlib.import_module(module_name), function)
 
 
+def check_environment_first(role: str, config: RunConfig) -> str | None:
+    """The error of the run's environment for ``role``, or None: imported, constructed and checked
+    (``prime_rl.episodes.load_environment``: the contract and replayability) before the role
+    calibrates, loads a model, takes a lease or starts children, so an environment author's mistake
+    costs seconds, not a calibration. A torch-free import of the author's file."""
+    if role not in ENVIRONMENT_ROLES or config.tasks.environment.name == "single_turn":
+        return None
+    try:
+        load_environment(config.tasks.environment)
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args, overrides = _parser().parse_known_args(argv)
     overrides = list(overrides)
@@ -168,6 +187,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.print_config:
         return _emit(config.model_dump_json(indent=2))
+    if (problem := check_environment_first(args.role, config)) is not None:
+        print(f"prime-rl {args.role}: {problem}", file=sys.stderr)
+        return 2
+    if args.role in ("run", "trainer") and (warning := config.broadcast_warning()) is not None:
+        print(f"prime-rl {args.role}: warning: {warning}", file=sys.stderr)
     name = args.name or args.role
     # stderr only until the role's init_process adds its log file: the demo model's one-time
     # conversion below must not look like a hang

@@ -25,14 +25,25 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from prime_rl.config.components import ComponentError, load_component
+from prime_rl.config.environment import environment_digest, environment_source
 from prime_rl.config.sections import BUILTIN_ENVIRONMENTS, ENVIRONMENT_ENTRY_POINTS, EnvironmentConfig
 from prime_rl.tasks import TaskSet
-from verifiers.envs import CalculatorEnv, Environment, Message, PythonToolEnv
+from verifiers.envs import CalculatorEnv, Environment, Message, PythonToolEnv, check_environment, defined_at
+from verifiers.errors import EnvironmentSpecError, RewardError
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
 
-__all__ = ["EnvStep", "EpisodeEnv", "load_environment", "load_episode_env"]
+__all__ = [
+    "EnvStep",
+    "EpisodeEnv",
+    "check_run_environment",
+    "check_same_environment",
+    "load_environment",
+    "load_episode_env",
+]
+
+KEY = "tasks.environment.name"
 
 
 @dataclass(frozen=True)
@@ -48,8 +59,12 @@ class EnvStep:
 class EpisodeEnv:
     """A ``verifiers`` environment over the run's task set and tokenizer."""
 
-    def __init__(self, env: Environment, task_set: TaskSet, tokenizer: Any, *, turn_template: str) -> None:
+    def __init__(
+        self, env: Environment, task_set: TaskSet, tokenizer: Any, *, turn_template: str, name: str = ""
+    ) -> None:
         self.env = env
+        self.name = name or type(env).__name__
+        """The environment as errors name it: the configured ``[tasks.environment] name``."""
         self.task_set = task_set
         self.tokenizer = tokenizer
         self.turn_template = turn_template
@@ -91,8 +106,17 @@ class EpisodeEnv:
         return EnvStep((*messages, *reply.messages), tokens, reply.done or not tokens)
 
     def score(self, task_id: int, messages: Sequence[Message]) -> float:
-        """The episode's reward: the environment's rubric (weight-0 functions are metrics only)."""
-        return float(self.env.score(self.task_set.task(task_id), messages).reward)
+        """The episode's reward: the environment's rubric (weight-0 functions are metrics only).
+
+        Raises ``verifiers.RewardError`` naming the environment, the reward function and ``task_id``
+        when a function returns anything but a finite real number (``verifiers.envs.reward_value``).
+        """
+        try:
+            return float(self.env.score(self.task_set.task(task_id), messages).reward)
+        except RewardError as error:
+            raise RewardError(
+                error.value, function=error.function, environment=repr(self.name), task_id=task_id
+            ) from None
 
 
 def load_environment(section: EnvironmentConfig) -> Environment | None:
@@ -103,9 +127,40 @@ def load_environment(section: EnvironmentConfig) -> Environment | None:
     package registers under the entry-point group ``verifiers.environments``. What it names is an
     ``Environment`` subclass or a factory, called with ``args`` as keyword arguments, or an instance
     (then ``args`` must be empty). Raises ``ComponentError`` (``prime-rl <role>`` exits 2 with it)
-    when it cannot be imported or is not an environment.
+    when it cannot be imported, is not an environment, or breaks the contract
+    (:func:`check_run_environment`: ``verifiers.envs.check_environment``, and replayable).
     """
-    key = "tasks.environment.name"
+    env = _construct(section)
+    if env is not None:
+        check_run_environment(env, section)
+    return env
+
+
+def check_run_environment(env: Environment, section: EnvironmentConfig) -> None:
+    """Raise ``ComponentError`` with one message naming the key, where ``env`` is defined (file and
+    attribute) and the rule it breaks: the ``verifiers`` contract (``check_environment``: rubric,
+    reward signatures and return types, tool schema, turns), and the run's own rule that every
+    environment is ``replayable``: its episodes come from untrusted workers, and the validator
+    accepts one only after re-deriving every message the environment inserted, so an environment
+    it cannot re-run could have none of its episodes accepted (a single-turn environment inserts
+    nothing and declares it: ``SingleTurnEnv.replayable`` is True).
+    """
+    try:
+        check_environment(env)
+    except EnvironmentSpecError as error:
+        raise ComponentError(f"{KEY} = {section.name!r}: {error}") from None
+    if env.replayable is not True:
+        raise ComponentError(
+            f"{KEY} = {section.name!r}: {defined_at(env)}: replayable: is False, but every environment of a run must be "
+            "replayable: the validator accepts an episode only after re-running the environment on it, so it could "
+            "accept none of this one's. Declare `replayable = True` on the class if every reply is a pure function of "
+            "the transcript (no clock, network or unseeded randomness)"
+        )
+
+
+def _construct(section: EnvironmentConfig) -> Environment | None:
+    """The environment ``section`` names, constructed but not yet checked (:func:`load_environment`)."""
+    key = KEY
     if section.name == "single_turn":
         return None
     if section.name == "python_tool":
@@ -142,22 +197,27 @@ def load_environment(section: EnvironmentConfig) -> Environment | None:
     return env
 
 
-def load_episode_env(
-    config: RunConfig, task_set: TaskSet, tokenizer: Any, *, replayable_only: bool = False
-) -> EpisodeEnv | None:
-    """The run's episode environment (:func:`load_environment`), or None for a single-turn run.
-
-    ``replayable_only`` (the validator): raise ``ComponentError`` for a multi-turn environment that
-    does not declare ``replayable``: none of its episodes could be checked, so the validator would
-    reject every one (``tool_not_replayable``); it refuses to start instead."""
-    env = load_environment(config.tasks.environment)
+def load_episode_env(config: RunConfig, task_set: TaskSet, tokenizer: Any) -> EpisodeEnv | None:
+    """The run's episode environment (:func:`load_environment`, checked), or None for a single-turn run."""
+    section = config.tasks.environment
+    env = load_environment(section)
     if env is None:
         return None
-    if replayable_only and env.max_turns > 1 and not env.replayable:
-        raise ComponentError(
-            f"tasks.environment.name = {config.tasks.environment.name!r}: {type(env).__name__} is not replayable "
-            "(Environment.replayable is False), so the validator cannot re-derive its replies and would reject "
-            "every episode; declare replayable = True on the class if its replies are a pure function of the "
-            "transcript, or run it with trusted workers only"
-        )
-    return EpisodeEnv(env, task_set, tokenizer, turn_template=config.tasks.environment.turn_template)
+    return EpisodeEnv(env, task_set, tokenizer, turn_template=section.turn_template, name=section.name)
+
+
+def check_same_environment(section: EnvironmentConfig, published: str, *, role: str, url: str) -> None:
+    """Raise ``ComponentError`` when the run's environment digest ``published`` in ``GET /status``
+    (``StatusResponse.environment``) differs from this process's own (``config/environment.py``):
+    its episodes would be re-derived differently by the validator and every lease rejected. Nothing
+    is compared when either side does not know its digest ("")."""
+    mine = environment_digest(section)
+    if not published or not mine or published == mine:
+        return
+    source = environment_source(section)
+    raise ComponentError(
+        f"{KEY} = {section.name!r}: this {role}'s environment (digest {mine}"
+        f"{f', source {source}' if source else ''}) differs from the run's (digest {published}, in GET /status "
+        f"of {url}): the validator would re-derive its episodes differently and reject them. Use the run's copy of "
+        "the environment's file and the same [tasks.environment] settings (args, max_turns, turn_template)"
+    )

@@ -20,13 +20,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from numbers import Real
 from typing import TYPE_CHECKING, Any
 
 import verifiers
 from prime_rl.config import ComponentError, load_component
 from prime_rl.config.components import check_signature
 from prime_rl.tasks import TaskSet, load_tasks
+from verifiers.envs import reward_value
+from verifiers.envs.checks import reward_return_problem
+from verifiers.errors import RewardError
 from verifiers.length import ALPHA
 
 if TYPE_CHECKING:
@@ -104,8 +106,15 @@ def weighted(*terms: tuple[Reward, float]) -> WeightedReward:
 
 
 def load_reward(path: str) -> Reward:
-    """The reward ``path`` names (``module:attribute``); ``ComponentError`` if it is not one."""
-    return load_component("components.reward", path, check_signature(REWARD_PARAMETERS))  # type: ignore[return-value]
+    """The reward ``path`` names (``module:attribute``); ``ComponentError`` if it is not one: not
+    callable as ``(task, completion, num_tokens, budget)``, or annotated to return something other
+    than a number (``verifiers.envs.checks.reward_return_problem``)."""
+    signature = check_signature(REWARD_PARAMETERS)
+
+    def accepts(value: object) -> str | None:
+        return signature(value) or reward_return_problem(value)
+
+    return load_component("components.reward", path, accepts)  # type: ignore[return-value]
 
 
 class RunTasks:
@@ -151,16 +160,16 @@ class RunTasks:
     def score(self, task_id: int, completion: str, num_tokens: int) -> float:
         """The reward of ``completion`` (``num_tokens`` generated tokens) for task ``task_id``.
 
-        Raises ``ComponentError`` if the reward returns anything but a finite number: a NaN would
-        make every honest claim differ from the validator's recomputation.
+        Raises ``verifiers.RewardError`` (naming the single-turn environment, the reward and the task)
+        if the reward returns anything but a finite real number: a string, a bool, None, NaN or inf
+        (``verifiers.envs.reward_value``); converting it would train on a bug.
         """
         value = self.reward(self.task_set.task(task_id), completion, num_tokens, self.budget(task_id))
-        if not isinstance(value, Real) or not math.isfinite(value):
-            raise ComponentError(
-                f"the reward {getattr(self.reward, '__qualname__', self.reward)!r} returned {value!r} for task "
-                f"{task_id}; a reward must be a finite number"
-            )
-        return float(value)
+        name = str(getattr(self.reward, "__qualname__", self.reward))
+        try:
+            return reward_value(value, name)
+        except RewardError as error:
+            raise error.at(environment="'single_turn'", task_id=task_id) from None
 
 
 def run_tasks(config: RunConfig, tokenizer: Any) -> RunTasks:

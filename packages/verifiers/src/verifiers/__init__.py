@@ -13,6 +13,8 @@ from verifiers.batch import verify_batch, verify_batch_async
 from verifiers.code import CodeResult, run_tests
 from verifiers.completions import completion_text
 from verifiers.errors import (
+    EnvironmentSpecError,
+    RewardError,
     SandboxError,
     TaskFormatError,
     UnknownTaskTypeError,
@@ -34,8 +36,10 @@ register_builtin()
 
 __all__ = [
     "CodeResult",
+    "EnvironmentSpecError",
     "MachineLimit",
     "MachineLimits",
+    "RewardError",
     "SandboxError",
     "Score",
     "Task",

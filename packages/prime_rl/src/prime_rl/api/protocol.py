@@ -109,6 +109,11 @@ class StatusResponse(ApiModel):
     workers: int = Field(description="Registered workers.")
     pending_batches: int = Field(description="Submitted batches waiting for validation.")
     time: float = Field(description="Server unix time.")
+    environment: str = Field(
+        default="",
+        description="Digest of the run's [tasks.environment] (settings and source file: "
+        "prime_rl.config.environment); a worker whose own differs stops. '' = not known here.",
+    )
 
 
 class RegisterRequest(ApiModel):

@@ -77,3 +77,23 @@ class RunConfig(BaseModel):
     @property
     def shardcast_data_dir(self) -> Path:
         return Path(self.shardcast.data_dir or Path(self.run_dir) / "shardcast")
+
+    @property
+    def published_dtype(self) -> str:
+        """The dtype of the policy files the trainer publishes: ``trainer.save_dtype``, where "model"
+        is ``model.dtype`` (so a policy trained in bf16 is published, and its deltas taken, in bf16)."""
+        return self.model.dtype if self.trainer.save_dtype == "model" else self.trainer.save_dtype
+
+    def broadcast_warning(self) -> str | None:
+        """A warning when ``shardcast.delta`` meets fp32 policy files, whose deltas are not worth it:
+        an fp32 step changes most low mantissa bits, so its delta is a third to a half of the file,
+        where a bf16 one is 10-100x smaller (benchmarks/results/delta_dtype.md); None otherwise."""
+        if not self.shardcast.delta or self.published_dtype != "float32":
+            return None
+        return (
+            "shardcast.delta = true with float32 policy files (trainer.save_dtype = "
+            f"{self.trainer.save_dtype!r}, model.dtype = {self.model.dtype!r}): each delta will be about a third "
+            "to a half of the file, where a bfloat16 file's delta is 10-100x smaller at lr 1e-6 to 1e-5 "
+            "(benchmarks/results/delta_dtype.md); set trainer.save_dtype = \"bfloat16\" to publish bf16 "
+            "weights (workers and the validator then compute on those), or shardcast.delta = false"
+        )

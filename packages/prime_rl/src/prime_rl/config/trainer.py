@@ -68,7 +68,11 @@ class TrainerConfig(Section):
     resume: bool = Field(default=True, description="Resume from the newest complete checkpoint if one exists.")
     filter_zero_advantage: bool = Field(default=True, description="Skip groups whose advantages are all zero.")
     save_dtype: Literal["model", "float32", "bfloat16"] = Field(
-        default="model", description="dtype of the published model.safetensors ('model' = the training dtype)."
+        default="model",
+        description="dtype of the published model.safetensors that workers and the validator load ('model' = "
+        "model.dtype, so a bf16 policy publishes bf16 files and bf16 deltas). 'bfloat16' halves an fp32 run's "
+        "files and makes its shardcast deltas 10-100x smaller (benchmarks/results/delta_dtype.md); the trainer "
+        "keeps its own weights in model.dtype.",
     )
     serve_origin: bool = Field(
         default=True, description="Run the shardcast origin in-process; False = publish into shardcast.data_dir only."

@@ -43,6 +43,7 @@ from typing import Any
 
 from prime_rl.api.fields import printable
 from prime_rl.api.staleness import histogram, histogram_mean, histogram_quantile, merge_histograms
+from prime_rl.launch.waits import trainer_wait_summary
 from prime_rl.metrics import read_metrics
 
 __all__ = [
@@ -493,6 +494,8 @@ def write_report(run_dir: str | Path) -> tuple[RunSummary, str]:
     files = {"plot": plot_path, "summary": root / "summary.txt", **summary.files}
     summary = RunSummary(**{**summary.__dict__, "files": files})
     text = render_summary(summary)
+    if (waits := trainer_wait_summary(root)) is not None:
+        text += "\n" + waits
     (root / "summary.txt").write_text(text + "\n", encoding="utf-8")
     try:
         plot_run(summary, plot_path)
@@ -504,6 +507,6 @@ def write_report(run_dir: str | Path) -> tuple[RunSummary, str]:
         return summary, text
     files.pop("plot")
     summary = RunSummary(**{**summary.__dict__, "files": files})
-    text = render_summary(summary) + "\n" + note
+    text = render_summary(summary) + ("\n" + waits if waits is not None else "") + "\n" + note
     (root / "summary.txt").write_text(text + "\n", encoding="utf-8")
     return summary, text

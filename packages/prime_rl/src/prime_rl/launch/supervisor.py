@@ -36,7 +36,9 @@ Exit code 0 when the trainer finished, 1 when a trusted child failed past its re
 not restartable: its name, its error, read from its output by :func:`first_error`, and its log are
 reported) or when every honest worker stopped or was dropped before the trainer finished (with no
 ``workers.max_batches`` a worker stops on its own only when it is banned; the orchestrator's ban
-reasons are reported: a run nobody feeds would wait forever), 130/143 when interrupted.
+reasons are reported: a run nobody feeds would wait forever), 2 when a child refused its configuration
+(exit code 2: a wrong environment, component, secret or model path; its message is shown and the
+run stops at once, since restarting cannot heal it), 130/143 when interrupted.
 
 Before any child starts, the weight copies a killed run left behind are removed and the disk is
 checked for what the run's weight copies can take (``launch/cleanup.py``: exit code 2 with the
@@ -56,6 +58,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,6 +76,7 @@ from prime_rl.config import RunConfig
 from prime_rl.launch.cleanup import check_free_space, remove_stale_copies, remove_weight_copies
 from prime_rl.launch.groups import stop_groups
 from prime_rl.launch.progress import TOP_WORKERS, orchestrator_progress
+from prime_rl.launch.waits import trainer_wait_summary
 from prime_rl.metrics import MetricsWriter, init_process
 
 __all__ = [
@@ -103,6 +108,10 @@ MAX_BACKOFF_S = 30.0
 DROPPABLE_ROLES = ("worker",)
 """Roles whose child is dropped, not the run failed, past its restart budget: untrusted workers, one
 of many; the run cannot go on without any trusted role."""
+CONFIG_ERROR_EXIT = 2
+"""The exit code of a role that refused its configuration (``prime-rl`` CLI, ``role.run_role``): a wrong
+environment, component, secret or model path. Not a crash: the run stops with this code and the
+child's message, at once, rather than restart it (:meth:`Supervisor.report_config_error`)."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,7 @@ class _Child:
 
 
 _TRACEBACK = "Traceback (most recent call last):"
+_CLI_ERROR = re.compile(r"^prime-rl [a-z-]+: ")  # the CLI's one-line configuration error (prime_rl.cli.main)
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 _MAX_ERROR_LINES = 6
 
@@ -136,7 +146,8 @@ def first_error(output: str) -> str | None:
 
     The exception of the last traceback (the one that ended the process; for chained exceptions
     the outermost, whose message is the one written for people), with the continuation lines of a
-    multi-line message; else the last line logged at ERROR or CRITICAL level; else None.
+    multi-line message; else the CLI's last configuration error (``prime-rl <role>: ...``); else the
+    last line logged at ERROR or CRITICAL level; else None.
     """
     lines = output.splitlines()
     starts = [index for index, line in enumerate(lines) if line.startswith(_TRACEBACK)]
@@ -153,6 +164,9 @@ def first_error(output: str) -> str | None:
             message.append(line.rstrip())
         if message:
             return "\n".join(message)
+    refused = [line for line in lines if _CLI_ERROR.match(line)]
+    if refused:
+        return refused[-1].strip()
     logged = [line for line in lines if "[ERROR]" in line or "[CRITICAL]" in line]
     return logged[-1].strip() if logged else None
 
@@ -383,6 +397,17 @@ class Supervisor:
         )
         self.metrics.log("child_died" if restarting else "failed", child=child.spec.name, code=child.exit_code, error=error)
 
+    def report_config_error(self, child: _Child) -> None:
+        """Log that ``child`` refused its configuration (exit code 2) with its message: the run stops,
+        since a wrong environment or setting does not heal by restarting."""
+        error = self.error_of(child)
+        log.error(
+            "%s refused its configuration (exit code %d), so the run stops (a configuration error is not restarted): "
+            "%s\n  (full output: %s)",
+            child.spec.name, CONFIG_ERROR_EXIT, error or "it printed no error", self._output_path(child.spec),
+        )  # fmt: skip
+        self.metrics.log("failed", child=child.spec.name, code=child.exit_code, error=error, config_error=True)
+
     def honest_workers_gone(self) -> bool:
         """Every honest worker this run started has exited on its own (banned: none has a batch
         limit) or was dropped, so no sample will come from this machine any more."""
@@ -489,6 +514,9 @@ class Supervisor:
                 if child.spec.role == "trainer" and child.exit_code == 0:
                     trainer_done_at = time.monotonic()
                     log.info("trainer finished all steps")
+                elif child.exit_code == CONFIG_ERROR_EXIT and trainer_done_at is None:
+                    self.report_config_error(child)
+                    return CONFIG_ERROR_EXIT
                 elif trainer_done_at is None and should_restart(self.config, child.spec, child.exit_code or 0):
                     if not self.handle_death(child):  # a trusted role past its budget
                         return 1
@@ -550,6 +578,8 @@ def main(
             signal.signal(signum, handler)
         if supervisor._tty:
             sys.stdout.write("\n")
+        if (waits := trainer_wait_summary(config.run_dir)) is not None:
+            log.info("%s", waits)  # a run that trained nothing says why (launch/waits.py)
         metrics.log("shutdown", code=code, children={c.spec.name: c.exit_code for c in supervisor.children})
         log.info("run finished with exit code %d (logs and metrics in %s)", code, config.run_dir)
     return code

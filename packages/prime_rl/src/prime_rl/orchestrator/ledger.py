@@ -77,6 +77,7 @@ from prime_rl.api.segments import turn_starts
 from prime_rl.api.spans import future_span, lease_digest, spans_problem
 from prime_rl.api.staleness import claim_staleness
 from prime_rl.config import RunConfig
+from prime_rl.config.environment import environment_digest
 from prime_rl.config.sections import BUILTIN_ENVIRONMENTS
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
@@ -117,6 +118,7 @@ class Ledger:
         self.config = config
         self.orch = config.orchestrator
         self.tasks = tasks
+        self.environment = environment_digest(config.tasks.environment)  # GET /status (config/environment.py)
         self.store = store
         self.metrics = metrics or MetricsWriter(None, role="orchestrator", name="orchestrator")
         self.clock = clock
@@ -297,6 +299,7 @@ class Ledger:
             workers=len(self.workers),
             pending_batches=self.batches.waiting_count(),
             time=self.clock(),
+            environment=self.environment,
         )
 
     def banned_workers(self) -> frozenset[str]:

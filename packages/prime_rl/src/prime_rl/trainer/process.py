@@ -51,6 +51,7 @@ from prime_rl.trainer import distributed
 from prime_rl.trainer.batching import make_micro_batches, split_minibatches
 from prime_rl.trainer.checkpoint import TrainerState, latest_step, load_checkpoint, save_checkpoint
 from prime_rl.trainer.step import old_logprobs_for, rank_share, train_minibatch, warmup_lambda
+from prime_rl.trainer.waiting import ConstantRewardWatch, explain_wait
 from prime_rl.weights.files import save_policy
 from prime_rl.weights.layout import policy_file, prune_version_dirs
 
@@ -110,6 +111,7 @@ class Trainer:
         # A trusted process: the run's admin token (configured, or generated in the run dir).
         self.client = OrchestratorClient(config.orchestrator.url, admin_token=run_secrets(config).admin_token)
         self.origin: shardcast.Origin | None = None
+        self.constant_reward = ConstantRewardWatch(config.sampling.group_size)
 
     # -- setup --------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -157,22 +159,23 @@ class Trainer:
                     samples = list(claim.samples)
                     break
                 now = time.monotonic()
-                if now >= next_log:
+                filtering = self.cfg.filter_zero_advantage
+                if (warning := self.constant_reward.check(claim, filter_zero_advantage=filtering)) is not None:
+                    log.warning("step %d: %s", self.step, warning)
+                    get_metrics().log("constant_reward", step=self.step, zero_advantage=claim.zero_advantage_samples)
+                if now >= next_log:  # why, with every count, at a bounded interval (trainer/waiting.py)
                     next_log = now + self.cfg.wait_log_every_s
-                    log.info(
-                        "step %d: waiting for data: %s (available %d/%d, pending validation %d batches, stale %d)",
-                        self.step,
-                        claim.reason,
-                        claim.available_samples,
-                        self.cfg.samples_per_step,
-                        claim.pending_batches,
-                        claim.stale_samples,
-                    )
+                    why = explain_wait(claim, self.cfg.samples_per_step, filter_zero_advantage=filtering)
+                    log.info("step %d: waiting for data for %.0f s: %s", self.step, now - started, why.line)
                     get_metrics().log(
                         "wait",
                         step=self.step,
+                        cause=why.cause,
                         reason=claim.reason,
+                        waited_s=now - started,
                         available=claim.available_samples,
+                        zero_advantage=claim.zero_advantage_samples,
+                        held=claim.held_samples,
                         pending_batches=claim.pending_batches,
                         stale=claim.stale_samples,
                     )

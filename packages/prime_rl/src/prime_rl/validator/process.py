@@ -50,7 +50,7 @@ from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest
 from prime_rl.api.secrets import SecretsError, run_secrets
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.devices import choose_device
-from prime_rl.episodes import load_episode_env
+from prime_rl.episodes import check_same_environment, load_episode_env
 from prime_rl.inference.backend import HFBackend
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.reward import run_tasks
@@ -88,6 +88,9 @@ class Validator:
     def __init__(self, config: RunConfig) -> None:
         self.run = config
         self.cfg: ValidatorConfig = config.validator
+        with OrchestratorClient(config.orchestrator.url) as probe:  # another copy of the environment: exit 2 now
+            published = probe.status().environment
+        check_same_environment(config.tasks.environment, published, role="validator", url=config.orchestrator.url)
         self.backend = HFBackend(
             config.model.path,
             dtype=config.model.dtype,
@@ -146,7 +149,7 @@ class Validator:
         )
         # A multi-turn run: episodes are re-played in the run's environment (validator/episodes.py).
         self.checks = dataclasses.replace(
-            self.checks, episode_env=load_episode_env(config, self.tasks.task_set, tokenizer, replayable_only=True)
+            self.checks, episode_env=load_episode_env(config, self.tasks.task_set, tokenizer)
         )
         # Per-identity evidence and failure counts survive a restart (journal.py).
         self.journal = ValidatorJournal(Path(config.run_dir) / "validator" / "journal.jsonl")

@@ -57,6 +57,7 @@ import verifiers
 from prime_rl.episodes import EpisodeEnv
 from prime_rl.validator.checks import Checks, Pending, Reason, TaskScorer
 from verifiers.envs import Message
+from verifiers.errors import RewardError
 
 RESCORES_PER_SAMPLE = 2
 """A sample whose scoring stays machine-limited is re-scored at most this often (the batch's bound
@@ -115,6 +116,8 @@ def reward_checks(
                     score_once, tasks, p.sample.task_id, decode(p.sample.completion_tokens), len(p.sample.completion_tokens)
                 )
             _judge(p, score, checks, budget, lease_lost=not all(q.alive for q in pending))
+        except RewardError as exc:  # the environment's bug: never trained on, and not the worker's fault
+            p.reject(Reason.INTERNAL_ERROR, f"reward is not a number: {exc}"[:400])
         except Exception as exc:  # a verifier bug must not take the validator down
             p.reject(Reason.INTERNAL_ERROR, f"reward computation failed: {exc!r:.200}")
 

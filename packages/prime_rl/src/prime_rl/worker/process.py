@@ -39,7 +39,7 @@ from prime_rl.api.protocol import RolloutBatch, StatusResponse, TaskLease
 from prime_rl.api.spans import lease_digest
 from prime_rl.config.worker import WorkerConfig
 from prime_rl.devices import choose_device
-from prime_rl.episodes import EpisodeEnv, load_episode_env
+from prime_rl.episodes import EpisodeEnv, check_same_environment, load_episode_env
 from prime_rl.inference.backend import GenerationBackend, GenerationError, HFBackend
 from prime_rl.inference.select import make_backend
 from prime_rl.inference.vllm_backend import VLLMBackend  # the class only: vLLM is imported when one is built
@@ -53,6 +53,7 @@ from prime_rl.worker.identity import IDENTITY_FILE, Identity, load_identity, sav
 from prime_rl.worker.inflight import CommittedVersions
 from prime_rl.worker.rollout import build_batch
 from prime_rl.worker.scoring import rescoring
+from verifiers.errors import RewardError
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -98,6 +99,13 @@ class Worker:
         if self.cfg.behaviour not in BEHAVIOURS:
             raise ValueError(f"unknown workers.behaviour {self.cfg.behaviour!r}; choose from {BEHAVIOURS}")
         self.name = name
+        self.client = OrchestratorClient(
+            config.orchestrator.url, registration_token=config.orchestrator.registration_token
+        )
+        # Before the model loads: another copy of the environment than the run's is refused (exit code 2).
+        check_same_environment(
+            config.tasks.environment, self.client.status().environment, role="worker", url=config.orchestrator.url
+        )
         # Hostile behaviours reach into the transformers model (copies, prefills): they stay on HF.
         self.backend = make_backend(
             config,
@@ -114,15 +122,13 @@ class Worker:
         self.follower = VersionFollower(self.store, poll_s=self.cfg.weights_poll_s)
         self.tasks = run_tasks(config, self.backend.tokenizer)
         self.env = load_episode_env(config, self.tasks.task_set, self.backend.tokenizer)
-        self.client = OrchestratorClient(
-            config.orchestrator.url, registration_token=config.orchestrator.registration_token
-        )
         if self.cfg.inflight_updates:
             self.start_inflight()
         self.worker_id = ""
         self.resuming = False  # resumed a saved identity and has not asked for a lease yet
         self.identity_path = Path(config.run_dir) / name / IDENTITY_FILE
         self.submitted = 0
+        self.reward_errors = 0  # leases not submitted because a reward was not a number
         self.stop_event = threading.Event()
         # The honest path never goes through the red-team module: a hostile worker exists only when
         # a hostile behaviour is configured.
@@ -249,7 +255,11 @@ class Worker:
             source.lease = (lease.step, lease.batch_index)  # its switches are announced for this lease
         if isinstance(forger := getattr(self.answers, "versions", None), CommittedVersions):
             forger.lease = (lease.step, lease.batch_index)  # a span forger announces like an honest worker
-        batch = self.answers.answer(lease, self.backend)
+        try:
+            batch = self.answers.answer(lease, self.backend)
+        except RewardError as error:  # the environment's bug, not this worker's: report it, take the next lease
+            self.report_reward_error(lease, error)
+            return False
         seconds = time.monotonic() - started
         if isinstance(source, CommittedVersions):
             self.declare_done(lease, batch)
@@ -265,6 +275,20 @@ class Worker:
         self.submitted += 1
         self.log_batch(lease, batch, answer.batch_id, seconds)
         return True
+
+    def report_reward_error(self, lease: TaskLease, error: RewardError) -> None:
+        """Log and record a reward that is not a finite real number (``verifiers.RewardError``: the
+        environment, the function, the task id). The lease is not submitted, so the sample never
+        reaches a batch; its tasks go to another worker when it expires, and this worker goes on."""
+        self.reward_errors += 1
+        log.error(
+            "lease %d of step %d not submitted (its tasks go to another worker when it expires): %s",
+            lease.batch_index, lease.step, error,
+        )  # fmt: skip
+        get_metrics().log(
+            "reward_error", step=lease.step, batch_index=lease.batch_index, environment=error.environment,
+            function=error.function, task_id=error.task_id, value=repr(error.value)[:80], message=str(error)[:500],
+        )  # fmt: skip
 
     def declare_done(self, lease: TaskLease, batch: RolloutBatch) -> None:
         """``POST /leases/done`` with the batch's digest, as soon as it is decoded: under

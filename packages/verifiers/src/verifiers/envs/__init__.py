@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from verifiers.envs.checks import check_environment, defined_at
 from verifiers.envs.core import (
     Environment,
     EnvTurn,
@@ -23,6 +24,7 @@ from verifiers.envs.core import (
     ToolCall,
     last_assistant,
     parse_tool_calls,
+    reward_value,
     run_episode,
 )
 from verifiers.envs.single_turn import CodeEnv, MathEnv, SingleTurnEnv
@@ -56,8 +58,11 @@ __all__ = [
     "ToolEnv",
     "calculate",
     "calculator_tool",
+    "check_environment",
+    "defined_at",
     "last_assistant",
     "parse_tool_calls",
     "python_tool",
+    "reward_value",
     "run_episode",
 ]

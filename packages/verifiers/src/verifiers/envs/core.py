@@ -23,10 +23,13 @@ shipped tools are (see `verifiers.envs.tools`), so a scripted policy gives ident
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from numbers import Real
 
+from verifiers.errors import RewardError
 from verifiers.task import Task
 
 MAX_TOOL_CALLS_PER_TURN = 8
@@ -79,9 +82,27 @@ def parse_tool_calls(text: str) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
+def reward_value(value: object, function: str) -> float:
+    """``value`` as a float if it is a finite real number (an int or a float, not a bool), else
+    ``RewardError`` naming ``function``: a string, a bool, None, NaN or inf is a bug in the reward,
+    never a number to train on (``float("1.0")`` or ``float(True)`` would hide it).
+
+    >>> reward_value(1, "exact")
+    1.0
+    >>> reward_value("1.0", "exact")
+    Traceback (most recent call last):
+      ...
+    verifiers.errors.RewardError: reward function 'exact': returned '1.0' (str); a reward must be a finite real number (an int or a float; not a str, bool, None, NaN or inf)
+    """
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise RewardError(value, function=function)
+    return float(value)
+
+
 @dataclass(frozen=True)
 class RewardFunc:
-    """`fn(task, messages) -> float`; `weight` 0 makes it a logged metric only."""
+    """`fn(task, messages) -> float`; `weight` 0 makes it a logged metric only. What `fn` returns
+    must be a finite real number (:func:`reward_value`), or the rubric raises ``RewardError``."""
 
     name: str
     fn: Callable[[Task, tuple[Message, ...]], float]
@@ -108,8 +129,10 @@ class Rubric:
             raise ValueError(f"rubric function names must be unique, got {names}")
 
     def score(self, task: Task, messages: Sequence[Message]) -> RubricScore:
+        """Every function's value and the weighted sum; ``RewardError`` (naming the function) for a
+        value that is not a finite real number."""
         transcript = tuple(messages)
-        metrics = {f.name: float(f.fn(task, transcript)) for f in self.funcs}
+        metrics = {f.name: reward_value(f.fn(task, transcript), f.name) for f in self.funcs}
         reward = sum(f.weight * metrics[f.name] for f in self.funcs)
         return RubricScore(reward, metrics)
 
@@ -161,7 +184,11 @@ class Environment:
         raise NotImplementedError
 
     def score(self, task: Task, messages: Sequence[Message]) -> RubricScore:
-        return self.rubric.score(task, messages)
+        """The rubric's score; a ``RewardError`` names this environment's class too."""
+        try:
+            return self.rubric.score(task, messages)
+        except RewardError as error:
+            raise error.at(environment=type(self).__name__) from None
 
 
 def last_assistant(messages: Sequence[Message]) -> str:

@@ -22,7 +22,8 @@ def answer_chars(task: Task, messages: tuple[Message, ...]) -> float:
 
 
 class SingleTurnEnv(Environment):
-    """One prompt, one answer, scored by the task type's verifier (any registered type).
+    """One prompt, one answer, scored by the task type's verifier (any registered type), or by the
+    ``rubric`` you pass (your own reward functions over the task and the transcript).
 
     >>> from verifiers import Task
     >>> env = SingleTurnEnv()
@@ -34,8 +35,10 @@ class SingleTurnEnv(Environment):
     max_turns = 1
     replayable = True  # it never inserts anything
 
-    def __init__(self) -> None:
-        self.rubric = Rubric(
+    def __init__(self, rubric: Rubric | None = None) -> None:
+        if rubric is not None and not isinstance(rubric, Rubric):
+            raise TypeError(f"rubric must be a verifiers.envs.Rubric, got {type(rubric).__name__}")
+        self.rubric = rubric or Rubric(
             (RewardFunc("verify", verify_reward, 1.0), RewardFunc("answer_chars", answer_chars, 0.0))
         )
 
