@@ -109,6 +109,11 @@ class StatusResponse(ApiModel):
     workers: int = Field(description="Registered workers.")
     pending_batches: int = Field(description="Submitted batches waiting for validation.")
     time: float = Field(description="Server unix time.")
+    tool_python: str | None = Field(
+        default=None,
+        description="Multi-turn runs: the Python version ('3.11') the run's Python tool runs in; a worker whose tool "
+        "runs another refuses to start (its tool outputs would not match the validator's replays). Null: no pin.",
+    )
 
 
 class RegisterRequest(ApiModel):

@@ -104,6 +104,14 @@ class EnvironmentConfig(Section):
         description="Text the environment inserts per message ({role}: 'tool' or 'user'; {content}: its text).",
     )
     tool_timeout_s: float = Field(default=5.0, gt=0, le=60, description="Wall-clock limit of one Python tool run.")
+    tool_python: str = Field(
+        default="",
+        pattern=r"^(3\.\d{1,2})?$",
+        description="Multi-turn runs: the Python version ('3.11') every worker's and validator's Python tool must run, "
+        "stated in GET /status; a worker or validator whose tool runs another refuses to start (tracebacks and library "
+        "behaviour differ between minor versions, so its tool outputs would not match). '' = the version of the "
+        "orchestrator machine's Python tool, probed at start.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EnvironmentConfig:

@@ -25,7 +25,9 @@ retried on the next poll; a version that is not published is judged ``unknown_po
 that fails on this machine (out of memory even for one sample, a device fault: ``BackendFailure``)
 leaves the batch pending too, judged again after an exponential backoff (one ``backend_failure``
 metrics line each time): never a verdict, so never a ban. Nothing a
-worker submits can crash the loop: ``validate_batch`` turns every surprise into a rejection.
+worker submits can crash the loop: ``validate_batch`` turns every surprise into a rejection. In a
+multi-turn run it stops (exit code 2) when its Python tool runs another interpreter version than the
+run pins (``GET /status`` ``tool_python``): its replays would reject honest tool outputs.
 
 The validator is a trusted process: it reads the run's admin token and assignment key
 (``api/secrets.py``). It stops (exit code 2) rather than judge when the orchestrator refuses its
@@ -74,6 +76,7 @@ from prime_rl.validator.tool_budget import ToolBudget
 from prime_rl.validator.verdicts import ban_counts, validate_batch
 from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable
 from verifiers.code import sandbox_runs
+from verifiers.envs import ToolPythonMismatch, tool_python_problem
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -163,6 +166,7 @@ class Validator:
         self.journal.restore(self.evidence, self.failures)
         self.done = 0
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
+        self.tool_python_checked = False  # a multi-turn run's tool interpreter compared with GET /status
         self.backoff: dict[str, tuple[int, float]] = {}  # batch id -> (backend failures, monotonic time of the next try)
 
     def _noise_profile(self, config: RunConfig) -> toploc.NoiseProfile:
@@ -405,6 +409,11 @@ class Validator:
                 log.warning("cannot fetch pending batches: %s", exc)
                 time.sleep(self.cfg.poll_interval_s)
                 continue
+            if self.checks.episode_env is not None and not self.tool_python_checked:
+                # the run pins its tool interpreter: replays on another would judge honest tool outputs wrong
+                if (why := tool_python_problem(self.client.status().tool_python)) is not None:
+                    raise ToolPythonMismatch(why)
+                self.tool_python_checked = True
             progressed = False
             # The orchestrator hands out the freshest policy versions first; keep its order.
             for batch in pending.batches:
@@ -433,7 +442,7 @@ def main(config: RunConfig, name: str = "validator") -> int:
     worker. On SIGTERM an unposted batch stays pending and is judged again after a restart."""
     return run_role(
         "validator", name, config, num_threads=config.validator.num_threads, start=lambda: Validator(config),
-        loop=Validator.run_loop, refuse=(SecretsError, AssignmentKeyMismatch, ClientRequestError),
+        loop=Validator.run_loop, refuse=(SecretsError, AssignmentKeyMismatch, ClientRequestError, ToolPythonMismatch),
     )  # fmt: skip
 
 

@@ -32,9 +32,12 @@ from verifiers.envs.tools import (
     CalculatorError,
     PythonToolEnv,
     ToolEnv,
+    ToolPythonMismatch,
     calculate,
     calculator_tool,
     python_tool,
+    tool_python,
+    tool_python_problem,
 )
 
 __all__ = [
@@ -54,10 +57,13 @@ __all__ = [
     "SingleTurnEnv",
     "ToolCall",
     "ToolEnv",
+    "ToolPythonMismatch",
     "calculate",
     "calculator_tool",
     "last_assistant",
     "parse_tool_calls",
     "python_tool",
     "run_episode",
+    "tool_python",
+    "tool_python_problem",
 ]
