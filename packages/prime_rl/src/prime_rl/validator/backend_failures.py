@@ -95,11 +95,13 @@ def in_chunks(
             failure = backend_failure(exc)
             if failure is None:
                 raise
-            release_device_memory()
             if not failure.out_of_memory or len(chunk) == 1:
                 raise failure from exc
-            half = len(chunk) // 2
-            queue[:0] = [chunk[:half], chunk[half:]]
+        else:
+            judge(chunk, state)
+            del state
             continue
-        judge(chunk, state)
-        del state
+        # Outside the except block: the failed forward's frames (and the tensors they hold) are gone.
+        release_device_memory()
+        half = len(chunk) // 2
+        queue[:0] = [chunk[:half], chunk[half:]]
