@@ -33,6 +33,7 @@ import datetime
 import json
 import math
 import platform
+import shutil
 import socket
 import sys
 import tempfile
@@ -162,6 +163,20 @@ def session(
     ])  # fmt: skip
     rows: list[dict[str, Any]] = list(earlier or [])  # --append: the leases of an earlier session first
     started = time.monotonic()
+    try:
+        _play(config, files, key_rows=rows, label=label, leases=leases, max_new=max_new, threshold=threshold,
+              budget_s=budget_s, started=started, on_lease=on_lease, rules=rules)  # fmt: skip
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # the run directory and the version files
+    return summary(label, rules, config, rows, max_new, threshold, started)
+
+
+def _play(
+    config: Any, files: dict[int, Path], *, key_rows: list[dict[str, Any]], label: str, leases: int, max_new: int,
+    threshold: float, budget_s: float, started: float, on_lease: Any, rules: str,
+) -> None:
+    """The attacker's leases (module docstring), appended to ``key_rows``."""
+    rows = key_rows
     with OrchestratorServer(config, OrchestratorTasks()) as server:  # type: ignore[arg-type]
         trainer = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
         feeder = OrchestratorClient(server.url, retries=0)
@@ -227,7 +242,6 @@ def session(
             if on_lease is not None:
                 on_lease(summary(label, rules, config, rows, max_new, threshold, started))
             print(f"{label} lease {n}: draws {draws} switches {len(switches)} accepted {rows[-1]['accepted']}", flush=True)
-    return summary(label, rules, config, rows, max_new, threshold, started)
 
 
 def summary(
