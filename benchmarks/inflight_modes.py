@@ -60,6 +60,12 @@ from prime_rl.metrics import read_metrics  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
+SWITCHES = {  # in-flight switches as the config allows them (issue 46): one per lease, mandatory, speed-capped
+    "orchestrator.max_versions_per_sample": "2",
+    "orchestrator.switch_deadline_s": "60",
+    "orchestrator.max_decode_tokens_per_s": "100000",  # the tiny model on CPU: the cap never binds an honest decode
+}
+
 MODES: dict[str, dict[str, str]] = {
     "sync": {"orchestrator.async_level": "0", "workers.inflight_updates": "false"},
     "between_lease": {"orchestrator.async_level": "1", "workers.inflight_updates": "false"},
@@ -67,11 +73,13 @@ MODES: dict[str, dict[str, str]] = {
         "orchestrator.async_level": "1",
         "orchestrator.max_off_policy_steps": "2",
         "workers.inflight_updates": "true",
+        **SWITCHES,
     },
     "inflight_same_bound": {
         "orchestrator.async_level": "1",
         "orchestrator.max_off_policy_steps": "1",
         "workers.inflight_updates": "true",
+        **SWITCHES,
     },
 }
 

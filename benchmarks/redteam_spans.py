@@ -63,6 +63,11 @@ def write_run_config(tmp: Path, model_dir: Path, ports: list[int], total_steps: 
             "release_after_tokens": 0,
             "max_buffered_samples": 64,
             "ban_abandoned_leases": 1000,  # a refused attack's lease expires unanswered: no abandonment ban
+            # in-flight switches as the config allows them (issue 46): one per lease, with the mandatory
+            # switch and a speed cap, both wide enough never to bind here (the forgeries are what is judged)
+            "max_versions_per_sample": 2,
+            "switch_deadline_s": 3600.0,
+            "max_decode_tokens_per_s": 100000.0,
         },
         "shardcast": {"origin_port": ports[1], "relay_ports": [ports[2]], "keep_versions": 10},
         "trainer": {"total_steps": total_steps, "samples_per_step": 16, "filter_zero_advantage": False, "lr": lr},

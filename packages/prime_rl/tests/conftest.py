@@ -26,6 +26,14 @@ from prime_rl.tasks import TaskSet
 PROMPTS = [f"Question: {a} + {b} =\nAnswer:" for a in range(10) for b in range(5)]
 
 
+INFLIGHT = (
+    "--orchestrator.max_versions_per_sample", "2", "--orchestrator.switch_deadline_s", "3600",
+    "--orchestrator.max_decode_tokens_per_s", "1e9",
+)  # fmt: skip
+"""In-flight switches on, as the config allows them only: with the mandatory switch and a speed cap
+(here so wide that neither binds unless a test overrides it after these)."""
+
+
 def make_config(tmp_path: Path, *overrides: str) -> RunConfig:
     """A small run config with its data in ``tmp_path`` and the orchestrator on a free port."""
     base = [

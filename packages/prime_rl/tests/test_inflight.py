@@ -7,6 +7,7 @@ in code (seeds 0, 1, 2) are policy versions 0, 1, 2; every forgery below starts 
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from pathlib import Path
@@ -30,11 +31,16 @@ from prime_rl.validator.verdicts import validate_batch
 from prime_rl.weights.files import save_policy
 from prime_rl.worker.inflight import CommittedVersions
 
+from .conftest import INFLIGHT
+
 KEY = b"inflight-test-assignment-key"
 TOKENIZER = make_tiny_tokenizer()
 MAX_NEW = 96  # three proof chunks: room for two switches
 RUN = TinyRun(KEY, TOKENIZER, lambda t: f"{t}*{t + 7}=", 12, group_size=4, prompts_per_batch=2, max_new_tokens=MAX_NEW)
-CHECKS = RUN.checks()
+# A run allows one switch per lease (orchestrator/switches.py); the validator's chained forwards are
+# general, and these validator tests also chain three versions (records made by hand), so their checks
+# allow three spans.
+CHECKS = dataclasses.replace(RUN.checks(*INFLIGHT), max_versions_per_sample=3)
 FOLLOWERS = {Reason.LEASE_REJECTED, Reason.GROUP_REJECTED}
 
 
@@ -297,7 +303,8 @@ def test_spans_survive_the_store_and_absent_spans_stay_absent(decodes):
     assert any(s.spans is None for s in batch.samples) and any(s.spans for s in batch.samples)
 
 
-def test_submission_refuses_bad_spans_with_422_and_stores_good_ones(server, batch_for):
+def test_submission_refuses_bad_spans_with_422_and_stores_good_ones(server_factory, batch_for):
+    server = server_factory(*INFLIGHT)
     client = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
     reg = client.register()
     lease = client.get_tasks(reg.worker_id)
@@ -360,6 +367,7 @@ def test_a_worker_switches_mid_lease_when_a_version_is_committed_and_the_validat
             "--sampling.group_size", "2", "--sampling.max_new_tokens", "64", "--sampling.stop", "[]",
             "--shardcast.origin_port", str(origin_port), "--shardcast.relay_ports", "[]",
             "--workers.max_batches", "2", "--workers.weights_poll_s", "0.05", "--workers.inflight_updates", "true",
+            *INFLIGHT,
         ],
     )  # fmt: skip
     v1 = save_policy(make_tiny_lm(seed=1).state_dict(), tmp_path / "v1" / "model.safetensors")

@@ -48,7 +48,7 @@ from prime_rl.worker.inflight import CommittedVersions
 from verifiers import Task
 from verifiers.envs import CalculatorEnv
 
-from .conftest import make_config
+from .conftest import INFLIGHT, make_config
 from .test_switch_record import commit_next, other_worker
 
 KEY = b"inflight-episodes-test-key"
@@ -66,7 +66,10 @@ ENV = EpisodeEnv(
     TOKENIZER,
     turn_template="\n<{role}>\n{content}\n</{role}>\n",
 )
-CHECKS = dataclasses.replace(RUN.checks(), episode_env=ENV)
+# A run allows one switch per lease (orchestrator/switches.py); the validator's chained forwards are
+# general, and these validator tests also chain three versions (records made by hand), so their checks
+# allow three spans.
+CHECKS = dataclasses.replace(RUN.checks(*INFLIGHT), episode_env=ENV, max_versions_per_sample=3)
 FOLLOWERS = {Reason.LEASE_REJECTED, Reason.GROUP_REJECTED}
 LEASE, RECORD = RUN.lease("w-episodes", 0, 0)
 
@@ -284,7 +287,7 @@ def test_an_honest_episode_lease_announcing_through_a_real_orchestrator_is_accep
     and answers the nonce, the episodes draw turns 1 and 2 with the nonce's seeds, the stored batch
     carries the record, and the validator accepts every episode against it (fp32)."""
     config = make_config(
-        tmp_path, "--sampling.max_new_tokens", str(MAX_NEW), "--sampling.stop", "[]", "--sampling.temperature", "1.0",
+        tmp_path, *INFLIGHT, "--sampling.max_new_tokens", str(MAX_NEW), "--sampling.stop", "[]", "--sampling.temperature", "1.0",
         "--orchestrator.max_decode_tokens_per_s", "64", "--tasks.environment.name", "calculator",
         "--tasks.environment.max_turns", str(TURNS),
     )  # fmt: skip
@@ -313,7 +316,7 @@ def test_an_honest_episode_lease_announcing_through_a_real_orchestrator_is_accep
         validator = Validator(files)
         verdicts = validate_batch(
             pending, tasks=run, backend_for=validator.backend_for, decode=run.decode,
-            checks=dataclasses.replace(run.checks(), episode_env=ENV), newest_version=1,
+            checks=dataclasses.replace(run.checks(*INFLIGHT), episode_env=ENV), newest_version=1,
         )  # fmt: skip
         assert [v.reason for v in verdicts] == [Reason.ACCEPTED] * len(verdicts), [(v.reason, v.detail) for v in verdicts]
         assert validator.loads == [1]
@@ -424,8 +427,9 @@ def test_spans_on_episodes_must_switch_at_a_model_turn_start():
 
 
 def test_submission_refuses_a_boundary_inside_a_turn_with_422_and_lets_a_turn_start_through(
-    server, batch_for
+    server_factory, batch_for
 ):
+    server = server_factory(*INFLIGHT)
     client = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
     reg = client.register()
     batch = batch_for(client.get_tasks(reg.worker_id))

@@ -9,6 +9,7 @@ their own message. The same behaviours as worker processes: ``test_redteam_spans
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -28,11 +29,16 @@ from prime_rl.worker.hostile import ATTACKS, HostileWorker
 from prime_rl.worker.hostile_spans import decode_switching_at, points
 from prime_rl.worker.rollout import sampling_params
 
+from .conftest import INFLIGHT
+
 KEY = b"inflight-redteam-assignment-key"
 TOKENIZER = make_tiny_tokenizer()
 MAX_NEW = 96  # three proof chunks
 RUN = TinyRun(KEY, TOKENIZER, lambda t: f"{t}*{t + 7}=", 12, group_size=4, prompts_per_batch=2, max_new_tokens=MAX_NEW)
-CHECKS = RUN.checks()
+# A run allows one switch per lease (orchestrator/switches.py); the validator's chained forwards are
+# general, and these validator tests also chain three versions (records made by hand), so their checks
+# allow three spans.
+CHECKS = dataclasses.replace(RUN.checks(*INFLIGHT), max_versions_per_sample=3)
 FOLLOWERS = {Reason.LEASE_REJECTED, Reason.GROUP_REJECTED}
 SPAN_ATTACKS = sorted(name for name, attack in ATTACKS.items() if attack.spans)
 

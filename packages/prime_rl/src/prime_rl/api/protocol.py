@@ -114,6 +114,11 @@ class StatusResponse(ApiModel):
         description="Digest of the run's [tasks.environment] (settings and source file: "
         "prime_rl.config.environment); a worker whose own differs stops. '' = not known here.",
     )
+    tool_python: str | None = Field(
+        default=None,
+        description="Multi-turn runs: the Python version ('3.11') the run's Python tool runs in; a worker whose tool "
+        "runs another refuses to start (its tool outputs would not match the validator's replays). Null: no pin.",
+    )
 
 
 class RegisterRequest(ApiModel):

@@ -104,6 +104,14 @@ class EnvironmentConfig(Section):
         description="Text the environment inserts per message ({role}: 'tool' or 'user'; {content}: its text).",
     )
     tool_timeout_s: float = Field(default=5.0, gt=0, le=60, description="Wall-clock limit of one Python tool run.")
+    tool_python: str = Field(
+        default="",
+        pattern=r"^(3\.\d{1,2})?$",
+        description="Multi-turn runs: the Python version ('3.11') every worker's and validator's Python tool must run, "
+        "stated in GET /status; a worker or validator whose tool runs another refuses to start (tracebacks and library "
+        "behaviour differ between minor versions, so its tool outputs would not match). '' = the version of the "
+        "orchestrator machine's Python tool, probed at start.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EnvironmentConfig:
@@ -279,11 +287,12 @@ class OrchestratorConfig(Section):
         "handed to the trainer, only counted (stale_samples). None = async_level; must be >= async_level.",
     )
     max_versions_per_sample: int = Field(
-        default=4,
+        default=1,
         ge=1,
-        le=64,
-        description="In-flight weight updates: most policy versions one sample may span (RolloutSample.spans; "
-        "1 = no in-flight switch accepted).",
+        le=2,
+        description="In-flight weight updates (docs/inflight.md): 1 (default) = no in-flight switch accepted; 2 = a "
+        "lease takes at most one switch (POST /leases/switch), so a worker gets at most one keep-or-reroll of its "
+        "tails whatever version it asks for. 2 needs switch_deadline_s > 0 and max_decode_tokens_per_s > 0.",
     )
     switch_deadline_s: float = Field(
         default=0.0,
@@ -292,14 +301,16 @@ class OrchestratorConfig(Section):
         "while a lease is open, the worker must announce a switch to it or a newer one (POST /leases/switch) or "
         "declare the lease done (POST /leases/done) within this many seconds of the commit, or submit before; "
         "a later batch without either is refused (409) and the lease expires as abandoned. Covers download + "
-        "load of a version. 0 = off (no mandatory switch).",
+        "load of a version. 0 = off; required > 0 when max_versions_per_sample is 2.",
     )
     max_decode_tokens_per_s: float = Field(
-        default=2000.0,
+        default=0.0,
         ge=0,
-        description="In-flight switch speed cap (docs/inflight.md section 4, part A): POST /leases/switch refuses a "
-        "chunk c with 32 c > max_decode_tokens_per_s * (seconds since the lease was issued) + 32, so a worker "
-        "cannot announce a switch beyond where any worker could have decoded (tokens/s per sequence; 0 = no cap).",
+        description="In-flight switch speed cap (docs/inflight.md section 4, part A), per hardware: POST /leases/switch "
+        "refuses a chunk c with 32 c > max_decode_tokens_per_s * (seconds since the lease was issued) + 32, and a "
+        "done whose batch is longer than that, so a worker cannot announce a switch beyond where any worker could "
+        "have decoded. Set it to about 1.5x the per-sequence decode speed of the fastest hardware your workers use "
+        "(tokens/s per sequence); 0 = off, required > 0 when max_versions_per_sample is 2.",
     )
     prompts_per_batch: int = Field(
         default=4, ge=1, description="Prompts per task lease (each sampled group_size times)."
@@ -463,6 +474,13 @@ class OrchestratorConfig(Section):
                     f"orchestrator.{name} must be at least 16 characters without surrounding spaces "
                     "(or '' to generate one for this run); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
                 )
+        if self.max_versions_per_sample > 1 and (self.switch_deadline_s <= 0 or self.max_decode_tokens_per_s <= 0):
+            raise ValueError(
+                "orchestrator.max_versions_per_sample = 2 (in-flight switches) needs the mandatory switch and the speed "
+                f"cap: switch_deadline_s > 0 (got {self.switch_deadline_s:g}) and max_decode_tokens_per_s > 0 (got "
+                f"{self.max_decode_tokens_per_s:g}). Without them a worker decodes the no-switch tail, scores it and "
+                "then keeps it or announces a cut behind what it has seen: a free reroll (docs/inflight.md section 4)"
+            )
         if self.max_off_policy_steps is not None and self.max_off_policy_steps < self.async_level:
             raise ValueError(
                 f"orchestrator.max_off_policy_steps ({self.max_off_policy_steps}) must be >= async_level "

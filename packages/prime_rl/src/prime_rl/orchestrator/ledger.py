@@ -90,11 +90,21 @@ from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
 from prime_rl.orchestrator.switches import decide_done, decide_switch, mandatory_problem
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
 from prime_rl.weights.layout import POLICY_FILENAME
+from verifiers.envs import tool_python
 
 __all__ = ["EXPIRED", "ApiFailure", "Ledger", "TaskPrompts"]
 
 WORKER_LIMIT_RETRY_S = 60.0
 """``Retry-After`` of a registration refused because ``orchestrator.max_workers`` is reached."""
+
+
+def run_tool_python(config: RunConfig) -> str | None:
+    """The run's pinned Python tool version: ``tasks.environment.tool_python``, else this machine's tool
+    interpreter (probed through the sandbox); None in a single-turn run or where the sandbox cannot run."""
+    env = config.tasks.environment
+    if env.name == "single_turn":
+        return None
+    return env.tool_python or tool_python() or None
 
 
 class Ledger:
@@ -117,6 +127,7 @@ class Ledger:
     ) -> None:
         self.config = config
         self.orch = config.orchestrator
+        self.tool_python = run_tool_python(config)  # GET /status states it (issue 46: one tool interpreter per run)
         self.tasks = tasks
         self.environment = environment_digest(config.tasks.environment)  # GET /status (config/environment.py)
         self.store = store
@@ -300,6 +311,7 @@ class Ledger:
             pending_batches=self.batches.waiting_count(),
             time=self.clock(),
             environment=self.environment,
+            tool_python=self.tool_python,
         )
 
     def banned_workers(self) -> frozenset[str]:

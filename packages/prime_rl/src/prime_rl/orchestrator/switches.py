@@ -15,8 +15,10 @@ each with its own message:
 
 * 409 ``conflict``: the version was announced at another chunk (the first stands); the lease is
   answered or expired; the version is not newer than the lease's current one (its start version
-  or its last switch); the chunk is not after the last switch's; the lease has
-  ``max_versions_per_sample - 1`` switches already.
+  or its last switch); switches are off (``max_versions_per_sample`` 1, the default); the lease has
+  switched once already (:data:`MAX_SWITCHES_PER_LEASE`: at most one keep-or-reroll per lease,
+  whatever version it was asked at; the config refuses switches without the mandatory switch and
+  the speed cap, ``config/sections.py``).
 * 422 ``bad_switch``: the version is not committed; the chunk is at or past ``max_new_tokens``
   (no token would be sampled by it: a no-op switch); the chunk lies beyond the speed cap
   ``32 c > max_tokens_per_s * (now - issued_at) + 32`` (part A of section 4: no worker can have
@@ -50,7 +52,13 @@ from prime_rl.api.errors import ApiFailure
 from prime_rl.api.protocol import LeaseDone, LeaseRecord, LeaseSwitch
 from prime_rl.api.spans import SPAN_ALIGN
 
-__all__ = ["current_version", "decide_done", "decide_switch", "mandatory_problem"]
+__all__ = ["MAX_SWITCHES_PER_LEASE", "current_version", "decide_done", "decide_switch", "mandatory_problem"]
+
+MAX_SWITCHES_PER_LEASE = 1
+"""Every switch is one keep-or-reroll for a worker that decoded ahead (module docstring): a lease asked
+at the window's oldest version (``GET /tasks?version=``) with two newer versions committed could
+otherwise announce v+1 at chunk 1 and v+2 at chunk 2 after looking at each tail, three draws where
+the design allows two. One switch bounds it whatever the asked version and the commits."""
 
 
 def current_version(record: LeaseRecord) -> int:
@@ -97,11 +105,17 @@ def decide_switch(
         raise ApiFailure(
             409, "conflict", f"version {policy_version} is not newer than the lease's current version {current}"
         )
-    if len(record.switches) >= max_versions - 1:
+    if max_versions <= 1:
         raise ApiFailure(
             409, "conflict",
-            f"the lease has {len(record.switches)} switches: at most {max_versions} versions per sample "
-            "(orchestrator.max_versions_per_sample)",
+            "in-flight switches are off in this run (orchestrator.max_versions_per_sample = 1): decode the lease "
+            "with its own version",
+        )  # fmt: skip
+    if len(record.switches) >= MAX_SWITCHES_PER_LEASE:
+        raise ApiFailure(
+            409, "conflict",
+            f"the lease switched to v{record.switches[0].policy_version} at chunk {record.switches[0].chunk} already: "
+            "a lease takes at most one switch (one keep-or-reroll, whatever version the lease was asked at)",
         )  # fmt: skip
     if record.switches and chunk <= record.switches[-1].chunk:
         raise ApiFailure(
@@ -183,7 +197,7 @@ def mandatory_problem(
         if now <= due:
             continue  # submitted in time: the batch itself fixes the lease
         switched = [s for s in record.switches if s.announced_at <= due]
-        if any(s.policy_version >= version for s in switched) or len(switched) >= max_versions - 1:
+        if any(s.policy_version >= version for s in switched) or len(switched) >= min(MAX_SWITCHES_PER_LEASE, max_versions - 1):
             continue
         if done is not None and done.declared_at <= due:
             continue

@@ -49,6 +49,10 @@ from prime_rl.inference.backend import (
     token_logprobs,
     verify_proofs,
 )
+from prime_rl.validator.backend_failures import BackendFailure as BackendFailure
+from prime_rl.validator.backend_failures import RetryLater as RetryLater
+from prime_rl.validator.backend_failures import backend_failure as backend_failure
+from prime_rl.validator.backend_failures import in_chunks
 from prime_rl.validator.episodes import MAX_ENV_TOKENS, episode_checks, episode_values, replay_episode
 from prime_rl.validator.structure import proof_problem, repetition_problem, termination_problem
 from prime_rl.validator.token_rule import TokenRule
@@ -107,10 +111,6 @@ class Reason(enum.StrEnum):
     SPAN_VERSION_FORGED = "span_version_forged"
     SPAN_UNANNOUNCED = "span_unannounced"
     SPAN_MISSING_MANDATORY = "span_missing_mandatory"
-
-
-class RetryLater(Exception):
-    """Raised by ``backend_for`` when a version cannot be loaded *now*; ``validate_batch`` re-raises it."""
 
 
 class TaskScorer(Protocol):
@@ -336,24 +336,26 @@ def model_checks(
     The live samples are prefilled ``backend.max_batch_size`` at a time, and each chunk is checked
     before the next is prefilled: a prefill holds fp32 logits ``[completion, V]`` per sample
     (622 MB for 1,024 tokens of Qwen's 152k vocabulary), so a whole batch of long samples at once
-    would not fit on a GPU. A chunk whose prefill fails is rejected whole.
+    would not fit on a GPU. A chunk that still runs out of memory is halved (:func:`in_chunks`); a
+    backend failure is the validator's (:class:`BackendFailure`: the batch is judged again later); a
+    chunk whose input the backend refuses is rejected whole.
     """
     alive = [p for p in pending if p.alive]
     chunk = max(1, int(getattr(backend, "max_batch_size", len(alive)) or len(alive)))
-    for start in range(0, len(alive), chunk):
-        _model_checks_chunk(alive[start : start + chunk], backend, checks, observe)
+    in_chunks(alive, chunk, lambda part: _prefill_chunk(part, backend), lambda part, pre: _judge_chunk(part, pre, checks, observe))
 
 
-def _model_checks_chunk(
-    alive: list[Pending], backend: GenerationBackend, checks: Checks, observe: Observer | None
-) -> None:
+def _prefill_chunk(alive: list[Pending], backend: GenerationBackend) -> list[Prefill] | str:
     try:
-        prefills = backend.prefill(
-            [p.sample.prompt_tokens for p in alive], [p.sample.completion_tokens for p in alive]
-        )
-    except (GenerationError, ValueError, IndexError, RuntimeError) as exc:
+        return backend.prefill([p.sample.prompt_tokens for p in alive], [p.sample.completion_tokens for p in alive])
+    except (GenerationError, ValueError, IndexError) as exc:  # the machine's failures pass on (in_chunks)
+        return f"prefill failed: {exc}"
+
+
+def _judge_chunk(alive: list[Pending], prefills: list[Prefill] | str, checks: Checks, observe: Observer | None) -> None:
+    if isinstance(prefills, str):
         for p in alive:
-            p.reject(Reason.MALFORMED, f"prefill failed: {exc}")
+            p.reject(Reason.MALFORMED, prefills)
         return
     for p, pre in zip(alive, prefills, strict=True):
         judge_prefill(p, pre, checks, observe)

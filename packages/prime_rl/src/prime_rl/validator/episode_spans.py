@@ -50,7 +50,7 @@ from prime_rl.api.protocol import LeaseRecord, RolloutSample
 from prime_rl.api.segments import switched_turn_seed, turn_starts
 from prime_rl.api.spans import VersionSpan
 from prime_rl.inference.contract import PROOF_CHUNK, GenerationBackend, GenerationError, Prefill
-from prime_rl.validator.checks import Checks, Observer, Pending, Reason, judge_prefill
+from prime_rl.validator.checks import Checks, Observer, Pending, Reason, in_chunks, judge_prefill
 from prime_rl.validator.episodes import ModelSpan, model_spans, segments_of
 
 __all__ = [
@@ -110,7 +110,9 @@ def episode_span_model_checks(
     """One prefill per version of the live mixed-version episodes (module docstring), each version
     loaded once, in increasing order; then the per-turn model checks on the assembled rows, with the
     turn seeds of the lease's switch records (:func:`episode_turn_seeds`; ``lease`` None: the plain
-    turn seeds, a batch without a lease, which fails ``not_assigned`` anyway)."""
+    turn seeds, a batch without a lease, which fails ``not_assigned`` anyway). ``validator.max_batch_size``
+    episodes at a time, as ``validator/spans.py`` chunks single-turn samples (bounded memory; the
+    machine's failures are never the worker's: ``checks.in_chunks``)."""
     alive = [p for p in spanned if p.alive]
     versions_of: dict[int, list[int]] = {}
     for p in alive:
@@ -119,15 +121,32 @@ def episode_span_model_checks(
             p.reject(Reason.SPAN_MALFORMED, "a span boundary is not the first token of a model turn")
         else:
             versions_of[p.index] = versions
+    in_chunks(
+        [p for p in alive if p.alive], checks.validator.max_batch_size,
+        lambda chunk: _version_rows(chunk, versions_of, backend_for),
+        lambda chunk, rows: _judge_rows(chunk, rows, versions_of, checks, observe, lease),
+    )  # fmt: skip
+
+
+Rows = tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], dict[int, str]]
+"""Per episode index: its assembled (hidden, logits) rows, or why they could not be computed."""
+
+
+def _version_rows(
+    chunk: list[Pending], versions_of: dict[int, list[int]], backend_for: Callable[[int], GenerationBackend | None]
+) -> Rows:
+    """Per episode of ``chunk``: its rows assembled from one prefill per version, or why not (a
+    version unavailable, a prefill that refused the input). The machine's failures raise (``in_chunks``)."""
     rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    for version in sorted({v for versions in versions_of.values() for v in versions}):
-        group = [p for p in alive if p.alive and version in versions_of[p.index]]
+    errors: dict[int, str] = {}
+    for version in sorted({v for p in chunk for v in versions_of[p.index]}):
+        group = [p for p in chunk if p.index not in errors and version in versions_of[p.index]]
         if not group:
             continue
         backend = backend_for(version)
         if backend is None:
             for p in group:
-                p.reject(Reason.UNKNOWN_POLICY, f"policy version {version} is not available")
+                errors[p.index] = f"policy version {version} is not available"
             continue
         turns = [_own_turns(p.sample, versions_of[p.index], version) for p in group]
         try:  # from position 0 up to the end of the version's last turn: recompute-KV, as the worker did
@@ -138,9 +157,9 @@ def episode_span_model_checks(
                     for p, own in zip(group, turns, strict=True)
                 ],
             )
-        except (GenerationError, ValueError, IndexError, RuntimeError) as exc:
+        except (GenerationError, ValueError, IndexError) as exc:
             for p in group:
-                p.reject(Reason.MALFORMED, f"prefill with version {version} failed: {exc}")
+                errors[p.index] = f"prefill with version {version} failed: {exc}"
             continue
         for p, own, pre in zip(group, turns, prefills, strict=True):
             n = len(p.sample.completion_tokens)
@@ -158,11 +177,27 @@ def episode_span_model_checks(
                 logits[turn.start : turn.start + turn.length] = pre.logits[
                     turn.start : turn.start + turn.length
                 ]
-    for p in alive:
-        if p.alive:
-            name = functools.partial(_name_failure, sample=p.sample, versions=versions_of[p.index])
-            seeds = episode_turn_seeds(p.sample, lease, checks.assignment_key) if lease is not None else None
-            judge_prefill(p, Prefill(*rows[p.index]), checks, observe, name, turn_seeds=seeds)
+        del prefills
+    return rows, errors
+
+
+def _judge_rows(
+    chunk: list[Pending],
+    computed: Rows,
+    versions_of: dict[int, list[int]],
+    checks: Checks,
+    observe: Observer | None,
+    lease: LeaseRecord | None,
+) -> None:
+    rows, errors = computed
+    for p in chunk:
+        if p.index in errors:
+            why = errors[p.index]
+            p.reject(Reason.UNKNOWN_POLICY if "not available" in why else Reason.MALFORMED, why)
+            continue
+        name = functools.partial(_name_failure, sample=p.sample, versions=versions_of[p.index])
+        seeds = episode_turn_seeds(p.sample, lease, checks.assignment_key) if lease is not None else None
+        judge_prefill(p, Prefill(*rows.pop(p.index)), checks, observe, name, turn_seeds=seeds)
 
 
 def _own_turns(sample: RolloutSample, versions: Sequence[int], version: int) -> list[ModelSpan]:

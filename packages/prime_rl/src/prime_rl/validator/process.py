@@ -21,8 +21,13 @@ time episode replays spent in tool calls (``validator.tool_seconds_per_lease`` b
 they have left).
 
 A batch whose version cannot be fetched *right now* (relay lagging, network) stays pending and is
-retried on the next poll; a version that is not published is judged ``unknown_policy``. Nothing a
-worker submits can crash the loop: ``validate_batch`` turns every surprise into a rejection.
+retried on the next poll; a version that is not published is judged ``unknown_policy``. A forward
+that fails on this machine (out of memory even for one sample, a device fault: ``BackendFailure``)
+leaves the batch pending too, judged again after an exponential backoff (one ``backend_failure``
+metrics line each time): never a verdict, so never a ban. Nothing a
+worker submits can crash the loop: ``validate_batch`` turns every surprise into a rejection. In a
+multi-turn run it stops (exit code 2) when its Python tool runs another interpreter version than the
+run pins (``GET /status`` ``tool_python``): its replays would reject honest tool outputs.
 
 The validator is a trusted process: it reads the run's admin token and assignment key
 (``api/secrets.py``). It stops (exit code 2) rather than judge when the orchestrator refuses its
@@ -56,7 +61,14 @@ from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.reward import run_tasks
 from prime_rl.role import run_role
 from prime_rl.validator import noise, tolerances
-from prime_rl.validator.checks import Checks, GenerationBackend, Reason, RetryLater, tool_seconds
+from prime_rl.validator.checks import (
+    BackendFailure,
+    Checks,
+    GenerationBackend,
+    Reason,
+    RetryLater,
+    tool_seconds,
+)
 from prime_rl.validator.evidence import EvidenceLedger, FailureTracker, metrics_fields, reject_banned
 from prime_rl.validator.journal import ValidatorJournal
 from prime_rl.validator.structure import AssignmentKeyMismatch
@@ -64,6 +76,7 @@ from prime_rl.validator.tool_budget import ToolBudget
 from prime_rl.validator.verdicts import ban_counts, validate_batch
 from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable
 from verifiers.code import sandbox_runs
+from verifiers.envs import ToolPythonMismatch, tool_python_problem
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -156,6 +169,8 @@ class Validator:
         self.journal.restore(self.evidence, self.failures)
         self.done = 0
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
+        self.tool_python_checked = False  # a multi-turn run's tool interpreter compared with GET /status
+        self.backoff: dict[str, tuple[int, float]] = {}  # batch id -> (backend failures, monotonic time of the next try)
 
     def _noise_profile(self, config: RunConfig) -> toploc.NoiseProfile:
         """``validator.noise_profile`` if set, else measured now on this backend (and saved for reading)."""
@@ -236,9 +251,12 @@ class Validator:
             )
         except RetryLater as exc:
             log.warning("batch %s: %s; retrying later", batch.batch_id, exc)
+            if isinstance(exc, BackendFailure):  # the machine's, never the worker's: the batch stays pending
+                self._back_off(batch, exc)
             return False
         finally:  # tools that ran cost their time whatever became of the batch
             self.tool_budget.spend(batch.worker_id, batch.client, tool_seconds() - tools_before, established=established)
+        self.backoff.pop(batch.batch_id, None)
         evidence_ban = self._record_evidence(batch, observed)
         if evidence_ban is not None:  # a worker banned by evidence trains nothing more
             verdicts = reject_banned(verdicts, evidence_ban)
@@ -253,6 +271,23 @@ class Validator:
         self.ban(batch, verdicts, evidence_ban, prefilled=bool(loaded))
         self.done += 1
         return True
+
+    def _back_off(self, batch: PendingBatch, failure: BackendFailure) -> None:
+        """Judge a batch whose forward failed on this machine again after ``poll_interval_s * 2^k``
+        (k earlier failures, at most 5 minutes), so one batch that does not fit cannot hold the device."""
+        attempts = self.backoff.get(batch.batch_id, (0, 0.0))[0] + 1
+        delay = min(300.0, self.cfg.poll_interval_s * 2 ** min(attempts, 16))
+        if len(self.backoff) >= 10_000:  # batches settled elsewhere (expired) are forgotten
+            self.backoff.pop(next(iter(self.backoff)))
+        self.backoff[batch.batch_id] = (attempts, time.monotonic() + delay)
+        get_metrics().log(
+            "backend_failure", batch_id=batch.batch_id, worker_id=batch.worker_id, kind=failure.kind,
+            attempts=attempts, retry_in_s=round(delay, 3), message=str(failure)[:300],
+        )  # fmt: skip
+
+    def due(self, batch_id: str) -> bool:
+        """Whether a pending batch may be judged now (not refused, not backing off after a backend failure)."""
+        return batch_id not in self.refused and self.backoff.get(batch_id, (0, 0.0))[1] <= time.monotonic()
 
     def post(self, batch: PendingBatch, verdicts: list[Verdict]) -> Posted:
         """``POST /validator/verdicts`` with the worker's evidence; a refused batch is remembered and skipped."""
@@ -377,10 +412,15 @@ class Validator:
                 log.warning("cannot fetch pending batches: %s", exc)
                 time.sleep(self.cfg.poll_interval_s)
                 continue
+            if self.checks.episode_env is not None and not self.tool_python_checked:
+                # the run pins its tool interpreter: replays on another would judge honest tool outputs wrong
+                if (why := tool_python_problem(self.client.status().tool_python)) is not None:
+                    raise ToolPythonMismatch(why)
+                self.tool_python_checked = True
             progressed = False
             # The orchestrator hands out the freshest policy versions first; keep its order.
             for batch in pending.batches:
-                if batch.batch_id not in self.refused:
+                if self.due(batch.batch_id):
                     progressed |= self.judge(batch, pending.policy_version)
             if progressed:
                 idle = WaitLog(self.wait_log_every_s)
@@ -405,7 +445,7 @@ def main(config: RunConfig, name: str = "validator") -> int:
     worker. On SIGTERM an unposted batch stays pending and is judged again after a restart."""
     return run_role(
         "validator", name, config, num_threads=config.validator.num_threads, start=lambda: Validator(config),
-        loop=Validator.run_loop, refuse=(SecretsError, AssignmentKeyMismatch, ClientRequestError),
+        loop=Validator.run_loop, refuse=(SecretsError, AssignmentKeyMismatch, ClientRequestError, ToolPythonMismatch),
     )  # fmt: skip
 
 

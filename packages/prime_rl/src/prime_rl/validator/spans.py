@@ -5,9 +5,11 @@ on, with the KV cache kept across the switch (keep-KV, ``docs/inflight.md`` sect
 validator recomputes it exactly that way: chained forwards through one growing KV cache, span
 ``k`` fed with version ``v_k`` loaded, over the inputs ``[P + b_k - 1, P + b_{k+1} - 1)`` (``P``
 prompt tokens; span 0 from position 0, the prompt prefill), so every position's key and value
-come from the version that wrote them on the worker. Each version is loaded once per batch: the
-versions of the batch in increasing order, each forwarding the spans of that version of every
-sample (a sample's versions increase, so its earlier spans are done). The recomputed rows and
+come from the version that wrote them on the worker. Each version is loaded once per chunk of
+``validator.max_batch_size`` samples (once per batch when the batch fits): the chunk's versions in
+increasing order, each forwarding the spans of that version of every sample (a sample's versions
+increase, so its earlier spans are done). A chunk holds its samples' KV caches and fp32 logits
+until it is judged, so memory is bounded by the chunk, as on the one-version path. The recomputed rows and
 logits then go through the same proof, sampling and log-prob checks as a one-version sample;
 every proof chunk lies inside one span, so chunk ``j`` is checked against the version of the span
 that holds token ``32 j``.
@@ -65,7 +67,7 @@ from prime_rl.api.protocol import LeaseRecord, PendingBatch, RolloutSample
 from prime_rl.api.segments import turn_starts
 from prime_rl.api.spans import SPAN_ALIGN, VersionSpan, future_span, span_bounds, spans_problem
 from prime_rl.inference.contract import ChainedForward, GenerationBackend, GenerationError, Prefill
-from prime_rl.validator.checks import Checks, Observer, Pending, Reason, judge_prefill
+from prime_rl.validator.checks import Checks, Observer, Pending, Reason, in_chunks, judge_prefill
 from prime_rl.validator.episode_spans import (
     episode_span_model_checks,
     point_limit,
@@ -187,10 +189,12 @@ def chained_prefills(
     samples: Sequence[RolloutSample], backend_for: Callable[[int], GenerationBackend | None]
 ) -> list[Prefill | str]:
     """The prefill of each spanned sample by chained forwards (module docstring), or why it failed
-    (a version unavailable, a backend without chained forwards, a forward that failed).
+    (a version unavailable, a backend without chained forwards, a forward that refused the input).
 
-    Loads each version of the batch once, in increasing order; holds every sample's KV cache
-    between versions (at most ``max_versions_per_sample`` forwards per sample).
+    Loads each version of ``samples`` once, in increasing order, and holds every sample's KV cache
+    and fp32 logits between versions: the caller passes a bounded chunk (:func:`span_model_checks`).
+    A failure of the machine (out of memory, a device fault) raises
+    (:func:`~prime_rl.validator.checks.backend_failure`): it is never the sample's.
     """
     state: list[dict[str, Any]] = [{"cache": None, "hidden": [], "logits": [], "error": None} for _ in samples]
     versions = sorted({span.policy_version for sample in samples for span in sample.spans or []})
@@ -210,20 +214,22 @@ def chained_prefills(
                 start = 0 if k == 0 else prompt + first - 1
                 try:
                     hidden, row["cache"] = backend.extend(sequence[start : prompt + end - 1], row["cache"])
-                except (GenerationError, ValueError, IndexError, RuntimeError) as exc:
+                    # Completion token t is sampled from the state at position P + t - 1.
+                    if k == 0:
+                        hidden = hidden[prompt - 1 :]
+                    logits = backend.head(hidden)
+                except (GenerationError, ValueError, IndexError) as exc:  # the machine's failures raise
                     row["error"] = f"chained forward of span {k} failed: {exc}"
                     break
-                # Completion token t is sampled from the state at position P + t - 1.
-                if k == 0:
-                    hidden = hidden[prompt - 1 :]
                 row["hidden"].append(hidden)
-                row["logits"].append(backend.head(hidden))
+                row["logits"].append(logits)
     out: list[Prefill | str] = []
     for row in state:
         if row["error"] is not None:
             out.append(row["error"])
         else:
             out.append(Prefill(hidden=torch.cat(row["hidden"]), logits=torch.cat(row["logits"])))
+        row.clear()  # each sample's cache and per-span tensors go now, not with the whole list
     return out
 
 
@@ -255,12 +261,26 @@ def span_model_checks(
     """Chained prefills of the live spanned samples, then the per-sample model checks on them, the
     sampling check with each span's seed (:func:`span_seeds`; ``lease`` None: the sample's seed
     throughout, a batch without a lease, which fails ``not_assigned`` before this). Episodes: one
-    prefill per version instead, with the turn seeds of the lease's records (``validator/episode_spans.py``)."""
+    prefill per version instead, with the turn seeds of the lease's records (``validator/episode_spans.py``).
+
+    In bounded memory, as the one-version path: ``validator.max_batch_size`` samples at a time, each
+    chunk's KV caches and fp32 logits released once it is judged (each version is then loaded once
+    per chunk, not per batch); a chunk out of memory is halved, and a failure of the machine raises
+    ``BackendFailure`` (``checks.in_chunks``): the batch is judged again later, never blamed on its worker."""
     if checks.episode_env is not None:
         episode_span_model_checks(spanned, backend_for, checks, observe, lease)
         return
     alive = [p for p in spanned if p.alive]
-    for p, pre in zip(alive, chained_prefills([p.sample for p in alive], backend_for), strict=True):
+    in_chunks(
+        alive, checks.validator.max_batch_size, lambda chunk: chained_prefills([p.sample for p in chunk], backend_for),
+        lambda chunk, prefills: _judge_chunk(chunk, prefills, checks, observe, lease),
+    )  # fmt: skip
+
+
+def _judge_chunk(
+    chunk: list[Pending], prefills: Any, checks: Checks, observe: Observer | None, lease: LeaseRecord | None
+) -> None:
+    for p, pre in zip(chunk, prefills, strict=True):
         if isinstance(pre, str):
             p.reject(Reason.UNKNOWN_POLICY if "not available" in pre else Reason.MALFORMED, pre)
             continue

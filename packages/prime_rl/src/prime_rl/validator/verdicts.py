@@ -47,6 +47,7 @@ from prime_rl.validator.checks import (
     Reason,
     RetryLater,
     TaskScorer,
+    backend_failure,
     model_checks,
     replay_checks,
     sample_checks,
@@ -107,6 +108,8 @@ def validate_batch(
     except (RetryLater, AssignmentKeyMismatch):
         raise
     except Exception as exc:  # a validator bug must reject, not crash the process
+        if (failure := backend_failure(exc)) is not None and failure.kind != "backend":
+            raise failure from exc  # out of memory or a device fault while judging: judged again later
         return [_verdict(p.index, Reason.INTERNAL_ERROR, f"{exc!r:.300}") for p in pending]
     return [
         _verdict(p.index, p.reason, p.detail, p.reward, advantages.get(p.index), p.logprobs, p.beyond_tolerance)

@@ -54,6 +54,7 @@ from prime_rl.worker.inflight import CommittedVersions
 from prime_rl.worker.rollout import build_batch
 from prime_rl.worker.scoring import rescoring
 from verifiers.errors import RewardError
+from verifiers.envs import ToolPythonMismatch, tool_python_problem
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
@@ -239,6 +240,8 @@ class Worker:
     def one_batch(self) -> bool:
         """Fetch, answer and submit one lease; False if there was no work to do."""
         status = self.client.status()
+        if self.env is not None and (why := tool_python_problem(status.tool_python)) is not None:
+            raise ToolPythonMismatch(why)  # its tool outputs would not match the validator's replays
         if not self.answers.ready(status):
             self.stop_event.wait(self.cfg.poll_interval_s)
             return False
@@ -408,5 +411,5 @@ def main(config: RunConfig, name: str = "worker") -> int:
     needs saving on SIGTERM: submissions are atomic."""
     return run_role(
         "worker", name, config, num_threads=config.workers.num_threads, start=lambda: Worker(config, name),
-        loop=Worker.run_loop,
+        loop=Worker.run_loop, refuse=(ToolPythonMismatch,),
     )  # fmt: skip

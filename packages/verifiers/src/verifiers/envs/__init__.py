@@ -34,9 +34,12 @@ from verifiers.envs.tools import (
     CalculatorError,
     PythonToolEnv,
     ToolEnv,
+    ToolPythonMismatch,
     calculate,
     calculator_tool,
     python_tool,
+    tool_python,
+    tool_python_problem,
 )
 
 __all__ = [
@@ -56,6 +59,7 @@ __all__ = [
     "SingleTurnEnv",
     "ToolCall",
     "ToolEnv",
+    "ToolPythonMismatch",
     "calculate",
     "calculator_tool",
     "check_environment",
@@ -65,4 +69,6 @@ __all__ = [
     "python_tool",
     "reward_value",
     "run_episode",
+    "tool_python",
+    "tool_python_problem",
 ]

@@ -22,8 +22,10 @@ and its output carries one of `LIMIT_MARKERS`, so a validator that re-runs the c
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import operator
+import re
 from collections.abc import Callable
 from fractions import Fraction
 
@@ -97,6 +99,43 @@ def python_tool(arguments: dict, *, timeout_s: float = 5.0, memory_mb: int = 512
     # the status line survives the cut, so a limited run's output always shows its marker
     status = (f"\n[{report['status']}]\n{report['stderr_tail']}")[: MAX_TOOL_OUTPUT // 2]
     return out[: MAX_TOOL_OUTPUT - len(status)] + status
+
+
+class ToolPythonMismatch(RuntimeError):
+    """This machine's Python tool runs another interpreter version than the run pins (:func:`tool_python_problem`)."""
+
+
+@functools.cache
+def tool_python() -> str:
+    """``"major.minor"`` of the interpreter the Python tool runs programs in on this machine ("" if the
+    sandbox cannot run one). Probed through the sandbox itself, not read from ``sys.version_info``: run
+    as root without bubblewrap the sandbox may start another interpreter than the caller's
+    (``verifiers.code.privileges.fallback_python``)."""
+    out = python_tool({"code": "import sys\nprint('%d.%d' % sys.version_info[:2])"})
+    return out.strip() if re.fullmatch(r"3\.\d{1,2}\n", out) else ""
+
+
+def tool_python_problem(pinned: str | None) -> str | None:
+    """Why this machine must not play or replay a run's Python tool calls, or None.
+
+    A tool's output is its interpreter's: tracebacks and error texts change between minor versions
+    (3.12 adds "Did you forget to import ...?"), and so does behaviour (a function new in 3.12
+    raises on 3.11). Normalising the texts could not make two versions agree, so a run pins one
+    version (``pinned``, from the orchestrator's ``GET /status``; None or "": no pin) and a worker
+    or validator on another refuses to start rather than be judged, or judge, by another's output.
+    """
+    if not pinned:
+        return None
+    own = tool_python()
+    if own == pinned:
+        return None
+    return (
+        f"this run pins the Python tool interpreter to {pinned} (GET /status tool_python; tasks.environment.tool_python), "
+        f"but this machine's Python tool runs {own or 'no interpreter (the sandbox failed)'}: its tool outputs "
+        f"(tracebacks, error texts, library behaviour) would differ from the validator's replays. Run this role "
+        f"with Python {pinned} (the interpreter the sandbox starts: sys.executable, or as root without bubblewrap "
+        "the first usable system python3)"
+    )
 
 
 # ------------------------------------------------------------------ calculator
