@@ -21,9 +21,10 @@ import requests
 
 from prime_rl.api.assignment import AssignmentError, mac64, sampling_seed, task_ids
 from prime_rl.api.errors import ApiFailure
-from prime_rl.api.protocol import ClaimRequest, Verdict, VerdictRequest
+from prime_rl.api.protocol import BanRequest, ClaimRequest, Verdict, VerdictRequest
 from prime_rl.api.secrets import SecretsError, check_bind_address, is_loopback, run_secrets, secrets_path
 from prime_rl.config import ConfigError, load_config
+from prime_rl.orchestrator.lease_rules import MACHINE_REASONS
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.orchestrator.store import RolloutStore
@@ -232,7 +233,8 @@ def test_a_rejected_lease_costs_what_walking_away_costs(config_for: Any, reason:
     """Issue 34: a worker that spoils the leases it does not want trained (a lowered claim that used to
     be ``reward_unverifiable``, a program that loops past the sandbox limit, a raised claim) loses
     what a worker that walks away from them loses, step for step: allowance, its address's cap for
-    fresh identities, and its standing until the abandonment ban; the spoiled lease's tasks go to
+    fresh identities, and (issue 46.1: unless the reason may be the machine's) its standing until the
+    abandonment ban; the spoiled lease's tasks go to
     another identity."""
     ledger, clock = _ledger(config_for, "--orchestrator.max_open_leases_per_address", "6")
     walker = ledger.workers[ledger.register("walks away").worker_id]
@@ -256,8 +258,12 @@ def test_a_rejected_lease_costs_what_walking_away_costs(config_for: Any, reason:
         ledger.expire_leases()
         for worker in (walker, spoiler):  # the same cost, lease for lease
             assert ledger.lease_allowance(worker.worker_id) == max(1, 3 - round_), (round_, worker.name)
-    assert walker.banned and spoiler.banned  # 3 of 6 leases abandoned: >= ban_abandoned_leases and >= 25 %
-    assert "abandoned 3 of 6 leases" in spoiler.ban_reason
+    assert walker.banned  # 3 of 6 leases abandoned: >= ban_abandoned_leases and >= 25 %
+    if reason in MACHINE_REASONS:  # issue 46.1: the allowance and cap, but never the abandonment ban
+        assert not spoiler.banned and ledger.rules.chargeable(spoiler.worker_id) == 0
+        ledger.ban(BanRequest(worker_id=spoiler.worker_id, reason="test: out of the way"))
+    else:
+        assert spoiler.banned and "abandoned 3 of 6 leases" in spoiler.ban_reason
     # A fresh identity's spoiled lease lowers its address's cap for fresh identities as walking away does.
     fresh_walker = ledger.workers[ledger.register("fresh walker").worker_id]
     fresh_spoiler = ledger.workers[ledger.register("fresh spoiler").worker_id]

@@ -409,6 +409,22 @@ class OrchestratorConfig(Section):
     ban_abandoned_share: float = Field(
         default=0.25, gt=0, le=1, description="Share of a worker's leases abandoned before a ban (see above)."
     )
+    machine_rejected_honest_share: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="The share of an honest worker's leases that rejections the machine may explain "
+        "(tool_unverifiable, reward_unverifiable, internal_error, expired) can reach (measured: "
+        "benchmarks/results/tool_replay_bench.md). They never count towards the abandonment ban; a worker is banned "
+        "for them only when its share is above this one by a sequential test (1 = never).",
+    )
+    machine_rejected_false_ban: float = Field(
+        default=1e-6,
+        gt=0,
+        lt=1,
+        description="P(a worker whose leases are machine-rejected at most at machine_rejected_honest_share is ever "
+        "banned for them) is at most this (Ville's inequality, orchestrator.lease_rules).",
+    )
     release_after_tokens: int = Field(
         default=2048,
         ge=0,

@@ -29,8 +29,22 @@ knows whose tokens the validator accepted):
     buffer may then exceed the limit by at most one lease per such worker). Batches of identities
     without accepted work that await verdicts count only when a fresh identity asks
     (``Ledger.buffered_samples``): unproven work never holds back an established worker's lease.
-  - **Abandonment bans** (``abandoned``): once a worker's expired or rejected leases reach
-    ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases, it is banned.
+  - **Abandonment bans** (``chargeable``): once a worker's expired or rejected leases reach
+    ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases, it is banned. Rejections the
+    worker did not choose never count here (``machine_caused``: its own failures are all
+    ``tool_unverifiable``, ``reward_unverifiable``, ``internal_error`` or ``expired``), nor does a
+    lease whose answer never reached its client (``LeaseBook.withdraw``) or whose batch reached the
+    server before its deadline (the server does not expire a lease while its batch waits in line).
+    Their tasks still go to another identity, so no veto is free, and a machine-caused rejection
+    still costs the allowance and the address cap as walking away does: a worker can cause some of
+    them at will (a tool that loops past its limit), so they must not earn it anything.
+  - **Machine-caused rate ban** (``ban_machine_rate``): a worker is banned for machine-caused
+    rejections only when their share of its leases is above the measured honest share
+    ``p0 = orchestrator.machine_rejected_honest_share`` by a sequential likelihood-ratio test
+    (against ``p1 = (1 + p0) / 2``): ban once ``k ln(p1/p0) + (n - k) ln((1-p1)/(1-p0)) >=
+    ln(1 / machine_rejected_false_ban)`` with ``k`` machine-caused of ``n`` leases. The ratio is a
+    martingale for a worker whose leases are machine-rejected with probability ``<= p0`` each, so
+    by Ville's inequality P(such a worker is *ever* banned) <= ``machine_rejected_false_ban``.
 """
 
 from __future__ import annotations
@@ -38,15 +52,41 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prime_rl.api.errors import ApiFailure
+from prime_rl.api.protocol import FOLLOWER_REASONS, UNVERIFIABLE_REASONS, Verdict, machine_rejected
 from prime_rl.config.sections import OrchestratorConfig
 from prime_rl.orchestrator.identities import QUEUE_RETRY_MAX_S, LeaseQueue
 from prime_rl.orchestrator.leases import LeaseBook
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
 
-__all__ = ["LeaseRules"]
+__all__ = ["MACHINE_REASONS", "LeaseRules", "machine_caused", "machine_rate_evidence"]
+
+MACHINE_REASONS = UNVERIFIABLE_REASONS | {"internal_error", "expired"}
+"""Rejections the worker did not choose (or need not have): a check the machine limited, a tool
+output no replay reproduces, the validator's own failure, a batch no validator judged in time."""
+
+
+def machine_caused(verdicts: Sequence[Verdict]) -> bool:
+    """Whether a judged batch was rejected only for ``MACHINE_REASONS`` (``protocol.machine_rejected``
+    for the unverifiable ones; followers such as ``lease_rejected`` aside)."""
+    if machine_rejected(verdicts):
+        return True
+    own = {v.reason for v in verdicts if not v.accepted and v.reason not in FOLLOWER_REASONS}
+    return bool(own) and own <= MACHINE_REASONS
+
+
+def machine_rate_evidence(machine: int, leases: int, honest_share: float) -> float:
+    """The log likelihood ratio of ``machine`` machine-caused rejections among ``leases`` leases, a
+    share ``(1 + honest_share) / 2`` against ``honest_share`` (module docstring; 0 if the share is 1)."""
+    p0 = honest_share
+    if p0 >= 1.0 or leases <= 0:
+        return 0.0
+    p1 = (1.0 + p0) / 2
+    hit = math.log(p1 / p0) if p0 > 0 else math.inf
+    miss = math.log((1 - p1) / (1 - p0))
+    return (machine * hit if machine else 0.0) + max(0, leases - machine) * miss
 
 
 class LeaseRules:
@@ -111,6 +151,10 @@ class LeaseRules:
         """Leases ``worker_id`` let expire or answered with a batch the validator rejected."""
         return self._leases.expired(worker_id) + self._leases.rejected(worker_id)
 
+    def chargeable(self, worker_id: str) -> int:
+        """Abandoned leases that count towards the abandonment ban: not the machine-caused rejections."""
+        return self.abandoned(worker_id) - self._leases.machine_rejected(worker_id)
+
     def allowance(self, worker_id: str) -> int:
         """Open leases ``worker_id`` may hold (module docstring, "own allowance")."""
         answered = self._leases.answered(worker_id) - self._leases.rejected(worker_id)
@@ -133,17 +177,26 @@ class LeaseRules:
         return self._leases.open_at(address, among=lambda worker_id: not self._has_history(worker_id))
 
     def ban_abandoners(self, worker_ids: set[str]) -> None:
-        """Ban those of ``worker_ids`` whose abandoned (expired or rejected) leases pass both limits."""
+        """Ban those of ``worker_ids`` whose chargeable abandoned (expired or rejected, not machine-caused)
+        leases pass both limits, or whose machine-caused rejections pass the rate test."""
+        orch = self._orch
         for worker_id in sorted(worker_ids):
             worker = self._workers.get(worker_id)
-            abandoned, issued = self.abandoned(worker_id), self._leases.issued(worker_id)
-            if (
-                worker is not None
-                and not worker.banned
-                and abandoned >= self._orch.ban_abandoned_leases
-                and abandoned >= self._orch.ban_abandoned_share * issued
-            ):
+            if worker is None or worker.banned:
+                continue
+            abandoned, issued = self.chargeable(worker_id), self._leases.issued(worker_id)
+            if abandoned >= orch.ban_abandoned_leases and abandoned >= orch.ban_abandoned_share * issued:
                 self._workers.ban(worker, f"abandoned {abandoned} of {issued} leases (expired unanswered or rejected)")
+                continue
+            machine = self._leases.machine_rejected(worker_id)
+            evidence = machine_rate_evidence(machine, issued, orch.machine_rejected_honest_share)
+            if machine >= orch.ban_abandoned_leases and evidence >= -math.log(orch.machine_rejected_false_ban):
+                self._workers.ban(
+                    worker,
+                    f"{machine} of {issued} leases rejected for reasons that may be the machine's, above the "
+                    f"honest share {orch.machine_rejected_honest_share:g} "
+                    f"(false-ban bound {orch.machine_rejected_false_ban:g})",
+                )
 
     def check(self, worker: WorkerRecord, address: str) -> None:
         """ApiFailure 409 / 429 when ``worker`` (leasing from ``address``) may not take a lease now."""

@@ -78,8 +78,8 @@ class HeldLease:
     """
 
     __slots__ = (
-        "_body", "_record", "address", "answered", "batch_index", "deadline", "expired", "reissue", "reissued",
-        "rejected", "returned", "worker_id",
+        "_body", "_record", "address", "answered", "batch_index", "deadline", "excused", "expired", "reissue",
+        "reissued", "rejected", "returned", "worker_id",
     )  # fmt: skip
 
     def __init__(
@@ -96,6 +96,7 @@ class HeldLease:
         self._record, self._body = record, body
         self.answered = self.expired = self.reissued = self.returned = False
         self.rejected = False  # its batch was rejected (counted in ``LeaseBook.rejected``)
+        self.excused = False  # closed without a charge: its answer never reached its client (``withdraw``)
         self.reissue = False  # it hands out an abandoned lease's tasks (``reissued``: its own were handed out)
 
     @classmethod
@@ -157,6 +158,7 @@ class LeaseBook:
         self._answered_at: Counter[str] = Counter()
         self._rejected: Counter[str] = Counter()  # answered leases whose batch was rejected (never folded)
         self._rejected_at: Counter[str] = Counter()
+        self._machine: Counter[str] = Counter()  # rejected leases the machine may explain (lease_rules.machine_caused)
         # Plain dicts, not Counters: Counter's __delitem__ is Python code, and a replay deletes often.
         self._open: dict[str, int] = {}  # open leases per worker (no zero entries)
         self._open_at: dict[str, dict[str, int]] = {}  # open leases per address, per worker
@@ -216,6 +218,10 @@ class LeaseBook:
         expired before: those count once, as ``expired``)."""
         return self._rejected[worker_id]
 
+    def machine_rejected(self, worker_id: str) -> int:
+        """Of ``rejected``, the leases whose rejection the machine may explain (``mark_judged(machine=True)``)."""
+        return self._machine[worker_id]
+
     def rejected_at(self, address: str) -> int:
         """Leases handed to client ``address`` whose batch the validator rejected (as ``rejected``)."""
         return self._rejected_at[address]
@@ -254,7 +260,7 @@ class LeaseBook:
             elif kind == "lease_done":
                 lease.declare_done(LeaseDone.model_validate(json.loads(body)["done"]))
             else:
-                self._mark_expired(lease)
+                self._mark_expired(lease, excused=bool(json.loads(body).get("excused")) if body else False)
 
     def queue_expired_after_replay(self) -> None:
         """Rebuild the reassignment queue and the deadline heap once every event and batch is
@@ -274,7 +280,7 @@ class LeaseBook:
         workers: dict[str, LeaseTotals] = {}
         addresses: dict[str, LeaseTotals] = {}
         for lease in self._answered_unfolded.values():
-            expired = int(lease.expired)
+            expired = int(lease.expired and not lease.excused)
             old = workers.get(lease.worker_id, LeaseTotals())
             workers[lease.worker_id] = LeaseTotals(
                 old.issued + 1, old.answered + 1, old.expired + expired, max(old.next_index, lease.batch_index + 1)
@@ -316,12 +322,34 @@ class LeaseBook:
         else:
             self._open[worker_id] -= 1
 
-    def _mark_expired(self, lease: HeldLease) -> None:
+    def _mark_expired(self, lease: HeldLease, *, excused: bool = False) -> None:
+        """Close ``lease`` as expired; ``excused``: withdrawn, its answer never delivered (``withdraw``):
+        no expiry counted, and not counted as issued either (it cannot pad a worker's ban share)."""
         if lease.open:
             self._close(lease)
         lease.expired = True
+        if excused:
+            lease.excused = True
+            self._issued[lease.worker_id] -= 1
+            return
         self._expired[lease.worker_id] += 1
         self._expired_at[lease.address] += 1
+
+    def withdraw(self, worker_id: str, batch_index: int, now: float) -> bool:
+        """Close an open lease whose answer never reached its client (the server saw the client's
+        connection closed before the answer was written: the server's slowness, not the worker's
+        choice): durably (a ``lease_expired`` event marked ``excused``), no charge, and its tasks go
+        to another identity at once. False when the lease is not open."""
+        lease = self._leases.get((worker_id, batch_index))
+        if lease is None or not lease.open:
+            return False
+        self._store.append_event(
+            {"event": "lease_expired", "worker_id": worker_id, "batch_index": batch_index, "time": now, "excused": True}
+        )
+        self._mark_expired(lease, excused=True)
+        self._reassign_queue.append(lease)
+        self._metrics.log("lease_withdrawn", worker_id=worker_id, step=lease.record.step, batch_index=batch_index)
+        return True
 
     def mark_answered(self, worker_id: str, batch_index: int) -> None:
         """A batch answering this lease is stored (no-op for a lease never issued or already answered,
@@ -334,7 +362,9 @@ class LeaseBook:
             self._answered[worker_id] += 1
             self._answered_at[lease.address] += 1
 
-    def mark_judged(self, worker_id: str, batch_index: int, *, rejected: bool, replaying: bool = False) -> None:
+    def mark_judged(
+        self, worker_id: str, batch_index: int, *, rejected: bool, machine: bool = False, replaying: bool = False
+    ) -> None:
         """The validator judged its batch. A rejected batch hands the lease's tasks to another
         identity (``return_tasks``) and counts the lease as ``rejected`` (unless it had expired
         before: it counts once, as expired); an accepted one lets the answered lease fold. A lease folds only
@@ -346,10 +376,11 @@ class LeaseBook:
                 lease.rejected = True
                 self._rejected[worker_id] += 1
                 self._rejected_at[lease.address] += 1
+                self._machine[worker_id] += machine
             self.return_tasks(worker_id, batch_index, replaying=replaying)
             return
         # (the log keeps who took over whose tasks: see Cost in the module doc)
-        if lease is not None and lease.answered and not lease.reissue and not lease.returned:
+        if lease is not None and lease.answered and not lease.reissue and not lease.returned and not lease.excused:
             self._answered_unfolded[lease.key] = lease
             if len(self._answered_unfolded) >= FOLD_EVERY:
                 self.fold()

@@ -82,7 +82,7 @@ from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
 from prime_rl.orchestrator.claims import ClaimSelection, select_claim, stale_drops
 from prime_rl.orchestrator.identities import FreshIdentities
-from prime_rl.orchestrator.lease_rules import LeaseRules
+from prime_rl.orchestrator.lease_rules import LeaseRules, machine_caused
 from prime_rl.orchestrator.leases import HeldLease, LeaseBook, TaskPrompts
 from prime_rl.orchestrator.release import ReleaseBook, withheld
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
@@ -189,7 +189,10 @@ class Ledger:
                 rejected = _rejected(batch.verdicts or [])
                 if not rejected and withheld(batch.verdicts or []):  # as in record_verdicts
                     self.leases.return_tasks(batch.worker_id, batch.meta.batch_index, replaying=True)
-                self.leases.mark_judged(batch.worker_id, batch.meta.batch_index, rejected=rejected, replaying=True)
+                self.leases.mark_judged(
+                    batch.worker_id, batch.meta.batch_index, rejected=rejected,
+                    machine=rejected and machine_caused(batch.verdicts or []), replaying=True,
+                )  # fmt: skip
             elif batch.expired:  # never judged: its tasks go to another identity, as in _expire_useless
                 self.leases.return_tasks(batch.worker_id, batch.meta.batch_index, replaying=True)
         for claim in self.store.claims():
@@ -516,7 +519,8 @@ class Ledger:
                 # keep tasks out of training with one token beyond the tolerance; no charge, since
                 # honest noise puts such tokens there too (before mark_judged: a returned lease never folds).
                 self.leases.return_tasks(stored.worker_id, stored.meta.batch_index)
-            self.leases.mark_judged(stored.worker_id, stored.meta.batch_index, rejected=rejected)
+            machine = rejected and machine_caused(stored.verdicts or [])  # never towards the abandonment ban
+            self.leases.mark_judged(stored.worker_id, stored.meta.batch_index, rejected=rejected, machine=machine)
             if rejected:
                 self.rules.ban_abandoners({stored.worker_id})
         return answer
