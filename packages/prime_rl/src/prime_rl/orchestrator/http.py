@@ -22,10 +22,12 @@ __all__ = [
     "MAX_QUERY_INT",
     "Handler",
     "bearer",
+    "client_gone",
     "error_response",
     "errors_middleware",
     "model_response",
     "query_int",
+    "refuse_if_gone",
     "require_token",
     "validation_message",
 ]
@@ -68,6 +70,19 @@ def query_int(request: web.Request, name: str, *, default: int | None = None) ->
 def bearer(request: web.Request) -> str:
     header = request.headers.get("Authorization", "")
     return header[7:].strip() if header.startswith("Bearer ") else ""
+
+
+def client_gone(request: web.Request) -> bool:
+    """Whether the client closed the request's connection (it gave up waiting for the answer): an
+    answer written now would reach no one."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def refuse_if_gone(request: web.Request) -> None:
+    """ApiFailure 408 ``client_gone`` when the client has closed the connection (``client_gone``)."""
+    if client_gone(request):
+        raise ApiFailure(408, "client_gone", "the client closed the connection before its answer was ready")
 
 
 def require_token(request: web.Request, expected: str, what: str) -> None:

@@ -164,6 +164,9 @@ class LeaseBook:
         self._open_at: dict[str, dict[str, int]] = {}  # open leases per address, per worker
         self._deadlines: list[tuple[float, str, int]] = []  # heap of (deadline, worker_id, batch_index)
         self._answered_unfolded: dict[tuple[str, int], HeldLease] = {}  # judged, answered, not yet folded
+        # Leases whose batch has reached the server and waits in line for the lock (the HTTP layer adds
+        # and removes them): never expired meanwhile, so the server's slowness is not the worker's.
+        self.answering: set[tuple[str, int]] = set()
 
     # ------------------------------------------------------------------ queries
 
@@ -405,12 +408,16 @@ class LeaseBook:
         """Mark open leases past their deadline expired and queue their tasks for reassignment (one
         store transaction); returns the leases expired now, in deadline order."""
         due: list[HeldLease] = []
+        spared: list[tuple[float, str, int]] = []
         while self._deadlines and self._deadlines[0][0] < now:
-            _, worker_id, batch_index = self._deadlines[0]
-            lease = self._leases.get((worker_id, batch_index))
-            if lease is not None and lease.open:
+            entry = heapq.heappop(self._deadlines)
+            lease = self._leases.get(entry[1:])
+            if lease is not None and lease.open and lease.key in self.answering:
+                spared.append(entry)
+            elif lease is not None and lease.open:
                 due.append(lease)
-            heapq.heappop(self._deadlines)
+        for entry in spared:  # its batch waits in line: looked at again on the next tick
+            heapq.heappush(self._deadlines, entry)
         if not due:
             return []
         # Re-pushed if the write fails, so the next tick retries them.
