@@ -299,23 +299,33 @@ def test_fresh_identities_are_capped_per_address_and_workers_with_history_are_no
 
 
 def test_hoarded_leases_never_stop_others_from_leasing(config_for: Any) -> None:
+    """Issue 44: open leases are admitted work, so what is admitted (buffered plus leased samples)
+    never exceeds max_buffered_samples; fresh identities' hoarded leases take at most
+    fresh_buffered_share of it, so they never stop an established worker. Before, open leases did not
+    count and 992 batches queued against a 128-sample limit."""
     ledger, _ = _ledger(config_for, "--orchestrator.max_buffered_samples", "20", "--trainer.samples_per_step", "8")
-    for i in range(16):  # 16 open leases = 64 samples, far over the buffer, never answered
-        hoarder = ledger.workers[ledger.register(f"h{i}").worker_id]
-        ledger.lease(hoarder, None, None, f"10.0.0.{i}")
     honest = ledger.workers[ledger.register("honest").worker_id]
-    first = _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))
-    _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))  # 8 answered samples buffered
-    _accept(ledger, first.batch_id)
-    assert ledger.buffered_samples() == 8
-    _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))
-    _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))
-    _submit(ledger, honest, _batch(ledger.lease(honest, None, None)))  # 16 answered samples < 20: leased
-    with pytest.raises(ApiFailure) as busy:  # 20 answered samples, its own among them: refused
-        ledger.lease(honest, None, None)
-    assert busy.value.status == 429 and "yours" in busy.value.message
-    newcomer = ledger.workers[ledger.register("newcomer").worker_id]
-    assert ledger.lease(newcomer, None, None).batch_index == 0  # nothing of its own buffered: not starved
+    _accept(ledger, _submit(ledger, honest, _batch(ledger.lease(honest, None, None))).batch_id)
+    granted = 0
+    for i in range(16):  # 16 hoarders would hold 64 samples of leases, far over the limit, never answered
+        hoarder = ledger.workers[ledger.register(f"h{i}").worker_id]
+        try:
+            ledger.lease(hoarder, None, None, f"10.0.0.{i}")
+            granted += 1
+        except ApiFailure as refused:
+            assert refused.status == 429 and refused.retry_after_s is not None
+    assert granted == 1  # max(one lease, 0.25 * 20 samples)
+    leased = 0
+    while True:
+        try:
+            ledger.lease(honest, None, None)
+        except ApiFailure as busy:
+            assert busy.status in (409, 429)
+            break
+        leased += 1
+        assert ledger.rules.admitted_work()[0] <= 20
+    assert leased >= 2  # the hoarders did not stop it; the limit did
+    assert ledger.rules.admitted_work()[0] <= 20
 
 
 def test_the_trainer_gets_the_validators_values_and_nothing_from_banned_workers(config_for: Any) -> None:

@@ -381,9 +381,17 @@ class OrchestratorConfig(Section):
     max_buffered_samples: int = Field(
         default=0,
         ge=0,
-        description="Refuse new leases (429 busy) to workers with answered samples of their own buffered while "
-        "this many usable answered samples (awaiting validation, or accepted and claimable) are buffered; open "
-        "leases do not count (0 = no limit).",
+        description="Admitted work at most: usable answered samples (awaiting validation, or accepted and "
+        "claimable) plus the samples of every open lease; a lease that would pass it is refused (429 busy with "
+        "Retry-After; 0 = no limit).",
+    )
+    fresh_buffered_share: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="Of max_buffered_samples, the share identities without accepted work may fill with their "
+        "open leases and batches awaiting verdicts (at least one lease): unproven work never holds back "
+        "established workers by more.",
     )
     max_open_leases: int = Field(
         default=4,

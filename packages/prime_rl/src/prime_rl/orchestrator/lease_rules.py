@@ -23,12 +23,16 @@ knows whose tokens the validator accepted):
     Those refused take turns, first come, first served (``identities.LeaseQueue``): a free slot
     goes to the longest-waiting one, so a newcomer's first lease waits for at most the identities
     queued ahead of it to take one each, whatever they abandon.
-  - **Backpressure** (429 ``busy``): while ``max_buffered_samples`` usable answered samples are
-    buffered, a worker that has answered samples of its own among them is refused; one with none
-    buffered still gets its lease (so a flood of answered work by others cannot starve it; the
-    buffer may then exceed the limit by at most one lease per such worker). Batches of identities
-    without accepted work that await verdicts count only when a fresh identity asks
-    (``Ledger.buffered_samples``): unproven work never holds back an established worker's lease.
+  - **Backpressure** (429 ``busy``, issue 44): the admitted work, usable answered samples buffered
+    plus the samples of every open lease (``prompts_per_batch * group_size`` each), never exceeds
+    ``max_buffered_samples``: a lease that would pass it is refused, whoever asks. Fresh identities'
+    work (their batches awaiting verdicts and their open leases) may take at most
+    ``fresh_buffered_share`` of it (at least one lease) while any established work is admitted, so
+    unproven work holds back an established worker by at most that share, however many fresh
+    identities ask; while none is (a run's start), they may use it all. (Today's figure before this:
+    992 batches queued against a 128-sample limit, because open leases did not count.) Identities
+    that hoard leases pay for it in allowance and abandonment bans, and fresh ones only within
+    their share.
   - **Abandonment bans** (``chargeable``): once a worker's expired or rejected leases reach
     ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases, it is banned. Rejections the
     worker did not choose never count here (``machine_caused``: its own failures are all
@@ -96,10 +100,12 @@ class LeaseRules:
     ``buffered(worker_id | None, unproven=...)``: usable answered samples buffered (of that worker;
     None = all), with or without fresh identities' batches awaiting verdicts.
     ``clock``: the ledger's seconds (the first-come queue's staleness).
+    ``lease_samples``: the samples one lease asks for (``prompts_per_batch * group_size``).
     """
 
     BUSY_WINDOW_S = 10.0
-    """Identities refused for backpressure within this window count as waiting (``busy_retry_after``)."""
+    """Identities refused for backpressure within this window count as waiting (``busy_retry_after``;
+    established and fresh identities apart)."""
     BUSY_POLLS_PER_S = 20.0
     """How many backpressure polls a second the waiting identities together are asked to send."""
     MAX_BUSY_RETRY_S = 15.0
@@ -119,6 +125,7 @@ class LeaseRules:
         has_history: Callable[[str], bool],
         buffered: Callable[..., int],
         clock: Callable[[], float],
+        lease_samples: int = 1,
     ) -> None:
         self._orch = orch
         self._leases = leases
@@ -127,19 +134,23 @@ class LeaseRules:
         self._buffered = buffered
         self.queue = LeaseQueue(stale_s=self.QUEUE_STALE_S, clock=clock)
         self._clock = clock
-        self._refused: OrderedDict[str, float] = OrderedDict()  # worker id -> last backpressure refusal
+        # worker id -> last backpressure refusal; established identities, then fresh ones (apart, so
+        # fresh identities never lengthen an established worker's Retry-After: issue 46, finding 7)
+        self._refused: tuple[OrderedDict[str, float], OrderedDict[str, float]] = (OrderedDict(), OrderedDict())
+        self._lease_samples = lease_samples
         self._jitter = random.Random()
 
-    def busy_retry_after(self, worker_id: str) -> float:
+    def busy_retry_after(self, worker_id: str, *, established: bool = True) -> float:
         """``Retry-After`` seconds for a backpressure refusal of ``worker_id``: the identities refused
         in the last ``BUSY_WINDOW_S`` over ``BUSY_POLLS_PER_S``, jittered over [0.5, 1.5) so they do
         not come back together, within [1, ``MAX_BUSY_RETRY_S``]. A few waiting workers ask every
         second as before; many ask together about ``BUSY_POLLS_PER_S`` times a second, whatever their
         number, and any of them takes a freed slot within a fraction of a second. With a fixed 1 s,
         256 waiting identities sent some 200 requests a second for 8 leases, and their 429s took the
-        orchestrator's core (``benchmarks/results/swarm.md``)."""
+        orchestrator's core (``benchmarks/results/swarm.md``). Established and fresh identities are
+        counted apart: each waits among its own kind."""
         now = self._clock()
-        refused = self._refused
+        refused = self._refused[0 if established else 1]
         refused[worker_id] = now
         refused.move_to_end(worker_id)
         while refused and next(iter(refused.values())) < now - self.BUSY_WINDOW_S:
@@ -223,18 +234,39 @@ class LeaseRules:
                     f"{self.QUEUE_STALE_S:.0f} s to keep your place",
                     retry_after_s=min(QUEUE_RETRY_MAX_S, self._orch.task_timeout_s),
                 )
+        self.check_backpressure(worker_id)
+
+    def admitted_work(self) -> tuple[int, int]:
+        """(all, fresh identities') admitted samples: usable answered samples buffered plus the samples
+        of open leases. Costs one walk of the buffered batches and of the workers holding leases."""
+        per_lease = self._lease_samples
+        everything = self._buffered(None, unproven=True)
+        fresh_buffered = everything - self._buffered(None, unproven=False)
+        fresh_open = sum(n for w, n in self._leases.open_by_worker().items() if not self._has_history(w))
+        return everything + self._leases.open_total() * per_lease, fresh_buffered + fresh_open * per_lease
+
+    def check_backpressure(self, worker_id: str) -> None:
+        """ApiFailure 429 ``busy`` when one more lease for ``worker_id`` would take the admitted work
+        past ``max_buffered_samples`` (or a fresh identity's past the fresh share)."""
         limit = self._orch.max_buffered_samples
-        unproven = not self._has_history(worker_id)  # only fresh identities are held back by unproven work
-        if (
-            limit
-            and (buffered := self._buffered(None, unproven=unproven)) >= limit
-            and (own := self._buffered(worker_id, unproven=unproven)) > 0
-        ):
-            retry_s = self.busy_retry_after(worker_id)
-            raise ApiFailure(
-                429,
-                "busy",
-                f"{buffered} samples already buffered (limit {limit}), {own} of them yours; retry in "
-                f"{math.ceil(retry_s)} s",
-                retry_after_s=retry_s,
-            )
+        if not limit:
+            return
+        per_lease = self._lease_samples
+        admitted, fresh = self.admitted_work()
+        established = self._has_history(worker_id)
+        # While no established work is admitted (a run's start), fresh identities may use it all:
+        # nothing of an established worker's is held back, and what they hold drains within a lease
+        # timeout or a verdict (the validator then has only their batches to judge).
+        fresh_limit = limit if admitted == fresh else max(per_lease, int(self._orch.fresh_buffered_share * limit))
+        if admitted + per_lease <= limit and (established or fresh + per_lease <= fresh_limit):
+            return
+        retry_s = self.busy_retry_after(worker_id, established=established)
+        which = (
+            f"{admitted} samples admitted (buffered or leased) against orchestrator.max_buffered_samples = {limit}"
+            if admitted + per_lease > limit
+            else f"identities without accepted work hold {fresh} admitted samples, their share "
+            f"(orchestrator.fresh_buffered_share) is {fresh_limit}"
+        )
+        raise ApiFailure(
+            429, "busy", f"{which}; a lease adds {per_lease}; retry in {math.ceil(retry_s)} s", retry_after_s=retry_s
+        )

@@ -161,6 +161,7 @@ class LeaseBook:
         self._machine: Counter[str] = Counter()  # rejected leases the machine may explain (lease_rules.machine_caused)
         # Plain dicts, not Counters: Counter's __delitem__ is Python code, and a replay deletes often.
         self._open: dict[str, int] = {}  # open leases per worker (no zero entries)
+        self._open_total = 0
         self._open_at: dict[str, dict[str, int]] = {}  # open leases per address, per worker
         self._deadlines: list[tuple[float, str, int]] = []  # heap of (deadline, worker_id, batch_index)
         self._answered_unfolded: dict[tuple[str, int], HeldLease] = {}  # judged, answered, not yet folded
@@ -184,6 +185,14 @@ class LeaseBook:
     def open_at(self, address: str, among: Callable[[str], bool] = lambda worker_id: True) -> int:
         """Unanswered, unexpired leases handed to client ``address`` to workers ``among`` admits."""
         return sum(count for worker_id, count in self._open_at.get(address, {}).items() if among(worker_id))
+
+    def open_total(self) -> int:
+        """Unanswered, unexpired leases of all workers."""
+        return self._open_total
+
+    def open_by_worker(self) -> dict[str, int]:
+        """Open leases per worker holding any (read only: the book's own counts)."""
+        return self._open
 
     def open_leases(self, worker_id: str) -> list[HeldLease]:
         """``worker_id``'s unanswered, unexpired leases, oldest first. Scans back from its newest
@@ -301,6 +310,7 @@ class LeaseBook:
         worker_id = lease.worker_id
         self._leases[lease.key] = lease
         self._open[worker_id] = self._open.get(worker_id, 0) + 1
+        self._open_total += 1
         at = self._open_at.setdefault(lease.address, {})
         at[worker_id] = at.get(worker_id, 0) + 1
         self._next_index[worker_id] = max(self._next_index.get(worker_id, 0), lease.batch_index + 1)
@@ -320,6 +330,7 @@ class LeaseBook:
             del at[worker_id]
         else:
             at[worker_id] -= 1
+        self._open_total -= 1
         if self._open[worker_id] == 1:
             del self._open[worker_id]
         else:

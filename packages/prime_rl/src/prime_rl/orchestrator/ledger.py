@@ -23,10 +23,11 @@ one per lease it let expire; identities without accepted work share a per-addres
 identities with accepted work are exempt from, and take turns under it first come, first served; a worker whose expired leases reach
 ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases is banned; abandoned tasks go
 to other workers first (``LeaseBook``). A lease whose batch the validator rejects counts as
-abandoned in all of these, so spoiling a lease costs what walking away costs. Backpressure
-(``max_buffered_samples``) counts answered work only, and of fresh identities only what the
-validator accepted, so neither leases held by anyone nor unproven work stops others from getting
-theirs; the validator's queue serves established workers' batches first (``BatchBook.pending``).
+abandoned in all of these (but never towards the ban when the machine may explain it:
+``lease_rules.machine_caused``), so spoiling a lease costs what walking away costs. Backpressure
+(``max_buffered_samples``) bounds the admitted work, answered samples plus open leases, and fresh
+identities' share of it (``LeaseRules.check_backpressure``), so unproven work never stops an
+established worker; the validator's queue serves established workers' batches first (``BatchBook.pending``).
 
 Accepted samples are held from claims until the validator has accepted
 ``release_after_tokens`` more tokens of the same worker and its evidence is below
@@ -140,6 +141,7 @@ class Ledger:
             has_history=self._has_history,
             buffered=self._buffered_of,
             clock=clock,
+            lease_samples=self.orch.prompts_per_batch * config.sampling.group_size,
         )
         self.fresh = FreshIdentities(
             self.workers,
