@@ -376,7 +376,15 @@ class OrchestratorConfig(Section):
         allow_inf_nan=False,
         description="An identity with no accepted work this long after registering is retired (its slot in "
         "max_workers and its network's share free; the API then answers 404 and the worker registers anew), "
-        "unless it holds a lease, has a batch awaiting verdicts or waits in the first-lease queue (0 = never).",
+        "unless it holds a lease or has a batch awaiting verdicts, however often it asks (0 = never).",
+    )
+    registration_reserve: int = Field(
+        default=256,
+        ge=0,
+        description="The last this many places of max_workers (at most a tenth of it) go only to registrations "
+        "from a network holding no "
+        "identity without accepted work now, so a newcomer from an untouched network finds a place unless an "
+        "attacker holds ceil((max_workers - reserve) / max_fresh_workers_per_network) + reserve networks.",
     )
     max_buffered_samples: int = Field(
         default=0,

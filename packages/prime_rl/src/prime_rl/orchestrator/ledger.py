@@ -218,12 +218,14 @@ class Ledger:
         once ``network`` holds ``max_fresh_workers_per_network`` identities without accepted work."""
         self.retire_idle()
         active, limit = self.workers.active_count(), self.orch.max_workers
-        if active >= limit:
+        reserve = min(self.orch.registration_reserve, limit // 10)  # for newcomers from untouched networks
+        if active >= limit or (active >= limit - reserve and self.fresh.live_at(network)):
             raise ApiFailure(
                 503,
                 "worker_limit",
-                f"{active} registered workers are neither banned nor retired (orchestrator.max_workers = {limit}); "
-                "registration reopens when workers are banned or retire (orchestrator.fresh_worker_ttl_s)",
+                f"{active} registered workers are neither banned nor retired (orchestrator.max_workers = {limit}; "
+                "the last orchestrator.registration_reserve places only for a network holding no identity without "
+                "accepted work); registration reopens when workers are banned or retire (orchestrator.fresh_worker_ttl_s)",
                 retry_after_s=WORKER_LIMIT_RETRY_S,
             )
         self.fresh.check_register(network)
@@ -233,18 +235,22 @@ class Ledger:
 
     def retire_idle(self) -> int:
         """Retire the identities without accepted work idle past ``fresh_worker_ttl_s``; how many. An
-        identity holding a lease, a batch awaiting verdicts or a place in a lease queue is busy."""
+        identity holding a lease or a batch awaiting verdicts is busy; a place in a lease queue is not
+        (issue 46: asking must not keep an identity alive), and a retired one loses it."""
         awaiting: set[str] | None = None
 
         def busy(worker_id: str) -> bool:
             nonlocal awaiting
-            if self.leases.open_count(worker_id) > 0 or self.rules.queue.waiting(worker_id):
+            if self.leases.open_count(worker_id) > 0:
                 return True
             if awaiting is None:  # once per sweep, only if some identity is due
                 awaiting = {batch.worker_id for batch in self.batches.waiting()}
             return worker_id in awaiting
 
-        return len(self.fresh.retire_idle(busy))
+        retired = self.fresh.retire_idle(busy)
+        for worker in retired:
+            self.rules.queue.leave(worker.worker_id)
+        return len(retired)
 
     def authenticate(self, worker_id: str, token: str) -> WorkerRecord:
         """The registered, unbanned worker owning ``token``; ApiFailure 404/401/403 otherwise."""
