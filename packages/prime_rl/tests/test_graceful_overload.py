@@ -81,7 +81,9 @@ def test_a_slow_server_bans_no_honest_worker(server_factory: Any) -> None:
     for worker in ledger.workers.values():
         assert not worker.banned, worker.ban_reason
         assert ledger.leases.expired(worker.worker_id) == 0
-        assert ledger.leases.issued(worker.worker_id) == rounds  # the withdrawn ones do not count
+        # every lease it was granted and received it answered (a submit whose answer was lost may make
+        # one more than its rounds); the withdrawn ones count as neither issued nor abandoned
+        assert ledger.leases.issued(worker.worker_id) == ledger.leases.answered(worker.worker_id) >= rounds
 
 
 def test_a_batch_waiting_in_line_past_its_deadline_does_not_expire_its_lease(server_factory: Any) -> None:

@@ -184,6 +184,7 @@ class OrchestratorClient:
         self.worker_token = worker_token
         self.registration_token = registration_token
         self.sleep = sleep
+        self._resume_next = False  # the last GET /tasks got no answer: the next one asks with resume
         self._session = requests.Session()
         if source_address is not None:
             self._session.mount("http://", _SourceAddress(source_address))
@@ -357,7 +358,8 @@ class OrchestratorClient:
         version the worker holds, which a new lease fixes if it is inside the async window (else it
         fixes the newest committed one).
 
-        An attempt that got no answer (timeout, lost connection) is retried with ``resume``: a lease
+        An attempt that got no answer (timeout, lost connection) is retried with ``resume``, and so is
+        the next call after one that failed: a lease
         the server granted to it, whose answer was lost, comes back instead of waiting to expire and
         count as abandoned (the server withdraws, uncharged, a lease it sees its client left). Meant
         for a worker that asks for its next lease with none of its own open (``worker.process``)."""
@@ -371,7 +373,15 @@ class OrchestratorClient:
         if batch_index is not None:
             params["batch_index"] = batch_index
         retry = {**params, "resume": 1} if batch_index is None else None
-        return self.request("GET", "/tasks", TaskLease, params=params, token=self.worker_token, retry_params=retry)
+        if retry is not None and self._resume_next:
+            params = retry
+        try:
+            lease = self.request("GET", "/tasks", TaskLease, params=params, token=self.worker_token, retry_params=retry)
+        except OrchestratorUnavailable:
+            self._resume_next = retry is not None  # a lease granted to a lost attempt comes back next time
+            raise
+        self._resume_next = False
+        return lease
 
     def submit_rollouts(self, batch: RolloutBatch) -> SubmitResponse:
         """POST /rollouts: returns once the batch is durably stored (idempotent for the same batch)."""

@@ -7,10 +7,12 @@ any unexpected exception into a logged 500, so the service never dies on a reque
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable, Iterator
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
@@ -25,6 +27,7 @@ __all__ = [
     "client_gone",
     "error_response",
     "errors_middleware",
+    "in_line",
     "model_response",
     "query_int",
     "refuse_if_gone",
@@ -83,6 +86,21 @@ def refuse_if_gone(request: web.Request) -> None:
     """ApiFailure 408 ``client_gone`` when the client has closed the connection (``client_gone``)."""
     if client_gone(request):
         raise ApiFailure(408, "client_gone", "the client closed the connection before its answer was ready")
+
+
+@contextlib.contextmanager
+def in_line(counts: dict[Hashable, int], members: set[Any], key: Hashable) -> Iterator[None]:
+    """``key`` is in ``members`` while at least one request holding it waits or runs (``counts``
+    per key): e.g. a lease whose batch waits for the lock (``LeaseBook.answering``)."""
+    counts[key] = counts.get(key, 0) + 1
+    members.add(key)
+    try:
+        yield
+    finally:
+        counts[key] -= 1
+        if not counts[key]:
+            del counts[key]
+            members.discard(key)
 
 
 def require_token(request: web.Request, expected: str, what: str) -> None:

@@ -59,6 +59,7 @@ from prime_rl.orchestrator.http import (
     bearer,
     client_gone,
     errors_middleware,
+    in_line,
     model_response,
     query_int,
     refuse_if_gone,
@@ -119,7 +120,7 @@ class _Api:
         )
         self.lock = PriorityLock()  # trusted calls first (priority.py)
         self.workers_view = WorkersView(ledger, orch.workers_view_max_age_s)
-        self._answering: dict[tuple[str, int], int] = {}  # batches in line per lease (``LeaseBook.answering``)
+        self._answering: dict[Any, int] = {}  # batches in line per lease (``LeaseBook.answering``)
 
     async def call(self, function: Callable[..., Any], *args: Any, trusted: bool = False) -> Any:
         """Run ``function(*args)`` in a thread under the ledger's lock; ``trusted`` calls (admin token,
@@ -181,11 +182,7 @@ class _Api:
         resume = bool(query_int(request, "resume", default=0))
 
         def work() -> Any:
-            # The server's slowness is never held against a worker (issue 44): a request whose client
-            # gave up while it waited is granted nothing, and a lease granted while the client left is
-            # withdrawn at once (no charge, its tasks go on), so only a lease whose answer was handed
-            # to an open connection can count as abandoned. One the client still lost (the answer in
-            # flight as it timed out) comes back to its retry, which asks with ``resume``.
+            # Issue 44: a client that left gets no lease, or has it withdrawn uncharged (API.md, GET /tasks).
             refuse_if_gone(request)
             worker = self.ledger.authenticate(worker_id, bearer(request))
             fresh_from = self.ledger.leases.next_index(worker_id)
@@ -234,16 +231,8 @@ class _Api:
                 raise
 
         # While this batch waits in line its lease does not expire (the wait is the server's).
-        key = (batch.worker_id, batch.batch_index)
-        self._answering[key] = self._answering.get(key, 0) + 1
-        self.ledger.leases.answering.add(key)
-        try:
+        with in_line(self._answering, self.ledger.leases.answering, (batch.worker_id, batch.batch_index)):
             return model_response(await self.call(work))
-        finally:
-            self._answering[key] -= 1
-            if not self._answering[key]:
-                del self._answering[key]
-                self.ledger.leases.answering.discard(key)
 
     async def batch_verdicts(self, request: web.Request) -> web.Response:
         worker_id = request.query.get("worker_id", "")
