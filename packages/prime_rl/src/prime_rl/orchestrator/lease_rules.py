@@ -27,9 +27,9 @@ knows whose tokens the validator accepted):
     plus the samples of every open lease (``prompts_per_batch * group_size`` each), never exceeds
     ``max_buffered_samples``: a lease that would pass it is refused, whoever asks. Fresh identities'
     work (their batches awaiting verdicts and their open leases) may take at most
-    ``fresh_buffered_share`` of it (at least one lease) while any established work is admitted, so
-    unproven work holds back an established worker by at most that share, however many fresh
-    identities ask; while none is (a run's start), they may use it all. (Today's figure before this:
+    ``fresh_buffered_share`` of it (at least one lease), so unproven work holds back an established
+    worker by at most that share, however many fresh identities ask (a run's first leases, before
+    any identity has accepted work, are admitted within that share too). (Today's figure before this:
     992 batches queued against a 128-sample limit, because open leases did not count.) Identities
     that hoard leases pay for it in allowance and abandonment bans, and fresh ones only within
     their share.
@@ -254,10 +254,10 @@ class LeaseRules:
         per_lease = self._lease_samples
         admitted, fresh = self.admitted_work()
         established = self._has_history(worker_id)
-        # While no established work is admitted (a run's start), fresh identities may use it all:
-        # nothing of an established worker's is held back, and what they hold drains within a lease
-        # timeout or a verdict (the validator then has only their batches to judge).
-        fresh_limit = limit if admitted == fresh else max(per_lease, int(self._orch.fresh_buffered_share * limit))
+        # Always the share, also while no established work is admitted: else fresh identities take it
+        # all whenever the established pipeline drains (between two claims), and established workers
+        # then wait for that work to expire (test_redteam_trust: honest leases/min fell 130 -> 19).
+        fresh_limit = max(per_lease, int(self._orch.fresh_buffered_share * limit))
         if admitted + per_lease <= limit and (established or fresh + per_lease <= fresh_limit):
             return
         retry_s = self.busy_retry_after(worker_id, established=established)
