@@ -397,9 +397,9 @@ class OrchestratorConfig(Section):
         default=0.25,
         gt=0,
         le=1,
-        description="Of max_buffered_samples, the share identities without accepted work may fill with their "
-        "open leases and batches awaiting verdicts (at least one lease): unproven work never holds back "
-        "established workers by more.",
+        description="Of max_buffered_samples, the share up to which identities without accepted work (their open "
+        "leases and batches awaiting verdicts) count against an established worker's lease (at least one lease): "
+        "unproven work never holds established workers back by more; fresh identities fill only unused room.",
     )
     max_open_leases: int = Field(
         default=4,

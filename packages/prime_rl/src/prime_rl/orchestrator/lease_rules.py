@@ -24,15 +24,15 @@ knows whose tokens the validator accepted):
     goes to the longest-waiting one, so a newcomer's first lease waits for at most the identities
     queued ahead of it to take one each, whatever they abandon.
   - **Backpressure** (429 ``busy``, issue 44): the admitted work, usable answered samples buffered
-    plus the samples of every open lease (``prompts_per_batch * group_size`` each), never exceeds
-    ``max_buffered_samples``: a lease that would pass it is refused, whoever asks. Fresh identities'
-    work (their batches awaiting verdicts and their open leases) may take at most
-    ``fresh_buffered_share`` of it (at least one lease), so unproven work holds back an established
-    worker by at most that share, however many fresh identities ask (a run's first leases, before
-    any identity has accepted work, are admitted within that share too). (Today's figure before this:
-    992 batches queued against a 128-sample limit, because open leases did not count.) Identities
-    that hoard leases pay for it in allowance and abandonment bans, and fresh ones only within
-    their share.
+    plus the samples of every open lease (``prompts_per_batch * group_size`` each), is bounded by
+    ``max_buffered_samples``: a fresh identity (no accepted work) gets a lease only while all of it
+    stays within the limit, so fresh identities only fill room no one uses; an established worker
+    counts fresh identities' work (their open leases and batches awaiting verdicts) only up to
+    ``fresh_buffered_share`` of the limit, so unproven work holds it back by at most that share,
+    however many fresh identities ask. Bound: admitted work <= ``max_buffered_samples`` + the fresh
+    identities' work beyond their share, which was admitted only into unused room and drains within
+    a lease timeout or a verdict. (Before: open leases did not count, and 992 batches queued against
+    a 128-sample limit.) Identities that hoard leases pay for it in allowance and abandonment bans.
   - **Abandonment bans** (``chargeable``): once a worker's expired or rejected leases reach
     ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases, it is banned. Rejections the
     worker did not choose never count here (``machine_caused``: its own failures are all
@@ -254,19 +254,19 @@ class LeaseRules:
         per_lease = self._lease_samples
         admitted, fresh = self.admitted_work()
         established = self._has_history(worker_id)
-        # Always the share, also while no established work is admitted: else fresh identities take it
-        # all whenever the established pipeline drains (between two claims), and established workers
-        # then wait for that work to expire (test_redteam_trust: honest leases/min fell 130 -> 19).
-        fresh_limit = max(per_lease, int(self._orch.fresh_buffered_share * limit))
-        if admitted + per_lease <= limit and (established or fresh + per_lease <= fresh_limit):
+        share = max(per_lease, int(self._orch.fresh_buffered_share * limit))
+        # An established worker sees fresh identities' work only up to their share; a fresh identity
+        # sees all of it, so it only fills room no one uses (a run's start, a drained pipeline).
+        counted = admitted - fresh + min(fresh, share) if established else admitted
+        if counted + per_lease <= limit:
             return
         retry_s = self.busy_retry_after(worker_id, established=established)
         which = (
-            f"{admitted} samples admitted (buffered or leased) against orchestrator.max_buffered_samples = {limit}"
-            if admitted + per_lease > limit
-            else f"identities without accepted work hold {fresh} admitted samples, their share "
-            f"(orchestrator.fresh_buffered_share) is {fresh_limit}"
-        )
+            f"{counted} samples admitted (buffered or leased; of identities without accepted work at most "
+            f"{share} count for you: orchestrator.fresh_buffered_share)"
+            if established
+            else f"{admitted} samples admitted (buffered or leased)"
+        ) + f" against orchestrator.max_buffered_samples = {limit}"
         raise ApiFailure(
             429, "busy", f"{which}; a lease adds {per_lease}; retry in {math.ceil(retry_s)} s", retry_after_s=retry_s
         )
