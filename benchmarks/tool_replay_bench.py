@@ -20,7 +20,13 @@ validator: sandbox starts and sleeps compete for the 2 cores), the worker having
 Every 8 episodes (one program kind each) form one lease of one of 4 honest worker identities; its
 verdict reasons go through
 ``verdicts.ban_counts`` into the validator's own ``FailureTracker`` (``[validator]`` defaults:
-ban at a 50% rejected share after 16 samples). Forged episodes (``--forged``): the honest reply of
+ban at a 50% rejected share after 16 samples), and through the orchestrator's rules: each lease is
+a real lease of a real ``Ledger`` (default ``[orchestrator]`` settings), answered and judged with
+the replay's verdicts (one failed sample rejects the lease, the rest ``lease_rejected``), so its
+abandonment ban (``lease_rules``) sees them as it would in a run. Both bans are reported, and the
+orchestrator's also under the rule before issue 46 (every rejected lease abandoned), on the same
+verdicts; the honest share of machine-rejected leases is the figure
+``orchestrator.machine_rejected_honest_share`` must stay above. Forged episodes (``--forged``): the honest reply of
 a deterministic program (``print(<n> * 7)``) with one character changed, played the same way.
 
 Pass: no honest episode is ``tool_output_mismatch`` (cheating), no honest identity is banned, and
@@ -44,8 +50,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from prime_rl.api.protocol import RolloutSample, Segment, Verdict
+from prime_rl.api.protocol import RolloutBatch, RolloutSample, Segment, Verdict, VerdictRequest
+from prime_rl.config import load_config
 from prime_rl.episodes import EpisodeEnv
+from prime_rl.orchestrator.lease_rules import machine_caused
+from prime_rl.orchestrator.ledger import Ledger
+from prime_rl.orchestrator.store import RolloutStore
 from prime_rl.tasks import TaskSet
 from prime_rl.validator.episodes import replay_episode
 from prime_rl.validator.evidence import FailureTracker
@@ -117,6 +127,70 @@ def play(env: EpisodeEnv, code: str, *, forge: bool = False) -> RolloutSample:
     )  # fmt: skip
 
 
+def orchestrator_bans(leases: list[list[Verdict]], identities: int, run_dir: Path) -> dict[str, Any]:
+    """Play ``leases`` (verdicts per lease, in order) as the leases of ``identities`` honest identities
+    through a real ``Ledger`` (default orchestrator settings): lease, submit a batch answering it,
+    post the verdicts. Returns the bans under today's rules and under the rule before issue 46."""
+    import hashlib
+
+    config = load_config(
+        None, ["--run_dir", str(run_dir), "--orchestrator.prompts_per_batch", "1", "--sampling.group_size", str(LEASE)]
+    )
+    ledger = Ledger(config, TaskSet([Task(f"q{i}", "verifiable_math", {"ground_truth": "1"}) for i in range(64)]),
+                    RolloutStore(config.orchestrator_data_dir))  # fmt: skip
+    workers = [ledger.workers[ledger.register(f"honest-{i}").worker_id] for i in range(identities)]
+    machine = 0
+    for index, verdicts in enumerate(leases):
+        worker = workers[index % identities]
+        if worker.banned:
+            continue
+        lease = ledger.lease(worker, None, None, f"10.0.0.{index % identities}")
+        samples = [
+            RolloutSample(task_id=task.task_id, group_index=g, prompt_tokens=[1], completion_tokens=[2],
+                          sampling_seed=seed, temperature=1.0, reward=0.0, advantage=0.0, proofs="cA==",
+                          inference_logprobs=[0.0])
+            for task in lease.tasks
+            for g, seed in enumerate(task.sampling_seeds)
+        ]
+        batch = RolloutBatch(worker_id=worker.worker_id, step=0, batch_index=lease.batch_index, policy_version=0,
+                             samples=samples)  # fmt: skip
+        answer = ledger.submit(worker, batch, hashlib.sha256(batch.model_dump_json().encode()).hexdigest())
+        full = [v.model_copy(update={"sample_index": i}) for i, v in enumerate(verdicts)][: len(samples)]
+        ledger.record_verdicts(VerdictRequest(batch_id=answer.batch_id, verdicts=full))
+        machine += machine_caused(full)
+    orch = config.orchestrator
+    before = sum(
+        ledger.rules.abandoned(w.worker_id) >= orch.ban_abandoned_leases
+        and ledger.rules.abandoned(w.worker_id) >= orch.ban_abandoned_share * ledger.leases.issued(w.worker_id)
+        for w in workers
+    )
+    return {
+        "orchestrator_bans": sum(w.banned for w in workers),
+        "orchestrator_ban_reasons": [w.ban_reason for w in workers if w.banned],
+        "orchestrator_bans_before_issue_46": before,
+        "machine_rejected_leases": machine,
+        "leases": len(leases),
+        "honest_machine_rejected_share": round(machine / len(leases), 3) if leases else 0.0,
+        "machine_rejected_honest_share_setting": orch.machine_rejected_honest_share,
+        "per_identity": {
+            w.name: {"issued": ledger.leases.issued(w.worker_id), "machine_rejected": ledger.leases.machine_rejected(w.worker_id),
+                     "chargeable": ledger.rules.chargeable(w.worker_id), "allowance": ledger.lease_allowance(w.worker_id)}
+            for w in workers
+        },
+    }
+
+
+def lease_verdicts(replays: Sequence[Any]) -> list[Verdict]:
+    """The validator's verdicts of one lease: each failed sample its reason; once one fails, the
+    others are ``lease_rejected`` (a lease is accepted whole or not at all)."""
+    failed = any(r.code for r in replays)
+    return [
+        Verdict(sample_index=i, accepted=not failed, reason=r.code or ("lease_rejected" if failed else "ok"),
+                detail="", reward=0.0, advantage=0.0, logprobs=[] if failed else [-1.0])
+        for i, r in enumerate(replays)
+    ]
+
+
 def run(episodes: int, forged: int, limit: float, load: int, worker_threads: int) -> dict[str, Any]:
     tokenizer = CodepointTokenizer()
     worker_env, slow_worker_env = environment(limit, tokenizer), environment(limit / 2, tokenizer)
@@ -152,6 +226,13 @@ def run(episodes: int, forged: int, limit: float, load: int, worker_threads: int
         ]
         accepted, rejected = ban_counts(verdicts)
         bans += failures.record(f"honest-{lease // LEASE % 4}", accepted=accepted, rejected=rejected) is not None
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tool_replay_orch_") as run_dir:
+        orchestrator = orchestrator_bans(
+            [lease_verdicts(honest_replays[lease : lease + LEASE]) for lease in range(0, episodes - LEASE + 1, LEASE)],
+            4, Path(run_dir),
+        )  # fmt: skip
     honest_reasons = Counter(r.code or "ok" for r in honest_replays)
     forged_reasons = Counter(r.code or "ok" for r in forged_replays)
     return {
@@ -166,6 +247,7 @@ def run(episodes: int, forged: int, limit: float, load: int, worker_threads: int
         "honest_identities": 4,
         "honest_bans": bans,
         "ban_counts_by_identity": {worker: {"accepted": a, "rejected": r} for worker, (a, r) in failures.counts.items()},
+        "orchestrator": orchestrator,
         "forged_reasons": dict(forged_reasons),
         "forged_caught_share": forged_reasons["tool_output_mismatch"] / forged if forged else None,
         "validator_tool_seconds": round(sum(r.tool_seconds for r in replays), 2),
@@ -177,6 +259,7 @@ def run(episodes: int, forged: int, limit: float, load: int, worker_threads: int
 
 
 def report(result: dict[str, Any]) -> str:
+    o = result["orchestrator"]
     lines = [
         "# Tool replay: honest episodes no replay reproduces exactly, and forged ones",
         "",
@@ -196,6 +279,13 @@ def report(result: dict[str, Any]) -> str:
         f"{result['honest_bans']} (samples counted towards a ban, per identity: "
         + ", ".join(f"{c['accepted']} accepted / {c['rejected']} rejected" for c in result["ban_counts_by_identity"].values())
         + ")",
+        f"- orchestrator's rules (a real `Ledger`, default settings; issue 46): of {o['leases']} honest leases, "
+        f"{o['machine_rejected_leases']} were rejected for reasons the machine may explain only "
+        f"(share {o['honest_machine_rejected_share']}; setting `machine_rejected_honest_share` = "
+        f"{o['machine_rejected_honest_share_setting']}); bans among {result['honest_identities']} honest identities: "
+        f"**{o['orchestrator_bans']}** (under the rule before issue 46, every rejected lease abandoned: "
+        f"{o['orchestrator_bans_before_issue_46']}); per identity: "
+        + ", ".join(f"{n}: {c['machine_rejected']} of {c['issued']} machine-rejected, {c['chargeable']} chargeable, allowance {c['allowance']}" for n, c in o["per_identity"].items()),
         f"- forged episodes: {result['forged']}; `tool_output_mismatch`: {result['forged_reasons'].get('tool_output_mismatch', 0)} "
         f"({result['forged_caught_share']:.0%})",
         f"- validator tool time: {result['validator_tool_seconds']} s over all replays "

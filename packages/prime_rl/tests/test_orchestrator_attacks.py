@@ -19,6 +19,7 @@ import pytest
 
 from prime_rl.api.client import ClientRequestError, OrchestratorBusy, OrchestratorClient
 from prime_rl.api.protocol import TaskLease, TrainSample, Verdict, VerdictRequest
+from prime_rl.orchestrator.lease_rules import MACHINE_REASONS
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import TaskSet
 
@@ -205,7 +206,8 @@ def test_walking_away_changes_nothing_that_is_trained(sim_factory: Any, spoil: s
     """Issues 25 and 34: an attacker that walks away from the leases it does not want trained,
     answers them with a batch it makes the validator reject (a veto), or answers them too late to
     train on, changes nothing that is trained; walking away and vetoes cost it, up to the
-    abandonment ban (a late answer costs nothing: a slow validator looks the same)."""
+    abandonment ban (a veto for reasons the machine may explain costs the allowance but no ban, issue
+    46; a late answer costs nothing: a slow validator looks the same)."""
     overrides = ("--orchestrator.async_level", "0") if spoil == "late" else ()
     attacked = sim_factory("attacked", *overrides)
     _walking_away(attacked, attacker=True, spoil=spoil)
@@ -219,6 +221,8 @@ def test_walking_away_changes_nothing_that_is_trained(sim_factory: Any, spoil: s
     abandoned = sum(w.leases_expired for w in stats.values()) + attacked.spoiled
     if spoil == "late":
         assert sum(w.samples_expired for w in stats.values()) >= 8 * 4  # answered late was tried
+    elif spoil in MACHINE_REASONS:  # issue 46: costs the allowance, never the abandonment ban
+        assert abandoned >= 8
     else:
         assert abandoned >= 8 and sum(w.banned for w in stats.values()) >= 2  # walking away was tried, and cost
     # The attacker kept only leases of tasks < 25; the trained share of those stays what the draws give,

@@ -187,8 +187,7 @@ def test_backpressure_refuses_leases_while_enough_is_buffered(server_factory: An
     client = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
     reg = client.register()
     first = client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id)))  # 4 awaiting validation
-    second = client.submit_rollouts(batch_for(client.get_tasks(reg.worker_id)))  # 8 buffered
-    with pytest.raises(OrchestratorBusy):
+    with pytest.raises(OrchestratorBusy):  # issue 44: a second lease would admit 8 samples against 6
         client.get_tasks(reg.worker_id)
     answer = requests.get(
         server.url + "/tasks",
@@ -204,15 +203,16 @@ def test_backpressure_refuses_leases_while_enough_is_buffered(server_factory: An
     # counting them would deadlock (nothing claimable, no new leases).
     _verdict_all(client, first.batch_id, 4, adv=[0.0] * 4)
     lease = client.get_tasks(reg.worker_id)
-    # Open leases are not buffered work: holding leases (and never answering) blocks nobody.
-    assert client.get_tasks(reg.worker_id).batch_index == 3  # 4 awaiting validation, 2 leases open
-    # Informative accepted samples do count until the trainer claims them.
-    _verdict_all(client, second.batch_id, 4)
-    client.submit_rollouts(batch_for(lease))
+    # Open leases are admitted work (issue 44: 992 batches once queued against a 128-sample limit).
     with pytest.raises(OrchestratorBusy):
         client.get_tasks(reg.worker_id)
-    assert len(client.claim(0, 4).samples) == 4  # both informative groups consumed: 4 pending remain
-    assert client.get_tasks(reg.worker_id).batch_index == 4
+    second = client.submit_rollouts(batch_for(lease))
+    # Informative accepted samples do count until the trainer claims them.
+    _verdict_all(client, second.batch_id, 4)
+    with pytest.raises(OrchestratorBusy):
+        client.get_tasks(reg.worker_id)
+    assert len(client.claim(0, 4).samples) == 4  # the informative group consumed: nothing admitted
+    assert client.get_tasks(reg.worker_id).batch_index == 2
 
 
 def test_backpressure_limit_below_one_step_is_refused(config_for: Any) -> None:

@@ -184,6 +184,7 @@ class OrchestratorClient:
         self.worker_token = worker_token
         self.registration_token = registration_token
         self.sleep = sleep
+        self._resume_next = False  # the last GET /tasks got no answer: the next one asks with resume
         self._session = requests.Session()
         if source_address is not None:
             self._session.mount("http://", _SourceAddress(source_address))
@@ -210,11 +211,13 @@ class OrchestratorClient:
         params: dict[str, Any] | None = None,
         token: str = "",
         retries: int | None = None,
+        retry_params: dict[str, Any] | None = None,
     ) -> R:
         """Send one request with retries; parse the 2xx body into ``response_model``.
 
         ``body`` is a message (sent as its JSON) or raw bytes sent as they are (the red team's
-        garbage, which the server must refuse).
+        garbage, which the server must refuse). ``retry_params``: the query of every attempt after
+        one that got no answer (a timeout or a lost connection), e.g. ``GET /tasks`` with ``resume``.
         """
         url = self.base_url + path
         data = body if isinstance(body, bytes) or body is None else body.model_dump_json().encode()
@@ -235,6 +238,7 @@ class OrchestratorClient:
                 )
             except requests.RequestException as error:
                 last_problem, busy, retry_after = describe_connection_error(error), False, 0.0
+                params = retry_params if retry_params is not None else params
                 log.debug("%s %s failed (attempt %d/%d): %s", method, path, attempt + 1, attempts, error)
                 continue
             if response.status_code in _RETRY_STATUS:
@@ -352,7 +356,13 @@ class OrchestratorClient:
         """GET /tasks: the worker's next lease (or, with ``batch_index``, the same lease again; with
         ``resume``, after a restart, its oldest open lease if it holds one). ``version``: the policy
         version the worker holds, which a new lease fixes if it is inside the async window (else it
-        fixes the newest committed one)."""
+        fixes the newest committed one).
+
+        An attempt that got no answer (timeout, lost connection) is retried with ``resume``, and so is
+        the next call after one that failed: a lease
+        the server granted to it, whose answer was lost, comes back instead of waiting to expire and
+        count as abandoned (the server withdraws, uncharged, a lease it sees its client left). Meant
+        for a worker that asks for its next lease with none of its own open (``worker.process``)."""
         params: dict[str, Any] = {"worker_id": worker_id}
         if version is not None:
             params["version"] = version
@@ -362,7 +372,16 @@ class OrchestratorClient:
             params["step"] = step
         if batch_index is not None:
             params["batch_index"] = batch_index
-        return self.request("GET", "/tasks", TaskLease, params=params, token=self.worker_token)
+        retry = {**params, "resume": 1} if batch_index is None else None
+        if retry is not None and self._resume_next:
+            params = retry
+        try:
+            lease = self.request("GET", "/tasks", TaskLease, params=params, token=self.worker_token, retry_params=retry)
+        except OrchestratorUnavailable:
+            self._resume_next = retry is not None  # a lease granted to a lost attempt comes back next time
+            raise
+        self._resume_next = False
+        return lease
 
     def submit_rollouts(self, batch: RolloutBatch) -> SubmitResponse:
         """POST /rollouts: returns once the batch is durably stored (idempotent for the same batch)."""

@@ -387,14 +387,30 @@ class OrchestratorConfig(Section):
         allow_inf_nan=False,
         description="An identity with no accepted work this long after registering is retired (its slot in "
         "max_workers and its network's share free; the API then answers 404 and the worker registers anew), "
-        "unless it holds a lease, has a batch awaiting verdicts or waits in the first-lease queue (0 = never).",
+        "unless it holds a lease or has a batch awaiting verdicts, however often it asks (0 = never).",
+    )
+    registration_reserve: int = Field(
+        default=256,
+        ge=0,
+        description="The last this many places of max_workers (at most a tenth of it) go only to registrations "
+        "from a network holding no "
+        "identity without accepted work now, so a newcomer from an untouched network finds a place unless an "
+        "attacker holds ceil((max_workers - reserve) / max_fresh_workers_per_network) + reserve networks.",
     )
     max_buffered_samples: int = Field(
         default=0,
         ge=0,
-        description="Refuse new leases (429 busy) to workers with answered samples of their own buffered while "
-        "this many usable answered samples (awaiting validation, or accepted and claimable) are buffered; open "
-        "leases do not count (0 = no limit).",
+        description="Admitted work at most: usable answered samples (awaiting validation, or accepted and "
+        "claimable) plus the samples of every open lease; a lease that would pass it is refused (429 busy with "
+        "Retry-After; 0 = no limit).",
+    )
+    fresh_buffered_share: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="Of max_buffered_samples, the share up to which identities without accepted work (their open "
+        "leases and batches awaiting verdicts) count against an established worker's lease (at least one lease): "
+        "unproven work never holds established workers back by more; fresh identities fill only unused room.",
     )
     max_open_leases: int = Field(
         default=4,
@@ -419,6 +435,22 @@ class OrchestratorConfig(Section):
     )
     ban_abandoned_share: float = Field(
         default=0.25, gt=0, le=1, description="Share of a worker's leases abandoned before a ban (see above)."
+    )
+    machine_rejected_honest_share: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="The share of an honest worker's leases that rejections the machine may explain "
+        "(tool_unverifiable, reward_unverifiable, internal_error, expired) can reach (measured: "
+        "benchmarks/results/tool_replay_bench.md). They never count towards the abandonment ban; a worker is banned "
+        "for them only when its share is above this one by a sequential test (1 = never).",
+    )
+    machine_rejected_false_ban: float = Field(
+        default=1e-6,
+        gt=0,
+        lt=1,
+        description="P(a worker whose leases are machine-rejected at most at machine_rejected_honest_share is ever "
+        "banned for them) is at most this (Ville's inequality, orchestrator.lease_rules).",
     )
     release_after_tokens: int = Field(
         default=2048,

@@ -7,10 +7,12 @@ any unexpected exception into a logged 500, so the service never dies on a reque
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable, Iterator
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
@@ -22,10 +24,13 @@ __all__ = [
     "MAX_QUERY_INT",
     "Handler",
     "bearer",
+    "client_gone",
     "error_response",
     "errors_middleware",
+    "in_line",
     "model_response",
     "query_int",
+    "refuse_if_gone",
     "require_token",
     "validation_message",
 ]
@@ -68,6 +73,34 @@ def query_int(request: web.Request, name: str, *, default: int | None = None) ->
 def bearer(request: web.Request) -> str:
     header = request.headers.get("Authorization", "")
     return header[7:].strip() if header.startswith("Bearer ") else ""
+
+
+def client_gone(request: web.Request) -> bool:
+    """Whether the client closed the request's connection (it gave up waiting for the answer): an
+    answer written now would reach no one."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def refuse_if_gone(request: web.Request) -> None:
+    """ApiFailure 408 ``client_gone`` when the client has closed the connection (``client_gone``)."""
+    if client_gone(request):
+        raise ApiFailure(408, "client_gone", "the client closed the connection before its answer was ready")
+
+
+@contextlib.contextmanager
+def in_line(counts: dict[Hashable, int], members: set[Any], key: Hashable) -> Iterator[None]:
+    """``key`` is in ``members`` while at least one request holding it waits or runs (``counts``
+    per key): e.g. a lease whose batch waits for the lock (``LeaseBook.answering``)."""
+    counts[key] = counts.get(key, 0) + 1
+    members.add(key)
+    try:
+        yield
+    finally:
+        counts[key] -= 1
+        if not counts[key]:
+            del counts[key]
+            members.discard(key)
 
 
 def require_token(request: web.Request, expected: str, what: str) -> None:

@@ -9,8 +9,9 @@ starving a newcomer:
     IPv6 /64). ``max_workers`` fresh identities therefore need ``max_workers / cap`` networks
     (625 with the defaults), not a few hundred addresses.
   - **Retirement** (``fresh_worker_ttl_s``): a fresh identity ``ttl`` seconds past its
-    registration that holds no lease, has no batch awaiting verdicts and is not waiting its turn
-    is retired (store event ``retire``): it no longer counts against ``max_workers`` or its
+    registration that holds no lease and has no batch awaiting verdicts is retired, however often
+    it asks (issue 46, finding 8: a place in a first-come queue once counted as busy, so identities
+    that kept asking never retired and held the table full for good) (store event ``retire``): it no longer counts against ``max_workers`` or its
     network, and the API answers 404 for it (a worker then registers anew). Identities with
     accepted work never retire.
   - **Turns** (``LeaseQueue``): when the fresh identities at one client address may hold no
@@ -78,12 +79,21 @@ def newcomer_wait_bound_s(
 
 
 class LeaseQueue:
-    """First come, first served turns for leases, one queue per client address (module docstring)."""
+    """First come, first served turns for leases, one queue per client address (module docstring).
+
+    Cost (issue 46, finding 9: the queue was walked whole on every ask, 25 ms of lock per ask at
+    10,000 queued): an ask looks at most at the ``free`` entries ahead of the slots it may take,
+    and drops for good every lapsed or ineligible entry it passes, so an ask costs O(free) plus
+    the entries it drops (each dropped once): O(1) amortised, whatever the queue's length. A place
+    is a ticket number; the place reported is ``ticket - head ticket + 1``, an upper bound (those
+    who left between count until the head passes them)."""
 
     def __init__(self, *, stale_s: float, clock: Callable[[], float]) -> None:
         self.stale_s = stale_s
         self._clock = clock
-        self._queues: dict[str, OrderedDict[str, float]] = {}  # address -> worker id -> last asked
+        # address -> worker id -> (ticket, last asked); OrderedDict: O(1) removal anywhere, order kept
+        self._queues: dict[str, OrderedDict[str, tuple[int, float]]] = {}
+        self._tickets: dict[str, int] = {}  # address -> next ticket
         self._address_of: dict[str, str] = {}
 
     def waiting(self, worker_id: str) -> bool:
@@ -91,37 +101,70 @@ class LeaseQueue:
         address = self._address_of.get(worker_id)
         if address is None:
             return False
-        asked = self._queues[address].get(worker_id)
-        return asked is not None and asked >= self._clock() - self.stale_s
+        entry = self._queues[address].get(worker_id)
+        return entry is not None and entry[1] >= self._clock() - self.stale_s
 
     def __len__(self) -> int:
         return len(self._address_of)
 
     def turn(self, worker_id: str, address: str, free: int, *, eligible: Callable[[str], bool]) -> int:
         """0 when ``worker_id`` may take one of the ``free`` slots at ``address`` now (it leaves the
-        queue); else its 1-based place in the queue, which it joins or keeps (its ask renewed).
-        ``eligible(worker_id)``: still fresh and active (others are dropped from the queue)."""
+        queue); else (an upper bound on) its 1-based place in the queue, which it joins or keeps
+        (its ask renewed). ``eligible(worker_id)``: still fresh and active (others are dropped)."""
         now = self._clock()
         queue = self._queues.setdefault(address, OrderedDict())
-        for other, asked in list(queue.items()):
-            if other != worker_id and (asked < now - self.stale_s or not eligible(other)):
-                self._leave(other, address)
-        place = list(queue).index(worker_id) + 1 if worker_id in queue else len(queue) + 1
-        if place <= free:
+        ahead = 0  # live entries ahead of it: once ``free``, it must wait
+        while ahead < free:
+            first = _first(queue, ahead + 1)  # the entries before index ``ahead`` are live (checked)
+            if len(first) <= ahead or first[ahead] == worker_id:
+                break
+            other = first[ahead]
+            if queue[other][1] < now - self.stale_s or not eligible(other):
+                self._leave(other, address)  # lapsed or ineligible: dropped for good
+            else:
+                ahead += 1
+        if ahead < free:
             if worker_id in queue:
                 self._leave(worker_id, address)
             if not queue:
                 del self._queues[address]
+                self._tickets.pop(address, None)
             return 0
         if self._address_of.get(worker_id, address) != address:  # asks from elsewhere now
             self._leave(worker_id, self._address_of[worker_id])
-        queue[worker_id] = now  # renews the ask, keeps the place (OrderedDict keeps a key's position)
+        entry = queue.get(worker_id)
+        if entry is None:
+            ticket = self._tickets.get(address, 0)
+            self._tickets[address] = ticket + 1
+        else:
+            ticket = entry[0]
+        queue[worker_id] = (ticket, now)  # renews the ask, keeps the place (an OrderedDict keeps a key's position)
         self._address_of[worker_id] = address
-        return place
+        head = next(iter(queue.values()))[0]
+        return ticket - head + 1
+
+    def leave(self, worker_id: str) -> None:
+        """Drop ``worker_id``'s place (it retired or was banned), O(1)."""
+        address = self._address_of.get(worker_id)
+        if address is not None:
+            self._leave(worker_id, address)
+            if not self._queues[address]:
+                del self._queues[address]
+                self._tickets.pop(address, None)
 
     def _leave(self, worker_id: str, address: str) -> None:
         self._queues[address].pop(worker_id, None)
         self._address_of.pop(worker_id, None)
+
+
+def _first(queue: OrderedDict[str, tuple[int, float]], count: int) -> list[str]:
+    """The first ``count`` worker ids of ``queue`` (O(count))."""
+    out: list[str] = []
+    for worker_id in queue:
+        if len(out) >= count:
+            break
+        out.append(worker_id)
+    return out
 
 
 class FreshIdentities:
@@ -187,8 +230,8 @@ class FreshIdentities:
         )
 
     def retire_idle(self, busy: Callable[[str], bool]) -> list[WorkerRecord]:
-        """Retire the fresh identities past ``ttl_s`` that are not ``busy`` (holding a lease, a batch
-        awaiting verdicts, a place in a queue); returns them."""
+        """Retire the fresh identities past ``ttl_s`` that are not ``busy`` (holding a lease or a batch
+        awaiting verdicts); returns them."""
         now, retired = self._clock(), []
         while self._due and self._due[0][0] <= now:
             _, worker_id = heapq.heappop(self._due)

@@ -23,14 +23,32 @@ knows whose tokens the validator accepted):
     Those refused take turns, first come, first served (``identities.LeaseQueue``): a free slot
     goes to the longest-waiting one, so a newcomer's first lease waits for at most the identities
     queued ahead of it to take one each, whatever they abandon.
-  - **Backpressure** (429 ``busy``): while ``max_buffered_samples`` usable answered samples are
-    buffered, a worker that has answered samples of its own among them is refused; one with none
-    buffered still gets its lease (so a flood of answered work by others cannot starve it; the
-    buffer may then exceed the limit by at most one lease per such worker). Batches of identities
-    without accepted work that await verdicts count only when a fresh identity asks
-    (``Ledger.buffered_samples``): unproven work never holds back an established worker's lease.
-  - **Abandonment bans** (``abandoned``): once a worker's expired or rejected leases reach
-    ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases, it is banned.
+  - **Backpressure** (429 ``busy``, issue 44): the admitted work, usable answered samples buffered
+    plus the samples of every open lease (``prompts_per_batch * group_size`` each), is bounded by
+    ``max_buffered_samples``: a fresh identity (no accepted work) gets a lease only while all of it
+    stays within the limit, so fresh identities only fill room no one uses; an established worker
+    counts fresh identities' work (their open leases and batches awaiting verdicts) only up to
+    ``fresh_buffered_share`` of the limit, so unproven work holds it back by at most that share,
+    however many fresh identities ask. Bound: admitted work <= ``max_buffered_samples`` + the fresh
+    identities' work beyond their share, which was admitted only into unused room and drains within
+    a lease timeout or a verdict. (Before: open leases did not count, and 992 batches queued against
+    a 128-sample limit.) Identities that hoard leases pay for it in allowance and abandonment bans.
+  - **Abandonment bans** (``chargeable``): once a worker's expired or rejected leases reach
+    ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases, it is banned. Rejections the
+    worker did not choose never count here (``machine_caused``: its own failures are all
+    ``tool_unverifiable``, ``reward_unverifiable``, ``internal_error`` or ``expired``), nor does a
+    lease whose answer never reached its client (``LeaseBook.withdraw``) or whose batch reached the
+    server before its deadline (the server does not expire a lease while its batch waits in line).
+    Their tasks still go to another identity, so no veto is free, and a machine-caused rejection
+    still costs the allowance and the address cap as walking away does: a worker can cause some of
+    them at will (a tool that loops past its limit), so they must not earn it anything.
+  - **Machine-caused rate ban** (``ban_machine_rate``): a worker is banned for machine-caused
+    rejections only when their share of its leases is above the measured honest share
+    ``p0 = orchestrator.machine_rejected_honest_share`` by a sequential likelihood-ratio test
+    (against ``p1 = (1 + p0) / 2``): ban once ``k ln(p1/p0) + (n - k) ln((1-p1)/(1-p0)) >=
+    ln(1 / machine_rejected_false_ban)`` with ``k`` machine-caused of ``n`` leases. The ratio is a
+    martingale for a worker whose leases are machine-rejected with probability ``<= p0`` each, so
+    by Ville's inequality P(such a worker is *ever* banned) <= ``machine_rejected_false_ban``.
 """
 
 from __future__ import annotations
@@ -38,15 +56,41 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prime_rl.api.errors import ApiFailure
+from prime_rl.api.protocol import FOLLOWER_REASONS, UNVERIFIABLE_REASONS, Verdict, machine_rejected
 from prime_rl.config.sections import OrchestratorConfig
 from prime_rl.orchestrator.identities import QUEUE_RETRY_MAX_S, LeaseQueue
 from prime_rl.orchestrator.leases import LeaseBook
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
 
-__all__ = ["LeaseRules"]
+__all__ = ["MACHINE_REASONS", "LeaseRules", "machine_caused", "machine_rate_evidence"]
+
+MACHINE_REASONS = UNVERIFIABLE_REASONS | {"internal_error", "expired"}
+"""Rejections the worker did not choose (or need not have): a check the machine limited, a tool
+output no replay reproduces, the validator's own failure, a batch no validator judged in time."""
+
+
+def machine_caused(verdicts: Sequence[Verdict]) -> bool:
+    """Whether a judged batch was rejected only for ``MACHINE_REASONS`` (``protocol.machine_rejected``
+    for the unverifiable ones; followers such as ``lease_rejected`` aside)."""
+    if machine_rejected(verdicts):
+        return True
+    own = {v.reason for v in verdicts if not v.accepted and v.reason not in FOLLOWER_REASONS}
+    return bool(own) and own <= MACHINE_REASONS
+
+
+def machine_rate_evidence(machine: int, leases: int, honest_share: float) -> float:
+    """The log likelihood ratio of ``machine`` machine-caused rejections among ``leases`` leases, a
+    share ``(1 + honest_share) / 2`` against ``honest_share`` (module docstring; 0 if the share is 1)."""
+    p0 = honest_share
+    if p0 >= 1.0 or leases <= 0:
+        return 0.0
+    p1 = (1.0 + p0) / 2
+    hit = math.log(p1 / p0) if p0 > 0 else math.inf
+    miss = math.log((1 - p1) / (1 - p0))
+    return (machine * hit if machine else 0.0) + max(0, leases - machine) * miss
 
 
 class LeaseRules:
@@ -56,10 +100,12 @@ class LeaseRules:
     ``buffered(worker_id | None, unproven=...)``: usable answered samples buffered (of that worker;
     None = all), with or without fresh identities' batches awaiting verdicts.
     ``clock``: the ledger's seconds (the first-come queue's staleness).
+    ``lease_samples``: the samples one lease asks for (``prompts_per_batch * group_size``).
     """
 
     BUSY_WINDOW_S = 10.0
-    """Identities refused for backpressure within this window count as waiting (``busy_retry_after``)."""
+    """Identities refused for backpressure within this window count as waiting (``busy_retry_after``;
+    established and fresh identities apart)."""
     BUSY_POLLS_PER_S = 20.0
     """How many backpressure polls a second the waiting identities together are asked to send."""
     MAX_BUSY_RETRY_S = 15.0
@@ -79,6 +125,7 @@ class LeaseRules:
         has_history: Callable[[str], bool],
         buffered: Callable[..., int],
         clock: Callable[[], float],
+        lease_samples: int = 1,
     ) -> None:
         self._orch = orch
         self._leases = leases
@@ -87,19 +134,23 @@ class LeaseRules:
         self._buffered = buffered
         self.queue = LeaseQueue(stale_s=self.QUEUE_STALE_S, clock=clock)
         self._clock = clock
-        self._refused: OrderedDict[str, float] = OrderedDict()  # worker id -> last backpressure refusal
+        # worker id -> last backpressure refusal; established identities, then fresh ones (apart, so
+        # fresh identities never lengthen an established worker's Retry-After: issue 46, finding 7)
+        self._refused: tuple[OrderedDict[str, float], OrderedDict[str, float]] = (OrderedDict(), OrderedDict())
+        self._lease_samples = lease_samples
         self._jitter = random.Random()
 
-    def busy_retry_after(self, worker_id: str) -> float:
+    def busy_retry_after(self, worker_id: str, *, established: bool = True) -> float:
         """``Retry-After`` seconds for a backpressure refusal of ``worker_id``: the identities refused
         in the last ``BUSY_WINDOW_S`` over ``BUSY_POLLS_PER_S``, jittered over [0.5, 1.5) so they do
         not come back together, within [1, ``MAX_BUSY_RETRY_S``]. A few waiting workers ask every
         second as before; many ask together about ``BUSY_POLLS_PER_S`` times a second, whatever their
         number, and any of them takes a freed slot within a fraction of a second. With a fixed 1 s,
         256 waiting identities sent some 200 requests a second for 8 leases, and their 429s took the
-        orchestrator's core (``benchmarks/results/swarm.md``)."""
+        orchestrator's core (``benchmarks/results/swarm.md``). Established and fresh identities are
+        counted apart: each waits among its own kind."""
         now = self._clock()
-        refused = self._refused
+        refused = self._refused[0 if established else 1]
         refused[worker_id] = now
         refused.move_to_end(worker_id)
         while refused and next(iter(refused.values())) < now - self.BUSY_WINDOW_S:
@@ -110,6 +161,10 @@ class LeaseRules:
     def abandoned(self, worker_id: str) -> int:
         """Leases ``worker_id`` let expire or answered with a batch the validator rejected."""
         return self._leases.expired(worker_id) + self._leases.rejected(worker_id)
+
+    def chargeable(self, worker_id: str) -> int:
+        """Abandoned leases that count towards the abandonment ban: not the machine-caused rejections."""
+        return self.abandoned(worker_id) - self._leases.machine_rejected(worker_id)
 
     def allowance(self, worker_id: str) -> int:
         """Open leases ``worker_id`` may hold (module docstring, "own allowance")."""
@@ -133,17 +188,26 @@ class LeaseRules:
         return self._leases.open_at(address, among=lambda worker_id: not self._has_history(worker_id))
 
     def ban_abandoners(self, worker_ids: set[str]) -> None:
-        """Ban those of ``worker_ids`` whose abandoned (expired or rejected) leases pass both limits."""
+        """Ban those of ``worker_ids`` whose chargeable abandoned (expired or rejected, not machine-caused)
+        leases pass both limits, or whose machine-caused rejections pass the rate test."""
+        orch = self._orch
         for worker_id in sorted(worker_ids):
             worker = self._workers.get(worker_id)
-            abandoned, issued = self.abandoned(worker_id), self._leases.issued(worker_id)
-            if (
-                worker is not None
-                and not worker.banned
-                and abandoned >= self._orch.ban_abandoned_leases
-                and abandoned >= self._orch.ban_abandoned_share * issued
-            ):
+            if worker is None or worker.banned:
+                continue
+            abandoned, issued = self.chargeable(worker_id), self._leases.issued(worker_id)
+            if abandoned >= orch.ban_abandoned_leases and abandoned >= orch.ban_abandoned_share * issued:
                 self._workers.ban(worker, f"abandoned {abandoned} of {issued} leases (expired unanswered or rejected)")
+                continue
+            machine = self._leases.machine_rejected(worker_id)
+            evidence = machine_rate_evidence(machine, issued, orch.machine_rejected_honest_share)
+            if machine >= orch.ban_abandoned_leases and evidence >= -math.log(orch.machine_rejected_false_ban):
+                self._workers.ban(
+                    worker,
+                    f"{machine} of {issued} leases rejected for reasons that may be the machine's, above the "
+                    f"honest share {orch.machine_rejected_honest_share:g} "
+                    f"(false-ban bound {orch.machine_rejected_false_ban:g})",
+                )
 
     def check(self, worker: WorkerRecord, address: str) -> None:
         """ApiFailure 409 / 429 when ``worker`` (leasing from ``address``) may not take a lease now."""
@@ -170,18 +234,39 @@ class LeaseRules:
                     f"{self.QUEUE_STALE_S:.0f} s to keep your place",
                     retry_after_s=min(QUEUE_RETRY_MAX_S, self._orch.task_timeout_s),
                 )
+        self.check_backpressure(worker_id)
+
+    def admitted_work(self) -> tuple[int, int]:
+        """(all, fresh identities') admitted samples: usable answered samples buffered plus the samples
+        of open leases. Costs one walk of the buffered batches and of the workers holding leases."""
+        per_lease = self._lease_samples
+        everything = self._buffered(None, unproven=True)
+        fresh_buffered = everything - self._buffered(None, unproven=False)
+        fresh_open = sum(n for w, n in self._leases.open_by_worker().items() if not self._has_history(w))
+        return everything + self._leases.open_total() * per_lease, fresh_buffered + fresh_open * per_lease
+
+    def check_backpressure(self, worker_id: str) -> None:
+        """ApiFailure 429 ``busy`` when one more lease for ``worker_id`` would take the admitted work
+        past ``max_buffered_samples`` (or a fresh identity's past the fresh share)."""
         limit = self._orch.max_buffered_samples
-        unproven = not self._has_history(worker_id)  # only fresh identities are held back by unproven work
-        if (
-            limit
-            and (buffered := self._buffered(None, unproven=unproven)) >= limit
-            and (own := self._buffered(worker_id, unproven=unproven)) > 0
-        ):
-            retry_s = self.busy_retry_after(worker_id)
-            raise ApiFailure(
-                429,
-                "busy",
-                f"{buffered} samples already buffered (limit {limit}), {own} of them yours; retry in "
-                f"{math.ceil(retry_s)} s",
-                retry_after_s=retry_s,
-            )
+        if not limit:
+            return
+        per_lease = self._lease_samples
+        admitted, fresh = self.admitted_work()
+        established = self._has_history(worker_id)
+        share = max(per_lease, int(self._orch.fresh_buffered_share * limit))
+        # An established worker sees fresh identities' work only up to their share; a fresh identity
+        # sees all of it, so it only fills room no one uses (a run's start, a drained pipeline).
+        counted = admitted - fresh + min(fresh, share) if established else admitted
+        if counted + per_lease <= limit:
+            return
+        retry_s = self.busy_retry_after(worker_id, established=established)
+        which = (
+            f"{counted} samples admitted (buffered or leased; of identities without accepted work at most "
+            f"{share} count for you: orchestrator.fresh_buffered_share)"
+            if established
+            else f"{admitted} samples admitted (buffered or leased)"
+        ) + f" against orchestrator.max_buffered_samples = {limit}"
+        raise ApiFailure(
+            429, "busy", f"{which}; a lease adds {per_lease}; retry in {math.ceil(retry_s)} s", retry_after_s=retry_s
+        )

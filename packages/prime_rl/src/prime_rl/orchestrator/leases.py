@@ -78,8 +78,8 @@ class HeldLease:
     """
 
     __slots__ = (
-        "_body", "_record", "address", "answered", "batch_index", "deadline", "expired", "reissue", "reissued",
-        "rejected", "returned", "worker_id",
+        "_body", "_record", "address", "answered", "batch_index", "deadline", "excused", "expired", "reissue",
+        "reissued", "rejected", "returned", "worker_id",
     )  # fmt: skip
 
     def __init__(
@@ -96,6 +96,7 @@ class HeldLease:
         self._record, self._body = record, body
         self.answered = self.expired = self.reissued = self.returned = False
         self.rejected = False  # its batch was rejected (counted in ``LeaseBook.rejected``)
+        self.excused = False  # closed without a charge: its answer never reached its client (``withdraw``)
         self.reissue = False  # it hands out an abandoned lease's tasks (``reissued``: its own were handed out)
 
     @classmethod
@@ -157,11 +158,16 @@ class LeaseBook:
         self._answered_at: Counter[str] = Counter()
         self._rejected: Counter[str] = Counter()  # answered leases whose batch was rejected (never folded)
         self._rejected_at: Counter[str] = Counter()
+        self._machine: Counter[str] = Counter()  # rejected leases the machine may explain (lease_rules.machine_caused)
         # Plain dicts, not Counters: Counter's __delitem__ is Python code, and a replay deletes often.
         self._open: dict[str, int] = {}  # open leases per worker (no zero entries)
+        self._open_total = 0
         self._open_at: dict[str, dict[str, int]] = {}  # open leases per address, per worker
         self._deadlines: list[tuple[float, str, int]] = []  # heap of (deadline, worker_id, batch_index)
         self._answered_unfolded: dict[tuple[str, int], HeldLease] = {}  # judged, answered, not yet folded
+        # Leases whose batch has reached the server and waits in line for the lock (the HTTP layer adds
+        # and removes them): never expired meanwhile, so the server's slowness is not the worker's.
+        self.answering: set[tuple[str, int]] = set()
 
     # ------------------------------------------------------------------ queries
 
@@ -179,6 +185,14 @@ class LeaseBook:
     def open_at(self, address: str, among: Callable[[str], bool] = lambda worker_id: True) -> int:
         """Unanswered, unexpired leases handed to client ``address`` to workers ``among`` admits."""
         return sum(count for worker_id, count in self._open_at.get(address, {}).items() if among(worker_id))
+
+    def open_total(self) -> int:
+        """Unanswered, unexpired leases of all workers."""
+        return self._open_total
+
+    def open_by_worker(self) -> dict[str, int]:
+        """Open leases per worker holding any (read only: the book's own counts)."""
+        return self._open
 
     def open_leases(self, worker_id: str) -> list[HeldLease]:
         """``worker_id``'s unanswered, unexpired leases, oldest first. Scans back from its newest
@@ -215,6 +229,10 @@ class LeaseBook:
         """Leases of ``worker_id`` whose batch the validator rejected (not counting leases that had
         expired before: those count once, as ``expired``)."""
         return self._rejected[worker_id]
+
+    def machine_rejected(self, worker_id: str) -> int:
+        """Of ``rejected``, the leases whose rejection the machine may explain (``mark_judged(machine=True)``)."""
+        return self._machine[worker_id]
 
     def rejected_at(self, address: str) -> int:
         """Leases handed to client ``address`` whose batch the validator rejected (as ``rejected``)."""
@@ -254,7 +272,7 @@ class LeaseBook:
             elif kind == "lease_done":
                 lease.declare_done(LeaseDone.model_validate(json.loads(body)["done"]))
             else:
-                self._mark_expired(lease)
+                self._mark_expired(lease, excused=bool(json.loads(body).get("excused")) if body else False)
 
     def queue_expired_after_replay(self) -> None:
         """Rebuild the reassignment queue and the deadline heap once every event and batch is
@@ -274,7 +292,7 @@ class LeaseBook:
         workers: dict[str, LeaseTotals] = {}
         addresses: dict[str, LeaseTotals] = {}
         for lease in self._answered_unfolded.values():
-            expired = int(lease.expired)
+            expired = int(lease.expired and not lease.excused)
             old = workers.get(lease.worker_id, LeaseTotals())
             workers[lease.worker_id] = LeaseTotals(
                 old.issued + 1, old.answered + 1, old.expired + expired, max(old.next_index, lease.batch_index + 1)
@@ -292,6 +310,7 @@ class LeaseBook:
         worker_id = lease.worker_id
         self._leases[lease.key] = lease
         self._open[worker_id] = self._open.get(worker_id, 0) + 1
+        self._open_total += 1
         at = self._open_at.setdefault(lease.address, {})
         at[worker_id] = at.get(worker_id, 0) + 1
         self._next_index[worker_id] = max(self._next_index.get(worker_id, 0), lease.batch_index + 1)
@@ -311,17 +330,40 @@ class LeaseBook:
             del at[worker_id]
         else:
             at[worker_id] -= 1
+        self._open_total -= 1
         if self._open[worker_id] == 1:
             del self._open[worker_id]
         else:
             self._open[worker_id] -= 1
 
-    def _mark_expired(self, lease: HeldLease) -> None:
+    def _mark_expired(self, lease: HeldLease, *, excused: bool = False) -> None:
+        """Close ``lease`` as expired; ``excused``: withdrawn, its answer never delivered (``withdraw``):
+        no expiry counted, and not counted as issued either (it cannot pad a worker's ban share)."""
         if lease.open:
             self._close(lease)
         lease.expired = True
+        if excused:
+            lease.excused = True
+            self._issued[lease.worker_id] -= 1
+            return
         self._expired[lease.worker_id] += 1
         self._expired_at[lease.address] += 1
+
+    def withdraw(self, worker_id: str, batch_index: int, now: float) -> bool:
+        """Close an open lease whose answer never reached its client (the server saw the client's
+        connection closed before the answer was written: the server's slowness, not the worker's
+        choice): durably (a ``lease_expired`` event marked ``excused``), no charge, and its tasks go
+        to another identity at once. False when the lease is not open."""
+        lease = self._leases.get((worker_id, batch_index))
+        if lease is None or not lease.open:
+            return False
+        self._store.append_event(
+            {"event": "lease_expired", "worker_id": worker_id, "batch_index": batch_index, "time": now, "excused": True}
+        )
+        self._mark_expired(lease, excused=True)
+        self._reassign_queue.append(lease)
+        self._metrics.log("lease_withdrawn", worker_id=worker_id, step=lease.record.step, batch_index=batch_index)
+        return True
 
     def mark_answered(self, worker_id: str, batch_index: int) -> None:
         """A batch answering this lease is stored (no-op for a lease never issued or already answered,
@@ -334,7 +376,9 @@ class LeaseBook:
             self._answered[worker_id] += 1
             self._answered_at[lease.address] += 1
 
-    def mark_judged(self, worker_id: str, batch_index: int, *, rejected: bool, replaying: bool = False) -> None:
+    def mark_judged(
+        self, worker_id: str, batch_index: int, *, rejected: bool, machine: bool = False, replaying: bool = False
+    ) -> None:
         """The validator judged its batch. A rejected batch hands the lease's tasks to another
         identity (``return_tasks``) and counts the lease as ``rejected`` (unless it had expired
         before: it counts once, as expired); an accepted one lets the answered lease fold. A lease folds only
@@ -346,10 +390,11 @@ class LeaseBook:
                 lease.rejected = True
                 self._rejected[worker_id] += 1
                 self._rejected_at[lease.address] += 1
+                self._machine[worker_id] += machine
             self.return_tasks(worker_id, batch_index, replaying=replaying)
             return
         # (the log keeps who took over whose tasks: see Cost in the module doc)
-        if lease is not None and lease.answered and not lease.reissue and not lease.returned:
+        if lease is not None and lease.answered and not lease.reissue and not lease.returned and not lease.excused:
             self._answered_unfolded[lease.key] = lease
             if len(self._answered_unfolded) >= FOLD_EVERY:
                 self.fold()
@@ -374,12 +419,16 @@ class LeaseBook:
         """Mark open leases past their deadline expired and queue their tasks for reassignment (one
         store transaction); returns the leases expired now, in deadline order."""
         due: list[HeldLease] = []
+        spared: list[tuple[float, str, int]] = []
         while self._deadlines and self._deadlines[0][0] < now:
-            _, worker_id, batch_index = self._deadlines[0]
-            lease = self._leases.get((worker_id, batch_index))
-            if lease is not None and lease.open:
+            entry = heapq.heappop(self._deadlines)
+            lease = self._leases.get(entry[1:])
+            if lease is not None and lease.open and lease.key in self.answering:
+                spared.append(entry)
+            elif lease is not None and lease.open:
                 due.append(lease)
-            heapq.heappop(self._deadlines)
+        for entry in spared:  # its batch waits in line: looked at again on the next tick
+            heapq.heappush(self._deadlines, entry)
         if not due:
             return []
         # Re-pushed if the write fails, so the next tick retries them.

@@ -23,10 +23,11 @@ one per lease it let expire; identities without accepted work share a per-addres
 identities with accepted work are exempt from, and take turns under it first come, first served; a worker whose expired leases reach
 ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases is banned; abandoned tasks go
 to other workers first (``LeaseBook``). A lease whose batch the validator rejects counts as
-abandoned in all of these, so spoiling a lease costs what walking away costs. Backpressure
-(``max_buffered_samples``) counts answered work only, and of fresh identities only what the
-validator accepted, so neither leases held by anyone nor unproven work stops others from getting
-theirs; the validator's queue serves established workers' batches first (``BatchBook.pending``).
+abandoned in all of these (but never towards the ban when the machine may explain it:
+``lease_rules.machine_caused``), so spoiling a lease costs what walking away costs. Backpressure
+(``max_buffered_samples``) bounds the admitted work, answered samples plus open leases, and fresh
+identities' share of it (``LeaseRules.check_backpressure``), so unproven work never stops an
+established worker; the validator's queue serves established workers' batches first (``BatchBook.pending``).
 
 Accepted samples are held from claims until the validator has accepted
 ``release_after_tokens`` more tokens of the same worker and its evidence is below
@@ -83,7 +84,7 @@ from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
 from prime_rl.orchestrator.claims import ClaimSelection, select_claim, stale_drops
 from prime_rl.orchestrator.identities import FreshIdentities
-from prime_rl.orchestrator.lease_rules import LeaseRules
+from prime_rl.orchestrator.lease_rules import LeaseRules, machine_caused
 from prime_rl.orchestrator.leases import HeldLease, LeaseBook, TaskPrompts
 from prime_rl.orchestrator.release import ReleaseBook, withheld
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
@@ -153,6 +154,7 @@ class Ledger:
             has_history=self._has_history,
             buffered=self._buffered_of,
             clock=clock,
+            lease_samples=self.orch.prompts_per_batch * config.sampling.group_size,
         )
         self.fresh = FreshIdentities(
             self.workers,
@@ -202,7 +204,10 @@ class Ledger:
                 rejected = _rejected(batch.verdicts or [])
                 if not rejected and withheld(batch.verdicts or []):  # as in record_verdicts
                     self.leases.return_tasks(batch.worker_id, batch.meta.batch_index, replaying=True)
-                self.leases.mark_judged(batch.worker_id, batch.meta.batch_index, rejected=rejected, replaying=True)
+                self.leases.mark_judged(
+                    batch.worker_id, batch.meta.batch_index, rejected=rejected,
+                    machine=rejected and machine_caused(batch.verdicts or []), replaying=True,
+                )  # fmt: skip
             elif batch.expired:  # never judged: its tasks go to another identity, as in _expire_useless
                 self.leases.return_tasks(batch.worker_id, batch.meta.batch_index, replaying=True)
         for claim in self.store.claims():
@@ -226,12 +231,14 @@ class Ledger:
         once ``network`` holds ``max_fresh_workers_per_network`` identities without accepted work."""
         self.retire_idle()
         active, limit = self.workers.active_count(), self.orch.max_workers
-        if active >= limit:
+        reserve = min(self.orch.registration_reserve, limit // 10)  # for newcomers from untouched networks
+        if active >= limit or (active >= limit - reserve and self.fresh.live_at(network)):
             raise ApiFailure(
                 503,
                 "worker_limit",
-                f"{active} registered workers are neither banned nor retired (orchestrator.max_workers = {limit}); "
-                "registration reopens when workers are banned or retire (orchestrator.fresh_worker_ttl_s)",
+                f"{active} registered workers are neither banned nor retired (orchestrator.max_workers = {limit}; "
+                "the last orchestrator.registration_reserve places only for a network holding no identity without "
+                "accepted work); registration reopens when workers are banned or retire (orchestrator.fresh_worker_ttl_s)",
                 retry_after_s=WORKER_LIMIT_RETRY_S,
             )
         self.fresh.check_register(network)
@@ -241,18 +248,22 @@ class Ledger:
 
     def retire_idle(self) -> int:
         """Retire the identities without accepted work idle past ``fresh_worker_ttl_s``; how many. An
-        identity holding a lease, a batch awaiting verdicts or a place in a lease queue is busy."""
+        identity holding a lease or a batch awaiting verdicts is busy; a place in a lease queue is not
+        (issue 46: asking must not keep an identity alive), and a retired one loses it."""
         awaiting: set[str] | None = None
 
         def busy(worker_id: str) -> bool:
             nonlocal awaiting
-            if self.leases.open_count(worker_id) > 0 or self.rules.queue.waiting(worker_id):
+            if self.leases.open_count(worker_id) > 0:
                 return True
             if awaiting is None:  # once per sweep, only if some identity is due
                 awaiting = {batch.worker_id for batch in self.batches.waiting()}
             return worker_id in awaiting
 
-        return len(self.fresh.retire_idle(busy))
+        retired = self.fresh.retire_idle(busy)
+        for worker in retired:
+            self.rules.queue.leave(worker.worker_id)
+        return len(retired)
 
     def authenticate(self, worker_id: str, token: str) -> WorkerRecord:
         """The registered, unbanned worker owning ``token``; ApiFailure 404/401/403 otherwise."""
@@ -531,7 +542,8 @@ class Ledger:
                 # keep tasks out of training with one token beyond the tolerance; no charge, since
                 # honest noise puts such tokens there too (before mark_judged: a returned lease never folds).
                 self.leases.return_tasks(stored.worker_id, stored.meta.batch_index)
-            self.leases.mark_judged(stored.worker_id, stored.meta.batch_index, rejected=rejected)
+            machine = rejected and machine_caused(stored.verdicts or [])  # never towards the abandonment ban
+            self.leases.mark_judged(stored.worker_id, stored.meta.batch_index, rejected=rejected, machine=machine)
             if rejected:
                 self.rules.ban_abandoners({stored.worker_id})
         return answer

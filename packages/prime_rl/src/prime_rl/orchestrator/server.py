@@ -57,13 +57,17 @@ from prime_rl.metrics import MetricsWriter, get_metrics, init_process
 from prime_rl.orchestrator.admission import check_admission, load_admission
 from prime_rl.orchestrator.http import (
     bearer,
+    client_gone,
     errors_middleware,
+    in_line,
     model_response,
     query_int,
+    refuse_if_gone,
     require_token,
     validation_message,
 )
 from prime_rl.orchestrator.ledger import ApiFailure, Ledger
+from prime_rl.orchestrator.priority import PriorityLock
 from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key, network_key
 from prime_rl.orchestrator.store import RolloutStore
 from prime_rl.orchestrator.workers_view import WorkersView
@@ -114,11 +118,14 @@ class _Api:
         self.registrations = TokenBuckets(
             orch.register_rate_per_minute, orch.register_burst, clock=registration_clock
         )
-        self.lock = asyncio.Lock()
+        self.lock = PriorityLock()  # trusted calls first (priority.py)
         self.workers_view = WorkersView(ledger, orch.workers_view_max_age_s)
+        self._answering: dict[Any, int] = {}  # batches in line per lease (``LeaseBook.answering``)
 
-    async def call(self, function: Callable[..., Any], *args: Any) -> Any:
-        async with self.lock:
+    async def call(self, function: Callable[..., Any], *args: Any, trusted: bool = False) -> Any:
+        """Run ``function(*args)`` in a thread under the ledger's lock; ``trusted`` calls (admin token,
+        the server's own expiry) are handed the lock before any waiting worker request."""
+        async with self.lock.hold(trusted=trusted):
             return await asyncio.to_thread(function, *args)
 
     async def body(self, request: web.Request, model: type[M]) -> M:
@@ -175,8 +182,15 @@ class _Api:
         resume = bool(query_int(request, "resume", default=0))
 
         def work() -> Any:
+            # Issue 44: a client that left gets no lease, or has it withdrawn uncharged (API.md, GET /tasks).
+            refuse_if_gone(request)
             worker = self.ledger.authenticate(worker_id, bearer(request))
-            return self.ledger.lease(worker, step, batch_index, client_key(request.remote), version, resume=resume)
+            fresh_from = self.ledger.leases.next_index(worker_id)
+            lease = self.ledger.lease(worker, step, batch_index, client_key(request.remote), version, resume=resume)
+            if client_gone(request) and lease.batch_index >= fresh_from:
+                self.ledger.leases.withdraw(worker_id, lease.batch_index, self.ledger.clock())
+                refuse_if_gone(request)
+            return lease
 
         return model_response(await self.call(work))
 
@@ -216,7 +230,9 @@ class _Api:
                 self.ledger.record_malformed(worker.worker_id)
                 raise
 
-        return model_response(await self.call(work))
+        # While this batch waits in line its lease does not expire (the wait is the server's).
+        with in_line(self._answering, self.ledger.leases.answering, (batch.worker_id, batch.batch_index)):
+            return model_response(await self.call(work))
 
     async def batch_verdicts(self, request: web.Request) -> web.Response:
         worker_id = request.query.get("worker_id", "")
@@ -248,29 +264,29 @@ class _Api:
     async def ban(self, request: web.Request) -> web.Response:
         self.require_admin(request)
         body = await self.body(request, BanRequest)
-        return model_response(await self.call(self.ledger.ban, body))
+        return model_response(await self.call(self.ledger.ban, body, trusted=True))
 
     async def pending(self, request: web.Request) -> web.Response:
         self.require_admin(request)
         limit = query_int(request, "limit", default=8)
         if limit is None or not 1 <= limit <= 256:
             raise ApiFailure(400, "bad_request", "limit must be in 1..256")
-        return model_response(await self.call(self.ledger.pending, limit))
+        return model_response(await self.call(self.ledger.pending, limit, trusted=True))
 
     async def verdicts(self, request: web.Request) -> web.Response:
         self.require_admin(request)
         body = await self.body(request, VerdictRequest)
-        return model_response(await self.call(self.ledger.record_verdicts, body))
+        return model_response(await self.call(self.ledger.record_verdicts, body, trusted=True))
 
     async def claim(self, request: web.Request) -> web.Response:
         self.require_admin(request)
         body = await self.body(request, ClaimRequest)
-        return model_response(await self.call(self.ledger.claim, body))
+        return model_response(await self.call(self.ledger.claim, body, trusted=True))
 
     async def commit(self, request: web.Request) -> web.Response:
         self.require_admin(request)
         body = await self.body(request, CommitRequest)
-        return model_response(await self.call(self.ledger.commit, body))
+        return model_response(await self.call(self.ledger.commit, body, trusted=True))
 
 
 def build_app(
@@ -296,7 +312,7 @@ def build_app(
             while True:
                 await asyncio.sleep(interval)
                 try:
-                    await api.call(ledger.expire_leases)
+                    await api.call(ledger.expire_leases, trusted=True)
                 except Exception:  # a full disk must not kill the loop; the next tick retries
                     log.exception("lease expiry failed")
 

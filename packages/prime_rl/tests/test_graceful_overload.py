@@ -1,0 +1,216 @@
+"""Issue 44, item 5: graceful overload. The server's own slowness is never held against a worker, and
+trusted roles are served ahead of the swarm.
+
+How a lease the client never received is told apart from one it walked away from: the server
+checks the request's connection under the lock, before it grants a lease (a client that gave up
+waiting in line is granted nothing) and right after (a lease granted as the client left is
+withdrawn at once: no charge, not counted as issued, its tasks go to another identity). A lease
+whose answer was handed to an open connection is delivered; if the client still lost it (the
+answer in flight as it timed out), the client's retry asks with ``resume`` and gets that lease
+back. A batch that reached the server before its lease's deadline and waits in line for the lock
+keeps its lease from expiring. What remains abandoned is a lease delivered and never answered.
+
+Real HTTP servers on loopback made slow on purpose; the assertions are about bans and counts, not
+about speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
+from prime_rl.orchestrator.ledger import Ledger
+from prime_rl.orchestrator.priority import PriorityLock
+from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.orchestrator.store import RolloutStore
+
+from .conftest import make_batch
+
+
+def _slow_every_other_lease(server: OrchestratorServer, seconds: float) -> None:
+    """Each worker's 1st, 3rd, 5th ... lease request spends ``seconds`` in the ledger (the lock held)."""
+    ledger = server.ledger
+    original = ledger.lease
+    calls: dict[str, int] = {}
+
+    def slow(worker: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[worker.worker_id] = calls.get(worker.worker_id, 0) + 1
+        if calls[worker.worker_id] % 2:
+            time.sleep(seconds)
+        return original(worker, *args, **kwargs)
+
+    ledger.lease = slow  # type: ignore[method-assign]
+
+
+def test_a_slow_server_bans_no_honest_worker(server_factory: Any) -> None:
+    """Clients time out on a slow server; every lease they were granted but never received is
+    withdrawn, not abandoned: all rounds complete, nobody is banned, nothing expires. Before the fix
+    each lost answer left a lease that expired as abandoned: the workers got 409 while it was open,
+    and were banned at their third ("abandoned 3 of N leases")."""
+    server = server_factory("--orchestrator.task_timeout_s", "2")
+    _slow_every_other_lease(server, 0.8)
+    rounds, failures = 4, []
+
+    def honest(name: str) -> None:
+        with OrchestratorClient(server.url, timeout_s=0.3, retries=6, backoff_s=0.05, max_backoff_s=0.2) as client:
+            worker_id = client.register(name).worker_id
+            done, give_up = 0, time.monotonic() + 40
+            while done < rounds and time.monotonic() < give_up:
+                try:
+                    lease = client.get_tasks(worker_id)
+                    batch = make_batch(lease)
+                    while time.monotonic() < give_up:  # an honest worker retries its submission (idempotent)
+                        try:
+                            client.submit_rollouts(batch)
+                            break
+                        except OrchestratorUnavailable:
+                            continue
+                    done += 1
+                except ClientRequestError as error:
+                    if error.status == 403:
+                        failures.append(f"{name}: {error.message}")
+                        return
+                    time.sleep(0.3)  # 409: a lease it never received is still open; wait for it
+                except OrchestratorUnavailable:
+                    pass  # no answer in time: ask again, as the worker process does
+            if done < rounds:
+                failures.append(f"{name}: {done} of {rounds} rounds")
+
+    threads = [threading.Thread(target=honest, args=(f"honest-{i}",)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    ledger = server.ledger
+    assert not failures, failures
+    # (a registration whose answer was lost leaves an extra identity with no lease: it retires at its ttl)
+    working = [worker for worker in ledger.workers.values() if ledger.leases.issued(worker.worker_id)]
+    assert len(working) == 3
+    for worker in ledger.workers.values():
+        assert not worker.banned, worker.ban_reason
+        assert ledger.leases.expired(worker.worker_id) == 0
+    for worker in working:
+        # every lease it was granted and received it answered (a submit whose answer was lost may make
+        # one more than its rounds); the withdrawn ones count as neither issued nor abandoned
+        assert ledger.leases.issued(worker.worker_id) == ledger.leases.answered(worker.worker_id) >= rounds
+    # A restart replays the withdrawals (excused lease_expired events): still nothing abandoned.
+    counts = {w: (ledger.leases.issued(w), ledger.leases.expired(w)) for w in ledger.workers}
+    server.stop()
+    again = Ledger(server.config, ledger.tasks, RolloutStore(server.config.orchestrator_data_dir))
+    assert {w: (again.leases.issued(w), again.leases.expired(w)) for w in again.workers} == counts
+
+
+def test_a_batch_waiting_in_line_past_its_deadline_does_not_expire_its_lease(server_factory: Any) -> None:
+    """The batch reaches the server before its lease's deadline, but a slow trusted call holds the
+    lock past it, and an expiry tick queued first. Before the fix the tick expired the lease: an
+    abandoned lease for a batch that was on time."""
+    server = server_factory("--orchestrator.task_timeout_s", "2")
+    ledger = server.ledger
+    original = ledger.pending
+
+    def slow_pending(limit: int) -> Any:
+        time.sleep(1.8)
+        return original(limit)
+
+    ledger.pending = slow_pending  # type: ignore[method-assign]
+    with (
+        OrchestratorClient(server.url, timeout_s=15, retries=0) as worker,
+        OrchestratorClient(server.url, timeout_s=15, retries=0, admin_token=server.admin_token) as validator,
+    ):
+        worker_id = worker.register("on time").worker_id
+        lease = worker.get_tasks(worker_id)
+        started = time.monotonic()
+        time.sleep(max(0.0, lease.deadline - time.time() - 0.8))  # 0.8 s before the deadline
+        slow = threading.Thread(target=validator.pending)
+        slow.start()  # holds the lock until 1.0 s past the deadline; expiry ticks (every 0.5 s) queue
+        time.sleep(0.6)
+        assert time.time() < lease.deadline, "the machine was too slow for this test's schedule"
+        worker.submit_rollouts(make_batch(lease))
+        slow.join()
+        assert time.monotonic() - started < 10
+    assert ledger.leases.expired(worker_id) == 0 and ledger.leases.answered(worker_id) == 1
+
+
+def test_trusted_calls_are_served_before_waiting_worker_calls() -> None:
+    """With the lock held and many worker calls waiting, a trusted call that arrives last is served
+    next, and the workers keep their first-come order (asyncio.Lock served it after all of them)."""
+
+    async def scenario() -> list[str]:
+        lock, order = PriorityLock(), []
+        release = asyncio.Event()
+
+        async def call(name: str, trusted: bool) -> None:
+            async with lock.hold(trusted=trusted):
+                order.append(name)
+                if name == "holder":
+                    await release.wait()
+
+        tasks = [asyncio.create_task(call("holder", False))]
+        await asyncio.sleep(0)
+        tasks += [asyncio.create_task(call(f"worker-{i}", False)) for i in range(50)]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(call("validator", True)))
+        await asyncio.sleep(0)
+        assert lock.waiting(trusted=False) == 50 and lock.waiting(trusted=True) == 1
+        release.set()
+        await asyncio.gather(*tasks)
+        assert not lock.locked()
+        return order
+
+    order = asyncio.run(scenario())
+    assert order[:2] == ["holder", "validator"]
+    assert order[2:] == [f"worker-{i}" for i in range(50)]
+
+
+def test_a_trusted_http_call_overtakes_a_saturated_swarm(server_factory: Any) -> None:
+    """Through the real server: while 40 worker requests wait behind a slow one, the validator's
+    call is served right after the one holding the lock."""
+    server = server_factory(
+        "--orchestrator.register_burst", "100", "--orchestrator.max_fresh_workers_per_network", "0",
+        "--orchestrator.max_open_leases_per_address", "100",
+    )  # fmt: skip
+    ledger = server.ledger
+    served: list[str] = []
+    original_authenticate, original_pending = ledger.authenticate, ledger.pending
+    gate = threading.Event()
+
+    def authenticate(worker_id: str, token: str) -> Any:
+        served.append("worker")
+        if len(served) == 1:
+            gate.wait(10)  # the first worker request holds the lock until the others queued
+        return original_authenticate(worker_id, token)
+
+    def pending(limit: int) -> Any:
+        served.append("validator")
+        return original_pending(limit)
+
+    ledger.authenticate = authenticate  # type: ignore[method-assign]
+    ledger.pending = pending  # type: ignore[method-assign]
+    with OrchestratorClient(server.url, timeout_s=20, retries=0) as registrar:
+        workers = [(registrar.register(f"w{i}").worker_id, registrar.worker_token) for i in range(41)]
+
+    def ask(worker_id: str, token: str) -> None:
+        with OrchestratorClient(server.url, timeout_s=20, retries=0, worker_token=token) as client:
+            client.get_tasks(worker_id)
+
+    threads = [threading.Thread(target=ask, args=workers[0])]
+    threads[0].start()
+    while not served:
+        time.sleep(0.01)
+    threads += [threading.Thread(target=ask, args=w) for w in workers[1:]]
+    for thread in threads[1:]:
+        thread.start()
+    time.sleep(1.0)  # the 40 others queue behind the first (loopback: well within a second)
+    validator = threading.Thread(
+        target=lambda: OrchestratorClient(server.url, timeout_s=20, retries=0, admin_token=server.admin_token).pending()
+    )
+    validator.start()
+    time.sleep(0.3)
+    gate.set()
+    for thread in [*threads, validator]:
+        thread.join(30)
+    assert served[:2] == ["worker", "validator"], served[:5]
+    assert served.count("worker") == 41
