@@ -59,7 +59,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys

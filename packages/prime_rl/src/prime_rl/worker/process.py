@@ -53,8 +53,8 @@ from prime_rl.worker.identity import IDENTITY_FILE, Identity, load_identity, sav
 from prime_rl.worker.inflight import CommittedVersions
 from prime_rl.worker.rollout import build_batch
 from prime_rl.worker.scoring import rescoring
-from verifiers.errors import RewardError
 from verifiers.envs import ToolPythonMismatch, tool_python_problem
+from verifiers.errors import RewardError
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
