@@ -161,7 +161,8 @@ class LeaseBook:
         self._open: dict[str, int] = {}  # open leases per worker (no zero entries)
         self._open_at: dict[str, dict[str, int]] = {}  # open leases per address, per worker
         self._deadlines: list[tuple[float, str, int]] = []  # heap of (deadline, worker_id, batch_index)
-        self._answered_unfolded: dict[tuple[str, int], HeldLease] = {}  # judged, answered, not yet folded
+        self._answered_unfolded: dict[tuple[str, int], HeldLease] = {}  # settled, not yet folded (``_foldable``)
+        self._sources: dict[tuple[str, int], tuple[str, int]] = {}  # reissue -> the lease it took over
 
     # ------------------------------------------------------------------ queries
 
@@ -220,6 +221,11 @@ class LeaseBook:
         """Leases handed to client ``address`` whose batch the validator rejected (as ``rejected``)."""
         return self._rejected_at[address]
 
+    def unfolded_keys(self) -> list[tuple[str, int, int]]:
+        """``(worker_id, batch_index, step)`` of the leases not answered yet as far as the book knows
+        (after a restart: whose batches ``Ledger._load`` looks up; O(unfolded leases))."""
+        return [(lease.worker_id, lease.batch_index, lease.record.step) for lease in self._leases.values() if not lease.answered]
+
     def awaiting_reassignment(self) -> int:
         """Expired unanswered (or returned) leases whose tasks no other lease has taken over yet."""
         return sum(1 for lease in self._reassign_queue if lease.reassignable)
@@ -232,10 +238,12 @@ class LeaseBook:
             self._issued[worker_id] += totals.issued
             self._answered[worker_id] += totals.answered
             self._expired[worker_id] += totals.expired
+            self._rejected[worker_id] += totals.rejected
             self._next_index[worker_id] = max(self.next_index(worker_id), totals.next_index)
         for address, totals in self._store.address_totals().items():
             self._answered_at[address] += totals.answered
             self._expired_at[address] += totals.expired
+            self._rejected_at[address] += totals.rejected
 
     def load(self) -> None:
         """Rebuild from the store after a restart: the folded totals, then the lease events in order
@@ -266,26 +274,50 @@ class LeaseBook:
         heapq.heapify(self._deadlines)
         self.fold()
 
+    def _foldable(self, lease: HeldLease) -> None:
+        """Queue ``lease`` for the next fold if nothing can change it any more: answered and judged
+        accepted, or its tasks went back (rejected, or expired unjudged) and another lease took them
+        over. A lease that took over another's tasks waits until that one folds (a restart replays
+        the link, which keeps the original from being handed out twice)."""
+        self._answered_unfolded[lease.key] = lease
+        if len(self._answered_unfolded) >= FOLD_EVERY:
+            self.fold()
+
     def fold(self) -> None:
-        """Fold the answered leases not folded yet into the store's totals, in one transaction, and
-        forget them one by one (their counts stay in the counters)."""
+        """Fold the settled leases not folded yet (``_foldable``) into the store's totals, in one
+        transaction, and forget them one by one (their counts stay in the counters)."""
         if not self._answered_unfolded:
             return
+        folding = self._answered_unfolded
+        # A reissue folds only with (or after) the lease whose tasks it took over.
+        waiting = {
+            key: lease for key, lease in folding.items()
+            if lease.reissue and (source := self._sources.get(key)) is not None
+            and source in self._leases and source not in folding
+        }  # fmt: skip
         workers: dict[str, LeaseTotals] = {}
         addresses: dict[str, LeaseTotals] = {}
-        for lease in self._answered_unfolded.values():
-            expired = int(lease.expired)
+        for key, lease in folding.items():
+            if key in waiting:
+                continue
+            answered, expired, rejected = int(lease.answered), int(lease.expired), int(lease.rejected)
             old = workers.get(lease.worker_id, LeaseTotals())
             workers[lease.worker_id] = LeaseTotals(
-                old.issued + 1, old.answered + 1, old.expired + expired, max(old.next_index, lease.batch_index + 1)
-            )
+                old.issued + 1, old.answered + answered, old.expired + expired,
+                max(old.next_index, lease.batch_index + 1), old.rejected + rejected,
+            )  # fmt: skip
             at = addresses.get(lease.address, LeaseTotals())
-            addresses[lease.address] = LeaseTotals(answered=at.answered + 1, expired=at.expired + expired)
-        keys = list(self._answered_unfolded)
+            addresses[lease.address] = LeaseTotals(
+                answered=at.answered + answered, expired=at.expired + expired, rejected=at.rejected + rejected
+            )
+        keys = [key for key in folding if key not in waiting]
+        if not keys:
+            return
         self._store.fold_leases(keys, workers, addresses)
         for key in keys:
             del self._leases[key]
-        self._answered_unfolded.clear()
+            self._sources.pop(key, None)
+        self._answered_unfolded = waiting
 
     def _add(self, lease: HeldLease, reissues: tuple[str, int] | None) -> None:
         """Count a newly issued (or replayed) open lease; mark the lease it reissues."""
@@ -298,8 +330,12 @@ class LeaseBook:
         self._issued[worker_id] += 1
         if reissues is not None:
             lease.reissue = True
-            if reissues in self._leases:
-                self._leases[reissues].reissued = True
+            self._sources[lease.key] = reissues
+            source = self._leases.get(reissues)
+            if source is not None:
+                source.reissued = True
+                if source.returned:
+                    self._foldable(source)  # its tasks are taken over: nothing changes it any more
 
     # ------------------------------------------------------------------ changes
 
@@ -348,17 +384,16 @@ class LeaseBook:
                 self._rejected_at[lease.address] += 1
             self.return_tasks(worker_id, batch_index, replaying=replaying)
             return
-        # (the log keeps who took over whose tasks: see Cost in the module doc)
-        if lease is not None and lease.answered and not lease.reissue and not lease.returned:
-            self._answered_unfolded[lease.key] = lease
-            if len(self._answered_unfolded) >= FOLD_EVERY:
-                self.fold()
+        if lease is not None and lease.answered and not lease.returned:
+            self._foldable(lease)
 
     def return_tasks(self, worker_id: str, batch_index: int, *, replaying: bool = False) -> bool:
         """Queue the tasks of an answered lease for another identity (its batch was rejected, or
         expired unjudged: too old to train on); False for a lease never issued (or folded), already
         returned or already reissued."""
         lease = self._leases.get((worker_id, batch_index))
+        if lease is not None and lease.reissued and lease.answered:  # (a replay: its reissue came first)
+            self._foldable(lease)
         if lease is None or lease.returned or lease.reissued:
             return False
         lease.returned = True
