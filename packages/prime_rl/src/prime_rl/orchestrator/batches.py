@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prime_rl.api.errors import ApiFailure
@@ -193,11 +194,18 @@ class BatchBook(Mapping[str, StoredBatch]):
         return batch_rows(batch)
 
     def add(
-        self, batch: RolloutBatch, body_sha256: str, rows: dict[str, Sequence[Any]], lease: LeaseRecord | None
+        self,
+        batch: RolloutBatch,
+        body_sha256: str,
+        rows: dict[str, Sequence[Any]],
+        lease: LeaseRecord | None,
+        *,
+        payload: Path | None = None,
     ) -> SubmitResponse:
         """Store ``batch`` (``body_sha256``: digest of the request body as received; rows from
-        ``check``; ``lease``: the one it answers, None if unleased) durably, or recognise it as a
-        duplicate; ApiFailure 409 if a different body was stored under the same id."""
+        ``check``; ``lease``: the one it answers, None if unleased; ``payload``: its payload file,
+        written already, ``RolloutStore.write_payload``) durably, or recognise it as a duplicate;
+        ApiFailure 409 if a different body was stored under the same id."""
         batch_id = f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}"
         existing = self._live.get(batch_id)
         sha256 = existing.meta.sha256 if existing is not None else self._store.batch_sha256(batch_id)
@@ -218,7 +226,7 @@ class BatchBook(Mapping[str, StoredBatch]):
         )
         samples = batch.samples
         delta = {"batches": 1, "samples": len(samples), "pending": len(samples)}
-        self._store.write_batch(meta, rows, delta)
+        self._store.write_batch(meta, rows, delta, payload=payload)
         self._stored += 1
         self._count(batch.worker_id, delta)
         self._live[batch_id] = self._waiting[batch_id] = StoredBatch(

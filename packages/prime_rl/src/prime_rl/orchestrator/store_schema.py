@@ -296,8 +296,8 @@ def claimed_json(indices: set[int]) -> str:
     return json.dumps(sorted(indices), separators=(",", ":"))
 
 
-BATCH_COLUMNS = "batch_id, seq, worker_id, meta, task_ids, claimed, open"
-INSERT_BATCH = f"INSERT INTO batches ({BATCH_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+BATCH_COLUMNS = "batch_id, seq, worker_id, meta, task_ids, claimed, open, file"
+INSERT_BATCH = f"INSERT INTO batches ({BATCH_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 ADD_COUNTER = (
     "INSERT INTO counters VALUES (?, ?, ?, ?) ON CONFLICT (scope, key, name) DO UPDATE SET n = n + excluded.n"
 )
@@ -309,7 +309,7 @@ def schema_v2(root: Path) -> Callable[[sqlite3.Connection], None]:
     def migrate(connection: sqlite3.Connection) -> None:
         connection.execute(
             "CREATE TABLE batches (batch_id TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, worker_id TEXT NOT NULL, "
-            "meta TEXT NOT NULL, task_ids TEXT NOT NULL, claimed TEXT NOT NULL, open INTEGER NOT NULL)"
+            "meta TEXT NOT NULL, task_ids TEXT NOT NULL, claimed TEXT NOT NULL, open INTEGER NOT NULL, file TEXT)"
         )
         connection.execute("CREATE INDEX batches_open ON batches (seq) WHERE open = 1")
         connection.execute(
@@ -337,7 +337,7 @@ def schema_v2(root: Path) -> Callable[[sqlite3.Connection], None]:
             meta = record.meta
             rows.append(
                 (meta.batch_id, meta.seq, meta.worker_id, meta.to_json().decode(), json.dumps(record.task_ids),
-                 claimed_json(claimed.get(meta.batch_id, set())), 1)
+                 claimed_json(claimed.get(meta.batch_id, set())), 1, None)
             )  # fmt: skip
             counts = sample_counts(len(record.task_ids), verdicts.get(meta.batch_id))
             counts.update(batches=1, samples=len(record.task_ids))
