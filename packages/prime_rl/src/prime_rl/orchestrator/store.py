@@ -3,15 +3,24 @@
 Layout of ``data_dir``::
 
     state.sqlite                   registrations, leases, bans, judgements, commits (the event log),
-                                   folded lease totals, verdicts and claims (``prime_rl.statedb``:
-                                   WAL, synchronous=FULL, schema versions)
-    batches/<batch_id>.parquet     one submitted rollout batch (one row per sample; batch fields in
-                                   the schema metadata key ``prime_rl.batch``)
+                                   folded lease totals, verdicts, claims, the batch index, running
+                                   counters and the release snapshot (``prime_rl.statedb``: WAL,
+                                   synchronous=FULL, schema versions: ``store_schema.py``)
+    batches/<batch_id>.<random>.parquet
+                                   one submitted rollout batch (one row per sample); its file name
+                                   is in the batch index (``<batch_id>.parquet``, batch fields in the
+                                   schema metadata, in a data dir written before)
 
 Every write is durable before the function returns: a SQLite transaction is committed (one fsync of
 the write-ahead log), a parquet file is written to a temporary name, fsynced, renamed into place and
 the directory fsynced. So a crash leaves either the old state or the new one, never a half record,
-and ``load()`` after a restart sees everything that any caller was told succeeded.
+and a restart sees everything that any caller was told succeeded. The server commits without the
+fsync and acknowledges only after a group fsync covers the commit (``group_commit.py``).
+
+Sized by open work: a restart reads the open batches' index rows, the counters, the release
+snapshot and the events that did not fold (``Ledger._load``), never the parquet files or every
+verdict; reads of settled batches and old claims are single indexed lookups. ``batch_records``,
+``all_verdicts``, ``claims`` and ``events`` read everything: audits and tests only.
 
 Migration: a data dir written before SQLite (``journal.jsonl``, ``verdicts/*.parquet``,
 ``claims/*.parquet``) is imported into ``state.sqlite`` on first open, in one transaction; the old
