@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,47 +46,9 @@ from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.claims import select_claim
 from prime_rl.orchestrator.records import batch_rows, rollout_samples, train_samples
 from prime_rl.orchestrator.store import BatchMeta, RolloutStore, StoredRow
-from prime_rl.orchestrator.store_schema import EXPIRED, counter_delta, sample_counts
+from prime_rl.orchestrator.store_schema import EXPIRED, StoredBatch, counter_delta, sample_counts
 
 __all__ = ["EXPIRED", "BatchBook", "StoredBatch"]
-
-
-@dataclass
-class StoredBatch:
-    """One acknowledged batch (``verdicts`` None = awaiting validation; ``claimed``: sample indices;
-    ``completion_lengths``: per sample, known when the batch was stored by this process, else None
-    until read back from the store)."""
-
-    meta: BatchMeta
-    task_ids: tuple[int, ...]
-    verdicts: list[Verdict] | None = None
-    claimed: set[int] = field(default_factory=set)
-    completion_lengths: tuple[int, ...] | None = None
-
-    @property
-    def batch_id(self) -> str:
-        return self.meta.batch_id
-
-    @property
-    def worker_id(self) -> str:
-        return self.meta.worker_id
-
-    @property
-    def seq(self) -> int:
-        return self.meta.seq
-
-    @property
-    def policy_version(self) -> int:
-        return self.meta.policy_version
-
-    @property
-    def lease(self) -> LeaseRecord | None:
-        return self.meta.lease
-
-    @property
-    def expired(self) -> bool:
-        """Judged by the orchestrator's expiry (every verdict ``expired``), not by a validator."""
-        return self.verdicts is not None and all(v.reason == EXPIRED for v in self.verdicts)
 
 
 FRESH_TURN = 4

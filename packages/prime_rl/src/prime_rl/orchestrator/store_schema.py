@@ -25,7 +25,7 @@ import logging
 import sqlite3
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +246,45 @@ def _legacy_claims(claims_dir: Path) -> list[ClaimRecord]:
         except (OSError, pa.ArrowException, KeyError, TypeError, ValueError) as error:
             raise StoreError(f"corrupt claim file {path}: {error}") from error
     return result
+
+
+@dataclass
+class StoredBatch:
+    """One acknowledged batch (``verdicts`` None = awaiting validation; ``claimed``: sample indices;
+    ``completion_lengths``: per sample, known when the batch was stored by this process, else None
+    until read back from the store)."""
+
+    meta: BatchMeta
+    task_ids: tuple[int, ...]
+    verdicts: list[Verdict] | None = None
+    claimed: set[int] = field(default_factory=set)
+    completion_lengths: tuple[int, ...] | None = None
+
+    @property
+    def batch_id(self) -> str:
+        return self.meta.batch_id
+
+    @property
+    def worker_id(self) -> str:
+        return self.meta.worker_id
+
+    @property
+    def seq(self) -> int:
+        return self.meta.seq
+
+    @property
+    def policy_version(self) -> int:
+        return self.meta.policy_version
+
+    @property
+    def lease(self) -> LeaseRecord | None:
+        return self.meta.lease
+
+    @property
+    def expired(self) -> bool:
+        """Judged by the orchestrator's expiry (every verdict ``expired``), not by a validator."""
+        return self.verdicts is not None and all(v.reason == EXPIRED for v in self.verdicts)
+
 
 
 def read_batch_records(batches_dir: Path) -> list[BatchRecord]:
