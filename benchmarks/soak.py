@@ -185,9 +185,14 @@ def _fill_and_measure(
     return ledger, cycles
 
 
-def child(run_dir: Path, seconds: float, label: str, fill: int = 0) -> dict[str, Any]:
+def child(run_dir: Path, seconds: float, label: str, fills: tuple[int, ...] = ()) -> dict[str, Any]:
     from prime_rl.api.protocol import (
-        ClaimRequest, CommitRequest, RolloutBatch, RolloutSample, Verdict, VerdictRequest,
+        ClaimRequest,
+        CommitRequest,
+        RolloutBatch,
+        RolloutSample,
+        Verdict,
+        VerdictRequest,
     )  # fmt: skip
     from prime_rl.orchestrator.workers_view import build_snapshot
 
@@ -276,8 +281,8 @@ def child(run_dir: Path, seconds: float, label: str, fill: int = 0) -> dict[str,
               f"{window['cycles_per_cpu_s']:.0f}/cpu s, rss {window['rss_mb']:.0f} MB, "
               f"lease p99 {window['requests']['lease']['p99_ms']:.2f} ms", flush=True)  # fmt: skip
         checkpoint += 1
-    if fill and group:
-        ledger, cycles = _fill_and_measure(run_dir, ledger, fill, cycles, one_cycle_of, timer, windows, started, label)
+    for amount in fills if group else ():
+        ledger, cycles = _fill_and_measure(run_dir, ledger, amount, cycles, one_cycle_of, timer, windows, started, label)
         db = ledger.store.db
     result: dict[str, Any] = {"label": label, "group_commit": group, "batches": cycles, "windows": windows,
                               "step": ledger.step, "elapsed_s": time.perf_counter() - started,
@@ -287,7 +292,6 @@ def child(run_dir: Path, seconds: float, label: str, fill: int = 0) -> dict[str,
     result["bytes_per_batch"] = result["store_bytes"] / max(1, cycles)
     claims_before = {step: ledger.claims[step] for step in range(ledger.step)}
     ledger.store.close()
-    del ledger
     wall = time.perf_counter()
     again = _ledger(run_dir)
     result["restart_s"] = time.perf_counter() - wall
@@ -327,6 +331,17 @@ def report() -> None:
                 cells.append(f"{r['p50_ms']:.2f}/{r['p99_ms']:.2f} ({r['cpu_ms']:.2f})" if r else "-")
             lines.append(f"| {w['batches']:,} | {w['cycles_per_wall_s']:.0f} | {w['cycles_per_cpu_s']:.0f} | {w['rss_mb']:.0f} | " + " | ".join(cells) + " |")
         lines.append("")
+        first, last = run["windows"][0], run["windows"][-1]
+        if len(run["windows"]) > 1:
+            lines.append(f"Last window ({last['batches']:,} batches) against the first ({first['batches']:,}), per request type: "
+                         "p99 ratio / CPU-per-request ratio:")  # fmt: skip
+            lines.append("")
+            for n in names:
+                a, b = first["requests"].get(n), last["requests"].get(n)
+                if a and b:
+                    lines.append(f"- {n}: p99 x{b['p99_ms'] / a['p99_ms']:.2f}, CPU x{b['cpu_ms'] / a['cpu_ms']:.2f}")
+            lines.append(f"- RSS: {first['rss_mb']:.0f} -> {last['rss_mb']:.0f} MB (x{last['rss_mb'] / first['rss_mb']:.2f})")
+            lines.append("")
     (RESULTS / "soak.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -337,14 +352,16 @@ def main() -> None:
     parser.add_argument("--label", default="new", help="name of this code version in the results")
     parser.add_argument("--report", action="store_true", help="write soak.md from the soak_*.json results")
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
-    parser.add_argument("--fill", type=int, default=0, help="then add this many settled batches directly (group-commit code only)")
+    parser.add_argument("--fill", default="", help="comma-separated: then add this many settled batches directly, "
+                        "a timed window after each (group-commit code only)")  # fmt: skip
     args = parser.parse_args()
     if args.report:
         report()
         return
     run_dir = Path(tempfile.mkdtemp(prefix=f"soak-{args.label}-"))
     try:
-        result = child(run_dir, args.seconds, args.label, args.fill)
+        fills = tuple(int(n) for n in args.fill.split(",") if n)
+        result = child(run_dir, args.seconds, args.label, fills)
     finally:
         if not args.keep:
             shutil.rmtree(run_dir, ignore_errors=True)
