@@ -25,6 +25,12 @@ indexes another writer would silently invalidate), and refuses a write-ahead log
 middle or missing after a crash, which SQLite itself would open without the lost commits and
 without a word. A clean :meth:`StateDB.close` checkpoints the log into the database first.
 
+Group commit (``defer_sync``): a server that answers many requests sets ``synchronous=NORMAL``, so
+a commit appends to the write-ahead log without an fsync, and makes commits durable in groups with
+:meth:`StateDB.sync` (one fsync of the log covers every commit before it; ``commits`` counts them),
+taken outside its request lock; it acknowledges a request only once a sync covers its commit.
+
+
 Torch-free and dependency-free: the control plane imports it.
 """
 
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 import weakref
@@ -67,6 +74,9 @@ class StateDB:
         self.what = what
         self._lock = threading.RLock()
         self._depth = 0
+        self.commits = 0  # transactions committed by this process (``sync`` makes them durable)
+        self.syncs = 0  # fsyncs ``sync`` took
+        self._wal_dir_synced = False
         self._guard: StoreGuard | None = None
         self._closer: weakref.finalize[Any, Any] | None = None
         if reader:
@@ -167,6 +177,39 @@ class StateDB:
                 if self.connection.in_transaction:
                     self.connection.execute("ROLLBACK")
                 raise StateDBError(f"could not write the {self.what} at {self.path}: {error}") from error
+            self.commits += 1
+
+    def defer_sync(self) -> None:
+        """Commit without an fsync from now on (``synchronous=NORMAL``): the caller makes commits
+        durable with ``sync`` before it acknowledges them (module docstring: group commit)."""
+        with self._lock:
+            self.connection.execute("PRAGMA synchronous=NORMAL")
+
+    def sync(self) -> None:
+        """Make every transaction committed so far durable: one fsync of the write-ahead log (and of
+        its folder, the first time: the log's own name). Safe from any thread, never under the
+        connection's lock, so writers go on meanwhile. ``StateDBError`` when the fsync fails."""
+        wal = self.path.with_name(self.path.name + "-wal")
+        try:
+            fd = os.open(wal, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # nothing written through the log yet
+        except OSError as error:
+            raise StateDBError(f"could not sync the {self.what} at {self.path}: {error}") from error
+        try:
+            os.fsync(fd)
+            self.syncs += 1
+            if not self._wal_dir_synced:
+                folder = os.open(self.path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(folder)
+                finally:
+                    os.close(folder)
+                self._wal_dir_synced = True
+        except OSError as error:
+            raise StateDBError(f"could not sync the {self.what} at {self.path}: {error}") from error
+        finally:
+            os.close(fd)
 
     def write(self, sql: str, rows: Sequence[Sequence[Any]] = ((),)) -> None:
         """Run one statement per row of parameters in one transaction (``StateDBError`` on failure)."""

@@ -3,8 +3,18 @@
 ``BatchBook`` owns every batch the orchestrator has acknowledged (a read-only ``Mapping`` from
 batch id to ``StoredBatch``): its metadata, task ids, the lease it answered, its verdicts once
 the validator (or the orchestrator's expiry) has judged it, and which of its samples a claim
-took. Batch rows live only in the ``RolloutStore`` (parquet, fsynced before the ack); memory
-holds what the rules need. ``load`` rebuilds the same view from the store after a restart.
+took. Batch rows live only in the ``RolloutStore`` (parquet, fsynced before the ack).
+
+Memory is sized by open work, not history: only *open* batches (awaiting verdicts, or with
+accepted samples a claim could still take) stay in memory (``live``). A batch is *settled* once
+nothing can change what it trains (rejected, expired, withheld, fully claimed, too old for any
+claim, of a banned worker; the ledger decides, ``settle``): it is closed in the store in the same
+transaction as the event that settles it and leaves memory; a lookup of a settled batch reads its
+row (one indexed SQLite read). What the rules and ``GET /workers`` need of history is kept as
+running counters (per worker: batches, samples, pending, expired, accepted, rejected and rejected
+samples per reason; per run: samples dropped past the staleness bound), updated in the store in
+the same transaction as the event that moves them. ``load`` reads the open batches and the
+counters, never the parquet files.
 
 Pitfall: a batch id is ``{worker_id}-s{step}-b{batch_index}``, so a resubmission is recognised
 by id; an identical request body (same SHA-256 of the bytes received) is a duplicate (idempotent
@@ -15,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prime_rl.api.errors import ApiFailure
@@ -35,58 +45,24 @@ from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.claims import select_claim
 from prime_rl.orchestrator.records import batch_rows, rollout_samples, train_samples
-from prime_rl.orchestrator.store import BatchMeta, RolloutStore
+from prime_rl.orchestrator.store import BatchMeta, RolloutStore, StoredRow
+from prime_rl.orchestrator.store_schema import EXPIRED, StoredBatch, counter_delta, sample_counts
 
 __all__ = ["EXPIRED", "BatchBook", "StoredBatch"]
-
-EXPIRED = "expired"
-"""Verdict reason the orchestrator itself gives batches that became too old to train on before validation."""
-
-
-@dataclass
-class StoredBatch:
-    """One acknowledged batch (``verdicts`` None = awaiting validation; ``claimed``: sample indices;
-    ``completion_lengths``: per sample, known when the batch was stored by this process, else None
-    until read back from the store)."""
-
-    meta: BatchMeta
-    task_ids: tuple[int, ...]
-    verdicts: list[Verdict] | None = None
-    claimed: set[int] = field(default_factory=set)
-    completion_lengths: tuple[int, ...] | None = None
-
-    @property
-    def batch_id(self) -> str:
-        return self.meta.batch_id
-
-    @property
-    def worker_id(self) -> str:
-        return self.meta.worker_id
-
-    @property
-    def seq(self) -> int:
-        return self.meta.seq
-
-    @property
-    def policy_version(self) -> int:
-        return self.meta.policy_version
-
-    @property
-    def lease(self) -> LeaseRecord | None:
-        return self.meta.lease
-
-    @property
-    def expired(self) -> bool:
-        """Judged by the orchestrator's expiry (every verdict ``expired``), not by a validator."""
-        return self.verdicts is not None and all(v.reason == EXPIRED for v in self.verdicts)
 
 
 FRESH_TURN = 4
 """In the validator's queue, one place in this many goes to a fresh identity's batch (``pending``)."""
 
 
+def _from_row(row: StoredRow) -> StoredBatch:
+    meta, task_ids, claimed, verdicts, _ = row
+    return StoredBatch(meta, task_ids, verdicts, claimed)
+
+
 class BatchBook(Mapping[str, StoredBatch]):
-    """All stored batches of a run (see module docstring)."""
+    """All stored batches of a run (see module docstring): open ones from memory, settled ones
+    read from the store on demand (iterating reads every id: an audit, O(history))."""
 
     def __init__(
         self, config: RunConfig, store: RolloutStore, metrics: MetricsWriter, clock: Callable[[], float]
@@ -95,29 +71,67 @@ class BatchBook(Mapping[str, StoredBatch]):
         self._store = store
         self._metrics = metrics
         self._clock = clock
-        self._batches: dict[str, StoredBatch] = {}
+        self._live: dict[str, StoredBatch] = {}  # open batches, in submission order
         self._waiting: dict[str, StoredBatch] = {}  # awaiting verdicts, in submission order
+        self._counts: dict[str, Counter[str]] = {}  # per worker (store counters, scope "worker")
+        self._run: Counter[str] = Counter()  # per run (store counters, scope "run")
+        self._stored = 0  # batches stored: the next sequence number
 
     def __getitem__(self, batch_id: str) -> StoredBatch:
-        return self._batches[batch_id]
+        batch = self._live.get(batch_id)
+        if batch is not None:
+            return batch
+        row = self._store.batch(batch_id)
+        if row is None:
+            raise KeyError(batch_id)
+        return _from_row(row)
+
+    def __contains__(self, batch_id: object) -> bool:
+        return batch_id in self._live or (isinstance(batch_id, str) and self._store.batch_sha256(batch_id) is not None)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._batches)
+        return iter(self._store.batch_ids())
 
     def __len__(self) -> int:
-        return len(self._batches)
+        return self._stored
+
+    def live(self) -> list[StoredBatch]:
+        """The open batches, in submission order (what every rule walks: open work only)."""
+        return list(self._live.values())
 
     def load(self) -> list[StoredBatch]:
-        """Rebuild every stored batch and its verdicts from the store; returns them in store order."""
-        verdicts = self._store.all_verdicts()
-        loaded = []
-        for record in self._store.batch_records():
-            batch = StoredBatch(record.meta, record.task_ids, verdicts.get(record.meta.batch_id))
-            self._batches[batch.batch_id] = batch
+        """Rebuild the open batches and the counters from the store; returns the open batches in order."""
+        for row in self._store.open_batches():
+            batch = _from_row(row)
+            self._live[batch.batch_id] = batch
             if batch.verdicts is None:
                 self._waiting[batch.batch_id] = batch
-            loaded.append(batch)
-        return loaded
+        self._counts = self._store.counters("worker")
+        self._run = self._store.counters("run").get("", Counter())
+        self._stored = self._store.batch_count()
+        return self.live()
+
+    def _count(self, worker_id: str, delta: dict[str, int]) -> None:
+        counts = self._counts.setdefault(worker_id, Counter())
+        counts.update(delta)
+
+    def settle(self, batch_ids: Sequence[str], past_bound: int = 0) -> None:
+        """Close ``batch_ids`` (settled: they leave memory) and add ``past_bound`` samples dropped past
+        the staleness bound to the run counter, in one store transaction."""
+        if not batch_ids and not past_bound:
+            return
+        self._store.settle(batch_ids, {"past_bound": past_bound} if past_bound else {})
+        self._run["past_bound"] += past_bound
+        for batch_id in batch_ids:
+            self._live.pop(batch_id, None)
+            self._waiting.pop(batch_id, None)
+
+    def is_open(self, batch_id: str) -> bool:
+        return batch_id in self._live
+
+    def past_bound(self) -> int:
+        """Samples dropped past the staleness bound by settled batches (run total)."""
+        return self._run["past_bound"]
 
     # ------------------------------------------------------------------ submission
 
@@ -141,15 +155,23 @@ class BatchBook(Mapping[str, StoredBatch]):
         return batch_rows(batch)
 
     def add(
-        self, batch: RolloutBatch, body_sha256: str, rows: dict[str, Sequence[Any]], lease: LeaseRecord | None
+        self,
+        batch: RolloutBatch,
+        body_sha256: str,
+        rows: dict[str, Sequence[Any]],
+        lease: LeaseRecord | None,
+        *,
+        payload: Path | None = None,
     ) -> SubmitResponse:
         """Store ``batch`` (``body_sha256``: digest of the request body as received; rows from
-        ``check``; ``lease``: the one it answers, None if unleased) durably, or recognise it as a
-        duplicate; ApiFailure 409 if a different body was stored under the same id."""
+        ``check``; ``lease``: the one it answers, None if unleased; ``payload``: its payload file,
+        written already, ``RolloutStore.write_payload``) durably, or recognise it as a duplicate;
+        ApiFailure 409 if a different body was stored under the same id."""
         batch_id = f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}"
-        existing = self._batches.get(batch_id)
-        if existing is not None:
-            if existing.meta.sha256 == body_sha256:
+        existing = self._live.get(batch_id)
+        sha256 = existing.meta.sha256 if existing is not None else self._store.batch_sha256(batch_id)
+        if sha256 is not None:
+            if sha256 == body_sha256:
                 return SubmitResponse(batch_id=batch_id, num_samples=len(batch.samples), duplicate=True)
             raise ApiFailure(409, "conflict", f"a different batch {batch_id} was already stored")
         meta = BatchMeta(
@@ -160,12 +182,15 @@ class BatchBook(Mapping[str, StoredBatch]):
             policy_version=batch.policy_version,
             received_at=self._clock(),
             sha256=body_sha256,
-            seq=len(self._batches),
+            seq=self._stored,
             lease=lease,
         )
         samples = batch.samples
-        self._store.write_batch(meta, rows)
-        self._batches[batch_id] = self._waiting[batch_id] = StoredBatch(
+        delta = {"batches": 1, "samples": len(samples), "pending": len(samples)}
+        self._store.write_batch(meta, rows, delta, payload=payload)
+        self._stored += 1
+        self._count(batch.worker_id, delta)
+        self._live[batch_id] = self._waiting[batch_id] = StoredBatch(
             meta, tuple(s.task_id for s in samples), completion_lengths=tuple(len(s.completion_tokens) for s in samples)
         )
         self._metrics.log(
@@ -192,7 +217,7 @@ class BatchBook(Mapping[str, StoredBatch]):
         that take leases and never answer starve every honest worker)."""
         fresh = [
             b
-            for b in self._batches.values()
+            for b in self._live.values()
             if b.policy_version >= min_policy_version and usable(b)
         ]
         pending = sum(len(b.task_ids) for b in fresh if b.verdicts is None)
@@ -237,9 +262,14 @@ class BatchBook(Mapping[str, StoredBatch]):
                     )
                     for i in range(len(batch.task_ids))
                 ]
-                self._store.write_verdicts(batch.batch_id, verdicts)
+                delta = counter_delta(sample_counts(len(verdicts), verdicts), sample_counts(len(verdicts), None))
+                self._store.write_verdicts(
+                    batch.batch_id, verdicts, worker_id=batch.worker_id, counters=delta, settle=True
+                )
+                self._count(batch.worker_id, delta)
                 batch.verdicts = verdicts
                 del self._waiting[batch.batch_id]
+                del self._live[batch.batch_id]
                 self._metrics.log(
                     "expired", batch_id=batch.batch_id, worker_id=batch.worker_id, policy_version=version
                 )
@@ -287,11 +317,20 @@ class BatchBook(Mapping[str, StoredBatch]):
             )
         return PendingResponse(batches=answer, pending_batches=len(waiting), policy_version=step, step=step)
 
-    def record_verdicts(self, request: VerdictRequest, events: Sequence[dict[str, Any]] = ()) -> VerdictResponse:
+    def record_verdicts(
+        self,
+        request: VerdictRequest,
+        events: Sequence[dict[str, Any]] = (),
+        keep_open: Callable[[StoredBatch, Sequence[Verdict]], bool] = lambda batch, verdicts: True,
+    ) -> VerdictResponse:
         """Store one verdict per sample (idempotent for identical verdicts; 404/400/409 otherwise).
         ``events``: store events written in the same transaction as the verdicts (alone when the
-        verdicts were stored before); written unless this raises."""
-        batch = self._batches.get(request.batch_id)
+        verdicts were stored before); written unless this raises. ``keep_open(batch, verdicts)``:
+        whether the batch stays open after these verdicts (else it settles in the same transaction;
+        a batch settled before stays settled)."""
+        batch = self._live.get(request.batch_id)
+        if batch is None and (row := self._store.batch(request.batch_id)) is not None:
+            batch = _from_row(row)
         if batch is None:
             raise ApiFailure(404, "not_found", f"unknown batch_id {request.batch_id!r}")
         indices = sorted(v.sample_index for v in request.verdicts)
@@ -316,9 +355,16 @@ class BatchBook(Mapping[str, StoredBatch]):
                 raise ApiFailure(409, "conflict", f"batch {request.batch_id} already has different verdicts")
             self._store.append_events(events)
         else:
-            self._store.write_verdicts(batch.batch_id, verdicts, events)
+            delta = counter_delta(sample_counts(len(verdicts), verdicts), sample_counts(len(verdicts), batch.verdicts))
+            settle = batch.batch_id not in self._live or not keep_open(batch, verdicts)
+            self._store.write_verdicts(
+                batch.batch_id, verdicts, events, worker_id=batch.worker_id, counters=delta, settle=settle
+            )
+            self._count(batch.worker_id, delta)
             batch.verdicts = verdicts
             self._waiting.pop(batch.batch_id, None)
+            if settle:
+                self._live.pop(batch.batch_id, None)
             rejected = [v for v in verdicts if not v.accepted]
             self._metrics.log(
                 "verdicts",
@@ -353,10 +399,21 @@ class BatchBook(Mapping[str, StoredBatch]):
 
     # ------------------------------------------------------------------ claims and accounting
 
-    def mark_claimed(self, sample_ids: Iterable[SampleId]) -> None:
-        """Record that a claim took these samples."""
+    def claimed_after(self, sample_ids: Iterable[SampleId]) -> dict[str, set[int]]:
+        """Each open batch's claimed indices once ``sample_ids`` are claimed too (what the claim writes)."""
+        after: dict[str, set[int]] = {}
         for sample_id in sample_ids:
-            self._batches[sample_id.batch_id].claimed.add(sample_id.index)
+            batch_id = sample_id.batch_id
+            if batch_id not in after:
+                after[batch_id] = set(self._live[batch_id].claimed)
+            after[batch_id].add(sample_id.index)
+        return after
+
+    def mark_claimed(self, claimed: dict[str, set[int]]) -> None:
+        """Record that a claim took these samples (``claimed_after``'s answer, once written)."""
+        for batch_id, indices in claimed.items():
+            if batch_id in self._live:
+                self._live[batch_id].claimed = indices
 
     def training_samples(self, sample_ids: tuple[SampleId, ...]) -> list[TrainSample]:
         """The trainer's view of claimed samples, in ``sample_ids`` order (read back from the store)."""
@@ -365,7 +422,7 @@ class BatchBook(Mapping[str, StoredBatch]):
             wanted.setdefault(sample_id.batch_id, set()).add(sample_id.index)
         rows: dict[SampleId, TrainSample] = {}
         for batch_id, indices in wanted.items():
-            batch = self._batches[batch_id]
+            batch = self[batch_id]
             assert batch.verdicts is not None  # claims only ever hold verdicted samples
             table = self._store.read_batch(batch_id)
             for index, sample in train_samples(batch.meta, table, batch.verdicts, indices).items():
@@ -374,34 +431,20 @@ class BatchBook(Mapping[str, StoredBatch]):
 
     def sample_counts(self) -> tuple[dict[str, Counter[str]], dict[str, Counter[str]]]:
         """Per worker id: counts of ``batches``, ``samples``, ``pending``, ``expired``, ``accepted``,
-        ``rejected``; and per worker id the rejected samples by verdict reason."""
+        ``rejected``; and per worker id the rejected samples by verdict reason (copies of the running
+        counters: O(workers), safe to read without the ledger's lock)."""
         counts: dict[str, Counter[str]] = {}
         reasons: dict[str, Counter[str]] = {}
-        count_samples(self._batches.values(), counts, reasons)
+        for worker_id, count in list(self._counts.items()):
+            names = dict(count)  # one C-level copy (the ledger's thread may add to it meanwhile)
+            counts[worker_id] = Counter({n: v for n, v in names.items() if not n.startswith("reason:")})
+            reasons[worker_id] = Counter({n[7:]: v for n, v in names.items() if n.startswith("reason:") and v})
         return counts, reasons
 
-    def stored(self) -> list[StoredBatch]:
-        """A copy of the stored batches (one C-level ``list()``: safe while the ledger's thread adds
-        batches; ``GET /workers`` reads them without the ledger's lock)."""
-        return list(self._batches.values())
-
-
-def count_samples(
-    batches: Iterable[StoredBatch], counts: dict[str, Counter[str]], reasons: dict[str, Counter[str]]
-) -> None:
-    """Add ``batches`` to ``counts`` and ``reasons`` (``BatchBook.sample_counts``)."""
-    for batch in batches:
-        count = counts.setdefault(batch.worker_id, Counter())
-        rejected = reasons.setdefault(batch.worker_id, Counter())
-        count["batches"] += 1
-        count["samples"] += len(batch.task_ids)
-        if batch.verdicts is None:
-            count["pending"] += len(batch.task_ids)
-            continue
-        for verdict in batch.verdicts:
-            if verdict.reason == EXPIRED:
-                count["expired"] += 1
-                continue
-            count["accepted" if verdict.accepted else "rejected"] += 1
-            if not verdict.accepted:
-                rejected[verdict.reason] += 1
+    def dropped(self) -> tuple[int, int]:
+        """Samples expired by the orchestrator and rejected as ``stale_policy`` (run totals)."""
+        expired = stale_policy = 0
+        for count in list(self._counts.values()):
+            expired += count["expired"]
+            stale_policy += count["reason:stale_policy"]
+        return expired, stale_policy

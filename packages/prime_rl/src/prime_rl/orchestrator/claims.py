@@ -21,13 +21,13 @@ group has exactly ``group_size`` members; the trainer's packing relies on that f
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from prime_rl.api.protocol import SampleId, Verdict
 
-__all__ = ["STALE_REASONS", "BatchView", "ClaimSelection", "select_claim", "stale_drops"]
+__all__ = ["STALE_REASONS", "BatchView", "ClaimSelection", "StoredClaims", "select_claim", "stale_drops"]
 
 STALE_REASONS = ("past_bound", "expired", "stale_policy")
 """Why samples are never trained for being too old, one name per place they are dropped:
@@ -111,14 +111,59 @@ def select_claim(
     return ClaimSelection(tuple(chosen), available, pending_batches, pending_samples, stale, zero)
 
 
-def stale_drops(batches: Iterable[BatchView], *, past_bound: int) -> dict[str, int]:
-    """Samples dropped as too old, per reason of :data:`STALE_REASONS`: ``past_bound`` as given (a
-    claim's ``ClaimSelection.stale``), ``expired`` and ``stale_policy`` counted over the verdicts of
-    ``batches`` (every stored batch: run totals)."""
-    counts = dict.fromkeys(STALE_REASONS, 0)
-    counts["past_bound"] = past_bound
-    for batch in batches:
-        for verdict in batch.verdicts or ():
-            if not verdict.accepted and verdict.reason in ("expired", "stale_policy"):
-                counts[str(verdict.reason)] += 1
-    return counts
+def stale_drops(dropped: tuple[int, int], *, past_bound: int) -> dict[str, int]:
+    """Samples dropped as too old, per reason of :data:`STALE_REASONS`: ``past_bound`` as given (the
+    run's total at a claim), ``expired`` and ``stale_policy`` from ``dropped`` (the running run
+    totals, ``BatchBook.dropped``: never a walk over history)."""
+    return {"past_bound": past_bound, "expired": dropped[0], "stale_policy": dropped[1]}
+
+
+class ClaimStore(Protocol):
+    def claim(self, step: int) -> ClaimRecordView | None: ...
+
+    def claim_steps(self) -> list[int]: ...
+
+
+class ClaimRecordView(Protocol):
+    @property
+    def sample_ids(self) -> tuple[SampleId, ...]: ...
+
+
+class StoredClaims(Mapping[int, tuple[SampleId, ...]]):
+    """The claims by step, read from the store (one indexed read each); only the latest stays in
+    memory (the trainer's retry of its last claim), so memory does not grow with the run's steps.
+    Iterating reads every claimed step (an audit)."""
+
+    def __init__(self, store: ClaimStore) -> None:
+        self._store = store
+        self._latest: tuple[int, tuple[SampleId, ...]] | None = None
+
+    def load_latest(self) -> None:
+        steps = self._store.claim_steps()
+        if steps:
+            self[steps[-1]]
+
+    def add(self, step: int, sample_ids: tuple[SampleId, ...]) -> None:
+        """A claim just written to the store."""
+        self._latest = (step, sample_ids)
+
+    def __getitem__(self, step: int) -> tuple[SampleId, ...]:
+        if self._latest is not None and self._latest[0] == step:
+            return self._latest[1]
+        record = self._store.claim(step)
+        if record is None:
+            raise KeyError(step)
+        if self._latest is None or step > self._latest[0]:
+            self._latest = (step, record.sample_ids)
+        return record.sample_ids
+
+    def __contains__(self, step: object) -> bool:
+        if self._latest is not None and self._latest[0] == step:
+            return True
+        return isinstance(step, int) and self._store.claim(step) is not None
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._store.claim_steps())
+
+    def __len__(self) -> int:
+        return len(self._store.claim_steps())

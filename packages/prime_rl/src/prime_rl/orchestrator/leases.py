@@ -29,13 +29,15 @@ The book refuses nothing; the API's lease rules (current step only, open-lease c
 abandoned leases, backpressure) are the ``Ledger``'s.
 
 Cost: a lease costs the same however many leases were issued before it. Open leases are counted
-per worker and per address as they open and close, expiry pops a deadline heap, and answered leases
-whose batch was judged and accepted (a rejected or expired batch's tasks go back to another
-identity: ``return_tasks``, and its lease stays one by one) are folded every ``FOLD_EVERY`` into per-worker and per-address
-totals in the store (their events
-deleted, ``RolloutStore.fold_leases``), so neither memory nor the store nor a restart's replay grows
-with answered history. Kept one by one: open and expired leases, and answered leases that took over
-an abandoned lease's tasks, so the log still says who answered whose tasks (abandonment bans bound
+per worker and per address as they open and close, expiry pops a deadline heap, and settled leases
+are folded every ``FOLD_EVERY`` into per-worker and per-address totals in the store (answered,
+expired and rejected counts; their events deleted, ``RolloutStore.fold_leases``), so neither memory
+nor the store nor a restart's replay grows with history. Settled: answered and judged accepted, or
+answered and returned (rejected, or expired unjudged) once another lease took its tasks over. A
+lease that took over another's tasks folds only with or after that one (a restart replays the link,
+which keeps the original from being handed out twice); who answered whose tasks stays in the
+answering batch's ``LeaseRecord`` (``reassigned_from``). Kept one by one: open leases, leases whose
+tasks still wait for another identity, and expired leases nobody answered (abandonment bans bound
 how many there are). (Pitfall, fixed: the book once scanned every lease ever issued three times
 per lease request; a lease took 0.72 ms at the start of a run and 2.11 ms after 6,000 leases.)
 """
@@ -78,7 +80,7 @@ class HeldLease:
     """
 
     __slots__ = (
-        "_body", "_record", "address", "answered", "batch_index", "deadline", "excused", "expired", "reissue",
+        "_body", "_record", "address", "answered", "batch_index", "deadline", "excused", "expired", "machine", "reissue",
         "reissued", "rejected", "returned", "worker_id",
     )  # fmt: skip
 
@@ -96,6 +98,7 @@ class HeldLease:
         self._record, self._body = record, body
         self.answered = self.expired = self.reissued = self.returned = False
         self.rejected = False  # its batch was rejected (counted in ``LeaseBook.rejected``)
+        self.machine = False  # ... for reasons the machine may explain (``LeaseBook.machine_rejected``)
         self.excused = False  # closed without a charge: its answer never reached its client (``withdraw``)
         self.reissue = False  # it hands out an abandoned lease's tasks (``reissued``: its own were handed out)
 
@@ -164,7 +167,8 @@ class LeaseBook:
         self._open_total = 0
         self._open_at: dict[str, dict[str, int]] = {}  # open leases per address, per worker
         self._deadlines: list[tuple[float, str, int]] = []  # heap of (deadline, worker_id, batch_index)
-        self._answered_unfolded: dict[tuple[str, int], HeldLease] = {}  # judged, answered, not yet folded
+        self._answered_unfolded: dict[tuple[str, int], HeldLease] = {}  # settled, not yet folded (``_foldable``)
+        self._sources: dict[tuple[str, int], tuple[str, int]] = {}  # reissue -> the lease it took over
         # Leases whose batch has reached the server and waits in line for the lock (the HTTP layer adds
         # and removes them): never expired meanwhile, so the server's slowness is not the worker's.
         self.answering: set[tuple[str, int]] = set()
@@ -238,6 +242,11 @@ class LeaseBook:
         """Leases handed to client ``address`` whose batch the validator rejected (as ``rejected``)."""
         return self._rejected_at[address]
 
+    def unfolded_keys(self) -> list[tuple[str, int, int]]:
+        """``(worker_id, batch_index, step)`` of the leases not answered yet as far as the book knows
+        (after a restart: whose batches ``Ledger._load`` looks up; O(unfolded leases))."""
+        return [(lease.worker_id, lease.batch_index, lease.record.step) for lease in self._leases.values() if not lease.answered]
+
     def awaiting_reassignment(self) -> int:
         """Expired unanswered (or returned) leases whose tasks no other lease has taken over yet."""
         return sum(1 for lease in self._reassign_queue if lease.reassignable)
@@ -250,10 +259,13 @@ class LeaseBook:
             self._issued[worker_id] += totals.issued
             self._answered[worker_id] += totals.answered
             self._expired[worker_id] += totals.expired
+            self._rejected[worker_id] += totals.rejected
+            self._machine[worker_id] += totals.machine
             self._next_index[worker_id] = max(self.next_index(worker_id), totals.next_index)
         for address, totals in self._store.address_totals().items():
             self._answered_at[address] += totals.answered
             self._expired_at[address] += totals.expired
+            self._rejected_at[address] += totals.rejected
 
     def load(self) -> None:
         """Rebuild from the store after a restart: the folded totals, then the lease events in order
@@ -284,26 +296,52 @@ class LeaseBook:
         heapq.heapify(self._deadlines)
         self.fold()
 
+    def _foldable(self, lease: HeldLease) -> None:
+        """Queue ``lease`` for the next fold if nothing can change it any more: answered and judged
+        accepted, or its tasks went back (rejected, or expired unjudged) and another lease took them
+        over. A lease that took over another's tasks waits until that one folds (a restart replays
+        the link, which keeps the original from being handed out twice)."""
+        self._answered_unfolded[lease.key] = lease
+        if len(self._answered_unfolded) >= FOLD_EVERY:
+            self.fold()
+
     def fold(self) -> None:
-        """Fold the answered leases not folded yet into the store's totals, in one transaction, and
-        forget them one by one (their counts stay in the counters)."""
+        """Fold the settled leases not folded yet (``_foldable``) into the store's totals, in one
+        transaction, and forget them one by one (their counts stay in the counters)."""
         if not self._answered_unfolded:
             return
+        folding = self._answered_unfolded
+        # A reissue folds only with (or after) the lease whose tasks it took over.
+        waiting = {
+            key: lease for key, lease in folding.items()
+            if lease.reissue and (source := self._sources.get(key)) is not None
+            and source in self._leases and source not in folding
+        }  # fmt: skip
         workers: dict[str, LeaseTotals] = {}
         addresses: dict[str, LeaseTotals] = {}
-        for lease in self._answered_unfolded.values():
-            expired = int(lease.expired and not lease.excused)
+        for key, lease in folding.items():
+            if key in waiting:
+                continue
+            # A withdrawn (excused) lease was never charged: not issued, not expired (``withdraw``).
+            issued, answered = int(not lease.excused), int(lease.answered)
+            expired, rejected, machine = int(lease.expired and not lease.excused), int(lease.rejected), int(lease.machine)
             old = workers.get(lease.worker_id, LeaseTotals())
             workers[lease.worker_id] = LeaseTotals(
-                old.issued + 1, old.answered + 1, old.expired + expired, max(old.next_index, lease.batch_index + 1)
-            )
+                old.issued + issued, old.answered + answered, old.expired + expired,
+                max(old.next_index, lease.batch_index + 1), old.rejected + rejected, old.machine + machine,
+            )  # fmt: skip
             at = addresses.get(lease.address, LeaseTotals())
-            addresses[lease.address] = LeaseTotals(answered=at.answered + 1, expired=at.expired + expired)
-        keys = list(self._answered_unfolded)
+            addresses[lease.address] = LeaseTotals(
+                answered=at.answered + answered, expired=at.expired + expired, rejected=at.rejected + rejected
+            )
+        keys = [key for key in folding if key not in waiting]
+        if not keys:
+            return
         self._store.fold_leases(keys, workers, addresses)
         for key in keys:
             del self._leases[key]
-        self._answered_unfolded.clear()
+            self._sources.pop(key, None)
+        self._answered_unfolded = waiting
 
     def _add(self, lease: HeldLease, reissues: tuple[str, int] | None) -> None:
         """Count a newly issued (or replayed) open lease; mark the lease it reissues."""
@@ -317,8 +355,12 @@ class LeaseBook:
         self._issued[worker_id] += 1
         if reissues is not None:
             lease.reissue = True
-            if reissues in self._leases:
-                self._leases[reissues].reissued = True
+            self._sources[lease.key] = reissues
+            source = self._leases.get(reissues)
+            if source is not None:
+                source.reissued = True
+                if source.returned:
+                    self._foldable(source)  # its tasks are taken over: nothing changes it any more
 
     # ------------------------------------------------------------------ changes
 
@@ -391,19 +433,19 @@ class LeaseBook:
                 self._rejected[worker_id] += 1
                 self._rejected_at[lease.address] += 1
                 self._machine[worker_id] += machine
+                lease.machine = machine
             self.return_tasks(worker_id, batch_index, replaying=replaying)
             return
-        # (the log keeps who took over whose tasks: see Cost in the module doc)
-        if lease is not None and lease.answered and not lease.reissue and not lease.returned and not lease.excused:
-            self._answered_unfolded[lease.key] = lease
-            if len(self._answered_unfolded) >= FOLD_EVERY:
-                self.fold()
+        if lease is not None and lease.answered and not lease.returned and not lease.excused:
+            self._foldable(lease)
 
     def return_tasks(self, worker_id: str, batch_index: int, *, replaying: bool = False) -> bool:
         """Queue the tasks of an answered lease for another identity (its batch was rejected, or
         expired unjudged: too old to train on); False for a lease never issued (or folded), already
         returned or already reissued."""
         lease = self._leases.get((worker_id, batch_index))
+        if lease is not None and lease.reissued and lease.answered:  # (a replay: its reissue came first)
+            self._foldable(lease)
         if lease is None or lease.returned or lease.reissued:
             return False
         lease.returned = True

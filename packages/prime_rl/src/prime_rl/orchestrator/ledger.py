@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from prime_rl.api.errors import ApiFailure
@@ -82,11 +83,11 @@ from prime_rl.config.environment import environment_digest
 from prime_rl.config.sections import BUILTIN_ENVIRONMENTS
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
-from prime_rl.orchestrator.claims import ClaimSelection, select_claim, stale_drops
+from prime_rl.orchestrator.claims import ClaimSelection, StoredClaims, select_claim, stale_drops
 from prime_rl.orchestrator.identities import FreshIdentities
 from prime_rl.orchestrator.lease_rules import LeaseRules, machine_caused
 from prime_rl.orchestrator.leases import HeldLease, LeaseBook, TaskPrompts
-from prime_rl.orchestrator.release import ReleaseBook, withheld
+from prime_rl.orchestrator.release import SNAPSHOT_EVERY, ReleaseBook, withheld
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
 from prime_rl.orchestrator.switches import decide_done, decide_switch, mandatory_problem
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
@@ -163,7 +164,7 @@ class Ledger:
             has_history=self._has_history,
             clock=clock,
         )
-        self.claims: dict[int, tuple[SampleId, ...]] = {}
+        self.claims = StoredClaims(store)
         self.committed: set[int] = set()
         self.commit_times: dict[int, float] = {}  # policy version -> orchestrator time of its commit
         if self.orch.prompts_per_batch > len(tasks):
@@ -185,7 +186,8 @@ class Ledger:
         """Rebuild memory from the store: leases (folded totals, lease events), the other events,
         then batches and verdicts, then claims."""
         self.leases.load()  # its own events, read as columns
-        for event in self.store.events(skip=LeaseBook.EVENTS):
+        judged_after = self.release.restore(self.store.release_rows())
+        for event in self.store.replay_events(WorkerRegistry.EVENTS | {"commit"}, judged_after):
             kind = event.get("event")
             if kind in WorkerRegistry.EVENTS:
                 self.workers.replay(event)
@@ -195,27 +197,47 @@ class Ledger:
                 self.committed.add(int(event["step"]))
                 self.commit_times[int(event["step"]) + 1] = float(event.get("time", 0.0))
                 self.step = max(self.step, int(event["step"]) + 1)
-        for batch in self.batches.load():
-            self.leases.mark_answered(batch.worker_id, batch.meta.batch_index)
-            validator_judged = batch.verdicts is not None and not batch.expired
-            if validator_judged and not self.release.counted(batch.batch_id):
-                self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], None)  # crashed between writes
-            if validator_judged:
-                rejected = _rejected(batch.verdicts or [])
-                if not rejected and withheld(batch.verdicts or []):  # as in record_verdicts
-                    self.leases.return_tasks(batch.worker_id, batch.meta.batch_index, replaying=True)
-                self.leases.mark_judged(
-                    batch.worker_id, batch.meta.batch_index, rejected=rejected,
-                    machine=rejected and machine_caused(batch.verdicts or []), replaying=True,
-                )  # fmt: skip
-            elif batch.expired:  # never judged: its tasks go to another identity, as in _expire_useless
-                self.leases.return_tasks(batch.worker_id, batch.meta.batch_index, replaying=True)
-        for claim in self.store.claims():
-            self.claims[claim.step] = claim.sample_ids
-            self.batches.mark_claimed(claim.sample_ids)
+        loaded = self.batches.load()
+        for batch in loaded:
+            self._replay_batch(batch)
+        # Settled batches whose leases are not folded yet (a restart before the fold): one lookup each.
+        open_ids = {batch.batch_id for batch in loaded}
+        for worker_id, batch_index, step in self.leases.unfolded_keys():
+            batch_id = f"{worker_id}-s{step}-b{batch_index}"
+            if batch_id not in open_ids and (settled := self.batches.get(batch_id)) is not None:
+                self._replay_batch(settled, settled=True)
+        self.claims.load_latest()
         self.leases.queue_expired_after_replay()
         for worker in self.workers.values():
             self.fresh.track(worker)
+        self._settle()
+        # Judgements replayed after the snapshot of batches that settled before the restart.
+        self.release.forget([b for b in self.release.batch_ids() if not self.batches.is_open(b)])
+        if self.release.since_snapshot:
+            self._snapshot_release()
+
+    def _snapshot_release(self) -> None:
+        """Write the release book's changes since its last snapshot (``release.py``)."""
+        rows, deletes = self.release.snapshot()
+        self.store.write_release(rows, deletes)
+
+    def _replay_batch(self, batch: StoredBatch, settled: bool = False) -> None:
+        """Apply a stored batch to the leases and release state on restart (as submit and
+        record_verdicts did; a ``settled`` one was counted for release before it settled)."""
+        self.leases.mark_answered(batch.worker_id, batch.meta.batch_index)
+        validator_judged = batch.verdicts is not None and not batch.expired
+        if validator_judged and not settled and not self.release.counted(batch.batch_id):
+            self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], None)  # crashed between writes
+        if validator_judged:
+            rejected = _rejected(batch.verdicts or [])
+            if not rejected and withheld(batch.verdicts or []):  # as in record_verdicts
+                self.leases.return_tasks(batch.worker_id, batch.meta.batch_index, replaying=True)
+            self.leases.mark_judged(
+                batch.worker_id, batch.meta.batch_index, rejected=rejected,
+                machine=rejected and machine_caused(batch.verdicts or []), replaying=True,
+            )  # fmt: skip
+        elif batch.expired:  # never judged: its tasks go to another identity, as in _expire_useless
+            self.leases.return_tasks(batch.worker_id, batch.meta.batch_index, replaying=True)
 
     # ------------------------------------------------------------------ workers
 
@@ -457,8 +479,11 @@ class Ledger:
 
     # ------------------------------------------------------------------ rollouts and verdicts
 
-    def submit(self, worker: WorkerRecord, batch: RolloutBatch, body_sha256: str) -> SubmitResponse:
-        """Store ``batch`` (``body_sha256``: SHA-256 hex of the request body as received)."""
+    def submit(
+        self, worker: WorkerRecord, batch: RolloutBatch, body_sha256: str, *, payload: Path | None = None
+    ) -> SubmitResponse:
+        """Store ``batch`` (``body_sha256``: SHA-256 hex of the request body as received; ``payload``:
+        its payload file, written by the caller already, ``RolloutStore.write_payload``)."""
         rows = self.batches.check(batch)
         if batch.batch_index >= self.leases.next_index(worker.worker_id) + self.orch.max_open_leases:
             raise ApiFailure(409, "conflict", f"batch_index {batch.batch_index} was never leased to you")
@@ -474,7 +499,7 @@ class Ledger:
             )  # fmt: skip
             if problem is not None:
                 raise ApiFailure(409, "conflict", problem)
-        answer = self.batches.add(batch, body_sha256, rows, lease)
+        answer = self.batches.add(batch, body_sha256, rows, lease, payload=payload)
         if lease is not None and not answer.duplicate:
             self.leases.mark_answered(worker.worker_id, batch.batch_index)
         return answer
@@ -530,11 +555,15 @@ class Ledger:
         abandonment ban) and hands its lease's tasks to another identity."""
         batch = self.batches.get(request.batch_id)
         judged = None
-        if batch is not None:  # (unknown: 404 from the batch book)
+        if batch is not None and (batch.verdicts is None or batch.expired):  # (unknown: 404 from the batch book)
             judged = self.release.judged_event(batch.batch_id, batch.worker_id, request.verdicts, request.worker_evidence)
-        answer = self.batches.record_verdicts(request, [judged] if judged is not None else [])
+        answer = self.batches.record_verdicts(request, [judged] if judged is not None else [], self._keeps_open)
         if judged is not None:
             self.release.replay(judged)
+            if not self.batches.is_open(request.batch_id):
+                self.release.forget([request.batch_id])
+            if self.release.since_snapshot >= SNAPSHOT_EVERY:
+                self._snapshot_release()
             stored = self.batches[request.batch_id]
             rejected = _rejected(stored.verdicts or [])
             if not rejected and withheld(stored.verdicts or []):
@@ -547,6 +576,36 @@ class Ledger:
             if rejected:
                 self.rules.ban_abandoners({stored.worker_id})
         return answer
+
+    # ------------------------------------------------------------------ settling
+
+    def _keeps_open(self, batch: StoredBatch, verdicts: Sequence[Verdict]) -> bool:
+        """Whether a batch judged ``verdicts`` may still train (else it settles with its verdicts). A
+        stale or withheld one stays open until the claim after it is stale settles it (``_settle`` counts
+        its drops; the claim counts a withheld one as held until then)."""
+        return any(v.accepted for v in verdicts) and not self.workers[batch.worker_id].banned
+
+    def _settle(self) -> None:
+        """Settle the open judged batches no claim can take from any more (``batches.py``): of banned
+        workers, fully claimed, or older than the next claim's bound (their accepted unclaimed
+        samples of usable batches add to the run's ``past_bound`` drops). One store transaction,
+        only when something settles; O(open batches)."""
+        min_version = max(0, self.step - self.orch.off_policy_bound)
+        banned = self.banned_workers()
+        usable = self._usable(banned)
+        settled: list[str] = []
+        past_bound = 0
+        for batch in self.batches.live():
+            if batch.verdicts is None:
+                continue
+            left = sum(1 for v in batch.verdicts if v.accepted and v.sample_index not in batch.claimed)
+            if batch.policy_version < min_version:
+                past_bound += left if usable(batch) else 0
+                settled.append(batch.batch_id)
+            elif batch.worker_id in banned or left == 0:
+                settled.append(batch.batch_id)
+        self.batches.settle(settled, past_bound)
+        self.release.forget(settled)
 
     # ------------------------------------------------------------------ trainer
 
@@ -562,14 +621,14 @@ class Ledger:
         banned = self.banned_workers()  # banned since their samples were accepted: not trusted any more
         usable = self._usable(banned)
         selection = select_claim(
-            [b for b in self.batches.values() if usable(b)],
+            [b for b in self.batches.live() if usable(b)],
             min_policy_version=min_version,
             min_samples=request.min_samples,
             filter_zero_advantage=request.filter_zero_advantage,
         )
         if not selection.ready:
             held = select_claim(
-                [b for b in self.batches.values() if b.worker_id not in banned and not usable(b)],
+                [b for b in self.batches.live() if b.worker_id not in banned and not usable(b)],
                 min_policy_version=min_version,
                 min_samples=1 << 62,
                 filter_zero_advantage=request.filter_zero_advantage,
@@ -589,26 +648,29 @@ class Ledger:
                 available_samples=selection.available,
                 pending_batches=selection.pending_batches,
                 pending_samples=selection.pending_samples,
-                stale_samples=selection.stale,
+                stale_samples=selection.stale + self.batches.past_bound(),
                 zero_advantage_samples=selection.zero_advantage,
                 held_samples=held,
             )
         chosen = selection.sample_ids
-        self.store.write_claim(ClaimRecord(request.step, min_version, self.clock(), chosen))
-        self.claims[request.step] = chosen
-        self.batches.mark_claimed(chosen)
+        claimed = self.batches.claimed_after(chosen)
+        self.store.write_claim(ClaimRecord(request.step, min_version, self.clock(), chosen), claimed)
+        self.claims.add(request.step, chosen)
+        self.batches.mark_claimed(claimed)
         samples = self.batches.training_samples(chosen)
+        stale = selection.stale + self.batches.past_bound()
+        self._settle()
         self.metrics.log(
             "claim",
             step=request.step,
             samples=len(chosen),
             min_policy_version=min_version,
-            stale_samples=selection.stale,
+            stale_samples=stale,
             zero_advantage_samples=selection.zero_advantage,
-            stale_drops=stale_drops(self.batches.values(), past_bound=selection.stale),
+            stale_drops=stale_drops(self.batches.dropped(), past_bound=stale),
             **claim_staleness(samples, request.step).metrics(),
         )
-        return self._claim_answer(request.step, min_version, chosen, selection, samples)
+        return self._claim_answer(request.step, min_version, chosen, selection, samples, stale)
 
     def _claim_answer(
         self,
@@ -617,6 +679,7 @@ class Ledger:
         sample_ids: tuple[SampleId, ...],
         selection: ClaimSelection | None,
         samples: list[TrainSample] | None = None,
+        stale: int = 0,
     ) -> ClaimResponse:
         return ClaimResponse(
             ready=True,
@@ -627,7 +690,7 @@ class Ledger:
             available_samples=len(sample_ids),
             pending_batches=selection.pending_batches if selection else 0,
             pending_samples=selection.pending_samples if selection else 0,
-            stale_samples=selection.stale if selection else 0,
+            stale_samples=stale,
             zero_advantage_samples=selection.zero_advantage if selection else 0,
         )
 

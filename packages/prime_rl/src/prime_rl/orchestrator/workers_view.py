@@ -27,7 +27,6 @@ from typing import Any
 
 from prime_rl.api.errors import ApiFailure
 from prime_rl.api.protocol import WorkersResponse, WorkerStats, WorkerTotals
-from prime_rl.orchestrator.batches import count_samples
 from prime_rl.orchestrator.ledger import Ledger
 
 __all__ = ["PAGE_DEFAULT", "PAGE_MAX", "WorkersSnapshot", "WorkersView", "build_snapshot", "build_steps"]
@@ -98,17 +97,13 @@ CHUNK = 256
 def build_steps(ledger: Ledger) -> Generator[None, None, WorkersSnapshot]:
     """Build the snapshot of ``ledger``'s worker table in steps of ``CHUNK`` batches or workers
     (each yield lets the event loop answer other requests; about 1 ms a step), reading the ledger
-    without its lock (module docstring); returns the snapshot. O(workers + batches) in all. Plain
+    without its lock (module docstring); returns the snapshot. O(workers) in all (the sample counts are running counters). Plain
     tuples and ints: a ``Counter`` per worker cost 30 us each, 0.3 s at 10k workers. A row holds
     only strings, numbers and tuples of them (its rejection reasons as ``(reason, count)`` pairs,
     not a dict), so the garbage collector stops tracking it after one pass instead of walking
     every row in each full collection while it holds the GIL."""
-    counts: dict[str, Counter[str]] = {}
-    reasons: dict[str, Counter[str]] = {}
-    batches = ledger.batches.stored()
-    for start in range(0, len(batches), CHUNK):
-        count_samples(batches[start : start + CHUNK], counts, reasons)
-        yield
+    counts, reasons = ledger.batches.sample_counts()  # running counters: O(workers), never O(batches)
+    yield
     issued, expired = ledger.leases.issued, ledger.leases.expired
     none: Counter[str] = Counter()
     rows: list[tuple[Any, ...]] = []
