@@ -223,3 +223,36 @@ def test_a_deleted_database_is_refused_not_started_empty(tmp_path) -> None:  # t
         StateDB(path, [_table], "probe")
     Path(f"{path}.lock").unlink()  # the operator starts empty on purpose, as the message says
     assert _rows(path) == 0
+
+
+def test_a_store_collected_while_another_opens_does_not_deadlock(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A store dropped without close() is closed by its finalizer, which the garbage collector may
+    run in the middle of another open (seen: a hypothesis state machine hung in open_guard). The
+    finalizer's release must not wait on the lock its own thread holds; the lock is still shared
+    correctly and freed once the last store closes."""
+    import gc
+    import threading
+
+    from prime_rl import storeguard
+
+    path = tmp_path / "state.sqlite"
+    stores = [StateDB(path, [], "test store")]  # the only reference to the first store
+    failures: list[BaseException] = []
+    holding = getattr(storeguard, "_holding", None) or (lambda: storeguard._HELD_LOCK)  # main had a bare lock
+
+    def open_while_the_first_is_collected() -> None:
+        try:
+            with holding():  # what open_guard holds when the collector fires inside it
+                stores.clear()
+                gc.collect()  # nothing refers to the first store now: its finalizer runs here
+        except BaseException as error:  # noqa: BLE001 - reported by the assertion below
+            failures.append(error)
+
+    done = threading.Thread(target=open_while_the_first_is_collected, daemon=True)
+    done.start()
+    done.join(timeout=20)
+    assert not done.is_alive(), "the finalizer waited on the lock its own thread holds"
+    assert not failures, failures
+    assert not storeguard._HELD, "the collected store's lock share was not released"
+    second = StateDB(path, [], "test store")  # the lock was freed: this process can take it again
+    second.close()

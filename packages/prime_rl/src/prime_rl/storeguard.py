@@ -41,6 +41,8 @@ import logging
 import os
 import struct
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -234,6 +236,40 @@ class _Held:
 
 _HELD: dict[Path, _Held] = {}
 _HELD_LOCK = threading.Lock()
+_HELD_OWNER: list[int] = []  # the thread inside ``_holding`` (at most one entry)
+_DEFERRED: list[Callable[[], None]] = []
+
+
+@contextmanager
+def _holding() -> Iterator[None]:
+    """Hold ``_HELD_LOCK``, and run what was deferred to it (``_locked``) before and after.
+
+    Pitfall: a store's ``weakref.finalize`` (statedb.py) may run inside this very block, when the
+    garbage collector fires in the middle of ``open_guard``; taking the lock again there would
+    deadlock, so such a finalizer's release is deferred to the end of the block."""
+    with _HELD_LOCK:
+        _HELD_OWNER.append(threading.get_ident())
+        try:
+            _run_deferred()
+            yield
+            _run_deferred()
+        finally:
+            _HELD_OWNER.clear()
+
+
+def _run_deferred() -> None:
+    while _DEFERRED:
+        _DEFERRED.pop(0)()
+
+
+def _locked(action: Callable[[], None]) -> None:
+    """Run ``action`` under ``_HELD_LOCK``; deferred to the end of the block when this thread is
+    already inside one (a finalizer run by the garbage collector there, see ``_holding``)."""
+    if _HELD_OWNER and _HELD_OWNER[0] == threading.get_ident():
+        _DEFERRED.append(action)
+        return
+    with _holding():
+        action()
 
 
 class StoreGuard:
@@ -260,20 +296,24 @@ class StoreGuard:
 
     def mark_closed(self) -> None:
         """Record a clean close: call only after every commit was checkpointed into the database."""
-        with _HELD_LOCK:
-            if self._held is not None and self._held.count == 1:
-                _write_state(self._held.handle, "closed")
+        _locked(self._mark_closed)
+
+    def _mark_closed(self) -> None:
+        if self._held is not None and self._held.count == 1:
+            _write_state(self._held.handle, "closed")
 
     def release(self) -> None:
         """Drop this store's share of the lock (closing the file releases the ``flock``)."""
-        with _HELD_LOCK:
-            if self._held is None:
-                return
-            self._held.count -= 1
-            if self._held.count == 0:
-                self._held.handle.close()
-                _HELD.pop(self.lock_path.resolve(), None)
-            self._held = None
+        _locked(self._release)
+
+    def _release(self) -> None:
+        if self._held is None:
+            return
+        self._held.count -= 1
+        if self._held.count == 0:
+            self._held.handle.close()
+            _HELD.pop(self.lock_path.resolve(), None)
+        self._held = None
 
 
 def _check_files(db_path: Path, previous_state: str, what: str) -> None:
@@ -342,7 +382,7 @@ def open_guard(db_path: str | Path, what: str) -> StoreGuard:
     :class:`StoreDamaged`); the caller opens SQLite only after this returns."""
     path = Path(db_path)
     lock_path = path.with_name(path.name + ".lock")
-    with _HELD_LOCK:
+    with _holding():
         held = _HELD.get(lock_path.resolve())
         if held is not None:  # this process has it open already: share the lock
             held.count += 1
