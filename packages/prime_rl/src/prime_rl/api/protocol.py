@@ -62,6 +62,8 @@ __all__ = [
     "SwitchResponse",
     "TaskLease",
     "TrainSample",
+    "ValidatorLeaseRequest",
+    "ValidatorLeaseResponse",
     "Verdict",
     "VerdictRequest",
     "VerdictResponse",
@@ -415,6 +417,35 @@ class PendingResponse(ApiModel):
     step: NonNegInt
 
 
+ValidatorId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:@-]{1,64}$")]
+"""A validator's name for itself (leases, verdicts): 1..64 characters of ``A-Za-z0-9._:@-``."""
+
+
+class ValidatorLeaseRequest(ApiModel):
+    """POST /validator/leases (trusted): take pending batches exclusively, renew the ones still judged."""
+
+    validator_id: ValidatorId = Field(description="Who takes and renews: the same name on every call.")
+    limit: Annotated[int, Field(ge=0, le=256)] = Field(
+        default=8, description="Batches to take now, beyond those renewed (0: renew only)."
+    )
+    renew: Annotated[list[str], Field(max_length=1024)] = Field(
+        default_factory=list, description="Batch ids this validator holds and still judges: their leases are extended."
+    )
+
+
+class ValidatorLeaseResponse(ApiModel):
+    """POST /validator/leases answer."""
+
+    batches: list[PendingBatch] = Field(description="Newly taken (or re-served own) batches, in the queue's order.")
+    renewed: list[str] = Field(description="The ``renew`` ids whose leases were extended.")
+    lost: list[str] = Field(description="The ``renew`` ids no longer held: judged, expired or passed to another validator.")
+    expires_at: float = Field(description="Orchestrator unix time when the leases of this answer run out.")
+    lease_s: float = Field(description="Lease length (orchestrator.validator_lease_s): renew well before it.")
+    pending_batches: int = Field(description="All batches awaiting verdicts (held by anyone or not).")
+    policy_version: NonNegInt
+    step: NonNegInt
+
+
 class Verdict(ApiModel):
     """The validator's decision on one sample."""
 
@@ -466,6 +497,11 @@ class VerdictRequest(ApiModel):
         default=None,
         description="The batch's worker's evidence score after this batch, as a fraction of the ban threshold "
         "(1 bans); null when the validator keeps no per-worker evidence.",
+    )
+    validator_id: ValidatorId | None = Field(
+        default=None,
+        description="The validator posting (as in POST /validator/leases); refused with 409 lease_lost while "
+        "another validator holds the batch's lease.",
     )
 
 

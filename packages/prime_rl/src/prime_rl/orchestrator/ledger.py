@@ -67,6 +67,8 @@ from prime_rl.api.protocol import (
     SwitchResponse,
     TaskLease,
     TrainSample,
+    ValidatorLeaseRequest,
+    ValidatorLeaseResponse,
     Verdict,
     VerdictRequest,
     VerdictResponse,
@@ -87,6 +89,7 @@ from prime_rl.orchestrator.leases import HeldLease, LeaseBook, TaskPrompts
 from prime_rl.orchestrator.release import ReleaseBook, withheld
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
 from prime_rl.orchestrator.switches import decide_done, decide_switch, mandatory_problem
+from prime_rl.orchestrator.validator_leases import ValidatorLeases
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
 from prime_rl.weights.layout import POLICY_FILENAME
 
@@ -125,6 +128,7 @@ class Ledger:
         secrets = secrets or run_secrets(config)
         self.leases = LeaseBook(config, tasks, store, self.metrics, key=secrets.assignment_key)
         self.batches = BatchBook(config, store, self.metrics, clock)
+        self.validator_leases = ValidatorLeases(self.orch.validator_lease_s, clock)  # memory only: open work
         self.release = ReleaseBook(
             store,
             after_tokens=self.orch.release_after_tokens,
@@ -495,8 +499,31 @@ class Ledger:
         return BatchVerdicts(batch_id=batch_id, judged=batch.verdicts is not None, verdicts=batch.verdicts or [])
 
     def pending(self, limit: int) -> PendingResponse:
+        """``GET /validator/pending``: a listing of the batches no validator holds (takes nothing)."""
         self._expire_useless()
-        return self.batches.pending(limit, self.step, established=self._has_history, client=self._client_of)
+        free = self.validator_leases.free_for("")
+        return self.batches.pending(limit, self.step, established=self._has_history, client=self._client_of, free=free)
+
+    def take_batches(self, request: ValidatorLeaseRequest) -> ValidatorLeaseResponse:
+        """``POST /validator/leases``: renew ``request.renew``, then lease up to ``request.limit`` more
+        batches to the validator, in the queue's order (``validator_leases.py``)."""
+        self._expire_useless()
+        leases, validator_id = self.validator_leases, request.validator_id
+        leases.prune()
+        renewed, lost = leases.renew(validator_id, request.renew, lambda b: b in self.batches.waiting_ids())
+        free = leases.free_for(validator_id)
+        renewing = set(renewed)
+        answer = self.batches.pending(
+            request.limit, self.step, established=self._has_history, client=self._client_of,
+            free=lambda batch_id: batch_id not in renewing and free(batch_id),
+        )  # fmt: skip
+        expires_at = leases.take(validator_id, [batch.batch_id for batch in answer.batches])
+        if answer.batches:
+            self.metrics.log("validator_lease", validator_id=validator_id, batches=[b.batch_id for b in answer.batches])
+        return ValidatorLeaseResponse(
+            batches=answer.batches, renewed=renewed, lost=lost, expires_at=expires_at, lease_s=leases.lease_s,
+            pending_batches=answer.pending_batches, policy_version=self.step, step=self.step,
+        )  # fmt: skip
 
     def _client_of(self, batch: StoredBatch) -> str:
         """The client address ``batch``'s lease was handed to ("" when unknown)."""
@@ -508,6 +535,7 @@ class Ledger:
         (no charge: a slow validator may be the cause), so answering late is no veto either."""
         for batch in self.batches.expire_useless(self.step, self.orch.async_level, self.orch.off_policy_bound):
             self.leases.return_tasks(batch.worker_id, batch.meta.batch_index)
+            self.validator_leases.release(batch.batch_id)
 
     def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
         """Store the verdicts and count the judgement for release in one store transaction; a rejected
@@ -515,9 +543,12 @@ class Ledger:
         abandonment ban) and hands its lease's tasks to another identity."""
         batch = self.batches.get(request.batch_id)
         judged = None
+        if batch is not None and (batch.verdicts is None or batch.expired):  # not judged yet: the lease holder's
+            self.validator_leases.check_verdict(batch.batch_id, request.validator_id or "")
         if batch is not None:  # (unknown: 404 from the batch book)
             judged = self.release.judged_event(batch.batch_id, batch.worker_id, request.verdicts, request.worker_evidence)
         answer = self.batches.record_verdicts(request, [judged] if judged is not None else [], self._keeps_open)
+        self.validator_leases.release(request.batch_id)
         if judged is not None:
             self.release.replay(judged)
             stored = self.batches[request.batch_id]

@@ -49,6 +49,7 @@ from prime_rl.api.protocol import (
     RegisterRequest,
     RolloutBatch,
     SwitchRequest,
+    ValidatorLeaseRequest,
     VerdictRequest,
 )
 from prime_rl.api.secrets import RunSecrets, SecretsError, check_bind_address, run_secrets
@@ -93,6 +94,7 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/workers"): Route("workers"),
     ("POST", "/workers/ban"): Route("ban", BanRequest),
     ("GET", "/validator/pending"): Route("pending"),
+    ("POST", "/validator/leases"): Route("validator_leases", ValidatorLeaseRequest),
     ("POST", "/validator/verdicts"): Route("verdicts", VerdictRequest),
     ("POST", "/trainer/claim"): Route("claim", ClaimRequest),
     ("POST", "/trainer/commit"): Route("commit", CommitRequest),
@@ -256,6 +258,11 @@ class _Api:
         if limit is None or not 1 <= limit <= 256:
             raise ApiFailure(400, "bad_request", "limit must be in 1..256")
         return model_response(await self.call(self.ledger.pending, limit))
+
+    async def validator_leases(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        body = await self.body(request, ValidatorLeaseRequest)
+        return model_response(await self.call(self.ledger.take_batches, body))
 
     async def verdicts(self, request: web.Request) -> web.Response:
         self.require_admin(request)

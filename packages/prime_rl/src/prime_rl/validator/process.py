@@ -35,6 +35,9 @@ import dataclasses
 import enum
 import logging
 import math
+import os
+import re
+import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,6 +62,7 @@ from prime_rl.validator import noise, tolerances
 from prime_rl.validator.checks import Checks, GenerationBackend, Reason, RetryLater, tool_seconds
 from prime_rl.validator.evidence import EvidenceLedger, FailureTracker, metrics_fields, reject_banned
 from prime_rl.validator.journal import ValidatorJournal
+from prime_rl.validator.lease_keeper import LeaseKeeper
 from prime_rl.validator.structure import AssignmentKeyMismatch
 from prime_rl.validator.tool_budget import ToolBudget
 from prime_rl.validator.verdicts import ban_counts, validate_batch
@@ -114,6 +118,8 @@ class Validator:
             hidden_size=int(hidden),
         )
         self.client = OrchestratorClient(config.orchestrator.url, admin_token=trusted.admin_token)
+        self.admin_token = trusted.admin_token
+        self.validator_id = self.cfg.validator_id or default_validator_id()
         self.failures = FailureTracker(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
         self.tool_budget = ToolBudget(
             self.cfg.tool_seconds_per_identity, self.cfg.tool_seconds_per_address, self.cfg.tool_budget_window_s
@@ -259,6 +265,7 @@ class Validator:
                     batch_id=batch.batch_id,
                     verdicts=verdicts,
                     worker_evidence=self.evidence.fraction(batch.worker_id) if self.evidence else None,
+                    validator_id=getattr(self, "validator_id", None),
                 )
             )
         except ClientRequestError as exc:  # e.g. the orchestrator already settled the batch: skip it
@@ -364,10 +371,13 @@ class Validator:
         return self.evidence.ban_reasons.get(batch.worker_id)
 
     def run_loop(self) -> None:
+        """Take batches exclusively (``POST /validator/leases`` as ``validator_id``), judge them in the
+        orchestrator's order while a ``LeaseKeeper`` renews the leases of those not judged yet, post
+        verdicts; a batch whose lease was lost meanwhile is skipped (another validator judges it)."""
         idle = WaitLog(self.wait_log_every_s)
         while not self.cfg.max_batches or self.done < self.cfg.max_batches:
             try:
-                pending = self.client.pending(self.cfg.batches_per_poll)
+                pending = self.client.take_batches(self.validator_id, self.cfg.batches_per_poll)
             except (OrchestratorUnavailable, ClientRequestError) as exc:
                 if isinstance(exc, ClientRequestError) and exc.status == 401:
                     raise  # a wrong admin token never heals by waiting
@@ -375,10 +385,13 @@ class Validator:
                 time.sleep(self.cfg.poll_interval_s)
                 continue
             progressed = False
-            # The orchestrator hands out the freshest policy versions first; keep its order.
-            for batch in pending.batches:
-                if batch.batch_id not in self.refused:
-                    progressed |= self.judge(batch, pending.policy_version)
+            ids = [batch.batch_id for batch in pending.batches]
+            with LeaseKeeper(self.run.orchestrator.url, self.admin_token, self.validator_id, ids, pending.lease_s) as keeper:
+                # The orchestrator hands out the freshest policy versions first; keep its order.
+                for batch in pending.batches:
+                    if batch.batch_id not in self.refused and not keeper.lost(batch.batch_id):
+                        progressed |= self.judge(batch, pending.policy_version)
+                    keeper.done(batch.batch_id)
             if progressed:
                 idle = WaitLog(self.wait_log_every_s)
             else:
@@ -393,6 +406,12 @@ class Validator:
 
     def close(self) -> None:
         self.client.close()
+
+
+def default_validator_id() -> str:
+    """``<host>-<pid>``, in the characters a validator id allows (``protocol.ValidatorId``)."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:48] or "validator"
+    return f"{host}-{os.getpid()}"
 
 
 def main(config: RunConfig, name: str = "validator") -> int:
