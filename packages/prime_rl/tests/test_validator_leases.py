@@ -72,6 +72,7 @@ def test_two_validators_never_receive_the_same_batch_while_a_lease_holds(served:
         # Asking again hands nothing new to either: every batch is held.
         assert {x.batch_id for x in two.take_batches("v2", limit=8).batches} <= b
         assert {x.batch_id for x in one.take_batches("v1", limit=256).batches} <= a
+        assert "validator_leases" in one.status().capabilities  # what `prime-rl run` checks for validator.count > 1
         # The anonymous listing takes nothing and shows no held batch.
         assert one.pending(256).batches == [] and one.pending(256).pending_batches == len(submitted)
 

@@ -111,6 +111,11 @@ class StatusResponse(ApiModel):
     workers: int = Field(description="Registered workers.")
     pending_batches: int = Field(description="Submitted batches waiting for validation.")
     time: float = Field(description="Server unix time.")
+    capabilities: list[str] = Field(
+        default_factory=list,
+        description="Optional features this orchestrator serves, e.g. 'noise_profile' (GET/POST "
+        "/validator/noise-profile); 'validator_leases' once pending batches are leased to one validator each.",
+    )
 
 
 class RegisterRequest(ApiModel):

@@ -101,6 +101,9 @@ ROUTES: dict[tuple[str, str], Route] = {
 }
 """The one route table: every endpoint, its handler and body model. API.md documents exactly these."""
 
+CAPABILITIES = ("validator_leases",)
+"""Optional features announced in ``GET /status`` (``StatusResponse.capabilities``)."""
+
 class _Api:
     def __init__(
         self, ledger: Ledger, config: RunConfig, admin_token: str, registration_clock: Callable[[], float]
@@ -157,7 +160,7 @@ class _Api:
         # Anonymous and polled by every worker: answered on the event loop without the ledger's lock
         # (Ledger.status reads a few counters, each read atomic), so it never queues behind a
         # lease, a batch or a verdict, and a flood of it never delays them.
-        return model_response(self.ledger.status())
+        return model_response(self.ledger.status().model_copy(update={"capabilities": list(CAPABILITIES)}))
 
     async def register(self, request: web.Request) -> web.Response:
         self.admit_registration(request)  # first: wrong tokens and bad bodies count against the rate too
