@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from conftest import make_batch, make_config, task_set
 from prime_rl.api.client import ClientRequestError, OrchestratorClient
 from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest
 from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.tasks import TaskSet
 
 
 class SteppedClock:
@@ -28,11 +28,17 @@ class SteppedClock:
         return self.now
 
 
+make_batch: Any = None  # conftest's, set by the fixture (importlib mode cannot import conftest)
+
+
 @pytest.fixture
-def served(tmp_path: Any) -> Any:
+def served(config_for: Any, batch_for: Any) -> Any:
+    global make_batch
+    make_batch = batch_for
     clock = SteppedClock()
-    config = make_config(tmp_path, "--orchestrator.validator_lease_s", "30", "--orchestrator.task_timeout_s", "1000")
-    server = OrchestratorServer(config, task_set(), clock=clock).start()
+    config = config_for("--orchestrator.validator_lease_s", "30", "--orchestrator.task_timeout_s", "1000")
+    tasks = TaskSet([{"prompt": f"Question: {a} + {b} =\nAnswer:", "task_type": "arithmetic"} for a in range(10) for b in range(5)], "{prompt}")
+    server = OrchestratorServer(config, tasks, clock=clock).start()
     yield server, clock
     server.stop()
 
