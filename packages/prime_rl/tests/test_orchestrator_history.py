@@ -172,3 +172,60 @@ def test_request_work_does_not_grow_with_history(tmp_path: Path, backpressure: b
         if large[name] > TOLERANCE * small[name] + SLACK
     }
     assert not grown, f"work per request (calls + SQLite steps) at {SMALL} -> {LARGE} settled batches: {grown}"
+
+
+def test_a_restart_reads_open_state_only_and_answers_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After real cycles (with release snapshots every 8 judgements), a restart opens no batch file,
+    replays only the judgements after the last snapshot, and answers every read like the ledger
+    that stopped."""
+    import pyarrow.parquet as pq
+
+    import prime_rl.orchestrator.ledger as ledger_module
+
+    monkeypatch.setattr(ledger_module, "SNAPSHOT_EVERY", 8)
+    config = make_config(tmp_path, "--trainer.samples_per_step", "8", "--orchestrator.max_buffered_samples", "64")
+    ledger = Ledger(config, task_set(), RolloutStore(tmp_path / "orch"), clock=lambda: 1000.0)
+    workers = [ledger.workers[ledger.register(f"w{i}").worker_id] for i in range(4)]
+    for number in range(60):
+        worker = workers[number % len(workers)]
+        lease = ledger.lease(worker, None, None)
+        batch = make_batch(lease, lease.step)
+        answer = ledger.submit(worker, batch, hashlib.sha256(batch.model_dump_json().encode()).hexdigest())
+        verdicts = _verdicts(len(batch.samples))
+        if number % 7 == 3:  # some rejected
+            verdicts = [v.model_copy(update={"accepted": False, "reason": "bad_proof", "logprobs": []}) for v in verdicts]
+        ledger.record_verdicts(VerdictRequest(batch_id=answer.batch_id, verdicts=verdicts))
+        if number % 6 == 5 and ledger.claim(ClaimRequest(step=ledger.step, min_samples=8)).ready:
+            ledger.commit(CommitRequest(step=ledger.step, policy_version=ledger.step + 1))
+    assert ledger.step >= 3
+    assert len(ledger.batches.live()) < len(ledger.batches) // 2  # settled batches left memory
+
+    opened: list[str] = []
+    judged: list[dict[str, Any]] = []
+    monkeypatch.setattr(pq, "ParquetFile", lambda *a, **k: opened.append(str(a[0])))
+    monkeypatch.setattr(pq, "read_table", lambda *a, **k: opened.append(str(a[0])))
+    replay = RolloutStore.replay_events
+
+    def counted(self: RolloutStore, kinds: Any, judged_after: int) -> Any:
+        for event in replay(self, kinds, judged_after):
+            judged.extend([event] if event.get("event") == "judged" else [])
+            yield event
+
+    monkeypatch.setattr(RolloutStore, "replay_events", counted)
+    again = Ledger(config, task_set(), RolloutStore(tmp_path / "orch"), clock=lambda: 1000.0)
+    assert opened == [] and len(judged) < 8
+    monkeypatch.undo()
+    assert again.step == ledger.step and len(again.batches) == len(ledger.batches)
+    ledger._settle()  # (a restart settles what became stale since the last claim; the next claim would;
+    # the stopped ledger's store is still open only for this)
+    assert [b.batch_id for b in again.batches.live()] == [b.batch_id for b in ledger.batches.live()]
+    assert again.buffered_samples() == ledger.buffered_samples()
+    assert again.workers_view() == ledger.workers_view()
+    assert again.batches.sample_counts() == ledger.batches.sample_counts()
+    for batch in ledger.batches.live():
+        assert again.release.released(batch.batch_id, batch.worker_id) == ledger.release.released(batch.batch_id, batch.worker_id)
+    for worker in workers:
+        assert again.leases.rejected(worker.worker_id) == ledger.leases.rejected(worker.worker_id)
+        assert again.release.worker_tokens(worker.worker_id) == ledger.release.worker_tokens(worker.worker_id)
+    request = ClaimRequest(step=again.step, min_samples=1 << 20)
+    assert again.claim(request) == ledger.claim(request)

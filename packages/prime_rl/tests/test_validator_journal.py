@@ -37,7 +37,7 @@ def _judge(journal: ValidatorJournal, ledger: EvidenceLedger, tracker: FailureTr
     assert ledger.record(worker, batch, [_obs(m) for m in margins]) is not None
     journal.evidence(batch, worker, ledger)
     tracker.record(worker, accepted=accepted, rejected=rejected)
-    journal.failures(batch, worker, tracker)
+    journal.failures(batch, worker, tracker, ledger)
 
 
 def test_journal_restores_evidence_counts_and_bans_and_compacts(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -47,17 +47,21 @@ def test_journal_restores_evidence_counts_and_bans_and_compacts(tmp_path) -> Non
     _judge(journal, ledger, tracker, "steer", "s-0", [[0.5] * 16] * 4, 4, 0)  # every token exceeds: banned
     _judge(journal, ledger, tracker, "honest", "h-1", [[0.0] * 16] * 4, 4, 0)
     _judge(journal, ledger, tracker, "cheat", "c-0", [[0.0] * 8], 0, 4)  # banned by its rejected share
+    # counted into the evidence, but its verdicts' post failed (so no failure counts yet)
+    assert ledger.record("honest", "h-2", [_obs([0.0] * 16)]) is not None
+    journal.evidence("h-2", "honest", ledger)
     assert "steer" in ledger.ban_reasons and tracker.banned == {"cheat"}
     restored_ledger, restored_tracker = EvidenceLedger(tests), FailureTracker(0.5, 4)
     ValidatorJournal(path).restore(restored_ledger, restored_tracker)
     for worker in ("honest", "steer", "cheat"):
         assert restored_ledger.workers[worker].state() == ledger.workers[worker].state()
-    assert restored_ledger.counted_batches == {"h-0", "h-1", "s-0", "c-0"} == ledger.counted_batches
+    # posted batches are never offered again: only the one in flight is remembered
+    assert restored_ledger.counted_batches == {"h-2"} == ledger.counted_batches
     assert restored_ledger.ban_reasons == ledger.ban_reasons
     assert restored_tracker.counts == tracker.counts == {"honest": [8, 0], "steer": [4, 0], "cheat": [0, 4]}
     assert restored_tracker.banned == {"cheat"}
     # a batch judged again after the restart (its post had failed) is not counted twice
-    assert restored_ledger.record("honest", "h-1", [_obs([0.5] * 16)]) is None
+    assert restored_ledger.record("honest", "h-2", [_obs([0.5] * 16)]) is None
     # compact: one evidence and one failures row per worker, and reading it again gives the same state
     with sqlite3.connect(path.with_suffix(".sqlite")) as db:
         assert sorted(db.execute("SELECT worker_id FROM evidence")) == [("cheat",), ("honest",), ("steer",)]
@@ -120,7 +124,7 @@ def test_a_restarted_validator_process_forgives_nothing(tmp_path, tiny_lm_dir, m
     assert restarted.evidence is not None
     assert {w: e.state() for w, e in restarted.evidence.workers.items()} == before
     assert restarted.evidence.counted_batches == validator.evidence.counted_batches and len(before) == 2
-    assert len(restarted.evidence.counted_batches) == 4
+    assert restarted.evidence.counted_batches == set()  # every batch's verdicts were posted
     assert restarted.failures.counts == validator.failures.counts
     assert sum(a + r for a, r in restarted.failures.counts.values()) == 32
     assert restarted.evidence.ban_reasons == validator.evidence.ban_reasons
@@ -152,7 +156,7 @@ def test_two_restarts_in_a_row_forgive_nothing(tmp_path) -> None:  # type: ignor
     assert {w: e.state() for w, e in second_ledger.workers.items()} == {
         w: e.state() for w, e in first_ledger.workers.items()
     }
-    assert second_ledger.counted_batches == {"h-0", "s-0", "c-0", "h-1"}
+    assert second_ledger.counted_batches == set()  # all posted
     assert second_tracker.counts == {"honest": [7, 1], "steer": [4, 0], "cheat": [0, 4]}
     assert second_tracker.banned == {"cheat"} and set(second_ledger.ban_reasons) == {"steer"}
 
@@ -180,3 +184,16 @@ def test_a_torn_line_of_an_old_journal_costs_only_itself(tmp_path) -> None:  # t
     tracker = FailureTracker(0.5, 4)
     ValidatorJournal(path).restore(None, tracker)
     assert tracker.counts == {"w": [3, 1]} and tracker.banned == {"w"}
+
+
+def test_the_journal_stays_as_large_as_the_set_of_identities(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Hundreds of judged batches of three identities leave three rows per table (issue #44)."""
+    tests, path = _tests(), tmp_path / "validator" / "journal.jsonl"
+    journal, ledger, tracker = ValidatorJournal(path), EvidenceLedger(tests), FailureTracker(0.5, 4)
+    for number in range(300):
+        worker = ("a", "b", "c")[number % 3]
+        _judge(journal, ledger, tracker, worker, f"{worker}-{number}", [[0.0] * 4], 1, 0)
+    with sqlite3.connect(path.with_suffix(".sqlite")) as db:
+        rows = {table: db.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in ("evidence", "evidence_batches", "failures")}
+    assert rows == {"evidence": 3, "evidence_batches": 0, "failures": 3}
+    assert ledger.counted_batches == set()

@@ -164,6 +164,9 @@ class BatchBook(Mapping[str, StoredBatch]):
             self._live.pop(batch_id, None)
             self._waiting.pop(batch_id, None)
 
+    def is_open(self, batch_id: str) -> bool:
+        return batch_id in self._live
+
     def past_bound(self) -> int:
         """Samples dropped past the staleness bound by settled batches (run total)."""
         return self._run["past_bound"]

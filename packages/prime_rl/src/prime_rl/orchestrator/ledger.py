@@ -86,7 +86,7 @@ from prime_rl.orchestrator.claims import ClaimSelection, StoredClaims, select_cl
 from prime_rl.orchestrator.identities import FreshIdentities
 from prime_rl.orchestrator.lease_rules import LeaseRules
 from prime_rl.orchestrator.leases import HeldLease, LeaseBook, TaskPrompts
-from prime_rl.orchestrator.release import ReleaseBook, withheld
+from prime_rl.orchestrator.release import SNAPSHOT_EVERY, ReleaseBook, withheld
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
 from prime_rl.orchestrator.switches import decide_done, decide_switch, mandatory_problem
 from prime_rl.orchestrator.validator_leases import ValidatorLeases
@@ -174,7 +174,8 @@ class Ledger:
         """Rebuild memory from the store: leases (folded totals, lease events), the other events,
         then batches and verdicts, then claims."""
         self.leases.load()  # its own events, read as columns
-        for event in self.store.events(skip=LeaseBook.EVENTS):
+        judged_after = self.release.restore(self.store.release_rows())
+        for event in self.store.replay_events(WorkerRegistry.EVENTS | {"commit"}, judged_after):
             kind = event.get("event")
             if kind in WorkerRegistry.EVENTS:
                 self.workers.replay(event)
@@ -192,19 +193,28 @@ class Ledger:
         for worker_id, batch_index, step in self.leases.unfolded_keys():
             batch_id = f"{worker_id}-s{step}-b{batch_index}"
             if batch_id not in open_ids and (settled := self.batches.get(batch_id)) is not None:
-                self._replay_batch(settled)
+                self._replay_batch(settled, settled=True)
         self.claims.load_latest()
         self.leases.queue_expired_after_replay()
         for worker in self.workers.values():
             self.fresh.track(worker)
         self._settle()
+        # Judgements replayed after the snapshot of batches that settled before the restart.
+        self.release.forget([b for b in self.release.batch_ids() if not self.batches.is_open(b)])
+        if self.release.since_snapshot:
+            self._snapshot_release()
 
-    def _replay_batch(self, batch: StoredBatch) -> None:
+    def _snapshot_release(self) -> None:
+        """Write the release book's changes since its last snapshot (``release.py``)."""
+        rows, deletes = self.release.snapshot()
+        self.store.write_release(rows, deletes)
+
+    def _replay_batch(self, batch: StoredBatch, settled: bool = False) -> None:
         """Apply a stored batch to the leases and release state on restart (as submit and
-        record_verdicts did)."""
+        record_verdicts did; a ``settled`` one was counted for release before it settled)."""
         self.leases.mark_answered(batch.worker_id, batch.meta.batch_index)
         validator_judged = batch.verdicts is not None and not batch.expired
-        if validator_judged and not self.release.counted(batch.batch_id):
+        if validator_judged and not settled and not self.release.counted(batch.batch_id):
             self.release.judged(batch.batch_id, batch.worker_id, batch.verdicts or [], None)  # crashed between writes
         if validator_judged:
             rejected = _rejected(batch.verdicts or [])
@@ -543,14 +553,17 @@ class Ledger:
         abandonment ban) and hands its lease's tasks to another identity."""
         batch = self.batches.get(request.batch_id)
         judged = None
-        if batch is not None and (batch.verdicts is None or batch.expired):  # not judged yet: the lease holder's
-            self.validator_leases.check_verdict(batch.batch_id, request.validator_id or "")
-        if batch is not None:  # (unknown: 404 from the batch book)
+        if batch is not None and (batch.verdicts is None or batch.expired):  # (unknown: 404 from the batch book)
+            self.validator_leases.check_verdict(batch.batch_id, request.validator_id or "")  # not judged: the holder's
             judged = self.release.judged_event(batch.batch_id, batch.worker_id, request.verdicts, request.worker_evidence)
         answer = self.batches.record_verdicts(request, [judged] if judged is not None else [], self._keeps_open)
         self.validator_leases.release(request.batch_id)
         if judged is not None:
             self.release.replay(judged)
+            if not self.batches.is_open(request.batch_id):
+                self.release.forget([request.batch_id])
+            if self.release.since_snapshot >= SNAPSHOT_EVERY:
+                self._snapshot_release()
             stored = self.batches[request.batch_id]
             rejected = _rejected(stored.verdicts or [])
             if not rejected and withheld(stored.verdicts or []):
@@ -591,6 +604,7 @@ class Ledger:
             elif batch.worker_id in banned or left == 0:
                 settled.append(batch.batch_id)
         self.batches.settle(settled, past_bound)
+        self.release.forget(settled)
 
     # ------------------------------------------------------------------ trainer
 

@@ -63,20 +63,30 @@ same state, probation and budget included, since both are functions of the ``jud
 order. The ``judged`` event is written in the same store transaction as the batch's verdicts
 (``Ledger.record_verdicts``); a batch with verdicts but no ``judged`` event (a data dir written
 before, when a crash could fall between the two writes) is counted when the ledger loads.
+
+Sized by open work: every ``SNAPSHOT_EVERY`` judgements the changed per-worker and per-batch
+state and the run's budget are written to the store (``RolloutStore.write_release``) with the
+sequence number of the last ``judged`` event they include; a restart restores that snapshot and
+replays only the ``judged`` events after it (never the whole history). A settled batch
+(``BatchBook``) is forgotten (``forget``) unless a probation grant still waits for it.
 """
 
 from __future__ import annotations
 
 import bisect
+import json
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prime_rl.api.protocol import Verdict
 from prime_rl.orchestrator.store import RolloutStore
 
-__all__ = ["ReleaseBook", "accepted_tokens", "withheld"]
+__all__ = ["SNAPSHOT_EVERY", "ReleaseBook", "accepted_tokens", "withheld"]
+
+SNAPSHOT_EVERY = 256
+"""Judgements between two release snapshots (a restart replays at most this many ``judged`` events)."""
 
 
 def accepted_tokens(verdicts: Sequence[Verdict]) -> int:
@@ -155,6 +165,58 @@ class ReleaseBook:
         self._grant_queue: deque[str] = deque()  # probation batches of trusted workers awaiting budget
         self.trusted_tokens = 0
         self.granted_tokens = 0
+        self._dirty: set[tuple[str, str]] = set()  # ("worker" | "batch", key) changed since the snapshot
+        self._forgotten: set[str] = set()  # batch rows to delete at the next snapshot
+        self.since_snapshot = 0  # judgements applied since the snapshot
+
+    # ------------------------------------------------------------------ snapshots
+
+    def restore(self, rows: Iterable[tuple[str, str, str]]) -> int:
+        """Restore a snapshot (``snapshot``'s rows as the store keeps them); returns the sequence
+        number of the last ``judged`` event it includes (0: none)."""
+        upto = 0
+        for kind, key, text in rows:
+            state = json.loads(text)
+            if kind == "worker":
+                state["suffix_max"] = [tuple(pair) for pair in state["suffix_max"]]
+                self._workers[key] = _Worker(**state)
+            elif kind == "batch":
+                self._batches[key] = _Batch(**state)
+            else:
+                self.trusted_tokens, self.granted_tokens = state["trusted_tokens"], state["granted_tokens"]
+                self._grant_queue = deque(state["grant_queue"])
+                upto = int(state["upto"])
+        return upto
+
+    def snapshot(self) -> tuple[list[tuple[str, str, str]], list[tuple[str, str]]]:
+        """The rows changed since the last snapshot (``(kind, key, json)``, the run's row last) and the
+        rows to delete; marks them written (call once the store has them)."""
+        rows = []
+        for kind, key in sorted(self._dirty):
+            state = self._workers.get(key) if kind == "worker" else self._batches.get(key)
+            if state is not None:
+                rows.append((kind, key, json.dumps(asdict(state), separators=(",", ":"))))
+        run = {"trusted_tokens": self.trusted_tokens, "granted_tokens": self.granted_tokens,
+               "grant_queue": list(self._grant_queue)}  # fmt: skip
+        rows.append(("run", "", json.dumps(run, separators=(",", ":"))))
+        deletes = [("batch", key) for key in sorted(self._forgotten)]
+        self._dirty.clear()
+        self._forgotten.clear()
+        self.since_snapshot = 0
+        return rows, deletes
+
+    def batch_ids(self) -> list[str]:
+        """The judged batches the book keeps (open ones, and probation ones awaiting a grant)."""
+        return list(self._batches)
+
+    def forget(self, batch_ids: Iterable[str]) -> None:
+        """Drop settled batches (no claim will ask about them), unless a probation grant waits for one."""
+        for batch_id in batch_ids:
+            batch = self._batches.get(batch_id)
+            if batch is not None and not (batch.probation and not batch.granted and not batch.withheld):
+                del self._batches[batch_id]
+                self._forgotten.add(batch_id)
+                self._dirty.discard(("batch", batch_id))
 
     def replay(self, event: dict[str, Any]) -> None:
         """Apply one logged event of a kind in ``EVENTS`` (restart rebuild)."""
@@ -207,12 +269,16 @@ class ReleaseBook:
         batch = _Batch(worker_id, worker.judgements, worker.accepted_tokens + self.after_tokens, tokens, not worker.trusted)
         batch.withheld = withheld
         self._batches[batch_id] = batch
+        self._dirty.update((("worker", worker_id), ("batch", batch_id)))
+        self._forgotten.discard(batch_id)
+        self.since_snapshot += 1
         if batch.probation:
             if not withheld:
                 worker.probation_batches.append(batch_id)
             if worker.accepted_tokens >= self.probation_tokens and worker.max_evidence < self.probation_max_evidence:
                 worker.trusted = True
                 self._grant_queue.extend(worker.probation_batches)
+                self._dirty.add(("worker", worker_id))
                 worker.probation_batches.clear()
         elif not withheld:
             self.trusted_tokens += tokens
@@ -225,7 +291,7 @@ class ReleaseBook:
             batch = self._batches[self._grant_queue[0]]
             if self.granted_tokens + batch.tokens > budget:
                 return
-            self._grant_queue.popleft()
+            self._dirty.add(("batch", self._grant_queue.popleft()))
             batch.granted = True
             self.granted_tokens += batch.tokens
 

@@ -127,11 +127,42 @@ class RolloutStore:
             raise StoreError(str(error)) from error
 
     def events(self, skip: Iterable[str] = ()) -> Iterator[dict[str, Any]]:
-        """Replay the event log in order (without the kinds in ``skip``)."""
+        """Replay the event log in order (without the kinds in ``skip``; an audit read: O(history))."""
         skipped = sorted(skip)
         where = f"WHERE kind NOT IN ({', '.join('?' * len(skipped))})" if skipped else ""
         for (body,) in self.db.read(f"SELECT body FROM events {where} ORDER BY seq", skipped):
             yield json.loads(body)
+
+    def replay_events(self, kinds: Iterable[str], judged_after: int) -> Iterator[dict[str, Any]]:
+        """The events of ``kinds`` and the ``judged`` events after sequence number ``judged_after``, in
+        order: what a restart replays (through the index by kind, never the whole log)."""
+        wanted = sorted(kinds)
+        query = (
+            f"SELECT seq, body FROM events WHERE kind IN ({', '.join('?' * len(wanted))}) "
+            "UNION ALL SELECT seq, body FROM events WHERE kind = 'judged' AND seq > ? ORDER BY seq"
+        )
+        for _, body in self.db.read(query, [*wanted, judged_after]):
+            yield json.loads(body)
+
+    def release_rows(self) -> list[tuple[str, str, str]]:
+        """The release book's snapshot rows (``ReleaseBook.restore``)."""
+        return [tuple(row) for row in self.db.read("SELECT kind, key, state FROM release")]
+
+    def write_release(self, rows: Sequence[tuple[str, str, str]], deletes: Sequence[tuple[str, str]]) -> None:
+        """Write a release snapshot (``ReleaseBook.snapshot``) in one transaction; the run's row
+        records the last ``judged`` event it includes."""
+        try:
+            with self.db.transaction() as connection:
+                (upto,) = connection.execute("SELECT coalesce(max(seq), 0) FROM events WHERE kind = 'judged'").fetchone()
+                *others, (kind, key, text) = rows
+                run = json.loads(text)
+                run["upto"] = int(upto)
+                connection.executemany("DELETE FROM release WHERE kind = ? AND key = ?", deletes)
+                connection.executemany(
+                    "INSERT OR REPLACE INTO release VALUES (?, ?, ?)", [*others, (kind, key, json.dumps(run))]
+                )
+        except (StateDBError, sqlite3.Error) as error:
+            raise StoreError(f"could not write the release snapshot in {self.root}: {error}") from error
 
     def lease_events(self) -> list[tuple[Any, ...]]:
         """The events of ``LEASE_EVENTS`` in order, as rows ``(kind, worker_id, batch_index, deadline,

@@ -11,6 +11,9 @@ written before SQLite). Version 2 adds what keeps memory and startup sized by op
   - ``counters``: running totals ``(scope, key, name) -> n``, updated in the same transaction as
     the event that moves them (per-worker sample counts and rejection reasons, run totals).
   - ``lease_totals.rejected`` / ``address_totals.rejected``: folded rejected leases.
+  - ``release``: the release book's snapshot (``release.py``), and an index of the events by
+    kind, so a restart reads the registrations, bans and commits and the ``judged`` events after
+    the snapshot, not every judgement of the run.
 
 The version 2 migration reads every parquet file once (a data dir written before it).
 """
@@ -313,6 +316,11 @@ def schema_v2(root: Path) -> Callable[[sqlite3.Connection], None]:
             "CREATE TABLE counters (scope TEXT NOT NULL, key TEXT NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL, "
             "PRIMARY KEY (scope, key, name)) WITHOUT ROWID"
         )
+        connection.execute(
+            "CREATE TABLE release (kind TEXT NOT NULL, key TEXT NOT NULL, state TEXT NOT NULL, PRIMARY KEY (kind, key)) "
+            "WITHOUT ROWID"
+        )
+        connection.execute("CREATE INDEX events_by_kind ON events (kind, seq)")
         for table in ("lease_totals", "address_totals"):
             connection.execute(f"ALTER TABLE {table} ADD COLUMN rejected INTEGER NOT NULL DEFAULT 0")
         verdicts = {

@@ -14,11 +14,13 @@ transaction, committed and fsynced before the call returns:
   snapshot that no longer restores, restart after restart), and the batch id among its counted
   batches;
 * ``failures(batch_id, worker_id, tracker)`` after a batch's verdicts were posted and counted by the
-  failure tracker: the worker's cumulative accepted/rejected counts and whether it is banned.
+  failure tracker: the worker's cumulative accepted/rejected counts and whether it is banned; in
+  the same transaction the batch leaves the counted batch ids (the orchestrator has its verdicts
+  and never offers it again, so there is nothing left to count twice).
 
-One row per worker and kind (plus one per counted batch id), so the file stays as large as the
-set of identities, and a restart reads exactly that. ``restore`` on open drops what no longer
-restores (``compact``).
+One row per worker and kind, plus one per batch counted into the evidence whose verdicts are not
+posted yet (in flight), so the file stays as large as the set of identities, and a restart reads
+exactly that. ``restore`` on open drops what no longer restores (``compact``).
 
 Pitfall: a crash between posting a batch's verdicts and its ``failures`` write loses that batch's
 counts (the orchestrator has settled it and will not offer it again); its evidence was written
@@ -156,16 +158,23 @@ class ValidatorJournal:
         except (StateDBError, sqlite3.Error) as error:
             raise JournalError(f"could not write {self.db_path}: {error}") from error
 
-    def failures(self, batch_id: str, worker_id: str, tracker: FailureTracker) -> None:
-        """Record ``worker_id``'s cumulative failure counts right after ``batch_id`` was counted."""
+    def failures(
+        self, batch_id: str, worker_id: str, tracker: FailureTracker, ledger: EvidenceLedger | None = None
+    ) -> None:
+        """Record ``worker_id``'s cumulative failure counts right after ``batch_id``'s posted verdicts
+        were counted, and forget ``batch_id`` among the counted batches (here and in ``ledger``)."""
         accepted, rejected = tracker.counts.get(worker_id, [0, 0])
         try:
-            self.db.write(
-                "INSERT OR REPLACE INTO failures VALUES (?, ?, ?, ?)",
-                [(worker_id, int(accepted), int(rejected), int(worker_id in tracker.banned))],
-            )
-        except StateDBError as error:
-            raise JournalError(str(error)) from error
+            with self.db.transaction() as connection:
+                connection.execute(
+                    "INSERT OR REPLACE INTO failures VALUES (?, ?, ?, ?)",
+                    (worker_id, int(accepted), int(rejected), int(worker_id in tracker.banned)),
+                )
+                connection.execute("DELETE FROM evidence_batches WHERE batch_id = ?", (batch_id,))
+        except (StateDBError, sqlite3.Error) as error:
+            raise JournalError(f"could not write {self.db_path}: {error}") from error
+        if ledger is not None:
+            ledger.counted_batches.discard(batch_id)
 
     # ------------------------------------------------------------- replay
 

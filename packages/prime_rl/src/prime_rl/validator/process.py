@@ -347,7 +347,7 @@ class Validator:
             verdicts, prefilled=prefilled, fresh=fresh, min_samples=self.failures.ban_min_samples
         )
         reason = self.failures.record(worker_id, accepted=accepted, rejected=rejected)
-        self.journal.failures(batch.batch_id, worker_id, self.failures)
+        self.journal.failures(batch.batch_id, worker_id, self.failures, self.evidence)
         if evidence_ban is not None and worker_id not in self.evidence_bans_posted:
             reason = evidence_ban
             self.evidence_bans_posted.add(worker_id)
