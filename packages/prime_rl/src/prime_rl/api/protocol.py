@@ -35,6 +35,7 @@ __all__ = [
     "ApiModel",
     "BanRequest",
     "BanResponse",
+    "BatchEvidence",
     "BatchVerdicts",
     "ClaimRequest",
     "ClaimResponse",
@@ -43,6 +44,7 @@ __all__ = [
     "DoneRequest",
     "DoneResponse",
     "ErrorResponse",
+    "EvidenceTestSpec",
     "LeaseDone",
     "LeaseRecord",
     "LeaseSource",
@@ -54,6 +56,7 @@ __all__ = [
     "RegisterResponse",
     "RolloutBatch",
     "RolloutSample",
+    "SampleEvidence",
     "SampleId",
     "Segment",
     "StatusResponse",
@@ -493,6 +496,52 @@ def machine_rejected(verdicts: Sequence[Verdict]) -> bool:
     return bool(own) and own <= UNVERIFIABLE_REASONS
 
 
+MAX_EVIDENCE_TESTS = 4096
+"""Most evidence tests a run's profile may compile to (a profile gives some tens to hundreds)."""
+
+
+class EvidenceTestSpec(ApiModel):
+    """The per-worker evidence tests the validator judges by (``toploc.EvidenceTests`` as plain numbers):
+    per test j, the statistic it watches, its threshold, the honest rate bound p0 and the alternative p1."""
+
+    statistics: Annotated[list[Annotated[str, StringConstraints(max_length=64)]], Field(min_length=1, max_length=MAX_EVIDENCE_TESTS)]
+    thresholds: Annotated[list[float], Field(max_length=MAX_EVIDENCE_TESTS)]
+    null_rates: Annotated[list[Annotated[float, Field(gt=0, lt=1)]], Field(max_length=MAX_EVIDENCE_TESTS)]
+    alternative_rates: Annotated[list[Annotated[float, Field(gt=0, lt=1)]], Field(max_length=MAX_EVIDENCE_TESTS)]
+    log_threshold: Annotated[float, Field(gt=0)] = Field(description="Recent (CUSUM) score that bans (nats).")
+    history_log_threshold: Annotated[float, Field(gt=0)] = Field(description="History score that bans (nats).")
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> EvidenceTestSpec:
+        n = len(self.statistics)
+        if not len(self.thresholds) == len(self.null_rates) == len(self.alternative_rates) == n:
+            raise ValueError("statistics, thresholds, null_rates and alternative_rates need one entry per test")
+        if any(p1 <= p0 for p0, p1 in zip(self.null_rates, self.alternative_rates, strict=True)):
+            raise ValueError("every alternative rate must exceed its null rate")
+        return self
+
+
+class SampleEvidence(ApiModel):
+    """One prefilled sample's evidence increments: per test, its observations and those above the threshold."""
+
+    seen: Annotated[list[NonNegInt], Field(max_length=MAX_EVIDENCE_TESTS)]
+    exceeded: Annotated[list[NonNegInt], Field(max_length=MAX_EVIDENCE_TESTS)]
+    tokens: NonNegInt
+
+    @model_validator(mode="after")
+    def _counts(self) -> SampleEvidence:
+        if len(self.seen) != len(self.exceeded) or any(k > n for n, k in zip(self.seen, self.exceeded, strict=True)):
+            raise ValueError("seen and exceeded need one count per test, with exceeded <= seen")
+        return self
+
+
+class BatchEvidence(ApiModel):
+    """What a judged batch adds to its worker's evidence, in submission order of its prefilled samples."""
+
+    tests: EvidenceTestSpec
+    samples: Annotated[list[SampleEvidence], Field(max_length=1 << 16)]
+
+
 class VerdictRequest(ApiModel):
     """POST /validator/verdicts (trusted): one verdict per sample of the batch."""
 
@@ -508,12 +557,24 @@ class VerdictRequest(ApiModel):
         description="The validator posting (as in POST /validator/leases); refused with 409 lease_lost while "
         "another validator holds the batch's lease.",
     )
+    prefilled: bool | None = Field(
+        default=None,
+        description="Whether the batch reached the model checks; set, the orchestrator counts the batch in the "
+        "run's ledger (failure counts, evidence, bans); null: it keeps no ledger for this verdict.",
+    )
+    evidence: BatchEvidence | None = Field(
+        default=None, description="The batch's evidence increments (with prefilled set); null: none measured."
+    )
 
 
 class VerdictResponse(ApiModel):
     batch_id: str
     accepted: int
     rejected: int
+    worker_evidence: float | None = Field(
+        default=None, description="The worker's evidence in the run's ledger after this batch (fraction of the ban threshold)."
+    )
+    ban_reason: str = Field(default="", description="Why the run's ledger banned the worker ('' if it did not).")
 
 
 class BatchVerdicts(ApiModel):

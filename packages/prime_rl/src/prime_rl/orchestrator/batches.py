@@ -361,12 +361,14 @@ class BatchBook(Mapping[str, StoredBatch]):
         request: VerdictRequest,
         events: Sequence[dict[str, Any]] = (),
         keep_open: Callable[[StoredBatch, Sequence[Verdict]], bool] = lambda batch, verdicts: True,
+        evidence: Sequence[tuple[str, str]] = (),
     ) -> VerdictResponse:
         """Store one verdict per sample (idempotent for identical verdicts; 404/400/409 otherwise).
         ``events``: store events written in the same transaction as the verdicts (alone when the
         verdicts were stored before); written unless this raises. ``keep_open(batch, verdicts)``:
         whether the batch stays open after these verdicts (else it settles in the same transaction;
-        a batch settled before stays settled)."""
+        a batch settled before stays settled). ``evidence``: the run's evidence ledger rows this judgement
+        changes, written with the verdicts (``evidence_ledger.py``)."""
         batch = self._live.get(request.batch_id)
         if batch is None and (row := self._store.batch(request.batch_id)) is not None:
             batch = _from_row(row)
@@ -397,7 +399,8 @@ class BatchBook(Mapping[str, StoredBatch]):
             delta = counter_delta(sample_counts(len(verdicts), verdicts), sample_counts(len(verdicts), batch.verdicts))
             settle = batch.batch_id not in self._live or not keep_open(batch, verdicts)
             self._store.write_verdicts(
-                batch.batch_id, verdicts, events, worker_id=batch.worker_id, counters=delta, settle=settle
+                batch.batch_id, verdicts, events, worker_id=batch.worker_id, counters=delta, settle=settle,
+                evidence=evidence,
             )
             self._count(batch.worker_id, delta)
             batch.verdicts = verdicts

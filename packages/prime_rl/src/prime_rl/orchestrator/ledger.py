@@ -83,6 +83,7 @@ from prime_rl.config.sections import BUILTIN_ENVIRONMENTS
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
 from prime_rl.orchestrator.claims import ClaimSelection, StoredClaims, select_claim, stale_drops
+from prime_rl.orchestrator.evidence_ledger import RunEvidence
 from prime_rl.orchestrator.identities import FreshIdentities
 from prime_rl.orchestrator.lease_rules import LeaseRules
 from prime_rl.orchestrator.leases import HeldLease, LeaseBook, TaskPrompts
@@ -129,6 +130,10 @@ class Ledger:
         self.leases = LeaseBook(config, tasks, store, self.metrics, key=secrets.assignment_key)
         self.batches = BatchBook(config, store, self.metrics, clock)
         self.validator_leases = ValidatorLeases(self.orch.validator_lease_s, clock)  # memory only: open work
+        self.run_evidence = RunEvidence(
+            ban_failure_rate=config.validator.ban_failure_rate, ban_min_samples=config.validator.ban_min_samples,
+            rows=store.evidence_rows(),
+        )  # one evidence ledger per run, whatever validator judged (evidence_ledger.py)
         self.release = ReleaseBook(
             store,
             after_tokens=self.orch.release_after_tokens,
@@ -552,12 +557,31 @@ class Ledger:
         batch costs its worker what walking away costs (``LeaseRules``: allowance, address cap,
         abandonment ban) and hands its lease's tasks to another identity."""
         batch = self.batches.get(request.batch_id)
-        judged = None
+        judged = judgement = None
+        events: list[dict[str, Any]] = []
         if batch is not None and (batch.verdicts is None or batch.expired):  # (unknown: 404 from the batch book)
             self.validator_leases.check_verdict(batch.batch_id, request.validator_id or "")  # not judged: the holder's
-            judged = self.release.judged_event(batch.batch_id, batch.worker_id, request.verdicts, request.worker_evidence)
-        answer = self.batches.record_verdicts(request, [judged] if judged is not None else [], self._keeps_open)
+            evidence = request.worker_evidence
+            if request.prefilled is not None and len(request.verdicts) == len(batch.task_ids):  # (else 400 below)
+                judgement = self.run_evidence.judge(
+                    batch.worker_id, request.verdicts, prefilled=request.prefilled, evidence=request.evidence
+                )
+                request, evidence = request.model_copy(update={"verdicts": judgement.verdicts}), judgement.fraction
+                if judgement.ban and not self.workers[batch.worker_id].banned:
+                    events.append({"event": "ban", "worker_id": batch.worker_id, "reason": judgement.ban, "time": self.clock()})
+            judged = self.release.judged_event(batch.batch_id, batch.worker_id, request.verdicts, evidence)
+        elif batch is not None and request.prefilled is not None:  # a retry: compared as the ledger recorded it
+            request = request.model_copy(update={"verdicts": self.run_evidence.as_recorded(batch.worker_id, request.verdicts)})
+        answer = self.batches.record_verdicts(
+            request, [e for e in (judged, *events) if e is not None], self._keeps_open,
+            evidence=[judgement.store_row()] if judgement is not None else (),
+        )  # fmt: skip
         self.validator_leases.release(request.batch_id)
+        if judgement is not None:
+            answer = self._apply_judgement(judgement, events, answer)
+        elif batch is not None and batch.worker_id in self.run_evidence:
+            row = self.run_evidence.get(batch.worker_id)
+            answer = answer.model_copy(update={"worker_evidence": row.fraction, "ban_reason": row.evidence_ban or row.failure_ban})
         if judged is not None:
             self.release.replay(judged)
             if not self.batches.is_open(request.batch_id):
@@ -575,6 +599,18 @@ class Ledger:
             if rejected:
                 self.rules.ban_abandoners({stored.worker_id})
         return answer
+
+    def _apply_judgement(self, judgement: Any, bans: Sequence[dict[str, Any]], answer: VerdictResponse) -> VerdictResponse:
+        """Apply a stored judgement of the run's evidence ledger (its row and ``ban`` events were written
+        with the verdicts) to memory; the answer tells the validator the worker's evidence and ban."""
+        self.run_evidence.commit(judgement)
+        for event in bans:
+            self.workers.replay(event)
+            self.metrics.log("ban", worker_id=event["worker_id"], reason=event["reason"])
+        if judgement.evidence_fields:
+            self.metrics.log("evidence", worker_id=judgement.worker_id, **judgement.evidence_fields)
+        row = judgement.row
+        return answer.model_copy(update={"worker_evidence": row.fraction, "ban_reason": row.evidence_ban or row.failure_ban})
 
     # ------------------------------------------------------------------ settling
 

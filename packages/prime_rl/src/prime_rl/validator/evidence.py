@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import toploc
 from prime_rl.api.fields import MAX_DETAIL_CHARS
-from prime_rl.api.protocol import Verdict
+from prime_rl.api.protocol import BatchEvidence, EvidenceTestSpec, SampleEvidence, Verdict
 
 
 @dataclass
@@ -64,6 +64,28 @@ class EvidenceLedger:
         evidence = self.workers.get(worker_id)
         fraction = 0.0 if evidence is None else evidence.state().fraction
         return max(0.0, fraction) if math.isfinite(fraction) else 1e9
+
+
+def evidence_spec(tests: toploc.EvidenceTests) -> EvidenceTestSpec:
+    """``tests`` as the plain numbers the orchestrator's run ledger computes with (it never imports toploc)."""
+    return EvidenceTestSpec(
+        statistics=list(tests.statistics),
+        thresholds=[float(x) for x in tests.thresholds],
+        null_rates=[float(x) for x in tests.null_rates],
+        alternative_rates=[float(x) for x in tests.alternative_rates],
+        log_threshold=float(tests.log_threshold),
+        history_log_threshold=float(tests.history_log_threshold),
+    )
+
+
+def batch_evidence(tests: toploc.EvidenceTests, observed: Sequence[toploc.Observations]) -> BatchEvidence:
+    """A judged batch's evidence increments for ``POST /validator/verdicts``: per prefilled sample, per
+    test, its observations and those above the threshold (``EvidenceTests.counts``), and its tokens."""
+    samples = []
+    for observations in observed:
+        seen, exceeded = tests.counts(observations)
+        samples.append(SampleEvidence(seen=[int(n) for n in seen], exceeded=[int(k) for k in exceeded], tokens=int(observations.num_tokens)))
+    return BatchEvidence(tests=evidence_spec(tests), samples=samples)
 
 
 def ban_reason(state: toploc.EvidenceState) -> str:
