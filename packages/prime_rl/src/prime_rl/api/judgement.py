@@ -22,7 +22,7 @@ NOT_THE_WORKERS = frozenset({"unknown_policy", "internal_error"})
 """Failures found before any prefill that the validator's own state may explain (a version it cannot
 fetch, a bug of its own): such a batch counts as many rejections as it has samples, no more."""
 
-NOISE_REASONS = frozenset({"sampling_failed", "logprobs_mismatch"})
+NOISE_REASONS = frozenset({"sampling_mismatch", "logprobs_mismatch"})
 """Per-token rules an honest worker fails at their calibrated false-rejection rate (bf16 decode
 against prefill noise): a fresh identity keeps the ``ban_min_samples`` grace for them, so one unlucky
 first lease does not ban an honest newcomer; the evidence still sees every such token."""

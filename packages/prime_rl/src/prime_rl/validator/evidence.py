@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import toploc
-from prime_rl.api.fields import MAX_DETAIL_CHARS
-from prime_rl.api.protocol import BatchEvidence, EvidenceTestSpec, SampleEvidence, Verdict
+from prime_rl.api.judgement import reject_banned as reject_banned  # re-exported: the rule lives in api
+from prime_rl.api.protocol import BatchEvidence, EvidenceTestSpec, SampleEvidence
 
 
 @dataclass
@@ -95,17 +95,6 @@ def ban_reason(state: toploc.EvidenceState) -> str:
         f"({state.tokens} tokens): {state.strongest}"
     )
     return reason[:200]
-
-
-def reject_banned(verdicts: Sequence[Verdict], reason: str) -> list[Verdict]:
-    """The batch of a worker banned by evidence trains nothing: its accepted verdicts become
-    ``banned_worker`` rejections (the evidence that banned it includes these very samples)."""
-    return [
-        v.model_copy(update={"accepted": False, "reason": "banned_worker", "detail": reason[:MAX_DETAIL_CHARS]})
-        if v.accepted
-        else v
-        for v in verdicts
-    ]
 
 
 def metrics_fields(worker_id: str, state: toploc.EvidenceState) -> dict[str, object]:
