@@ -74,7 +74,7 @@ def _settled_history(ledger: Ledger, store: RolloutStore, count: int) -> Ledger:
         verdict_rows.append((meta.batch_id, text))
         counts.update({(worker, "batches"): 1, (worker, "samples"): 4, (worker, "accepted"): 4})
     with store.db.transaction() as connection:
-        connection.executemany("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)", batches)
+        connection.executemany("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, NULL)", batches)
         connection.executemany("INSERT INTO verdicts VALUES (?, ?)", verdict_rows)
         connection.executemany(
             "INSERT INTO counters VALUES ('worker', ?, ?, ?) ON CONFLICT (scope, key, name) DO UPDATE SET n = n + excluded.n",

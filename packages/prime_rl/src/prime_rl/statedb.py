@@ -19,6 +19,11 @@ migration. A torn last line (a crash mid-append) is dropped alone, with a warnin
 line that is not a JSON object. A torn line *inside* the file (an append glued onto a torn line) is
 split at the glue point so the complete record after it is kept.
 
+Group commit (``defer_sync``): a server that answers many requests sets ``synchronous=NORMAL``, so
+a commit appends to the write-ahead log without an fsync, and makes commits durable in groups with
+:meth:`StateDB.sync` (one fsync of the log covers every commit before it; ``commits`` counts them),
+taken outside its request lock; it acknowledges a request only once a sync covers its commit.
+
 Pitfall: one process per file. WAL allows concurrent readers, but the stores keep in-memory indexes
 that another writer would silently invalidate.
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -61,6 +67,9 @@ class StateDB:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._depth = 0
+        self.commits = 0  # transactions committed by this process (``sync`` makes them durable)
+        self.syncs = 0  # fsyncs ``sync`` took
+        self._wal_dir_synced = False
         try:
             # isolation_level=None: no implicit transactions; BEGIN/COMMIT are ours.
             self.connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -119,6 +128,39 @@ class StateDB:
                 if self.connection.in_transaction:
                     self.connection.execute("ROLLBACK")
                 raise StateDBError(f"could not write the {self.what} at {self.path}: {error}") from error
+            self.commits += 1
+
+    def defer_sync(self) -> None:
+        """Commit without an fsync from now on (``synchronous=NORMAL``): the caller makes commits
+        durable with ``sync`` before it acknowledges them (module docstring: group commit)."""
+        with self._lock:
+            self.connection.execute("PRAGMA synchronous=NORMAL")
+
+    def sync(self) -> None:
+        """Make every transaction committed so far durable: one fsync of the write-ahead log (and of
+        its folder, the first time: the log's own name). Safe from any thread, never under the
+        connection's lock, so writers go on meanwhile. ``StateDBError`` when the fsync fails."""
+        wal = self.path.with_name(self.path.name + "-wal")
+        try:
+            fd = os.open(wal, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # nothing written through the log yet
+        except OSError as error:
+            raise StateDBError(f"could not sync the {self.what} at {self.path}: {error}") from error
+        try:
+            os.fsync(fd)
+            self.syncs += 1
+            if not self._wal_dir_synced:
+                folder = os.open(self.path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(folder)
+                finally:
+                    os.close(folder)
+                self._wal_dir_synced = True
+        except OSError as error:
+            raise StateDBError(f"could not sync the {self.what} at {self.path}: {error}") from error
+        finally:
+            os.close(fd)
 
     def write(self, sql: str, rows: Sequence[Sequence[Any]] = ((),)) -> None:
         """Run one statement per row of parameters in one transaction (``StateDBError`` on failure)."""

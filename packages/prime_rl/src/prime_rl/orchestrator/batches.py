@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prime_rl.api.errors import ApiFailure
@@ -46,47 +46,9 @@ from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.claims import select_claim
 from prime_rl.orchestrator.records import batch_rows, rollout_samples, train_samples
 from prime_rl.orchestrator.store import BatchMeta, RolloutStore, StoredRow
-from prime_rl.orchestrator.store_schema import EXPIRED, counter_delta, sample_counts
+from prime_rl.orchestrator.store_schema import EXPIRED, StoredBatch, counter_delta, sample_counts
 
 __all__ = ["EXPIRED", "BatchBook", "StoredBatch"]
-
-
-@dataclass
-class StoredBatch:
-    """One acknowledged batch (``verdicts`` None = awaiting validation; ``claimed``: sample indices;
-    ``completion_lengths``: per sample, known when the batch was stored by this process, else None
-    until read back from the store)."""
-
-    meta: BatchMeta
-    task_ids: tuple[int, ...]
-    verdicts: list[Verdict] | None = None
-    claimed: set[int] = field(default_factory=set)
-    completion_lengths: tuple[int, ...] | None = None
-
-    @property
-    def batch_id(self) -> str:
-        return self.meta.batch_id
-
-    @property
-    def worker_id(self) -> str:
-        return self.meta.worker_id
-
-    @property
-    def seq(self) -> int:
-        return self.meta.seq
-
-    @property
-    def policy_version(self) -> int:
-        return self.meta.policy_version
-
-    @property
-    def lease(self) -> LeaseRecord | None:
-        return self.meta.lease
-
-    @property
-    def expired(self) -> bool:
-        """Judged by the orchestrator's expiry (every verdict ``expired``), not by a validator."""
-        return self.verdicts is not None and all(v.reason == EXPIRED for v in self.verdicts)
 
 
 FRESH_TURN = 4
@@ -193,11 +155,18 @@ class BatchBook(Mapping[str, StoredBatch]):
         return batch_rows(batch)
 
     def add(
-        self, batch: RolloutBatch, body_sha256: str, rows: dict[str, Sequence[Any]], lease: LeaseRecord | None
+        self,
+        batch: RolloutBatch,
+        body_sha256: str,
+        rows: dict[str, Sequence[Any]],
+        lease: LeaseRecord | None,
+        *,
+        payload: Path | None = None,
     ) -> SubmitResponse:
         """Store ``batch`` (``body_sha256``: digest of the request body as received; rows from
-        ``check``; ``lease``: the one it answers, None if unleased) durably, or recognise it as a
-        duplicate; ApiFailure 409 if a different body was stored under the same id."""
+        ``check``; ``lease``: the one it answers, None if unleased; ``payload``: its payload file,
+        written already, ``RolloutStore.write_payload``) durably, or recognise it as a duplicate;
+        ApiFailure 409 if a different body was stored under the same id."""
         batch_id = f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}"
         existing = self._live.get(batch_id)
         sha256 = existing.meta.sha256 if existing is not None else self._store.batch_sha256(batch_id)
@@ -218,7 +187,7 @@ class BatchBook(Mapping[str, StoredBatch]):
         )
         samples = batch.samples
         delta = {"batches": 1, "samples": len(samples), "pending": len(samples)}
-        self._store.write_batch(meta, rows, delta)
+        self._store.write_batch(meta, rows, delta, payload=payload)
         self._stored += 1
         self._count(batch.worker_id, delta)
         self._live[batch_id] = self._waiting[batch_id] = StoredBatch(

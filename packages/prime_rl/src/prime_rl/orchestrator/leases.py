@@ -29,13 +29,15 @@ The book refuses nothing; the API's lease rules (current step only, open-lease c
 abandoned leases, backpressure) are the ``Ledger``'s.
 
 Cost: a lease costs the same however many leases were issued before it. Open leases are counted
-per worker and per address as they open and close, expiry pops a deadline heap, and answered leases
-whose batch was judged and accepted (a rejected or expired batch's tasks go back to another
-identity: ``return_tasks``, and its lease stays one by one) are folded every ``FOLD_EVERY`` into per-worker and per-address
-totals in the store (their events
-deleted, ``RolloutStore.fold_leases``), so neither memory nor the store nor a restart's replay grows
-with answered history. Kept one by one: open and expired leases, and answered leases that took over
-an abandoned lease's tasks, so the log still says who answered whose tasks (abandonment bans bound
+per worker and per address as they open and close, expiry pops a deadline heap, and settled leases
+are folded every ``FOLD_EVERY`` into per-worker and per-address totals in the store (answered,
+expired and rejected counts; their events deleted, ``RolloutStore.fold_leases``), so neither memory
+nor the store nor a restart's replay grows with history. Settled: answered and judged accepted, or
+answered and returned (rejected, or expired unjudged) once another lease took its tasks over. A
+lease that took over another's tasks folds only with or after that one (a restart replays the link,
+which keeps the original from being handed out twice); who answered whose tasks stays in the
+answering batch's ``LeaseRecord`` (``reassigned_from``). Kept one by one: open leases, leases whose
+tasks still wait for another identity, and expired leases nobody answered (abandonment bans bound
 how many there are). (Pitfall, fixed: the book once scanned every lease ever issued three times
 per lease request; a lease took 0.72 ms at the start of a run and 2.11 ms after 6,000 leases.)
 """

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from prime_rl.api.errors import ApiFailure
@@ -461,8 +462,11 @@ class Ledger:
 
     # ------------------------------------------------------------------ rollouts and verdicts
 
-    def submit(self, worker: WorkerRecord, batch: RolloutBatch, body_sha256: str) -> SubmitResponse:
-        """Store ``batch`` (``body_sha256``: SHA-256 hex of the request body as received)."""
+    def submit(
+        self, worker: WorkerRecord, batch: RolloutBatch, body_sha256: str, *, payload: Path | None = None
+    ) -> SubmitResponse:
+        """Store ``batch`` (``body_sha256``: SHA-256 hex of the request body as received; ``payload``:
+        its payload file, written by the caller already, ``RolloutStore.write_payload``)."""
         rows = self.batches.check(batch)
         if batch.batch_index >= self.leases.next_index(worker.worker_id) + self.orch.max_open_leases:
             raise ApiFailure(409, "conflict", f"batch_index {batch.batch_index} was never leased to you")
@@ -478,7 +482,7 @@ class Ledger:
             )  # fmt: skip
             if problem is not None:
                 raise ApiFailure(409, "conflict", problem)
-        answer = self.batches.add(batch, body_sha256, rows, lease)
+        answer = self.batches.add(batch, body_sha256, rows, lease, payload=payload)
         if lease is not None and not answer.duplicate:
             self.leases.mark_answered(worker.worker_id, batch.batch_index)
         return answer

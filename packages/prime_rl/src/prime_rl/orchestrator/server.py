@@ -56,6 +56,7 @@ from prime_rl.api.secrets import RunSecrets, SecretsError, check_bind_address, r
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter, get_metrics, init_process
 from prime_rl.orchestrator.admission import check_admission, load_admission
+from prime_rl.orchestrator.group_commit import GroupCommit
 from prime_rl.orchestrator.http import (
     bearer,
     errors_middleware,
@@ -121,10 +122,16 @@ class _Api:
         )
         self.lock = asyncio.Lock()
         self.workers_view = WorkersView(ledger, orch.workers_view_max_age_s)
+        self.group_commit = GroupCommit(ledger.store.db)
 
     async def call(self, function: Callable[..., Any], *args: Any) -> Any:
-        async with self.lock:
-            return await asyncio.to_thread(function, *args)
+        """Run one ledger call under the lock, then wait (lock released) until its store writes are
+        durable (``group_commit.py``): only then may the caller answer."""
+        try:
+            async with self.lock:
+                return await asyncio.to_thread(function, *args)
+        finally:
+            await self.group_commit.durable()
 
     async def body(self, request: web.Request, model: type[M]) -> M:
         raw = await request.read()  # aiohttp enforces client_max_size (413) before this returns
@@ -211,15 +218,31 @@ class _Api:
             await self._count_malformed(raw)
             raise ApiFailure(400, "bad_request", validation_message(error)) from None
 
-        digest = hashlib.sha256(raw).hexdigest()
+        digest, token = hashlib.sha256(raw).hexdigest(), bearer(request)
+        await self.call(self.ledger.authenticate, batch.worker_id, token)
+        try:
+            rows = self.ledger.batches.check(batch)  # 413/400 before anything is written
+        except ApiFailure:
+            await self.call(self.ledger.record_malformed, batch.worker_id)
+            raise
+        # The payload is written and fsynced outside the lock (group_commit.py), then indexed under it.
+        batch_id = f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}"
+        path = await asyncio.to_thread(self.ledger.store.write_payload, batch_id, digest, rows)
 
         def work() -> Any:
-            worker = self.ledger.authenticate(batch.worker_id, bearer(request))
+            stored = False
             try:
-                return self.ledger.submit(worker, batch, digest)
-            except ApiFailure:
-                self.ledger.record_malformed(worker.worker_id)
-                raise
+                worker = self.ledger.authenticate(batch.worker_id, token)
+                try:
+                    answer = self.ledger.submit(worker, batch, digest, payload=path)
+                except ApiFailure:
+                    self.ledger.record_malformed(worker.worker_id)
+                    raise
+                stored = not answer.duplicate
+                return answer
+            finally:
+                if not stored:  # a duplicate or a refusal: no row refers to this request's payload
+                    path.unlink(missing_ok=True)
 
         return model_response(await self.call(work))
 

@@ -3,15 +3,24 @@
 Layout of ``data_dir``::
 
     state.sqlite                   registrations, leases, bans, judgements, commits (the event log),
-                                   folded lease totals, verdicts and claims (``prime_rl.statedb``:
-                                   WAL, synchronous=FULL, schema versions)
-    batches/<batch_id>.parquet     one submitted rollout batch (one row per sample; batch fields in
-                                   the schema metadata key ``prime_rl.batch``)
+                                   folded lease totals, verdicts, claims, the batch index, running
+                                   counters and the release snapshot (``prime_rl.statedb``: WAL,
+                                   synchronous=FULL, schema versions: ``store_schema.py``)
+    batches/<batch_id>.<random>.parquet
+                                   one submitted rollout batch (one row per sample); its file name
+                                   is in the batch index (``<batch_id>.parquet``, batch fields in the
+                                   schema metadata, in a data dir written before)
 
 Every write is durable before the function returns: a SQLite transaction is committed (one fsync of
 the write-ahead log), a parquet file is written to a temporary name, fsynced, renamed into place and
 the directory fsynced. So a crash leaves either the old state or the new one, never a half record,
-and ``load()`` after a restart sees everything that any caller was told succeeded.
+and a restart sees everything that any caller was told succeeded. The server commits without the
+fsync and acknowledges only after a group fsync covers the commit (``group_commit.py``).
+
+Sized by open work: a restart reads the open batches' index rows, the counters, the release
+snapshot and the events that did not fold (``Ledger._load``), never the parquet files or every
+verdict; reads of settled batches and old claims are single indexed lookups. ``batch_records``,
+``all_verdicts``, ``claims`` and ``events`` read everything: audits and tests only.
 
 Migration: a data dir written before SQLite (``journal.jsonl``, ``verdicts/*.parquet``,
 ``claims/*.parquet``) is imported into ``state.sqlite`` on first open, in one transaction; the old
@@ -26,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import sqlite3
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -219,18 +229,31 @@ class RolloutStore:
     # ------------------------------------------------------------- batches
 
     def batch_path(self, batch_id: str) -> Path:
+        """The payload file name of a batch stored before payload files were named per request."""
         return self.batches_dir / f"{batch_id}.parquet"
 
-    def write_batch(self, meta: BatchMeta, rows: dict[str, Sequence[Any]], counters: Mapping[str, int]) -> None:
-        """Durably store a batch: ``rows`` maps every ``BATCH_SCHEMA`` column to its values; then, in
-        one transaction, its index row (open) and its worker's ``counters`` deltas. The parquet file
-        comes first: a crash between the two leaves an orphan file no one reads (the batch was never
-        acknowledged; its resubmission overwrites it)."""
-        schema = BATCH_SCHEMA.with_metadata({BATCH_META_KEY: meta.to_json()})
-        table = pa.Table.from_pydict(dict(rows), schema=schema)
-        _atomic_write_table(table, self.batch_path(meta.batch_id))
+    def write_payload(self, batch_id: str, sha256: str, rows: dict[str, Sequence[Any]]) -> Path:
+        """Durably write a batch's payload (``rows`` maps every ``BATCH_SCHEMA`` column to its values)
+        to a file of its own (``<batch_id>.<random>.parquet``) before anything refers to it; returns
+        its path. Thread-safe and needs no ledger state: a server writes it outside its request lock
+        (``group_commit.py``). A payload that ends up unused (a duplicate, a refused batch) is the
+        caller's to delete."""
+        path = self.batches_dir / f"{batch_id}.{secrets.token_hex(6)}.parquet"
+        schema = BATCH_SCHEMA.with_metadata({BATCH_META_KEY: json.dumps({"batch_id": batch_id, "sha256": sha256})})
+        _atomic_write_table(pa.Table.from_pydict(dict(rows), schema=schema), path)
+        return path
+
+    def write_batch(
+        self, meta: BatchMeta, rows: dict[str, Sequence[Any]], counters: Mapping[str, int], *, payload: Path | None = None
+    ) -> None:
+        """Durably store a batch: its payload (``rows``; ``payload``: written already, ``write_payload``),
+        then, in one transaction, its index row (open) and its worker's ``counters`` deltas. The
+        payload comes first: a crash between the two leaves an orphan file no one reads (the batch
+        was never acknowledged)."""
+        if payload is None:
+            payload = self.write_payload(meta.batch_id, meta.sha256, rows)
         task_ids = json.dumps([int(task_id) for task_id in rows["task_id"]])
-        row = (meta.batch_id, meta.seq, meta.worker_id, meta.to_json().decode(), task_ids, "[]", 1)
+        row = (meta.batch_id, meta.seq, meta.worker_id, meta.to_json().decode(), task_ids, "[]", 1, payload.name)
         try:
             with self.db.transaction() as connection:
                 connection.execute(INSERT_BATCH, row)
@@ -240,8 +263,10 @@ class RolloutStore:
 
     def read_batch(self, batch_id: str) -> pa.Table:
         """The batch's full table (one row per sample)."""
+        rows = self.db.read("SELECT file FROM batches WHERE batch_id = ?", (batch_id,))
+        path = self.batches_dir / rows[0][0] if rows and rows[0][0] else self.batch_path(batch_id)
         try:
-            return pq.read_table(self.batch_path(batch_id))
+            return pq.read_table(path)
         except (OSError, pa.ArrowException) as error:
             raise StoreError(f"could not read batch {batch_id}: {error}") from error
 

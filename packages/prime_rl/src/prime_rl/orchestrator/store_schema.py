@@ -25,7 +25,7 @@ import logging
 import sqlite3
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +248,45 @@ def _legacy_claims(claims_dir: Path) -> list[ClaimRecord]:
     return result
 
 
+@dataclass
+class StoredBatch:
+    """One acknowledged batch (``verdicts`` None = awaiting validation; ``claimed``: sample indices;
+    ``completion_lengths``: per sample, known when the batch was stored by this process, else None
+    until read back from the store)."""
+
+    meta: BatchMeta
+    task_ids: tuple[int, ...]
+    verdicts: list[Verdict] | None = None
+    claimed: set[int] = field(default_factory=set)
+    completion_lengths: tuple[int, ...] | None = None
+
+    @property
+    def batch_id(self) -> str:
+        return self.meta.batch_id
+
+    @property
+    def worker_id(self) -> str:
+        return self.meta.worker_id
+
+    @property
+    def seq(self) -> int:
+        return self.meta.seq
+
+    @property
+    def policy_version(self) -> int:
+        return self.meta.policy_version
+
+    @property
+    def lease(self) -> LeaseRecord | None:
+        return self.meta.lease
+
+    @property
+    def expired(self) -> bool:
+        """Judged by the orchestrator's expiry (every verdict ``expired``), not by a validator."""
+        return self.verdicts is not None and all(v.reason == EXPIRED for v in self.verdicts)
+
+
+
 def read_batch_records(batches_dir: Path) -> list[BatchRecord]:
     """Every batch file's metadata and task ids, by submission sequence number (the version 2
     migration; ``StoreError`` for a damaged file)."""
@@ -296,8 +335,8 @@ def claimed_json(indices: set[int]) -> str:
     return json.dumps(sorted(indices), separators=(",", ":"))
 
 
-BATCH_COLUMNS = "batch_id, seq, worker_id, meta, task_ids, claimed, open"
-INSERT_BATCH = f"INSERT INTO batches ({BATCH_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+BATCH_COLUMNS = "batch_id, seq, worker_id, meta, task_ids, claimed, open, file"
+INSERT_BATCH = f"INSERT INTO batches ({BATCH_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 ADD_COUNTER = (
     "INSERT INTO counters VALUES (?, ?, ?, ?) ON CONFLICT (scope, key, name) DO UPDATE SET n = n + excluded.n"
 )
@@ -309,7 +348,7 @@ def schema_v2(root: Path) -> Callable[[sqlite3.Connection], None]:
     def migrate(connection: sqlite3.Connection) -> None:
         connection.execute(
             "CREATE TABLE batches (batch_id TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, worker_id TEXT NOT NULL, "
-            "meta TEXT NOT NULL, task_ids TEXT NOT NULL, claimed TEXT NOT NULL, open INTEGER NOT NULL)"
+            "meta TEXT NOT NULL, task_ids TEXT NOT NULL, claimed TEXT NOT NULL, open INTEGER NOT NULL, file TEXT)"
         )
         connection.execute("CREATE INDEX batches_open ON batches (seq) WHERE open = 1")
         connection.execute(
@@ -337,7 +376,7 @@ def schema_v2(root: Path) -> Callable[[sqlite3.Connection], None]:
             meta = record.meta
             rows.append(
                 (meta.batch_id, meta.seq, meta.worker_id, meta.to_json().decode(), json.dumps(record.task_ids),
-                 claimed_json(claimed.get(meta.batch_id, set())), 1)
+                 claimed_json(claimed.get(meta.batch_id, set())), 1, None)
             )  # fmt: skip
             counts = sample_counts(len(record.task_ids), verdicts.get(meta.batch_id))
             counts.update(batches=1, samples=len(record.task_ids))
