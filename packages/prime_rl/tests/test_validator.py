@@ -179,14 +179,13 @@ def test_a_lease_that_fails_before_any_model_check_counts_towards_a_ban_whatever
     fresh identity, although 8 < ``ban_min_samples`` 16; a failure the validator's own state may
     explain (``unknown_policy``) counts only its samples, and a worker with accepted history is not
     banned by one such lease."""
+    from prime_rl.api.judgement import NOISE_REASONS, NOT_THE_WORKERS
     from prime_rl.api.protocol import Verdict
     from prime_rl.orchestrator.evidence_ledger import RunEvidence
 
-    from prime_rl.api.judgement import NOISE_REASONS, NOT_THE_WORKERS
-
     # The torch-free rule names the validator's reasons by value.
-    assert NOISE_REASONS == {Reason.SAMPLING_FAILED, Reason.LOGPROBS_MISMATCH}
-    assert NOT_THE_WORKERS == {Reason.UNKNOWN_POLICY, Reason.INTERNAL_ERROR}
+    assert {Reason.SAMPLING_FAILED, Reason.LOGPROBS_MISMATCH} == NOISE_REASONS
+    assert {Reason.UNKNOWN_POLICY, Reason.INTERNAL_ERROR} == NOT_THE_WORKERS
     # The run's ledger (the orchestrator's since issue 45) with the validator's ban settings.
     ledger = RunEvidence(ban_failure_rate=0.5, ban_min_samples=16)
     bans: list[str] = []
