@@ -181,3 +181,32 @@ def test_failure_counts_from_different_validators_add_up_to_the_same_ban(config_
     bans = [[i for i, a in enumerate(answers) if a is not None and a.ban_reason][:1] for answers, _, _ in (one, two)]
     assert bans[0] == bans[1] == [5]  # 24 accepted, then 24 rejected after batch 5: 50%
     assert one[2].ban_reason == two[2].ban_reason == "24/48 samples rejected (threshold 50%)"
+
+
+def test_a_retried_verdict_is_idempotent_before_and_after_the_workers_evidence_ban(
+    steered: Any, config_for: Any, batch_for: Any
+) -> None:
+    """Verdicts stored before the ban (accepted) and the one the ban rejected (banned_worker) both
+    answer an identical retry with 200, and count nothing twice."""
+    tests, observed = steered
+    server = _server(config_for)
+    try:
+        with _client(server) as worker, _client(server) as validator:
+            worker_id = worker.register("steer").worker_id
+            posted: list[VerdictRequest] = []
+            for index in range(BATCHES):
+                try:
+                    worker.submit_rollouts(batch_for(worker.get_tasks(worker_id)))
+                except ClientRequestError:
+                    break  # banned
+                (batch,) = validator.take_batches("v", limit=1).batches
+                request = _accept(batch, "v", prefilled=True, evidence=batch_evidence(tests, observed[index]))
+                posted.append(request)
+                validator.post_verdicts(request)
+            rows = dict(server.store.evidence_rows())
+            for request in posted:  # every retry: identical verdicts, 200, the ledger unchanged
+                validator.post_verdicts(request)
+            assert dict(server.store.evidence_rows()) == rows
+            assert server.ledger.workers[worker_id].banned
+    finally:
+        server.stop()

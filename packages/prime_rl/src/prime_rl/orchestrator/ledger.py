@@ -575,7 +575,9 @@ class Ledger:
                     events.append({"event": "ban", "worker_id": batch.worker_id, "reason": judgement.ban, "time": self.clock()})
             judged = self.release.judged_event(batch.batch_id, batch.worker_id, request.verdicts, evidence)
         elif batch is not None and request.prefilled is not None:  # a retry: compared as the ledger recorded it
-            request = request.model_copy(update={"verdicts": self.run_evidence.as_recorded(batch.worker_id, request.verdicts)})
+            recorded = self.run_evidence.as_recorded(batch.worker_id, request.verdicts)
+            if _normalized(recorded) == batch.verdicts:  # (judged after the worker's evidence ban)
+                request = request.model_copy(update={"verdicts": recorded})
         answer = self.batches.record_verdicts(
             request, [e for e in (judged, *events) if e is not None], self._keeps_open,
             evidence=[judgement.store_row()] if judgement is not None else (),
@@ -753,6 +755,12 @@ class Ledger:
         self.step = request.step + 1
         self.metrics.log("commit", step=request.step, policy_version=self.step)
         return CommitResponse(step=self.step, policy_version=self.step)
+
+
+def _normalized(verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """``verdicts`` as the batch book stores them (by sample index; a rejected one keeps no log-probs)."""
+    kept = (v if v.accepted or not v.logprobs else v.model_copy(update={"logprobs": []}) for v in verdicts)
+    return sorted(kept, key=lambda v: v.sample_index)
 
 
 def _rejected(verdicts: Sequence[Verdict]) -> bool:
