@@ -1,7 +1,7 @@
 """The rehearsal's invariants, checked from what the run left on disk (``benchmarks/swarm.py``).
 
-Sources: the orchestrator's store (``state.sqlite`` + ``batches/*.parquet``), the validator's journal
-(``validator/journal.sqlite``), the processes' metrics (``metrics/*.jsonl``: what a process was told
+Sources: the orchestrator's store (``state.sqlite`` + ``batches/*.parquet``, with the run's evidence
+ledger), the processes' metrics (``metrics/*.jsonl``: what a process was told
 succeeded, written after the answer) and the swarm hosts' records (``host-*.jsonl``: every rollout
 batch answered 2xx, every identity's behaviour, every policy download). Each check returns the ids
 that violate it (sample ids ``batch/index``, batch ids or worker ids), so a failure names them.
@@ -14,7 +14,7 @@ that violate it (sample ids ``batch/index``, batch ids or worker ids), so a fail
                            store's ``judged`` events; checked at the end of the run, so a batch held
                            later by a rise of its worker's evidence is reported too)
   bans_survive             every ban the orchestrator or validator announced is still in its store
-  evidence_survives        every worker the validator kept evidence on still has it in the journal
+  evidence_survives        every worker the run's ledger kept evidence on still has it in the store
   honest_not_banned        no identity playing honest is banned
   honest_not_rejected      no sample of an honest identity was rejected (``expired``, too old to
                            judge before its step, is not a rejection)
@@ -36,7 +36,6 @@ from typing import Any
 from prime_rl.config import RunConfig
 from prime_rl.orchestrator.release import ReleaseBook
 from prime_rl.orchestrator.store import RolloutStore
-from prime_rl.validator.journal import ValidatorJournal
 
 __all__ = ["GRACE_S", "INVARIANTS", "RunRecords", "check_invariants", "read_jsonl"]
 
@@ -94,6 +93,7 @@ def check_invariants(
         verdicts = store.all_verdicts()
         claims = store.claims()
         events = list(store.events())
+        ledger = {w: json.loads(text) for w, text in store.evidence_rows()}  # the run's evidence ledger
     finally:
         store.close()
     found: dict[str, list[str]] = {name: [] for name in INVARIANTS}
@@ -123,23 +123,13 @@ def check_invariants(
 
     stored_bans = {e["worker_id"] for e in events if e["event"] == "ban"}
     announced = {r["worker_id"] for r in _metrics(run_dir, "orchestrator", "ban")}
-    journal = ValidatorJournal(run_dir / "validator" / "journal.jsonl")
-    try:
-        state = journal.load()
-    finally:
-        journal.close()
-    validator_bans = set(state.ban_reasons) | state.failure_bans
+    # Since issue 45 the run's ledger (the orchestrator's store, table evidence) holds evidence and bans.
+    validator_bans = {w for w, row in ledger.items() if row.get("evidence_ban") or row.get("failure_ban")}
     announced_by_validator = {r["worker_id"] for r in _metrics(run_dir, "validator", "ban")}
     found["bans_survive"] = sorted((announced - stored_bans) | (announced_by_validator - validator_bans))
-    with_evidence = {r.get("worker_id") for r in _metrics(run_dir, "validator", "evidence")} - {None}
-    if not with_evidence:  # the evidence event names its batch; its worker is the batch's
-        with_evidence = {
-            batches[r["batch_id"]].meta.worker_id
-            for r in _metrics(run_dir, "validator", "evidence")
-            if r["batch_id"] in batches
-        }
+    with_evidence = {r.get("worker_id") for r in _metrics(run_dir, "orchestrator", "evidence")} - {None}
     found["evidence_survives"] = sorted(
-        w for w in with_evidence if w not in state.evidence and w not in validator_bans
+        w for w in with_evidence if (ledger.get(w) or {}).get("evidence") is None and w not in validator_bans
     )
 
     honest = records.honest_workers()

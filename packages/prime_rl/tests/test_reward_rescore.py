@@ -4,8 +4,6 @@ replaced by processes that die before reporting ready, on a fixed schedule."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from code_run import (  # tests/support: the code run and the sandbox that fails on purpose
@@ -23,9 +21,8 @@ from code_run import (  # tests/support: the code run and the sandbox that fails
 )
 
 import grpo
+from prime_rl.orchestrator.evidence_ledger import RunEvidence
 from prime_rl.validator.checks import Reason
-from prime_rl.validator.journal import ValidatorJournal
-from prime_rl.validator.process import FailureTracker, Validator
 from prime_rl.validator.rewards import RESCORES_PER_SAMPLE
 from prime_rl.validator.verdicts import ban_counts
 
@@ -66,24 +63,26 @@ def test_a_persistent_machine_failure_is_unverifiable_names_its_cause_and_bans_n
     assert "another sample of the batch was rejected" in verdicts[1].detail  # the lease is lost: no more re-scores
     assert len(run.scorings) == SAMPLES + RESCORES_PER_SAMPLE
     assert ban_counts(verdicts) == (0, 0)
-    # The validator's own ban path, batch after batch: the worker is never banned.
-    bans: list[tuple[str, str]] = []
-    validator = SimpleNamespace(
-        failures=FailureTracker(ban_failure_rate=0.5, ban_min_samples=SAMPLES),
-        evidence_bans_posted=set(),
-        client=SimpleNamespace(ban=lambda worker, reason: bans.append((worker, reason))),
-        journal=ValidatorJournal(tmp_path / "journal.jsonl"),
-    )
-    judged = SimpleNamespace(worker_id=batch.worker_id, batch_id="unverifiable-batch")
+    # The run's ban path (the orchestrator's ledger since issue 45), batch after batch: never banned.
+    ledger = RunEvidence(ban_failure_rate=0.5, ban_min_samples=SAMPLES)
+    bans: list[str] = []
+
+    def count(judged: list) -> None:  # type: ignore[type-arg]
+        judgement = ledger.judge(batch.worker_id, judged, prefilled=True, evidence=None)
+        ledger.commit(judgement)
+        if judgement.ban:
+            bans.append(judgement.ban)
+
     for _ in range(4):
-        Validator.ban(validator, judged, verdicts, None)
-    assert bans == [] and validator.failures.counts[batch.worker_id] == [0, 0]
+        count(verdicts)
+    row = ledger.get(batch.worker_id)
+    assert bans == [] and [row.accepted, row.rejected] == [0, 0]
     # The same batch with a real failure counts in full and bans (2 x 8 rejected >= 50% of 16).
     mismatched = [v.model_copy(update={"reason": str(Reason.REWARD_MISMATCH)}) for v in verdicts]
     assert ban_counts(mismatched) == (0, SAMPLES)
     for _ in range(2):
-        Validator.ban(validator, judged, mismatched, None)
-    assert [worker for worker, _ in bans] == [batch.worker_id]
+        count(mismatched)
+    assert len(bans) == 1
 
 
 def test_a_claim_below_a_clean_recomputation_is_accepted_with_the_validators_reward(backend, monkeypatch):

@@ -245,7 +245,7 @@ def test_a_store_collected_while_another_opens_does_not_deadlock(tmp_path) -> No
             with holding():  # what open_guard holds when the collector fires inside it
                 stores.clear()
                 gc.collect()  # nothing refers to the first store now: its finalizer runs here
-        except BaseException as error:  # noqa: BLE001 - reported by the assertion below
+        except BaseException as error:
             failures.append(error)
 
     done = threading.Thread(target=open_while_the_first_is_collected, daemon=True)

@@ -179,18 +179,16 @@ def test_a_lease_that_fails_before_any_model_check_counts_towards_a_ban_whatever
     fresh identity, although 8 < ``ban_min_samples`` 16; a failure the validator's own state may
     explain (``unknown_policy``) counts only its samples, and a worker with accepted history is not
     banned by one such lease."""
-    from types import SimpleNamespace
-
+    from prime_rl.api.judgement import NOISE_REASONS, NOT_THE_WORKERS
     from prime_rl.api.protocol import Verdict
-    from prime_rl.validator.journal import ValidatorJournal
+    from prime_rl.orchestrator.evidence_ledger import RunEvidence
 
+    # The torch-free rule names the validator's reasons by value.
+    assert {Reason.SAMPLING_FAILED, Reason.LOGPROBS_MISMATCH} == NOISE_REASONS
+    assert {Reason.UNKNOWN_POLICY, Reason.INTERNAL_ERROR} == NOT_THE_WORKERS
+    # The run's ledger (the orchestrator's since issue 45) with the validator's ban settings.
+    ledger = RunEvidence(ban_failure_rate=0.5, ban_min_samples=16)
     bans: list[str] = []
-    validator = SimpleNamespace(
-        failures=FailureTracker(ban_failure_rate=0.5, ban_min_samples=16),
-        evidence_bans_posted=set(),
-        client=SimpleNamespace(ban=lambda worker, reason: bans.append(worker)),
-        journal=ValidatorJournal(tmp_path / "journal.jsonl"),
-    )
 
     def lease(reason: str) -> list[Verdict]:
         return [
@@ -200,8 +198,14 @@ def test_a_lease_that_fails_before_any_model_check_counts_towards_a_ban_whatever
         ]  # fmt: skip
 
     def judged(worker: str, reason: str, *, prefilled: bool) -> None:
-        Validator.ban(validator, SimpleNamespace(worker_id=worker, batch_id=f"{worker}-{reason}"), lease(reason), None,
-                      prefilled=prefilled)  # fmt: skip
+        judgement = ledger.judge(worker, lease(reason), prefilled=prefilled, evidence=None)
+        ledger.commit(judgement)
+        if judgement.ban:
+            bans.append(worker)
+
+    def counts(worker: str) -> list[int]:
+        row = ledger.get(worker)
+        return [row.accepted, row.rejected]
 
     judged("shopper", "wrong_policy_version", prefilled=False)
     judged("unlucky", "unknown_policy", prefilled=False)
@@ -209,7 +213,7 @@ def test_a_lease_that_fails_before_any_model_check_counts_towards_a_ban_whatever
         judged("veteran", "ok", prefilled=True)
     judged("veteran", "bad_seed", prefilled=False)  # 16 of 48: below 50 %
     assert bans == ["shopper"]
-    assert validator.failures.counts["unlucky"] == [0, 8] and validator.failures.counts["veteran"] == [32, 16]
+    assert counts("unlucky") == [0, 8] and counts("veteran") == [32, 16]
 
     # Issue 34 (red team round three): a fresh identity's lease that fails after the prefill (made-up
     # episodes with random proofs: toploc_mismatch) bans it too, and a machine-limited one still counts
@@ -220,8 +224,8 @@ def test_a_lease_that_fails_before_any_model_check_counts_towards_a_ban_whatever
     # A per-token rule an honest bf16 worker fails at its calibrated rate keeps the grace for a newcomer.
     judged("newcomer", "sampling_mismatch", prefilled=True)
     assert bans == ["shopper", "fabricator"]
-    assert validator.failures.counts["sandboxed"] == [0, 0] and validator.failures.counts["veteran"] == [32, 24]
-    assert validator.failures.counts["newcomer"] == [0, 8]
+    assert counts("sandboxed") == [0, 0] and counts("veteran") == [32, 24]
+    assert counts("newcomer") == [0, 8]
 
 
 def test_future_and_unknown_versions_and_missing_lease(backend):

@@ -86,7 +86,7 @@ def test_evidence_off_keeps_failure_counts_and_journalled_evidence(tmp_path) -> 
 
 def test_a_restarted_validator_process_forgives_nothing(tmp_path, tiny_lm_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A real validator judges two workers through a real orchestrator, stops, and starts again on
-    the same run directory: evidence, counted batches and failure counts are as before the stop."""
+    the same run directory: evidence and failure counts are in the run's ledger, as before the stop."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -116,19 +116,17 @@ def test_a_restarted_validator_process_forgives_nothing(tmp_path, tiny_lm_dir, m
                         client.submit_rollouts(worker.answer(client.get_tasks(ids[behaviour]), validator.backend))
         validator.run_loop()
         validator.close()
-        assert validator.evidence is not None
-        before = {w: e.state() for w, e in validator.evidence.workers.items()}
-        assert before[ids["steer"]].history_score > before[ids["honest"]].history_score
-        restarted = Validator(config)  # same run directory: the same profile, the journal replayed
+        # Since issue 45 the run's ledger (the orchestrator's store) holds what the validator learnt.
+        before = dict(server.store.evidence_rows())
+        rows = {w: json.loads(text) for w, text in before.items()}
+        assert set(rows) == set(ids.values()) and sum(r["accepted"] + r["rejected"] for r in rows.values()) == 32
+        assert all(r["evidence"]["samples"] == 16 for r in rows.values())
+        steer, honest = (toploc.WorkerEvidence.restore(validator.evidence, rows[ids[b]]["evidence"]).state() for b in ("steer", "honest"))  # type: ignore[arg-type]
+        assert steer.history_score > honest.history_score
+        restarted = Validator(config)  # same run directory: the same profile, nothing of its own to restore
         restarted.close()
-    assert restarted.evidence is not None
-    assert {w: e.state() for w, e in restarted.evidence.workers.items()} == before
-    assert restarted.evidence.counted_batches == validator.evidence.counted_batches and len(before) == 2
-    assert restarted.evidence.counted_batches == set()  # every batch's verdicts were posted
-    assert restarted.failures.counts == validator.failures.counts
-    assert sum(a + r for a, r in restarted.failures.counts.values()) == 32
-    assert restarted.evidence.ban_reasons == validator.evidence.ban_reasons
-    assert restarted.failures.banned == validator.failures.banned
+        assert dict(server.store.evidence_rows()) == before and not restarted.established
+    assert not (tmp_path / "validator" / "journal.sqlite").exists()  # no journal any more (migration note)
 
 
 @pytest.mark.parametrize("bad", ["", "[]", '{"event": "evidence", "worker_id": "w", "batch_id": "b", "state": 3}'])

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
@@ -49,6 +49,8 @@ from prime_rl.api.protocol import (
     SwitchRequest,
     SwitchResponse,
     TaskLease,
+    ValidatorLeaseRequest,
+    ValidatorLeaseResponse,
     VerdictRequest,
     VerdictResponse,
     WorkersResponse,
@@ -428,6 +430,12 @@ class OrchestratorClient:
         return self.request(
             "GET", "/validator/pending", PendingResponse, params={"limit": limit}, token=self.admin_token
         )
+
+    def take_batches(self, validator_id: str, limit: int = 8, renew: Sequence[str] = ()) -> ValidatorLeaseResponse:
+        """POST /validator/leases: renew the leases of ``renew``, take up to ``limit`` more batches
+        exclusively (``orchestrator/validator_leases.py``)."""
+        body = ValidatorLeaseRequest(validator_id=validator_id, limit=limit, renew=list(renew))
+        return self.request("POST", "/validator/leases", ValidatorLeaseResponse, body=body, token=self.admin_token)
 
     def post_verdicts(self, verdicts: VerdictRequest) -> VerdictResponse:
         """POST /validator/verdicts (idempotent for identical verdicts)."""

@@ -35,6 +35,7 @@ __all__ = [
     "ApiModel",
     "BanRequest",
     "BanResponse",
+    "BatchEvidence",
     "BatchVerdicts",
     "ClaimRequest",
     "ClaimResponse",
@@ -43,6 +44,7 @@ __all__ = [
     "DoneRequest",
     "DoneResponse",
     "ErrorResponse",
+    "EvidenceTestSpec",
     "LeaseDone",
     "LeaseRecord",
     "LeaseSource",
@@ -54,6 +56,7 @@ __all__ = [
     "RegisterResponse",
     "RolloutBatch",
     "RolloutSample",
+    "SampleEvidence",
     "SampleId",
     "Segment",
     "StatusResponse",
@@ -62,6 +65,8 @@ __all__ = [
     "SwitchResponse",
     "TaskLease",
     "TrainSample",
+    "ValidatorLeaseRequest",
+    "ValidatorLeaseResponse",
     "Verdict",
     "VerdictRequest",
     "VerdictResponse",
@@ -118,6 +123,11 @@ class StatusResponse(ApiModel):
         default=None,
         description="Multi-turn runs: the Python version ('3.11') the run's Python tool runs in; a worker whose tool "
         "runs another refuses to start (its tool outputs would not match the validator's replays). Null: no pin.",
+    )
+    capabilities: list[str] = Field(
+        default_factory=list,
+        description="Optional features this orchestrator serves, e.g. 'noise_profile' (GET/POST "
+        "/validator/noise-profile); 'validator_leases' once pending batches are leased to one validator each.",
     )
 
 
@@ -425,6 +435,35 @@ class PendingResponse(ApiModel):
     step: NonNegInt
 
 
+ValidatorId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:@-]{1,64}$")]
+"""A validator's name for itself (leases, verdicts): 1..64 characters of ``A-Za-z0-9._:@-``."""
+
+
+class ValidatorLeaseRequest(ApiModel):
+    """POST /validator/leases (trusted): take pending batches exclusively, renew the ones still judged."""
+
+    validator_id: ValidatorId = Field(description="Who takes and renews: the same name on every call.")
+    limit: Annotated[int, Field(ge=0, le=256)] = Field(
+        default=8, description="Batches to take now, beyond those renewed (0: renew only)."
+    )
+    renew: Annotated[list[str], Field(max_length=1024)] = Field(
+        default_factory=list, description="Batch ids this validator holds and still judges: their leases are extended."
+    )
+
+
+class ValidatorLeaseResponse(ApiModel):
+    """POST /validator/leases answer."""
+
+    batches: list[PendingBatch] = Field(description="Newly taken (or re-served own) batches, in the queue's order.")
+    renewed: list[str] = Field(description="The ``renew`` ids whose leases were extended.")
+    lost: list[str] = Field(description="The ``renew`` ids no longer held: judged, expired or passed to another validator.")
+    expires_at: float = Field(description="Orchestrator unix time when the leases of this answer run out.")
+    lease_s: float = Field(description="Lease length (orchestrator.validator_lease_s): renew well before it.")
+    pending_batches: int = Field(description="All batches awaiting verdicts (held by anyone or not).")
+    policy_version: NonNegInt
+    step: NonNegInt
+
+
 class Verdict(ApiModel):
     """The validator's decision on one sample."""
 
@@ -467,6 +506,52 @@ def machine_rejected(verdicts: Sequence[Verdict]) -> bool:
     return bool(own) and own <= UNVERIFIABLE_REASONS
 
 
+MAX_EVIDENCE_TESTS = 4096
+"""Most evidence tests a run's profile may compile to (a profile gives some tens to hundreds)."""
+
+
+class EvidenceTestSpec(ApiModel):
+    """The per-worker evidence tests the validator judges by (``toploc.EvidenceTests`` as plain numbers):
+    per test j, the statistic it watches, its threshold, the honest rate bound p0 and the alternative p1."""
+
+    statistics: Annotated[list[Annotated[str, StringConstraints(max_length=64)]], Field(min_length=1, max_length=MAX_EVIDENCE_TESTS)]
+    thresholds: Annotated[list[float], Field(max_length=MAX_EVIDENCE_TESTS)]
+    null_rates: Annotated[list[Annotated[float, Field(gt=0, lt=1)]], Field(max_length=MAX_EVIDENCE_TESTS)]
+    alternative_rates: Annotated[list[Annotated[float, Field(gt=0, lt=1)]], Field(max_length=MAX_EVIDENCE_TESTS)]
+    log_threshold: Annotated[float, Field(gt=0)] = Field(description="Recent (CUSUM) score that bans (nats).")
+    history_log_threshold: Annotated[float, Field(gt=0)] = Field(description="History score that bans (nats).")
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> EvidenceTestSpec:
+        n = len(self.statistics)
+        if not len(self.thresholds) == len(self.null_rates) == len(self.alternative_rates) == n:
+            raise ValueError("statistics, thresholds, null_rates and alternative_rates need one entry per test")
+        if any(p1 <= p0 for p0, p1 in zip(self.null_rates, self.alternative_rates, strict=True)):
+            raise ValueError("every alternative rate must exceed its null rate")
+        return self
+
+
+class SampleEvidence(ApiModel):
+    """One prefilled sample's evidence increments: per test, its observations and those above the threshold."""
+
+    seen: Annotated[list[NonNegInt], Field(max_length=MAX_EVIDENCE_TESTS)]
+    exceeded: Annotated[list[NonNegInt], Field(max_length=MAX_EVIDENCE_TESTS)]
+    tokens: NonNegInt
+
+    @model_validator(mode="after")
+    def _counts(self) -> SampleEvidence:
+        if len(self.seen) != len(self.exceeded) or any(k > n for n, k in zip(self.seen, self.exceeded, strict=True)):
+            raise ValueError("seen and exceeded need one count per test, with exceeded <= seen")
+        return self
+
+
+class BatchEvidence(ApiModel):
+    """What a judged batch adds to its worker's evidence, in submission order of its prefilled samples."""
+
+    tests: EvidenceTestSpec
+    samples: Annotated[list[SampleEvidence], Field(max_length=1 << 16)]
+
+
 class VerdictRequest(ApiModel):
     """POST /validator/verdicts (trusted): one verdict per sample of the batch."""
 
@@ -477,12 +562,29 @@ class VerdictRequest(ApiModel):
         description="The batch's worker's evidence score after this batch, as a fraction of the ban threshold "
         "(1 bans); null when the validator keeps no per-worker evidence.",
     )
+    validator_id: ValidatorId | None = Field(
+        default=None,
+        description="The validator posting (as in POST /validator/leases); refused with 409 lease_lost while "
+        "another validator holds the batch's lease.",
+    )
+    prefilled: bool | None = Field(
+        default=None,
+        description="Whether the batch reached the model checks; set, the orchestrator counts the batch in the "
+        "run's ledger (failure counts, evidence, bans); null: it keeps no ledger for this verdict.",
+    )
+    evidence: BatchEvidence | None = Field(
+        default=None, description="The batch's evidence increments (with prefilled set); null: none measured."
+    )
 
 
 class VerdictResponse(ApiModel):
     batch_id: str
     accepted: int
     rejected: int
+    worker_evidence: float | None = Field(
+        default=None, description="The worker's evidence in the run's ledger after this batch (fraction of the ban threshold)."
+    )
+    ban_reason: str = Field(default="", description="Why the run's ledger banned the worker ('' if it did not).")
 
 
 class BatchVerdicts(ApiModel):

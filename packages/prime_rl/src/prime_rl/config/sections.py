@@ -318,6 +318,12 @@ class OrchestratorConfig(Section):
     task_timeout_s: float = Field(
         default=300.0, gt=0, description="A lease not submitted within this time is reassigned."
     )
+    validator_lease_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="A validator holds the batches it takes (POST /validator/leases) for this long, renewable; "
+        "a batch whose validator stops renewing goes back to the pool when its lease runs out.",
+    )
     connect_timeout_s: float = Field(
         default=300.0,
         gt=0,

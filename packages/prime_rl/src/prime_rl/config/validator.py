@@ -107,6 +107,12 @@ class ValidatorConfig(Section):
         default=1_000_000, ge=1, description="Samples per worker that false_ban_rate covers."
     )
     batches_per_poll: int = Field(default=8, ge=1, le=256, description="Pending batches fetched per poll.")
+    validator_id: str = Field(
+        default="",
+        pattern=r"^[A-Za-z0-9._:@-]{0,64}$",
+        description="This validator's name in its batch leases and verdicts (POST /validator/leases); '' = "
+        "<host>-<pid>. Two validators of one run must not share it.",
+    )
     poll_interval_s: float = Field(default=0.5, gt=0, description="Seconds between polls when nothing is pending.")
     max_batch_size: int = Field(default=64, ge=1, description="Sequences per prefill batch.")
     cache_dir: str = Field(default="", description="Policy cache (default <run_dir>/validator/policies).")

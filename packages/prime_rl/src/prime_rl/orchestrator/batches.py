@@ -233,6 +233,10 @@ class BatchBook(Mapping[str, StoredBatch]):
         """Batches awaiting verdicts, in submission order."""
         return list(self._waiting.values())
 
+    def waiting_ids(self) -> Mapping[str, StoredBatch]:
+        """The batches awaiting verdicts by id (read-only view: ``in`` is O(1))."""
+        return self._waiting
+
     def waiting_count(self) -> int:
         """How many batches await verdicts."""
         return len(self._waiting)
@@ -283,17 +287,21 @@ class BatchBook(Mapping[str, StoredBatch]):
         *,
         established: Callable[[str], bool] = lambda worker_id: True,
         client: Callable[[StoredBatch], str] = lambda batch: "",
+        free: Callable[[str], bool] = lambda batch_id: True,
     ) -> PendingResponse:
         """Up to ``limit`` batches awaiting verdicts, each with its stored samples: freshest policy
         first (usable for the most steps), then submission order, with the batches of ``established``
         workers (accepted work) ahead of the others' but every ``FRESH_TURN``-th place kept for the
         oldest batch of a fresh identity while one waits, so unproven work cannot delay established
         verdicts by more than one batch in ``FRESH_TURN`` and a newcomer is never starved.
-        ``client(batch)``: the client address its lease was handed to (``PendingBatch.client``)."""
+        ``client(batch)``: the client address its lease was handed to (``PendingBatch.client``);
+        ``free(batch_id)``: whether the batch may be served (not leased to another validator:
+        ``validator_leases.py``); the rules order the free batches only."""
         waiting = self.waiting()
-        waiting.sort(key=lambda batch: (-batch.policy_version, batch.seq))
-        ahead = [batch for batch in waiting if established(batch.worker_id)]
-        fresh = [batch for batch in waiting if not established(batch.worker_id)]
+        servable = [batch for batch in waiting if free(batch.batch_id)]
+        servable.sort(key=lambda batch: (-batch.policy_version, batch.seq))
+        ahead = [batch for batch in servable if established(batch.worker_id)]
+        fresh = [batch for batch in servable if not established(batch.worker_id)]
         fresh.sort(key=lambda batch: batch.seq)
         ordered: list[StoredBatch] = []
         while len(ordered) < limit and (ahead or fresh):
@@ -322,12 +330,14 @@ class BatchBook(Mapping[str, StoredBatch]):
         request: VerdictRequest,
         events: Sequence[dict[str, Any]] = (),
         keep_open: Callable[[StoredBatch, Sequence[Verdict]], bool] = lambda batch, verdicts: True,
+        evidence: Sequence[tuple[str, str]] = (),
     ) -> VerdictResponse:
         """Store one verdict per sample (idempotent for identical verdicts; 404/400/409 otherwise).
         ``events``: store events written in the same transaction as the verdicts (alone when the
         verdicts were stored before); written unless this raises. ``keep_open(batch, verdicts)``:
         whether the batch stays open after these verdicts (else it settles in the same transaction;
-        a batch settled before stays settled)."""
+        a batch settled before stays settled). ``evidence``: the run's evidence ledger rows this judgement
+        changes, written with the verdicts (``evidence_ledger.py``)."""
         batch = self._live.get(request.batch_id)
         if batch is None and (row := self._store.batch(request.batch_id)) is not None:
             batch = _from_row(row)
@@ -358,7 +368,8 @@ class BatchBook(Mapping[str, StoredBatch]):
             delta = counter_delta(sample_counts(len(verdicts), verdicts), sample_counts(len(verdicts), batch.verdicts))
             settle = batch.batch_id not in self._live or not keep_open(batch, verdicts)
             self._store.write_verdicts(
-                batch.batch_id, verdicts, events, worker_id=batch.worker_id, counters=delta, settle=settle
+                batch.batch_id, verdicts, events, worker_id=batch.worker_id, counters=delta, settle=settle,
+                evidence=evidence,
             )
             self._count(batch.worker_id, delta)
             batch.verdicts = verdicts

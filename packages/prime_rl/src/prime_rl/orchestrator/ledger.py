@@ -69,6 +69,8 @@ from prime_rl.api.protocol import (
     SwitchResponse,
     TaskLease,
     TrainSample,
+    ValidatorLeaseRequest,
+    ValidatorLeaseResponse,
     Verdict,
     VerdictRequest,
     VerdictResponse,
@@ -84,12 +86,14 @@ from prime_rl.config.sections import BUILTIN_ENVIRONMENTS
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
 from prime_rl.orchestrator.claims import ClaimSelection, StoredClaims, select_claim, stale_drops
+from prime_rl.orchestrator.evidence_ledger import RunEvidence
 from prime_rl.orchestrator.identities import FreshIdentities
 from prime_rl.orchestrator.lease_rules import LeaseRules, machine_caused
 from prime_rl.orchestrator.leases import HeldLease, LeaseBook, TaskPrompts
 from prime_rl.orchestrator.release import SNAPSHOT_EVERY, ReleaseBook, withheld
 from prime_rl.orchestrator.store import ClaimRecord, RolloutStore
 from prime_rl.orchestrator.switches import decide_done, decide_switch, mandatory_problem
+from prime_rl.orchestrator.validator_leases import ValidatorLeases
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
 from prime_rl.weights.layout import POLICY_FILENAME
 from verifiers.envs import tool_python
@@ -140,6 +144,11 @@ class Ledger:
         secrets = secrets or run_secrets(config)
         self.leases = LeaseBook(config, tasks, store, self.metrics, key=secrets.assignment_key)
         self.batches = BatchBook(config, store, self.metrics, clock)
+        self.validator_leases = ValidatorLeases(self.orch.validator_lease_s, clock)  # memory only: open work
+        self.run_evidence = RunEvidence(
+            ban_failure_rate=config.validator.ban_failure_rate, ban_min_samples=config.validator.ban_min_samples,
+            rows=store.evidence_rows(),
+        )  # one evidence ledger per run, whatever validator judged (evidence_ledger.py)
         self.release = ReleaseBook(
             store,
             after_tokens=self.orch.release_after_tokens,
@@ -535,8 +544,31 @@ class Ledger:
         return BatchVerdicts(batch_id=batch_id, judged=batch.verdicts is not None, verdicts=batch.verdicts or [])
 
     def pending(self, limit: int) -> PendingResponse:
+        """``GET /validator/pending``: a listing of the batches no validator holds (takes nothing)."""
         self._expire_useless()
-        return self.batches.pending(limit, self.step, established=self._has_history, client=self._client_of)
+        free = self.validator_leases.free_for("")
+        return self.batches.pending(limit, self.step, established=self._has_history, client=self._client_of, free=free)
+
+    def take_batches(self, request: ValidatorLeaseRequest) -> ValidatorLeaseResponse:
+        """``POST /validator/leases``: renew ``request.renew``, then lease up to ``request.limit`` more
+        batches to the validator, in the queue's order (``validator_leases.py``)."""
+        self._expire_useless()
+        leases, validator_id = self.validator_leases, request.validator_id
+        leases.prune()
+        renewed, lost = leases.renew(validator_id, request.renew, lambda b: b in self.batches.waiting_ids())
+        free = leases.free_for(validator_id)
+        renewing = set(renewed)
+        answer = self.batches.pending(
+            request.limit, self.step, established=self._has_history, client=self._client_of,
+            free=lambda batch_id: batch_id not in renewing and free(batch_id),
+        )  # fmt: skip
+        expires_at = leases.take(validator_id, [batch.batch_id for batch in answer.batches])
+        if answer.batches:
+            self.metrics.log("validator_lease", validator_id=validator_id, batches=[b.batch_id for b in answer.batches])
+        return ValidatorLeaseResponse(
+            batches=answer.batches, renewed=renewed, lost=lost, expires_at=expires_at, lease_s=leases.lease_s,
+            pending_batches=answer.pending_batches, policy_version=self.step, step=self.step,
+        )  # fmt: skip
 
     def _client_of(self, batch: StoredBatch) -> str:
         """The client address ``batch``'s lease was handed to ("" when unknown)."""
@@ -548,16 +580,40 @@ class Ledger:
         (no charge: a slow validator may be the cause), so answering late is no veto either."""
         for batch in self.batches.expire_useless(self.step, self.orch.async_level, self.orch.off_policy_bound):
             self.leases.return_tasks(batch.worker_id, batch.meta.batch_index)
+            self.validator_leases.release(batch.batch_id)
 
     def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
         """Store the verdicts and count the judgement for release in one store transaction; a rejected
         batch costs its worker what walking away costs (``LeaseRules``: allowance, address cap,
         abandonment ban) and hands its lease's tasks to another identity."""
         batch = self.batches.get(request.batch_id)
-        judged = None
+        judged = judgement = None
+        events: list[dict[str, Any]] = []
         if batch is not None and (batch.verdicts is None or batch.expired):  # (unknown: 404 from the batch book)
-            judged = self.release.judged_event(batch.batch_id, batch.worker_id, request.verdicts, request.worker_evidence)
-        answer = self.batches.record_verdicts(request, [judged] if judged is not None else [], self._keeps_open)
+            self.validator_leases.check_verdict(batch.batch_id, request.validator_id or "")  # not judged: the holder's
+            evidence = request.worker_evidence
+            if request.prefilled is not None and len(request.verdicts) == len(batch.task_ids):  # (else 400 below)
+                judgement = self.run_evidence.judge(
+                    batch.worker_id, request.verdicts, prefilled=request.prefilled, evidence=request.evidence
+                )
+                request, evidence = request.model_copy(update={"verdicts": judgement.verdicts}), judgement.fraction
+                if judgement.ban and not self.workers[batch.worker_id].banned:
+                    events.append({"event": "ban", "worker_id": batch.worker_id, "reason": judgement.ban, "time": self.clock()})
+            judged = self.release.judged_event(batch.batch_id, batch.worker_id, request.verdicts, evidence)
+        elif batch is not None and request.prefilled is not None:  # a retry: compared as the ledger recorded it
+            recorded = self.run_evidence.as_recorded(batch.worker_id, request.verdicts)
+            if _normalized(recorded) == batch.verdicts:  # (judged after the worker's evidence ban)
+                request = request.model_copy(update={"verdicts": recorded})
+        answer = self.batches.record_verdicts(
+            request, [e for e in (judged, *events) if e is not None], self._keeps_open,
+            evidence=[judgement.store_row()] if judgement is not None else (),
+        )  # fmt: skip
+        self.validator_leases.release(request.batch_id)
+        if judgement is not None:
+            answer = self._apply_judgement(judgement, events, answer)
+        elif batch is not None and batch.worker_id in self.run_evidence:
+            row = self.run_evidence.get(batch.worker_id)
+            answer = answer.model_copy(update={"worker_evidence": row.fraction, "ban_reason": row.evidence_ban or row.failure_ban})
         if judged is not None:
             self.release.replay(judged)
             if not self.batches.is_open(request.batch_id):
@@ -576,6 +632,18 @@ class Ledger:
             if rejected:
                 self.rules.ban_abandoners({stored.worker_id})
         return answer
+
+    def _apply_judgement(self, judgement: Any, bans: Sequence[dict[str, Any]], answer: VerdictResponse) -> VerdictResponse:
+        """Apply a stored judgement of the run's evidence ledger (its row and ``ban`` events were written
+        with the verdicts) to memory; the answer tells the validator the worker's evidence and ban."""
+        self.run_evidence.commit(judgement)
+        for event in bans:
+            self.workers.replay(event)
+            self.metrics.log("ban", worker_id=event["worker_id"], reason=event["reason"])
+        if judgement.evidence_fields:
+            self.metrics.log("evidence", worker_id=judgement.worker_id, **judgement.evidence_fields)
+        row = judgement.row
+        return answer.model_copy(update={"worker_evidence": row.fraction, "ban_reason": row.evidence_ban or row.failure_ban})
 
     # ------------------------------------------------------------------ settling
 
@@ -714,6 +782,12 @@ class Ledger:
         self.step = request.step + 1
         self.metrics.log("commit", step=request.step, policy_version=self.step)
         return CommitResponse(step=self.step, policy_version=self.step)
+
+
+def _normalized(verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """``verdicts`` as the batch book stores them (by sample index; a rejected one keeps no log-probs)."""
+    kept = (v if v.accepted or not v.logprobs else v.model_copy(update={"logprobs": []}) for v in verdicts)
+    return sorted(kept, key=lambda v: v.sample_index)
 
 
 def _rejected(verdicts: Sequence[Verdict]) -> bool:

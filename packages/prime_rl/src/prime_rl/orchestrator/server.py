@@ -49,6 +49,7 @@ from prime_rl.api.protocol import (
     RegisterRequest,
     RolloutBatch,
     SwitchRequest,
+    ValidatorLeaseRequest,
     VerdictRequest,
 )
 from prime_rl.api.secrets import RunSecrets, SecretsError, check_bind_address, run_secrets
@@ -98,11 +99,15 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/workers"): Route("workers"),
     ("POST", "/workers/ban"): Route("ban", BanRequest),
     ("GET", "/validator/pending"): Route("pending"),
+    ("POST", "/validator/leases"): Route("validator_leases", ValidatorLeaseRequest),
     ("POST", "/validator/verdicts"): Route("verdicts", VerdictRequest),
     ("POST", "/trainer/claim"): Route("claim", ClaimRequest),
     ("POST", "/trainer/commit"): Route("commit", CommitRequest),
 }
 """The one route table: every endpoint, its handler and body model. API.md documents exactly these."""
+
+CAPABILITIES = ("validator_leases",)
+"""Optional features announced in ``GET /status`` (``StatusResponse.capabilities``)."""
 
 class _Api:
     def __init__(
@@ -169,7 +174,7 @@ class _Api:
         # Anonymous and polled by every worker: answered on the event loop without the ledger's lock
         # (Ledger.status reads a few counters, each read atomic), so it never queues behind a
         # lease, a batch or a verdict, and a flood of it never delays them.
-        return model_response(self.ledger.status())
+        return model_response(self.ledger.status().model_copy(update={"capabilities": list(CAPABILITIES)}))
 
     async def register(self, request: web.Request) -> web.Response:
         self.admit_registration(request)  # first: wrong tokens and bad bodies count against the rate too
@@ -295,6 +300,11 @@ class _Api:
         if limit is None or not 1 <= limit <= 256:
             raise ApiFailure(400, "bad_request", "limit must be in 1..256")
         return model_response(await self.call(self.ledger.pending, limit, trusted=True))
+
+    async def validator_leases(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        body = await self.body(request, ValidatorLeaseRequest)
+        return model_response(await self.call(self.ledger.take_batches, body))
 
     async def verdicts(self, request: web.Request) -> web.Response:
         self.require_admin(request)

@@ -67,6 +67,7 @@ from prime_rl.orchestrator.store_schema import (
     event_row,
     schema_v1,
     schema_v2,
+    schema_v3,
     verdicts_json,
 )
 from prime_rl.statedb import StateDB, StateDBError
@@ -116,7 +117,7 @@ class RolloutStore:
         for directory in (self.root, self.batches_dir):
             directory.mkdir(parents=True, exist_ok=True)
         try:  # StateDB locks the directory's store first: the temp files below are ours to delete
-            self.db = StateDB(self.root / "state.sqlite", [schema_v1(self.root), schema_v2(self.root)], "orchestrator store")
+            self.db = StateDB(self.root / "state.sqlite", [schema_v1(self.root), schema_v2(self.root), schema_v3], "orchestrator store")
         except (StateDBError, OSError, pa.ArrowException) as error:
             raise StoreError(f"could not open the store in {self.root}: {error}") from error
         for stale in self.root.rglob(TEMP_GLOB):  # leftovers of a crash mid-write
@@ -330,18 +331,25 @@ class RolloutStore:
         worker_id: str = "",
         counters: Mapping[str, int] | None = None,
         settle: bool = False,
+        evidence: Sequence[tuple[str, str]] = (),
     ) -> None:
         """Store (or replace) the verdicts of ``batch_id``, append ``events``, add ``counters`` to
-        ``worker_id``'s and close the batch if ``settle``, durably, in one transaction."""
+        ``worker_id``'s, write the ``evidence`` ledger rows and close the batch if ``settle``, durably, in one
+        transaction."""
         try:
             with self.db.transaction() as connection:
                 connection.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?)", (batch_id, verdicts_json(verdicts)))
                 connection.executemany(INSERT_EVENT, [event_row(event) for event in events])
                 _add_counters(connection, "worker", worker_id, counters or {})
+                connection.executemany("INSERT OR REPLACE INTO evidence VALUES (?, ?)", evidence)
                 if settle:
                     connection.execute("UPDATE batches SET open = 0 WHERE batch_id = ?", (batch_id,))
         except (StateDBError, sqlite3.Error) as error:
             raise StoreError(f"could not write the verdicts of {batch_id}: {error}") from error
+
+    def evidence_rows(self) -> list[tuple[str, str]]:
+        """The run's evidence ledger rows ``(worker_id, state json)`` (``evidence_ledger.RunEvidence``)."""
+        return [(str(w), str(text)) for w, text in self.db.read("SELECT worker_id, state FROM evidence")]
 
     def all_verdicts(self) -> dict[str, list[Verdict]]:
         """Every stored verdict by batch id (an audit read: O(history))."""

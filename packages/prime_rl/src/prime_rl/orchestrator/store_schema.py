@@ -391,3 +391,9 @@ def schema_v2(root: Path) -> Callable[[sqlite3.Connection], None]:
             log.info("orchestrator store: indexed %d stored batches", len(rows))
 
     return migrate
+
+
+def schema_v3(connection: sqlite3.Connection) -> None:
+    """Version 3: the run's evidence ledger (``evidence_ledger.py``): one row per identity, written in
+    the transaction of the verdicts that change it."""
+    connection.execute("CREATE TABLE evidence (worker_id TEXT PRIMARY KEY, state TEXT NOT NULL) WITHOUT ROWID")

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import toploc
-from prime_rl.api.fields import MAX_DETAIL_CHARS
-from prime_rl.api.protocol import Verdict
+from prime_rl.api.judgement import reject_banned as reject_banned  # re-exported: the rule lives in api
+from prime_rl.api.protocol import BatchEvidence, EvidenceTestSpec, SampleEvidence
 
 
 @dataclass
@@ -66,6 +66,28 @@ class EvidenceLedger:
         return max(0.0, fraction) if math.isfinite(fraction) else 1e9
 
 
+def evidence_spec(tests: toploc.EvidenceTests) -> EvidenceTestSpec:
+    """``tests`` as the plain numbers the orchestrator's run ledger computes with (it never imports toploc)."""
+    return EvidenceTestSpec(
+        statistics=list(tests.statistics),
+        thresholds=[float(x) for x in tests.thresholds],
+        null_rates=[float(x) for x in tests.null_rates],
+        alternative_rates=[float(x) for x in tests.alternative_rates],
+        log_threshold=float(tests.log_threshold),
+        history_log_threshold=float(tests.history_log_threshold),
+    )
+
+
+def batch_evidence(tests: toploc.EvidenceTests, observed: Sequence[toploc.Observations]) -> BatchEvidence:
+    """A judged batch's evidence increments for ``POST /validator/verdicts``: per prefilled sample, per
+    test, its observations and those above the threshold (``EvidenceTests.counts``), and its tokens."""
+    samples = []
+    for observations in observed:
+        seen, exceeded = tests.counts(observations)
+        samples.append(SampleEvidence(seen=[int(n) for n in seen], exceeded=[int(k) for k in exceeded], tokens=int(observations.num_tokens)))
+    return BatchEvidence(tests=evidence_spec(tests), samples=samples)
+
+
 def ban_reason(state: toploc.EvidenceState) -> str:
     """The ban reason sent to the orchestrator (and shown to the worker; at most 200 characters)."""
     reason = (
@@ -73,17 +95,6 @@ def ban_reason(state: toploc.EvidenceState) -> str:
         f"({state.tokens} tokens): {state.strongest}"
     )
     return reason[:200]
-
-
-def reject_banned(verdicts: Sequence[Verdict], reason: str) -> list[Verdict]:
-    """The batch of a worker banned by evidence trains nothing: its accepted verdicts become
-    ``banned_worker`` rejections (the evidence that banned it includes these very samples)."""
-    return [
-        v.model_copy(update={"accepted": False, "reason": "banned_worker", "detail": reason[:MAX_DETAIL_CHARS]})
-        if v.accepted
-        else v
-        for v in verdicts
-    ]
 
 
 def metrics_fields(worker_id: str, state: toploc.EvidenceState) -> dict[str, object]:

@@ -1,4 +1,16 @@
-"""The validator's durable per-identity state: evidence and failure counts survive a restart.
+"""The validator's former per-identity journal (read-only since issue 45: the run's ledger replaced it).
+
+**Migration note.** Per-identity evidence, failure counts and evidence bans now live in one ledger
+per run, in the orchestrator's store (``orchestrator/evidence_ledger.py``, table ``evidence``),
+updated in each verdict's own transaction, so that K validators judge an identity as one would. The
+validator process no longer opens this journal. A ``validator/journal.sqlite`` left by an earlier
+run is not imported: the bans the old validator posted stand in the orchestrator (its ``ban``
+events), but an identity's evidence and failure counts start again from zero in the run's ledger
+when such a run is resumed. This module stays for reading old journals (``benchmarks/swarm_checks.py``,
+audits); nothing writes it any more.
+
+What follows describes the format as it was written:
+The validator's durable per-identity state: evidence and failure counts survive a restart.
 
 Without it a validator restart forgave everything: a worker's evidence (``evidence.py``) and its
 accepted/rejected counts (``process.FailureTracker``) lived in memory only. The state is a SQLite

@@ -1,17 +1,21 @@
 """The trusted validator process: pull submitted batches, judge every sample, post verdicts, ban cheats.
 
-Loop: ``GET /validator/pending`` (freshest policy version first, then submission order) -> batches
-grouped by policy version (one weight reload per version) -> :func:`prime_rl.validator.verdicts.validate_batch` with the claimed
-version's weights (fetched through shardcast by :class:`~prime_rl.weights.store.PolicyStore`) ->
-``POST /validator/verdicts`` -> per-worker failure tracker; a worker whose rejected share reaches
-``ban_failure_rate`` after ``ban_min_samples`` samples is banned (``POST /workers/ban``; a batch
-rejected before any model check, or any rejected batch of an identity with no accepted sample yet,
-counts at least ``ban_min_samples`` rejections). Every
-prefilled sample also adds to its worker's evidence (``evidence.py``, ``validator.evidence``): a
-worker whose evidence passes the false-ban-bounded threshold is banned the same way, and the batch
-that crossed it is rejected (``banned_worker``). One ``verdict`` and one ``evidence`` metrics line
-per judged batch; the worker's evidence (fraction of the threshold) goes with each batch's verdicts,
-for the orchestrator's release of accepted samples (``orchestrator/release.py``). Each ``verdict``
+Loop: ``POST /validator/leases`` (the batches this validator takes exclusively, named by
+``validator.validator_id``; freshest policy version first, then submission order; a ``LeaseKeeper``
+renews them while they are judged) -> batches grouped by policy version (one weight reload per
+version) -> :func:`prime_rl.validator.verdicts.validate_batch` with the claimed version's weights
+(fetched through shardcast by :class:`~prime_rl.weights.store.PolicyStore`) ->
+``POST /validator/verdicts`` with the batch's evidence increments (every prefilled sample's
+observations against the run's evidence tests, ``evidence.py``, ``validator.evidence``) and whether
+it was prefilled. The run's ledger in the orchestrator (``orchestrator/evidence_ledger.py``) adds
+them up whatever validator judged the batch: failure counts (a worker whose rejected share reaches
+``ban_failure_rate`` after ``ban_min_samples`` samples is banned; a batch rejected before any model
+check, or any rejected batch of an identity with no accepted sample yet, counts at least
+``ban_min_samples`` rejections), evidence (a worker whose evidence passes the false-ban-bounded
+threshold is banned, and the batch that crossed it is rejected: ``banned_worker``), bans, and the
+evidence for the release of accepted samples (``orchestrator/release.py``); this process keeps no
+per-identity state of its own beyond its tool budget. One ``verdict`` metrics line per judged batch
+(the ``evidence`` lines are the orchestrator's now). Each ``verdict``
 line carries ``sandbox_runs`` ({sandbox kind: count}, cumulative for the process): the code samples
 whose rewards this validator recomputed by running them in ``verifiers``' sandbox, so the last line
 of a run says how many it ran; and ``tool_seconds`` (cumulative too) and ``batch_tool_seconds``: the
@@ -40,6 +44,9 @@ import dataclasses
 import enum
 import logging
 import math
+import os
+import re
+import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,7 +58,7 @@ from prime_rl.api.client import (
     OrchestratorClient,
     OrchestratorUnavailable,
 )
-from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest
+from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest, VerdictResponse
 from prime_rl.api.secrets import SecretsError, run_secrets
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.devices import choose_device
@@ -69,11 +76,11 @@ from prime_rl.validator.checks import (
     RetryLater,
     tool_seconds,
 )
-from prime_rl.validator.evidence import EvidenceLedger, FailureTracker, metrics_fields, reject_banned
-from prime_rl.validator.journal import ValidatorJournal
+from prime_rl.validator.evidence import FailureTracker, batch_evidence, reject_banned
+from prime_rl.validator.lease_keeper import LeaseKeeper
 from prime_rl.validator.structure import AssignmentKeyMismatch
 from prime_rl.validator.tool_budget import ToolBudget
-from prime_rl.validator.verdicts import ban_counts, validate_batch
+from prime_rl.validator.verdicts import validate_batch
 from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable
 from verifiers.code import sandbox_runs
 from verifiers.envs import ToolPythonMismatch, tool_python_problem
@@ -130,12 +137,13 @@ class Validator:
             hidden_size=int(hidden),
         )
         self.client = OrchestratorClient(config.orchestrator.url, admin_token=trusted.admin_token)
-        self.failures = FailureTracker(self.cfg.ban_failure_rate, self.cfg.ban_min_samples)
+        self.admin_token = trusted.admin_token
+        self.validator_id = self.cfg.validator_id or default_validator_id()
+        self.established: set[str] = set()  # identities this validator saw accepted (its tool budget only)
         self.tool_budget = ToolBudget(
             self.cfg.tool_seconds_per_identity, self.cfg.tool_seconds_per_address, self.cfg.tool_budget_window_s
         )
-        self.evidence: EvidenceLedger | None = None
-        self.evidence_bans_posted: set[str] = set()
+        self.evidence: toploc.EvidenceTests | None = None  # the run's ledger adds up what they measure
         profile: toploc.NoiseProfile | None = None
         if self.cfg.evidence:
             profile = self._noise_profile(config)
@@ -154,7 +162,7 @@ class Validator:
                     error,
                 )
             else:
-                self.evidence = EvidenceLedger(tests)
+                self.evidence = tests
         # Per sample, per precision: exact in fp32, statistical in bf16 with the evidence behind it
         # (a rejected sample rejects its whole lease, so honest drift must pass; tolerances.py).
         self.checks = tolerances.for_precision(
@@ -164,10 +172,10 @@ class Validator:
         self.checks = dataclasses.replace(
             self.checks, episode_env=load_episode_env(config, self.tasks.task_set, tokenizer)
         )
-        # Per-identity evidence and failure counts survive a restart (journal.py).
-        self.journal = ValidatorJournal(Path(config.run_dir) / "validator" / "journal.jsonl")
-        self.journal.restore(self.evidence, self.failures)
+        # Per-identity evidence, failure counts and bans live in the run's ledger, in the orchestrator
+        # (orchestrator/evidence_ledger.py): nothing of them is kept here (journal.py: migration note).
         self.done = 0
+        self.bans_seen: set[str] = set()
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
         self.tool_python_checked = False  # a multi-turn run's tool interpreter compared with GET /status
         self.backoff: dict[str, tuple[int, float]] = {}  # batch id -> (backend failures, monotonic time of the next try)
@@ -227,7 +235,7 @@ class Validator:
         """Validate one batch, then :meth:`post`, :meth:`log` and :meth:`ban`; False if it must be
         retried later (its version cannot be fetched now, or the orchestrator is unreachable)."""
         started, tools_before = time.monotonic(), tool_seconds()
-        established = self.failures.counts.get(batch.worker_id, [0, 0])[0] > 0
+        established = batch.worker_id in self.established
         tool_seconds_left = self.tool_budget.left(batch.worker_id, batch.client, established=established)
         observed: list[toploc.Observations] = []
         loaded: list[int] = []  # a backend was handed out: the whole batch was prefilled, else none was
@@ -257,18 +265,16 @@ class Validator:
         finally:  # tools that ran cost their time whatever became of the batch
             self.tool_budget.spend(batch.worker_id, batch.client, tool_seconds() - tools_before, established=established)
         self.backoff.pop(batch.batch_id, None)
-        evidence_ban = self._record_evidence(batch, observed)
-        if evidence_ban is not None:  # a worker banned by evidence trains nothing more
-            verdicts = reject_banned(verdicts, evidence_ban)
-            self.failures.banned.add(batch.worker_id)
-        posted = self.post(batch, verdicts)
-        if posted is not Posted.OK:
+        posted, answer = self.post(batch, verdicts, observed, prefilled=bool(loaded))
+        if posted is not Posted.OK or answer is None:
             return posted is Posted.REFUSED  # refused: settled, never judged again; else retried
+        if answer.ban_reason.startswith("evidence") and any(v.accepted for v in verdicts) and not answer.accepted:
+            verdicts = reject_banned(verdicts, answer.ban_reason)  # as the run's ledger recorded them
         self.log(
             batch, verdicts, prefilled=len(verdicts) if loaded else 0, seconds=time.monotonic() - started,
             batch_tool_seconds=tool_seconds() - tools_before,
         )  # fmt: skip
-        self.ban(batch, verdicts, evidence_ban, prefilled=bool(loaded))
+        self.banned(batch, answer)
         self.done += 1
         return True
 
@@ -289,14 +295,19 @@ class Validator:
         """Whether a pending batch may be judged now (not refused, not backing off after a backend failure)."""
         return batch_id not in self.refused and self.backoff.get(batch_id, (0, 0.0))[1] <= time.monotonic()
 
-    def post(self, batch: PendingBatch, verdicts: list[Verdict]) -> Posted:
-        """``POST /validator/verdicts`` with the worker's evidence; a refused batch is remembered and skipped."""
+    def post(
+        self, batch: PendingBatch, verdicts: list[Verdict], observed: Sequence[toploc.Observations] = (), *, prefilled: bool = True
+    ) -> tuple[Posted, VerdictResponse | None]:
+        """``POST /validator/verdicts`` with the batch's evidence increments (the run's ledger adds them
+        up: ``orchestrator/evidence_ledger.py``); a refused batch is remembered and skipped."""
         try:
-            self.client.post_verdicts(
+            answer = self.client.post_verdicts(
                 VerdictRequest(
                     batch_id=batch.batch_id,
                     verdicts=verdicts,
-                    worker_evidence=self.evidence.fraction(batch.worker_id) if self.evidence else None,
+                    validator_id=getattr(self, "validator_id", None),
+                    prefilled=prefilled,
+                    evidence=batch_evidence(self.evidence, observed) if self.evidence is not None and observed else None,
                 )
             )
         except ClientRequestError as exc:  # e.g. the orchestrator already settled the batch: skip it
@@ -305,11 +316,11 @@ class Validator:
                 "verdict_refused", batch_id=batch.batch_id, status=exc.status, message=exc.message
             )
             self.refused.add(batch.batch_id)
-            return Posted.REFUSED
+            return Posted.REFUSED, None
         except OrchestratorUnavailable as exc:  # judged again on the next poll
             log.warning("cannot post verdicts for %s: %s", batch.batch_id, exc)
-            return Posted.RETRY
-        return Posted.OK
+            return Posted.RETRY, None
+        return Posted.OK, answer
 
     def log(
         self, batch: PendingBatch, verdicts: list[Verdict], *, prefilled: int, seconds: float, batch_tool_seconds: float = 0.0
@@ -364,48 +375,25 @@ class Validator:
             "address_tool_seconds_left": finite(state.address_left_s),
         }
 
-    def ban(
-        self, batch: PendingBatch, verdicts: list[Verdict], evidence_ban: str | None, *, prefilled: bool = True
-    ) -> None:
-        """Count a posted batch against its worker; ban it (``POST /workers/ban``) the first time its
-        rejected share crosses ``ban_failure_rate`` or its evidence crosses the threshold.
-        ``prefilled``: whether the batch reached the model checks (``ban_counts``)."""
-        worker_id = batch.worker_id
-        # reward_unverifiable alone is the machine's: not counted; a failure before any model check, or
-        # any own failure of an identity with no accepted sample yet, counts at least ban_min_samples
-        fresh = self.failures.counts.get(worker_id, [0, 0])[0] == 0
-        accepted, rejected = ban_counts(
-            verdicts, prefilled=prefilled, fresh=fresh, min_samples=self.failures.ban_min_samples
-        )
-        reason = self.failures.record(worker_id, accepted=accepted, rejected=rejected)
-        self.journal.failures(batch.batch_id, worker_id, self.failures, self.evidence)
-        if evidence_ban is not None and worker_id not in self.evidence_bans_posted:
-            reason = evidence_ban
-            self.evidence_bans_posted.add(worker_id)
-        if reason is None:
-            return
-        try:
-            self.client.ban(worker_id, reason)
-        except (ClientRequestError, OrchestratorUnavailable) as exc:
-            log.warning("ban of %s refused: %s", worker_id, exc)
-        log.info("banned worker %s: %s", worker_id, reason)
-        get_metrics().log("ban", worker_id=worker_id, reason=reason)
-
-    def _record_evidence(self, batch: PendingBatch, observed: list[toploc.Observations]) -> str | None:
-        """Add a batch to its worker's evidence; the worker's evidence ban reason, if it is banned."""
-        if self.evidence is None:
-            return None
-        state = self.evidence.record(batch.worker_id, batch.batch_id, observed)
-        if state is not None:  # None: judged before and already counted (its post failed)
-            self.journal.evidence(batch.batch_id, batch.worker_id, self.evidence)
-            get_metrics().log("evidence", batch_id=batch.batch_id, **metrics_fields(batch.worker_id, state))
-        return self.evidence.ban_reasons.get(batch.worker_id)
+    def banned(self, batch: PendingBatch, answer: VerdictResponse) -> None:
+        """Note what the run's ledger answered for a posted batch: the identity is established for this
+        validator's tool budget once it has accepted work, and a ban the ledger decided is logged (the
+        orchestrator banned it in the verdicts' transaction)."""
+        if answer.accepted:
+            self.established.add(batch.worker_id)
+        if answer.ban_reason and batch.worker_id not in self.bans_seen:
+            self.bans_seen.add(batch.worker_id)
+            log.info("worker %s banned by the run's ledger: %s", batch.worker_id, answer.ban_reason)
+            get_metrics().log("ban", worker_id=batch.worker_id, reason=answer.ban_reason)
 
     def run_loop(self) -> None:
+        """Take batches exclusively (``POST /validator/leases`` as ``validator_id``), judge them in the
+        orchestrator's order while a ``LeaseKeeper`` renews the leases of those not judged yet, post
+        verdicts; a batch whose lease was lost meanwhile is skipped (another validator judges it)."""
         idle = WaitLog(self.wait_log_every_s)
         while not self.cfg.max_batches or self.done < self.cfg.max_batches:
             try:
-                pending = self.client.pending(self.cfg.batches_per_poll)
+                pending = self.client.take_batches(self.validator_id, self.cfg.batches_per_poll)
             except (OrchestratorUnavailable, ClientRequestError) as exc:
                 if isinstance(exc, ClientRequestError) and exc.status == 401:
                     raise  # a wrong admin token never heals by waiting
@@ -418,10 +406,13 @@ class Validator:
                     raise ToolPythonMismatch(why)
                 self.tool_python_checked = True
             progressed = False
-            # The orchestrator hands out the freshest policy versions first; keep its order.
-            for batch in pending.batches:
-                if self.due(batch.batch_id):
-                    progressed |= self.judge(batch, pending.policy_version)
+            ids = [batch.batch_id for batch in pending.batches]
+            with LeaseKeeper(self.run.orchestrator.url, self.admin_token, self.validator_id, ids, pending.lease_s) as keeper:
+                # The orchestrator hands out the freshest policy versions first; keep its order.
+                for batch in pending.batches:
+                    if self.due(batch.batch_id) and not keeper.lost(batch.batch_id):
+                        progressed |= self.judge(batch, pending.policy_version)
+                    keeper.done(batch.batch_id)
             if progressed:
                 idle = WaitLog(self.wait_log_every_s)
             else:
@@ -436,6 +427,12 @@ class Validator:
 
     def close(self) -> None:
         self.client.close()
+
+
+def default_validator_id() -> str:
+    """``<host>-<pid>``, in the characters a validator id allows (``protocol.ValidatorId``)."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:48] or "validator"
+    return f"{host}-{os.getpid()}"
 
 
 def main(config: RunConfig, name: str = "validator") -> int:

@@ -38,7 +38,8 @@ import torch
 
 import grpo
 from prime_rl.api.fields import MAX_DETAIL_CHARS
-from prime_rl.api.protocol import FOLLOWER_REASONS, PendingBatch, Verdict, machine_rejected
+from prime_rl.api.judgement import NOISE_REASONS, NOT_THE_WORKERS, ban_counts
+from prime_rl.api.protocol import PendingBatch, Verdict
 from prime_rl.inference.backend import GenerationBackend
 from prime_rl.validator.checks import (
     Checks,
@@ -56,7 +57,7 @@ from prime_rl.validator.rewards import reward_checks
 from prime_rl.validator.spans import has_spans, span_checks, span_model_checks
 from prime_rl.validator.structure import AssignmentKeyMismatch, coverage_problems, lease_problem
 
-__all__ = ["ban_counts", "validate_batch"]
+__all__ = ["NOISE_REASONS", "NOT_THE_WORKERS", "ban_counts", "validate_batch"]
 
 def validate_batch(
     batch: PendingBatch,
@@ -115,48 +116,6 @@ def validate_batch(
         _verdict(p.index, p.reason, p.detail, p.reward, advantages.get(p.index), p.logprobs, p.beyond_tolerance)
         for p in pending
     ]
-
-
-NOT_THE_WORKERS = frozenset({Reason.UNKNOWN_POLICY, Reason.INTERNAL_ERROR})
-"""Failures found before any prefill that the validator's own state may explain (a version it cannot
-fetch, a bug of its own): such a batch counts as many rejections as it has samples, no more."""
-
-
-NOISE_REASONS = frozenset({Reason.SAMPLING_FAILED, Reason.LOGPROBS_MISMATCH})
-"""Per-token rules an honest worker fails at their calibrated false-rejection rate (bf16 decode
-against prefill noise): a fresh identity keeps the ``ban_min_samples`` grace for them, so one unlucky
-first lease does not ban an honest newcomer; the evidence still sees every such token."""
-
-
-def ban_counts(
-    verdicts: Sequence[Verdict], *, prefilled: bool = True, fresh: bool = False, min_samples: int = 0
-) -> tuple[int, int]:
-    """(accepted, rejected) of one judged batch as they count towards its worker's ban.
-
-    A batch whose only own failures are ``reward_unverifiable`` or ``tool_unverifiable``
-    (``protocol.machine_rejected``; every other rejection follows them: ``lease_rejected``,
-    ``group_rejected``) counts (0, 0): the machine, not the worker, may explain it, and an honest
-    worker must not near a ban for it (``rewards.py`` and ``episodes.py`` say why this gives a
-    cheater nothing). A batch rejected before any model check (``prefilled`` False: its lease,
-    tasks, version, prompts, seeds or termination are wrong, which no honest worker's noise can
-    cause) counts at least ``min_samples`` rejections (the validator's ``ban_min_samples``), so a
-    fresh identity's one failed lease reaches the ban whatever its size. So does any own failure of a
-    ``fresh`` worker's batch (one with no accepted sample yet): ``min_samples`` is a grace that keeps a
-    rare noisy sample from banning a worker with a record, and a fresh identity has none; without
-    this, every new identity got one free lease of fabricated episodes with random proofs
-    (``toploc_mismatch`` after the prefill, 8 samples < 16), and identities cost nothing (issue 34,
-    ``test_redteam_round3.py``), except where its only own failures are ``NOISE_REASONS``. Any other
-    failure in the batch counts the whole batch as before.
-    """
-    accepted = sum(v.accepted for v in verdicts)
-    rejected = len(verdicts) - accepted
-    if machine_rejected(verdicts):
-        return 0, 0
-    own = {v.reason for v in verdicts if not v.accepted} - FOLLOWER_REASONS
-    graced = fresh and prefilled and own <= NOISE_REASONS
-    if rejected and (fresh or not prefilled) and not own & NOT_THE_WORKERS and not graced:
-        rejected = max(rejected, min_samples)
-    return accepted, rejected
 
 
 def _verdict(
