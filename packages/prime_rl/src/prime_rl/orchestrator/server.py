@@ -46,6 +46,8 @@ from prime_rl.api.protocol import (
     ClaimRequest,
     CommitRequest,
     DoneRequest,
+    NoiseProfileAnswer,
+    NoiseProfileRecord,
     RegisterRequest,
     RolloutBatch,
     SwitchRequest,
@@ -64,6 +66,7 @@ from prime_rl.orchestrator.http import (
     validation_message,
 )
 from prime_rl.orchestrator.ledger import ApiFailure, Ledger
+from prime_rl.orchestrator.noise_profile import RunNoiseProfile
 from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key, network_key
 from prime_rl.orchestrator.store import RolloutStore
 from prime_rl.orchestrator.workers_view import WorkersView
@@ -94,10 +97,15 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("POST", "/workers/ban"): Route("ban", BanRequest),
     ("GET", "/validator/pending"): Route("pending"),
     ("POST", "/validator/verdicts"): Route("verdicts", VerdictRequest),
+    ("GET", "/validator/noise-profile"): Route("noise_profile"),
+    ("POST", "/validator/noise-profile/publish"): Route("publish_noise_profile", NoiseProfileRecord),
     ("POST", "/trainer/claim"): Route("claim", ClaimRequest),
     ("POST", "/trainer/commit"): Route("commit", CommitRequest),
 }
 """The one route table: every endpoint, its handler and body model. API.md documents exactly these."""
+
+CAPABILITIES = ("noise_profile",)
+"""Optional features announced in ``GET /status`` (``StatusResponse.capabilities``)."""
 
 class _Api:
     def __init__(
@@ -116,6 +124,7 @@ class _Api:
         )
         self.lock = asyncio.Lock()
         self.workers_view = WorkersView(ledger, orch.workers_view_max_age_s)
+        self.noise_profiles = RunNoiseProfile(config.orchestrator_data_dir)
 
     async def call(self, function: Callable[..., Any], *args: Any) -> Any:
         async with self.lock:
@@ -155,7 +164,7 @@ class _Api:
         # Anonymous and polled by every worker: answered on the event loop without the ledger's lock
         # (Ledger.status reads a few counters, each read atomic), so it never queues behind a
         # lease, a batch or a verdict, and a flood of it never delays them.
-        return model_response(self.ledger.status())
+        return model_response(self.ledger.status().model_copy(update={"capabilities": list(CAPABILITIES)}))
 
     async def register(self, request: web.Request) -> web.Response:
         self.admit_registration(request)  # first: wrong tokens and bad bodies count against the rate too
@@ -261,6 +270,15 @@ class _Api:
         self.require_admin(request)
         body = await self.body(request, VerdictRequest)
         return model_response(await self.call(self.ledger.record_verdicts, body))
+
+    async def noise_profile(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        return model_response(NoiseProfileAnswer(record=await asyncio.to_thread(self.noise_profiles.get)))
+
+    async def publish_noise_profile(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        body = await self.body(request, NoiseProfileRecord)
+        return model_response(NoiseProfileAnswer(record=await asyncio.to_thread(self.noise_profiles.publish, body)))
 
     async def claim(self, request: web.Request) -> web.Response:
         self.require_admin(request)
