@@ -11,7 +11,7 @@ evidence tests, ``toploc.evidence``) all derive from the honest-noise profile, s
    the race gets the winner's profile back and goes on as in 3.
 3. The run's profile must be of the same model (fingerprint) and dtype, else the validator refuses
    to judge (:class:`NoiseMismatch`, exit code 2). If it was measured under the validator's own
-   calibration key (same model, dtype, engine, machine, threads, temperature, context bucket) the
+   calibration key (same model, dtype, engine, machine, threads, sampling settings, context bucket) the
    validator computes like the measurement and judges by it. Otherwise it checks its own honest
    noise against it (:func:`self_check`): its own cached profile if it has one, else a short
    measurement of ``validator.self_check_tokens`` tokens. Noise the run's profile does not cover

@@ -9,7 +9,7 @@ exists, the new measurement is *merged* into it (worst case per threshold): run 
 every kind of machine workers use (GPU models, vLLM, CPU) and point the validator at the one file.
 The validator measures a profile the same way at start-up when ``validator.noise_profile`` is
 empty (``validator.calibration_tokens``). Every measurement is cached per (model, dtype, engine,
-machine, temperature, context-length bucket), not per environment, and paid once
+machine, temperature and max_new_tokens, context-length bucket), not per environment, and paid once
 (:mod:`prime_rl.validator.noise_cache`; ``validator.recalibrate = true`` measures again). A
 measurement logs a rate line after every batch (tokens done, tokens per second, seconds left).
 

@@ -17,7 +17,10 @@ profile; issue #48):
   and driver (``/proc/driver/nvidia``) unless the validator runs on the CPU, ``CUDA_VISIBLE_DEVICES``
   and the thread counts (a CPU matmul's reduction order depends on them);
 * **settings**: the sampling temperature (margins and log-probs are taken of ``logits / T``: the same
-  rounding noise is another margin at another temperature);
+  rounding noise is another margin at another temperature) and ``max_new_tokens`` (completions
+  shorter than a 32-token chunk measure no proof statistic at all, and a profile of 4-token
+  completions leaves the proof evidence without bounds: seen in the test suite, where it delayed a
+  steering worker's evidence ban);
 * **context**: the power-of-two bucket of the longest context the measurement decodes (longest
   calibration prompt + ``sampling.max_new_tokens``; :func:`context_bucket`). This is the one way an
   environment changes honest noise: rounding differences in attention and in the KV cache grow with
@@ -90,7 +93,7 @@ class CalibrationKey:
         dtype: the model's dtype (``float32``, ``bfloat16``).
         engine: decode and prefill backends with their package versions.
         machine: CPU model/flags, GPU models and driver, visible devices and thread counts.
-        settings: the sampling temperature the measurement decodes with (``temperature 0.6``).
+        settings: sampling temperature and max_new_tokens of the measurement (``temperature 0.6, max_new_tokens 96``).
         context: :func:`context_bucket` of the longest context measured (``<= 256 tokens``).
     """
 
@@ -189,7 +192,7 @@ def key_for_run(
         dtype=config.model.dtype,
         engine=engine,
         machine=machine_identity(config),
-        settings=f"temperature {config.sampling.temperature:g}",
+        settings=f"temperature {config.sampling.temperature:g}, max_new_tokens {config.sampling.max_new_tokens}",
         context=context_bucket(context_tokens),
     )
 
