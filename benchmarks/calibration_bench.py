@@ -14,8 +14,9 @@ or the cache read, the file written) on ``configs/tiny-cpu.toml`` with the HF de
   * ``self-check``: the 256-token measurement a validator makes at start when the run's profile
     was measured under another calibration key (``validator.self_check_tokens``).
 
-``--baseline DIR`` runs the same cases with another checkout's packages (e.g. the main branch) in
-the same session, for the comparison. min and median over ``--repeats``.
+``--baseline DIR`` runs the same cases (but the self-check, which it lacks) with another checkout's
+packages (e.g. the main branch) in the same session, for the comparison. min and median over
+``--repeats``.
 """
 
 from __future__ import annotations
@@ -58,8 +59,10 @@ def calibrate(checkout: Path, cache: Path, run_dir: Path, *extra: str) -> float:
     return seconds
 
 
-def cases(checkout: Path, work: Path, repeats: int) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {"fresh": [], "cached": [], "new environment": [], "self-check": []}
+def cases(checkout: Path, work: Path, repeats: int, self_check: bool = True) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {"fresh": [], "cached": [], "new environment": []}
+    if self_check:
+        times["self-check"] = []
     for repeat in range(repeats):
         cache = work / f"cache-{repeat}"
         shutil.rmtree(cache, ignore_errors=True)
@@ -67,9 +70,10 @@ def cases(checkout: Path, work: Path, repeats: int) -> dict[str, list[float]]:
         times["fresh"].append(calibrate(checkout, cache, run / "a"))
         times["cached"].append(calibrate(checkout, cache, run / "b"))
         times["new environment"].append(calibrate(checkout, cache, run / "c", *NEW_ENV))
-        times["self-check"].append(
-            calibrate(checkout, work / f"check-cache-{repeat}", run / "d", "--validator.calibration_tokens", "256")
-        )
+        if self_check:
+            times["self-check"].append(
+                calibrate(checkout, work / f"check-cache-{repeat}", run / "d", "--validator.calibration_tokens", "256")
+            )
         print(json.dumps({"checkout": str(checkout), "repeat": repeat, **{k: v[-1] for k, v in times.items()}}))
     return times
 
@@ -96,7 +100,7 @@ def main() -> int:
     try:
         rows = {"this branch": cases(REPO, work / "branch", args.repeats)}
         if args.baseline:
-            rows["baseline"] = cases(Path(args.baseline), work / "baseline", args.repeats)
+            rows["baseline"] = cases(Path(args.baseline), work / "baseline", args.repeats, self_check=False)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out = Path(args.out)

@@ -33,13 +33,22 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import toploc
 from prime_rl.api.client import ClientRequestError, OrchestratorClient
 from prime_rl.api.protocol import NoiseProfileRecord
+from prime_rl.validator import noise, noise_cache
+from prime_rl.validator.model_fingerprint import model_fingerprint
 from prime_rl.validator.token_rule import binomial_allowance
+
+if TYPE_CHECKING:
+    from prime_rl.config import RunConfig
+    from prime_rl.inference.backend import HFBackend
 
 __all__ = [
     "SELF_CHECK_FALSE_REFUSAL",
@@ -47,6 +56,7 @@ __all__ = [
     "SelfCheck",
     "agree",
     "self_check",
+    "validator_profile",
 ]
 
 log = logging.getLogger(__name__)
@@ -188,3 +198,78 @@ def agree(
     )
     return run
 
+
+
+def validator_profile(
+    config: RunConfig, client: OrchestratorClient, backend: HFBackend, tasks: Any, name: str = "validator"
+) -> toploc.NoiseProfile:
+    """The profile a validator process judges by (:func:`agree` with its own key, cache and backend),
+    saved in ``<run_dir>/validator/noise-profile.json`` for reading. ``tasks``: the run's
+    ``RunTasks`` (its prompts are the calibration's and set the context bucket)."""
+    started = time.monotonic()
+    cfg = config.validator
+    count = min(noise.calibration_prompt_count(cfg.calibration_tokens), tasks.num_tasks)
+    prompts = [tuple(tasks.prompt_tokens(i)) for i in range(count)]
+    context = noise.context_tokens(config, prompts)
+    model_path = Path(config.model.path)
+    model = model_fingerprint(model_path) if model_path.is_dir() else f"hub:{config.model.path}"
+    key = noise_cache.key_for_run(config, config.workers.backend, model, context_tokens=context)
+
+    def own_cached() -> toploc.NoiseProfile | None:
+        for decode in dict.fromkeys(("hf", config.workers.backend)):
+            cached = noise.cached_only(config, cfg.self_check_tokens, decode, context=context)
+            if cached is not None:
+                return cached
+        return None
+
+    def measure_short() -> toploc.NoiseProfile:
+        log.info("checking this validator's honest noise against the run's profile (%d tokens)", cfg.self_check_tokens)
+        return noise.calibrate_cached(
+            config, cfg.self_check_tokens, "hf",
+            lambda: noise.calibrate(config, backend, prompts, cfg.self_check_tokens), context=context,
+        )  # fmt: skip
+
+    profile = agree(
+        client, model=model, dtype=config.model.dtype, key=key.digest(), tokens=cfg.calibration_tokens,
+        own=lambda: own_profile(config, backend, context), own_cached=own_cached, measure_short=measure_short,
+        name=name,
+    )  # fmt: skip
+    path = Path(config.run_dir) / "validator" / "noise-profile.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(path)
+    log.info("honest noise profile ready in %.1fs: %s", time.monotonic() - started, path)
+    return profile
+
+
+def own_profile(config: RunConfig, backend: HFBackend, context: int) -> toploc.NoiseProfile:
+    """This validator's own profile: ``validator.noise_profile`` if set, else the run directory's
+    copy (a restart judges on with the tests its journalled evidence was built on), else the cached
+    profile of the workers' engine, else cached or measured now with the HF decode."""
+    cfg = config.validator
+    if cfg.noise_profile:
+        return toploc.NoiseProfile.load(cfg.noise_profile)
+    path = Path(config.run_dir) / "validator" / "noise-profile.json"
+    if path.exists():
+        return toploc.NoiseProfile.load(path)
+    tokens = cfg.calibration_tokens
+    if config.workers.backend != "hf":
+        # A profile of the workers' engine measured earlier on this machine (noise_cache.py).
+        cached = noise.cached_only(config, tokens, config.workers.backend, context=context)
+        if cached is not None:
+            return cached
+        # An in-process vLLM engine would take this process's threads; `prime-rl run` measures it
+        # apart (a calibrate-noise child: launch.supervisor.worker_noise_path), a validator started alone says so.
+        log.warning(
+            "measuring honest noise with the HF decode only, but workers decode with %r (fp32 vLLM log-prob "
+            "gaps run ~2x the HF decode's): run `prime-rl calibrate-noise --workers.backend %s` and set "
+            "validator.noise_profile to its file",
+            config.workers.backend,
+            config.workers.backend,
+        )
+    return noise.calibrate_cached(
+        config,
+        tokens,
+        "hf",  # this process decodes with HF only (the warning above)
+        lambda: noise.calibrate_for_run(config, backend, tokens),
+        context=context,
+    )

@@ -31,7 +31,7 @@ token or issues leases its key does not reproduce: either would reject every hon
 Tolerances are the run's, not this machine's: the validator judges by the run's one noise profile,
 kept by the orchestrator, and refuses to judge (exit code 2) when its own honest noise is out of line
 with it (``agreement.py``). A validator on another machine joins a running orchestrator with
-``--orchestrator.url``, the run's ``orchestrator.admin_token`` and ``orchestrator.assignment_secret``.
+``--orchestrator.public_url``, the run's ``orchestrator.admin_token`` and ``orchestrator.assignment_secret``.
 """
 
 from __future__ import annotations
@@ -60,12 +60,11 @@ from prime_rl.inference.backend import HFBackend
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.reward import run_tasks
 from prime_rl.role import run_role
-from prime_rl.validator import noise, noise_cache, tolerances
-from prime_rl.validator.agreement import NoiseMismatch, agree
+from prime_rl.validator import tolerances
+from prime_rl.validator.agreement import NoiseMismatch, validator_profile
 from prime_rl.validator.checks import Checks, GenerationBackend, Reason, RetryLater, tool_seconds
 from prime_rl.validator.evidence import EvidenceLedger, FailureTracker, metrics_fields, reject_banned
 from prime_rl.validator.journal import ValidatorJournal
-from prime_rl.validator.model_fingerprint import model_fingerprint
 from prime_rl.validator.structure import AssignmentKeyMismatch
 from prime_rl.validator.tool_budget import ToolBudget
 from prime_rl.validator.verdicts import ban_counts, validate_batch
@@ -163,72 +162,8 @@ class Validator:
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
 
     def _noise_profile(self, config: RunConfig) -> toploc.NoiseProfile:
-        """The run's noise profile (``agreement.py``): fetched from the orchestrator, or this
-        validator's own published as the run's; saved in ``<run_dir>/validator/noise-profile.json``."""
-        started = time.monotonic()
-        tokens = self.cfg.calibration_tokens
-        count = min(noise.calibration_prompt_count(tokens), self.tasks.num_tasks)
-        prompts = [tuple(self.tasks.prompt_tokens(i)) for i in range(count)]
-        context = noise.context_tokens(config, prompts)
-        model_path = Path(config.model.path)
-        model = model_fingerprint(model_path) if model_path.is_dir() else f"hub:{config.model.path}"
-        key = noise_cache.key_for_run(config, config.workers.backend, model, context_tokens=context)
-        check_tokens = self.cfg.self_check_tokens
-
-        def own_cached() -> toploc.NoiseProfile | None:
-            for decode in dict.fromkeys(("hf", config.workers.backend)):
-                cached = noise.cached_only(config, check_tokens, decode, context=context)
-                if cached is not None:
-                    return cached
-            return None
-
-        def measure_short() -> toploc.NoiseProfile:
-            log.info("checking this validator's honest noise against the run's profile (%d tokens)", check_tokens)
-            return noise.calibrate_cached(
-                config, check_tokens, "hf", lambda: noise.calibrate(config, self.backend, prompts, check_tokens),
-                context=context,
-            )  # fmt: skip
-
-        profile = agree(
-            self.client, model=model, dtype=config.model.dtype, key=key.digest(), tokens=tokens,
-            own=lambda: self._own_noise_profile(config, context), own_cached=own_cached,
-            measure_short=measure_short, name=self.run_name,
-        )  # fmt: skip
-        path = Path(config.run_dir) / "validator" / "noise-profile.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        profile.save(path)
-        log.info("honest noise profile ready in %.1fs: %s", time.monotonic() - started, path)
-        return profile
-
-    def _own_noise_profile(self, config: RunConfig, context: int) -> toploc.NoiseProfile:
-        """``validator.noise_profile`` if set, else the run directory's copy, else cached or measured now."""
-        if self.cfg.noise_profile:
-            return toploc.NoiseProfile.load(self.cfg.noise_profile)
-        path = Path(config.run_dir) / "validator" / "noise-profile.json"
-        if path.exists():  # a restart judges on with the tests its journalled evidence was built on
-            return toploc.NoiseProfile.load(path)
-        tokens = self.cfg.calibration_tokens
-        if config.workers.backend != "hf":
-            # A profile of the workers' engine measured earlier on this machine (noise_cache.py).
-            cached = noise.cached_only(config, tokens, config.workers.backend, context=context)
-            if cached is not None:
-                return cached
-            # An in-process vLLM engine would take this process's threads; `prime-rl run` measures it
-            # apart (a calibrate-noise child: launch.supervisor.worker_noise_path), a validator started alone says so.
-            log.warning(
-                "measuring honest noise with the HF decode only, but workers decode with %r (fp32 vLLM log-prob "
-                "gaps run ~2x the HF decode's): run `prime-rl calibrate-noise --workers.backend %s` and set "
-                "validator.noise_profile to its file",
-                config.workers.backend,
-                config.workers.backend,
-            )
-        return noise.calibrate_cached(
-            config,
-            tokens,
-            "hf",  # this process decodes with HF only (the warning above)
-            lambda: noise.calibrate_for_run(config, self.backend, tokens),
-            context=context,
-        )
+        """The run's noise profile (``agreement.py``), saved in ``<run_dir>/validator/noise-profile.json``."""
+        return validator_profile(config, self.client, self.backend, self.tasks, self.run_name)
 
     def decode(self, tokens: Sequence[int]) -> str:
         return str(self.backend.tokenizer.decode(list(tokens), skip_special_tokens=True))
