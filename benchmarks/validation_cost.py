@@ -167,25 +167,33 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: the swarm model only, one repeat")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smollm2-prompts", type=int, default=4, help="prompts per SmolLM2 lease (8 samples each)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a worker's and a validator's default: 1)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "validation_cost.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     rows: list[dict[str, Any]] = []
-    if args.smoke:
-        rows.append(tiny_case(Case("swarm-tiny", 2, 2, 4), 1, args.threads))
-    else:
-        rows.append(tiny_case(Case("swarm-tiny", 2, 4, 4), args.repeats, args.threads))
-        rows.append(tiny_case(Case("swarm-tiny-64", 2, 4, 64), args.repeats, args.threads))
-        rows.append(smollm2_case(Case("smollm2", 4, 8, 96), args.repeats, args.threads))
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared with other processes)",
         "torch": torch.__version__,
         "rows": rows,
     }
+    if args.smoke:
+        plan = [(tiny_case, Case("swarm-tiny", 2, 2, 4), 1)]
+    else:
+        plan = [
+            (tiny_case, Case("swarm-tiny", 2, 4, 4), args.repeats),
+            (tiny_case, Case("swarm-tiny-64", 2, 4, 64), args.repeats),
+            (smollm2_case, Case("smollm2", args.smollm2_prompts, 8, 96), args.repeats),
+        ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for measure, case, repeats in plan:
+        started = time.monotonic()
+        rows.append(measure(case, repeats, args.threads))
+        rows[-1]["wall_s"] = time.monotonic() - started
+        args.out.write_text(json.dumps(result, indent=1) + "\n")  # after every row: a stopped run keeps them
+        print(f"[validation_cost] {case.name} done", flush=True)
     for row in rows:
         gen, val = row["generation_s_per_sample"], row["validation_s_per_sample"]
         print(

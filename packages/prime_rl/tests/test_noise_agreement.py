@@ -237,3 +237,18 @@ def test_the_run_profile_is_kept_across_orchestrator_restarts_and_first_publicat
     stored = json.loads((config.orchestrator_data_dir / "noise-profile.json").read_text())
     assert stored["published_by"] == "validator@elsewhere"
     assert agreement.SELF_CHECK_FALSE_REFUSAL == 1e-6
+
+
+def test_a_profile_of_longer_contexts_serves_shorter_ones_not_longer(tmp_path: Path, tiny_lm_dir: Path) -> None:
+    """An environment with shorter prompts reads the profile measured on longer contexts (honest
+    noise does not shrink with the context); one with longer prompts than measured is measured."""
+    config = run_config(tmp_path / "run", tiny_lm_dir)
+    measured = toploc.NoiseProfile.calibrate([toploc.Observations(np.zeros(64), np.zeros(64))])
+    key_256 = noise_cache.key_for_run(config, "hf", context_tokens=200)
+    assert key_256.context == "<= 256 tokens"
+    noise_cache.cached_profile(tmp_path, key_256, 16, lambda: measured)
+    shorter = noise_cache.key_for_run(config, "hf", context_tokens=100)
+    longer = noise_cache.key_for_run(config, "hf", context_tokens=300)
+    assert noise_cache.lookup(tmp_path, shorter, 16) == measured
+    assert noise_cache.lookup(tmp_path, longer, 16) is None
+    assert noise_cache.lookup(tmp_path, shorter, 32) is None  # still: measured for >= the tokens asked

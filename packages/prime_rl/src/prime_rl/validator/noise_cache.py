@@ -25,8 +25,9 @@ profile; issue #48):
   calibration prompt + ``sampling.max_new_tokens``; :func:`context_bucket`). This is the one way an
   environment changes honest noise: rounding differences in attention and in the KV cache grow with
   the positions they sum over, so a profile measured on 100-token contexts says nothing certain about
-  8,000-token ones. Two environments whose contexts fall in the same bucket share a profile; the
-  prompts' words, the reward, the tools and the task types do not enter.
+  8,000-token ones. A profile serves every run whose contexts fall in its bucket or a smaller one
+  (:func:`covering_keys`: noise measured on longer contexts bounds shorter ones'); the prompts'
+  words, the reward, the tools and the task types do not enter.
 
 A cached profile measured with at least ``validator.calibration_tokens`` tokens asked for (per
 decode backend) is a hit; anything
@@ -72,6 +73,7 @@ __all__ = [
     "cache_dir_for",
     "cached_profile",
     "context_bucket",
+    "covering_keys",
     "key_for_run",
     "lookup",
 ]
@@ -248,11 +250,38 @@ def _read_entry(path: Path, key: CalibrationKey, tokens: int) -> toploc.NoisePro
     return profile
 
 
+CONTEXT_BUCKET_MAX = 1 << 20
+"""The largest context bucket a lookup climbs to (tokens)."""
+
+
+def covering_keys(key: CalibrationKey) -> list[CalibrationKey]:
+    """``key``, then the same key with every larger context bucket up to :data:`CONTEXT_BUCKET_MAX`:
+    a profile measured on longer contexts covers shorter ones (honest rounding noise does not shrink
+    as contexts grow, so its bounds are at least as wide as a shorter context's own)."""
+    keys = [key]
+    if not key.context.startswith("<= "):
+        return keys
+    bucket = int(key.context.split()[1]) * 2
+    while bucket <= CONTEXT_BUCKET_MAX:
+        keys.append(dataclasses.replace(key, context=f"<= {bucket} tokens"))
+        bucket *= 2
+    return keys
+
+
 def lookup(cache_dir: Path | None, key: CalibrationKey, tokens: int) -> toploc.NoiseProfile | None:
-    """The cached profile for ``key`` measured with >= ``tokens`` asked for, or None (nothing measured)."""
+    """The cached profile for ``key`` (or, failing that, for the smallest larger context bucket:
+    :func:`covering_keys`) measured with >= ``tokens`` asked for, or None (nothing measured)."""
     if cache_dir is None:
         return None
-    return _read_entry(cache_dir / f"noise-{key.digest()}.json", key, tokens)
+    for candidate in covering_keys(key):
+        path = cache_dir / f"noise-{candidate.digest()}.json"
+        if path.is_file():
+            profile = _read_entry(path, candidate, tokens)
+            if profile is not None:
+                if candidate != key:
+                    log.info("cached noise profile of longer contexts (%s) covers this run's (%s)", candidate.context, key.context)
+                return profile
+    return None
 
 
 def cached_profile(
