@@ -35,7 +35,13 @@ it measured):
   sampling margin, mean log-prob gap, most proof exponent mismatches) as quantiles;
 * ``noise``: the bf16 noise profile of the worker's decode against the validator's prefill,
   measured on calibration samples, then the honest reject rate of the rule it gives on held-out
-  samples of 2k, 8k and 512 tokens (:func:`check_noise`).
+  samples of 2k, 8k and 512 tokens (:func:`check_noise`);
+* ``validation_cost``: seconds per sample of the honest worker's generation (seeded sampler,
+  streaming proofs, log-probs, reward) against the validator's ``validate_batch`` (one prefill,
+  proofs, margins, log-probs, rewards) on leases of 8 x 8 completions of 1,024 tokens, warm, and
+  their ratio (goal: validation at most 1/20 of generation; the seed design claims up to 100x):
+  ``benchmarks/validation_cost.py`` :func:`measure_case`, which measures the same on the CPU for the
+  demo's SmolLM2 and the swarm's tiny model (``benchmarks/results/validators.md``).
 
 The model is Qwen2-0.5B-shaped with random weights, built from a config in code. The JSON
 (``--out``; default ``benchmarks/results/gpu_check.json``, or ``gpu_check_smoke.json`` with
@@ -95,6 +101,8 @@ class Sizes:
     attention_tokens: int  # one layer's attention at this length, in ATTENTION_DOCUMENTS documents
     noise_rows: tuple[NoiseRow, ...]  # the bf16 noise section's test rows
     noise_calibration: NoiseRow  # the honest samples the profile is measured on (not judged)
+    cost_tokens: int = 1024  # validation_cost: completion tokens per sample
+    cost_repeats: int = 2  # validation_cost: timed leases (after one untimed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +132,7 @@ SMOKE = Sizes(
     (256,), 1, 256, 512, 256, 4, 2, 2, 8, 8, 512, 512,
     noise_rows=(NoiseRow(8, 8, 2, 2, 2), NoiseRow(24, 16, 2, 2, 1)),
     noise_calibration=NoiseRow(8, 8, 2, 2, 1),
+    cost_tokens=8, cost_repeats=1,
 )  # fmt: skip
 
 
@@ -557,6 +566,41 @@ def check_rollouts(device: torch.device, sizes: Sizes, dtype: torch.dtype, model
     return {"generation": generation, "validator": validator}
 
 
+def check_validation_cost(device: torch.device, sizes: Sizes, dtype: torch.dtype) -> dict:
+    """Generation vs validation per sample on a Qwen2-0.5B-shaped model (module docstring)."""
+    from validation_cost import Case, measure_case, run_of
+
+    from prime_rl.config import load_config
+    from prime_rl.inference.select import make_backend
+
+    case = Case("qwen2-0.5b-shaped", sizes.prompts, sizes.group_size, sizes.cost_tokens)
+    with tempfile.TemporaryDirectory(prefix="gpu_check_cost_") as scratch:
+        model_dir = Path(scratch)
+        qwen2_model(sizes.shape, 4096, dtype, device).save_pretrained(model_dir)
+        tokenizer = byte_tokenizer(sizes.shape["vocab"])
+        tokenizer.save_pretrained(model_dir)
+        dtype_name = "bfloat16" if dtype == torch.bfloat16 else "float32"
+        config = load_config(None, ["--model.path", str(model_dir), "--model.dtype", dtype_name])
+        backend = make_backend(config, backend="hf", device=device, max_batch_size=case.prompts * case.group)
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        prompts = {t: list(tokenizer("".join(letters[(t * 7 + i) % 26] for i in range(sizes.prompt_tokens)))["input_ids"])
+                   for t in range(64)}  # fmt: skip
+        run = run_of(tokenizer, prompts.__getitem__, 64, case, sizes.shape["hidden"])
+        result = measure_case(run, backend, case, repeats=sizes.cost_repeats, device=device,
+                              vocab_size=sizes.shape["vocab"], eos_ids=frozenset())  # fmt: skip
+    return {**result, "goal_ratio": 1 / 20, "seed_claim_ratio": 1 / 100}
+
+
+def _cost_rows(part: dict) -> list[tuple[str, str, str]]:
+    gen, val = part["generation_s_per_sample"], part["validation_s_per_sample"]
+    case = part["case"]
+    return [
+        ("cost", f"generation per sample ({case['new_tokens']} tokens)", f"{gen['median'] * 1e3:.1f} ms (min {gen['min'] * 1e3:.1f})"),
+        ("cost", "validation per sample", f"{val['median'] * 1e3:.1f} ms (min {val['min'] * 1e3:.1f})"),
+        ("cost", "validation / generation", f"{part['ratio_median']:.4f} (goal <= 0.05; verdicts {part['verdicts']})"),
+    ]  # fmt: skip
+
+
 def check_noise(device: torch.device, sizes: Sizes, dtype: torch.dtype, out: Path, partial: dict) -> dict:
     """The bf16 noise of this device, and what the bf16 per-sample rules make of honest work.
 
@@ -811,6 +855,7 @@ TABLE_ROWS = {
     ),
     "rollouts": _rollout_rows,
     "noise": _noise_rows,
+    "validation_cost": _cost_rows,
 }
 
 
@@ -866,6 +911,7 @@ def main(argv: list[str] | None = None) -> int:
         "shared_prompt": (check_shared_prompt, (device, sizes, dtype)),
         "rollouts": (check_rollouts, (device, sizes, dtype, args.model)),
         "noise": (check_noise, (device, sizes, dtype, out, result)),
+        "validation_cost": (check_validation_cost, (device, sizes, dtype)),
     }
     chosen = args.sections.split(",") if args.sections else list(sections)
     if unknown := set(chosen) - set(sections):

@@ -16,7 +16,8 @@ What runs (everything on this machine, on loopback unless ``--wan`` finds namesp
     on one shared model; every 10th identity (``--hostile-every``) plays a ``worker/hostile.py`` attack.
 With ``--kills K``, once the first policy version is published a seeded schedule SIGKILLs, one every ``--kill-gap-s``
 (seeded jitter) or sooner when the run gets ahead (kill ``i`` by step ``1 + i * (steps - 1) // K``, so a
-fast run cannot end before its kills), in a seeded rotation: the orchestrator, validator, trainer, origin, every relay, every
+fast run cannot end before its kills), in a seeded rotation: the orchestrator, every validator (``--validators K``:
+``validator.count``; more than one needs validator leases, which ``prime-rl run`` checks), trainer, origin, every relay, every
 swarm host (restarted here, under the same identities), and cuts one host's link for 2-6 s
 (``network.cut``; on loopback the host is stopped with SIGSTOP for that long instead). The supervisor
 restarts its children. When the trainer has finished, the invariants of ``swarm_checks.py`` are checked
@@ -131,6 +132,7 @@ def write_config(root: Path, args: argparse.Namespace, network: Any) -> Path:
                     **({"save_dtype": "bfloat16", "lr": args.lr or PAYLOAD_LR} if args.payload_mb else
                        {"lr": args.lr} if args.lr else {})},
         "workers": {"count": 0, "hostile": [], "weights_poll_s": 0.5, "poll_interval_s": 0.5},
+        "validator": {"count": args.validators},
         "evaluator": {"enabled": False},
     }  # fmt: skip
     lines = [f"run_dir = {json.dumps(str(root / 'run'))}"]
@@ -243,7 +245,8 @@ class Swarm:
         """The seeded kill schedule (module docstring); waits for the first published step."""
         rng = random.Random(self.args.seed)
         relays = [f"shardcast-relay-{i}" for i in range(self.args.relays)]
-        targets = ["orchestrator", "validator", "trainer", "shardcast-origin", *relays]
+        validators = ["validator"] + [f"validator-{i}" for i in range(1, self.args.validators)]
+        targets = ["orchestrator", *validators, "trainer", "shardcast-origin", *relays]
         targets += [f"host-{h}" for h in range(self.args.hosts)] + ["cut"]
         if self.args.targets:
             targets = self.args.targets.split(",")
@@ -347,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         help="trainer samples per step (size it to the swarm's pace so that answered leases are trained)",
     )
     parser.add_argument("--kills", type=int, default=0, help="SIGKILLs and link cuts during the run")
+    parser.add_argument(
+        "--validators", type=int, default=1, help="validator.count: validators the run starts (each a chaos target)"
+    )
     parser.add_argument(
         "--targets", default="", help="comma-separated kill targets (default: every role, host and 'cut')"
     )

@@ -43,4 +43,9 @@ def test_smoke_run_writes_every_section(tmp_path: Path) -> None:
     # Honest fp32 rollouts judged by the same weights: every one accepted, with near-zero noise.
     assert validator["accepted"] == validator["samples"] == 4 and validator["rejected"] == {}
     assert validator["noise"]["mean_logprob_gap"]["max"] < 1e-4
+    cost = result["validation_cost"]  # generation vs validation per sample (issue #45.6)
+    assert cost["verdicts"] == {"ok": cost["samples"]} and cost["samples"] == 4
+    assert cost["generation_s_per_sample"]["median"] > 0 and cost["validation_s_per_sample"]["median"] > 0
+    assert cost["ratio_median"] > 0 and cost["case"]["new_tokens"] == 8
     assert "trainer" in proc.stdout and "validator" in proc.stdout  # the printed table
+    assert "validation / generation" in proc.stdout

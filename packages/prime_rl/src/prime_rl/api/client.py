@@ -40,6 +40,8 @@ from prime_rl.api.protocol import (
     CommitResponse,
     DoneRequest,
     DoneResponse,
+    NoiseProfileAnswer,
+    NoiseProfileRecord,
     PendingResponse,
     RegisterRequest,
     RegisterResponse,
@@ -442,6 +444,20 @@ class OrchestratorClient:
         return self.request(
             "POST", "/validator/verdicts", VerdictResponse, body=verdicts, token=self.admin_token
         )
+
+    def noise_profile(self) -> NoiseProfileRecord | None:
+        """GET /validator/noise-profile: the run's honest-noise profile, None before one is published."""
+        answer = self.request("GET", "/validator/noise-profile", NoiseProfileAnswer, token=self.admin_token)
+        return answer.record
+
+    def publish_noise_profile(self, record: NoiseProfileRecord) -> NoiseProfileRecord:
+        """POST /validator/noise-profile/publish: the run's profile afterwards (``record``, or the one published first)."""
+        answer = self.request(
+            "POST", "/validator/noise-profile/publish", NoiseProfileAnswer, body=record, token=self.admin_token
+        )
+        if answer.record is None:  # the server always answers with a record here
+            raise ClientRequestError(500, "bad_answer", "no record in the answer", "/validator/noise-profile/publish")
+        return answer.record
 
     def ban(self, worker_id: str, reason: str) -> BanResponse:
         """POST /workers/ban."""

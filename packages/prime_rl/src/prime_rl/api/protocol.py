@@ -50,6 +50,8 @@ __all__ = [
     "LeaseSource",
     "LeaseSwitch",
     "LeaseTask",
+    "NoiseProfileAnswer",
+    "NoiseProfileRecord",
     "PendingBatch",
     "PendingResponse",
     "RegisterRequest",
@@ -664,3 +666,39 @@ class CommitRequest(ApiModel):
 class CommitResponse(ApiModel):
     step: NonNegInt
     policy_version: NonNegInt
+
+
+# ------------------------------------------------------------------ the run's noise profile
+
+MAX_PROFILE_CHARS = 1 << 20
+"""Longest profile JSON accepted (a profile is ~6 KB; the cap keeps a stored record small)."""
+
+
+class NoiseProfileRecord(ApiModel):
+    """The run's honest-noise profile (trusted: GET /validator/noise-profile, POST /validator/noise-profile/publish).
+
+    One per run: the first validator to publish one sets it, and every validator of the run judges
+    by it (``prime_rl.validator.agreement``). The fields beside the profile say what it was
+    measured on, so another validator can tell whether its own noise must be checked against it.
+    """
+
+    profile: Annotated[str, StringConstraints(max_length=MAX_PROFILE_CHARS)] = Field(
+        description="The toploc-noise-profile/1 JSON (toploc.NoiseProfile.to_json)."
+    )
+    model: Annotated[str, StringConstraints(max_length=256)] = Field(
+        description="Fingerprint of the model directory it was measured with (validator/model_fingerprint.py)."
+    )
+    dtype: Annotated[str, StringConstraints(max_length=32)] = Field(description="model.dtype of the measurement.")
+    key: Annotated[str, StringConstraints(max_length=64)] = Field(
+        description="Digest of the measurement's calibration key (validator/noise_cache.py): equal keys compute alike."
+    )
+    calibration_tokens: NonNegInt = Field(description="Honest tokens the measurement asked for.")
+    published_by: Annotated[str, StringConstraints(max_length=128)] = Field(
+        default="", description="Free-form label of the publishing validator (its process name and host)."
+    )
+
+
+class NoiseProfileAnswer(ApiModel):
+    """Answer to GET /validator/noise-profile and POST /validator/noise-profile/publish: the run's profile, or null before the first."""
+
+    record: NoiseProfileRecord | None = Field(description="The run's profile; null when none was published yet.")

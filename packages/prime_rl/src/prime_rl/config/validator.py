@@ -95,6 +95,20 @@ class ValidatorConfig(Section):
     calibration_tokens: int = Field(
         default=1024, ge=1, description="Tokens decoded to measure honest noise (at start, or by calibrate-noise)."
     )
+    self_check_tokens: int = Field(
+        default=256,
+        ge=1,
+        description="Tokens a validator decodes at start to check its own honest noise against the run's profile "
+        "when that was measured under another calibration key (another machine, engine or thread count); "
+        "noise out of line with it: the validator refuses to judge (exit code 2; validator/agreement.py).",
+    )
+    count: int = Field(
+        default=1,
+        ge=0,
+        description="Validators `prime-rl run` starts and restarts (0: none here, they join from other machines "
+        "with `prime-rl validator`). More than 1 needs an orchestrator that leases pending batches to one "
+        "validator each ('validator_leases' in GET /status capabilities); until then run refuses it.",
+    )
     recalibrate: bool = Field(
         default=False,
         description="Measure honest noise again even when a cached profile for this (model, dtype, engine, "

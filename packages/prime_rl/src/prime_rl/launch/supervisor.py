@@ -5,11 +5,17 @@ output in ``<run_dir>/logs/<name>.out`` and its metrics in ``<run_dir>/metrics/<
 at once in this order, without waiting for any (the roles wait for the orchestrator themselves),
 then waits for the orchestrator to answer:
 
-  orchestrator -> shardcast origin -> relays -> trainer -> validator -> honest workers
-  (``workers.count``) -> one hostile worker per ``workers.hostile`` entry -> evaluator (if enabled)
+  orchestrator -> shardcast origin -> relays -> trainer -> ``validator.count`` validators (``validator``,
+  ``validator-1``, ...) -> honest workers (``workers.count``) -> one hostile worker per
+  ``workers.hostile`` entry -> evaluator (if enabled)
 
 (with vLLM workers and no configured noise profile a ``calibrate-noise`` child takes the
-validator's place, and the validator starts when it has written the profile: :func:`worker_noise_path`)
+validator's place, and the validator starts when it has written the profile: :func:`worker_noise_path`). ``validator.count = 0``
+starts none (validators join from other machines with ``prime-rl validator``). More than one needs an
+orchestrator that leases each pending batch to one validator: the validators beyond the first start
+once the orchestrator answers and announces ``validator_leases`` in ``GET /status``; without it the
+run stops there with exit code 2 (:data:`VALIDATOR_LEASES`), since two validators would judge the
+same batches.
 
 then prints a live progress line (step, policy version, batches awaiting validation, accepted and
 rejected samples per worker) until the trainer finishes ``trainer.total_steps``. Ctrl-C or SIGTERM
@@ -111,6 +117,8 @@ CONFIG_ERROR_EXIT = 2
 """The exit code of a role that refused its configuration (``prime-rl`` CLI, ``role.run_role``): a wrong
 environment, component, secret or model path. Not a crash: the run stops with this code and the
 child's message, at once, rather than restart it (:meth:`Supervisor.report_config_error`)."""
+VALIDATOR_LEASES = "validator_leases"
+"""The ``GET /status`` capability that lets a run start more than one validator (``validator.count``)."""
 
 
 @dataclass(frozen=True)
@@ -183,7 +191,7 @@ def worker_noise_path(config: RunConfig) -> Path | None:
     ``prime_rl.validator.noise_cache``: after the first run it only reads the cache).
     """
     validator, workers = config.validator, config.workers
-    if validator.evidence and not validator.noise_profile and workers.backend != "hf":
+    if validator.count and validator.evidence and not validator.noise_profile and workers.backend != "hf":
         return Path(config.run_dir) / "validator" / "noise-profile.json"
     return None
 
@@ -198,12 +206,13 @@ def plan_children(config: RunConfig) -> list[ChildSpec]:
         trainer_extra = ("--trainer.serve_origin", "false")  # the origin is its own process here
     children.append(ChildSpec("trainer", "trainer", trainer_extra))
     noise_path = worker_noise_path(config)
+    validators = [validator_name(index) for index in range(config.validator.count)]
     if noise_path is None:
-        children.append(ChildSpec("validator", "validator"))
-    else:
+        children += [ChildSpec(name, "validator") for name in validators]
+    elif validators:
         profile = ("--validator.noise_profile", str(noise_path))
         children.append(ChildSpec("calibrate-noise", "calibrate-noise", profile))
-        children.append(ChildSpec("validator", "validator", profile, after="calibrate-noise"))
+        children += [ChildSpec(name, "validator", profile, after="calibrate-noise") for name in validators]
     workers = config.workers
     for index in range(int(getattr(workers, "count", 1))):
         children.append(ChildSpec(f"worker-{index}", "worker"))
@@ -217,6 +226,28 @@ def plan_children(config: RunConfig) -> list[ChildSpec]:
     if enabled:
         children.append(ChildSpec("evaluator", "evaluator"))
     return children
+
+
+def validator_name(index: int) -> str:
+    """``validator`` for the first validator (as before there were several), ``validator-<i>`` after."""
+    return "validator" if index == 0 else f"validator-{index}"
+
+
+def check_validator_leases(config: RunConfig, client: OrchestratorClient) -> str | None:
+    """Why this run must not start ``validator.count`` validators, or None (module docstring)."""
+    if config.validator.count <= 1:
+        return None
+    try:
+        capabilities = client.status().capabilities
+    except ApiError as error:
+        return f"cannot read the orchestrator's capabilities: {error}"
+    if VALIDATOR_LEASES in capabilities:
+        return None
+    return (
+        f"validator.count = {config.validator.count}, but this orchestrator does not lease pending batches to one "
+        f"validator each ({VALIDATOR_LEASES!r} is not among its capabilities {capabilities}): every validator would "
+        "judge the same batches. Run one validator per run (validator.count = 1) until it does"
+    )
 
 
 def should_restart(config: RunConfig, spec: ChildSpec, exit_code: int) -> bool:
@@ -500,12 +531,24 @@ class Supervisor:
         # Everything starts at once: each role waits for the orchestrator itself (role.py), so its
         # imports and model loads overlap the orchestrator's start-up and each other; a child with
         # ``after`` starts once that child has exited with code 0 (the validator after calibrate-noise).
-        waiting = [spec for spec in specs[1:] if spec.after]
+        # Validators beyond the first wait for the orchestrator's validator leases (check_validator_leases).
+        extra = [spec for spec in specs if spec.role == "validator" and spec.name != validator_name(0)]
+        waiting = [spec for spec in specs[1:] if spec.after and spec not in extra]
         for spec in specs[1:]:
-            if not spec.after:
+            if not spec.after and spec not in extra:
                 self.start(spec)
         if not self.wait_for_orchestrator(client, orchestrator):
             return 1
+        refusal = check_validator_leases(self.config, client)
+        if refusal is not None:
+            log.error("not running: %s", refusal)
+            self.metrics.log("failed", child="validators", code=2, error=refusal)
+            return 2
+        for spec in extra:
+            if spec.after:
+                waiting.append(spec)
+            else:
+                self.start(spec)
         last_progress = 0.0
         trainer_done_at: float | None = None
         while True:

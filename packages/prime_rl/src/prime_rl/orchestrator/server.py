@@ -46,6 +46,8 @@ from prime_rl.api.protocol import (
     ClaimRequest,
     CommitRequest,
     DoneRequest,
+    NoiseProfileAnswer,
+    NoiseProfileRecord,
     RegisterRequest,
     RolloutBatch,
     SwitchRequest,
@@ -69,6 +71,7 @@ from prime_rl.orchestrator.http import (
     validation_message,
 )
 from prime_rl.orchestrator.ledger import ApiFailure, Ledger
+from prime_rl.orchestrator.noise_profile import RunNoiseProfile
 from prime_rl.orchestrator.priority import PriorityLock
 from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key, network_key
 from prime_rl.orchestrator.store import RolloutStore
@@ -101,12 +104,14 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/validator/pending"): Route("pending"),
     ("POST", "/validator/leases"): Route("validator_leases", ValidatorLeaseRequest),
     ("POST", "/validator/verdicts"): Route("verdicts", VerdictRequest),
+    ("GET", "/validator/noise-profile"): Route("noise_profile"),
+    ("POST", "/validator/noise-profile/publish"): Route("publish_noise_profile", NoiseProfileRecord),
     ("POST", "/trainer/claim"): Route("claim", ClaimRequest),
     ("POST", "/trainer/commit"): Route("commit", CommitRequest),
 }
 """The one route table: every endpoint, its handler and body model. API.md documents exactly these."""
 
-CAPABILITIES = ("validator_leases",)
+CAPABILITIES = ("noise_profile", "validator_leases")
 """Optional features announced in ``GET /status`` (``StatusResponse.capabilities``)."""
 
 class _Api:
@@ -128,6 +133,7 @@ class _Api:
         self.workers_view = WorkersView(ledger, orch.workers_view_max_age_s)
         self._answering: dict[Any, int] = {}  # batches in line per lease (``LeaseBook.answering``)
         self.group_commit = GroupCommit(ledger.store.db)
+        self.noise_profiles = RunNoiseProfile(config.orchestrator_data_dir)
 
     async def call(self, function: Callable[..., Any], *args: Any, trusted: bool = False) -> Any:
         """Run ``function(*args)`` in a thread under the ledger's lock, then wait (lock released) until
@@ -310,6 +316,15 @@ class _Api:
         self.require_admin(request)
         body = await self.body(request, VerdictRequest)
         return model_response(await self.call(self.ledger.record_verdicts, body, trusted=True))
+
+    async def noise_profile(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        return model_response(NoiseProfileAnswer(record=await asyncio.to_thread(self.noise_profiles.get)))
+
+    async def publish_noise_profile(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        body = await self.body(request, NoiseProfileRecord)
+        return model_response(NoiseProfileAnswer(record=await asyncio.to_thread(self.noise_profiles.publish, body)))
 
     async def claim(self, request: web.Request) -> web.Response:
         self.require_admin(request)

@@ -9,8 +9,9 @@ exists, the new measurement is *merged* into it (worst case per threshold): run 
 every kind of machine workers use (GPU models, vLLM, CPU) and point the validator at the one file.
 The validator measures a profile the same way at start-up when ``validator.noise_profile`` is
 empty (``validator.calibration_tokens``). Every measurement is cached per (model, dtype, engine,
-machine) and paid once (:mod:`prime_rl.validator.noise_cache`; ``validator.recalibrate = true``
-measures again).
+machine, temperature and max_new_tokens, context-length bucket), not per environment, and paid once
+(:mod:`prime_rl.validator.noise_cache`; ``validator.recalibrate = true`` measures again). A
+measurement logs a rate line after every batch (tokens done, tokens per second, seconds left).
 
 Pitfall: a profile measured on the validator's machine covers workers that compute the same way
 (same hardware class, kernels and dtype). A worker on other hardware (a GPU with TF32 matmuls in
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +71,7 @@ def measure(
         raise ValueError("calibration needs at least one prompt")
     observations: list[toploc.Observations] = []
     measured, start, round_index = 0, 0, 0
+    started = time.monotonic()
     while measured < tokens and start < len(prompts):
         size = batch_sizes[round_index % len(batch_sizes)]
         batch = [list(p) for p in prompts[start : start + size]]
@@ -86,7 +89,22 @@ def measure(
             measured += ids.numel()
         start += len(batch)
         round_index += 1
+        log_rate(measured, tokens, time.monotonic() - started)
     return observations
+
+
+def log_rate(measured: int, tokens: int, seconds: float) -> None:
+    """The calibration's rate line: tokens measured of those asked for, tokens per second, time left."""
+    rate = measured / seconds if seconds > 0 else 0.0
+    left = max(0, tokens - measured) / rate if rate > 0 else float("nan")
+    log.info(
+        "calibrating honest noise: %d/%d tokens (%.0f%%), %.1f tokens/s, ~%.0f s left",
+        measured,
+        tokens,
+        100.0 * min(measured, tokens) / max(tokens, 1),
+        rate,
+        left,
+    )
 
 
 def describe(config: RunConfig, backend: HFBackend, generator: Any = None) -> dict[str, str]:
@@ -142,6 +160,17 @@ def task_prompts(config: RunConfig, backend: HFBackend, count: int) -> list[tupl
     return [tuple(tasks.prompt_tokens(i)) for i in range(min(count, tasks.num_tasks))]
 
 
+def calibration_prompt_count(tokens: int) -> int:
+    """How many task prompts a calibration of ``tokens`` may decode: enough even at one token each."""
+    return max(16, tokens)
+
+
+def context_tokens(config: RunConfig, prompts: Sequence[Sequence[int]]) -> int:
+    """The longest context a calibration on ``prompts`` decodes: longest prompt + ``max_new_tokens``
+    (what the profile's cache key buckets; :func:`prime_rl.validator.noise_cache.context_bucket`)."""
+    return max((len(p) for p in prompts), default=0) + config.sampling.max_new_tokens
+
+
 def calibrate_for_run(
     config: RunConfig, backend: HFBackend, tokens: int, generator: Any = None
 ) -> toploc.NoiseProfile:
@@ -154,35 +183,43 @@ def calibrate_for_run(
     doubled the first run's calibration without widening the profile (the vLLM decode's gaps were
     the larger ones on every statistic).
     """
-    prompts = task_prompts(config, backend, max(16, tokens))
+    prompts = task_prompts(config, backend, calibration_prompt_count(tokens))
     return calibrate(config, backend, prompts, tokens, generator=generator)
 
 
 def calibrate_cached(
-    config: RunConfig, tokens: int, decode_backend: str, measure_now: Callable[[], toploc.NoiseProfile]
+    config: RunConfig,
+    tokens: int,
+    decode_backend: str,
+    measure_now: Callable[[], toploc.NoiseProfile],
+    *,
+    context: int = 0,
 ) -> toploc.NoiseProfile:
     """``measure_now()`` (a calibration decoding with ``decode_backend``), or the profile cached for
-    this run's (model, dtype, engine, machine) by an earlier measurement
-    (:mod:`prime_rl.validator.noise_cache`; ``validator.recalibrate`` measures again). A model that
-    is not a local directory is measured every time."""
+    this run's (model, dtype, engine, machine, temperature, ``context`` bucket: :func:`context_tokens`)
+    by an earlier measurement (:mod:`prime_rl.validator.noise_cache`; ``validator.recalibrate``
+    measures again). A model that is not a local directory is measured every time."""
     cache_dir = noise_cache.cache_dir_for(config.model.path)
     if cache_dir is None:
         log.info("model.path %r is not a local directory: no noise profile cache", config.model.path)
         return measure_now()
-    key = noise_cache.key_for_run(config, decode_backend)
+    key = noise_cache.key_for_run(config, decode_backend, context_tokens=context)
     return noise_cache.cached_profile(
         cache_dir, key, tokens, measure_now, refresh=config.validator.recalibrate
     )
 
 
-def cached_only(config: RunConfig, tokens: int, decode_backend: str) -> toploc.NoiseProfile | None:
+def cached_only(
+    config: RunConfig, tokens: int, decode_backend: str, *, context: int = 0
+) -> toploc.NoiseProfile | None:
     """The cached profile of a calibration decoding with ``decode_backend``, or None (measures nothing)."""
     if config.validator.recalibrate:
         return None
     cache_dir = noise_cache.cache_dir_for(config.model.path)
     if cache_dir is None:
         return None
-    return noise_cache.lookup(cache_dir, noise_cache.key_for_run(config, decode_backend), tokens)
+    key = noise_cache.key_for_run(config, decode_backend, context_tokens=context)
+    return noise_cache.lookup(cache_dir, key, tokens)
 
 
 def main(config: RunConfig, name: str = "calibrate-noise") -> int:
@@ -194,6 +231,13 @@ def main(config: RunConfig, name: str = "calibrate-noise") -> int:
     init_process("validator", name, config.run_dir)
     path = Path(config.validator.noise_profile or Path(config.run_dir) / "validator" / "noise-profile.json")
     tokens = max(config.validator.calibration_tokens, 1)
+    from transformers import AutoTokenizer
+
+    from prime_rl.reward import run_tasks
+
+    tasks = run_tasks(config, AutoTokenizer.from_pretrained(str(config.model.path)))
+    count = min(calibration_prompt_count(tokens), tasks.num_tasks)
+    context = context_tokens(config, [tasks.prompt_tokens(i) for i in range(count)])
 
     def measure_now() -> toploc.NoiseProfile:
         backend = HFBackend(
@@ -211,7 +255,7 @@ def main(config: RunConfig, name: str = "calibrate-noise") -> int:
             )
         return calibrate_for_run(config, backend, tokens, generator)
 
-    profile = calibrate_cached(config, tokens, config.workers.backend, measure_now)
+    profile = calibrate_cached(config, tokens, config.workers.backend, measure_now, context=context)
     if path.exists():
         profile = toploc.NoiseProfile.merge(toploc.NoiseProfile.load(path), profile)
         log.info("merged into the existing profile %s", path)

@@ -2,7 +2,9 @@
 
 Measuring honest noise (:mod:`prime_rl.validator.noise`) decodes thousands of tokens with the
 workers' engine and prefills them with the validator's; on 2 CPU cores that is minutes. The result
-depends only on what computes the numbers, so it is cached under a :class:`CalibrationKey`:
+depends only on what computes the numbers, so it is cached under a :class:`CalibrationKey`, and
+*not* under the environment or task set (a new environment on the same model reads the cached
+profile; issue #48):
 
 * **model**: :func:`~prime_rl.validator.model_fingerprint.model_fingerprint` of the model
   directory: names and sizes of its top-level files, config and tokenizer files whole, and of
@@ -14,7 +16,18 @@ depends only on what computes the numbers, so it is cached under a :class:`Calib
 * **machine**: CPU architecture, model name and flags (``/proc/cpuinfo``), the NVIDIA GPU models
   and driver (``/proc/driver/nvidia``) unless the validator runs on the CPU, ``CUDA_VISIBLE_DEVICES``
   and the thread counts (a CPU matmul's reduction order depends on them);
-* **settings**: the sampling settings and the task section (the prompts measured on).
+* **settings**: the sampling temperature (margins and log-probs are taken of ``logits / T``: the same
+  rounding noise is another margin at another temperature) and ``max_new_tokens`` (completions
+  shorter than a 32-token chunk measure no proof statistic at all, and a profile of 4-token
+  completions leaves the proof evidence without bounds: seen in the test suite, where it delayed a
+  steering worker's evidence ban);
+* **context**: the power-of-two bucket of the longest context the measurement decodes (longest
+  calibration prompt + ``sampling.max_new_tokens``; :func:`context_bucket`). This is the one way an
+  environment changes honest noise: rounding differences in attention and in the KV cache grow with
+  the positions they sum over, so a profile measured on 100-token contexts says nothing certain about
+  8,000-token ones. A profile serves every run whose contexts fall in its bucket or a smaller one
+  (:func:`covering_keys`: noise measured on longer contexts bounds shorter ones'); the prompts'
+  words, the reward, the tools and the task types do not enter.
 
 A cached profile measured with at least ``validator.calibration_tokens`` tokens asked for (per
 decode backend) is a hit; anything
@@ -59,6 +72,8 @@ __all__ = [
     "CalibrationKey",
     "cache_dir_for",
     "cached_profile",
+    "context_bucket",
+    "covering_keys",
     "key_for_run",
     "lookup",
 ]
@@ -80,7 +95,8 @@ class CalibrationKey:
         dtype: the model's dtype (``float32``, ``bfloat16``).
         engine: decode and prefill backends with their package versions.
         machine: CPU model/flags, GPU models and driver, visible devices and thread counts.
-        settings: sha256 of the sampling and task settings the measurement decodes with.
+        settings: sampling temperature and max_new_tokens of the measurement (``temperature 0.6, max_new_tokens 96``).
+        context: :func:`context_bucket` of the longest context measured (``<= 256 tokens``).
     """
 
     model: str
@@ -88,6 +104,7 @@ class CalibrationKey:
     engine: str
     machine: str
     settings: str
+    context: str = "any"
 
     def digest(self) -> str:
         """A short stable name for the entry (sha256 of the fields, 16 hex digits)."""
@@ -143,10 +160,28 @@ def machine_identity(config: RunConfig, cpuinfo_path: Path = Path("/proc/cpuinfo
     return " | ".join(parts)
 
 
-def key_for_run(config: RunConfig, decode_backend: str, model_hash: str | None = None) -> CalibrationKey:
+CONTEXT_BUCKET_MIN = 64
+"""The smallest context bucket (tokens): contexts up to it share one."""
+
+
+def context_bucket(context_tokens: int) -> str:
+    """``'<= 2^k tokens'``, the smallest power of two (at least :data:`CONTEXT_BUCKET_MIN`) holding
+    ``context_tokens``; ``'any'`` for 0 (not known: a key that matches only other unknown contexts)."""
+    if context_tokens <= 0:
+        return "any"
+    bucket = CONTEXT_BUCKET_MIN
+    while bucket < context_tokens:
+        bucket *= 2
+    return f"<= {bucket} tokens"
+
+
+def key_for_run(
+    config: RunConfig, decode_backend: str, model_hash: str | None = None, *, context_tokens: int = 0
+) -> CalibrationKey:
     """The key of a calibration of ``config`` whose decode runs on ``decode_backend`` (``hf`` alone, or
     ``vllm`` merged with ``hf``); ``model_hash``: the model directory's :func:`model_fingerprint`,
-    computed when not given (``config.model.path`` must then be a local directory)."""
+    computed when not given (``config.model.path`` must then be a local directory);
+    ``context_tokens``: the longest context the measurement decodes (:func:`context_bucket`)."""
     backend = decode_backend
     versions = {
         name: _version(name) for name in ("torch", "transformers", "intellect2-toploc", "intellect2-prime-rl")
@@ -154,19 +189,13 @@ def key_for_run(config: RunConfig, decode_backend: str, model_hash: str | None =
     if backend == "vllm":
         versions["vllm"] = _version("vllm")
     engine = f"decode {backend}, prefill hf; " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
-    sampling = config.sampling
-    settings = {
-        "temperature": sampling.temperature,
-        "max_new_tokens": sampling.max_new_tokens,
-        "stop": list(sampling.stop),
-        "tasks": config.tasks.model_dump(mode="json"),
-    }
     return CalibrationKey(
         model=model_hash if model_hash is not None else model_fingerprint(config.model.path),
         dtype=config.model.dtype,
         engine=engine,
         machine=machine_identity(config),
-        settings=hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest(),
+        settings=f"temperature {config.sampling.temperature:g}, max_new_tokens {config.sampling.max_new_tokens}",
+        context=context_bucket(context_tokens),
     )
 
 
@@ -221,11 +250,38 @@ def _read_entry(path: Path, key: CalibrationKey, tokens: int) -> toploc.NoisePro
     return profile
 
 
+CONTEXT_BUCKET_MAX = 1 << 20
+"""The largest context bucket a lookup climbs to (tokens)."""
+
+
+def covering_keys(key: CalibrationKey) -> list[CalibrationKey]:
+    """``key``, then the same key with every larger context bucket up to :data:`CONTEXT_BUCKET_MAX`:
+    a profile measured on longer contexts covers shorter ones (honest rounding noise does not shrink
+    as contexts grow, so its bounds are at least as wide as a shorter context's own)."""
+    keys = [key]
+    if not key.context.startswith("<= "):
+        return keys
+    bucket = int(key.context.split()[1]) * 2
+    while bucket <= CONTEXT_BUCKET_MAX:
+        keys.append(dataclasses.replace(key, context=f"<= {bucket} tokens"))
+        bucket *= 2
+    return keys
+
+
 def lookup(cache_dir: Path | None, key: CalibrationKey, tokens: int) -> toploc.NoiseProfile | None:
-    """The cached profile for ``key`` measured with >= ``tokens`` asked for, or None (nothing measured)."""
+    """The cached profile for ``key`` (or, failing that, for the smallest larger context bucket:
+    :func:`covering_keys`) measured with >= ``tokens`` asked for, or None (nothing measured)."""
     if cache_dir is None:
         return None
-    return _read_entry(cache_dir / f"noise-{key.digest()}.json", key, tokens)
+    for candidate in covering_keys(key):
+        path = cache_dir / f"noise-{candidate.digest()}.json"
+        if path.is_file():
+            profile = _read_entry(path, candidate, tokens)
+            if profile is not None:
+                if candidate != key:
+                    log.info("cached noise profile of longer contexts (%s) covers this run's (%s)", candidate.context, key.context)
+                return profile
+    return None
 
 
 def cached_profile(

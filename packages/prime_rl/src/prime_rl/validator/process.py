@@ -36,6 +36,11 @@ run pins (``GET /status`` ``tool_python``): its replays would reject honest tool
 The validator is a trusted process: it reads the run's admin token and assignment key
 (``api/secrets.py``). It stops (exit code 2) rather than judge when the orchestrator refuses its
 token or issues leases its key does not reproduce: either would reject every honest worker.
+
+Tolerances are the run's, not this machine's: the validator judges by the run's one noise profile,
+kept by the orchestrator, and refuses to judge (exit code 2) when its own honest noise is out of line
+with it (``agreement.py``). A validator on another machine joins a running orchestrator with
+``--orchestrator.public_url``, the run's ``orchestrator.admin_token`` and ``orchestrator.assignment_secret``.
 """
 
 from __future__ import annotations
@@ -67,7 +72,8 @@ from prime_rl.inference.backend import HFBackend
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.reward import run_tasks
 from prime_rl.role import run_role
-from prime_rl.validator import noise, tolerances
+from prime_rl.validator import tolerances
+from prime_rl.validator.agreement import NoiseMismatch, validator_profile
 from prime_rl.validator.checks import (
     BackendFailure,
     Checks,
@@ -105,8 +111,9 @@ class Validator:
     wait_log_every_s = WAIT_LOG_EVERY_S
     """Seconds between progress lines while there is nothing to judge."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, name: str = "validator") -> None:
         self.run = config
+        self.run_name = name
         self.cfg: ValidatorConfig = config.validator
         with OrchestratorClient(config.orchestrator.url) as probe:  # another copy of the environment: exit 2 now
             published = probe.status().environment
@@ -181,40 +188,8 @@ class Validator:
         self.backoff: dict[str, tuple[int, float]] = {}  # batch id -> (backend failures, monotonic time of the next try)
 
     def _noise_profile(self, config: RunConfig) -> toploc.NoiseProfile:
-        """``validator.noise_profile`` if set, else measured now on this backend (and saved for reading)."""
-        if self.cfg.noise_profile:
-            return toploc.NoiseProfile.load(self.cfg.noise_profile)
-        path = Path(config.run_dir) / "validator" / "noise-profile.json"
-        if path.exists():  # a restart judges on with the tests its journalled evidence was built on
-            return toploc.NoiseProfile.load(path)
-        tokens = self.cfg.calibration_tokens
-        if config.workers.backend != "hf":
-            # A profile of the workers' engine measured earlier on this machine (noise_cache.py).
-            cached = noise.cached_only(config, tokens, config.workers.backend)
-            if cached is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                cached.save(path)
-                return cached
-            # An in-process vLLM engine would take this process's threads; `prime-rl run` measures it
-            # apart (a calibrate-noise child: launch.supervisor.worker_noise_path), a validator started alone says so.
-            log.warning(
-                "measuring honest noise with the HF decode only, but workers decode with %r (fp32 vLLM log-prob "
-                "gaps run ~2x the HF decode's): run `prime-rl calibrate-noise --workers.backend %s` and set "
-                "validator.noise_profile to its file",
-                config.workers.backend,
-                config.workers.backend,
-            )
-        started = time.monotonic()
-        profile = noise.calibrate_cached(
-            config,
-            tokens,
-            "hf",  # this process decodes with HF only (the warning above)
-            lambda: noise.calibrate_for_run(config, self.backend, tokens),
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        profile.save(path)
-        log.info("honest noise profile ready in %.1fs: %s", time.monotonic() - started, path)
-        return profile
+        """The run's noise profile (``agreement.py``), saved in ``<run_dir>/validator/noise-profile.json``."""
+        return validator_profile(config, self.client, self.backend, self.tasks, self.run_name)
 
     def decode(self, tokens: Sequence[int]) -> str:
         return str(self.backend.tokenizer.decode(list(tokens), skip_special_tokens=True))
@@ -441,8 +416,8 @@ def main(config: RunConfig, name: str = "validator") -> int:
     (401) or issues leases its assignment key does not reproduce: either would reject every honest
     worker. On SIGTERM an unposted batch stays pending and is judged again after a restart."""
     return run_role(
-        "validator", name, config, num_threads=config.validator.num_threads, start=lambda: Validator(config),
-        loop=Validator.run_loop, refuse=(SecretsError, AssignmentKeyMismatch, ClientRequestError, ToolPythonMismatch),
+        "validator", name, config, num_threads=config.validator.num_threads, start=lambda: Validator(config, name),
+        loop=Validator.run_loop, refuse=(SecretsError, AssignmentKeyMismatch, ClientRequestError, ToolPythonMismatch, NoiseMismatch),
     )  # fmt: skip
 
 
