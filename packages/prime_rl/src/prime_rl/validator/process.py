@@ -207,7 +207,7 @@ class Validator:
         return self.backend
 
     def judge(self, batch: PendingBatch, newest_version: int) -> bool:
-        """Validate one batch, then :meth:`post`, :meth:`log` and :meth:`ban`; False if it must be
+        """Validate one batch, then :meth:`post`, :meth:`log` and :meth:`banned`; False if it must be
         retried later (its version cannot be fetched now, or the orchestrator is unreachable)."""
         started, tools_before = time.monotonic(), tool_seconds()
         established = batch.worker_id in self.established
