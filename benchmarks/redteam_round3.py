@@ -407,7 +407,6 @@ def session(
     config_path = write_run_config(tmp, model_dir, free_ports(3), sampling={"max_new_tokens": max_new_tokens})
     config = load_config(config_path)
     run_dir = Path(config.run_dir)
-    store = RolloutStore(run_dir / "orchestrator", reader=True)
     out: dict[str, Any] = {"config": {"window_s": window_s, "attacks": attacks, "vetoes": vetoes}}
 
     def commits() -> int:
@@ -422,6 +421,7 @@ def session(
 
     with prime_rl_run(config_path) as run:
         client_at(config.orchestrator.url).wait_until_up(120)
+        store = RolloutStore(run_dir / "orchestrator", reader=True)  # the orchestrator has created it now
         wait_for(lambda: commits() >= 1 or run.poll() is not None, 300, "the first trained step")
         assert run.poll() is None, "prime-rl run exited early"
         honest = HonestClient(config, tmp / "cache", "vetoer")

@@ -106,7 +106,7 @@ def test_validators_of_a_run_judge_by_the_profile_published_first(
         _, profile_a = start_validator(config_a)
         with OrchestratorClient(server.url, admin_token=server.admin_token) as client:
             record = client.noise_profile()
-            assert client.status().capabilities == ["noise_profile"]
+            assert "noise_profile" in client.status().capabilities
         assert record is not None and toploc.NoiseProfile.from_json(record.profile) == profile_a
         monkeypatch.setenv(noise_cache.ENV_VAR, str(tmp_path / "cache-b"))
         short = CountingCalibration(noise.calibrate)

@@ -25,6 +25,7 @@ from prime_rl.api.staleness import claim_staleness, histogram_mean, histogram_qu
 from prime_rl.launch.report import render_summary, summarize_run
 from prime_rl.metrics import MetricsWriter, read_metrics
 
+from .conftest import INFLIGHT
 from .ledger_support import _accept, _batch, _ledger, _submit
 
 
@@ -108,7 +109,7 @@ def test_claim_event_carries_staleness_and_stale_drops_per_reason(config_for: An
     step 0, 2 at step 1; at step 2 (bound: v1) 3 is accepted but past the bound, 4 was never validated
     (expired at the claim), 5 the validator rejected as stale_policy. Step 2 trains a v1 lease whose
     samples switched to v2 at token 32 of 64: 32 tokens 1 behind, 32 current; rollouts 1 behind."""
-    ledger, _ = _ledger(config_for)
+    ledger, _ = _ledger(config_for, *INFLIGHT)  # the lease below switches once
     path = tmp_path / "metrics" / "orchestrator.jsonl"
     ledger.metrics = MetricsWriter(path, role="orchestrator", name="orchestrator")
     worker = ledger.workers[ledger.register("w").worker_id]

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -65,16 +66,30 @@ def run_with(tmp_path: Path, *overrides: str, finish: bool = False) -> tuple[int
     return code, [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
 
 
-def test_more_than_one_validator_is_refused_without_validator_leases(tmp_path: Path) -> None:
-    """Today's orchestrator does not lease pending batches to one validator each: two validators
-    would judge the same batches, so the run stops (exit 2) with the reason, before a second starts."""
-    code, events = run_with(tmp_path, "--validator.count", "2")
-    assert code == 2
-    (failed,) = [e for e in events if e["event"] == "failed"]
-    assert failed["child"] == "validators"
-    assert "validator.count = 2" in failed["error"] and "'validator_leases'" in failed["error"]
+def test_more_than_one_validator_is_refused_by_an_orchestrator_without_validator_leases(tmp_path: Path) -> None:
+    """An orchestrator that does not lease pending batches to one validator each (an older one: no
+    'validator_leases' in GET /status) would let two validators judge the same batches: the run
+    refuses validator.count > 1 with the reason."""
+
+    class OlderOrchestrator:
+        def status(self) -> Any:
+            return types.SimpleNamespace(capabilities=["noise_profile"])
+
+    config = load_config(None, ["--run_dir", str(tmp_path), "--validator.count", "2"])
+    why = supervisor_module.check_validator_leases(config, OlderOrchestrator())  # type: ignore[arg-type]
+    assert why is not None and "validator.count = 2" in why and "'validator_leases'" in why
+    single = load_config(None, ["--run_dir", str(tmp_path), "--validator.count", "1"])
+    assert supervisor_module.check_validator_leases(single, OlderOrchestrator()) is None  # type: ignore[arg-type]
+
+
+def test_this_orchestrator_leases_pending_batches_so_every_validator_starts(tmp_path: Path) -> None:
+    """The real orchestrator announces 'validator_leases' (orchestrator/validator_leases): a run with
+    validator.count = 2 starts both and finishes."""
+    code, events = run_with(tmp_path, "--validator.count", "2", finish=True)
+    assert code == 0
     started = [e["child"] for e in events if e["event"] == "child_started"]
-    assert "validator" in started and "validator-1" not in started
+    assert {"validator", "validator-1"} <= set(started)
+    assert not [e for e in events if e["event"] == "failed"]
 
 
 def test_with_validator_leases_every_validator_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

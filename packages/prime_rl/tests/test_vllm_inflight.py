@@ -10,6 +10,7 @@ chained forwards (``validator/spans.py``), in fp32 where both agree exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +38,8 @@ from prime_rl.weights.files import save_policy  # noqa: E402
 from prime_rl.worker.inflight import CommittedVersions  # noqa: E402
 from prime_rl.worker.process import Worker  # noqa: E402
 
+from .conftest import INFLIGHT  # noqa: E402
+
 pytestmark = pytest.mark.timeout(1200)  # engine start-up takes minutes on a loaded 2-core machine
 
 H = 128
@@ -44,11 +47,12 @@ KEY = b"vllm-inflight-test-assignment-key"
 TOKENIZER = make_tiny_tokenizer()
 MAX_NEW = 96  # three proof chunks: room for two switches
 FILLER = "0123456789 " * 9  # ~110-token prompts: a prompt and its first completion tokens fill a 128-token KV block
+
 RUN = TinyRun(
     KEY, TOKENIZER, lambda t: f"Q{t}: {FILLER}{t}*{t + 7}=", 12, group_size=4, prompts_per_batch=2,
     max_new_tokens=MAX_NEW, hidden_size=H,
 )  # fmt: skip
-CHECKS = RUN.checks()
+CHECKS = dataclasses.replace(RUN.checks(*INFLIGHT), max_versions_per_sample=3)  # the 'two' case chains three versions
 MEMORY = EngineMemory(kv_cache_bytes=32 << 20, max_model_len=256)
 NONCE = 0xC0FFEE
 LEASE_WORKER = "w-vllm-inflight"
@@ -358,7 +362,7 @@ def test_a_vllm_worker_switches_mid_lease_over_http_and_the_validator_accepts_it
             "--sampling.group_size", "2", "--sampling.max_new_tokens", "64", "--sampling.stop", "[]",
             "--shardcast.origin_port", str(origin_port), "--shardcast.relay_ports", "[]",
             "--workers.max_batches", "2", "--workers.weights_poll_s", "0.05", "--workers.inflight_updates", "true",
-            "--workers.backend", "vllm",
+            "--workers.backend", "vllm", *INFLIGHT,
         ],
     )  # fmt: skip
     if engine.policy_version != 0:

@@ -238,34 +238,35 @@ class _Api:
             await self._count_malformed(raw)
             raise ApiFailure(400, "bad_request", validation_message(error)) from None
 
-        digest, token = hashlib.sha256(raw).hexdigest(), bearer(request)
-        await self.call(self.ledger.authenticate, batch.worker_id, token)
-        try:
-            rows = self.ledger.batches.check(batch)  # 413/400 before anything is written
-        except ApiFailure:
-            await self.call(self.ledger.record_malformed, batch.worker_id)
-            raise
-        # The payload is written and fsynced outside the lock (group_commit.py), then indexed under it.
-        batch_id = f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}"
-        path = await asyncio.to_thread(self.ledger.store.write_payload, batch_id, digest, rows)
-
-        def work() -> Any:
-            stored = False
-            try:
-                worker = self.ledger.authenticate(batch.worker_id, token)
-                try:
-                    answer = self.ledger.submit(worker, batch, digest, payload=path)
-                except ApiFailure:
-                    self.ledger.record_malformed(worker.worker_id)
-                    raise
-                stored = not answer.duplicate
-                return answer
-            finally:
-                if not stored:  # a duplicate or a refusal: no row refers to this request's payload
-                    path.unlink(missing_ok=True)
-
-        # While this batch waits in line its lease does not expire (the wait is the server's).
+        # While this batch waits for the lock and its payload is written, its lease does not expire:
+        # the wait is the server's.
         with in_line(self._answering, self.ledger.leases.answering, (batch.worker_id, batch.batch_index)):
+            digest, token = hashlib.sha256(raw).hexdigest(), bearer(request)
+            await self.call(self.ledger.authenticate, batch.worker_id, token)
+            try:
+                rows = self.ledger.batches.check(batch)  # 413/400 before anything is written
+            except ApiFailure:
+                await self.call(self.ledger.record_malformed, batch.worker_id)
+                raise
+            # The payload is written and fsynced outside the lock (group_commit.py), then indexed under it.
+            batch_id = f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}"
+            path = await asyncio.to_thread(self.ledger.store.write_payload, batch_id, digest, rows)
+
+            def work() -> Any:
+                stored = False
+                try:
+                    worker = self.ledger.authenticate(batch.worker_id, token)
+                    try:
+                        answer = self.ledger.submit(worker, batch, digest, payload=path)
+                    except ApiFailure:
+                        self.ledger.record_malformed(worker.worker_id)
+                        raise
+                    stored = not answer.duplicate
+                    return answer
+                finally:
+                    if not stored:  # a duplicate or a refusal: no row refers to this request's payload
+                        path.unlink(missing_ok=True)
+
             return model_response(await self.call(work))
 
     async def batch_verdicts(self, request: web.Request) -> web.Response:

@@ -110,7 +110,7 @@ class RolloutStore:
         self.batches_dir = self.root / "batches"
         if reader:
             try:
-                self.db = StateDB(self.root / "state.sqlite", [schema_v1(self.root), schema_v2(self.root)], "orchestrator store", reader=True)
+                self.db = StateDB(self.root / "state.sqlite", [schema_v1(self.root), schema_v2(self.root), schema_v3], "orchestrator store", reader=True)
             except StateDBError as error:
                 raise StoreError(f"could not read the store in {self.root}: {error}") from error
             return
