@@ -498,6 +498,11 @@ def session(
     names = {e["worker_id"]: e["worker_name"] for e in events if e["event"] == "register"}
     honest_ids = {w for w, n in names.items() if n.startswith("worker-")}
     lines = verdict_lines(run_dir)
+    # Who trained each lease's tasks, read from the lease log before the Ledger below replays it: its
+    # load folds settled leases, whose events (the re-issue links) then leave the log.
+    answers = {lease["batch_index"]: trained_answer(store, (vetoer, lease["batch_index"])) for lease in veto_leases}
+    store.close()
+    store = RolloutStore(run_dir / "orchestrator")  # the run has stopped: a Ledger replays (and may fold) as its owner
     ledger = Ledger(config, load_tasks(config.tasks), store)
     workers = {w.worker_id: w for w in ledger.workers_view().workers}
     verdicts = store.all_verdicts()
@@ -551,7 +556,7 @@ def session(
     group = config.sampling.group_size
     veto_rows = []
     for lease in veto_leases:
-        answer = trained_answer(store, (vetoer, lease["batch_index"]))
+        answer = answers[lease["batch_index"]]
         reasons_of = sorted({v.reason for v in verdicts.get(lease["batch_id"], [])})
         veto_rows.append({
             **lease, "reasons": reasons_of,
@@ -574,6 +579,7 @@ def session(
     ]  # fmt: skip
     out["machine"] = f"{platform.platform()}, {os.cpu_count()} CPUs (shared)"
     out["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    store.close()
     return out
 
 
