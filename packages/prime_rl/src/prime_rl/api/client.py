@@ -24,12 +24,18 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlparse
 
 import requests
 from pydantic import BaseModel, ValidationError
 from requests.adapters import HTTPAdapter
 
+from prime_rl.api.client_errors import (
+    ApiError,
+    ClientRequestError,
+    OrchestratorBusy,
+    OrchestratorUnavailable,
+    describe_connection_error,
+)
 from prime_rl.api.protocol import (
     BanRequest,
     BanResponse,
@@ -72,66 +78,6 @@ log = logging.getLogger(__name__)
 R = TypeVar("R", bound=BaseModel)
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
-
-
-class ApiError(RuntimeError):
-    """Base of the client's errors."""
-
-
-class ClientRequestError(ApiError):
-    """The orchestrator answered 4xx: the request is wrong and retrying will not help.
-
-    ``status`` is the HTTP status, ``error`` the server's error code, ``message`` its explanation.
-    """
-
-    def __init__(self, status: int, error: str, message: str, path: str) -> None:
-        super().__init__(f"{path}: HTTP {status} {error}: {message}")
-        self.status = status
-        self.error = error
-        self.message = message
-
-
-class OrchestratorUnavailable(ApiError):
-    """No usable answer after every retry (connection refused, timeouts, 5xx, unparsable body).
-
-    ``problem`` is the last failure in a few words (``connection refused``, ``HTTP 503: ...``).
-    """
-
-    def __init__(self, message: str, *, problem: str = "") -> None:
-        super().__init__(message)
-        self.problem = problem or message
-
-
-class OrchestratorBusy(OrchestratorUnavailable):
-    """The orchestrator kept answering 429 (``busy``: lease backpressure; ``rate_limited``: too many
-    registrations from this address): sleep ``retry_after_s`` (its last ``Retry-After``, 0 if none)
-    and ask again."""
-
-    def __init__(self, message: str, *, problem: str = "", retry_after_s: float = 0.0) -> None:
-        super().__init__(message, problem=problem)
-        self.retry_after_s = retry_after_s
-
-
-def describe_connection_error(error: requests.RequestException) -> str:
-    """A failed request in a few words: ``connection refused``, ``cannot resolve host 'x'``, ...
-
-    requests wraps the socket error three levels deep (``ConnectionError(MaxRetryError(reason=...))``);
-    the innermost reason is what a person needs.
-    """
-    if isinstance(error, requests.exceptions.ConnectTimeout):
-        return "connection timed out"
-    if isinstance(error, requests.exceptions.ReadTimeout):
-        return "no answer within the request timeout"
-    text = str(error)
-    host = getattr(getattr(error, "request", None), "url", "") or ""
-    if "NameResolutionError" in text or "Name or service not known" in text or "nodename nor servname" in text:
-        hostname = urlparse(host).hostname if host else None
-        return f"cannot resolve host {hostname!r}" if hostname else "cannot resolve the host name"
-    if "Connection refused" in text:
-        return "connection refused: nothing listens on that port"
-    if "Connection reset" in text or "RemoteDisconnected" in text:
-        return "connection closed by the server"
-    return f"{type(error).__name__}: {text[:200]}"
 
 
 class _SourceAddress(HTTPAdapter):

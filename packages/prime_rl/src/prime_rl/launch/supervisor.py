@@ -2,20 +2,11 @@
 
 Starts, each as its own subprocess (``python -m prime_rl.cli <role> --config FILE ...``) with its
 output in ``<run_dir>/logs/<name>.out`` and its metrics in ``<run_dir>/metrics/<name>.jsonl``, all
-at once in this order, without waiting for any (the roles wait for the orchestrator themselves),
-then waits for the orchestrator to answer:
-
-  orchestrator -> shardcast origin -> relays -> trainer -> ``validator.count`` validators (``validator``,
-  ``validator-1``, ...) -> honest workers (``workers.count``) -> one hostile worker per
-  ``workers.hostile`` entry -> evaluator (if enabled)
-
-(with vLLM workers and no configured noise profile a ``calibrate-noise`` child takes the
-validator's place, and the validator starts when it has written the profile: :func:`worker_noise_path`). ``validator.count = 0``
-starts none (validators join from other machines with ``prime-rl validator``). More than one needs an
-orchestrator that leases each pending batch to one validator: the validators beyond the first start
-once the orchestrator answers and announces ``validator_leases`` in ``GET /status``; without it the
-run stops there with exit code 2 (:data:`VALIDATOR_LEASES`), since two validators would judge the
-same batches.
+at once, without waiting for any (the roles wait for the orchestrator themselves), then waits for
+the orchestrator to answer. Which children there are, in what order, and which
+restart is ``launch/children.py`` (:func:`plan_children`, :func:`should_restart`); validators beyond the
+first start once the orchestrator announces ``validator_leases`` in ``GET /status``, and without it
+the run stops there with exit code 2, since two validators would judge the same batches.
 
 then prints a live progress line (step, policy version, batches awaiting validation, accepted and
 rejected samples per worker) until the trainer finishes ``trainer.total_steps``. Ctrl-C or SIGTERM
@@ -28,15 +19,8 @@ most ``max_backoff_s``), within a budget of ``restart_budget`` restarts per chil
 ``RESTART_WINDOW_S`` (a wrong configuration does not heal by restarting; the same transient error
 days apart is not "in a row"), a worker is dropped and reported (``child_dropped``) and the run goes
 on without it, while a trusted role (orchestrator, origin, relay, trainer, validator) fails the run
-as it did before restarts existed. What
-restarts (:func:`should_restart`): the orchestrator, the shardcast origin and relays, whatever their
-exit code (none ends on its own while the run goes on); the validator whatever its exit code too,
-so a run never goes on without one (a validator stopped by a stray SIGTERM exits 0), unless it
-finished its ``validator.max_batches``; the trainer and the workers when they fail (exit code 0 is a
-trainer that finished, or a worker that was banned or did its ``workers.max_batches``). Each role
-resumes from its durable state: the orchestrator from its store (``orchestrator/store.py``), the
-validator from its journal, the trainer from its last checkpoint, a worker under its saved identity
-(``worker/identity.py``). The evaluator and ``calibrate-noise`` are not restarted.
+as it did before restarts existed. Which children restart, and how each resumes, is
+:func:`should_restart`.
 
 Exit code 0 when the trainer finished, 1 when a trusted child failed past its restart budget (or was
 not restartable: its name, its error, read from its output by :func:`first_error`, and its log are
@@ -64,7 +48,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -75,12 +58,26 @@ from pathlib import Path
 from typing import IO, Any
 
 from prime_rl.api.client import ApiError, OrchestratorClient
-from prime_rl.api.fields import printable
 from prime_rl.api.secrets import SecretsError, check_bind_address, run_secrets
 from prime_rl.config import RunConfig
+from prime_rl.launch.child_reports import (
+    CONFIG_ERROR_EXIT,
+    first_error,
+    report_config_error,
+    report_failure,
+    report_workers_gone,
+)
+from prime_rl.launch.children import (
+    ChildSpec,
+    check_validator_leases,
+    plan_children,
+    should_restart,
+    validator_name,
+    worker_noise_path,
+)
 from prime_rl.launch.cleanup import check_free_space, remove_stale_copies, remove_weight_copies
 from prime_rl.launch.groups import stop_groups
-from prime_rl.launch.progress import TOP_WORKERS, orchestrator_progress
+from prime_rl.launch.progress import orchestrator_progress
 from prime_rl.launch.waits import trainer_wait_summary
 from prime_rl.metrics import MetricsWriter, init_process
 
@@ -113,23 +110,6 @@ MAX_BACKOFF_S = 30.0
 DROPPABLE_ROLES = ("worker",)
 """Roles whose child is dropped, not the run failed, past its restart budget: untrusted workers, one
 of many; the run cannot go on without any trusted role."""
-CONFIG_ERROR_EXIT = 2
-"""The exit code of a role that refused its configuration (``prime-rl`` CLI, ``role.run_role``): a wrong
-environment, component, secret or model path. Not a crash: the run stops with this code and the
-child's message, at once, rather than restart it (:meth:`Supervisor.report_config_error`)."""
-VALIDATOR_LEASES = "validator_leases"
-"""The ``GET /status`` capability that lets a run start more than one validator (``validator.count``)."""
-
-
-@dataclass(frozen=True)
-class ChildSpec:
-    """One process of the run: its name (logs/metrics), role and extra ``--key value`` overrides;
-    ``after``: the name of a child that must first exit with code 0 (a preparation step)."""
-
-    name: str
-    role: str
-    extra: tuple[str, ...] = ()
-    after: str = ""
 
 
 @dataclass
@@ -140,126 +120,6 @@ class _Child:
     exit_code: int | None = None
     started_at: float = field(default_factory=time.time)
     output_offset: int = 0  # where this start's output begins in logs/<name>.out (appended across runs)
-
-
-_TRACEBACK = "Traceback (most recent call last):"
-_CLI_ERROR = re.compile(r"^prime-rl [a-z-]+: ")  # the CLI's one-line configuration error (prime_rl.cli.main)
-_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
-_MAX_ERROR_LINES = 6
-
-
-def first_error(output: str) -> str | None:
-    """The error a process died of, from its combined stdout/stderr: a few lines, or None.
-
-    The exception of the last traceback (the one that ended the process; for chained exceptions
-    the outermost, whose message is the one written for people), with the continuation lines of a
-    multi-line message; else the CLI's last configuration error (``prime-rl <role>: ...``); else the
-    last line logged at ERROR or CRITICAL level; else None.
-    """
-    lines = output.splitlines()
-    starts = [index for index, line in enumerate(lines) if line.startswith(_TRACEBACK)]
-    if starts:
-        index = starts[-1] + 1
-        while index < len(lines) and (lines[index].startswith((" ", "\t")) or not lines[index].strip()):
-            index += 1
-        message: list[str] = []
-        for line in lines[index:]:
-            if line.startswith(_TRACEBACK) or line.startswith(_CHAINED) or len(message) == _MAX_ERROR_LINES:
-                break
-            if message and (not line.strip() or line[:2].isdigit()):  # blank, or a timestamped log line
-                break
-            message.append(line.rstrip())
-        if message:
-            return "\n".join(message)
-    refused = [line for line in lines if _CLI_ERROR.match(line)]
-    if refused:
-        return refused[-1].strip()
-    logged = [line for line in lines if "[ERROR]" in line or "[CRITICAL]" in line]
-    return logged[-1].strip() if logged else None
-
-
-def _has_field(section: Any, name: str) -> bool:
-    return name in type(section).model_fields
-
-
-def worker_noise_path(config: RunConfig) -> Path | None:
-    """Where ``run`` has the workers' honest noise measured before the validator starts, or None.
-
-    Only for evidence with no configured profile and workers that do not decode with HF: the
-    validator measures an HF decode itself, but an in-process vLLM engine would take its threads, so
-    a ``calibrate-noise`` child measures their engine's decode (cached per model, engine and machine by
-    ``prime_rl.validator.noise_cache``: after the first run it only reads the cache).
-    """
-    validator, workers = config.validator, config.workers
-    if validator.count and validator.evidence and not validator.noise_profile and workers.backend != "hf":
-        return Path(config.run_dir) / "validator" / "noise-profile.json"
-    return None
-
-
-def plan_children(config: RunConfig) -> list[ChildSpec]:
-    """The processes ``run`` starts, in start order (a child with ``after`` once that one is done)."""
-    children = [ChildSpec("orchestrator", "orchestrator"), ChildSpec("shardcast-origin", "origin")]
-    for index in range(len(config.shardcast.relay_ports)):
-        children.append(ChildSpec(f"shardcast-relay-{index}", "relay", ("--index", str(index))))
-    trainer_extra: tuple[str, ...] = ()
-    if _has_field(config.trainer, "serve_origin"):
-        trainer_extra = ("--trainer.serve_origin", "false")  # the origin is its own process here
-    children.append(ChildSpec("trainer", "trainer", trainer_extra))
-    noise_path = worker_noise_path(config)
-    validators = [validator_name(index) for index in range(config.validator.count)]
-    if noise_path is None:
-        children += [ChildSpec(name, "validator") for name in validators]
-    elif validators:
-        profile = ("--validator.noise_profile", str(noise_path))
-        children.append(ChildSpec("calibrate-noise", "calibrate-noise", profile))
-        children += [ChildSpec(name, "validator", profile, after="calibrate-noise") for name in validators]
-    workers = config.workers
-    for index in range(int(getattr(workers, "count", 1))):
-        children.append(ChildSpec(f"worker-{index}", "worker"))
-    for index, behaviour in enumerate(getattr(workers, "hostile", []) or []):
-        extra = ("--workers.behaviour", str(behaviour)) if _has_field(workers, "behaviour") else ()
-        children.append(ChildSpec(f"hostile-{index}", "worker", extra))
-    evaluator = config.evaluator
-    enabled = getattr(evaluator, "enabled", None)
-    if enabled is None:
-        enabled = int(getattr(evaluator, "every", 0) or 0) > 0
-    if enabled:
-        children.append(ChildSpec("evaluator", "evaluator"))
-    return children
-
-
-def validator_name(index: int) -> str:
-    """``validator`` for the first validator (as before there were several), ``validator-<i>`` after."""
-    return "validator" if index == 0 else f"validator-{index}"
-
-
-def check_validator_leases(config: RunConfig, client: OrchestratorClient) -> str | None:
-    """Why this run must not start ``validator.count`` validators, or None (module docstring)."""
-    if config.validator.count <= 1:
-        return None
-    try:
-        capabilities = client.status().capabilities
-    except ApiError as error:
-        return f"cannot read the orchestrator's capabilities: {error}"
-    if VALIDATOR_LEASES in capabilities:
-        return None
-    return (
-        f"validator.count = {config.validator.count}, but this orchestrator does not lease pending batches to one "
-        f"validator each ({VALIDATOR_LEASES!r} is not among its capabilities {capabilities}): every validator would "
-        "judge the same batches. Run one validator per run (validator.count = 1) until it does"
-    )
-
-
-def should_restart(config: RunConfig, spec: ChildSpec, exit_code: int) -> bool:
-    """Whether a child of ``spec`` that exited with ``exit_code`` while the run goes on is restarted
-    (module docstring, "Restarts")."""
-    if spec.role in ("orchestrator", "origin", "relay"):
-        return True
-    if spec.role == "validator":
-        return exit_code != 0 or not int(getattr(config.validator, "max_batches", 0) or 0)
-    if spec.role in ("trainer", "worker"):
-        return exit_code != 0
-    return False
 
 
 class Supervisor:
@@ -412,31 +272,9 @@ class Supervisor:
             return None
 
     def report_failure(self, child: _Child, restarting: bool = False) -> None:
-        """Log that ``child`` failed, with the error read from its output, and where its log is
-        (``restarting``: a warning and a ``child_died`` metrics line; the run goes on)."""
-        path = self._output_path(child.spec)
-        error = self.error_of(child)
-        log.log(
-            logging.WARNING if restarting else logging.ERROR,
-            "%s %s with exit code %s: %s\n  (full output: %s)",
-            child.spec.name,
-            "died" if restarting else "failed",
-            child.exit_code,
-            error or "it printed no error",
-            path,
-        )
-        self.metrics.log("child_died" if restarting else "failed", child=child.spec.name, code=child.exit_code, error=error)
-
-    def report_config_error(self, child: _Child) -> None:
-        """Log that ``child`` refused its configuration (exit code 2) with its message: the run stops,
-        since a wrong environment or setting does not heal by restarting."""
-        error = self.error_of(child)
-        log.error(
-            "%s refused its configuration (exit code %d), so the run stops (a configuration error is not restarted): "
-            "%s\n  (full output: %s)",
-            child.spec.name, CONFIG_ERROR_EXIT, error or "it printed no error", self._output_path(child.spec),
-        )  # fmt: skip
-        self.metrics.log("failed", child=child.spec.name, code=child.exit_code, error=error, config_error=True)
+        """Report ``child``'s failure with its error and log (``launch/child_reports.py``)."""
+        path, error = self._output_path(child.spec), self.error_of(child)
+        report_failure(self.metrics, child.spec.name, child.exit_code, error, path, restarting=restarting)
 
     def honest_workers_gone(self) -> bool:
         """Every honest worker this run started has exited on its own (banned: none has a batch
@@ -447,23 +285,6 @@ class Supervisor:
         if getattr(self.config.workers, "max_batches", 0):
             return False
         return bool(honest) and all(c.exit_code == 0 or c.spec.name in self.dropped for c in honest)
-
-    def report_workers_gone(self, client: OrchestratorClient) -> None:
-        """Log why the run stops: every honest worker stopped, and the bans the orchestrator knows."""
-        try:
-            banned = client.workers(limit=TOP_WORKERS, banned_only=True)
-            bans = [f"{printable(w.name or w.worker_id)}: {printable(w.ban_reason)}" for w in banned.workers]
-            if banned.total > len(bans):
-                bans.append(f"and {banned.total - len(bans)} more")
-        except ApiError as error:
-            bans = [f"(the orchestrator did not answer: {error})"]
-        log.error(
-            "every honest worker stopped before the trainer finished, so no more samples will come; "
-            "banned workers: %s; dropped past their restart budget: %s",
-            "; ".join(bans) or "none",
-            "; ".join(f"{name} ({error})" for name, error in self.dropped.items()) or "none",
-        )
-        self.metrics.log("failed", child="workers", code=0, error="every honest worker stopped", bans=bans)
 
     def wait_for_orchestrator(self, client: OrchestratorClient, child: _Child) -> bool:
         """Wait until the orchestrator answers; False (reported) if it exits or stays silent too long."""
@@ -557,7 +378,9 @@ class Supervisor:
                     trainer_done_at = time.monotonic()
                     log.info("trainer finished all steps")
                 elif child.exit_code == CONFIG_ERROR_EXIT and trainer_done_at is None:
-                    self.report_config_error(child)
+                    report_config_error(
+                        self.metrics, child.spec.name, child.exit_code, self.error_of(child), self._output_path(child.spec)
+                    )
                     return CONFIG_ERROR_EXIT
                 elif trainer_done_at is None and should_restart(self.config, child.spec, child.exit_code or 0):
                     if not self.handle_death(child):  # a trusted role past its budget
@@ -574,7 +397,7 @@ class Supervisor:
                     self.start(spec)
             self.restart_due()
             if trainer_done_at is None and self.honest_workers_gone():
-                self.report_workers_gone(client)
+                report_workers_gone(self.metrics, client, self.dropped)
                 return 1
             if trainer_done_at is not None:
                 evaluator = [c for c in self.children if c.spec.role == "evaluator" and c.exit_code is None]
