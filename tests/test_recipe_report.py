@@ -139,16 +139,16 @@ def _png_width(path: Path) -> int:
 
 
 def test_plot_adds_the_length_panel_and_a_line_per_task_type(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from prime_rl.launch import report
+    from prime_rl.launch import report, report_plot
 
     drawn: list[tuple[str, ...]] = []
-    real = report._plot_accuracy_by_type
+    real = report_plot._plot_accuracy_by_type
 
     def spy(axis: object, summary: report.RunSummary) -> None:
         drawn.append(tuple(summary.accuracy_by_type))
         real(axis, summary)
 
-    monkeypatch.setattr(report, "_plot_accuracy_by_type", spy)
+    monkeypatch.setattr(report_plot, "_plot_accuracy_by_type", spy)
     _write_task_mix_metrics(tmp_path / "mix")
     report.write_report(tmp_path / "mix")
     assert _png_width(tmp_path / "mix" / "report.png") == 2000  # 4 panels of 5 inches at 100 dpi
