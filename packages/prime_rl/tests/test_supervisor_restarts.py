@@ -186,6 +186,25 @@ def test_the_same_error_days_apart_is_restarted_and_twice_within_the_window_is_n
     assert not supervisor.handle_death(validator)  # type: ignore[arg-type]
 
 
+def test_kills_are_no_error_even_when_the_output_before_them_is_the_same(config_for: Any) -> None:
+    # A trainer killed twice (kill -9) within the window, whose last start-up line both times is the
+    # same warning: a kill is not "the same error twice", so it restarts both times.
+    clock = _FakeClock()
+    supervisor = _ErrorSupervisor(config_for(), None, [], MetricsWriter(None, role="run", name="run"), clock=clock)
+    supervisor.error = "[ERROR] trainer: float32 deltas double the bytes per update"
+    trainer = _Dead("trainer", "trainer", -9, 3600.0)
+    assert supervisor.handle_death(trainer)  # type: ignore[arg-type]
+    supervisor.restarts.setdefault("trainer", []).append(clock.now)
+    clock.now += 5.0
+    assert supervisor.handle_death(trainer)  # type: ignore[arg-type]
+    supervisor.restarts.setdefault("trainer", []).append(clock.now)
+    clock.now += 5.0
+    dead = _Dead("trainer", "trainer", 1, 3600.0)  # the same line twice as a real exit code: it is an error
+    assert supervisor.handle_death(dead)  # type: ignore[arg-type]
+    clock.now += 5.0
+    assert not supervisor.handle_death(dead)  # type: ignore[arg-type]
+
+
 def test_a_worker_past_its_budget_is_dropped_and_a_trusted_role_fails_the_run(config_for: Any) -> None:
     clock = _FakeClock()
     supervisor = _ErrorSupervisor(config_for(), None, [], MetricsWriter(None, role="run", name="run"),

@@ -238,14 +238,17 @@ class Supervisor:
         window), or False: a trusted role past its budget fails the run (reported)."""
         name, now = child.spec.name, self.clock()
         died_of = self.error_of(child) if child.exit_code else None
+        # Killed by a signal (negative code: kill -9, the OOM killer): whatever its output holds was
+        # printed before the kill (a start-up warning), so it is no error to compare.
+        cause = died_of if (child.exit_code or 0) > 0 else None
         previous = self.last_errors.get(name)
         repeated = (
-            died_of is not None
+            cause is not None
             and previous is not None
-            and previous[1] == died_of
+            and previous[1] == cause
             and now - previous[0] < RESTART_WINDOW_S
         )
-        self.last_errors[name] = (now, died_of)
+        self.last_errors[name] = (now, cause)
         if not repeated and self.schedule_restart(child):
             if child.exit_code != 0:
                 self.report_failure(child, restarting=True)
