@@ -89,6 +89,7 @@ def run_role(
             signal.signal(signal.SIGTERM, previous)
             instance.close()
     finally:
+        orchestrator_call_times().flush()
         if after is not None:
             after(finished)
 
@@ -116,11 +117,18 @@ class CallTimes:
         with self._lock:
             self._times[key].append(seconds)
             self._failed[key] += status == 0 or status == 429 or status >= 500
-            now = self._clock()
-            if now - self._since < self.window_s:
+            if self._clock() - self._since < self.window_s:
                 return
+        self.flush()
+
+    def flush(self) -> None:
+        """Log the window so far (if it holds a call) and start the next one (``run_role`` at exit)."""
+        with self._lock:
+            now = self._clock()
             times, failed, since = self._times, self._failed, self._since
             self._times, self._failed, self._since = defaultdict(list), defaultdict(int), now
+        if not times:
+            return
         calls = {}
         for name, values in sorted(times.items()):
             ordered = sorted(values)

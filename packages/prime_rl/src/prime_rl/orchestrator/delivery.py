@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +74,18 @@ class LedgerCalls:
         self.lock = PriorityLock()  # trusted calls first (priority.py)
         self.group_commit = GroupCommit(ledger.store.db)
         self.in_line: dict[Hashable, int] = {}  # requests in line per lease (``LeaseBook.answering``)
+        # The lock lets one ledger call run at a time, so one thread of its own serves them all; in
+        # asyncio's shared pool the call that holds the lock (a trusted one too) could wait for a free
+        # thread behind untrusted work outside the lock (payload writes, admission hooks).
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ledger")
+
+    def close(self) -> None:
+        """Let the ledger's and the group commit's threads go (the app stops)."""
+        self._thread.shutdown(wait=False)
+        self.group_commit.close()
+
+    async def _in_thread(self, function: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, functools.partial(function, *args))
 
     async def call(self, function: Callable[..., Any], *args: Any, trusted: bool = False) -> Any:
         """Run ``function(*args)`` in a thread under the ledger's lock, then wait (lock released) until
@@ -80,7 +94,7 @@ class LedgerCalls:
         waiting worker request (``priority.py``)."""
         try:
             async with self.lock.hold(trusted=trusted):
-                return await asyncio.to_thread(function, *args)
+                return await self._in_thread(function, *args)
         finally:
             await self.group_commit.durable()
 
@@ -109,7 +123,7 @@ class LedgerCalls:
         with contextlib.ExitStack() as undelivered:
             try:
                 async with self.lock.hold(trusted=False):
-                    lease, fresh = await asyncio.to_thread(grant)
+                    lease, fresh = await self._in_thread(grant)
                     if fresh:  # entered before the lock is released: no expiry tick runs in between
                         undelivered.enter_context(self.waiting((worker_id, lease.batch_index)))
             finally:
