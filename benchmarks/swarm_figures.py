@@ -49,13 +49,15 @@ def _trusted_calls(run_dir: Path) -> dict[str, Any]:
     """The validator's and trainer's own orchestrator calls (``role.CallTimes``: client side, per
     10 s window): per role and endpoint the calls, the median window's p50 and the worst window's
     p99 and max; per role the worst window's p99 over its endpoints (issue 44: "trusted calls'
-    p99 under 100 ms throughout")."""
+    p99 under 100 ms throughout"); and, server side, where the orchestrator's trusted calls spent
+    their time (``trusted_phases``: waiting for the lock, the ledger call, the durability wait)."""
     roles: dict[str, Any] = {}
-    for role in ("validator", "trainer"):
+    for role, event in (("validator", "orchestrator_calls"), ("trainer", "orchestrator_calls"),
+                        ("orchestrator", "trusted_phases")):  # fmt: skip
         per_call: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         for path in sorted((run_dir / "metrics").glob(f"{role}*.jsonl")):
             for r in read_jsonl(path):
-                for name, c in (r.get("calls") or {}).items() if r.get("event") == "orchestrator_calls" else ():
+                for name, c in (r.get("calls") or {}).items() if r.get("event") == event else ():
                     for field in ("n", "failed", "p50_ms", "p99_ms", "max_ms"):
                         per_call[name][field].append(c[field])
         if per_call:

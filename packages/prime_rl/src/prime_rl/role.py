@@ -21,21 +21,18 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
-import time
-from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
 from prime_rl.api.client import orchestrator_reachable
-from prime_rl.metrics import get_metrics, init_process
+from prime_rl.metrics import CallTimes, init_process
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
 
-__all__ = ["CallTimes", "orchestrator_call_times", "run_role"]
+__all__ = ["orchestrator_call_times", "run_role"]
 
 log = logging.getLogger(__name__)
 
@@ -98,52 +95,10 @@ def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(f"signal {signum}")
 
 
-class CallTimes:
-    """Client-side latency of a process's orchestrator calls, per window (issue 44: the trusted
-    roles' p99 under load). Every ``window_s`` the first call after it ends the window and logs one
-    metrics event ``orchestrator_calls``: per ``"METHOD /path"`` the attempts, the ones that got no
-    answer or a 429/5xx, and p50/p99/max in ms (each attempt to its answer's headers, as the
-    caller waited for it). Thread-safe; pass ``record`` as ``OrchestratorClient(on_answer=...)``."""
-
-    def __init__(self, window_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.window_s, self._clock = window_s, clock
-        self._lock = threading.Lock()
-        self._since = clock()
-        self._times: dict[str, list[float]] = defaultdict(list)
-        self._failed: dict[str, int] = defaultdict(int)
-
-    def record(self, method: str, path: str, status: int, seconds: float) -> None:
-        key = f"{method} {path}"
-        with self._lock:
-            self._times[key].append(seconds)
-            self._failed[key] += status == 0 or status == 429 or status >= 500
-            if self._clock() - self._since < self.window_s:
-                return
-        self.flush()
-
-    def flush(self) -> None:
-        """Log the window so far (if it holds a call) and start the next one (``run_role`` at exit)."""
-        with self._lock:
-            now = self._clock()
-            times, failed, since = self._times, self._failed, self._since
-            self._times, self._failed, self._since = defaultdict(list), defaultdict(int), now
-        if not times:
-            return
-        calls = {}
-        for name, values in sorted(times.items()):
-            ordered = sorted(values)
-            calls[name] = {
-                "n": len(ordered), "failed": failed[name],
-                "p50_ms": round(1000 * ordered[len(ordered) // 2], 2),
-                "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2),
-                "max_ms": round(1000 * ordered[-1], 2),
-            }  # fmt: skip
-        get_metrics().log("orchestrator_calls", window_s=round(now - since, 2), calls=calls)
-
-
-_CALL_TIMES = CallTimes()
+_CALL_TIMES = CallTimes("orchestrator_calls")
 
 
 def orchestrator_call_times() -> CallTimes:
-    """This process's ``CallTimes`` (one per process: the role's clients share it)."""
+    """This process's ``CallTimes`` of its orchestrator calls (one per process: the role's clients
+    share it; metrics event ``orchestrator_calls``, issue 44: the trusted roles' p99 under load)."""
     return _CALL_TIMES

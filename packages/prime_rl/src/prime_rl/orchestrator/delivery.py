@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from typing import Any
 from aiohttp import web
 
 from prime_rl.api.protocol import TaskLease
+from prime_rl.metrics import CallTimes
 from prime_rl.orchestrator.group_commit import GroupCommit
 from prime_rl.orchestrator.http import bearer, client_gone, in_line, refuse_if_gone
 from prime_rl.orchestrator.ledger import Ledger
@@ -78,6 +80,7 @@ class LedgerCalls:
         # asyncio's shared pool the call that holds the lock (a trusted one too) could wait for a free
         # thread behind untrusted work outside the lock (payload writes, admission hooks).
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ledger")
+        self.trusted_phases = CallTimes("trusted_phases")  # metrics event: where trusted calls wait
 
     def close(self) -> None:
         """Let the ledger's and the group commit's threads go (the app stops)."""
@@ -92,11 +95,32 @@ class LedgerCalls:
         its store writes are durable (``group_commit.py``): only then may the caller answer.
         ``trusted`` calls (admin token, the server's own expiry) are handed the lock before any
         waiting worker request (``priority.py``)."""
+        if trusted:
+            return await self._timed(function, *args)
         try:
             async with self.lock.hold(trusted=trusted):
                 return await self._in_thread(function, *args)
         finally:
             await self.group_commit.durable()
+
+    async def _timed(self, function: Callable[..., Any], *args: Any) -> Any:
+        """A trusted ``call``, with where it spent its time (``trusted_phases``: the lock wait, the
+        ledger call, the durability wait), so that a slow trusted answer can be told apart from a
+        busy event loop (the rest of what its client measures)."""
+        name, clock = getattr(function, "__name__", "call"), time.perf_counter
+        began = clock()
+        try:
+            async with self.lock.hold(trusted=True):
+                locked = clock()
+                self.trusted_phases.record("lock", name, 200, locked - began)
+                try:
+                    return await self._in_thread(function, *args)
+                finally:
+                    self.trusted_phases.record("run", name, 200, clock() - locked)
+        finally:
+            synced = clock()
+            await self.group_commit.durable()
+            self.trusted_phases.record("durable", name, 200, clock() - synced)
 
     def waiting(self, key: Hashable) -> Any:
         """A context in which the lease ``key`` does not expire: a request answering it is in line."""
