@@ -159,7 +159,8 @@ def compute_figures(
     label = f"N={args['identities']}" + (f", think {args['think_s']}s" if args["think_s"] else "") + (
         f", {per_step} samples/step" if per_step != 16 else "") + (
         f", {len(kills)} kills" if args["kills"] else "") + (", WAN" if run["emulated"] else "") + (
-        f", {summary['payload']}" if args.get("payload_mb") else "")  # fmt: skip
+        f", {summary['payload']}" if args.get("payload_mb") else "") + (
+        f", hosts nice {args['host_nice']}" if args.get("host_nice") else "")  # fmt: skip
     return {
         "label": label, "summary": summary, "endpoints": endpoints, "versions": versions, "memory": memory,
         "rss_series": rss[:: max(1, len(rss) // 200)], "kills": kills,
