@@ -19,8 +19,10 @@ about speed.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +30,7 @@ import pytest
 from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
 from prime_rl.api.protocol import Verdict, VerdictRequest
 from prime_rl.api.spans import lease_digest
+from prime_rl.metrics import CallTimes, MetricsWriter, read_metrics
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.priority import PriorityLock
 from prime_rl.orchestrator.server import OrchestratorServer
@@ -369,3 +372,34 @@ def test_answers_lost_in_the_durability_wait_cost_the_worker_nothing(server_fact
     assert ledger.leases.answered(ids["finisher"]) == ledger.leases.issued(ids["finisher"]) == 1
     for client in (trainer, *clients.values()):
         client.close()
+
+
+# ------------------------------------------------------------------ measuring the trusted calls
+
+
+def test_call_times_logs_each_window_per_call(server: OrchestratorServer, tmp_path: Path) -> None:
+    """What the swarm harness reports as the trusted calls' p99: every attempt of a client with
+    ``on_answer`` is timed, and each window is one metrics event per call (n, failed, p50/p99/max)."""
+    now = [0.0]
+    path = tmp_path / "validator.jsonl"
+    writer = MetricsWriter(path, role="validator", name="validator")
+    times = CallTimes("orchestrator_calls", window_s=10.0, clock=lambda: now[0], writer=writer)
+    with OrchestratorClient(server.url, retries=0, admin_token=server.admin_token, on_answer=times.record) as client:
+        for _ in range(3):
+            client.pending()
+        now[0] = 10.0
+        client.status()  # the first call at the window's end closes it
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"  # bound, not listening: refused
+        nobody = OrchestratorClient(closed, timeout_s=2, retries=0, on_answer=times.record)
+        with nobody, pytest.raises(OrchestratorUnavailable):
+            nobody.status()
+    times.flush()
+    writer.close()
+    windows = [r for r in read_metrics(path) if r["event"] == "orchestrator_calls"]
+    assert [sorted(w["calls"]) for w in windows] == [["GET /status", "GET /validator/pending"], ["GET /status"]]
+    first, second = windows[0]["calls"], windows[1]["calls"]
+    pending = first["GET /validator/pending"]
+    assert (pending["n"], pending["failed"]) == (3, 0) and 0 < pending["p50_ms"] <= pending["p99_ms"] <= pending["max_ms"]
+    assert (first["GET /status"]["n"], second["GET /status"]["n"], second["GET /status"]["failed"]) == (1, 1, 1)

@@ -273,8 +273,15 @@ class CallTimes:
     ``OrchestratorClient(on_answer=...)`` (a role's calls as it waited for them, ``role.py``); the
     orchestrator records where its trusted calls spend their time with it (``orchestrator/delivery.py``)."""
 
-    def __init__(self, event: str, window_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        event: str,
+        window_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        writer: MetricsWriter | None = None,
+    ) -> None:
         self.event, self.window_s, self._clock = event, window_s, clock
+        self._writer = writer  # None: the process's (``get_metrics``), looked up at each window's end
         self._lock = threading.Lock()
         self._since = clock()
         self._times: dict[str, list[float]] = defaultdict(list)
@@ -306,4 +313,4 @@ class CallTimes:
                 "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2),
                 "max_ms": round(1000 * ordered[-1], 2),
             }  # fmt: skip
-        get_metrics().log(self.event, window_s=round(now - since, 2), calls=calls)
+        (self._writer or get_metrics()).log(self.event, window_s=round(now - since, 2), calls=calls)
