@@ -191,6 +191,8 @@ class Swarm:
             "--orchestrator-url", self.network.url(site, config.orchestrator.url),
             "--servers", ",".join(self.network.url(site, url) for url in config.shardcast.client_servers),
         ]  # fmt: skip
+        if self.args.host_nice:  # the swarm yields the CPU to the control plane, as on machines of its own
+            argv = ["nice", "-n", str(self.args.host_nice), *argv]
         self.hosts[host] = self._popen(self.network.command(site, argv), self.root / f"host-{host}.out")
         self.host_starts[host] = time.time()
 
@@ -368,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         help="policy of at least this many MB in bf16 (a 4-layer Llama built in code, lr 3e-7); 0: the tiny model",
     )  # fmt: skip
     parser.add_argument("--lr", type=float, default=0.0, help="trainer learning rate (0: the default)")
+    parser.add_argument("--host-nice", type=int, default=0,
+                        help="run the swarm hosts this much nicer than the control plane (0: the same)")  # fmt: skip
     parser.add_argument("--delta", action=argparse.BooleanOptionalAction, default=True,
                         help="[shardcast] delta: publish versions also as deltas against the previous one")  # fmt: skip
     parser.add_argument("--timeout-s", type=float, default=900.0, help="stop and fail after this long")

@@ -45,6 +45,32 @@ def _endpoint(path: str) -> str:
     return "/workers/register" if path.startswith("/workers/register") else path
 
 
+def _trusted_calls(run_dir: Path) -> dict[str, Any]:
+    """The validator's and trainer's own orchestrator calls (``role.CallTimes``: client side, per
+    10 s window): per role and endpoint the calls, the median window's p50 and the worst window's
+    p99 and max; per role the worst window's p99 over its endpoints (issue 44: "trusted calls'
+    p99 under 100 ms throughout"); and, server side, where the orchestrator's trusted calls spent
+    their time (``trusted_phases``: waiting for the lock, the ledger call, the durability wait)."""
+    roles: dict[str, Any] = {}
+    for role, event in (("validator", "orchestrator_calls"), ("trainer", "orchestrator_calls"),
+                        ("orchestrator", "trusted_phases")):  # fmt: skip
+        per_call: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for path in sorted((run_dir / "metrics").glob(f"{role}*.jsonl")):
+            for r in read_jsonl(path):
+                for name, c in (r.get("calls") or {}).items() if r.get("event") == event else ():
+                    for field in ("n", "failed", "p50_ms", "p99_ms", "max_ms"):
+                        per_call[name][field].append(c[field])
+        if per_call:
+            calls = {
+                name: {"calls": int(sum(v["n"])), "failed": int(sum(v["failed"])), "windows": len(v["n"]),
+                       "p50_ms": _quantile(v["p50_ms"], 0.5), "p99_ms_worst_window": max(v["p99_ms"]),
+                       "max_ms": max(v["max_ms"])}
+                for name, v in sorted(per_call.items())
+            }  # fmt: skip
+            roles[role] = {"calls": calls, "p99_ms_worst_window": max(c["p99_ms_worst_window"] for c in calls.values())}
+    return roles
+
+
 def compute_figures(
     config: RunConfig, records: RunRecords, rss: list[dict[str, Any]], kills: list[dict[str, Any]], **run: Any
 ) -> dict[str, Any]:
@@ -126,15 +152,20 @@ def compute_figures(
         "honest_rejected": len(violations["honest_not_rejected"]), "honest_banned": len(violations["honest_not_banned"]),
         "invariants_ok": not any(violations.values()),
     }  # fmt: skip
+    trusted = _trusted_calls(run_dir)
+    for role in ("validator", "trainer"):
+        summary[f"{role}_calls_p99_ms"] = trusted.get(role, {}).get("p99_ms_worst_window")
     per_step = args.get("samples_per_step", 16)
     label = f"N={args['identities']}" + (f", think {args['think_s']}s" if args["think_s"] else "") + (
         f", {per_step} samples/step" if per_step != 16 else "") + (
         f", {len(kills)} kills" if args["kills"] else "") + (", WAN" if run["emulated"] else "") + (
-        f", {summary['payload']}" if args.get("payload_mb") else "")  # fmt: skip
+        f", {summary['payload']}" if args.get("payload_mb") else "") + (
+        f", hosts nice {args['host_nice']}" if args.get("host_nice") else "")  # fmt: skip
     return {
         "label": label, "summary": summary, "endpoints": endpoints, "versions": versions, "memory": memory,
         "rss_series": rss[:: max(1, len(rss) // 200)], "kills": kills,
         "invariants": {name: ids[:50] for name, ids in violations.items()},
+        "trusted_calls": trusted,
     }  # fmt: skip
 
 
@@ -207,6 +238,7 @@ GROWTH = [
     ("queue age p99 s", "queue_age_p99_s"), ("payload per version", None),
     ("bytes/host/version p50", None), ("time-to-all p50 s", "time_to_all_p50_s"),
     ("time-to-all max s", "time_to_all_max_s"),
+    ("validator calls p99 ms (worst 10 s)", "validator_calls_p99_ms"), ("trainer calls p99 ms (worst 10 s)", "trainer_calls_p99_ms"),
     ("orch RSS max MB", "orchestrator_rss_max_mb"), ("validator RSS max MB", "validator_rss_max_mb"),
     ("honest rejected / banned", None), ("invariants", "invariants_ok"), ("load avg start / end", None),
 ]  # fmt: skip
@@ -272,6 +304,14 @@ def render(runs: dict[str, dict[str, Any]]) -> list[str]:
             [[p, e["requests"], e["p50_ms"], e["p99_ms"], ", ".join(f"{k}: {v}" for k, v in sorted(e["statuses"].items()))]
              for p, e in figures["endpoints"].items()],
         )  # fmt: skip
+        trusted = figures.get("trusted_calls") or {}
+        if trusted:
+            lines += ["Trusted calls (client side, per 10 s window):", ""]
+            lines += _table(
+                ["role", "call", "calls", "failed", "windows", "p50 ms (median window)", "p99 ms (worst window)", "max ms"],
+                [[role, name, c["calls"], c["failed"], c["windows"], c["p50_ms"], c["p99_ms_worst_window"], c["max_ms"]]
+                 for role, t in trusted.items() for name, c in t["calls"].items()],
+            )  # fmt: skip
         lines += [_versions_line(figures["versions"]), ""]
         if figures["summary"].get("payload", "").endswith("delta"):  # a --payload-mb run
             lines += _versions_table(figures["versions"])

@@ -30,13 +30,15 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 __all__ = [
     "WAIT_LOG_EVERY_S",
+    "CallTimes",
     "MetricsSink",
     "MetricsWriter",
     "ProcessPaths",
@@ -262,3 +264,53 @@ class WaitLog:
             return None
         self._next = now + self.every_s
         return now - self.started
+
+
+class CallTimes:
+    """Latencies per window: every ``window_s`` the first call after it ends the window and logs one
+    metrics ``event``: per ``"METHOD /path"`` key the calls, the ones that failed (status 0: no
+    answer, 429, 5xx), and p50/p99/max in ms. Thread-safe. ``record`` fits
+    ``OrchestratorClient(on_answer=...)`` (a role's calls as it waited for them, ``role.py``); the
+    orchestrator records where its trusted calls spend their time with it (``orchestrator/delivery.py``)."""
+
+    def __init__(
+        self,
+        event: str,
+        window_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        writer: MetricsWriter | None = None,
+    ) -> None:
+        self.event, self.window_s, self._clock = event, window_s, clock
+        self._writer = writer  # None: the process's (``get_metrics``), looked up at each window's end
+        self._lock = threading.Lock()
+        self._since = clock()
+        self._times: dict[str, list[float]] = defaultdict(list)
+        self._failed: dict[str, int] = defaultdict(int)
+
+    def record(self, method: str, path: str, status: int, seconds: float) -> None:
+        key = f"{method} {path}"
+        with self._lock:
+            self._times[key].append(seconds)
+            self._failed[key] += status == 0 or status == 429 or status >= 500
+            if self._clock() - self._since < self.window_s:
+                return
+        self.flush()
+
+    def flush(self) -> None:
+        """Log the window so far (if it holds a call) and start the next one (``run_role`` at exit)."""
+        with self._lock:
+            now = self._clock()
+            times, failed, since = self._times, self._failed, self._since
+            self._times, self._failed, self._since = defaultdict(list), defaultdict(int), now
+        if not times:
+            return
+        calls = {}
+        for name, values in sorted(times.items()):
+            ordered = sorted(values)
+            calls[name] = {
+                "n": len(ordered), "failed": failed[name],
+                "p50_ms": round(1000 * ordered[len(ordered) // 2], 2),
+                "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2),
+                "max_ms": round(1000 * ordered[-1], 2),
+            }  # fmt: skip
+        (self._writer or get_metrics()).log(self.event, window_s=round(now - since, 2), calls=calls)

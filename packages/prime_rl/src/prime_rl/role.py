@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 import torch
 
 from prime_rl.api.client import orchestrator_reachable
-from prime_rl.metrics import init_process
+from prime_rl.metrics import CallTimes, init_process
 
 if TYPE_CHECKING:
     from prime_rl.config import RunConfig
 
-__all__ = ["run_role"]
+__all__ = ["orchestrator_call_times", "run_role"]
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +86,19 @@ def run_role(
             signal.signal(signal.SIGTERM, previous)
             instance.close()
     finally:
+        orchestrator_call_times().flush()
         if after is not None:
             after(finished)
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(f"signal {signum}")
+
+
+_CALL_TIMES = CallTimes("orchestrator_calls")
+
+
+def orchestrator_call_times() -> CallTimes:
+    """This process's ``CallTimes`` of its orchestrator calls (one per process: the role's clients
+    share it; metrics event ``orchestrator_calls``, issue 44: the trusted roles' p99 under load)."""
+    return _CALL_TIMES

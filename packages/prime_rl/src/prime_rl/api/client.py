@@ -107,6 +107,8 @@ class OrchestratorClient:
         sleep: how the client waits between attempts (default ``time.sleep``; tests inject one).
         source_address: local IP address to connect from (default: the system's choice), e.g. one of
             several addresses of a multi-homed host; the orchestrator sees its clients by address.
+        on_answer: called after every attempt with ``(method, path, status, seconds)`` (status 0: no
+            answer), e.g. ``role.orchestrator_call_times().record`` (the trusted roles' latencies).
     """
 
     def __init__(
@@ -123,8 +125,10 @@ class OrchestratorClient:
         registration_token: str = "",
         sleep: Callable[[float], None] = time.sleep,
         source_address: str | None = None,
+        on_answer: Callable[[str, str, int, float], None] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.on_answer = on_answer
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
@@ -182,15 +186,20 @@ class OrchestratorClient:
             if attempt:
                 backoff = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
                 self.sleep(max(backoff, retry_after))
+            started = time.monotonic()
             try:
                 response = self._session.request(
                     method, url, data=data, params=params, headers=headers, timeout=self.timeout_s
                 )
             except requests.RequestException as error:
+                if self.on_answer is not None:
+                    self.on_answer(method, path, 0, time.monotonic() - started)
                 last_problem, busy, retry_after = describe_connection_error(error), False, 0.0
                 params = retry_params if retry_params is not None else params
                 log.debug("%s %s failed (attempt %d/%d): %s", method, path, attempt + 1, attempts, error)
                 continue
+            if self.on_answer is not None:
+                self.on_answer(method, path, response.status_code, time.monotonic() - started)
             if response.status_code in _RETRY_STATUS:
                 last_problem = f"HTTP {response.status_code}: {response.text[:200]}"
                 busy = response.status_code == 429

@@ -23,6 +23,7 @@ disk. An fsync that fails is fatal for the store: every later request fails with
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 from prime_rl.orchestrator.store import StoreError
 from prime_rl.statedb import StateDB, StateDBError
@@ -38,7 +39,12 @@ class GroupCommit:
         self.synced = db.commits  # commits known durable
         self._running: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="fsync")  # never queued behind other work
         db.defer_sync()
+
+    def close(self) -> None:
+        """Let the fsync thread go (the server stops)."""
+        self._thread.shutdown(wait=False)
 
     async def durable(self) -> None:
         """Return once every commit made before this call is on disk."""
@@ -53,7 +59,7 @@ class GroupCommit:
     async def _sync(self) -> None:
         covered = self._db.commits  # everything committed before the fsync starts
         try:
-            await asyncio.to_thread(self._db.sync)
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._db.sync)
         except StateDBError as error:
             self._failed = error
         else:

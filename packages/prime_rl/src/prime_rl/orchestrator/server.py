@@ -58,22 +58,18 @@ from prime_rl.api.secrets import RunSecrets, SecretsError, check_bind_address, r
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter, get_metrics, init_process
 from prime_rl.orchestrator.admission import check_admission, load_admission
-from prime_rl.orchestrator.group_commit import GroupCommit
+from prime_rl.orchestrator.delivery import LeaseAsk, LedgerCalls
 from prime_rl.orchestrator.http import (
     bearer,
-    client_gone,
     errors_middleware,
-    in_line,
     model_response,
     query_int,
-    refuse_if_gone,
     require_token,
     validation_message,
 )
 from prime_rl.orchestrator.ledger import ApiFailure, Ledger
 from prime_rl.orchestrator.noise_profile import RunNoiseProfile
-from prime_rl.orchestrator.priority import PriorityLock
-from prime_rl.orchestrator.rate_limit import TokenBuckets, client_key, network_key
+from prime_rl.orchestrator.rate_limit import TokenBuckets, network_key
 from prime_rl.orchestrator.store import RolloutStore
 from prime_rl.orchestrator.workers_view import WorkersView
 
@@ -129,22 +125,10 @@ class _Api:
         self.registrations = TokenBuckets(
             orch.register_rate_per_minute, orch.register_burst, clock=registration_clock
         )
-        self.lock = PriorityLock()  # trusted calls first (priority.py)
+        self.calls = LedgerCalls(ledger)  # the lock (trusted first), group commit, delivery (delivery.py)
+        self.call = self.calls.call
         self.workers_view = WorkersView(ledger, orch.workers_view_max_age_s)
-        self._answering: dict[Any, int] = {}  # batches in line per lease (``LeaseBook.answering``)
-        self.group_commit = GroupCommit(ledger.store.db)
         self.noise_profiles = RunNoiseProfile(config.orchestrator_data_dir)
-
-    async def call(self, function: Callable[..., Any], *args: Any, trusted: bool = False) -> Any:
-        """Run ``function(*args)`` in a thread under the ledger's lock, then wait (lock released) until
-        its store writes are durable (``group_commit.py``): only then may the caller answer.
-        ``trusted`` calls (admin token, the server's own expiry) are handed the lock before any
-        waiting worker request (``priority.py``)."""
-        try:
-            async with self.lock.hold(trusted=trusted):
-                return await asyncio.to_thread(function, *args)
-        finally:
-            await self.group_commit.durable()
 
     async def body(self, request: web.Request, model: type[M]) -> M:
         raw = await request.read()  # aiohttp enforces client_max_size (413) before this returns
@@ -198,19 +182,9 @@ class _Api:
         batch_index = query_int(request, "batch_index")
         version = query_int(request, "version")
         resume = bool(query_int(request, "resume", default=0))
-
-        def work() -> Any:
-            # Issue 44: a client that left gets no lease, or has it withdrawn uncharged (API.md, GET /tasks).
-            refuse_if_gone(request)
-            worker = self.ledger.authenticate(worker_id, bearer(request))
-            fresh_from = self.ledger.leases.next_index(worker_id)
-            lease = self.ledger.lease(worker, step, batch_index, client_key(request.remote), version, resume=resume)
-            if client_gone(request) and lease.batch_index >= fresh_from:
-                self.ledger.leases.withdraw(worker_id, lease.batch_index, self.ledger.clock())
-                refuse_if_gone(request)
-            return lease
-
-        return model_response(await self.call(work))
+        # Issue 44: a client that left gets no lease, or has it withdrawn uncharged (delivery.py).
+        ask = LeaseAsk(worker_id, step, batch_index, version, resume)
+        return model_response(await self.calls.lease(request, ask))
 
     async def switch(self, request: web.Request) -> web.Response:
         body = await self.body(request, SwitchRequest)
@@ -240,7 +214,7 @@ class _Api:
 
         # While this batch waits for the lock and its payload is written, its lease does not expire:
         # the wait is the server's.
-        with in_line(self._answering, self.ledger.leases.answering, (batch.worker_id, batch.batch_index)):
+        with self.calls.waiting((batch.worker_id, batch.batch_index)):
             digest, token = hashlib.sha256(raw).hexdigest(), bearer(request)
             await self.call(self.ledger.authenticate, batch.worker_id, token)
             try:
@@ -311,7 +285,7 @@ class _Api:
     async def validator_leases(self, request: web.Request) -> web.Response:
         self.require_admin(request)
         body = await self.body(request, ValidatorLeaseRequest)
-        return model_response(await self.call(self.ledger.take_batches, body))
+        return model_response(await self.call(self.ledger.take_batches, body, trusted=True))
 
     async def verdicts(self, request: web.Request) -> web.Response:
         self.require_admin(request)
@@ -370,6 +344,7 @@ def build_app(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        api.calls.close()
 
     app.cleanup_ctx.append(expire_loop)
     app.cleanup_ctx.append(_freeze_loaded_heap)

@@ -46,7 +46,7 @@ from prime_rl.config.loss import load_loss
 from prime_rl.config.trainer import TrainerConfig
 from prime_rl.devices import choose_device, torch_dtype
 from prime_rl.metrics import get_metrics
-from prime_rl.role import run_role
+from prime_rl.role import orchestrator_call_times, run_role
 from prime_rl.trainer import distributed
 from prime_rl.trainer.batching import make_micro_batches, split_minibatches
 from prime_rl.trainer.checkpoint import TrainerState, latest_step, load_checkpoint, save_checkpoint
@@ -109,7 +109,10 @@ class Trainer:
         self.step = 0
         self._last_loss = float("nan")
         # A trusted process: the run's admin token (configured, or generated in the run dir).
-        self.client = OrchestratorClient(config.orchestrator.url, admin_token=run_secrets(config).admin_token)
+        self.client = OrchestratorClient(
+            config.orchestrator.url, admin_token=run_secrets(config).admin_token,
+            on_answer=orchestrator_call_times().record,  # per-window latencies (metrics: orchestrator_calls)
+        )  # fmt: skip
         self.origin: shardcast.Origin | None = None
         self.constant_reward = ConstantRewardWatch(config.sampling.group_size)
 

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterable
 
 from prime_rl.api.client import ApiError, OrchestratorClient
+from prime_rl.role import orchestrator_call_times
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ class LeaseKeeper:
     """Renews ``batch_ids`` for ``validator_id`` until each is ``done`` (use as a context manager)."""
 
     def __init__(self, url: str, admin_token: str, validator_id: str, batch_ids: Iterable[str], lease_s: float) -> None:
-        self._client = OrchestratorClient(url, admin_token=admin_token)
+        self._client = OrchestratorClient(url, admin_token=admin_token, on_answer=orchestrator_call_times().record)
         self._validator_id = validator_id
         self._open = list(dict.fromkeys(batch_ids))
         self._lost: set[str] = set()

@@ -71,7 +71,7 @@ from prime_rl.episodes import check_same_environment, load_episode_env
 from prime_rl.inference.backend import HFBackend
 from prime_rl.metrics import WAIT_LOG_EVERY_S, WaitLog, get_metrics
 from prime_rl.reward import run_tasks
-from prime_rl.role import run_role
+from prime_rl.role import orchestrator_call_times, run_role
 from prime_rl.validator import tolerances
 from prime_rl.validator.agreement import NoiseMismatch, validator_profile
 from prime_rl.validator.checks import (
@@ -143,7 +143,9 @@ class Validator:
             assignment_key=trusted.assignment_key,
             hidden_size=int(hidden),
         )
-        self.client = OrchestratorClient(config.orchestrator.url, admin_token=trusted.admin_token)
+        self.client = OrchestratorClient(  # per-window latencies (metrics: orchestrator_calls)
+            config.orchestrator.url, admin_token=trusted.admin_token, on_answer=orchestrator_call_times().record
+        )
         self.admin_token = trusted.admin_token
         self.validator_id = self.cfg.validator_id or default_validator_id()
         self.established: set[str] = set()  # identities this validator saw accepted (its tool budget only)

@@ -1,0 +1,168 @@
+"""How a request's ledger call runs and is answered: under the one lock, durable before it is
+answered, and a lease handed over only to a client that is still there (issue 44, item 5).
+
+A request waits for the ledger's lock (``priority.py``: trusted calls first), runs its ledger call
+in a thread (the ledger is not thread-safe, and blocks on the store), releases the lock, then waits
+until its store writes are durable (``group_commit.py``: one fsync covers many requests) and only
+then is answered. On a slow server a client may give up (its timeout) at any point of that, the
+durability wait included.
+
+A lease the client never received is never held against it. ``GET /tasks`` checks the request's
+connection three times: before the lease (a client that gave up waiting in line is granted
+nothing), under the lock right after the grant, and, last, after the durability wait, just before
+the answer is written. A lease granted by this request to a client found gone at either later
+check is withdrawn (``LeaseBook.withdraw``): durably, before the 408 ``client_gone`` that nobody
+reads, not counted as issued or abandoned, its tasks at once for another identity. From the last
+check to aiohttp's write of the answer the event loop runs nothing else (no await yields), so a
+lease that passes it had its answer written to an open connection: it is delivered. A client that
+still lost it (in flight as it closed) asks again with ``resume`` and gets that lease back. From
+its grant until it is delivered or withdrawn, the expiry tick passes the lease over
+(``LeaseBook.answering``, as for a batch waiting in line): a durability wait or a withdrawal in
+line that outlasts ``task_timeout_s`` cannot make it expire as abandoned first.
+
+Only a lease this very request granted is withdrawn. One handed out again (``resume``, or a re-ask
+by ``batch_index``) was written to an open connection before, so its tasks may be known: were it
+withdrawn when the re-asking client closes, a worker could walk away from any lease it has seen,
+free of the abandonment charge, by asking for it again and hanging up. It stays open; the next
+``resume`` hands it back.
+
+The other calls that wait for durability before they answer (``POST /rollouts``, ``/leases/switch``,
+``/leases/done``) record what the client asked for, and an identical retry answers the same (a
+stored batch ``duplicate``, its lease answered; a recorded switch its nonce; a done declaration
+itself), whether the lease is still open or not: an answer lost in the durability wait costs the
+worker nothing, its retry gets it (``tests/test_graceful_overload.py``).
+
+Trusted calls wait behind no untrusted work the server controls: the lock hands itself to them
+first, ledger calls run on a thread of their own and the group commit's fsync on another (not in
+asyncio's shared pool, which the swarm's payload writes and admission hooks can fill), and where
+each trusted call spent its time (lock, ledger call, durability) is logged per 10 s window
+(metrics event ``trusted_phases``). What they still share with the swarm is the event loop that
+reads every request (``benchmarks/results/swarm.md``, N=1024).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from prime_rl.api.protocol import TaskLease
+from prime_rl.metrics import CallTimes
+from prime_rl.orchestrator.group_commit import GroupCommit
+from prime_rl.orchestrator.http import bearer, client_gone, in_line, refuse_if_gone
+from prime_rl.orchestrator.ledger import Ledger
+from prime_rl.orchestrator.priority import PriorityLock
+from prime_rl.orchestrator.rate_limit import client_key
+
+__all__ = ["LeaseAsk", "LedgerCalls"]
+
+
+@dataclass(frozen=True)
+class LeaseAsk:
+    """The query of one ``GET /tasks`` (parsed and checked by the handler)."""
+
+    worker_id: str
+    step: int | None
+    batch_index: int | None
+    version: int | None
+    resume: bool
+
+
+class LedgerCalls:
+    """The ledger's lock, its group commit, and the leases whose answer is in line (module docstring)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.lock = PriorityLock()  # trusted calls first (priority.py)
+        self.group_commit = GroupCommit(ledger.store.db)
+        self.in_line: dict[Hashable, int] = {}  # requests in line per lease (``LeaseBook.answering``)
+        # The lock lets one ledger call run at a time, so one thread of its own serves them all; in
+        # asyncio's shared pool the call that holds the lock (a trusted one too) could wait for a free
+        # thread behind untrusted work outside the lock (payload writes, admission hooks).
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ledger")
+        self.trusted_phases = CallTimes("trusted_phases")  # metrics event: where trusted calls wait
+
+    def close(self) -> None:
+        """Let the ledger's and the group commit's threads go (the app stops)."""
+        self._thread.shutdown(wait=False)
+        self.group_commit.close()
+
+    async def _in_thread(self, function: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, functools.partial(function, *args))
+
+    async def call(self, function: Callable[..., Any], *args: Any, trusted: bool = False) -> Any:
+        """Run ``function(*args)`` in a thread under the ledger's lock, then wait (lock released) until
+        its store writes are durable (``group_commit.py``): only then may the caller answer.
+        ``trusted`` calls (admin token, the server's own expiry) are handed the lock before any
+        waiting worker request (``priority.py``)."""
+        if trusted:
+            return await self._timed(function, *args)
+        try:
+            async with self.lock.hold(trusted=trusted):
+                return await self._in_thread(function, *args)
+        finally:
+            await self.group_commit.durable()
+
+    async def _timed(self, function: Callable[..., Any], *args: Any) -> Any:
+        """A trusted ``call``, with where it spent its time (``trusted_phases``: the lock wait, the
+        ledger call, the durability wait), so that a slow trusted answer can be told apart from a
+        busy event loop (the rest of what its client measures)."""
+        name, clock = getattr(function, "__name__", "call"), time.perf_counter
+        began = clock()
+        try:
+            async with self.lock.hold(trusted=True):
+                locked = clock()
+                self.trusted_phases.record("lock", name, 200, locked - began)
+                try:
+                    return await self._in_thread(function, *args)
+                finally:
+                    self.trusted_phases.record("run", name, 200, clock() - locked)
+        finally:
+            synced = clock()
+            await self.group_commit.durable()
+            self.trusted_phases.record("durable", name, 200, clock() - synced)
+
+    def waiting(self, key: Hashable) -> Any:
+        """A context in which the lease ``key`` does not expire: a request answering it is in line."""
+        return in_line(self.in_line, self.ledger.leases.answering, key)
+
+    async def lease(self, request: web.Request, ask: LeaseAsk) -> TaskLease:
+        """``GET /tasks``: the lease to answer with, durable, for a client still there at the last
+        moment; else ApiFailure 408 ``client_gone`` with a lease this request granted withdrawn."""
+        ledger, worker_id = self.ledger, ask.worker_id
+
+        def grant() -> tuple[TaskLease, bool]:
+            refuse_if_gone(request)
+            worker = ledger.authenticate(worker_id, bearer(request))
+            fresh_from = ledger.leases.next_index(worker_id)
+            lease = ledger.lease(
+                worker, ask.step, ask.batch_index, client_key(request.remote), ask.version, resume=ask.resume
+            )
+            fresh = lease.batch_index >= fresh_from  # granted now, not handed out again
+            if fresh and client_gone(request):
+                ledger.leases.withdraw(worker_id, lease.batch_index, ledger.clock())
+                refuse_if_gone(request)
+            return lease, fresh
+
+        with contextlib.ExitStack() as undelivered:
+            try:
+                async with self.lock.hold(trusted=False):
+                    lease, fresh = await self._in_thread(grant)
+                    if fresh:  # entered before the lock is released: no expiry tick runs in between
+                        undelivered.enter_context(self.waiting((worker_id, lease.batch_index)))
+            finally:
+                await self.group_commit.durable()
+            if fresh and client_gone(request):  # it left during the durability wait: nobody reads the answer
+                await self.call(self._withdraw, worker_id, lease.batch_index)
+                refuse_if_gone(request)
+        return lease  # no await from the check above to aiohttp's write of the answer
+
+    def _withdraw(self, worker_id: str, batch_index: int) -> None:
+        self.ledger.leases.withdraw(worker_id, batch_index, self.ledger.clock())
