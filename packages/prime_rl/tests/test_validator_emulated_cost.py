@@ -7,21 +7,18 @@ prefill runs and its results are unchanged; the sleep tops its time up to ``toke
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from tiny_lm import save_tiny_lm
 
 from prime_rl.config import RunConfig
 from prime_rl.inference.backend import HFBackend
 from prime_rl.validator import emulated_cost
 from prime_rl.validator.emulated_cost import floor_prefill
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "support"))
-from tiny_lm import save_tiny_lm  # noqa: E402
 
 
 @pytest.fixture(scope="module")
