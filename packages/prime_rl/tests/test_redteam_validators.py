@@ -147,6 +147,18 @@ def test_an_attacker_spread_over_three_validators_is_banned_as_by_one(tiny_run: 
     assert set(by_validator) == {"validator", "validator-1", "validator-2"}, report
     assert report["steered"] >= 1, report
 
+    # No batch was prefilled by two validators (no validator was killed: every lease held to its verdict).
+    prefills = [
+        json.loads(line) for path in sorted((run_dir / "metrics").glob("validator*.jsonl"))
+        for line in path.read_text().splitlines() if '"event":"prefill"' in line.replace(" ", "")
+    ]  # fmt: skip
+    prefilled_by: dict[str, set[str]] = defaultdict(set)
+    for record in prefills:
+        prefilled_by[record["batch_id"]].add(record["name"])
+    prefilled_lines = {line["batch_id"] for line in lines if int(line["prefilled"]) > 0}
+    assert prefilled_lines <= set(prefilled_by), "every prefilled batch has its prefill line"
+    assert not {b: n for b, n in prefilled_by.items() if len(n) > 1}, "a batch prefilled by two validators"
+
     # 2. Banned by the run's one ledger, after the evidence of every validator's batches: its evidence
     # counts each prefilled sample of its batches, whoever judged them...
     assert workers[spread].banned, (workers[spread], report)
