@@ -4,6 +4,7 @@
     python benchmarks/swarm.py --identities 256 --kills 20 --seed 1    # chaos, then the invariants
     python benchmarks/swarm.py --identities 16 --think-s 2 --wan       # realistic pace, emulated WAN
     python benchmarks/swarm.py --identities 64 --payload-mb 64 --no-delta  # a 76 MB bf16 policy, full files
+    python benchmarks/swarm.py --validators 4 --emulated-prefill-ms-per-token 2  # K validators, emulated GPU-like cost
 
 What runs (everything on this machine, on loopback unless ``--wan`` finds namespaces):
   - ``prime-rl run`` (the supervisor) with a config this script writes: orchestrator, shardcast origin,
@@ -22,6 +23,11 @@ swarm host (restarted here, under the same identities), and cuts one host's link
 (``network.cut``; on loopback the host is stopped with SIGSTOP for that long instead). The supervisor
 restarts its children. When the trainer has finished, the invariants of ``swarm_checks.py`` are checked
 from the stores; a violation prints its ids and the exit code is 1.
+
+With ``--validators K`` the figures have a ``validators`` part (``swarm_validators.py``): samples judged
+per second by all K, batches prefilled or judged twice by cause, the honest expired share;
+``--emulated-prefill-ms-per-token`` is BENCHMARK EMULATION (``validator/emulated_cost.py``), and
+``swarm_scaling.py`` runs the K = 1, 2, 4 rows.
 
 Results: ``<root>/figures.json`` always; with ``--record`` (the default when ``--root`` is not given)
 also a row in ``benchmarks/results/swarm.json`` and the tables of ``swarm.md`` (``swarm_figures.py``).

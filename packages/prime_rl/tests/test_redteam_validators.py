@@ -25,7 +25,9 @@ have seen: its evidence counts every prefilled sample of its batches, whichever 
 them, and its failure counts and ban (``BAN_FAILURE_RATE``; the abandonment ban is off here, so the
 ban is the validators' ledger's) are what one ledger replaying its batches in the order recorded
 decides (``RunEvidence``, the orchestrator's own); 0 of its steered samples (nor the Sybils') reach a
-trainer claim; the honest worker has no rejected sample and no ban. The tool forgeries run with three
+trainer claim, nor anything of an identity that never earned trust (probation); no batch was
+prefilled by two validators; the honest worker has no rejected sample and no ban. About 60 s on an
+idle 2-core machine, 3 minutes under load 30. The tool forgeries run with three
 validators in ``test_redteam_episodes.py`` (parametrised); the full attack lists of
 ``test_redteam.py`` and ``test_redteam_trust.py`` run with one.
 """
@@ -55,9 +57,9 @@ from prime_rl.tasks import load_tasks
 pytestmark = pytest.mark.slow
 
 VALIDATORS = 3
-HONEST_FIRST = 9  # the spread identity's honest leases: its record, spread over the validators
+HONEST_FIRST = 12  # the spread identity's honest leases: its record, spread over the validators
 STEERED_MAX = 8
-BAN_FAILURE_RATE = 0.25  # 9 honest leases (72 samples) and 3 fully rejected steered ones (24) ban it
+BAN_FAILURE_RATE = 0.25  # 12 honest leases (96 samples) and 4 fully rejected steered ones (32) ban it
 SYBILS = 4
 EMULATED_S_PER_TOKEN = 0.002  # ~0.1 s per lease of this run: a validator stays busy while the next arrives
 
@@ -187,6 +189,10 @@ def test_an_attacker_spread_over_three_validators_is_banned_as_by_one(tiny_run: 
 
     # 3. Nothing steered trains; the Sybils' steered samples neither; the honest worker keeps its record.
     assert not [s for s in trained if s.sample_id in attacker.steered_samples], report
+    trained_batches = {s.batch_id for s in trained}
+    for worker_id, attack in attacker.identities.items():  # probation: nothing of an untrusted identity trains
+        if not ledger.release.trusted(worker_id):
+            assert not any(batches[b].meta.worker_id == worker_id for b in trained_batches), (attack, worker_id)
     for batch_id, record in batches.items():
         if record.meta.worker_id in honest:
             assert all(v.accepted or v.reason == "expired" for v in verdicts.get(batch_id, [])), batch_id
