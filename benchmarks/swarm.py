@@ -4,6 +4,7 @@
     python benchmarks/swarm.py --identities 256 --kills 20 --seed 1    # chaos, then the invariants
     python benchmarks/swarm.py --identities 16 --think-s 2 --wan       # realistic pace, emulated WAN
     python benchmarks/swarm.py --identities 64 --payload-mb 64 --no-delta  # a 76 MB bf16 policy, full files
+    python benchmarks/swarm.py --validators 4 --emulated-prefill-ms-per-token 2  # K validators, emulated GPU-like cost
 
 What runs (everything on this machine, on loopback unless ``--wan`` finds namespaces):
   - ``prime-rl run`` (the supervisor) with a config this script writes: orchestrator, shardcast origin,
@@ -22,6 +23,11 @@ swarm host (restarted here, under the same identities), and cuts one host's link
 (``network.cut``; on loopback the host is stopped with SIGSTOP for that long instead). The supervisor
 restarts its children. When the trainer has finished, the invariants of ``swarm_checks.py`` are checked
 from the stores; a violation prints its ids and the exit code is 1.
+
+With ``--validators K`` the figures have a ``validators`` part (``swarm_validators.py``): samples judged
+per second by all K, batches prefilled or judged twice by cause, the honest expired share;
+``--emulated-prefill-ms-per-token`` is BENCHMARK EMULATION (``validator/emulated_cost.py``), and
+``swarm_scaling.py`` runs the K = 1, 2, 4 rows.
 
 Results: ``<root>/figures.json`` always; with ``--record`` (the default when ``--root`` is not given)
 also a row in ``benchmarks/results/swarm.json`` and the tables of ``swarm.md`` (``swarm_figures.py``).
@@ -52,6 +58,7 @@ sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests" / "support")]
 
 from swarm_checks import RunRecords, check_invariants, read_jsonl  # noqa: E402
 from swarm_figures import compute_figures, record_results  # noqa: E402
+from swarm_validators import validator_figures  # noqa: E402
 from swarm_wan import open_network  # noqa: E402
 
 from prime_rl.config import load_config  # noqa: E402
@@ -103,6 +110,17 @@ def write_model(model: Path, args: argparse.Namespace) -> None:
     save_tiny_lm(model, hidden_size=hidden, num_layers=PAYLOAD_LAYERS, dtype=torch.bfloat16)
 
 
+def validator_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``[validator]`` settings from ``--batches-per-poll`` and ``--emulated-prefill-ms-per-token``
+    (benchmark emulation: a declared floor per prefilled token, ``validator/emulated_cost.py``)."""
+    options: dict[str, Any] = {}
+    if args.batches_per_poll:
+        options["batches_per_poll"] = args.batches_per_poll
+    if args.emulated_prefill_ms_per_token:
+        options["emulated_prefill_s_per_token"] = args.emulated_prefill_ms_per_token / 1000
+    return options
+
+
 def write_config(root: Path, args: argparse.Namespace, network: Any) -> Path:
     """The run's TOML: a tiny model (or ``--payload-mb``'s), small batches, limits sized for many
     identities at one address."""
@@ -125,6 +143,7 @@ def write_config(root: Path, args: argparse.Namespace, network: Any) -> Path:
             "register_rate_per_minute": 0.0, "max_open_leases_per_address": 1 << 20,
             "max_fresh_workers_per_network": 0,
             "max_buffered_samples": 8 * samples_per_step,  # backpressure: the validator's queue stays short
+            **({"validator_lease_s": args.validator_lease_s} if args.validator_lease_s else {}),
         },
         "shardcast": {"host": network.server_host, "origin_port": origin_port, "relay_ports": relay_ports, "keep_versions": 5,
                       "delta": args.delta},
@@ -132,7 +151,7 @@ def write_config(root: Path, args: argparse.Namespace, network: Any) -> Path:
                     **({"save_dtype": "bfloat16", "lr": args.lr or PAYLOAD_LR} if args.payload_mb else
                        {"lr": args.lr} if args.lr else {})},
         "workers": {"count": 0, "hostile": [], "weights_poll_s": 0.5, "poll_interval_s": 0.5},
-        "validator": {"count": args.validators},
+        "validator": {"count": args.validators, **validator_options(args)},
         "evaluator": {"enabled": False},
     }  # fmt: skip
     lines = [f"run_dir = {json.dumps(str(root / 'run'))}"]
@@ -355,6 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--validators", type=int, default=1, help="validator.count: validators the run starts (each a chaos target)"
     )
+    parser.add_argument("--batches-per-poll", type=int, default=0,
+                        help="validator.batches_per_poll: batches a validator takes at a time (0: the default)")  # fmt: skip
+    parser.add_argument("--validator-lease-s", type=float, default=0.0,
+                        help="orchestrator.validator_lease_s: how long a killed validator's batches stay its own (0: default)")  # fmt: skip
+    parser.add_argument(
+        "--emulated-prefill-ms-per-token", type=float, default=0.0,
+        help="BENCHMARK EMULATION: each validator's prefill takes at least this many ms per token (a sleep; 0: real cost)",
+    )  # fmt: skip
     parser.add_argument(
         "--targets", default="", help="comma-separated kill targets (default: every role, host and 'cut')"
     )
@@ -403,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = compute_figures(swarm.config, records, swarm.rss, swarm.kills, args=vars(args), network=network.description,
                               emulated=network.emulated, seconds=time.time() - started, run_code=code, violations=violations,
                               load_average=(round(load_start, 2), round(load_end, 2)))  # fmt: skip
+    figures["validators"] = validator_figures(swarm.config, records, swarm.kills)
     (root / "figures.json").write_text(json.dumps(figures, indent=1))
     if record:
         record_results(figures)
@@ -411,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'OK  ' if not ids else 'FAIL'} {name}" + (f": {', '.join(map(str, ids[:20]))}" if ids else "")
         )
     print(json.dumps(figures["summary"], indent=1))
+    print("validators:", json.dumps(figures["validators"], indent=1))
     failed = code != 0 or any(violations.values())
     print(f"swarm: {'FAILED' if failed else 'ok'} (run exit code {code}); details in {root}")
     return 1 if failed else 0

@@ -98,7 +98,8 @@ def check_invariants(
         store.close()
     found: dict[str, list[str]] = {name: [] for name in INVARIANTS}
     found["acked_rollouts_stored"] = sorted({r["batch_id"] for r in records.of("submitted")} - set(batches))
-    posted = {r["batch_id"] for r in _metrics(run_dir, "validator", "verdict")}
+    posted = {r["batch_id"] for path in (run_dir / "metrics").glob("validator*.jsonl") for r in read_jsonl(path)
+              if r.get("event") == "verdict"}  # every validator's (validator.count)
     found["posted_verdicts_stored"] = sorted(posted - set(verdicts))
 
     claimed = [sample for claim in claims for sample in claim.sample_ids]
@@ -125,7 +126,8 @@ def check_invariants(
     announced = {r["worker_id"] for r in _metrics(run_dir, "orchestrator", "ban")}
     # Since issue 45 the run's ledger (the orchestrator's store, table evidence) holds evidence and bans.
     validator_bans = {w for w, row in ledger.items() if row.get("evidence_ban") or row.get("failure_ban")}
-    announced_by_validator = {r["worker_id"] for r in _metrics(run_dir, "validator", "ban")}
+    announced_by_validator = {r["worker_id"] for path in (run_dir / "metrics").glob("validator*.jsonl")
+                              for r in read_jsonl(path) if r.get("event") == "ban"}
     found["bans_survive"] = sorted((announced - stored_bans) | (announced_by_validator - validator_bans))
     with_evidence = {r.get("worker_id") for r in _metrics(run_dir, "orchestrator", "evidence")} - {None}
     found["evidence_survives"] = sorted(

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm_checks import RunRecords, read_jsonl
+from swarm_validators import validator_lines
 
 from prime_rl.config import RunConfig
 from prime_rl.orchestrator.store import RolloutStore
@@ -97,7 +98,7 @@ def compute_figures(
     honest_ids = {r["identity"] for r in honest}
     honest_batches = sum(1 for r in submitted if r["honest"])
 
-    verdicts = [r for r in read_jsonl(run_dir / "metrics" / "validator.jsonl") if r.get("event") == "verdict"]
+    verdicts = validator_lines(run_dir, "verdict")  # every validator's (validator.count)
     store = RolloutStore(config.orchestrator_data_dir)
     try:
         received = {r.meta.batch_id: r.meta.received_at for r in store.batch_records()}

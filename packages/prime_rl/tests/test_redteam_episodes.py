@@ -3,7 +3,8 @@
 One ``prime-rl run`` of the tiny random model in a multi-turn environment (the exact calculator,
 3 model turns, "try again" feedback after a wrong answer: the random model never answers right, so
 nearly every episode has 3 model turns and 2 environment replies), every role a real process on loopback:
-orchestrator, shardcast origin and relay, trainer, validator, one honest worker and one hostile
+orchestrator, shardcast origin and relay, trainer, one validator or three (``validator.count``,
+parametrised: the attacker's batches then spread over three validators and one run ledger), one honest worker and one hostile
 worker ``mixed``, which answers lease ``i`` with attack ``(EPISODE_CYCLE + MIXED_CYCLE)[i]``: first
 the episode tamperings (forged tool output, dropped turn, reordered turns, truncated episode,
 model tokens labelled as env tokens and the reverse), then the single-turn attack classes played
@@ -53,8 +54,9 @@ def _start(config_path: Path) -> subprocess.Popen[str]:
 
 
 def _judged_attacks(run_dir: Path, helpers: Any) -> dict[str, str]:
-    """batch id -> attack, for the hostile worker's batches the validator has judged."""
-    judged = {e["batch_id"] for e in helpers.metrics_of(run_dir, "validator") if e["event"] == "verdict"}
+    """batch id -> attack, for the hostile worker's batches a validator (any of ``validator.count``) has judged."""
+    names = [path.stem for path in (run_dir / "metrics").glob("validator*.jsonl")]
+    judged = {e["batch_id"] for name in names for e in helpers.metrics_of(run_dir, name) if e["event"] == "verdict"}
     return {
         e["batch_id"]: e["behaviour"]
         for e in helpers.metrics_of(run_dir, "hostile-0")
@@ -69,7 +71,8 @@ def _done(run_dir: Path, helpers: Any) -> bool:
     return commits >= STEPS and (seen >= MUST_JUDGE or banned)
 
 
-def test_untrusted_worker_cannot_shape_training_with_multi_turn_episodes(tiny_run: Any, helpers: Any) -> None:
+@pytest.mark.parametrize("validators", [1, 3])  # 3: the attacker's batches spread over three validators (issue 45)
+def test_untrusted_worker_cannot_shape_training_with_multi_turn_episodes(tiny_run: Any, helpers: Any, validators: int) -> None:
     config_path, run_dir = tiny_run(
         tasks={"environment": {"name": "calculator", "max_turns": 3, "feedback": True}},
         # Judge whole cycles of attacks before an abandonment ban (a rejected lease now counts as
@@ -77,7 +80,7 @@ def test_untrusted_worker_cannot_shape_training_with_multi_turn_episodes(tiny_ru
         orchestrator={"max_buffered_samples": 64, "ban_abandoned_leases": 1000},
         trainer={"total_steps": 12},
         workers={"count": 1, "hostile": ["mixed"]},
-        validator={"ban_min_samples": 400},  # judge whole cycles of attacks before a failure-rate ban
+        validator={"ban_min_samples": 400, "count": validators},  # judge whole cycles of attacks before a failure-rate ban
     )
     run = _start(config_path)
     try:

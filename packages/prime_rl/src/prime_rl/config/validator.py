@@ -133,3 +133,10 @@ class ValidatorConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Device of the prefill model.")
     num_threads: int = Field(default=1, ge=1, description="torch.set_num_threads for this process.")
     max_batches: int = Field(default=0, ge=0, description="Stop after this many batches (0 = run until killed).")
+    emulated_prefill_s_per_token: float = Field(
+        default=0.0,
+        ge=0,
+        description="BENCHMARK EMULATION only, never for a real run (0 = off): every prefill while judging takes at "
+        "least this many seconds per prompt + completion token (a sleep after the real prefill), a declared "
+        "GPU-like cost that lets K validators share a small machine (validator/emulated_cost.py).",
+    )

@@ -15,7 +15,8 @@ check, or any rejected batch of an identity with no accepted sample yet, counts 
 threshold is banned, and the batch that crossed it is rejected: ``banned_worker``), bans, and the
 evidence for the release of accepted samples (``orchestrator/release.py``); this process keeps no
 per-identity state of its own beyond its tool budget. One ``verdict`` metrics line per judged batch
-(the ``evidence`` lines are the orchestrator's now). Each ``verdict``
+(the ``evidence`` lines are the orchestrator's now), and one ``prefill`` line (batch id, validator
+id, pid) when a batch's prefill starts, so a harness can count batches prefilled twice. Each ``verdict``
 line carries ``sandbox_runs`` ({sandbox kind: count}, cumulative for the process): the code samples
 whose rewards this validator recomputed by running them in ``verifiers``' sandbox, so the last line
 of a run says how many it ran; and ``tool_seconds`` (cumulative too) and ``batch_tool_seconds``: the
@@ -82,6 +83,7 @@ from prime_rl.validator.checks import (
     RetryLater,
     tool_seconds,
 )
+from prime_rl.validator.emulated_cost import floor_prefill
 from prime_rl.validator.evidence import FailureTracker, batch_evidence, reject_banned
 from prime_rl.validator.lease_keeper import LeaseKeeper
 from prime_rl.validator.structure import AssignmentKeyMismatch
@@ -188,6 +190,7 @@ class Validator:
         self.refused: set[str] = set()  # batches whose verdicts the orchestrator refused (4xx)
         self.tool_python_checked = False  # a multi-turn run's tool interpreter compared with GET /status
         self.backoff: dict[str, tuple[int, float]] = {}  # batch id -> (backend failures, monotonic time of the next try)
+        floor_prefill(self.backend, self.cfg.emulated_prefill_s_per_token)  # benchmark emulation only (0: off)
 
     def _noise_profile(self, config: RunConfig) -> toploc.NoiseProfile:
         """The run's noise profile (``agreement.py``), saved in ``<run_dir>/validator/noise-profile.json``."""
@@ -219,6 +222,8 @@ class Validator:
 
         def backend_for(version: int) -> GenerationBackend | None:
             backend = self.backend_for(version)
+            if backend is not None and not loaded:  # before the prefill: a kill -9 during it is counted too
+                get_metrics().log("prefill", batch_id=batch.batch_id, validator_id=self.validator_id, pid=os.getpid())
             if backend is not None:
                 loaded.append(version)
             return backend
