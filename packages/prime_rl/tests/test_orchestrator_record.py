@@ -28,7 +28,8 @@ import pytest
 from prime_rl.api.errors import ApiFailure
 from prime_rl.api.protocol import ClaimRequest, CommitRequest, RolloutBatch, Verdict, VerdictRequest
 from prime_rl.orchestrator.ledger import Ledger
-from prime_rl.orchestrator.record import RECORD_DIR, main, prune
+from prime_rl.orchestrator.record import RECORD_DIR, prune
+from prime_rl.orchestrator.record_cli import main
 from prime_rl.orchestrator.store import RolloutStore
 
 from .conftest import make_batch, make_config, task_set
@@ -101,7 +102,7 @@ def test_settled_steps_become_per_step_record_files_and_leave_the_store(tmp_path
     claim_of = {(s.batch_id, s.index): step for step in ledger.claims for s in ledger.claims[step]}
     for row in record.to_pylist():
         payload, stored, _ = seen[row["batch_id"]]
-        meta, task_ids, claimed, verdicts, _ = stored
+        meta, task_ids, _, verdicts, _ = stored
         index = row["sample_index"]
         assert row["prompt_tokens"] == payload.column("prompt_tokens")[index].as_py()
         assert row["completion_length"] == len(payload.column("completion_tokens")[index].as_py())

@@ -34,17 +34,17 @@ Pruning (``prune``): deleting the record files of steps before ``N`` loses only 
 (an audit's history); the orchestrator reads a record file only when it looks up a compacted
 batch (a validator's late retry, a restart replaying a lease that had not folded), and ``prune``
 keeps the files such a lease needs. Run it with the orchestrator stopped (it takes the store's lock):
-``python -m prime_rl.orchestrator.record prune <data_dir> --before N``.
+``python -m prime_rl.orchestrator.record_cli prune <data_dir> --before N``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -52,10 +52,19 @@ import pyarrow.parquet as pq
 
 from prime_rl.api.protocol import LeaseRecord, Verdict
 from prime_rl.durable import atomic_path, fsync_dir
-from prime_rl.orchestrator.store_schema import BATCH_META_KEY, BATCH_SCHEMA, BatchMeta, StoreError
+from prime_rl.orchestrator.store_schema import BATCH_META_KEY, BATCH_SCHEMA, BatchMeta, StoredRow, StoreError
+from prime_rl.statedb import StateDB
 
-if TYPE_CHECKING:
-    from prime_rl.orchestrator.store import RolloutStore, StoredRow
+
+class StoreView(Protocol):
+    """What the record needs of ``store.RolloutStore`` (which imports this module)."""
+
+    root: Path
+    batches_dir: Path
+    db: StateDB
+    record: RecordReader
+
+    def batch_path(self, batch_id: str) -> Path: ...
 
 __all__ = ["RECORD_DIR", "RECORD_SCHEMA", "RecordFile", "RecordReader", "compact", "finish", "prune", "stamp"]
 
@@ -112,7 +121,7 @@ class RecordFile:
     logprobs: bool
 
 
-def stamp(store: RolloutStore, step: int) -> None:
+def stamp(store: StoreView, step: int) -> None:
     """Stamp the queued, unstamped settled batches with ``step`` (the step being committed)."""
     with store.db.transaction() as connection:
         connection.execute("UPDATE record_queue SET step = ? WHERE step IS NULL", (step,))
@@ -123,7 +132,7 @@ def _chunks(items: Sequence[str], size: int = 500) -> Iterator[Sequence[str]]:
         yield items[start : start + size]
 
 
-def _claim_steps(store: RolloutStore, batches: dict[str, BatchMeta], step: int) -> dict[tuple[str, int], int]:
+def _claim_steps(store: StoreView, batches: dict[str, BatchMeta], step: int) -> dict[tuple[str, int], int]:
     """The claim step of each claimed sample of ``batches`` (a claim of step ``s`` takes versions <= ``s``)."""
     if not batches:
         return {}
@@ -136,7 +145,7 @@ def _claim_steps(store: RolloutStore, batches: dict[str, BatchMeta], step: int) 
     return steps
 
 
-def _unfolded(store: RolloutStore, meta: BatchMeta) -> bool:
+def _unfolded(store: StoreView, meta: BatchMeta) -> bool:
     rows = store.db.read(
         "SELECT 1 FROM events WHERE worker_id = ? AND batch_index = ? AND kind = 'lease' LIMIT 1",
         (meta.worker_id, meta.batch_index),
@@ -144,7 +153,7 @@ def _unfolded(store: RolloutStore, meta: BatchMeta) -> bool:
     return bool(rows)
 
 
-def _batch_table(store: RolloutStore, step: int, row: Sequence[Any], claim_steps: dict[tuple[str, int], int], keep: bool) -> pa.Table:
+def _batch_table(store: StoreView, step: int, row: Sequence[Any], claim_steps: dict[tuple[str, int], int], keep: bool) -> pa.Table:
     batch_id, meta_text, _, claimed_text, verdicts_text, file, validator, prefilled = row
     meta = BatchMeta.from_json(meta_text.encode())
     path = store.batches_dir / file if file else store.batch_path(batch_id)
@@ -185,7 +194,7 @@ def _batch_table(store: RolloutStore, step: int, row: Sequence[Any], claim_steps
     return pa.Table.from_pydict(columns, schema=RECORD_SCHEMA)
 
 
-def compact_step(store: RolloutStore, step: int, keep_logprobs: bool) -> RecordFile | None:
+def compact_step(store: StoreView, step: int, keep_logprobs: bool) -> RecordFile | None:
     """Compact the settled batches stamped ``step`` (module docstring, item 3); idempotent. A batch whose
     lease has not folded yet is stamped again at the next commit (None: nothing to write)."""
     queued = [str(r[0]) for r in store.db.read("SELECT batch_id FROM record_queue WHERE step = ?", (step,))]
@@ -244,7 +253,7 @@ def compact_step(store: RolloutStore, step: int, keep_logprobs: bool) -> RecordF
     return result
 
 
-def compact(store: RolloutStore, upto: int, keep_logprobs: bool, max_steps: int = 2) -> list[RecordFile]:
+def compact(store: StoreView, upto: int, keep_logprobs: bool, max_steps: int = 2) -> list[RecordFile]:
     """Compact up to ``max_steps`` stamped steps ``<= upto``, oldest first (a backlog, such as a store
     written before version 4, drains a little at every commit instead of all at once)."""
     steps = store.db.read(
@@ -254,7 +263,7 @@ def compact(store: RolloutStore, upto: int, keep_logprobs: bool, max_steps: int 
     return [file for file in files if file is not None]
 
 
-def finish(store: RolloutStore) -> int:
+def finish(store: StoreView) -> int:
     """Delete the payload files of compacted batches a crash left behind (at the store's open; the
     folder holds the uncompacted batches only); returns how many."""
     removed = 0
@@ -274,7 +283,7 @@ class RecordReader:
     """Reads of compacted batches from the record files (the last file read is cached: a restart's
     lookups hit a few recent steps)."""
 
-    def __init__(self, store: RolloutStore) -> None:
+    def __init__(self, store: StoreView) -> None:
         self._store = store
         self._cached: tuple[str, pa.Table] | None = None
 
@@ -364,7 +373,7 @@ def stored_row(rows: list[dict[str, Any]]) -> StoredRow:
     return meta, tuple(row["task_id"] for row in rows), claimed, verdicts, False
 
 
-def prune(store: RolloutStore, before: int) -> list[str]:
+def prune(store: StoreView, before: int) -> list[str]:
     """Delete the record files of steps ``< before``, except those holding the batch of a lease that has
     not folded yet (a restart replays it from the record); returns the deleted file names. The
     ``compacted`` rows stay (a resubmission of a pruned batch is still a duplicate)."""
@@ -382,33 +391,3 @@ def prune(store: RolloutStore, before: int) -> list[str]:
         with store.db.transaction() as connection:
             connection.executemany("DELETE FROM records WHERE file = ?", [(f,) for f in files])
     return files
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m prime_rl.orchestrator.record {list,prune} <data_dir> [--before N]``."""
-    from prime_rl.orchestrator.store import RolloutStore
-
-    parser = argparse.ArgumentParser(description="Read or prune an orchestrator's training record.")
-    parser.add_argument("action", choices=("list", "prune"))
-    parser.add_argument("data_dir", help="the orchestrator's data dir (<run_dir>/orchestrator)")
-    parser.add_argument("--before", type=int, help="prune: delete the record files of steps before this one")
-    args = parser.parse_args(argv)
-    if args.action == "list":
-        store = RolloutStore(args.data_dir, reader=True)
-        query = "SELECT step, file, batches, samples, bytes, logprobs FROM records ORDER BY step, file"
-        for step, file, batches, samples, size, logprobs in store.db.read(query):
-            print(f"step {step}: {file} {batches} batches {samples} samples {size} bytes{' logprobs' if logprobs else ''}")
-        return 0
-    if args.before is None:
-        parser.error("prune needs --before N")
-    store = RolloutStore(args.data_dir)  # the owner's lock: refuses while the orchestrator runs
-    try:
-        deleted = prune(store, args.before)
-    finally:
-        store.close()
-    print(f"deleted {len(deleted)} record files of steps before {args.before}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

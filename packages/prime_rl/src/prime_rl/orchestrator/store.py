@@ -65,6 +65,7 @@ from prime_rl.orchestrator.store_schema import (
     BatchRecord,
     ClaimRecord,
     LeaseTotals,
+    StoredRow,
     StoreError,
     claim_json,
     claimed_json,
@@ -82,8 +83,6 @@ __all__ += ["LeaseTotals", "RolloutStore", "StoreError", "StoredRow"]
 
 log = logging.getLogger(__name__)
 
-StoredRow = tuple[BatchMeta, tuple[int, ...], set[int], list[Verdict] | None, bool]
-"""One batch as the store holds it: metadata, task ids, claimed indices, verdicts (None: unjudged), open."""
 
 
 def _atomic_write_table(table: pa.Table, path: Path) -> None:

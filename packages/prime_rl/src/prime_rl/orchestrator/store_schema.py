@@ -146,6 +146,10 @@ class BatchRecord:
     task_ids: tuple[int, ...]
 
 
+StoredRow = tuple[BatchMeta, tuple[int, ...], set[int], list[Verdict] | None, bool]
+"""One batch as the store holds it: metadata, task ids, claimed indices, verdicts (None: unjudged), open."""
+
+
 @dataclass(frozen=True)
 class ClaimRecord:
     """The samples the trainer claimed for ``step``, and the freshness bound they were chosen under."""
