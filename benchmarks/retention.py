@@ -6,12 +6,15 @@ HTTP layer's cost does not depend on history) in a closed loop with the store at
 
   - 64 identities take turns: ``lease`` (backpressure on), ``submit`` (a real batch: 2 prompts x 4
     samples, 128 prompt + 384 completion tokens, toploc proofs of 258 B per 32 tokens, inference
-    log-probs: a parquet file of about 30 KB, fsynced);
+    log-probs, fsynced). Token ids are drawn uniformly from a 151,936-token vocabulary (Qwen's) and
+    log-probs uniformly from [-8, 0]: both compress worse than real text and real log-probs, so the
+    bytes per sample are an upper bound for samples of this length;
   - the validator: ``pending``, ``record_verdicts`` (one recomputed log-prob per completion token;
     about one batch in 67 rejected);
   - the trainer: ``claim`` (128 samples) and ``commit`` whenever a step's samples are there.
 
-Every ``EVERY`` cycles it records the orchestrator's RSS and the bytes of its data dir
+Every ``EVERY`` cycles it records the orchestrator's RSS (after ``gc.collect`` and ``malloc_trim``,
+so the allocator's free lists do not hide a trend) and the bytes of its data dir
 (``state.sqlite`` with its ``-wal``, ``batches/``, ``record/``). Per sample: the slope of a least-
 squares line through the second half of those points (the first half warms up: SQLite's free
 pages, the record's lag); per million samples: that slope times 10^6, an extrapolation from the
@@ -31,10 +34,14 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import ctypes
+import gc
 import hashlib
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -46,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 IDENTITIES = 64
+VOCAB = 151_936
 EVERY = 50
 PROMPT, COMPLETION, GROUP, PROMPTS = 128, 384, 4, 2
 SAMPLES_PER_BATCH = GROUP * PROMPTS
@@ -80,6 +88,9 @@ def _ledger(run_dir: Path, extra: list[str]) -> Any:
 
 
 def _rss_mb() -> float:
+    gc.collect()
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
@@ -107,20 +118,22 @@ def child(run_dir: Path, cycles: int, extra: list[str]) -> dict[str, Any]:
     ledger = _ledger(run_dir, extra)
     data = Path(ledger.store.root)
     workers = [ledger.workers[ledger.register(f"id{i}").worker_id] for i in range(IDENTITIES)]
-    proofs = base64.b64encode(os.urandom(258 * (COMPLETION // 32))).decode()
     points: list[dict[str, Any]] = []
     commits: list[float] = []
     rejected = 0
+    rng = random.Random(0)
     started = time.perf_counter()
     for number in range(cycles):
         worker = workers[number % IDENTITIES]
         lease = ledger.lease(worker, None, None)
+        prompt_of = {task.task_id: [rng.randrange(VOCAB) for _ in range(PROMPT)] for task in lease.tasks}
         samples = [
             RolloutSample(
-                task_id=task.task_id, group_index=g, prompt_tokens=[(5 * i + number) % 30000 for i in range(PROMPT)],
-                completion_tokens=[(7 * i + g + number) % 30000 for i in range(COMPLETION)], sampling_seed=seed,
-                temperature=1.0, reward=float(g % 2), advantage=0.5 - g % 2, proofs=proofs,
-                inference_logprobs=[-0.5 - 1e-3 * (i % 97) for i in range(COMPLETION)],
+                task_id=task.task_id, group_index=g, prompt_tokens=prompt_of[task.task_id],
+                completion_tokens=[rng.randrange(VOCAB) for _ in range(COMPLETION)], sampling_seed=seed,
+                temperature=1.0, reward=float(g % 2), advantage=0.5 - g % 2,
+                proofs=base64.b64encode(rng.randbytes(258 * (COMPLETION // 32))).decode(),
+                inference_logprobs=[rng.uniform(-8.0, 0.0) for _ in range(COMPLETION)],
             )
             for task in lease.tasks
             for g, seed in enumerate(task.sampling_seeds)
@@ -137,7 +150,7 @@ def child(run_dir: Path, cycles: int, extra: list[str]) -> dict[str, Any]:
         verdicts = [
             Verdict(sample_index=i, accepted=accept, reason="ok" if accept else "toploc_mismatch",
                     reward=s.reward if accept else 0.0, advantage=s.advantage if accept else 0.0,
-                    logprobs=[-0.5 - 1e-4 * (i * 31 % 89) for i in range(COMPLETION)] if accept else [])
+                    logprobs=[lp + rng.uniform(-1e-3, 1e-3) for lp in s.inference_logprobs] if accept else [])
             for i, s in enumerate(samples)
         ]  # fmt: skip
         ledger.record_verdicts(VerdictRequest(batch_id=answer.batch_id, verdicts=verdicts))
@@ -208,7 +221,8 @@ def report(results: dict[str, Any]) -> str:
         "",
         "Each configuration built its history through the real code path in a process of its own: 64 identities "
         "lease (backpressure on) and submit real parquet batches (8 samples of 128 prompt + 384 completion tokens, "
-        "toploc proofs, inference log-probs), the validator judges each (recomputed log-probs; 1 batch in 67 "
+        "toploc proofs, inference log-probs; token ids uniform over a 151,936-token vocabulary and log-probs uniform "
+        "in [-8, 0], which compress worse than real ones: an upper bound), the validator judges each (recomputed log-probs; 1 batch in 67 "
         "rejected), the trainer claims 128 samples and commits; `synchronous=FULL`. `main` is today's code "
         f"({results['main_commit']}); `record` is this branch (settled steps compacted into `record/step_<S>.parquet`, "
         "trained samples' log-probs dropped); `record_keep` is this branch with `keep_claimed_logprobs = true`.",

@@ -28,13 +28,12 @@ import pytest
 from prime_rl.api.errors import ApiFailure
 from prime_rl.api.protocol import ClaimRequest, CommitRequest, RolloutBatch, Verdict, VerdictRequest
 from prime_rl.orchestrator.ledger import Ledger
-from prime_rl.orchestrator.record import RECORD_DIR, prune
-from prime_rl.orchestrator.record_cli import main
 from prime_rl.orchestrator.store import RolloutStore
 
 from .conftest import make_batch, make_config, task_set
 
 CYCLES = 48
+RECORD_DIR = "record"  # (record.RECORD_DIR; a literal, so that on code without the record these tests fail by behaviour)
 
 
 def _ledger(tmp_path: Path, *overrides: str) -> Ledger:
@@ -247,6 +246,9 @@ def test_a_kill_during_compaction_loses_nothing_and_a_restart_finishes_it(tmp_pa
 
 
 def test_prune_deletes_old_record_files_and_keeps_duplicates_known(tmp_path: Path, capsys: Any) -> None:
+    from prime_rl.orchestrator.record import prune
+    from prime_rl.orchestrator.record_cli import main
+
     ledger = _ledger(tmp_path)
     seen: dict[str, Any] = {}
     _cycles(ledger, 0, CYCLES, seen)
