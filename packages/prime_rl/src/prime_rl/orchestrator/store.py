@@ -271,7 +271,7 @@ class RolloutStore:
             return compacted
         path = self.batches_dir / rows[0][0] if rows and rows[0][0] else self.batch_path(batch_id)
         try:
-            return pq.read_table(path)
+            return pq.ParquetFile(path).read()
         except (OSError, pa.ArrowException) as error:
             raise StoreError(f"could not read batch {batch_id}: {error}") from error
 
