@@ -264,3 +264,58 @@ def test_prune_deletes_old_record_files_and_keeps_duplicates_known(tmp_path: Pat
     store.close()
     assert main(["list", str(tmp_path / "orch")]) == 0
     assert f"step {steps[-1]}" in capsys.readouterr().out
+
+
+def test_a_version_3_store_queues_its_settled_batches_and_a_lost_payload_is_recorded_without_it(tmp_path: Path) -> None:
+    """A store written before the record (schema version 3): its settled batches are queued at their
+    lease step by the migration and compacted at the next commits; a batch whose payload file was
+    lost before is recorded from its rows instead of blocking every later compaction."""
+    from prime_rl.orchestrator.records import batch_rows
+    from prime_rl.orchestrator.store_schema import (
+        BATCH_META_KEY,
+        BATCH_SCHEMA,
+        BatchMeta,
+        schema_v1,
+        schema_v2,
+        schema_v3,
+    )
+    from prime_rl.statedb import StateDB
+
+    root = tmp_path / "orch"
+    (root / "batches").mkdir(parents=True)
+    db = StateDB(root / "state.sqlite", [schema_v1(root), schema_v2(root), schema_v3], "orchestrator store")
+    ledger = _ledger(tmp_path / "lease-source")  # only to make a valid lease and batch
+    worker = ledger.workers[ledger.register("w").worker_id]
+    batch = make_batch(ledger.lease(worker, None, None), 0)
+    verdicts = []
+    with db.transaction() as connection:
+        for seq in range(3):
+            meta = BatchMeta(f"old-s0-b{seq}", "old", 0, seq, 0, 1.0, f"{seq:064d}", seq, None)
+            rows = batch_rows(batch)
+            if seq != 1:  # batch 1's payload file was lost
+                schema = BATCH_SCHEMA.with_metadata({BATCH_META_KEY: json.dumps({"batch_id": meta.batch_id, "sha256": meta.sha256})})
+                pq.write_table(pa.Table.from_pydict(dict(rows), schema=schema), root / "batches" / f"{meta.batch_id}.parquet")
+            verdicts = _verdicts(batch, 3)  # rejected
+            connection.execute(
+                "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (meta.batch_id, seq, "old", meta.to_json().decode(), json.dumps(list(rows["task_id"])), "[]", 0, None),
+            )
+            connection.execute(
+                "INSERT INTO verdicts VALUES (?, ?)", (meta.batch_id, json.dumps([v.model_dump() for v in verdicts]))
+            )
+    db.close()
+    store = RolloutStore(root)  # migrates to version 4
+    assert store.db.read("SELECT step, count(*) FROM record_queue GROUP BY step") == [(0, 3)]
+    before = {r.meta.batch_id: r for r in store.batch_records()}
+    from prime_rl.orchestrator.record import compact
+
+    (record,) = compact(store, upto=0, keep_logprobs=False)
+    assert (record.step, record.batches, record.samples) == (0, 3, 3 * len(verdicts))
+    assert not list((root / "batches").glob("*.parquet")) and not store.db.read("SELECT 1 FROM batches")
+    assert {r.meta.batch_id: r for r in store.batch_records()} == before
+    assert store.read_batch("old-s0-b1").column("completion_tokens").to_pylist() == [[]] * len(verdicts)
+    assert store.read_batch("old-s0-b2").column("completion_tokens").to_pylist() == [[4, 5]] * len(verdicts)
+    assert store.all_verdicts()["old-s0-b0"] == verdicts
+    assert store.batch_count() == 3
+    store.close()
+    assert RolloutStore(root, reader=True).batch_count() == 3

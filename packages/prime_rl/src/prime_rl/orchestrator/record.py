@@ -71,6 +71,9 @@ __all__ = ["RECORD_DIR", "RECORD_SCHEMA", "RecordFile", "RecordReader", "compact
 log = logging.getLogger(__name__)
 
 RECORD_DIR = "record"
+MAX_BATCHES = 4096
+"""Batches one compaction writes at most (a step with more, such as a backlog a store written before
+version 4 queued, takes several commits: ``step_<S>.1.parquet``, ...)."""
 PER_TOKEN = ("proofs", "inference_logprobs")
 """Payload columns dropped for trained samples unless ``keep_claimed_logprobs`` (with ``logprobs``)."""
 
@@ -154,11 +157,17 @@ def _unfolded(store: StoreView, meta: BatchMeta) -> bool:
 
 
 def _batch_table(store: StoreView, step: int, row: Sequence[Any], claim_steps: dict[tuple[str, int], int], keep: bool) -> pa.Table:
-    batch_id, meta_text, _, claimed_text, verdicts_text, file, validator, prefilled = row
+    batch_id, meta_text, task_ids_text, claimed_text, verdicts_text, file, validator, prefilled = row
     meta = BatchMeta.from_json(meta_text.encode())
     path = store.batches_dir / file if file else store.batch_path(batch_id)
     try:
         payload = pq.ParquetFile(path).read()
+    except FileNotFoundError:  # lost before (a damaged store): what the rows know, rather than no record at all
+        log.warning("record of step %d: batch %s has no payload file %s; recorded without it", step, batch_id, path)
+        indices = list(range(len(json.loads(task_ids_text))))
+        payload = pa.table({"sample_index": pa.array(indices, pa.int32()), "task_id": json.loads(task_ids_text)})
+        payload = payload.append_column("prompt_tokens", pa.array([[]] * len(indices), pa.list_(pa.int32())))
+        payload = payload.append_column("completion_tokens", pa.array([[]] * len(indices), pa.list_(pa.int32())))
     except (OSError, pa.ArrowException) as error:
         raise StoreError(f"could not read batch {batch_id} for the record: {error}") from error
     n = payload.num_rows
@@ -197,7 +206,8 @@ def _batch_table(store: StoreView, step: int, row: Sequence[Any], claim_steps: d
 def compact_step(store: StoreView, step: int, keep_logprobs: bool) -> RecordFile | None:
     """Compact the settled batches stamped ``step`` (module docstring, item 3); idempotent. A batch whose
     lease has not folded yet is stamped again at the next commit (None: nothing to write)."""
-    queued = [str(r[0]) for r in store.db.read("SELECT batch_id FROM record_queue WHERE step = ?", (step,))]
+    query = "SELECT batch_id FROM record_queue WHERE step = ? LIMIT ?"
+    queued = [str(r[0]) for r in store.db.read(query, (step, MAX_BATCHES))]
     rows: list[Sequence[Any]] = []
     for chunk in _chunks(queued):
         rows += store.db.read(
@@ -223,7 +233,7 @@ def compact_step(store: StoreView, step: int, keep_logprobs: bool) -> RecordFile
     table = pa.concat_tables(tables) if tables else RECORD_SCHEMA.empty_table()
     taken = {name for (name,) in store.db.read("SELECT file FROM records WHERE step = ?", (step,))}
     name = f"step_{step:08d}.parquet"
-    if name in taken:  # a step compacted twice (never by design): a file of its own, nothing overwritten
+    if name in taken:  # a step of more than MAX_BATCHES batches: one more file, nothing overwritten
         name = f"step_{step:08d}.{len(taken)}.parquet"
     path = store.root / RECORD_DIR / name
     try:
