@@ -271,6 +271,20 @@ def report(results: dict[str, Any]) -> str:
         "files deleted); the commit times above include it, on a shared machine. "
         + (f"The `record` runs used commit {results['record_commit']}." if results.get("record_commit") else ""),
         "",
+        *(
+            [
+                f"Commit check (`--commit-check {results['commit_check']['cycles']}`, after the record runs, on this tree "
+                f"with payloads read by `ParquetFile.read`; load average {results['commit_check']['load']:.1f}): "
+                + "; ".join(
+                    f"{r['label']}: commit p50 {r['commit_p50_ms']:.1f} ms, p99 {r['commit_p99_ms']:.1f} ms over {r['step']} steps"
+                    for r in results["commit_check"]["runs"]
+                )
+                + ".",
+                "",
+            ]
+            if results.get("commit_check")
+            else []
+        ),
         "Restart check: after the run, a fresh `Ledger` on the same store; every acknowledged batch (its metadata "
         "and task ids, through `batch_records`, the record included), every verdict (`all_verdicts`) and every "
         "step's claim is there.",
@@ -286,6 +300,20 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _run(label: str, tree: Path, cycles: int) -> dict[str, Any]:
+    """One configuration in a process of its own, with ``tree``'s packages first on the path."""
+    env = {**os.environ, "PYTHONPATH": ":".join(str(p) for p in sorted(Path(tree).glob("packages/*/src")))}
+    run_dir = Path(tempfile.mkdtemp(prefix=f"retention-{label}-"))
+    try:
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", label, "--run-dir", str(run_dir), "--cycles", str(cycles)],
+            env=env, check=True, capture_output=True, text=True, timeout=3600,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return {"label": label, **json.loads(out.stdout.strip().splitlines()[-1])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cycles", type=int, default=1200)
@@ -293,6 +321,9 @@ def main() -> None:
     parser.add_argument("--child", choices=sorted(CONFIGS))
     parser.add_argument("--run-dir", type=Path)
     parser.add_argument("--report", action="store_true", help="rewrite retention.md from retention.json")
+    parser.add_argument(
+        "--commit-check", type=int, default=0, help="only: N cycles of main and record, commit times into retention.json"
+    )
     args = parser.parse_args()
     if args.report:
         results = json.loads((RESULTS / "retention.json").read_text())
@@ -304,21 +335,21 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.run_dir, args.cycles, CONFIGS[args.child])))
         return
+    if args.commit_check:
+        results = json.loads((RESULTS / "retention.json").read_text())
+        check = {"cycles": args.commit_check, "load": os.getloadavg()[0], "runs": []}
+        for label in ("main", "record") if args.main is not None else ("record",):
+            run = _run(label, args.main if label == "main" else ROOT, args.commit_check)
+            check["runs"].append({k: run[k] for k in ("label", "commit_p50_ms", "commit_p99_ms", "step")})
+        results["commit_check"] = check
+        (RESULTS / "retention.json").write_text(json.dumps(results, indent=1) + "\n")
+        (RESULTS / "retention.md").write_text(report(results))
+        return
     runs = []
     for label in CONFIGS:
         if label == "main" and args.main is None:
             continue
-        tree = args.main if label == "main" else ROOT
-        env = {**os.environ, "PYTHONPATH": ":".join(str(p) for p in sorted(Path(tree).glob("packages/*/src")))}
-        run_dir = Path(tempfile.mkdtemp(prefix=f"retention-{label}-"))
-        try:
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", label, "--run-dir", str(run_dir), "--cycles", str(args.cycles)],
-                env=env, check=True, capture_output=True, text=True, timeout=3600,
-            )  # fmt: skip
-        finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        run = {"label": label, **json.loads(out.stdout.strip().splitlines()[-1])}
+        run = _run(label, args.main if label == "main" else ROOT, args.cycles)
         run["summary"] = summarize(run)
         print(label, json.dumps(run["summary"]), flush=True)
         runs.append(run)
