@@ -19,6 +19,12 @@ class OrchestratorConfig(Section):
     data_dir: str = Field(
         default="", description="Persistent store directory (default <run_dir>/orchestrator)."
     )
+    keep_claimed_logprobs: bool = Field(
+        default=False,
+        description="Keep the per-token data of trained samples (the validator's and the worker's log-probs, the "
+        "toploc proofs) in the run's training record (<data_dir>/record/) when their step is compacted; False "
+        "drops it (tokens, rewards and verdicts are always kept; see the prime_rl README's retention section).",
+    )
     async_level: int = Field(
         default=2,
         ge=0,

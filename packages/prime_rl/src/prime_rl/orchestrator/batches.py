@@ -14,7 +14,8 @@ row (one indexed SQLite read). What the rules and ``GET /workers`` need of histo
 running counters (per worker: batches, samples, pending, expired, accepted, rejected and rejected
 samples per reason; per run: samples dropped past the staleness bound), updated in the store in
 the same transaction as the event that moves them. ``load`` reads the open batches and the
-counters, never the parquet files.
+counters, never the parquet files. Settled batches are compacted into the run's training record at
+the trainer's commits (``compact``, ``record.py``), which replaces their rows and payload files.
 
 Pitfall: a batch id is ``{worker_id}-s{step}-b{batch_index}``, so a resubmission is recognised
 by id; an identical request body (same SHA-256 of the bytes received) is a duplicate (idempotent
@@ -24,7 +25,7 @@ ack), a different one a 409.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +35,18 @@ from prime_rl.api.protocol import (
     PendingBatch,
     PendingResponse,
     RolloutBatch,
-    SampleId,
     SubmitResponse,
-    TrainSample,
     Verdict,
     VerdictRequest,
     VerdictResponse,
 )
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
+from prime_rl.orchestrator.batch_claims import ClaimsAndCounts
 from prime_rl.orchestrator.claims import select_claim
-from prime_rl.orchestrator.records import batch_rows, rollout_samples, train_samples
-from prime_rl.orchestrator.store import BatchMeta, RolloutStore, StoredRow
+from prime_rl.orchestrator.record import RecordFile, compact, stamp
+from prime_rl.orchestrator.records import batch_rows, rollout_samples
+from prime_rl.orchestrator.store import BatchMeta, RolloutStore, StoredRow, StoreError
 from prime_rl.orchestrator.store_schema import EXPIRED, StoredBatch, counter_delta, sample_counts
 
 __all__ = ["EXPIRED", "BatchBook", "StoredBatch"]
@@ -60,7 +61,7 @@ def _from_row(row: StoredRow) -> StoredBatch:
     return StoredBatch(meta, task_ids, verdicts, claimed)
 
 
-class BatchBook(Mapping[str, StoredBatch]):
+class BatchBook(ClaimsAndCounts, Mapping[str, StoredBatch]):
     """All stored batches of a run (see module docstring): open ones from memory, settled ones
     read from the store on demand (iterating reads every id: an audit, O(history))."""
 
@@ -132,6 +133,20 @@ class BatchBook(Mapping[str, StoredBatch]):
     def past_bound(self) -> int:
         """Samples dropped past the staleness bound by settled batches (run total)."""
         return self._run["past_bound"]
+
+    def compact(self, step: int, lag: int) -> list[RecordFile]:
+        """At the commit of ``step``: stamp the batches settled since the last commit with it, and write
+        the record of the steps ``<= step - lag`` (``record.py``). A failure is logged, never raised:
+        the commit is stored already, and the next commit tries again."""
+        try:
+            stamp(self._store, step)
+            files = compact(self._store, step - lag, self._config.orchestrator.keep_claimed_logprobs)
+        except (StoreError, OSError) as error:
+            self._metrics.log("record_failed", step=step, error=str(error))
+            return []
+        for record in files:
+            self._metrics.log("record", step=record.step, file=record.file, batches=record.batches, samples=record.samples, bytes=record.bytes)
+        return files
 
     # ------------------------------------------------------------------ submission
 
@@ -358,7 +373,13 @@ class BatchBook(Mapping[str, StoredBatch]):
         accepted = sum(v.accepted for v in verdicts)
         if accepted:
             self._check_logprobs(batch, verdicts)
-        if batch.verdicts is not None and not batch.expired:
+        if batch.batch_id not in self._live and (located := self._store.record.file_of(batch.batch_id)):
+            # Compacted (settled long ago): its verdicts are final; an identical retry is answered as before.
+            drop = not located[1] and batch.claimed
+            same = [v.model_copy(update={"logprobs": []}) if drop and v.sample_index in batch.claimed else v for v in verdicts]
+            if batch.verdicts != same:
+                raise ApiFailure(409, "conflict", f"batch {request.batch_id} is settled in the run's record ({located[0]})")
+        elif batch.verdicts is not None and not batch.expired:
             # (A batch the orchestrator expired while a validator was judging it takes the validator's
             # verdicts instead: its samples stay unusable (too old) but the accounting is the validator's.)
             if batch.verdicts != verdicts:
@@ -369,7 +390,7 @@ class BatchBook(Mapping[str, StoredBatch]):
             settle = batch.batch_id not in self._live or not keep_open(batch, verdicts)
             self._store.write_verdicts(
                 batch.batch_id, verdicts, events, worker_id=batch.worker_id, counters=delta, settle=settle,
-                evidence=evidence,
+                evidence=evidence, judge=(request.validator_id, request.prefilled),
             )
             self._count(batch.worker_id, delta)
             batch.verdicts = verdicts
@@ -407,55 +428,3 @@ class BatchBook(Mapping[str, StoredBatch]):
                     f"accepted sample {verdict.sample_index} needs {lengths[verdict.sample_index]} "
                     f"recomputed log-probs (one per completion token), got {len(verdict.logprobs)}",
                 )
-
-    # ------------------------------------------------------------------ claims and accounting
-
-    def claimed_after(self, sample_ids: Iterable[SampleId]) -> dict[str, set[int]]:
-        """Each open batch's claimed indices once ``sample_ids`` are claimed too (what the claim writes)."""
-        after: dict[str, set[int]] = {}
-        for sample_id in sample_ids:
-            batch_id = sample_id.batch_id
-            if batch_id not in after:
-                after[batch_id] = set(self._live[batch_id].claimed)
-            after[batch_id].add(sample_id.index)
-        return after
-
-    def mark_claimed(self, claimed: dict[str, set[int]]) -> None:
-        """Record that a claim took these samples (``claimed_after``'s answer, once written)."""
-        for batch_id, indices in claimed.items():
-            if batch_id in self._live:
-                self._live[batch_id].claimed = indices
-
-    def training_samples(self, sample_ids: tuple[SampleId, ...]) -> list[TrainSample]:
-        """The trainer's view of claimed samples, in ``sample_ids`` order (read back from the store)."""
-        wanted: dict[str, set[int]] = {}
-        for sample_id in sample_ids:
-            wanted.setdefault(sample_id.batch_id, set()).add(sample_id.index)
-        rows: dict[SampleId, TrainSample] = {}
-        for batch_id, indices in wanted.items():
-            batch = self[batch_id]
-            assert batch.verdicts is not None  # claims only ever hold verdicted samples
-            table = self._store.read_batch(batch_id)
-            for index, sample in train_samples(batch.meta, table, batch.verdicts, indices).items():
-                rows[SampleId(batch_id, index)] = sample
-        return [rows[s] for s in sample_ids]
-
-    def sample_counts(self) -> tuple[dict[str, Counter[str]], dict[str, Counter[str]]]:
-        """Per worker id: counts of ``batches``, ``samples``, ``pending``, ``expired``, ``accepted``,
-        ``rejected``; and per worker id the rejected samples by verdict reason (copies of the running
-        counters: O(workers), safe to read without the ledger's lock)."""
-        counts: dict[str, Counter[str]] = {}
-        reasons: dict[str, Counter[str]] = {}
-        for worker_id, count in list(self._counts.items()):
-            names = dict(count)  # one C-level copy (the ledger's thread may add to it meanwhile)
-            counts[worker_id] = Counter({n: v for n, v in names.items() if not n.startswith("reason:")})
-            reasons[worker_id] = Counter({n[7:]: v for n, v in names.items() if n.startswith("reason:") and v})
-        return counts, reasons
-
-    def dropped(self) -> tuple[int, int]:
-        """Samples expired by the orchestrator and rejected as ``stale_policy`` (run totals)."""
-        expired = stale_policy = 0
-        for count in list(self._counts.values()):
-            expired += count["expired"]
-            stale_policy += count["reason:stale_policy"]
-        return expired, stale_policy

@@ -781,6 +781,10 @@ class Ledger:
         self.commit_times[request.step + 1] = now
         self.step = request.step + 1
         self.metrics.log("commit", step=request.step, policy_version=self.step)
+        # The run's training record (record.py): leases fold first (a batch waits for its lease to fold);
+        # the steps a trainer resuming from its oldest checkpoint may claim again stay out.
+        self.leases.fold()
+        self.batches.compact(request.step, self.config.trainer.checkpoint_every * self.config.trainer.keep_checkpoints)
         return CommitResponse(step=self.step, policy_version=self.step)
 
 

@@ -9,7 +9,9 @@ Layout of ``data_dir``::
     batches/<batch_id>.<random>.parquet
                                    one submitted rollout batch (one row per sample); its file name
                                    is in the batch index (``<batch_id>.parquet``, batch fields in the
-                                   schema metadata, in a data dir written before)
+                                   schema metadata, in a data dir written before); uncompacted only
+    record/step_<step>.parquet     the run's training record: the settled batches of one step, compacted
+                                   (``record.py``), which replace their rows and payload files
 
 Every write is durable before the function returns: a SQLite transaction is committed (one fsync of
 the write-ahead log), a parquet file is written to a temporary name, fsynced, renamed into place and
@@ -19,8 +21,9 @@ fsync and acknowledges only after a group fsync covers the commit (``group_commi
 
 Sized by open work: a restart reads the open batches' index rows, the counters, the release
 snapshot and the events that did not fold (``Ledger._load``), never the parquet files or every
-verdict; reads of settled batches and old claims are single indexed lookups. ``batch_records``,
-``all_verdicts``, ``claims`` and ``events`` read everything: audits and tests only.
+verdict; reads of settled batches and old claims are single indexed lookups (of compacted ones: a
+record file). ``batch_records``, ``all_verdicts``, ``claims`` and ``events`` read everything, the
+record included: audits and tests only.
 
 Migration: a data dir written before SQLite (``journal.jsonl``, ``verdicts/*.parquet``,
 ``claims/*.parquet``) is imported into ``state.sqlite`` on first open, in one transaction; the old
@@ -47,6 +50,7 @@ import pyarrow.parquet as pq
 
 from prime_rl.api.protocol import SampleId, Verdict
 from prime_rl.durable import TEMP_GLOB, atomic_path
+from prime_rl.orchestrator.record import RecordReader, finish
 from prime_rl.orchestrator.store_schema import (
     ADD_COUNTER,
     BATCH_META_KEY,
@@ -61,6 +65,7 @@ from prime_rl.orchestrator.store_schema import (
     BatchRecord,
     ClaimRecord,
     LeaseTotals,
+    StoredRow,
     StoreError,
     claim_json,
     claimed_json,
@@ -68,28 +73,16 @@ from prime_rl.orchestrator.store_schema import (
     schema_v1,
     schema_v2,
     schema_v3,
+    schema_v4,
     verdicts_json,
 )
 from prime_rl.statedb import StateDB, StateDBError
 
-__all__ = [
-    "BATCH_SCHEMA",
-    "CLAIM_SCHEMA",
-    "LEASE_EVENTS",
-    "VERDICT_SCHEMA",
-    "BatchMeta",
-    "BatchRecord",
-    "ClaimRecord",
-    "LeaseTotals",
-    "RolloutStore",
-    "StoreError",
-    "StoredRow",
-]
+__all__ = ["BATCH_SCHEMA", "CLAIM_SCHEMA", "LEASE_EVENTS", "VERDICT_SCHEMA", "BatchMeta", "BatchRecord", "ClaimRecord"]
+__all__ += ["LeaseTotals", "RolloutStore", "StoreError", "StoredRow"]
 
 log = logging.getLogger(__name__)
 
-StoredRow = tuple[BatchMeta, tuple[int, ...], set[int], list[Verdict] | None, bool]
-"""One batch as the store holds it: metadata, task ids, claimed indices, verdicts (None: unjudged), open."""
 
 
 def _atomic_write_table(table: pa.Table, path: Path) -> None:
@@ -108,20 +101,23 @@ class RolloutStore:
     def __init__(self, data_dir: str | Path, reader: bool = False) -> None:
         self.root = Path(data_dir)
         self.batches_dir = self.root / "batches"
+        self.record = RecordReader(self)  # compacted batches (``record.py``)
+        migrations = [schema_v1(self.root), schema_v2(self.root), schema_v3, schema_v4]
         if reader:
             try:
-                self.db = StateDB(self.root / "state.sqlite", [schema_v1(self.root), schema_v2(self.root), schema_v3], "orchestrator store", reader=True)
+                self.db = StateDB(self.root / "state.sqlite", migrations, "orchestrator store", reader=True)
             except StateDBError as error:
                 raise StoreError(f"could not read the store in {self.root}: {error}") from error
             return
         for directory in (self.root, self.batches_dir):
             directory.mkdir(parents=True, exist_ok=True)
         try:  # StateDB locks the directory's store first: the temp files below are ours to delete
-            self.db = StateDB(self.root / "state.sqlite", [schema_v1(self.root), schema_v2(self.root), schema_v3], "orchestrator store")
+            self.db = StateDB(self.root / "state.sqlite", migrations, "orchestrator store")
         except (StateDBError, OSError, pa.ArrowException) as error:
             raise StoreError(f"could not open the store in {self.root}: {error}") from error
         for stale in self.root.rglob(TEMP_GLOB):  # leftovers of a crash mid-write
             stale.unlink(missing_ok=True)
+        finish(self)  # payload files of a compaction that a crash interrupted
         journal = self.root / "journal.jsonl"
         if journal.exists():  # imported by the migration: never read again
             journal.rename(journal.with_name("journal.jsonl.imported"))
@@ -271,9 +267,11 @@ class RolloutStore:
     def read_batch(self, batch_id: str) -> pa.Table:
         """The batch's full table (one row per sample)."""
         rows = self.db.read("SELECT file FROM batches WHERE batch_id = ?", (batch_id,))
+        if not rows and (compacted := self.record.payload(batch_id)) is not None:
+            return compacted
         path = self.batches_dir / rows[0][0] if rows and rows[0][0] else self.batch_path(batch_id)
         try:
-            return pq.read_table(path)
+            return pq.ParquetFile(path).read()
         except (OSError, pa.ArrowException) as error:
             raise StoreError(f"could not read batch {batch_id}: {error}") from error
 
@@ -284,25 +282,27 @@ class RolloutStore:
     def batch(self, batch_id: str) -> StoredRow | None:
         """One stored batch, open or settled (one indexed lookup); None if never stored."""
         rows = self._rows("WHERE b.batch_id = ?", (batch_id,))
-        return rows[0] if rows else None
+        return rows[0] if rows else self.record.stored_row(batch_id)
 
     def batch_sha256(self, batch_id: str) -> str | None:
         """The body digest a stored batch was acknowledged with (None: never stored)."""
         rows = self.db.read("SELECT json_extract(meta, '$.sha256') FROM batches WHERE batch_id = ?", (batch_id,))
-        return str(rows[0][0]) if rows else None
+        return str(rows[0][0]) if rows else self.record.sha256(batch_id)
 
     def batch_count(self) -> int:
         """Batches stored (the next submission sequence number)."""
-        rows = self.db.read("SELECT max(seq) FROM batches")
-        return 0 if rows[0][0] is None else int(rows[0][0]) + 1
+        rows = self.db.read("SELECT max(coalesce((SELECT max(seq) FROM batches), -1), coalesce((SELECT max(max_seq) FROM records), -1))")
+        return int(rows[0][0]) + 1
 
     def batch_ids(self) -> list[str]:
-        """Every stored batch id by submission order (an audit read: O(history))."""
-        return [row[0] for row in self.db.read("SELECT batch_id FROM batches ORDER BY seq")]
+        """Every stored batch id by submission order, compacted ones included (an audit read: O(history))."""
+        return [record.meta.batch_id for record in self.batch_records()]
 
     def batch_records(self) -> list[BatchRecord]:
-        """Every stored batch's metadata and task ids, by submission order (an audit read: O(history))."""
-        return [BatchRecord(meta=row[0], task_ids=row[1]) for row in self._rows("ORDER BY b.seq")]
+        """Every stored batch's metadata and task ids by submission order, the record's included (an
+        audit read: O(history))."""
+        rows = [*self.record.batches(), *self._rows("")]
+        return sorted((BatchRecord(meta=row[0], task_ids=row[1]) for row in rows), key=lambda r: r.meta.seq)
 
     def _rows(self, where: str, parameters: Sequence[Any] = ()) -> list[StoredRow]:
         query = (
@@ -332,18 +332,21 @@ class RolloutStore:
         counters: Mapping[str, int] | None = None,
         settle: bool = False,
         evidence: Sequence[tuple[str, str]] = (),
+        judge: tuple[str | None, bool | None] | None = None,
     ) -> None:
         """Store (or replace) the verdicts of ``batch_id``, append ``events``, add ``counters`` to
-        ``worker_id``'s, write the ``evidence`` ledger rows and close the batch if ``settle``, durably, in one
-        transaction."""
+        ``worker_id``'s, write the ``evidence`` ledger rows, ``judge`` (validator id, prefilled: ``judges``)
+        and close the batch if ``settle`` (queued for the record), durably, in one transaction."""
         try:
             with self.db.transaction() as connection:
                 connection.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?)", (batch_id, verdicts_json(verdicts)))
                 connection.executemany(INSERT_EVENT, [event_row(event) for event in events])
                 _add_counters(connection, "worker", worker_id, counters or {})
                 connection.executemany("INSERT OR REPLACE INTO evidence VALUES (?, ?)", evidence)
+                if judge is not None:
+                    connection.execute("INSERT OR REPLACE INTO judges VALUES (?, ?, ?)", (batch_id, *judge))
                 if settle:
-                    connection.execute("UPDATE batches SET open = 0 WHERE batch_id = ?", (batch_id,))
+                    _close(connection, [batch_id])
         except (StateDBError, sqlite3.Error) as error:
             raise StoreError(f"could not write the verdicts of {batch_id}: {error}") from error
 
@@ -352,8 +355,11 @@ class RolloutStore:
         return [(str(w), str(text)) for w, text in self.db.read("SELECT worker_id, state FROM evidence")]
 
     def all_verdicts(self) -> dict[str, list[Verdict]]:
-        """Every stored verdict by batch id (an audit read: O(history))."""
-        return {batch_id: _verdicts(text) for batch_id, text in self.db.read("SELECT batch_id, verdicts FROM verdicts")}
+        """Every stored verdict by batch id, the record's included (an audit read: O(history)); the record's
+        trained samples have no log-probs unless it kept them."""
+        result = {row[0].batch_id: row[3] for row in self.record.batches() if row[3] is not None}
+        result.update((batch_id, _verdicts(text)) for batch_id, text in self.db.read("SELECT batch_id, verdicts FROM verdicts"))
+        return result
 
     # ------------------------------------------------------------- counters
 
@@ -365,12 +371,13 @@ class RolloutStore:
         return result
 
     def settle(self, batch_ids: Sequence[str], run_counters: Mapping[str, int] = {}) -> None:
-        """Close ``batch_ids`` (settled: read on demand only) and add ``run_counters``, in one transaction."""
+        """Close ``batch_ids`` (settled: read on demand only, queued for the record) and add ``run_counters``,
+        in one transaction."""
         if not batch_ids and not run_counters:
             return
         try:
             with self.db.transaction() as connection:
-                connection.executemany("UPDATE batches SET open = 0 WHERE batch_id = ?", [(b,) for b in batch_ids])
+                _close(connection, batch_ids)
                 _add_counters(connection, "run", "", run_counters)
         except (StateDBError, sqlite3.Error) as error:
             raise StoreError(f"could not settle batches in {self.root}: {error}") from error
@@ -422,6 +429,12 @@ class RolloutStore:
 def _verdicts(text: str) -> list[Verdict]:
     # Trusted data written by this store: constructed without re-validation.
     return [Verdict.model_construct(**row) for row in json.loads(text)]
+
+
+def _close(connection: sqlite3.Connection, batch_ids: Sequence[str]) -> None:
+    """Settle ``batch_ids``: closed, and queued for the training record (``record.py``)."""
+    connection.executemany("UPDATE batches SET open = 0 WHERE batch_id = ?", [(b,) for b in batch_ids])
+    connection.executemany("INSERT OR IGNORE INTO record_queue VALUES (?, NULL)", [(b,) for b in batch_ids])
 
 
 def _add_counters(connection: sqlite3.Connection, scope: str, key: str, counters: Mapping[str, int]) -> None:

@@ -16,7 +16,8 @@ written before SQLite). Version 2 adds what keeps memory and startup sized by op
     kind, so a restart reads the registrations, bans and commits and the ``judged`` events after
     the snapshot, not every judgement of the run.
 
-The version 2 migration reads every parquet file once (a data dir written before it).
+The version 2 migration reads every parquet file once (a data dir written before it). Version 3
+adds the run's evidence ledger, version 4 the training record's tables (``schema_v4``, ``record.py``).
 """
 
 from __future__ import annotations
@@ -143,6 +144,10 @@ class BatchRecord:
 
     meta: BatchMeta
     task_ids: tuple[int, ...]
+
+
+StoredRow = tuple[BatchMeta, tuple[int, ...], set[int], list[Verdict] | None, bool]
+"""One batch as the store holds it: metadata, task ids, claimed indices, verdicts (None: unjudged), open."""
 
 
 @dataclass(frozen=True)
@@ -397,3 +402,27 @@ def schema_v3(connection: sqlite3.Connection) -> None:
     """Version 3: the run's evidence ledger (``evidence_ledger.py``): one row per identity, written in
     the transaction of the verdicts that change it."""
     connection.execute("CREATE TABLE evidence (worker_id TEXT PRIMARY KEY, state TEXT NOT NULL) WITHOUT ROWID")
+
+
+def schema_v4(connection: sqlite3.Connection) -> None:
+    """Version 4: the run's training record (``record.py``). ``record_queue``: settled batches waiting
+    for compaction (``step`` NULL until the next commit stamps it); ``records``: the per-step record
+    files written; ``compacted``: one narrow row per compacted batch (its digest, so a resubmission is
+    still a duplicate, and its record file); ``judges``: who judged a batch and whether the run's
+    evidence ledger counted it. A store written before it queues its settled batches at their lease step."""
+    connection.execute("CREATE TABLE record_queue (batch_id TEXT PRIMARY KEY, step INTEGER) WITHOUT ROWID")
+    connection.execute("CREATE INDEX record_queue_step ON record_queue (step)")
+    connection.execute(
+        "CREATE TABLE records (file TEXT PRIMARY KEY, step INTEGER NOT NULL, batches INTEGER NOT NULL, "
+        "samples INTEGER NOT NULL, max_seq INTEGER NOT NULL, bytes INTEGER NOT NULL, logprobs INTEGER NOT NULL)"
+    )
+    connection.execute("CREATE INDEX records_step ON records (step)")
+    connection.execute(
+        "CREATE TABLE compacted (batch_id TEXT PRIMARY KEY, sha256 TEXT NOT NULL, file TEXT NOT NULL) WITHOUT ROWID"
+    )
+    connection.execute(
+        "CREATE TABLE judges (batch_id TEXT PRIMARY KEY, validator TEXT, prefilled INTEGER) WITHOUT ROWID"
+    )
+    connection.execute(
+        "INSERT INTO record_queue SELECT batch_id, json_extract(meta, '$.step') FROM batches WHERE open = 0"
+    )

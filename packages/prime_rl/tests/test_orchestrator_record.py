@@ -1,0 +1,321 @@
+"""The run's training record (issue #44 item 3, ``orchestrator/record.py``).
+
+Real ledgers on real files: workers lease, submit and are judged (some rejected), the trainer
+claims and commits; at each commit the steps at least ``checkpoint_every * keep_checkpoints`` old
+are compacted into ``record/step_<S>.parquet`` and their rows and payload files leave the store.
+Checked: what the record holds (tokens, verdicts, claim steps; log-probs only when kept), that the
+audit reads (``batch_records``, ``all_verdicts``, ``read_batch``) answer as before compaction, that a
+``kill -9`` at either side of the compaction's commit loses nothing and a restart finishes the job,
+and that an old claim, a resubmission and a validator's retry get clear answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from prime_rl.api.errors import ApiFailure
+from prime_rl.api.protocol import ClaimRequest, CommitRequest, RolloutBatch, Verdict, VerdictRequest
+from prime_rl.orchestrator.ledger import Ledger
+from prime_rl.orchestrator.store import RolloutStore
+
+from .conftest import make_batch, make_config, task_set
+
+CYCLES = 48
+RECORD_DIR = "record"  # (record.RECORD_DIR; a literal, so that on code without the record these tests fail by behaviour)
+
+
+def _ledger(tmp_path: Path, *overrides: str) -> Ledger:
+    config = make_config(
+        tmp_path, "--trainer.samples_per_step", "8", "--orchestrator.max_buffered_samples", "64", *overrides
+    )
+    return Ledger(config, task_set(), RolloutStore(tmp_path / "orch"), clock=lambda: 1000.0)
+
+
+def _verdicts(batch: RolloutBatch, number: int) -> list[Verdict]:
+    if number % 7 == 3:  # some batches rejected whole
+        return [
+            Verdict(sample_index=i, accepted=False, reason="toploc_mismatch", detail=f"n{number}", reward=0.0, advantage=0.0)
+            for i in range(len(batch.samples))
+        ]
+    return [
+        Verdict(sample_index=i, accepted=True, reason="ok", reward=s.reward, advantage=s.advantage, logprobs=[-0.1 * number, -0.2])
+        for i, s in enumerate(batch.samples)
+    ]  # fmt: skip
+
+
+def _cycles(ledger: Ledger, start: int, count: int, seen: dict[str, Any]) -> None:
+    """``count`` real cycles; ``seen[batch_id]`` = (payload table, verdicts) as stored before compaction."""
+    workers = [w for w in ledger.workers.values()]
+    if not workers:
+        workers = [ledger.workers[ledger.register(f"w{i}").worker_id] for i in range(4)]
+    for number in range(start, start + count):
+        worker = workers[number % len(workers)]
+        lease = ledger.lease(worker, None, None)
+        batch = make_batch(lease, lease.step)
+        batch = batch.model_copy(update={"samples": [
+            s.model_copy(update={"prompt_tokens": [number, i, 7]}) for i, s in enumerate(batch.samples)
+        ]})  # fmt: skip
+        body = batch.model_dump_json().encode()
+        answer = ledger.submit(worker, batch, hashlib.sha256(body).hexdigest())
+        verdicts = _verdicts(batch, number)
+        ledger.record_verdicts(VerdictRequest(batch_id=answer.batch_id, verdicts=verdicts, validator_id="val-1"))
+        seen[answer.batch_id] = (ledger.store.read_batch(answer.batch_id), ledger.store.batch(answer.batch_id), body)
+        if number % 3 == 2 and ledger.claim(ClaimRequest(step=ledger.step, min_samples=8)).ready:
+            ledger.commit(CommitRequest(step=ledger.step, policy_version=ledger.step + 1))
+
+
+def _record(tmp_path: Path) -> pa.Table:
+    return pa.concat_tables([pq.read_table(path) for path in sorted((tmp_path / "orch" / RECORD_DIR).glob("*.parquet"))])
+
+
+def test_settled_steps_become_per_step_record_files_and_leave_the_store(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    seen: dict[str, Any] = {}
+    _cycles(ledger, 0, CYCLES, seen)
+    store = ledger.store
+    assert ledger.step >= 6
+    steps = [row[0] for row in store.db.read("SELECT step FROM records ORDER BY step")]
+    assert steps and max(steps) <= ledger.step - 1 - 2  # checkpoint_every 1 x keep_checkpoints 2
+    assert all((tmp_path / "orch" / RECORD_DIR / f"step_{s:08d}.parquet").exists() for s in steps)
+    record = _record(tmp_path)
+    compacted = set(record.column("batch_id").to_pylist())
+    assert len(compacted) > CYCLES // 2
+    # Their rows and payload files are gone; what is left in the store is the uncompacted rest.
+    (rows,) = store.db.read("SELECT count(*) FROM batches")
+    assert rows[0] == len(seen) - len(compacted)
+    assert not store.db.read(f"SELECT 1 FROM verdicts WHERE batch_id IN ({', '.join('?' * len(compacted))})", sorted(compacted))
+    assert len(list(store.batches_dir.glob("*.parquet"))) == len(seen) - len(compacted)
+    # What the record holds: the tokens as submitted, the verdicts, who judged, when each sample trained.
+    claim_of = {(s.batch_id, s.index): step for step in ledger.claims for s in ledger.claims[step]}
+    for row in record.to_pylist():
+        payload, stored, _ = seen[row["batch_id"]]
+        meta, task_ids, _, verdicts, _ = stored
+        index = row["sample_index"]
+        assert row["prompt_tokens"] == payload.column("prompt_tokens")[index].as_py()
+        assert row["completion_length"] == len(payload.column("completion_tokens")[index].as_py())
+        assert (row["worker_id"], row["policy_version"], row["task_id"]) == (meta.worker_id, meta.policy_version, task_ids[index])
+        assert (row["accepted"], row["reason"], row["validator"]) == (verdicts[index].accepted, verdicts[index].reason, "val-1")
+        assert row["claim_step"] == claim_of.get((row["batch_id"], index))
+        trained = row["claim_step"] is not None
+        # Default: per-token data of trained samples dropped; untrained samples keep theirs.
+        assert (row["logprobs"] is None, row["inference_logprobs"] is None, row["proofs"] is None) == (trained,) * 3
+    assert any(r["claim_step"] is not None for r in record.to_pylist()) and not all(record.column("accepted").to_pylist())
+    # Audit reads answer from the record: every acknowledged batch, its verdicts, its payload.
+    assert [r.meta.batch_id for r in store.batch_records()] == list(seen)
+    verdicts_now = store.all_verdicts()
+    for batch_id, (payload, stored, _) in seen.items():
+        trained = {index for (batch, index) in claim_of if batch == batch_id}
+        expect = [v.model_copy(update={"logprobs": []}) if batch_id in compacted and v.sample_index in trained else v for v in stored[3]]
+        assert verdicts_now[batch_id] == expect
+        again = store.read_batch(batch_id)
+        assert again.column("prompt_tokens").to_pylist() == payload.column("prompt_tokens").to_pylist()
+        assert again.column("segments").to_pylist() == payload.column("segments").to_pylist()
+
+
+def test_kept_logprobs_make_the_record_a_faithful_copy(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path, "--orchestrator.keep_claimed_logprobs", "true")
+    seen: dict[str, Any] = {}
+    _cycles(ledger, 0, CYCLES, seen)
+    record = _record(tmp_path)
+    compacted = set(record.column("batch_id").to_pylist())
+    assert compacted and record.column("logprobs").null_count == 0 and record.column("proofs").null_count == 0
+    verdicts_now = ledger.store.all_verdicts()
+    for batch_id in compacted:
+        payload, stored, _ = seen[batch_id]
+        again = ledger.store.read_batch(batch_id)
+        assert again.to_pylist() == payload.to_pylist() and again.schema.metadata == payload.schema.metadata
+        assert verdicts_now[batch_id] == stored[3]
+        claimed = {s.index for step in ledger.claims for s in ledger.claims[step] if s.batch_id == batch_id}
+        assert ledger.store.batch(batch_id) == (*stored[:2], claimed, stored[3], False)
+    # A trainer restarting from a checkpoint older than the window gets its old claim back, the same.
+    first = min(ledger.claims)
+    assert all(s.batch_id in compacted for s in ledger.claims[first])
+    answer = ledger.claim(ClaimRequest(step=first, min_samples=8))
+    assert [s.sample_id for s in answer.samples] == [str(s) for s in ledger.claims[first]]
+    assert all(s.behaviour_logprobs for s in answer.samples)
+
+
+def test_an_old_claim_resubmission_and_verdict_retry_after_compaction(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    seen: dict[str, Any] = {}
+    _cycles(ledger, 0, CYCLES, seen)
+    record = _record(tmp_path)
+    compacted = set(record.column("batch_id").to_pylist())
+    first = min(ledger.claims)
+    with pytest.raises(ApiFailure) as gone:  # its log-probs were dropped: never trained on without them
+        ledger.claim(ClaimRequest(step=first, min_samples=8))
+    assert gone.value.status == 410 and "keep_claimed_logprobs" in str(gone.value)
+    batch_id = next(b for b in seen if b in compacted and seen[b][1][3][0].accepted)
+    _, stored, body = seen[batch_id]
+    worker = ledger.workers[stored[0].worker_id]
+    batch = RolloutBatch.model_validate_json(body)
+    assert ledger.submit(worker, batch, hashlib.sha256(body).hexdigest()).duplicate  # still a duplicate
+    with pytest.raises(ApiFailure) as conflict:
+        ledger.submit(worker, batch, "0" * 64)
+    assert conflict.value.status == 409
+    retry = VerdictRequest(batch_id=batch_id, verdicts=stored[3], validator_id="val-1")
+    assert ledger.record_verdicts(retry).accepted == len(stored[3])  # the validator's identical retry: 200
+    flipped = [v.model_copy(update={"reward": 9.0}) for v in stored[3]]
+    with pytest.raises(ApiFailure) as final:
+        ledger.record_verdicts(VerdictRequest(batch_id=batch_id, verdicts=flipped, validator_id="val-1"))
+    assert final.value.status == 409
+
+
+_CHILD = textwrap.dedent(
+    """
+    import hashlib, json, os, signal, sys
+    from contextlib import contextmanager
+    from pathlib import Path
+    import prime_rl.orchestrator.record as record
+    from prime_rl.orchestrator.ledger import Ledger
+    from prime_rl.orchestrator.store import RolloutStore
+    # The tests folder is no package (pytest imports it in importlib mode): this file's helpers by source.
+    tests = Path(os.environ["TESTS_DIR"])
+    sys.path.insert(0, str(tests))
+    from conftest import make_config, task_set
+    helpers = {"__name__": "record_tests"}
+    source = (tests / "test_orchestrator_record.py").read_text().replace("from .conftest import", "from conftest import")
+    exec(compile(source, "test_orchestrator_record.py", "exec"), helpers)
+    _cycles = helpers["_cycles"]
+
+    tmp, point = Path(sys.argv[1]), sys.argv[2]
+    config = make_config(tmp, "--trainer.samples_per_step", "8", "--orchestrator.max_buffered_samples", "64")
+    ledger = Ledger(config, task_set(), RolloutStore(tmp / "orch"), clock=lambda: 1000.0)
+    acked = open(tmp / "acked.jsonl", "a")
+    original_submit = ledger.submit
+    def submit(*args):
+        answer = original_submit(*args)
+        acked.write(json.dumps(answer.batch_id) + "\\n"); acked.flush()
+        return answer
+    ledger.submit = submit
+    write = record.atomic_path
+    @contextmanager
+    def killed_after_write(path):
+        with write(path) as temporary:
+            yield temporary
+        os.kill(os.getpid(), signal.SIGKILL)  # the record file is in place; the store not yet changed
+    if point == "written":
+        record.atomic_path = killed_after_write
+    else:  # the compaction's transaction committed; its payload files not deleted yet
+        ledger.store.db.sync = lambda: os.kill(os.getpid(), signal.SIGKILL)
+    _cycles(ledger, 0, 200, {})
+    sys.exit(3)  # never reached: the first compaction kills it
+    """
+)
+
+
+@pytest.mark.parametrize("point", ["written", "committed"])
+def test_a_kill_during_compaction_loses_nothing_and_a_restart_finishes_it(tmp_path: Path, point: str) -> None:
+    env = {**os.environ, "TESTS_DIR": str(Path(__file__).parent)}
+    child = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path), point], env=env, timeout=300, capture_output=True)
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
+    acked = [json.loads(line) for line in (tmp_path / "acked.jsonl").read_text().splitlines()]
+    record_dir = tmp_path / "orch" / RECORD_DIR
+    assert list(record_dir.glob("step_*.parquet"))  # the kill came after the file was in place
+    ledger = _ledger(tmp_path)  # the restart
+    store = ledger.store
+    compacted = {b for (b,) in store.db.read("SELECT batch_id FROM compacted")}
+    assert bool(compacted) == (point == "committed")
+    # Nothing acknowledged is lost: every batch with its verdicts, from its row or from the record.
+    assert [r.meta.batch_id for r in store.batch_records()] == acked
+    assert set(store.all_verdicts()) == set(acked)
+    # The restart deleted the payload files the compaction had replaced, and only those.
+    files = {p.name.split(".")[0] for p in store.batches_dir.glob("*.parquet")}
+    assert files == set(acked) - compacted
+    # Going on redoes (or goes on with) the compaction: the same state as a run never killed.
+    seen: dict[str, Any] = {}
+    _cycles(ledger, len(acked), 24, seen)
+    record = _record(tmp_path)
+    assert len(record.column("batch_id").unique()) == store.db.read("SELECT count(*) FROM compacted")[0][0]
+    assert [r.meta.batch_id for r in store.batch_records()] == acked + list(seen)
+    ledger.store.close()
+    reader = RolloutStore(tmp_path / "orch", reader=True)  # the read-only opener reads version 4
+    assert len(reader.batch_records()) == len(acked) + len(seen)
+
+
+def test_prune_deletes_old_record_files_and_keeps_duplicates_known(tmp_path: Path, capsys: Any) -> None:
+    from prime_rl.orchestrator.record import prune
+    from prime_rl.orchestrator.record_cli import main
+
+    ledger = _ledger(tmp_path)
+    seen: dict[str, Any] = {}
+    _cycles(ledger, 0, CYCLES, seen)
+    store = ledger.store
+    steps = sorted({row[0] for row in store.db.read("SELECT step FROM records")})
+    before = steps[-1]
+    deleted = prune(store, before)
+    assert deleted and all(not (tmp_path / "orch" / RECORD_DIR / f).exists() for f in deleted)
+    left = {row[0] for row in store.db.read("SELECT step FROM records")}
+    assert min(left) >= before or all(f"step_{s:08d}.parquet" not in deleted for s in left if s < before)
+    pruned = next(b for b, in store.db.read("SELECT batch_id FROM compacted WHERE file = ?", (deleted[0],)))
+    assert pruned in ledger.batches and store.batch_sha256(pruned) == seen[pruned][1][0].sha256
+    store.close()
+    assert main(["list", str(tmp_path / "orch")]) == 0
+    assert f"step {steps[-1]}" in capsys.readouterr().out
+
+
+def test_a_version_3_store_queues_its_settled_batches_and_a_lost_payload_is_recorded_without_it(tmp_path: Path) -> None:
+    """A store written before the record (schema version 3): its settled batches are queued at their
+    lease step by the migration and compacted at the next commits; a batch whose payload file was
+    lost before is recorded from its rows instead of blocking every later compaction."""
+    from prime_rl.orchestrator.records import batch_rows
+    from prime_rl.orchestrator.store_schema import (
+        BATCH_META_KEY,
+        BATCH_SCHEMA,
+        BatchMeta,
+        schema_v1,
+        schema_v2,
+        schema_v3,
+    )
+    from prime_rl.statedb import StateDB
+
+    root = tmp_path / "orch"
+    (root / "batches").mkdir(parents=True)
+    db = StateDB(root / "state.sqlite", [schema_v1(root), schema_v2(root), schema_v3], "orchestrator store")
+    ledger = _ledger(tmp_path / "lease-source")  # only to make a valid lease and batch
+    worker = ledger.workers[ledger.register("w").worker_id]
+    batch = make_batch(ledger.lease(worker, None, None), 0)
+    verdicts = []
+    with db.transaction() as connection:
+        for seq in range(3):
+            meta = BatchMeta(f"old-s0-b{seq}", "old", 0, seq, 0, 1.0, f"{seq:064d}", seq, None)
+            rows = batch_rows(batch)
+            if seq != 1:  # batch 1's payload file was lost
+                schema = BATCH_SCHEMA.with_metadata({BATCH_META_KEY: json.dumps({"batch_id": meta.batch_id, "sha256": meta.sha256})})
+                pq.write_table(pa.Table.from_pydict(dict(rows), schema=schema), root / "batches" / f"{meta.batch_id}.parquet")
+            verdicts = _verdicts(batch, 3)  # rejected
+            connection.execute(
+                "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (meta.batch_id, seq, "old", meta.to_json().decode(), json.dumps(list(rows["task_id"])), "[]", 0, None),
+            )
+            connection.execute(
+                "INSERT INTO verdicts VALUES (?, ?)", (meta.batch_id, json.dumps([v.model_dump() for v in verdicts]))
+            )
+    db.close()
+    store = RolloutStore(root)  # migrates to version 4
+    assert store.db.read("SELECT step, count(*) FROM record_queue GROUP BY step") == [(0, 3)]
+    before = {r.meta.batch_id: r for r in store.batch_records()}
+    from prime_rl.orchestrator.record import compact
+
+    (record,) = compact(store, upto=0, keep_logprobs=False)
+    assert (record.step, record.batches, record.samples) == (0, 3, 3 * len(verdicts))
+    assert not list((root / "batches").glob("*.parquet")) and not store.db.read("SELECT 1 FROM batches")
+    assert {r.meta.batch_id: r for r in store.batch_records()} == before
+    assert store.read_batch("old-s0-b1").column("completion_tokens").to_pylist() == [[]] * len(verdicts)
+    assert store.read_batch("old-s0-b2").column("completion_tokens").to_pylist() == [[4, 5]] * len(verdicts)
+    assert store.all_verdicts()["old-s0-b0"] == verdicts
+    assert store.batch_count() == 3
+    store.close()
+    assert RolloutStore(root, reader=True).batch_count() == 3
