@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm_checks import RunRecords, read_jsonl
+from swarm_expiry import expiry_figures
 
 from prime_rl.config import RunConfig
 from prime_rl.orchestrator.store import RolloutStore
@@ -125,6 +126,7 @@ def compute_figures(
         "validator_rss_max_mb": memory.get("validator", {}).get("max_mb"),
         "honest_rejected": len(violations["honest_not_rejected"]), "honest_banned": len(violations["honest_not_banned"]),
         "invariants_ok": not any(violations.values()),
+        **expiry_figures(config, records),  # honest work expired unjudged, trained, bans (issue 45, item 5)
     }  # fmt: skip
     per_step = args.get("samples_per_step", 16)
     label = f"N={args['identities']}" + (f", think {args['think_s']}s" if args["think_s"] else "") + (

@@ -233,3 +233,18 @@ def test_a_dead_validator_shrinks_the_budget_to_one_lease_and_never_deadlocks() 
     assert (capacity.judge_samples_per_s() or 0) < 0.5 * rate
     assert capacity.budget(4, 1, 8).unjudged == pytest.approx(0, abs=3)
     assert capacity.drain_s(8, 8) is not None
+
+
+def test_the_run_summary_reports_the_expired_share(tmp_path: Any) -> None:
+    """``summary.txt`` (and ``prime-rl run``'s last lines) carry the expired share of the newest
+    ``progress`` record's worker totals (GET /workers), counted over identities not banned."""
+    from prime_rl.launch.report import write_report
+    from prime_rl.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path / "metrics" / "run.jsonl", role="run", name="run")
+    writer.log("progress", step=1, worker_totals={"samples_submitted": 50, "samples_expired": 1})
+    writer.log("progress", step=2, worker_totals={"samples_submitted": 200, "samples_expired": 3})
+    writer.close()
+    _, text = write_report(tmp_path)
+    line = "samples expired unjudged: 3 of 200 submitted by identities not banned (1.5%"
+    assert line in text and line in (tmp_path / "summary.txt").read_text()
