@@ -79,9 +79,9 @@ from prime_rl.api.fields import printable
 from prime_rl.api.secrets import SecretsError, check_bind_address, run_secrets
 from prime_rl.config import RunConfig
 from prime_rl.launch.cleanup import check_free_space, remove_stale_copies, remove_weight_copies
+from prime_rl.launch.expiry import expired_summary
 from prime_rl.launch.groups import stop_groups
 from prime_rl.launch.progress import TOP_WORKERS, orchestrator_progress
-from prime_rl.launch.expiry import expired_summary
 from prime_rl.launch.waits import trainer_wait_summary
 from prime_rl.metrics import MetricsWriter, init_process
 
