@@ -67,6 +67,7 @@ def expiry_figures(config: RunConfig, records: RunRecords) -> dict[str, Any]:
     banned |= {w for w, row in ledger.items() if row.get("evidence_ban") or row.get("failure_ban")}
     hostile_submitted = hostile & submitted_by
     return {
+        "lease_judgeable": getattr(config.orchestrator, "lease_judgeable", False),
         "honest_samples": samples,
         "honest_expired": expired,
         "honest_expired_share": round(expired / samples, 4) if samples else None,

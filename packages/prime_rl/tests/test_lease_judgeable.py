@@ -43,7 +43,7 @@ def served(config_for: Any, batch_for: Any) -> Any:
     clock = SteppedClock()
     config = config_for(
         "--trainer.samples_per_step", str(SAMPLES_PER_STEP), "--orchestrator.task_timeout_s", "1000",
-        "--orchestrator.validator_lease_s", "1000",
+        "--orchestrator.validator_lease_s", "1000", "--orchestrator.lease_judgeable", "true",
     )  # fmt: skip
     tasks = TaskSet([{"prompt": f"Question: {a} + {b} =\nAnswer:", "task_type": "arithmetic"} for a in range(10) for b in range(5)], "{prompt}")
     server = OrchestratorServer(config, tasks, clock=clock).start()
@@ -248,3 +248,30 @@ def test_the_run_summary_reports_the_expired_share(tmp_path: Any) -> None:
     _, text = write_report(tmp_path)
     line = "samples expired unjudged: 3 of 200 submitted by identities not banned (1.5%"
     assert line in text and line in (tmp_path / "summary.txt").read_text()
+
+
+def test_a_restarted_orchestrator_rebuilds_the_trainers_estimates_from_the_store(served: Any) -> None:
+    """The trainer's numbers come back from the last two stored claims; the validators' rate starts
+    cold (null) and the budget falls back to the trainer's window, so leasing goes on."""
+    server, clock = served
+    swarm = Swarm(server, clock)
+    swarm.join(4)
+    try:
+        swarm.run(rounds=12)
+    finally:
+        swarm.close()
+    assert swarm.step >= 4
+    config, tasks = server.config, server.ledger.tasks
+    server.stop()
+    again = OrchestratorServer(config, tasks, clock=clock).start()
+    try:
+        with _client(again) as http:
+            status = http.status()
+        assert status.trainer_samples_per_step == pytest.approx(SAMPLES_PER_STEP)
+        assert status.trainer_step_s == pytest.approx(2.0, rel=0.3) and status.judge_samples_per_s is None
+        swarm = Swarm(again, clock, step=status.step)
+        swarm.join(2)
+        assert len(swarm.ask()) >= 1
+        swarm.close()
+    finally:
+        again.stop()

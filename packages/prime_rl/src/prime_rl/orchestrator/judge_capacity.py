@@ -43,7 +43,9 @@ claims that spans an outage is longer than a real step (one step's estimate, the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
+from typing import Protocol
 
 __all__ = ["CLAIM_WEIGHT", "CapacityEstimates", "JudgeCapacity", "LeaseBudget"]
 
@@ -59,6 +61,19 @@ class CapacityEstimates:
     samples_per_step: float | None
     step_s: float | None
     last_claimed_step: int | None
+
+
+class ClaimView(Protocol):
+    """What ``restore_claims`` reads of a stored claim (``store_schema.ClaimRecord``)."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def time(self) -> float: ...
+
+    @property
+    def sample_ids(self) -> Sized: ...
 
 
 @dataclass(frozen=True)
@@ -133,6 +148,14 @@ class JudgeCapacity:
             self.claimed(*_claim_args(before))
         if latest is not None:
             self.claimed(*_claim_args(latest))
+
+    def restore_claims(self, latest_step: int | None, claim_of: Callable[[int], ClaimView | None]) -> None:
+        """``restore`` from the store: ``claim_of(step)`` reads one stored claim (an indexed read)."""
+        if latest_step is None:
+            return
+        records = [claim_of(step) for step in (latest_step - 1, latest_step)]
+        before, last = ((r.step, r.time, len(r.sample_ids)) if r is not None else None for r in records)
+        self.restore(last, before)
 
     def last_claimed_step(self) -> int | None:
         return None if self._claim is None else self._claim[0]

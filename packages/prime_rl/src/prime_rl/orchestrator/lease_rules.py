@@ -33,16 +33,20 @@ knows whose tokens the validator accepted):
     identities' work beyond their share, which was admitted only into unused room and drains within
     a lease timeout or a verdict. (Before: open leases did not count, and 992 batches queued against
     a 128-sample limit.) Identities that hoard leases pay for it in allowance and abandonment bans.
-  - **Lease only what can be judged** (429 ``busy``, issue 45 item 5; ``orchestrator.lease_judgeable``):
-    the same admitted work is also bounded by what the validators can judge and the trainer can take
-    before the policy moves past the version a new lease fixes (``judge_capacity.py``): ``claims_left *
-    min(samples_per_step, judge_samples_per_s * step_s)``, at least one lease while a claim in the window
-    is left (so the pipeline never empties and the estimates keep moving: no deadlock). Before the
-    estimates exist the configured ``trainer.samples_per_step`` stands in (cold start). The refusal's
-    ``Retry-After`` is the time the estimates give for the excess to drain (spread as above when many
-    wait). Whatever the limit, a refusal records nothing against the worker: no abandonment, no
-    allowance, no ban. (Before: 128 samples admitted against a window of 2 steps of 16 samples, and
-    68-77% of honest samples expired unjudged at 256 identities with chaos.)
+  - **Lease only what can be judged** (429 ``busy``, issue 45 item 5; ``orchestrator.lease_judgeable``,
+    off by default): the admitted work is also bounded by what the trainer's claims take before it
+    goes stale, ``k * samples_per_step`` with ``k`` the claims left to the oldest unjudged work (the
+    validators judge the freshest version first, so older unjudged work is judged last and trained
+    only if a claim needs all of it), and its unjudged part (open leases, batches awaiting verdicts)
+    by what the validators judge in that time, ``max(1, k - 1) * judge_samples_per_s * step_s``
+    (``judge_capacity.py``: moving estimates, O(1) per event). At least one lease while ``k > 0``,
+    so the pipeline never empties and the estimates keep moving: no deadlock. Cold start: the
+    configured ``trainer.samples_per_step`` until a claim is measured, no unjudged limit until the
+    validators' pace is. Fresh identities' open leases count for an established worker up to the
+    fresh share; their submitted batches count in full (they drain in their turn at the validators,
+    and work admitted past them would overtake them and expire them). The refusal's ``Retry-After``
+    is at least the estimates' time for the excess to drain. Whatever the limit, a refusal records
+    nothing against the worker: no abandonment, no allowance, no ban.
   - **Abandonment bans** (``chargeable``): once a worker's expired or rejected leases reach
     ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases, it is banned. Rejections the
     worker did not choose never count here (``machine_caused``: its own failures are all
@@ -67,6 +71,7 @@ import math
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from prime_rl.api.errors import ApiFailure
 from prime_rl.api.protocol import FOLLOWER_REASONS, UNVERIFIABLE_REASONS, Verdict, machine_rejected
@@ -283,6 +288,19 @@ class LeaseRules:
             budget = LeaseBudget(max(budget.total, floor), None if budget.unjudged is None else max(budget.unjudged, floor))
         self.last_budget = budget
         return budget
+
+    def status_fields(self) -> dict[str, Any]:
+        """``GET /status``'s lease budget and estimates (O(1): the last lease decision's numbers)."""
+        budget = self.last_budget
+        estimates = self.capacity.estimates() if self.capacity is not None else None
+        return {
+            "lease_budget_samples": budget.total if budget else None,
+            "unjudged_budget_samples": budget.unjudged if budget else None,
+            "admitted_samples": self.last_admitted,
+            "judge_samples_per_s": estimates.judge_samples_per_s if estimates else None,
+            "trainer_samples_per_step": estimates.samples_per_step if estimates else None,
+            "trainer_step_s": estimates.step_s if estimates else None,
+        }
 
     def _unjudged(self) -> tuple[int, int, int | None]:
         """(unjudged samples, fresh identities' open-lease samples, oldest policy version among the

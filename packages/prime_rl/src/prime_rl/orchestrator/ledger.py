@@ -222,7 +222,7 @@ class Ledger:
             if batch_id not in open_ids and (settled := self.batches.get(batch_id)) is not None:
                 self._replay_batch(settled, settled=True)
         self.claims.load_latest()
-        self._restore_capacity()
+        self.capacity.restore_claims(self.claims.latest_step(), self.store.claim)  # two indexed reads
         self.leases.queue_expired_after_replay()
         for worker in self.workers.values():
             self.fresh.track(worker)
@@ -231,15 +231,6 @@ class Ledger:
         self.release.forget([b for b in self.release.batch_ids() if not self.batches.is_open(b)])
         if self.release.since_snapshot:
             self._snapshot_release()
-
-    def _restore_capacity(self) -> None:
-        """The trainer's estimates from the last two stored claims (two indexed reads; judge_capacity.py)."""
-        latest = self.claims.latest_step()
-        if latest is None:
-            return
-        records = [self.store.claim(step) for step in (latest - 1, latest)]
-        before, last = ((r.step, r.time, len(r.sample_ids)) if r is not None else None for r in records)
-        self.capacity.restore(last, before)
 
     def _snapshot_release(self) -> None:
         """Write the release book's changes since its last snapshot (``release.py``)."""
@@ -370,18 +361,8 @@ class Ledger:
             time=self.clock(),
             environment=self.environment,
             tool_python=self.tool_python,
-            **self._lease_budget_fields(),
+            **self.rules.status_fields(),
         )
-
-    def _lease_budget_fields(self) -> dict[str, Any]:
-        """``GET /status``'s lease budget and estimates (O(1): the last lease decision's numbers)."""
-        estimates, budget = self.capacity.estimates(), self.rules.last_budget
-        return {
-            "lease_budget_samples": budget.total if budget else None,
-            "unjudged_budget_samples": budget.unjudged if budget else None, "admitted_samples": self.rules.last_admitted,
-            "judge_samples_per_s": estimates.judge_samples_per_s, "trainer_samples_per_step": estimates.samples_per_step,
-            "trainer_step_s": estimates.step_s,
-        }  # fmt: skip
 
     def banned_workers(self) -> frozenset[str]:
         return frozenset(w.worker_id for w in self.workers.values() if w.banned)
