@@ -425,7 +425,7 @@ class OrchestratorConfig(Section):
         "min(trainer samples per step, validators' samples judged per second x step time), from moving estimates "
         "(orchestrator/judge_capacity.py); beyond it a lease is refused with 429 busy and a Retry-After, which "
         "costs the worker nothing. Cold start: trainer.samples_per_step until measured. Off by default until "
-        "the tests that count the old backpressure's leases are updated (benchmarks/results/validators.md: on, "
+        "the tests that count the old backpressure's leases are updated (benchmarks/results/lease_judgeable.md: on, "
         "2% of honest samples expired at 256 identities with chaos, against 17% off); false = only "
         "max_buffered_samples bounds it.",
     )
