@@ -275,3 +275,31 @@ def test_a_restarted_orchestrator_rebuilds_the_trainers_estimates_from_the_store
         swarm.close()
     finally:
         again.stop()
+
+
+def test_fresh_identities_hoarding_the_budget_never_stop_an_established_worker(served: Any) -> None:
+    """The attacker's move under a small budget: many fresh identities take every lease the window
+    allows and never answer. They fill only room no one uses (they see all the work), and for an
+    established worker their open leases count only up to orchestrator.fresh_buffered_share of the
+    budget, so it still leases up to its own allowance."""
+    server, clock = served
+    swarm = Swarm(server, clock)
+    swarm.join(1)
+    try:
+        with _client(server) as validator:
+            swarm.answer(swarm.ask())
+            swarm.judge(validator, batches=1)  # accepted: the honest worker is established
+        honest, honest_id = swarm.workers[0]
+        hoarders = Swarm(server, clock)
+        hoarders.join(12)
+        held = hoarders.ask()  # never answered
+        with _client(server) as http:
+            budget = http.status().lease_budget_samples
+        assert budget == 2 * SAMPLES_PER_STEP and len(held) * LEASE_SAMPLES <= budget and hoarders.busy > 0
+        allowance = server.ledger.lease_allowance(honest_id)
+        assert allowance >= 2
+        for _ in range(allowance):  # the fresh share (max(one lease, 0.25 * 16)) leaves it room
+            honest.get_tasks(honest_id, version=0)
+        hoarders.close()
+    finally:
+        swarm.close()
