@@ -144,6 +144,7 @@ def write_config(root: Path, args: argparse.Namespace, network: Any) -> Path:
             "max_fresh_workers_per_network": 0,
             "max_buffered_samples": 8 * samples_per_step,  # backpressure: the validator's queue stays short
             **({"validator_lease_s": args.validator_lease_s} if args.validator_lease_s else {}),
+            **({} if args.lease_judgeable is None else {"lease_judgeable": args.lease_judgeable}),
         },
         "shardcast": {"host": network.server_host, "origin_port": origin_port, "relay_ports": relay_ports, "keep_versions": 5,
                       "delta": args.delta},
@@ -402,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delta", action=argparse.BooleanOptionalAction, default=True,
                         help="[shardcast] delta: publish versions also as deltas against the previous one")  # fmt: skip
     parser.add_argument("--timeout-s", type=float, default=900.0, help="stop and fail after this long")
+    parser.add_argument("--lease-judgeable", action=argparse.BooleanOptionalAction, default=None,
+                        help="orchestrator.lease_judgeable: lease only what can be judged in time (default: the config's)")  # fmt: skip
     parser.add_argument(
         "--root", default="", help="working folder (default: a new temporary one, kept for inspection)"
     )

@@ -21,6 +21,7 @@ from typing import Any
 
 from swarm_checks import RunRecords, read_jsonl
 from swarm_validators import validator_lines
+from swarm_expiry import expiry_figures
 
 from prime_rl.config import RunConfig
 from prime_rl.orchestrator.store import RolloutStore
@@ -152,6 +153,7 @@ def compute_figures(
         "validator_rss_max_mb": memory.get("validator", {}).get("max_mb"),
         "honest_rejected": len(violations["honest_not_rejected"]), "honest_banned": len(violations["honest_not_banned"]),
         "invariants_ok": not any(violations.values()),
+        **expiry_figures(config, records),  # honest work expired unjudged, trained, bans (issue 45, item 5)
     }  # fmt: skip
     trusted = _trusted_calls(run_dir)
     for role in ("validator", "trainer"):

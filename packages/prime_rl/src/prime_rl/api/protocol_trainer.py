@@ -55,6 +55,12 @@ class WorkerTotals(ApiModel):
     samples_accepted: int
     samples_rejected: int
     samples_pending: int
+    samples_submitted: int = 0
+    """Samples submitted by identities not banned (the orchestrator's view of honest work)."""
+    samples_expired: int = 0
+    """Of those, samples given the verdict ``expired``: never judged before their version went stale."""
+    expired_share: float = 0.0
+    """``samples_expired / samples_submitted`` (0 when nothing was submitted)."""
 
 
 class WorkersResponse(ApiModel):

@@ -55,6 +55,31 @@ class StatusResponse(ApiModel):
         description="Multi-turn runs: the Python version ('3.11') the run's Python tool runs in; a worker whose tool "
         "runs another refuses to start (its tool outputs would not match the validator's replays). Null: no pin.",
     )
+    lease_budget_samples: int | None = Field(
+        default=None,
+        description="Samples that may be outstanding (open leases, awaiting verdicts, judged and unclaimed) so each "
+        "can still be judged and trained in the off-policy window, at the last lease decision "
+        "(orchestrator.lease_judgeable); a lease beyond it is answered 429 busy. Null: off or not computed yet.",
+    )
+    unjudged_budget_samples: int | None = Field(
+        default=None,
+        description="Of those, the samples that may be unjudged (open leases, awaiting verdicts): what the validators "
+        "judge before the oldest goes stale, at the last lease decision. Null: no estimate of their pace yet.",
+    )
+    admitted_samples: int | None = Field(
+        default=None, description="Outstanding samples counted at the last lease decision (null before any)."
+    )
+    judge_samples_per_s: float | None = Field(
+        default=None,
+        description="Moving estimate: samples all validators together judge per second while work waits (null "
+        "before the first verdict since the orchestrator started).",
+    )
+    trainer_samples_per_step: float | None = Field(
+        default=None, description="Moving estimate: samples per trainer claim (null before the first claim)."
+    )
+    trainer_step_s: float | None = Field(
+        default=None, description="Moving estimate: seconds between consecutive claims (null before two)."
+    )
     capabilities: list[str] = Field(
         default_factory=list,
         description="Optional features this orchestrator serves, e.g. 'noise_profile' (GET/POST "

@@ -44,6 +44,7 @@ from prime_rl.api.fields import printable
 from prime_rl.api.staleness import histogram, histogram_mean, histogram_quantile, merge_histograms
 from prime_rl.launch.report_plot import plot_run
 from prime_rl.launch.run_summary import RunSummary, WorkerTally
+from prime_rl.launch.expiry import expired_summary
 from prime_rl.launch.waits import trainer_wait_summary
 from prime_rl.metrics import read_metrics
 
@@ -337,6 +338,9 @@ def write_report(run_dir: str | Path) -> tuple[RunSummary, str]:
     text = render_summary(summary)
     if (waits := trainer_wait_summary(root)) is not None:
         text += "\n" + waits
+    if (expired := expired_summary(root)) is not None:
+        text += "\n" + expired
+        waits = expired if waits is None else waits + "\n" + expired
     (root / "summary.txt").write_text(text + "\n", encoding="utf-8")
     try:
         plot_run(summary, plot_path)

@@ -76,6 +76,7 @@ from prime_rl.launch.children import (
     worker_noise_path,
 )
 from prime_rl.launch.cleanup import check_free_space, remove_stale_copies, remove_weight_copies
+from prime_rl.launch.expiry import expired_summary
 from prime_rl.launch.groups import stop_groups
 from prime_rl.launch.progress import orchestrator_progress
 from prime_rl.launch.waits import trainer_wait_summary
@@ -448,6 +449,8 @@ def main(
             sys.stdout.write("\n")
         if (waits := trainer_wait_summary(config.run_dir)) is not None:
             log.info("%s", waits)  # a run that trained nothing says why (launch/waits.py)
+        if (expired := expired_summary(config.run_dir)) is not None:
+            log.info("%s", expired)  # issue 45: honest work expired unjudged (launch/expiry.py)
         metrics.log("shutdown", code=code, children={c.spec.name: c.exit_code for c in supervisor.children})
         log.info("run finished with exit code %d (logs and metrics in %s)", code, config.run_dir)
     return code

@@ -143,6 +143,10 @@ class StoredClaims(Mapping[int, tuple[SampleId, ...]]):
         if steps:
             self[steps[-1]]
 
+    def latest_step(self) -> int | None:
+        """The newest claimed step held in memory (after ``load_latest``: the store's newest), or None."""
+        return None if self._latest is None else self._latest[0]
+
     def add(self, step: int, sample_ids: tuple[SampleId, ...]) -> None:
         """A claim just written to the store."""
         self._latest = (step, sample_ids)

@@ -33,6 +33,20 @@ knows whose tokens the validator accepted):
     identities' work beyond their share, which was admitted only into unused room and drains within
     a lease timeout or a verdict. (Before: open leases did not count, and 992 batches queued against
     a 128-sample limit.) Identities that hoard leases pay for it in allowance and abandonment bans.
+  - **Lease only what can be judged** (429 ``busy``, issue 45 item 5; ``orchestrator.lease_judgeable``,
+    off by default): the admitted work is also bounded by what the trainer's claims take before it
+    goes stale, ``k * samples_per_step`` with ``k`` the claims left to the oldest unjudged work (the
+    validators judge the freshest version first, so older unjudged work is judged last and trained
+    only if a claim needs all of it), and its unjudged part (open leases, batches awaiting verdicts)
+    by what the validators judge in that time, ``max(1, k - 1) * judge_samples_per_s * step_s``
+    (``judge_capacity.py``: moving estimates, O(1) per event). At least one lease while ``k > 0``,
+    so the pipeline never empties and the estimates keep moving: no deadlock. Cold start: the
+    configured ``trainer.samples_per_step`` until a claim is measured, no unjudged limit until the
+    validators' pace is. Fresh identities' open leases count for an established worker up to the
+    fresh share; their submitted batches count in full (they drain in their turn at the validators,
+    and work admitted past them would overtake them and expire them). The refusal's ``Retry-After``
+    is at least the estimates' time for the excess to drain. Whatever the limit, a refusal records
+    nothing against the worker: no abandonment, no allowance, no ban.
   - **Abandonment bans** (``chargeable``): once a worker's expired or rejected leases reach
     ``ban_abandoned_leases`` and ``ban_abandoned_share`` of its leases, it is banned. Rejections the
     worker did not choose never count here (``machine_caused``: its own failures are all
@@ -57,11 +71,13 @@ import math
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from prime_rl.api.errors import ApiFailure
 from prime_rl.api.protocol import FOLLOWER_REASONS, UNVERIFIABLE_REASONS, Verdict, machine_rejected
 from prime_rl.config.sections import OrchestratorConfig
 from prime_rl.orchestrator.identities import QUEUE_RETRY_MAX_S, LeaseQueue
+from prime_rl.orchestrator.judge_capacity import JudgeCapacity, LeaseBudget
 from prime_rl.orchestrator.leases import LeaseBook
 from prime_rl.orchestrator.workers import WorkerRecord, WorkerRegistry
 
@@ -101,6 +117,10 @@ class LeaseRules:
     None = all), with or without fresh identities' batches awaiting verdicts.
     ``clock``: the ledger's seconds (the first-come queue's staleness).
     ``lease_samples``: the samples one lease asks for (``prompts_per_batch * group_size``).
+    ``capacity`` / ``step`` / ``samples_per_step``: the moving estimates, the current step and the
+    configured ``trainer.samples_per_step`` (the judgeable limits; without ``capacity`` they are off).
+    ``unjudged()``: usable samples awaiting verdicts and their oldest policy version (None: none; the
+    open leases are added here).
     """
 
     BUSY_WINDOW_S = 10.0
@@ -126,6 +146,10 @@ class LeaseRules:
         buffered: Callable[..., int],
         clock: Callable[[], float],
         lease_samples: int = 1,
+        capacity: JudgeCapacity | None = None,
+        step: Callable[[], int] = lambda: 0,
+        samples_per_step: int = 1,
+        unjudged: Callable[[], tuple[int, int | None]] = lambda: (0, None),
     ) -> None:
         self._orch = orch
         self._leases = leases
@@ -139,6 +163,12 @@ class LeaseRules:
         self._refused: tuple[OrderedDict[str, float], OrderedDict[str, float]] = (OrderedDict(), OrderedDict())
         self._lease_samples = lease_samples
         self._jitter = random.Random()
+        self.capacity = capacity
+        self._step = step
+        self._samples_per_step = samples_per_step
+        self._unjudged_of = unjudged
+        self.last_budget: LeaseBudget | None = None  # GET /status: the judgeable limits and the admitted work
+        self.last_admitted: int | None = None  # at the last lease decision (None before any)
 
     def busy_retry_after(self, worker_id: str, *, established: bool = True) -> float:
         """``Retry-After`` seconds for a backpressure refusal of ``worker_id``: the identities refused
@@ -245,15 +275,79 @@ class LeaseRules:
         fresh_open = sum(n for w, n in self._leases.open_by_worker().items() if not self._has_history(w))
         return everything + self._leases.open_total() * per_lease, fresh_buffered + fresh_open * per_lease
 
+    def judgeable_limits(self, oldest_unjudged: int | None) -> LeaseBudget | None:
+        """The limits on outstanding work so that each sample can still be judged and trained in the
+        off-policy window (module docstring), the floor applied; None when ``lease_judgeable`` is off.
+        ``oldest_unjudged``: the oldest policy version of the unjudged work (None: none)."""
+        if self.capacity is None or not self._orch.lease_judgeable:
+            return None
+        capacity, bound, step = self.capacity, self._orch.off_policy_bound, self._step()
+        budget = capacity.budget(step, bound, self._samples_per_step, oldest_unjudged)
+        if capacity.claims_left(step, bound) > 0:  # the floor: one lease is always in flight
+            floor = self._lease_samples
+            budget = LeaseBudget(max(budget.total, floor), None if budget.unjudged is None else max(budget.unjudged, floor))
+        self.last_budget = budget
+        return budget
+
+    def status_fields(self) -> dict[str, Any]:
+        """``GET /status``'s lease budget and estimates (O(1): the last lease decision's numbers)."""
+        budget = self.last_budget
+        estimates = self.capacity.estimates() if self.capacity is not None else None
+        return {
+            "lease_budget_samples": budget.total if budget else None,
+            "unjudged_budget_samples": budget.unjudged if budget else None,
+            "admitted_samples": self.last_admitted,
+            "judge_samples_per_s": estimates.judge_samples_per_s if estimates else None,
+            "trainer_samples_per_step": estimates.samples_per_step if estimates else None,
+            "trainer_step_s": estimates.step_s if estimates else None,
+        }
+
+    def _unjudged(self) -> tuple[int, int, int | None]:
+        """(unjudged samples, fresh identities' open-lease samples, oldest policy version among the
+        unjudged): awaiting verdicts plus open leases. O(open leases + waiting batches)."""
+        per_lease = self._lease_samples
+        waiting, oldest = self._unjudged_of()
+        fresh_open = 0
+        for worker_id, count in self._leases.open_by_worker().items():
+            fresh_open += 0 if self._has_history(worker_id) else count
+            for held in self._leases.open_leases(worker_id):
+                record = held.record
+                version = record.step if record.policy_version is None else record.policy_version
+                oldest = version if oldest is None else min(oldest, version)
+        return waiting + self._leases.open_total() * per_lease, fresh_open * per_lease, oldest
+
     def check_backpressure(self, worker_id: str) -> None:
         """ApiFailure 429 ``busy`` when one more lease for ``worker_id`` would take the admitted work
-        past ``max_buffered_samples`` (or a fresh identity's past the fresh share)."""
-        limit = self._orch.max_buffered_samples
-        if not limit:
+        past ``max_buffered_samples`` or the judgeable limits (or a fresh identity's past the fresh
+        share of a limit)."""
+        configured = self._orch.max_buffered_samples
+        judging = self.capacity is not None and self._orch.lease_judgeable
+        if not configured and not judging:
             return
-        per_lease = self._lease_samples
-        admitted, fresh = self.admitted_work()
         established = self._has_history(worker_id)
+        admitted, fresh = self.admitted_work()
+        self.last_admitted = admitted
+        if configured:
+            self._refuse_over(worker_id, configured, admitted, fresh, established, "configured")
+        if not judging:
+            return
+        unjudged, fresh_open, oldest = self._unjudged()
+        budget = self.judgeable_limits(oldest)
+        assert budget is not None
+        # Here fresh identities' submitted work counts in full for everyone: the validators judge it in
+        # its turn (one place in four), so it drains, and work admitted past it would overtake it in the
+        # validators' queue and expire it. Only their open leases (which they could hoard) count for an
+        # established worker up to the fresh share.
+        self._refuse_over(worker_id, budget.total, admitted, fresh_open, established, "judgeable")
+        if budget.unjudged is not None:
+            self._refuse_over(worker_id, budget.unjudged, unjudged, fresh_open, established, "unjudged")
+
+    def _refuse_over(
+        self, worker_id: str, limit: int, admitted: int, fresh: int, established: bool, source: str
+    ) -> None:
+        """ApiFailure 429 ``busy`` if one more lease takes ``admitted`` samples (``fresh`` of them fresh
+        identities') past ``limit``; ``source`` names the limit in the answer."""
+        per_lease = self._lease_samples
         share = max(per_lease, int(self._orch.fresh_buffered_share * limit))
         # An established worker sees fresh identities' work only up to their share; a fresh identity
         # sees all of it, so it only fills room no one uses (a run's start, a drained pipeline).
@@ -261,12 +355,24 @@ class LeaseRules:
         if counted + per_lease <= limit:
             return
         retry_s = self.busy_retry_after(worker_id, established=established)
+        if source != "configured" and self.capacity is not None:
+            drain = self.capacity.drain_s(counted + per_lease - limit, self._samples_per_step)
+            if drain is not None:  # the estimates' time for the excess to leave the pipeline
+                retry_s = max(retry_s, min(self.MAX_BUSY_RETRY_S, drain * self._jitter.uniform(0.5, 1.5)))
+        kind = "awaiting verdicts or leased" if source == "unjudged" else "buffered or leased"
         which = (
-            f"{counted} samples admitted (buffered or leased; of identities without accepted work at most "
-            f"{share} count for you: orchestrator.fresh_buffered_share)"
+            f"{counted} samples {kind} (of identities without accepted work at most {share} count for you: "
+            "orchestrator.fresh_buffered_share)"
             if established
-            else f"{admitted} samples admitted (buffered or leased)"
-        ) + f" against orchestrator.max_buffered_samples = {limit}"
+            else f"{admitted} samples {kind}"
+        )
+        which += {
+            "configured": f" against orchestrator.max_buffered_samples = {limit}",
+            "judgeable": f" against {limit}, what the trainer can take before this step's version goes stale "
+            "(orchestrator.lease_judgeable); this refusal costs you nothing",
+            "unjudged": f" against {limit}, what the validators can judge before the oldest of it goes stale "
+            "(orchestrator.lease_judgeable); this refusal costs you nothing",
+        }[source]
         raise ApiFailure(
             429, "busy", f"{which}; a lease adds {per_lease}; retry in {math.ceil(retry_s)} s", retry_after_s=retry_s
         )

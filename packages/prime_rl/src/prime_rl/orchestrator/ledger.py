@@ -88,6 +88,7 @@ from prime_rl.orchestrator.batches import EXPIRED, BatchBook, StoredBatch
 from prime_rl.orchestrator.claims import ClaimSelection, StoredClaims, select_claim, stale_drops
 from prime_rl.orchestrator.evidence_ledger import RunEvidence
 from prime_rl.orchestrator.identities import FreshIdentities
+from prime_rl.orchestrator.judge_capacity import JudgeCapacity
 from prime_rl.orchestrator.lease_rules import LeaseRules, machine_caused
 from prime_rl.orchestrator.leases import HeldLease, LeaseBook, TaskPrompts
 from prime_rl.orchestrator.release import SNAPSHOT_EVERY, ReleaseBook, withheld
@@ -157,6 +158,7 @@ class Ledger:
             probation_max_evidence=self.orch.probation_max_evidence,
             probation_release_share=self.orch.probation_release_share,
         )
+        self.capacity = JudgeCapacity(self.orch.judge_rate_window_s)  # moving estimates (judge_capacity.py)
         self.rules = LeaseRules(
             self.orch,
             self.leases,
@@ -165,6 +167,10 @@ class Ledger:
             buffered=self._buffered_of,
             clock=clock,
             lease_samples=self.orch.prompts_per_batch * config.sampling.group_size,
+            capacity=self.capacity,
+            step=lambda: self.step,
+            samples_per_step=config.trainer.samples_per_step,
+            unjudged=self._unjudged_samples,
         )
         self.fresh = FreshIdentities(
             self.workers,
@@ -216,6 +222,7 @@ class Ledger:
             if batch_id not in open_ids and (settled := self.batches.get(batch_id)) is not None:
                 self._replay_batch(settled, settled=True)
         self.claims.load_latest()
+        self.capacity.restore_claims(self.claims.latest_step(), self.store.claim)  # two indexed reads
         self.leases.queue_expired_after_replay()
         for worker in self.workers.values():
             self.fresh.track(worker)
@@ -354,6 +361,7 @@ class Ledger:
             time=self.clock(),
             environment=self.environment,
             tool_python=self.tool_python,
+            **self.rules.status_fields(),
         )
 
     def banned_workers(self) -> frozenset[str]:
@@ -379,6 +387,19 @@ class Ledger:
             return usable(batch)
 
         return self.batches.buffered(self.min_policy_version, counted, self.config.trainer.filter_zero_advantage)
+
+    def _unjudged_samples(self) -> tuple[int, int | None]:
+        """Samples awaiting verdicts that a claim may still take, and their oldest policy version (None:
+        none). O(waiting batches)."""
+        banned = self.banned_workers()
+        floor = self.capacity.next_claim_step(self.step) - self.orch.off_policy_bound
+        every = 0
+        oldest: int | None = None
+        for batch in self.batches.waiting():
+            if batch.policy_version >= floor and batch.worker_id not in banned:
+                every += len(batch.task_ids)
+                oldest = batch.policy_version if oldest is None else min(oldest, batch.policy_version)
+        return every, oldest
 
     def _usable(self, banned: frozenset[str]) -> Callable[[StoredBatch], bool]:
         """Batches a claim may take from or that may become claimable by judgement alone: of workers
@@ -511,6 +532,7 @@ class Ledger:
         answer = self.batches.add(batch, body_sha256, rows, lease, payload=payload)
         if lease is not None and not answer.duplicate:
             self.leases.mark_answered(worker.worker_id, batch.batch_index)
+        self.capacity.observe(self.clock(), self.batches.waiting_count())
         return answer
 
     def _check_spans(self, batch: RolloutBatch, lease: LeaseRecord | None) -> None:
@@ -581,6 +603,7 @@ class Ledger:
         for batch in self.batches.expire_useless(self.step, self.orch.async_level, self.orch.off_policy_bound):
             self.leases.return_tasks(batch.worker_id, batch.meta.batch_index)
             self.validator_leases.release(batch.batch_id)
+        self.capacity.observe(self.clock(), self.batches.waiting_count())
 
     def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
         """Store the verdicts and count the judgement for release in one store transaction; a rejected
@@ -615,6 +638,7 @@ class Ledger:
             row = self.run_evidence.get(batch.worker_id)
             answer = answer.model_copy(update={"worker_evidence": row.fraction, "ban_reason": row.evidence_ban or row.failure_ban})
         if judged is not None:
+            self.capacity.judged(self.clock(), len(request.verdicts), self.batches.waiting_count())
             self.release.replay(judged)
             if not self.batches.is_open(request.batch_id):
                 self.release.forget([request.batch_id])
@@ -724,6 +748,7 @@ class Ledger:
         claimed = self.batches.claimed_after(chosen)
         self.store.write_claim(ClaimRecord(request.step, min_version, self.clock(), chosen), claimed)
         self.claims.add(request.step, chosen)
+        self.capacity.claimed(request.step, len(chosen), self.clock())
         self.batches.mark_claimed(claimed)
         samples = self.batches.training_samples(chosen)
         stale = selection.stale + self.batches.past_bound()

@@ -108,7 +108,7 @@ def build_steps(ledger: Ledger) -> Generator[None, None, WorkersSnapshot]:
     none: Counter[str] = Counter()
     rows: list[tuple[Any, ...]] = []
     accepted_of: list[int] = []
-    banned = retired = established = accepted = rejected = pending = 0
+    banned = retired = established = accepted = rejected = pending = submitted = expired_samples = 0
     for position, w in enumerate(ledger.workers.records()):
         if position and position % CHUNK == 0:
             yield
@@ -127,6 +127,8 @@ def build_steps(ledger: Ledger) -> Generator[None, None, WorkersSnapshot]:
         established += row_accepted > 0
         accepted_of.append(row_accepted)
         accepted, rejected, pending = accepted + row_accepted, rejected + row_rejected, pending + row_pending
+        if not w.banned:  # expired share of the work of identities not banned (issue 45, item 5)
+            submitted, expired_samples = submitted + count["samples"], expired_samples + count["expired"]
     yield
     by_accepted = sorted(range(len(rows)), key=lambda i: -accepted_of[i])
     return WorkersSnapshot(
@@ -143,6 +145,9 @@ def build_steps(ledger: Ledger) -> Generator[None, None, WorkersSnapshot]:
             samples_accepted=accepted,
             samples_rejected=rejected,
             samples_pending=pending,
+            samples_submitted=submitted,
+            samples_expired=expired_samples,
+            expired_share=round(expired_samples / submitted, 4) if submitted else 0.0,
         ),
     )
 
