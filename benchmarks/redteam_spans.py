@@ -38,7 +38,7 @@ from typing import Any
 from prime_rl.metrics import read_metrics
 from prime_rl.orchestrator.records import rollout_samples
 from prime_rl.orchestrator.store import RolloutStore
-from prime_rl.worker.hostile import ATTACKS
+from prime_rl.redteam.attacks import ATTACKS
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -44,7 +44,7 @@ from prime_rl.inference.select import make_backend
 from prime_rl.metrics import init_process
 from prime_rl.reward import run_tasks
 from prime_rl.weights.store import PolicyFetch, PolicyStore, VersionFollower
-from prime_rl.worker.hostile import MIXED_CYCLE, HostileWorker
+from prime_rl.redteam.attacks import MIXED_CYCLE, HostileWorker
 from prime_rl.worker.identity import IDENTITY_FILE
 from prime_rl.worker.process import Honest, Worker
 

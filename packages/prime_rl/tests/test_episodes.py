@@ -26,8 +26,8 @@ from prime_rl.trainer.batching import (
 from prime_rl.validator.checks import Reason
 from prime_rl.validator.episodes import episode_problem
 from prime_rl.validator.verdicts import ban_counts, validate_batch
-from prime_rl.worker.hostile import ATTACKS, HostileWorker
-from prime_rl.worker.hostile_episodes import forge_tool_output
+from prime_rl.redteam.attacks import ATTACKS, HostileWorker
+from prime_rl.redteam.episodes import forge_tool_output
 from verifiers import Task
 from verifiers.envs import CalculatorEnv, PythonToolEnv
 

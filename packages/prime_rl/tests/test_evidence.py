@@ -27,7 +27,7 @@ from prime_rl.validator.checks import sampling_margins, sampling_problem
 from prime_rl.validator.evidence import EvidenceLedger, reject_banned
 from prime_rl.validator.process import Validator
 from prime_rl.validator.verdicts import validate_batch
-from prime_rl.worker.hostile import HostileWorker
+from prime_rl.redteam.attacks import HostileWorker
 
 KEY = b"evidence-test-assignment-key"
 NUM_TASKS = 40

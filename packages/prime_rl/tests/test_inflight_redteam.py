@@ -25,8 +25,8 @@ from prime_rl.inference.contract import VersionSwitch
 from prime_rl.validator.checks import Reason
 from prime_rl.validator.verdicts import validate_batch
 from prime_rl.weights.files import save_policy
-from prime_rl.worker.hostile import ATTACKS, HostileWorker
-from prime_rl.worker.hostile_spans import decode_switching_at, points
+from prime_rl.redteam.attacks import ATTACKS, HostileWorker
+from prime_rl.redteam.spans import decode_switching_at, points
 from prime_rl.worker.rollout import sampling_params
 
 from .conftest import INFLIGHT

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from prime_rl.orchestrator.store import RolloutStore
-from prime_rl.worker.hostile import ATTACKS, EPISODE_CYCLE, MIXED_CYCLE
+from prime_rl.redteam.attacks import ATTACKS, EPISODE_CYCLE, MIXED_CYCLE
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from redteam_spans import SPAN_ATTACKS, session  # noqa: E402
 
-from prime_rl.worker.hostile import ATTACKS  # noqa: E402
+from prime_rl.redteam.attacks import ATTACKS  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

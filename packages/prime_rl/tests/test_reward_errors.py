@@ -31,7 +31,7 @@ from prime_rl.reward import RunTasks
 from prime_rl.tasks import TaskSet, load_tasks
 from prime_rl.validator.checks import Reason
 from prime_rl.validator.verdicts import validate_batch
-from prime_rl.worker.hostile import HostileWorker
+from prime_rl.redteam.attacks import HostileWorker
 from prime_rl.worker.process import Worker
 from verifiers import RewardError, Task
 from verifiers.envs import CalculatorEnv, Message, RewardFunc, Rubric

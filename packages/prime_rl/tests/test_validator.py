@@ -26,7 +26,7 @@ from prime_rl.validator import tolerances
 from prime_rl.validator.checks import Reason, repetition_problem
 from prime_rl.validator.process import FailureTracker, Validator
 from prime_rl.validator.verdicts import ban_counts, validate_batch
-from prime_rl.worker.hostile import ATTACKS, BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
+from prime_rl.redteam.attacks import ATTACKS, BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 
 KEY = b"validator-test-assignment-key"
 NUM_TASKS = 12

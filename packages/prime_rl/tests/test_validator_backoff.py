@@ -19,7 +19,7 @@ from prime_rl.config import load_config
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
 from prime_rl.validator.process import Validator
-from prime_rl.worker.hostile import HostileWorker
+from prime_rl.redteam.attacks import HostileWorker
 
 
 def test_an_out_of_memory_leaves_the_batch_pending_and_the_honest_worker_unharmed(tmp_path, tiny_lm_dir, monkeypatch):

@@ -19,7 +19,7 @@ from prime_rl.tasks import load_tasks
 from prime_rl.validator.evidence import EvidenceLedger
 from prime_rl.validator.journal import ValidatorJournal
 from prime_rl.validator.process import FailureTracker, Validator
-from prime_rl.worker.hostile import HostileWorker
+from prime_rl.redteam.attacks import HostileWorker
 
 
 def _tests() -> toploc.EvidenceTests:

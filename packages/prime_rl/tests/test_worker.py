@@ -21,9 +21,9 @@ from prime_rl.validator.checks import Checks, Reason
 from prime_rl.validator.verdicts import validate_batch
 from prime_rl.weights.files import save_policy
 from prime_rl.weights.store import PolicyUnavailable
-from prime_rl.worker import hostile
+from prime_rl.redteam import attacks as hostile
 from prime_rl.worker import process as worker_process
-from prime_rl.worker.hostile import (
+from prime_rl.redteam.attacks import (
     ATTACKS,
     BEHAVIOURS,
     EXPECTED_REASONS,

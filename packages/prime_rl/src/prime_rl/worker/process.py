@@ -48,7 +48,7 @@ from prime_rl.reward import RunTasks, run_tasks
 from prime_rl.role import run_role
 from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable, VersionFollower
 from prime_rl.worker.episodes import build_episode_batch
-from prime_rl.worker.hostile import BEHAVIOURS, HostileWorker, span_attack
+from prime_rl.redteam.attacks import BEHAVIOURS, HostileWorker, span_attack
 from prime_rl.worker.identity import IDENTITY_FILE, Identity, load_identity, save_identity
 from prime_rl.worker.inflight import CommittedVersions
 from prime_rl.worker.rollout import build_batch

@@ -50,7 +50,7 @@ from prime_rl.inference.backend import (
     token_logprobs,
 )
 from prime_rl.worker.episodes import build_episode_batch
-from prime_rl.worker.hostile_episodes import (
+from prime_rl.redteam.episodes import (
     ForgingEnv,
     drop_turn,
     env_as_model,
@@ -58,7 +58,7 @@ from prime_rl.worker.hostile_episodes import (
     reorder_turns,
     truncate_episode,
 )
-from prime_rl.worker.hostile_spans import (
+from prime_rl.redteam.spans import (
     MidChunkSwitch,
     SpanVersions,
     SwitchAt,
