@@ -12,8 +12,8 @@ from typing import Any
 from prime_rl.api import assignment
 from prime_rl.api.protocol import LeaseRecord, LeaseTask, TaskLease
 from prime_rl.config import load_config
-from prime_rl.validator.checks import Checks
 from prime_rl.redteam.attacks import HostileWorker
+from prime_rl.validator.checks import Checks
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,13 @@ from prime_rl.api.protocol import PendingBatch, Verdict
 from prime_rl.config import load_config
 from prime_rl.inference.backend import SAMPLER_SEED, HFBackend, SamplingParams
 from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.redteam.attacks import HostileWorker
 from prime_rl.tasks import load_tasks
 from prime_rl.validator import noise, process
 from prime_rl.validator.checks import sampling_margins, sampling_problem
 from prime_rl.validator.evidence import EvidenceLedger, reject_banned
 from prime_rl.validator.process import Validator
 from prime_rl.validator.verdicts import validate_batch
-from prime_rl.redteam.attacks import HostileWorker
 
 KEY = b"evidence-test-assignment-key"
 NUM_TASKS = 40

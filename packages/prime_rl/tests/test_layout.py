@@ -5,6 +5,8 @@ Rules (each room's ``__init__`` docstring says the same):
 * ``config`` is the ground floor: it imports no other room of ``prime_rl``;
 * the orchestrator never imports torch (nor transformers), directly or through another module;
 * worker, validator and trainer never import each other;
+* no honest room imports the red team (``redteam``: the hostile worker behaviours), directly or
+  through another module: attack code never runs on the honest path;
 * each room imports only the rooms it is allowed (``ALLOWED`` below);
 * no import cycle between modules, counting imports inside functions too.
 
@@ -51,6 +53,9 @@ ALLOWED: dict[str, set[str]] = {
     "validator": {"config", "api", "inference", "weights", "tasks", "reward", "episodes", "role", "metrics", "devices", "durable",
                   "statedb"},
     "trainer": {"config", "api", "weights", "role", "metrics", "devices", "durable"},
+    # the red team plays its attacks inside the worker's loop; nothing imports it back (HONEST below)
+    "redteam": {"config", "api", "inference", "weights", "tasks", "reward", "episodes", "role", "metrics", "devices",
+                "durable", "worker"},
     "evaluator": {"config", "inference", "weights", "tasks", "metrics", "devices"},
     "launch": {"config", "api", "weights", "metrics", "devices"},
     "cli": {"config", "launch", "metrics", "trackers", "episodes"},  # logging, the demo model's path, the trackers,
@@ -63,6 +68,8 @@ TORCH_FREE = ("prime_rl.config", "prime_rl.api", "prime_rl.seeds", "prime_rl.orc
               "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report", "prime_rl.launch.progress", "prime_rl.durable", "prime_rl.statedb", "prime_rl.storeguard",
               "prime_rl.weights.layout", "prime_rl.launch.model_cache", "prime_rl.trackers", "prime_rl.episodes")
 TORCH_MODULES = {"torch", "transformers", "safetensors", "vllm"}
+ATTACK_ROOM = "prime_rl.redteam"
+"""The hostile worker behaviours: only tests, demos and ``prime-rl redteam`` load them."""
 
 
 def module_name(path: Path, root: Path = PACKAGE_ROOT) -> str:
@@ -141,6 +148,22 @@ def torch_reachers(
     return paths
 
 
+def attack_reachers(internal: Mapping[str, Iterable[str]], start: str) -> list[str]:
+    """Import paths from ``start`` (a module outside the red team) into :data:`ATTACK_ROOM`."""
+    paths = []
+    seen = {start}
+    frontier = [[start]]
+    while frontier:
+        path = frontier.pop()
+        for child in sorted(internal.get(path[-1], ())):
+            if child == ATTACK_ROOM or child.startswith(ATTACK_ROOM + "."):
+                paths.append(" -> ".join([*path, child]))
+            elif child not in seen:
+                seen.add(child)
+                frontier.append([*path, child])
+    return paths
+
+
 # ---------------------------------------------------------------- the real package
 
 
@@ -150,7 +173,7 @@ GRAPH, EXTERNAL = import_graph()
 def test_layout_has_the_rooms_and_few_top_level_modules():
     rooms = {path.name for path in PACKAGE_ROOT.iterdir() if (path / "__init__.py").exists()}
     assert rooms == {"config", "api", "orchestrator", "inference", "worker", "validator", "trainer",
-                     "weights", "launch", "evaluator"}
+                     "weights", "launch", "evaluator", "redteam"}
     top = {path.stem for path in PACKAGE_ROOT.glob("*.py")} - {"__init__"}
     assert top == TOP_LEVEL
     for name in rooms:
@@ -171,6 +194,25 @@ def test_torch_free_modules_never_reach_torch(prefix: str):
     starts = [module for module in GRAPH if module == prefix or module.startswith(prefix + ".")]
     assert starts
     assert [path for start in starts for path in torch_reachers(GRAPH, EXTERNAL, start)] == []
+
+
+def test_no_honest_module_reaches_attack_code():
+    honest = [module for module in GRAPH if not (module == ATTACK_ROOM or module.startswith(ATTACK_ROOM + "."))]
+    assert "prime_rl.worker.process" in honest and "prime_rl.cli" in honest
+    assert [path for start in honest for path in attack_reachers(GRAPH, start)] == []
+
+
+def test_honest_processes_never_load_attack_code():
+    # What the interpreter loads, not only what the source names: an honest worker, validator,
+    # orchestrator and supervisor import no module of the red team.
+    code = (
+        "import sys, prime_rl.worker.process, prime_rl.validator.process, prime_rl.orchestrator.server, "
+        "prime_rl.launch.supervisor, prime_rl.cli; "
+        "loaded = sorted(m for m in sys.modules if m.startswith('prime_rl.redteam')); "
+        "print(loaded); sys.exit(1 if loaded else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_orchestrator_process_never_imports_torch():
@@ -205,6 +247,14 @@ def test_checkers_catch_a_broken_graph():
         "prime_rl.worker.process imports prime_rl.validator.checks (worker may not import validator)",
     ]
     assert find_cycles(broken) == [["prime_rl.validator.checks", "prime_rl.worker.process"]]
+    attacked = {**broken, "prime_rl.worker.rollout": {"prime_rl.redteam.attacks"}, "prime_rl.worker.process": {"prime_rl.worker.rollout"}}
+    assert room_violations(attacked, ALLOWED)[-1] == (
+        "prime_rl.worker.rollout imports prime_rl.redteam.attacks (worker may not import redteam)"
+    )
+    assert attack_reachers(attacked, "prime_rl.config.run") == [
+        "prime_rl.config.run -> prime_rl.worker.process -> prime_rl.worker.rollout -> prime_rl.redteam.attacks"
+    ]
+    assert attack_reachers({"prime_rl.redteam.process": {"prime_rl.worker.process"}}, "prime_rl.worker.process") == []
     external = {"prime_rl.inference.backend": {"torch"}}
     assert torch_reachers(broken, external, "prime_rl.orchestrator.ledger") == [
         "prime_rl.orchestrator.ledger -> prime_rl.inference.backend -> torch"

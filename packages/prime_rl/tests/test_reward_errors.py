@@ -27,11 +27,11 @@ from prime_rl.config import load_config
 from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import HFBackend
 from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.redteam.attacks import HostileWorker
 from prime_rl.reward import RunTasks
 from prime_rl.tasks import TaskSet, load_tasks
 from prime_rl.validator.checks import Reason
 from prime_rl.validator.verdicts import validate_batch
-from prime_rl.redteam.attacks import HostileWorker
 from prime_rl.worker.process import Worker
 from verifiers import RewardError, Task
 from verifiers.envs import CalculatorEnv, Message, RewardFunc, Rubric

@@ -21,12 +21,12 @@ from prime_rl.api.protocol import LeaseRecord, PendingBatch, RolloutBatch
 from prime_rl.config import load_config
 from prime_rl.inference.backend import HFBackend
 from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.redteam.attacks import ATTACKS, BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 from prime_rl.tasks import load_tasks
 from prime_rl.validator import tolerances
 from prime_rl.validator.checks import Reason, repetition_problem
 from prime_rl.validator.process import FailureTracker, Validator
 from prime_rl.validator.verdicts import ban_counts, validate_batch
-from prime_rl.redteam.attacks import ATTACKS, BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 
 KEY = b"validator-test-assignment-key"
 NUM_TASKS = 12

@@ -17,9 +17,9 @@ from prime_rl import metrics
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.config import load_config
 from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.redteam.attacks import HostileWorker
 from prime_rl.tasks import load_tasks
 from prime_rl.validator.process import Validator
-from prime_rl.redteam.attacks import HostileWorker
 
 
 def test_an_out_of_memory_leaves_the_batch_pending_and_the_honest_worker_unharmed(tmp_path, tiny_lm_dir, monkeypatch):

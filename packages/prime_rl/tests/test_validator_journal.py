@@ -15,11 +15,11 @@ import toploc
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.config import load_config
 from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.redteam.attacks import HostileWorker
 from prime_rl.tasks import load_tasks
 from prime_rl.validator.evidence import EvidenceLedger
 from prime_rl.validator.journal import ValidatorJournal
 from prime_rl.validator.process import FailureTracker, Validator
-from prime_rl.redteam.attacks import HostileWorker
 
 
 def _tests() -> toploc.EvidenceTests:

@@ -110,9 +110,9 @@ BACKOFF_S = 1.0
 """Wait before a child's first restart in the window; doubled per further one."""
 MAX_BACKOFF_S = 30.0
 """Longest wait before a restart."""
-DROPPABLE_ROLES = ("worker",)
+DROPPABLE_ROLES = ("worker", "redteam")
 """Roles whose child is dropped, not the run failed, past its restart budget: untrusted workers, one
-of many; the run cannot go on without any trusted role."""
+of many (``redteam``: a hostile one); the run cannot go on without any trusted role."""
 CONFIG_ERROR_EXIT = 2
 """The exit code of a role that refused its configuration (``prime-rl`` CLI, ``role.run_role``): a wrong
 environment, component, secret or model path. Not a crash: the run stops with this code and the
@@ -214,11 +214,13 @@ def plan_children(config: RunConfig) -> list[ChildSpec]:
         children.append(ChildSpec("calibrate-noise", "calibrate-noise", profile))
         children += [ChildSpec(name, "validator", profile, after="calibrate-noise") for name in validators]
     workers = config.workers
+    # Hostile behaviours run as the red team's own role (prime_rl.redteam): the worker role is honest only.
+    worker_role = "worker" if getattr(workers, "behaviour", "honest") == "honest" else "redteam"
     for index in range(int(getattr(workers, "count", 1))):
-        children.append(ChildSpec(f"worker-{index}", "worker"))
+        children.append(ChildSpec(f"worker-{index}", worker_role))
     for index, behaviour in enumerate(getattr(workers, "hostile", []) or []):
         extra = ("--workers.behaviour", str(behaviour)) if _has_field(workers, "behaviour") else ()
-        children.append(ChildSpec(f"hostile-{index}", "worker", extra))
+        children.append(ChildSpec(f"hostile-{index}", "redteam", extra))
     evaluator = config.evaluator
     enabled = getattr(evaluator, "enabled", None)
     if enabled is None:
@@ -257,7 +259,7 @@ def should_restart(config: RunConfig, spec: ChildSpec, exit_code: int) -> bool:
         return True
     if spec.role == "validator":
         return exit_code != 0 or not int(getattr(config.validator, "max_batches", 0) or 0)
-    if spec.role in ("trainer", "worker"):
+    if spec.role in ("trainer", *DROPPABLE_ROLES):
         return exit_code != 0
     return False
 
@@ -441,7 +443,7 @@ class Supervisor:
     def honest_workers_gone(self) -> bool:
         """Every honest worker this run started has exited on its own (banned: none has a batch
         limit) or was dropped, so no sample will come from this machine any more."""
-        honest = [c for c in self.children if c.spec.role == "worker" and c.spec.name.startswith("worker-")]
+        honest = [c for c in self.children if c.spec.role in DROPPABLE_ROLES and c.spec.name.startswith("worker-")]
         if honest and all(c.spec.name in self.dropped for c in honest):
             return True
         if getattr(self.config.workers, "max_batches", 0):
