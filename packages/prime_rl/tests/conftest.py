@@ -232,6 +232,38 @@ def wait_for(predicate: Any, timeout_s: float, what: str, poll_s: float = 0.25) 
         time.sleep(poll_s)
 
 
+def start_run(config_path: Path, cwd: Path | None = None) -> subprocess.Popen[str]:
+    """``prime-rl run --config FILE`` as a child process (quiet threads), its output (stderr too) piped as text."""
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+    return subprocess.Popen(
+        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+
+
+def interrupt_run(run: subprocess.Popen[str], timeout_s: float = 90.0) -> str:
+    """Ctrl-C a run that is still going (the supervisor stops its children), killed if it has not
+    exited ``timeout_s`` later; the run's whole output."""
+    if run.poll() is None:
+        run.send_signal(signal.SIGINT)
+    try:
+        output, _ = run.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        output, _ = run.communicate()
+    return output
+
+
+def run_until(run: subprocess.Popen[str], done: Any, timeout_s: float, what: str) -> str:
+    """Wait until ``done()`` or the run exits (the test fails after ``timeout_s``), then interrupt
+    the run, whatever happened; its output."""
+    try:
+        wait_for(lambda: run.poll() is not None or done(), timeout_s, what)
+    finally:
+        output = interrupt_run(run)
+    return output
+
+
 def metrics_of(run_dir: Path, name: str) -> list[dict[str, Any]]:
     from prime_rl.metrics import read_metrics
 
@@ -295,8 +327,9 @@ def helpers() -> Any:
     import types
 
     return types.SimpleNamespace(
-        wait_for=wait_for, metrics_of=metrics_of, free_ports=free_ports, write_toml=write_toml
-    )
+        wait_for=wait_for, metrics_of=metrics_of, free_ports=free_ports, write_toml=write_toml,
+        start_run=start_run, interrupt_run=interrupt_run, run_until=run_until,
+    )  # fmt: skip
 
 
 def _random_samples(count: int, group_size: int = 4, seed: int = 0) -> list[TrainSample]:

@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
     )
     # On a loaded machine a slow worker may take part late: rather than a fixed number of steps,
     # the run goes on until STEPS versions are trained and every process has done its part.
-    run = _run_process(config_path)
+    run = helpers.start_run(config_path)
     try:
         helpers.wait_for(
             lambda: run.poll() is not None or _acceptance_observed(run_dir, helpers),
@@ -204,14 +203,6 @@ def _tails(run_dir: Path) -> str:
     return "\n".join(parts)
 
 
-def _run_process(config_path: Path) -> subprocess.Popen[str]:
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
-    return subprocess.Popen(
-        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-
-
 def _stop_run(run: subprocess.Popen[str]) -> None:
     """Stop a supervisor that is still running the polite way (it stops its children), then the hard way."""
     if run.poll() is None:
@@ -238,7 +229,7 @@ def _alive(pid: int) -> bool:
 def test_run_ctrl_c_stops_every_child(tiny_run: Any, helpers: Any) -> None:
     """SIGINT to `prime-rl run` while its children start up: every child is gone afterwards, exit 130."""
     config_path, run_dir = tiny_run(workers={"count": 0, "hostile": []})
-    run = _run_process(config_path)
+    run = helpers.start_run(config_path)
     try:
         started = helpers.wait_for(
             lambda: (
@@ -266,7 +257,7 @@ def test_run_fails_when_a_child_fails(tiny_run: Any, helpers: Any, tmp_path: Pat
     empty_model = tmp_path / "empty-model"
     empty_model.mkdir()
     config_path, run_dir = tiny_run(model={"path": str(empty_model)}, workers={"count": 0, "hostile": []})
-    run = _run_process(config_path)
+    run = helpers.start_run(config_path)
     try:
         output, _ = run.communicate(timeout=240)
     finally:
@@ -287,7 +278,7 @@ def test_run_stops_when_every_honest_worker_is_banned(tiny_run: Any, helpers: An
         workers={"count": 1, "hostile": [], "behaviour": "fabricated_completion"},
         validator={"ban_min_samples": 8},
     )
-    run = _run_process(config_path)
+    run = helpers.start_run(config_path)
     try:
         output, _ = run.communicate(timeout=240)
     finally:

@@ -54,8 +54,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -363,25 +361,6 @@ class Attacker:
 # ---------------------------------------------------------------------- the run
 
 
-def _start(config_path: Path) -> subprocess.Popen[str]:
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
-    return subprocess.Popen(
-        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-
-
-def _stop(run: subprocess.Popen[str]) -> str:
-    if run.poll() is None:
-        run.send_signal(signal.SIGINT)
-    try:
-        output, _ = run.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        run.kill()
-        output, _ = run.communicate()
-    return output
-
-
 def _commits(run_dir: Path, helpers: Any) -> int:
     return sum(1 for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "commit")
 
@@ -410,7 +389,7 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         workers={"count": 2, "hostile": []},
     )
     config = load_config(config_path)
-    run = _start(config_path)
+    run = helpers.start_run(config_path)
     results: dict[str, Any] = {}
     try:
         OrchestratorClient(config.orchestrator.url).wait_until_up(120)
@@ -449,7 +428,7 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         judged_at = _commits(run_dir, helpers)
         helpers.wait_for(lambda: _commits(run_dir, helpers) >= judged_at + 2, 180, "two more trained steps")
     finally:
-        output = _stop(run)
+        output = helpers.interrupt_run(run)
     assert run.returncode in (0, 128 + signal.SIGINT), output[-3000:]
 
     # ------------------------------------------------------------------ what the run left behind

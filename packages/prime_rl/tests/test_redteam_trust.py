@@ -42,8 +42,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -261,9 +259,7 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
         workers={"count": 1, "hostile": []},
     )
     config = load_config(config_path)
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
-    command = [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)]
-    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    run = helpers.start_run(config_path)
     results: dict[str, Any] = {}
     try:
         OrchestratorClient(config.orchestrator.url).wait_until_up(120)
@@ -295,13 +291,7 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
         judged_at = _commits(run_dir, helpers)
         helpers.wait_for(lambda: _commits(run_dir, helpers) >= judged_at + 3, 300, "three more trained steps")
     finally:
-        if run.poll() is None:
-            run.send_signal(signal.SIGINT)
-        try:
-            output, _ = run.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            run.kill()
-            output, _ = run.communicate()
+        output = helpers.interrupt_run(run)
     assert run.returncode in (0, 128 + signal.SIGINT), output[-3000:]
 
     events = helpers.metrics_of(run_dir, "orchestrator")
