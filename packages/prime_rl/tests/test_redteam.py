@@ -64,19 +64,17 @@ from typing import Any
 import pytest
 import requests
 import torch
+from redteam_client import RedTeamClient  # tests/support
 from steering import steering_sampler
 
 import prime_rl.inference.backend as backend_module
-from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorBusy, OrchestratorClient
+from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorClient
 from prime_rl.api.protocol import ClaimRequest, LeaseTask, RolloutBatch, RolloutSample, TaskLease
 from prime_rl.config import RunConfig, load_config
-from prime_rl.inference.backend import HFBackend, build_proofs
+from prime_rl.inference.backend import build_proofs
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.store import RolloutStore
-from prime_rl.reward import run_tasks
 from prime_rl.tasks import load_tasks
-from prime_rl.weights.store import PolicyStore, PolicyUnavailable
-from prime_rl.worker.rollout import build_batch
 
 pytestmark = pytest.mark.slow
 
@@ -123,55 +121,13 @@ def _predicted_seed(worker_id: str, step: int, batch_index: int, task_id: int, g
 _steer = steering_sampler(STEER_WITHIN)
 
 
-class Attacker:
-    """The untrusted client: its own model copy, its own identities, the public API only."""
+class Attacker(RedTeamClient):
+    """The untrusted client (tests/support/redteam_client.py) with this round's attacks."""
 
     def __init__(self, config: RunConfig, cache: Path) -> None:
-        self.config = config
-        self.url = config.orchestrator.url
-        self.backend = HFBackend(config.model.path, dtype=config.model.dtype)
-        self.tasks = run_tasks(config, self.backend.tokenizer)
-        self.weights = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
-        self.identities: dict[str, str] = {}  # worker_id -> attack
+        super().__init__(config, cache)
         self.submitted: dict[str, RolloutBatch] = {}  # batch_id -> batch as submitted
         self.deviating: set[str] = set()  # batch ids of the statistical attacks' deviating batches
-        self.events: dict[str, Any] = defaultdict(list)
-
-    def client(
-        self, attack: str, source: str | None = None, retries: int = 3
-    ) -> tuple[OrchestratorClient, str]:
-        # source: another loopback address, as a second machine would send from
-        client = OrchestratorClient(self.url, timeout_s=10, retries=3, backoff_s=0.5, source_address=source)
-        worker_id = client.register(f"attack-{attack}").worker_id
-        client.retries = retries
-        self.identities[worker_id] = attack
-        return client, worker_id
-
-    def lease(self, client: OrchestratorClient, worker_id: str) -> TaskLease:
-        """``GET /tasks``, waiting out backpressure (429 busy) like an honest worker."""
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                return client.get_tasks(worker_id)
-            except OrchestratorBusy:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-
-    def follow_policy(self, version: int) -> None:
-        """Hold the lease's policy version (the newest committed when it was issued), like an honest worker."""
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.backend.policy_version == version:
-                return
-            try:
-                self.backend.load_weights(self.weights.ensure(version), version)
-            except PolicyUnavailable:  # not on the relay yet
-                time.sleep(0.5)
-        raise TimeoutError(f"policy version {version} never became available")
-
-    def honest(self, lease: TaskLease) -> RolloutBatch:
-        return build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
 
     def submit(self, client: OrchestratorClient, batch: RolloutBatch) -> str | None:
         try:
@@ -186,8 +142,8 @@ class Attacker:
 
     def admin_no_token(self) -> dict[str, int]:
         """Every trusted endpoint without a token; the HTTP status of each attempt."""
-        client, worker_id = self.client("admin_no_token")
-        _, victim = self.client("admin_no_token")  # one of its own identities: honest ones stay untouched
+        client, worker_id = self.identity("admin_no_token")
+        _, victim = self.identity("admin_no_token")  # one of its own identities: honest ones stay untouched
         lease = self.lease(client, worker_id)
         samples = [
             RolloutSample(
@@ -231,7 +187,7 @@ class Attacker:
 
     def content_attack(self, attack: str) -> None:
         """One lease answered the way ``attack`` does (see the module docstring)."""
-        client, worker_id = self.client(attack)
+        client, worker_id = self.identity(attack)
         lease = self.lease(client, worker_id)
         self.follow_policy(lease.policy_version)
         if attack == "grind":
@@ -257,7 +213,7 @@ class Attacker:
 
     def statistical_attack(self, attack: str) -> None:
         """Up to STATISTICAL_LEASES leases answered the way ``attack`` deviates, until banned."""
-        client, worker_id = self.client(attack)
+        client, worker_id = self.identity(attack)
         honest_first = HONEST_FIRST if attack == "late_steering" else 0
         for index in range(honest_first + STATISTICAL_LEASES):
             try:
@@ -343,7 +299,7 @@ class Attacker:
         clients = []
         for _ in range(HOARDERS):
             try:
-                clients.append(self.client("hoarding", source=HOARD_ADDRESS, retries=0))
+                clients.append(self.identity("hoarding", source=HOARD_ADDRESS, retries=0))
             except ApiError as error:
                 self.events["hoard_register_refused"].append(str(error)[:100])
         while not stop.is_set():

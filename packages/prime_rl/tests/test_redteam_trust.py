@@ -50,19 +50,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redteam_client import RedTeamClient  # tests/support
 from steering import steering_sampler
 
 import prime_rl.inference.backend as backend_module
-from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorBusy, OrchestratorClient
-from prime_rl.api.protocol import ClaimRequest, RolloutBatch, TaskLease
+from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorClient
+from prime_rl.api.protocol import ClaimRequest, RolloutBatch
 from prime_rl.config import RunConfig, load_config
-from prime_rl.inference.backend import HFBackend
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.store import RolloutStore
-from prime_rl.reward import run_tasks
 from prime_rl.tasks import load_tasks
-from prime_rl.weights.store import PolicyStore, PolicyUnavailable
-from prime_rl.worker.rollout import build_batch
 
 pytestmark = pytest.mark.slow
 
@@ -75,47 +72,14 @@ _swapped: set[int] = set()  # sampling seeds of the sequences the steering sampl
 _steer = steering_sampler(STEER_WITHIN, _swapped)
 
 
-class TrustAttacker:
-    """The untrusted client: its own model copy and identities, the public API only."""
+class TrustAttacker(RedTeamClient):
+    """The untrusted client (tests/support/redteam_client.py) with round two's attacks."""
 
     def __init__(self, config: RunConfig, cache: Path) -> None:
-        self.url = config.orchestrator.url
-        self.backend = HFBackend(config.model.path, dtype=config.model.dtype)
-        self.tasks = run_tasks(config, self.backend.tokenizer)
-        self.weights = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
-        self.identities: dict[str, str] = {}  # worker_id -> attack
+        super().__init__(config, cache)
         self.steered: set[str] = set()  # batch ids with at least one sample the steering sampler changed
         self.steered_samples: set[str] = set()  # their changed samples' ids (``batch_id/index``)
         self.walked_away: list[tuple[str, int]] = []  # (worker_id, batch_index) of abandoned leases
-        self.events: dict[str, list[Any]] = defaultdict(list)
-
-    def identity(self, attack: str) -> tuple[OrchestratorClient, str]:
-        client = OrchestratorClient(self.url, timeout_s=10, retries=3, backoff_s=0.5)
-        worker_id = client.register(f"attack-{attack}").worker_id
-        self.identities[worker_id] = attack
-        return client, worker_id
-
-    def lease(self, client: OrchestratorClient, worker_id: str) -> TaskLease:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                return client.get_tasks(worker_id)
-            except OrchestratorBusy:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-
-    def follow_policy(self, version: int) -> None:
-        """Hold the lease's policy version (the newest committed when it was issued), like an honest worker."""
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.backend.policy_version == version:
-                return
-            try:
-                self.backend.load_weights(self.weights.ensure(version), version)
-            except PolicyUnavailable:  # not on the relay yet
-                time.sleep(0.5)
-        raise TimeoutError(f"policy version {version} never became available")
 
     @contextlib.contextmanager
     def _steering(self) -> Iterator[None]:
@@ -136,7 +100,7 @@ class TrustAttacker:
         self.follow_policy(lease.policy_version)
         _swapped.clear()
         with self._steering() if steer else contextlib.nullcontext():
-            batch: RolloutBatch = build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
+            batch: RolloutBatch = self.honest(lease)
         try:
             batch_id = client.submit_rollouts(batch).batch_id
         except ClientRequestError as error:
@@ -178,8 +142,7 @@ class TrustAttacker:
                 lease = self.lease(client, worker_id)
             if all(task.task_id < NUM_TASKS // 2 for task in lease.tasks):
                 self.follow_policy(lease.policy_version)
-                batch = build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
-                client.submit_rollouts(batch)
+                client.submit_rollouts(self.honest(lease))
             else:
                 self.walked_away.append((worker_id, lease.batch_index))
 

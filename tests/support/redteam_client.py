@@ -1,0 +1,74 @@
+"""The red-team tests' untrusted client: its own model copy and identities, the public API only.
+
+``test_redteam.py`` and ``test_redteam_trust.py`` attack a real ``prime-rl run`` from a client
+written against ``API.md``; what every attack needs (register an identity, take a lease while
+waiting out backpressure, hold the lease's policy version through shardcast, build an honest
+batch) is here once, and each test's attacker subclasses it with its attacks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from prime_rl.api.client import OrchestratorBusy, OrchestratorClient
+from prime_rl.api.protocol import RolloutBatch, TaskLease
+from prime_rl.config import RunConfig
+from prime_rl.inference.backend import HFBackend
+from prime_rl.reward import run_tasks
+from prime_rl.weights.store import PolicyStore, PolicyUnavailable
+from prime_rl.worker.rollout import build_batch
+
+WAIT_S = 120.0
+"""How long a lease (through 429 busy answers) or a policy version may take to come."""
+
+
+class RedTeamClient:
+    """The untrusted client's common part (see the module docstring)."""
+
+    def __init__(self, config: RunConfig, cache: Path) -> None:
+        self.config = config
+        self.url = config.orchestrator.url
+        self.backend = HFBackend(config.model.path, dtype=config.model.dtype)
+        self.tasks = run_tasks(config, self.backend.tokenizer)
+        self.weights = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
+        self.identities: dict[str, str] = {}  # worker_id -> attack
+        self.events: dict[str, Any] = defaultdict(list)
+
+    def identity(self, attack: str, source: str | None = None, retries: int = 3) -> tuple[OrchestratorClient, str]:
+        """A fresh identity registered as ``attack-<attack>``; ``source``: another loopback address,
+        as a second machine would send from; ``retries``: the client's after registration."""
+        client = OrchestratorClient(self.url, timeout_s=10, retries=3, backoff_s=0.5, source_address=source)
+        worker_id = client.register(f"attack-{attack}").worker_id
+        client.retries = retries
+        self.identities[worker_id] = attack
+        return client, worker_id
+
+    def lease(self, client: OrchestratorClient, worker_id: str) -> TaskLease:
+        """``GET /tasks``, waiting out backpressure (429 busy) like an honest worker."""
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            try:
+                return client.get_tasks(worker_id)
+            except OrchestratorBusy:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def follow_policy(self, version: int) -> None:
+        """Hold the lease's policy version (the newest committed when it was issued), like an honest worker."""
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            if self.backend.policy_version == version:
+                return
+            try:
+                self.backend.load_weights(self.weights.ensure(version), version)
+            except PolicyUnavailable:  # not on the relay yet
+                time.sleep(0.5)
+        raise TimeoutError(f"policy version {version} never became available")
+
+    def honest(self, lease: TaskLease) -> RolloutBatch:
+        """The batch an honest worker would submit for ``lease`` (with the held policy version)."""
+        return build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
