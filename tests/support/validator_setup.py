@@ -10,10 +10,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from prime_rl.api import assignment
-from prime_rl.api.protocol import LeaseRecord, LeaseTask, TaskLease
+from prime_rl.api.protocol import LeaseRecord, LeaseTask, PendingBatch, RolloutBatch, TaskLease
 from prime_rl.config import load_config
 from prime_rl.redteam.attacks import HostileWorker
 from prime_rl.validator.checks import Checks
+from prime_rl.validator.verdicts import validate_batch
+
+
+def pending_of(batch: RolloutBatch, record: LeaseRecord | None, batch_id: str = "") -> PendingBatch:
+    """``batch`` as the validator receives it, answering the lease of ``record``."""
+    return PendingBatch(
+        batch_id=batch_id or f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}", worker_id=batch.worker_id,
+        step=batch.step, batch_index=batch.batch_index, policy_version=batch.policy_version,
+        received_at=time.time(), lease=record, samples=batch.samples,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,12 @@ class TinyRun:
         return Checks.from_config(
             load_config(None, overrides), vocab_size=100, eos_token_ids=frozenset({2}), assignment_key=self.key,
             hidden_size=self.hidden_size,
+        )
+
+    def judge(self, batch: RolloutBatch, record: LeaseRecord | None, checks: Checks, backend_for: Callable[[int], Any], **kwargs: Any) -> list:
+        """``validate_batch`` of ``batch`` answering ``record`` with this run's tasks and decoder."""
+        return validate_batch(
+            pending_of(batch, record), tasks=self, backend_for=backend_for, decode=self.decode, checks=checks, **kwargs
         )
 
     def worker(self, behaviour: str) -> HostileWorker:

@@ -62,12 +62,7 @@ def worker(behaviour: str, env: EpisodeEnv = ENV) -> HostileWorker:
 
 
 def judge(batch, record, backend, checks=CHECKS):
-    pending = PendingBatch(
-        batch_id=f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}", worker_id=batch.worker_id,
-        step=batch.step, batch_index=batch.batch_index, policy_version=batch.policy_version,
-        received_at=time.time(), lease=record, samples=batch.samples,
-    )  # fmt: skip
-    return validate_batch(pending, tasks=RUN, backend_for=lambda v: backend, decode=RUN.decode, checks=checks)
+    return RUN.judge(batch, record, checks, lambda v: backend)
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
-from validator_setup import TinyRun
+from validator_setup import TinyRun, pending_of
 
 import toploc
 from prime_rl.api.client import OrchestratorClient
-from prime_rl.api.protocol import LeaseRecord, PendingBatch, RolloutBatch
+from prime_rl.api.protocol import RolloutBatch
 from prime_rl.config import load_config
 from prime_rl.inference.backend import HFBackend
 from prime_rl.orchestrator.server import OrchestratorServer
@@ -43,17 +43,7 @@ def backend():
     return HFBackend("unused", model=make_tiny_lm(), tokenizer=TOKENIZER)
 
 
-def pending(batch: RolloutBatch, record: LeaseRecord | None) -> PendingBatch:
-    return PendingBatch(
-        batch_id=f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}",
-        worker_id=batch.worker_id,
-        step=batch.step,
-        batch_index=batch.batch_index,
-        policy_version=batch.policy_version,
-        received_at=time.time(),
-        lease=record,
-        samples=batch.samples,
-    )
+pending = pending_of
 
 
 def verdicts_for(batch, record, backend, **kwargs):

