@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,10 @@ from prime_rl.api.client import OrchestratorBusy, OrchestratorClient
 from prime_rl.api.protocol import RolloutBatch, TaskLease
 from prime_rl.config import RunConfig
 from prime_rl.inference.backend import HFBackend
+from prime_rl.orchestrator.ledger import Ledger
+from prime_rl.orchestrator.store import RolloutStore
 from prime_rl.reward import run_tasks
+from prime_rl.tasks import load_tasks
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable
 from prime_rl.worker.rollout import build_batch
 
@@ -72,3 +77,29 @@ class RedTeamClient:
     def honest(self, lease: TaskLease) -> RolloutBatch:
         """The batch an honest worker would submit for ``lease`` (with the held policy version)."""
         return build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
+
+
+@dataclass
+class RunLeftBehind:
+    """What a stopped run left on disk, as the red-team tests read it: the orchestrator's events,
+    the registered names, the honest workers' ids, its store, verdicts and batches, and its ledger
+    (to replay what the trainer received)."""
+
+    events: list[dict[str, Any]]
+    names: dict[str, str]
+    honest: set[str]
+    store: RolloutStore
+    verdicts: dict[str, Any]
+    batches: dict[str, Any]
+    ledger: Ledger
+
+    @classmethod
+    def read(cls, config: RunConfig, run_dir: Path, metrics_of: Callable[[Path, str], list[dict[str, Any]]]) -> RunLeftBehind:
+        events = metrics_of(run_dir, "orchestrator")
+        names = {e["worker_id"]: e["worker_name"] for e in events if e["event"] == "register"}
+        store = RolloutStore(run_dir / "orchestrator")
+        return cls(
+            events=events, names=names, honest={w for w, n in names.items() if n.startswith("worker-")}, store=store,
+            verdicts=store.all_verdicts(), batches={record.meta.batch_id: record for record in store.batch_records()},
+            ledger=Ledger(config, load_tasks(config.tasks), store),
+        )  # fmt: skip

@@ -4,14 +4,16 @@ assignment, ``async_level`` 1)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prime_rl.api import assignment
 from prime_rl.api.protocol import LeaseRecord, LeaseTask, PendingBatch, RolloutBatch, TaskLease
-from prime_rl.config import load_config
+from prime_rl.config import RunConfig, load_config
 from prime_rl.redteam.attacks import HostileWorker
 from prime_rl.validator.checks import Checks
 from prime_rl.validator.verdicts import validate_batch
@@ -24,6 +26,19 @@ def pending_of(batch: RolloutBatch, record: LeaseRecord | None, batch_id: str = 
         step=batch.step, batch_index=batch.batch_index, policy_version=batch.policy_version,
         received_at=time.time(), lease=record, samples=batch.samples,
     )  # fmt: skip
+
+
+def process_config(run_dir: Path, model_dir: Path, *overrides: str, num_tasks: int, group_size: int, max_new_tokens: int) -> RunConfig:
+    """The config of an in-process orchestrator and validator process on the tiny model: the
+    orchestrator on a free loopback port, two prompts a batch, then ``overrides``."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return load_config(None, [
+        "--run_dir", str(run_dir), "--model.path", str(model_dir), "--tasks.num_tasks", str(num_tasks),
+        "--orchestrator.port", str(port), "--orchestrator.prompts_per_batch", "2",
+        "--sampling.group_size", str(group_size), "--sampling.max_new_tokens", str(max_new_tokens), *overrides,
+    ])  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ per-sample tolerance is, and the process bans through the orchestrator (tiny mod
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterator
 
@@ -12,13 +11,12 @@ import pytest
 import torch
 from steering import steering_sampler
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
-from validator_setup import TinyRun
+from validator_setup import TinyRun, process_config
 
 import prime_rl.inference.backend as backend_module
 import toploc
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.api.protocol import PendingBatch, Verdict
-from prime_rl.config import load_config
 from prime_rl.inference.backend import SAMPLER_SEED, HFBackend, SamplingParams
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.redteam.attacks import HostileWorker
@@ -166,18 +164,11 @@ def test_margins_equal_the_sampling_check(backend: HFBackend) -> None:
 def test_validator_process_bans_a_steering_worker_through_the_orchestrator(
     tmp_path, tiny_lm_dir, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = load_config(
-        None,
-        [
-            "--run_dir", str(tmp_path), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "40",
-            "--orchestrator.port", str(port), "--orchestrator.prompts_per_batch", "2",
-            "--sampling.group_size", "4", "--sampling.max_new_tokens", "16",
+    config = process_config(
+        tmp_path, tiny_lm_dir,
             "--validator.max_batches", "8", "--validator.calibration_tokens", "512",
             "--validator.false_ban_rate", "1e-3", "--validator.evidence_horizon_samples", "1000",
-        ],
+        num_tasks=40, group_size=4, max_new_tokens=16,
     )  # fmt: skip
     metrics = Recorder()
     monkeypatch.setattr(process, "get_metrics", lambda: metrics)

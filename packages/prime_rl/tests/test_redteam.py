@@ -64,7 +64,7 @@ from typing import Any
 import pytest
 import requests
 import torch
-from redteam_client import RedTeamClient  # tests/support
+from redteam_client import RedTeamClient, RunLeftBehind  # tests/support
 from steering import steering_sampler
 
 import prime_rl.inference.backend as backend_module
@@ -72,9 +72,7 @@ from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorClient
 from prime_rl.api.protocol import ClaimRequest, LeaseTask, RolloutBatch, RolloutSample, TaskLease
 from prime_rl.config import RunConfig, load_config
 from prime_rl.inference.backend import build_proofs
-from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.store import RolloutStore
-from prime_rl.tasks import load_tasks
 
 pytestmark = pytest.mark.slow
 
@@ -388,13 +386,9 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
     assert run.returncode in (0, 128 + signal.SIGINT), output[-3000:]
 
     # ------------------------------------------------------------------ what the run left behind
-    events = helpers.metrics_of(run_dir, "orchestrator")
-    names = {e["worker_id"]: e["worker_name"] for e in events if e["event"] == "register"}
-    honest = {w for w, n in names.items() if n.startswith("worker-")}
-    store = RolloutStore(run_dir / "orchestrator")
-    verdicts = store.all_verdicts()
-    batches = {record.meta.batch_id: record for record in store.batch_records()}
-    ledger = Ledger(config, load_tasks(config.tasks), store)  # what the trainer received, replayed
+    left = RunLeftBehind.read(config, run_dir, helpers.metrics_of)  # the ledger: what the trainer received, replayed
+    events, honest, store = left.events, left.honest, left.store
+    verdicts, batches, ledger = left.verdicts, left.batches, left.ledger
     trained = {
         sample.sample_id: sample
         for claim in store.claims()

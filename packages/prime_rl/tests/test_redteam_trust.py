@@ -50,16 +50,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redteam_client import RedTeamClient  # tests/support
+from redteam_client import RedTeamClient, RunLeftBehind  # tests/support
 from steering import steering_sampler
 
 import prime_rl.inference.backend as backend_module
 from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorClient
 from prime_rl.api.protocol import ClaimRequest, RolloutBatch
 from prime_rl.config import RunConfig, load_config
-from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.store import RolloutStore
-from prime_rl.tasks import load_tasks
 
 pytestmark = pytest.mark.slow
 
@@ -257,13 +255,9 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
         output = helpers.interrupt_run(run)
     assert run.returncode in (0, 128 + signal.SIGINT), output[-3000:]
 
-    events = helpers.metrics_of(run_dir, "orchestrator")
-    names = {e["worker_id"]: e["worker_name"] for e in events if e["event"] == "register"}
-    honest = {w for w, n in names.items() if n.startswith("worker-")}
-    store = RolloutStore(run_dir / "orchestrator")
-    verdicts = store.all_verdicts()
-    batches = {record.meta.batch_id: record for record in store.batch_records()}
-    ledger = Ledger(config, load_tasks(config.tasks), store)
+    left = RunLeftBehind.read(config, run_dir, helpers.metrics_of)
+    events, honest, store = left.events, left.honest, left.store
+    verdicts, batches, ledger = left.verdicts, left.batches, left.ledger
     trained = [
         sample for claim in store.claims() for sample in ledger.claim(ClaimRequest(step=claim.step, min_samples=1)).samples
     ]

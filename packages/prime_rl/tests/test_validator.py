@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
-from validator_setup import TinyRun, pending_of
+from validator_setup import TinyRun, pending_of, process_config
 
 import toploc
 from prime_rl.api.client import OrchestratorClient
@@ -337,17 +337,10 @@ def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir, caplog
     monkeypatch.setattr(metrics, "_METRICS", writer)
     # One program run in this process beforehand: a verdict's sandbox_runs is the process's cumulative count.
     run_tests("print(1)", {"inputs": [""], "outputs": ["1"]})
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = load_config(
-        None,
-        [
-            "--run_dir", str(tmp_path), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "20",
-            "--orchestrator.port", str(port), "--orchestrator.prompts_per_batch", "2",
-            "--sampling.group_size", "2", "--sampling.max_new_tokens", "4",
+    config = process_config(
+        tmp_path, tiny_lm_dir,
             "--validator.max_batches", "2", "--validator.ban_min_samples", "4",
-        ],
+        num_tasks=20, group_size=2, max_new_tokens=4,
     )  # fmt: skip
     with OrchestratorServer(config, load_tasks(config.tasks)) as server:
         validator = Validator(config)
