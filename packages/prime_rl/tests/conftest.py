@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -15,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from synthetic_batches import synthetic_batch  # tests/support
 
 from prime_rl.api.client import OrchestratorClient
-from prime_rl.api.protocol import RolloutBatch, RolloutSample, TaskLease, TrainSample
+from prime_rl.api.protocol import RolloutBatch, TaskLease, TrainSample
 from prime_rl.config import RunConfig, load_config
 from prime_rl.launch.groups import stop_groups
 from prime_rl.orchestrator.server import OrchestratorServer
@@ -56,33 +56,7 @@ def make_batch(
     lease: TaskLease, policy_version: int = 0, *, advantages: list[float] | None = None
 ) -> RolloutBatch:
     """A structurally valid batch answering ``lease`` (contents are not a real model's)."""
-    samples = []
-    k = 0
-    for task in lease.tasks:
-        for group_index, seed in enumerate(task.sampling_seeds):
-            advantage = advantages[k] if advantages is not None else (1.0 if group_index == 0 else -1.0)
-            k += 1
-            samples.append(
-                RolloutSample(
-                    task_id=task.task_id,
-                    group_index=group_index,
-                    prompt_tokens=[1, 2, 3],
-                    completion_tokens=[4, 5],
-                    sampling_seed=seed,
-                    temperature=lease.temperature,
-                    reward=float(group_index == 0),
-                    advantage=advantage,
-                    proofs=base64.b64encode(b"\x00" * 258).decode(),
-                    inference_logprobs=[-0.5, -0.25],
-                )
-            )
-    return RolloutBatch(
-        worker_id=lease.worker_id,
-        step=lease.step,
-        batch_index=lease.batch_index,
-        policy_version=policy_version,
-        samples=samples,
-    )
+    return synthetic_batch(lease, policy_version, advantages=advantages, logprobs=[-0.5, -0.25])
 
 
 @pytest.fixture
