@@ -130,15 +130,17 @@ def room_violations(internal: Mapping[str, Iterable[str]], allowed: Mapping[str,
 
 
 def torch_reachers(
-    internal: Mapping[str, Iterable[str]], external: Mapping[str, Iterable[str]], start: str
+    internal: Mapping[str, Iterable[str]], external: Mapping[str, Iterable[str]], start: str,
+    forbidden: Iterable[str] = TORCH_MODULES,
 ) -> list[str]:
-    """Import paths from ``start`` to a module that imports torch (or another heavy ML package)."""
+    """Import paths from ``start`` to a module that imports torch (or another heavy ML package;
+    ``forbidden``: the imports to look for in ``external``)."""
     paths = []
     seen = {start}
     frontier = [[start]]
     while frontier:
         path = frontier.pop()
-        heavy = TORCH_MODULES & set(external.get(path[-1], ()))
+        heavy = set(forbidden) & set(external.get(path[-1], ()))
         if heavy:
             paths.append(" -> ".join(path) + f" -> {sorted(heavy)[0]}")
         for child in sorted(internal.get(path[-1], ())):
@@ -150,18 +152,9 @@ def torch_reachers(
 
 def attack_reachers(internal: Mapping[str, Iterable[str]], start: str) -> list[str]:
     """Import paths from ``start`` (a module outside the red team) into :data:`ATTACK_ROOM`."""
-    paths = []
-    seen = {start}
-    frontier = [[start]]
-    while frontier:
-        path = frontier.pop()
-        for child in sorted(internal.get(path[-1], ())):
-            if child == ATTACK_ROOM or child.startswith(ATTACK_ROOM + "."):
-                paths.append(" -> ".join([*path, child]))
-            elif child not in seen:
-                seen.add(child)
-                frontier.append([*path, child])
-    return paths
+    attack = {t for targets in internal.values() for t in targets if room(t) == room(ATTACK_ROOM + ".attacks")}
+    honest = {module: set(targets) - attack for module, targets in internal.items() if module not in attack}
+    return torch_reachers(honest, {module: set(targets) & attack for module, targets in internal.items()}, start, attack)
 
 
 # ---------------------------------------------------------------- the real package
@@ -202,29 +195,25 @@ def test_no_honest_module_reaches_attack_code():
     assert [path for start in honest for path in attack_reachers(GRAPH, start)] == []
 
 
+def loaded_by(imports: str, forbidden: str) -> str:
+    """In a fresh interpreter, run ``imports`` and print the modules loaded whose names match the
+    expression ``forbidden`` (of ``m``); '' when there are none, else the output."""
+    code = f"import sys; {imports}; loaded = sorted(m for m in sys.modules if {forbidden}); print(loaded); sys.exit(1 if loaded else 0)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    return "" if done.returncode == 0 else done.stdout + done.stderr
+
+
 def test_honest_processes_never_load_attack_code():
     # What the interpreter loads, not only what the source names: an honest worker, validator,
     # orchestrator and supervisor import no module of the red team.
-    code = (
-        "import sys, prime_rl.worker.process, prime_rl.validator.process, prime_rl.orchestrator.server, "
-        "prime_rl.launch.supervisor, prime_rl.cli; "
-        "loaded = sorted(m for m in sys.modules if m.startswith('prime_rl.redteam')); "
-        "print(loaded); sys.exit(1 if loaded else 0)"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    imports = "import prime_rl.worker.process, prime_rl.validator.process, prime_rl.orchestrator.server, prime_rl.launch.supervisor, prime_rl.cli"
+    assert loaded_by(imports, "m.startswith('prime_rl.redteam')") == ""
 
 
 def test_orchestrator_process_never_imports_torch():
     # The static graph does not see what third-party packages import; the interpreter does.
-    code = (
-        "import sys, prime_rl.orchestrator.server, prime_rl.launch.supervisor, prime_rl.cli; "
-        "from prime_rl.config import load_config; load_config(None); "
-        "heavy = sorted(m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules); "
-        "print(heavy); sys.exit(1 if heavy else 0)"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
+    imports = "import prime_rl.orchestrator.server, prime_rl.launch.supervisor, prime_rl.cli; from prime_rl.config import load_config; load_config(None)"
+    assert loaded_by(imports, "m in ('torch', 'transformers', 'safetensors')") == ""
 
 
 # ---------------------------------------------------------------- the checkers can fail
