@@ -8,6 +8,7 @@ worker-loop tests (HF and vLLM) make the trainer commit v1 while the worker's se
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 from validator_setup import pending_of  # tests/support
 
 from prime_rl.api.protocol import LeaseRecord, RolloutBatch, Verdict, VerdictRequest
+from prime_rl.config import RunConfig, load_config
 from prime_rl.inference.contract import VersionSwitch
 from prime_rl.validator.checks import Checks
 from prime_rl.validator.verdicts import validate_batch
@@ -71,3 +73,24 @@ def commit_during_second_lease(worker: Any, server: Any, trainer: Any, source: C
         return CommittedVersions.newer(source, current, boundary)
 
     return newer
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def worker_loop_config(run_dir: Path, model_dir: Path, origin_port: int, *overrides: str) -> RunConfig:
+    """The worker-loop tests' run: an in-process orchestrator on a free port, shardcast's origin on
+    ``origin_port`` and no relay, 4 prompts x 2 samples of 64 tokens, a worker that submits two
+    batches with in-flight updates on, then ``overrides`` (``conftest.INFLIGHT``, the backend)."""
+    return load_config(None, [
+        "--run_dir", str(run_dir), "--model.path", str(model_dir), "--tasks.num_tasks", "20",
+        "--orchestrator.port", str(free_port()), "--orchestrator.prompts_per_batch", "4",
+        "--orchestrator.async_level", "1", "--orchestrator.release_after_tokens", "0",
+        "--sampling.group_size", "2", "--sampling.max_new_tokens", "64", "--sampling.stop", "[]",
+        "--shardcast.origin_port", str(origin_port), "--shardcast.relay_ports", "[]",
+        "--workers.max_batches", "2", "--workers.weights_poll_s", "0.05", "--workers.inflight_updates", "true",
+        *overrides,
+    ])  # fmt: skip

@@ -128,3 +128,25 @@ class TinyRun:
             source_batch_index=batch_index,
         )
         return lease, record
+
+
+def submit_honest_and_steered(url: str, validator: Any, monkeypatch: Any, steer: Callable[..., Any], batches: int) -> dict[str, str]:
+    """Register two identities at the orchestrator at ``url`` and have each submit ``batches``
+    honest batches generated with ``validator``'s own model and tasks; the ``"steer"`` identity's
+    are sampled with ``steer`` in place of ``prime_rl.inference.backend.sample_next``. Their ids by
+    name (``"honest"``, ``"steer"``)."""
+    import prime_rl.inference.backend as backend_module
+    from prime_rl.api.client import OrchestratorClient
+
+    ids = {}
+    tasks = validator.tasks
+    for behaviour in ("honest", "steer"):
+        with OrchestratorClient(url) as client:
+            ids[behaviour] = client.register(behaviour).worker_id
+            worker = HostileWorker("honest", tasks.encode, tasks.score, tasks.prompt_tokens, tasks.num_tasks)
+            with monkeypatch.context() as patch:
+                if behaviour == "steer":
+                    patch.setattr(backend_module, "sample_next", steer)
+                for _ in range(batches):
+                    client.submit_rollouts(worker.answer(client.get_tasks(ids[behaviour]), validator.backend))
+    return ids

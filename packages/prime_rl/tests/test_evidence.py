@@ -11,7 +11,7 @@ import pytest
 import torch
 from steering import steering_sampler
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
-from validator_setup import TinyRun, process_config
+from validator_setup import TinyRun, process_config, submit_honest_and_steered
 
 import prime_rl.inference.backend as backend_module
 import toploc
@@ -19,7 +19,6 @@ from prime_rl.api.client import OrchestratorClient
 from prime_rl.api.protocol import PendingBatch, Verdict
 from prime_rl.inference.backend import SAMPLER_SEED, HFBackend, SamplingParams
 from prime_rl.orchestrator.server import OrchestratorServer
-from prime_rl.redteam.attacks import HostileWorker
 from prime_rl.tasks import load_tasks
 from prime_rl.validator import noise, process
 from prime_rl.validator.checks import sampling_margins, sampling_problem
@@ -166,8 +165,8 @@ def test_validator_process_bans_a_steering_worker_through_the_orchestrator(
 ) -> None:  # type: ignore[no-untyped-def]
     config = process_config(
         tmp_path, tiny_lm_dir,
-            "--validator.max_batches", "8", "--validator.calibration_tokens", "512",
-            "--validator.false_ban_rate", "1e-3", "--validator.evidence_horizon_samples", "1000",
+        "--validator.max_batches", "8", "--validator.calibration_tokens", "512",
+        "--validator.false_ban_rate", "1e-3", "--validator.evidence_horizon_samples", "1000",
         num_tasks=40, group_size=4, max_new_tokens=16,
     )  # fmt: skip
     metrics = Recorder()
@@ -185,19 +184,7 @@ def test_validator_process_bans_a_steering_worker_through_the_orchestrator(
             return answer
 
         monkeypatch.setattr(validator.client, "post_verdicts", record_post)
-        ids = {}
-        for behaviour in ("honest", "steer"):
-            with OrchestratorClient(server.url) as client:
-                ids[behaviour] = client.register(behaviour).worker_id
-                worker = HostileWorker(
-                    "honest", validator.tasks.encode, validator.tasks.score, validator.tasks.prompt_tokens,
-                    validator.tasks.num_tasks,
-                )  # fmt: skip
-                with monkeypatch.context() as patch:
-                    if behaviour == "steer":
-                        patch.setattr(backend_module, "sample_next", steer)
-                    for _ in range(4):
-                        client.submit_rollouts(worker.answer(client.get_tasks(ids[behaviour]), validator.backend))
+        ids = submit_honest_and_steered(server.url, validator, monkeypatch, steer, batches=4)
         validator.run_loop()
         validator.close()
         with OrchestratorClient(server.url) as client:

@@ -8,12 +8,11 @@ in code (seeds 0, 1, 2) are policy versions 0, 1, 2; every forgery below starts 
 from __future__ import annotations
 
 import dataclasses
-import socket
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from inflight_harness import VersionedValidator, commit_during_second_lease
+from inflight_harness import VersionedValidator, commit_during_second_lease, free_port, worker_loop_config
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
 
@@ -322,30 +321,13 @@ def test_a_worker_switches_mid_lease_when_a_version_is_committed_and_the_validat
     chunk-boundary check, so the commit lands mid-lease), switches, submits spans that pass the
     submission rules, and the validator accepts the stored batch by chained forwards."""
     import shardcast
-    from prime_rl.config import load_config
     from prime_rl.orchestrator.server import OrchestratorServer
     from prime_rl.tasks import load_tasks
     from prime_rl.validator.checks import Checks
     from prime_rl.worker.process import Worker
 
-    def free_port() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
-
     origin_port = free_port()
-    config = load_config(
-        None,
-        [
-            "--run_dir", str(tmp_path / "run"), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "20",
-            "--orchestrator.port", str(free_port()), "--orchestrator.prompts_per_batch", "4",
-            "--orchestrator.async_level", "1", "--orchestrator.release_after_tokens", "0",
-            "--sampling.group_size", "2", "--sampling.max_new_tokens", "64", "--sampling.stop", "[]",
-            "--shardcast.origin_port", str(origin_port), "--shardcast.relay_ports", "[]",
-            "--workers.max_batches", "2", "--workers.weights_poll_s", "0.05", "--workers.inflight_updates", "true",
-            *INFLIGHT,
-        ],
-    )  # fmt: skip
+    config = worker_loop_config(tmp_path / "run", tiny_lm_dir, origin_port, *INFLIGHT)
     v1 = save_policy(make_tiny_lm(seed=1).state_dict(), tmp_path / "v1" / "model.safetensors")
     with (
         OrchestratorServer(config, load_tasks(config.tasks)) as server,

@@ -339,7 +339,7 @@ def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir, caplog
     run_tests("print(1)", {"inputs": [""], "outputs": ["1"]})
     config = process_config(
         tmp_path, tiny_lm_dir,
-            "--validator.max_batches", "2", "--validator.ban_min_samples", "4",
+        "--validator.max_batches", "2", "--validator.ban_min_samples", "4",
         num_tasks=20, group_size=2, max_new_tokens=4,
     )  # fmt: skip
     with OrchestratorServer(config, load_tasks(config.tasks)) as server:

@@ -26,7 +26,7 @@ def test_an_out_of_memory_leaves_the_batch_pending_and_the_honest_worker_unharme
     monkeypatch.setattr(metrics, "_METRICS", writer)
     config = process_config(
         tmp_path, tiny_lm_dir,
-            "--validator.max_batches", "1", "--validator.ban_min_samples", "4", "--validator.poll_interval_s", "0.05",
+        "--validator.max_batches", "1", "--validator.ban_min_samples", "4", "--validator.poll_interval_s", "0.05",
         num_tasks=20, group_size=2, max_new_tokens=4,
     )  # fmt: skip
     with OrchestratorServer(config, load_tasks(config.tasks)) as server:

