@@ -17,7 +17,7 @@ from typing import Any
 
 from prime_rl.api.client import OrchestratorBusy, OrchestratorClient
 from prime_rl.api.protocol import RolloutBatch, TaskLease
-from prime_rl.config import RunConfig
+from prime_rl.config import RunConfig, load_config
 from prime_rl.inference.backend import HFBackend
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.store import RolloutStore
@@ -103,3 +103,22 @@ class RunLeftBehind:
             verdicts=store.all_verdicts(), batches={record.meta.batch_id: record for record in store.batch_records()},
             ledger=Ledger(config, load_tasks(config.tasks), store),
         )  # fmt: skip
+
+
+def commits(run_dir: Path, helpers: Any) -> int:
+    """Policy steps the run's orchestrator has committed so far (its metrics)."""
+    return sum(1 for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "commit")
+
+
+def start_to_first_step(config_path: Path, run_dir: Path, helpers: Any, timeout_s: float) -> tuple[RunConfig, Any]:
+    """Start ``prime-rl run`` (``helpers.start_run``) and wait until it trained its first step, as
+    the attacks start then; the run is interrupted if that never happens. (config, the run)."""
+    config = load_config(config_path)
+    run = helpers.start_run(config_path)
+    try:
+        OrchestratorClient(config.orchestrator.url).wait_until_up(120)
+        helpers.wait_for(lambda: commits(run_dir, helpers) >= 1, timeout_s, "the first trained step")
+    except BaseException:
+        helpers.interrupt_run(run)
+        raise
+    return config, run

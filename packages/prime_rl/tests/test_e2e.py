@@ -203,6 +203,16 @@ def _tails(run_dir: Path) -> str:
     return "\n".join(parts)
 
 
+def _run_to_end(config_path: Path, helpers: Any, timeout_s: float = 240) -> tuple[subprocess.Popen[str], str]:
+    """``prime-rl run`` until it exits by itself (stopped if it has not after ``timeout_s``): the run, its output."""
+    run = helpers.start_run(config_path)
+    try:
+        output, _ = run.communicate(timeout=timeout_s)
+    finally:
+        _stop_run(run)
+    return run, output
+
+
 def _stop_run(run: subprocess.Popen[str]) -> None:
     """Stop a supervisor that is still running the polite way (it stops its children), then the hard way."""
     if run.poll() is None:
@@ -257,11 +267,7 @@ def test_run_fails_when_a_child_fails(tiny_run: Any, helpers: Any, tmp_path: Pat
     empty_model = tmp_path / "empty-model"
     empty_model.mkdir()
     config_path, run_dir = tiny_run(model={"path": str(empty_model)}, workers={"count": 0, "hostile": []})
-    run = helpers.start_run(config_path)
-    try:
-        output, _ = run.communicate(timeout=240)
-    finally:
-        _stop_run(run)
+    run, output = _run_to_end(config_path, helpers)
     assert run.returncode == 1, output[-3000:]
     assert "failed with exit code" in output
     # the child's own error (the exception it died of) is printed, not only the path of its log
@@ -278,11 +284,7 @@ def test_run_stops_when_every_honest_worker_is_banned(tiny_run: Any, helpers: An
         workers={"count": 1, "hostile": [], "behaviour": "fabricated_completion"},
         validator={"ban_min_samples": 8},
     )
-    run = helpers.start_run(config_path)
-    try:
-        output, _ = run.communicate(timeout=240)
-    finally:
-        _stop_run(run)
+    run, output = _run_to_end(config_path, helpers)
     assert run.returncode == 1, output[-3000:]
     assert "every honest worker stopped before the trainer finished" in output, output[-3000:]
     assert re.search(r"banned workers: worker-0: (evidence|\d+/\d+ samples rejected)", output), output[-3000:]

@@ -64,13 +64,13 @@ from typing import Any
 import pytest
 import requests
 import torch
-from redteam_client import RedTeamClient, RunLeftBehind  # tests/support
+from redteam_client import RedTeamClient, RunLeftBehind, commits, start_to_first_step  # tests/support
 from steering import steering_sampler
 
 import prime_rl.inference.backend as backend_module
 from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorClient
 from prime_rl.api.protocol import ClaimRequest, LeaseTask, RolloutBatch, RolloutSample, TaskLease
-from prime_rl.config import RunConfig, load_config
+from prime_rl.config import RunConfig
 from prime_rl.inference.backend import build_proofs
 from prime_rl.orchestrator.store import RolloutStore
 
@@ -315,10 +315,6 @@ class Attacker(RedTeamClient):
 # ---------------------------------------------------------------------- the run
 
 
-def _commits(run_dir: Path, helpers: Any) -> int:
-    return sum(1 for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "commit")
-
-
 def _leases_per_minute(events: list[dict[str, Any]], workers: set[str], start: float, end: float) -> float:
     count = sum(
         1 for e in events if e["event"] == "lease" and e["worker_id"] in workers and start <= e["time"] < end
@@ -342,12 +338,9 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         trainer={"total_steps": 200, "samples_per_step": SAMPLES_PER_STEP},
         workers={"count": 2, "hostile": []},
     )
-    config = load_config(config_path)
-    run = helpers.start_run(config_path)
+    config, run = start_to_first_step(config_path, run_dir, helpers, 240)
     results: dict[str, Any] = {}
     try:
-        OrchestratorClient(config.orchestrator.url).wait_until_up(120)
-        helpers.wait_for(lambda: _commits(run_dir, helpers) >= 1, 240, "the first trained step")
         attacker = Attacker(config, tmp_path / "attacker")
         results["admin_no_token"] = attacker.admin_no_token()
         for attack in CONTENT_ATTACKS:
@@ -379,8 +372,8 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
             180,
             "verdicts on every attack batch",
         )
-        judged_at = _commits(run_dir, helpers)
-        helpers.wait_for(lambda: _commits(run_dir, helpers) >= judged_at + 2, 180, "two more trained steps")
+        judged_at = commits(run_dir, helpers)
+        helpers.wait_for(lambda: commits(run_dir, helpers) >= judged_at + 2, 180, "two more trained steps")
     finally:
         output = helpers.interrupt_run(run)
     assert run.returncode in (0, 128 + signal.SIGINT), output[-3000:]

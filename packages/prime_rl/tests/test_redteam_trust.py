@@ -50,13 +50,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redteam_client import RedTeamClient, RunLeftBehind  # tests/support
+from redteam_client import RedTeamClient, RunLeftBehind, commits, start_to_first_step  # tests/support
 from steering import steering_sampler
 
 import prime_rl.inference.backend as backend_module
 from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorClient
 from prime_rl.api.protocol import ClaimRequest, RolloutBatch
-from prime_rl.config import RunConfig, load_config
+from prime_rl.config import RunConfig
 from prime_rl.orchestrator.store import RolloutStore
 
 pytestmark = pytest.mark.slow
@@ -193,10 +193,6 @@ def _largest_evidence_since(store: RolloutStore, batch_id: str) -> float | None:
     return max(values, default=None)
 
 
-def _commits(run_dir: Path, helpers: Any) -> int:
-    return sum(1 for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "commit")
-
-
 def _rate(events: list[dict[str, Any]], workers: set[str], start: float, end: float) -> float:
     count = sum(1 for e in events if e["event"] == "lease" and e["worker_id"] in workers and start <= e["time"] < end)
     return 60.0 * count / max(end - start, 1e-9)
@@ -219,12 +215,9 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
         trainer={"total_steps": 400, "samples_per_step": 8},
         workers={"count": 1, "hostile": []},
     )
-    config = load_config(config_path)
-    run = helpers.start_run(config_path)
+    config, run = start_to_first_step(config_path, run_dir, helpers, 300)
     results: dict[str, Any] = {}
     try:
-        OrchestratorClient(config.orchestrator.url).wait_until_up(120)
-        helpers.wait_for(lambda: _commits(run_dir, helpers) >= 1, 300, "the first trained step")
         attacker = TrustAttacker(config, tmp_path / "attacker")
         attacker.hit_and_run()
         attacker.diluted()
@@ -249,8 +242,8 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
         helpers.wait_for(
             lambda: None not in _resolved(store, attacker.walked_away), 300, "every abandoned lease answered"
         )
-        judged_at = _commits(run_dir, helpers)
-        helpers.wait_for(lambda: _commits(run_dir, helpers) >= judged_at + 3, 300, "three more trained steps")
+        judged_at = commits(run_dir, helpers)
+        helpers.wait_for(lambda: commits(run_dir, helpers) >= judged_at + 3, 300, "three more trained steps")
     finally:
         output = helpers.interrupt_run(run)
     assert run.returncode in (0, 128 + signal.SIGINT), output[-3000:]
