@@ -263,3 +263,17 @@ def test_graph_sees_function_level_and_from_package_imports(tmp_path: Path):
     assert internal["prime_rl.tasks"] == {"prime_rl.api.assignment"}
     assert external["prime_rl.tasks"] == {"torch"}
     assert external["prime_rl.api.assignment"] == {"hashlib"}
+
+
+def test_the_old_hostile_module_names_are_deprecated_aliases():
+    # One release: prime_rl.worker.hostile* import as the red team's modules (the same objects), with a warning.
+    import importlib
+
+    from prime_rl.worker import MOVED_TO_REDTEAM
+
+    assert set(MOVED_TO_REDTEAM) == {f"prime_rl.worker.{n}" for n in ("hostile", "hostile_spans", "hostile_episodes")}
+    for old, new in MOVED_TO_REDTEAM.items():
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=new):
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new) and module.__spec__.name == new
