@@ -58,6 +58,7 @@ import heapq
 import json
 import math
 import random
+import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -481,7 +482,8 @@ def simulate(params: SimParams) -> SimResult:
     if params.engine == "continuous":
         from inflight_sim_continuous import ContinuousSim
 
-        return ContinuousSim(params, _Sim(replace(params, mode="between_lease", engine="lockstep"))).run()
+        lock_step = _Sim(replace(params, mode="between_lease", engine="lockstep"))
+        return ContinuousSim(params, lock_step, sys.modules[__name__]).run()  # its rules are this module's
     if params.engine != "lockstep":
         raise ValueError(f"engine must be 'lockstep' or 'continuous', got {params.engine!r}")
     return _Sim(params).run()
@@ -619,7 +621,7 @@ def main() -> None:
     text += "\n".join(_row(r) for r in recompute) + "\n"
     from inflight_sim_continuous import what_if as continuous_what_if
 
-    continuous, continuous_rows, continuous_text = continuous_what_if(base)
+    continuous, continuous_rows, continuous_text = continuous_what_if(base, sys.modules[__name__])
     text += "\n" + continuous_text
     args.out.with_suffix(".md").write_text(text)
     args.out.with_suffix(".json").write_text(json.dumps({

@@ -33,10 +33,11 @@ import heapq
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import Any
 
-if TYPE_CHECKING:
-    from inflight_sim import SimParams, SimResult
+SimParams = Any  # inflight_sim.SimParams: this module never imports inflight_sim, which imports it
+SimResult = Any  # inflight_sim.SimResult
 
 
 @dataclass
@@ -69,14 +70,14 @@ class _Worker:
 class ContinuousSim:
     """The continuous-batching engine (module docstring); same result type as ``inflight_sim``."""
 
-    def __init__(self, params: SimParams, sim: Any) -> None:
-        import inflight_sim
-
+    def __init__(self, params: SimParams, sim: Any, model: ModuleType) -> None:
+        """``sim``: the lock-step simulation (its broadcast delays and worker speeds); ``model``: the
+        ``inflight_sim`` module (its rules: required versions, lengths, the result summary)."""
         if params.mode not in ("between_lease", "inflight"):
             raise ValueError(f"engine='continuous' models between_lease and inflight, not {params.mode!r}")
         if params.drain not in ("eager", "lazy"):
             raise ValueError(f"drain must be 'eager' or 'lazy', got {params.drain!r}")
-        self.m = inflight_sim
+        self.m = model
         self.p = params
         self.sim = sim  # the lock-step simulation's helpers: broadcast delays and worker speeds
         self.batch = params.prompts_per_batch * params.group_size
@@ -301,24 +302,23 @@ BASELINES = (
 """The between-lease systems the continuous in-flight engine is compared with."""
 
 
-def what_if(base: SimParams) -> tuple[list[SimResult], list[dict[str, Any]], str]:
+def what_if(base: SimParams, m: ModuleType) -> tuple[list[SimResult], list[dict[str, Any]], str]:
     """Continuous in-flight vs each between-lease baseline of :data:`BASELINES`, long tail: 16 and 64
     workers (64 with seeds 0, 1, 2), plus 256 workers against today's system only (trainer-bound).
-    Returns the runs, the matched comparisons (``inflight_sim.matched``) and the markdown section."""
+    Returns the runs, the matched comparisons (``inflight_sim.matched``) and the markdown section;
+    ``m`` is the ``inflight_sim`` module (its simulation, grid and table rows)."""
     from dataclasses import replace
-
-    import inflight_sim as m
 
     settings = [(16, 0), (64, 0), (64, 1), (64, 2), (256, 0)]
     runs: list[SimResult] = []
     rows: list[dict[str, Any]] = []
     for workers, seed in settings:
         setting = replace(base, workers=workers, seed=seed, lengths="long_tail")
-        ours = [simulate_one(replace(setting, mode="inflight", bound=b, engine="continuous", submit="group"))
+        ours = [m.simulate(replace(setting, mode="inflight", bound=b, engine="continuous", submit="group"))
                 for b in m.GRID_BOUNDS]  # fmt: skip
         runs += ours
         for label, fields in BASELINES if workers != 256 else BASELINES[:1]:
-            theirs = [simulate_one(replace(setting, mode="between_lease", bound=b, **fields)) for b in m.GRID_BOUNDS]
+            theirs = [m.simulate(replace(setting, mode="between_lease", bound=b, **fields)) for b in m.GRID_BOUNDS]
             if fields["engine"] == "continuous" or fields["submit"] == "group":
                 runs += theirs  # (today's lock-step rows are in the main table)
             rows += [{**row, "baseline": label} for row in m.matched(theirs + ours)]
@@ -368,8 +368,3 @@ def what_if(base: SimParams) -> tuple[list[SimResult], list[dict[str, Any]], str
         )
     return runs, rows, "\n".join(text) + "\n"
 
-
-def simulate_one(params: SimParams) -> SimResult:
-    import inflight_sim
-
-    return inflight_sim.simulate(params)

@@ -17,14 +17,18 @@ import base64
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # synthetic_batches
+
+from synthetic_batches import synthetic_batch  # tests/support
 
 from prime_rl.api.client import OrchestratorClient
-from prime_rl.api.protocol import RolloutBatch, RolloutSample, TaskLease
+from prime_rl.api.protocol import RolloutBatch, TaskLease
 from prime_rl.config import load_config
 from prime_rl.orchestrator.records import batch_rows
 from prime_rl.orchestrator.server import OrchestratorServer
@@ -37,20 +41,12 @@ PROMPT_TOKENS, COMPLETION_TOKENS = 128, 256
 
 
 def _batch(lease: TaskLease, version: int = 0) -> RolloutBatch:
-    proofs = base64.b64encode(os.urandom(258 * (COMPLETION_TOKENS // 32))).decode()
-    samples = [
-        RolloutSample(
-            task_id=task.task_id, group_index=g, prompt_tokens=list(range(3, 3 + PROMPT_TOKENS)),
-            completion_tokens=[(7 * i + g) % 30000 for i in range(COMPLETION_TOKENS)], sampling_seed=seed,
-            temperature=lease.temperature, reward=float(g % 2), advantage=0.5 - g % 2,
-            proofs=proofs, inference_logprobs=[-0.01 * (i % 50) for i in range(COMPLETION_TOKENS)],
-        )
-        for task in lease.tasks
-        for g, seed in enumerate(task.sampling_seeds)
-    ]  # fmt: skip
-    return RolloutBatch(
-        worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index, policy_version=version,
-        samples=samples,
+    return synthetic_batch(
+        lease, version, prompt_tokens=range(3, 3 + PROMPT_TOKENS),
+        completion=lambda g: [(7 * i + g) % 30000 for i in range(COMPLETION_TOKENS)],
+        reward=lambda g: float(g % 2), advantage=lambda g: 0.5 - g % 2,
+        logprobs=[-0.01 * (i % 50) for i in range(COMPLETION_TOKENS)],
+        proofs=base64.b64encode(os.urandom(258 * (COMPLETION_TOKENS // 32))).decode(),
     )  # fmt: skip
 
 

@@ -55,6 +55,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # synthetic_batches
+
 OLD_COMMIT = "6618b31"
 IDENTITIES = 16
 CYCLES_PER_WINDOW = 400
@@ -116,25 +118,21 @@ def _cycle(ledger: Any, worker: Any, proofs: str, spent: _Clock, leasing: _Clock
     Timed: what the server does with each request (body parsing and validation, the ledger call);
     not timed: building the worker's and the validator's request bodies.
     """
-    from prime_rl.api.protocol import RolloutBatch, RolloutSample, Verdict, VerdictRequest
+    from synthetic_batches import synthetic_batch  # tests/support
+
+    from prime_rl.api.protocol import RolloutBatch, Verdict, VerdictRequest
 
     with spent:
         ledger.status()
         with leasing:
             lease = ledger.lease(worker, None, None)
-    samples = [
-        RolloutSample(
-            task_id=task.task_id, group_index=g, prompt_tokens=list(range(3, 67)),
-            completion_tokens=[(7 * i + g) % 3000 for i in range(64)], sampling_seed=seed, temperature=1.0,
-            reward=float(g % 2), advantage=0.5 - g % 2, proofs=proofs, inference_logprobs=[-0.5] * 64,
-        )
-        for task in lease.tasks
-        for g, seed in enumerate(task.sampling_seeds)
-    ]  # fmt: skip
-    body = RolloutBatch(
-        worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index, policy_version=lease.step,
-        samples=samples,
-    ).model_dump_json().encode()  # fmt: skip
+    batch = synthetic_batch(
+        lease, lease.step, prompt_tokens=range(3, 67), completion=lambda g: [(7 * i + g) % 3000 for i in range(64)],
+        reward=lambda g: float(g % 2), advantage=lambda g: 0.5 - g % 2, logprobs=[-0.5] * 64, proofs=proofs,
+        temperature=1.0,
+    )  # fmt: skip
+    samples = batch.samples
+    body = batch.model_dump_json().encode()
     with spent:
         answer = ledger.submit(worker, RolloutBatch.model_validate_json(body), hashlib.sha256(body).hexdigest())
     verdicts = [

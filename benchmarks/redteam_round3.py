@@ -267,7 +267,7 @@ class HonestClient:
 
     def __init__(self, config: RunConfig, cache: Path, name: str) -> None:
         # One intra-op thread: the run's processes hold the cores, and a second thread that spins waiting
-        # for them made each decode step 15x slower (8 x 80 tokens of the tiny model: 33 s against 2.2 s).
+        # for them made each decode step many times slower (benchmarks/results/redteam_round3.md).
         torch.set_num_threads(1)
         self.config = config
         self.backend = HFBackend(config.model.path, dtype=config.model.dtype)

@@ -3,11 +3,11 @@
 One ``prime-rl run`` of the test suite's tiny random model (fp32, single-turn arithmetic tasks,
 96-token completions with no stop string: three proof chunks each), every role a real process on
 loopback: orchestrator, shardcast origin and relay, trainer, validator, one honest worker with
-``workers.inflight_updates`` on, and one hostile worker per span forgery of ``worker/hostile.py``
+``workers.inflight_updates`` on, and one hostile worker per span forgery of ``redteam/attacks.py``
 (the attacks marked ``spans``), each its own identity: the validator bans a fresh identity at its
 first rejected lease (issue 34), so one identity is judged once. Every forgery decodes its lease
 for real, switching in flight to the next committed version where it needs one
-(``worker/hostile_spans.py``), and then claims other spans.
+(``redteam/spans.py``), and then claims other spans.
 
 What the run leaves on disk decides (:func:`session`): each judged attack's own verdict reasons
 (and a detail line), the orchestrator's refusal of the two it refuses at submission (the worker's
@@ -38,7 +38,7 @@ from typing import Any
 from prime_rl.metrics import read_metrics
 from prime_rl.orchestrator.records import rollout_samples
 from prime_rl.orchestrator.store import RolloutStore
-from prime_rl.worker.hostile import ATTACKS
+from prime_rl.redteam.attacks import ATTACKS
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -250,7 +250,7 @@ def report(results: dict[float, dict[str, Any]], meta: dict[str, Any]) -> str:
         f"Written by `benchmarks/redteam_spans.py` on {meta['date']} ({meta['machine']}, shared with other jobs); raw:",
         "`redteam_spans.json`. Each session is one `prime-rl run` of the tiny random model (fp32, 96-token completions,",
         "8 samples per lease, async_level 4): an honest worker with `workers.inflight_updates` on and one hostile",
-        "identity per span forgery of `worker/hostile.py`, each decoding its lease for real (switching in flight to",
+        "identity per span forgery of `redteam/attacks.py`, each decoding its lease for real (switching in flight to",
         "the next committed version where the attack needs it) before it forges its claim. The trainer's learning",
         "rate sets how far apart two adjacent versions are: at the default 1e-5 one AdamW step moves each weight by",
         "about 1e-5; at 1e-2 by about 1e-2. `own reasons` are the validator's per-sample verdicts other than",

@@ -14,7 +14,7 @@ What runs (everything on this machine, on loopback unless ``--wan`` finds namesp
     trained in fp32 at INTELLECT-2's lr 3e-7 and published in bf16, so versions differ by real bf16
     weight deltas (``--no-delta``: shardcast full files only);
   - ``--hosts`` swarm hosts (``benchmarks/swarm_host.py``), each running its share of the N identities
-    on one shared model; every 10th identity (``--hostile-every``) plays a ``worker/hostile.py`` attack.
+    on one shared model; every 10th identity (``--hostile-every``) plays a ``redteam/attacks.py`` attack.
 With ``--kills K``, once the first policy version is published a seeded schedule SIGKILLs, one every ``--kill-gap-s``
 (seeded jitter) or sooner when the run gets ahead (kill ``i`` by step ``1 + i * (steps - 1) // K``, so a
 fast run cannot end before its kills), in a seeded rotation: the orchestrator, every validator (``--validators K``:

@@ -7,7 +7,7 @@ score -> submit) with its own identity file (``<run_dir>/swarm/<name>/identity.j
 HTTP client, in its own thread. What the identities share: the model and its backend (generation
 is serialised by one lock, held from the weight reload through the batch, so no batch mixes
 versions), and one shardcast follower that downloads each policy version once for the host.
-Every ``hostile_every``-th identity plays one behaviour of ``worker/hostile.py`` (``HOSTILE``, in turn).
+Every ``hostile_every``-th identity plays one behaviour of ``redteam/attacks.py`` (``HOSTILE``, in turn).
 
 What it records, for the harness's figures and invariant checks, in ``<out>/host-<H>.jsonl``
 (one JSON object a line, written before the next request):
@@ -42,9 +42,9 @@ from prime_rl.config import RunConfig, load_config
 from prime_rl.episodes import load_episode_env
 from prime_rl.inference.select import make_backend
 from prime_rl.metrics import init_process
+from prime_rl.redteam.attacks import MIXED_CYCLE, HostileWorker
 from prime_rl.reward import run_tasks
 from prime_rl.weights.store import PolicyFetch, PolicyStore, VersionFollower
-from prime_rl.worker.hostile import MIXED_CYCLE, HostileWorker
 from prime_rl.worker.identity import IDENTITY_FILE
 from prime_rl.worker.process import Honest, Worker
 

@@ -23,7 +23,7 @@ Every name carries this process's pid (namespaces `swan-<pid>-<token>-<site>`; l
 anything of a live one or anything this module did not create. `close()` runs at exit and on
 SIGINT/SIGTERM (then the previous handler runs).
 
-`python benchmarks/swarm_wan.py --selftest` measures each site's RTT and bandwidth against its
+`python benchmarks/swarm_wan_probe.py --selftest` (or the same arguments to this file) measures each site's RTT and bandwidth against its
 configuration (results: benchmarks/results/swarm_wan_selftest.md).
 """
 
@@ -493,6 +493,7 @@ def open_network(
 
 
 if __name__ == "__main__":
-    from swarm_wan_probe import selftest_main
-
-    raise SystemExit(selftest_main(sys.argv[1:]))
+    # The self-test is swarm_wan_probe's (which imports this module, never the other way round):
+    # the old command runs it as a process.
+    probe_script = str(Path(__file__).with_name("swarm_wan_probe.py"))
+    os.execv(sys.executable, [sys.executable, probe_script, *sys.argv[1:]])

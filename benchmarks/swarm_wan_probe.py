@@ -289,7 +289,7 @@ def selftest_main(argv: list[str]) -> int:
         [
             f"# swarm_wan selftest ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
             "",
-            f"Command: `python benchmarks/swarm_wan.py {' '.join(argv)}` "
+            f"Command: `python benchmarks/swarm_wan_probe.py {' '.join(argv)}` "
             f"(loss set to 0 so the RTT column is the delay alone).",
             f"Network: {network.description}",
             f"Machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} at the end.",

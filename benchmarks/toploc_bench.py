@@ -4,8 +4,7 @@
 
 Reference toploc 0.1.6 is not run: its wheel needs torch 2.6/2.7 (it fails to import
 with torch 2.13) and the CUDA torch 2.6 wheel with its nvidia-* dependencies (~3 GB).
-Its measured numbers on a comparable 2-core VM (shared/reference/toploc.md §4.4) are
-build 31.8-34.4 and C++ verify 13.8-16.5 ms per 1k tokens.
+Its numbers, measured on a comparable 2-core VM: shared/reference/toploc.md §4.4.
 """
 
 import os

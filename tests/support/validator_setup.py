@@ -4,16 +4,41 @@ assignment, ``async_level`` 1)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prime_rl.api import assignment
-from prime_rl.api.protocol import LeaseRecord, LeaseTask, TaskLease
-from prime_rl.config import load_config
+from prime_rl.api.protocol import LeaseRecord, LeaseTask, PendingBatch, RolloutBatch, TaskLease
+from prime_rl.config import RunConfig, load_config
+from prime_rl.redteam.attacks import HostileWorker
 from prime_rl.validator.checks import Checks
-from prime_rl.worker.hostile import HostileWorker
+from prime_rl.validator.verdicts import validate_batch
+
+
+def pending_of(batch: RolloutBatch, record: LeaseRecord | None, batch_id: str = "") -> PendingBatch:
+    """``batch`` as the validator receives it, answering the lease of ``record``."""
+    return PendingBatch(
+        batch_id=batch_id or f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}", worker_id=batch.worker_id,
+        step=batch.step, batch_index=batch.batch_index, policy_version=batch.policy_version,
+        received_at=time.time(), lease=record, samples=batch.samples,
+    )  # fmt: skip
+
+
+def process_config(run_dir: Path, model_dir: Path, *overrides: str, num_tasks: int, group_size: int, max_new_tokens: int) -> RunConfig:
+    """The config of an in-process orchestrator and validator process on the tiny model: the
+    orchestrator on a free loopback port, two prompts a batch, then ``overrides``."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return load_config(None, [
+        "--run_dir", str(run_dir), "--model.path", str(model_dir), "--tasks.num_tasks", str(num_tasks),
+        "--orchestrator.port", str(port), "--orchestrator.prompts_per_batch", "2",
+        "--sampling.group_size", str(group_size), "--sampling.max_new_tokens", str(max_new_tokens), *overrides,
+    ])  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -59,6 +84,12 @@ class TinyRun:
             hidden_size=self.hidden_size,
         )
 
+    def judge(self, batch: RolloutBatch, record: LeaseRecord | None, checks: Checks, backend_for: Callable[[int], Any], **kwargs: Any) -> list:
+        """``validate_batch`` of ``batch`` answering ``record`` with this run's tasks and decoder."""
+        return validate_batch(
+            pending_of(batch, record), tasks=self, backend_for=backend_for, decode=self.decode, checks=checks, **kwargs
+        )
+
     def worker(self, behaviour: str) -> HostileWorker:
         """A worker answering leases of this run (``"honest"`` or a hostile behaviour)."""
         return HostileWorker(behaviour, self.encode, self.score, self.prompt_tokens, self.num_tasks)
@@ -97,3 +128,25 @@ class TinyRun:
             source_batch_index=batch_index,
         )
         return lease, record
+
+
+def submit_honest_and_steered(url: str, validator: Any, monkeypatch: Any, steer: Callable[..., Any], batches: int) -> dict[str, str]:
+    """Register two identities at the orchestrator at ``url`` and have each submit ``batches``
+    honest batches generated with ``validator``'s own model and tasks; the ``"steer"`` identity's
+    are sampled with ``steer`` in place of ``prime_rl.inference.backend.sample_next``. Their ids by
+    name (``"honest"``, ``"steer"``)."""
+    import prime_rl.inference.backend as backend_module
+    from prime_rl.api.client import OrchestratorClient
+
+    ids = {}
+    tasks = validator.tasks
+    for behaviour in ("honest", "steer"):
+        with OrchestratorClient(url) as client:
+            ids[behaviour] = client.register(behaviour).worker_id
+            worker = HostileWorker("honest", tasks.encode, tasks.score, tasks.prompt_tokens, tasks.num_tasks)
+            with monkeypatch.context() as patch:
+                if behaviour == "steer":
+                    patch.setattr(backend_module, "sample_next", steer)
+                for _ in range(batches):
+                    client.submit_rollouts(worker.answer(client.get_tasks(ids[behaviour]), validator.backend))
+    return ids

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -15,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from synthetic_batches import synthetic_batch  # tests/support
 
 from prime_rl.api.client import OrchestratorClient
-from prime_rl.api.protocol import RolloutBatch, RolloutSample, TaskLease, TrainSample
+from prime_rl.api.protocol import RolloutBatch, TaskLease, TrainSample
 from prime_rl.config import RunConfig, load_config
 from prime_rl.launch.groups import stop_groups
 from prime_rl.orchestrator.server import OrchestratorServer
@@ -56,33 +56,7 @@ def make_batch(
     lease: TaskLease, policy_version: int = 0, *, advantages: list[float] | None = None
 ) -> RolloutBatch:
     """A structurally valid batch answering ``lease`` (contents are not a real model's)."""
-    samples = []
-    k = 0
-    for task in lease.tasks:
-        for group_index, seed in enumerate(task.sampling_seeds):
-            advantage = advantages[k] if advantages is not None else (1.0 if group_index == 0 else -1.0)
-            k += 1
-            samples.append(
-                RolloutSample(
-                    task_id=task.task_id,
-                    group_index=group_index,
-                    prompt_tokens=[1, 2, 3],
-                    completion_tokens=[4, 5],
-                    sampling_seed=seed,
-                    temperature=lease.temperature,
-                    reward=float(group_index == 0),
-                    advantage=advantage,
-                    proofs=base64.b64encode(b"\x00" * 258).decode(),
-                    inference_logprobs=[-0.5, -0.25],
-                )
-            )
-    return RolloutBatch(
-        worker_id=lease.worker_id,
-        step=lease.step,
-        batch_index=lease.batch_index,
-        policy_version=policy_version,
-        samples=samples,
-    )
+    return synthetic_batch(lease, policy_version, advantages=advantages, logprobs=[-0.5, -0.25])
 
 
 @pytest.fixture
@@ -232,6 +206,38 @@ def wait_for(predicate: Any, timeout_s: float, what: str, poll_s: float = 0.25) 
         time.sleep(poll_s)
 
 
+def start_run(config_path: Path, cwd: Path | None = None) -> subprocess.Popen[str]:
+    """``prime-rl run --config FILE`` as a child process (quiet threads), its output (stderr too) piped as text."""
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+    return subprocess.Popen(
+        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+
+
+def interrupt_run(run: subprocess.Popen[str], timeout_s: float = 90.0) -> str:
+    """Ctrl-C a run that is still going (the supervisor stops its children), killed if it has not
+    exited ``timeout_s`` later; the run's whole output."""
+    if run.poll() is None:
+        run.send_signal(signal.SIGINT)
+    try:
+        output, _ = run.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        output, _ = run.communicate()
+    return output
+
+
+def run_until(run: subprocess.Popen[str], done: Any, timeout_s: float, what: str) -> str:
+    """Wait until ``done()`` or the run exits (the test fails after ``timeout_s``), then interrupt
+    the run, whatever happened; its output."""
+    try:
+        wait_for(lambda: run.poll() is not None or done(), timeout_s, what)
+    finally:
+        output = interrupt_run(run)
+    return output
+
+
 def metrics_of(run_dir: Path, name: str) -> list[dict[str, Any]]:
     from prime_rl.metrics import read_metrics
 
@@ -295,8 +301,9 @@ def helpers() -> Any:
     import types
 
     return types.SimpleNamespace(
-        wait_for=wait_for, metrics_of=metrics_of, free_ports=free_ports, write_toml=write_toml
-    )
+        wait_for=wait_for, metrics_of=metrics_of, free_ports=free_ports, write_toml=write_toml,
+        start_run=start_run, interrupt_run=interrupt_run, run_until=run_until,
+    )  # fmt: skip
 
 
 def _random_samples(count: int, group_size: int = 4, seed: int = 0) -> list[TrainSample]:

@@ -8,7 +8,9 @@ import base64
 import hashlib
 from typing import Any
 
-from prime_rl.api.protocol import RolloutBatch, RolloutSample, Verdict, VerdictRequest
+from synthetic_batches import synthetic_batch  # tests/support
+
+from prime_rl.api.protocol import RolloutBatch, Verdict, VerdictRequest
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.store import RolloutStore
 from prime_rl.tasks import TaskSet
@@ -30,18 +32,9 @@ def _ledger(config_for: Any, *overrides: str) -> tuple[Ledger, _Clock]:
 
 
 def _batch(lease: Any, version: int = 0) -> RolloutBatch:
-    samples = [
-        RolloutSample(
-            task_id=task.task_id, group_index=g, prompt_tokens=[1], completion_tokens=[2, 3], sampling_seed=seed,
-            temperature=1.0, reward=float(g), advantage=float(g) - 0.5, proofs=base64.b64encode(b"p").decode(),
-            inference_logprobs=[-9.0, -9.0],
-        )
-        for task in lease.tasks
-        for g, seed in enumerate(task.sampling_seeds)
-    ]  # fmt: skip
-    return RolloutBatch(
-        worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index, policy_version=version,
-        samples=samples,
+    return synthetic_batch(
+        lease, version, prompt_tokens=[1], completion=[2, 3], reward=float, advantage=lambda g: g - 0.5,
+        logprobs=[-9.0, -9.0], proofs=base64.b64encode(b"p").decode(), temperature=1.0,
     )  # fmt: skip
 
 

@@ -187,3 +187,26 @@ def test_roles_get_the_resolved_model_path(monkeypatch: pytest.MonkeyPatch):
     seen.clear()
     assert cli.main(["run", "--model.path", "org/mine"]) == 0
     assert seen["path"] == "org/mine" and seen["overrides"] == ["--model.path", "org/mine"]
+
+
+def test_worker_with_a_hostile_behaviour_runs_the_red_team_role(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    """Hostile behaviours have their own role (``prime-rl redteam``); ``prime-rl worker`` with one
+    still runs, through that role, for one release, and says it is deprecated."""
+    roles: list[tuple[str, str]] = []
+
+    def entry_of(role: str) -> object:
+        def fake(config: RunConfig, name: str = role) -> int:
+            roles.append((role, name))
+            return 0
+
+        return fake
+
+    monkeypatch.setattr(cli, "resolve_model_path", lambda path, dtype: path or "/cache/demo")
+    monkeypatch.setattr(cli, "role_entry", entry_of)
+    assert cli.main(["worker", "--workers.behaviour", "garbage"]) == 0
+    assert roles == [("redteam", "worker")] and "deprecated" in capsys.readouterr().err
+    assert cli.main(["worker"]) == 0 and cli.main(["redteam", "--workers.behaviour", "mixed"]) == 0
+    assert roles[1:] == [("worker", "worker"), ("redteam", "redteam")] and capsys.readouterr().err == ""
+    assert cli.ROLES["redteam"] == ("prime_rl.redteam.process", "main")

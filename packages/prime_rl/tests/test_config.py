@@ -191,6 +191,14 @@ def test_run_plans_every_process() -> None:
     assert config.workers.count == 2 and config.workers.hostile == []  # the shipped defaults
     assert sum(name.startswith("worker-") for name in names) == 2
     assert not any(name.startswith("hostile-") for name in names)
+    # hostile workers are the red team's role; with a hostile workers.behaviour every worker is
+    hostile = load_config(None, ["--workers.hostile", '["garbage", "mixed"]', "--workers.count", "1"])
+    roles = {spec.name: (spec.role, spec.extra) for spec in plan_children(hostile)}
+    assert roles["worker-0"] == ("worker", ())
+    assert roles["hostile-0"] == ("redteam", ("--workers.behaviour", "garbage"))
+    assert roles["hostile-1"] == ("redteam", ("--workers.behaviour", "mixed"))
+    cheating = load_config(None, ["--workers.behaviour", "garbage", "--workers.count", "1"])
+    assert {spec.name: spec.role for spec in plan_children(cheating)}["worker-0"] == "redteam"
 
 
 def test_difficulty_filter_and_length_budgets(tmp_path: Path) -> None:

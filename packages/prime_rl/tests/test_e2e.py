@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 from prime_rl.orchestrator.store import RolloutStore
-from prime_rl.worker.hostile import ATTACKS, BEHAVIOURS, MIXED_CYCLE
+from prime_rl.redteam.attacks import ATTACKS, BEHAVIOURS, MIXED_CYCLE
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +46,7 @@ def test_run_end_to_end(tiny_run: Any, helpers: Any) -> None:
     )
     # On a loaded machine a slow worker may take part late: rather than a fixed number of steps,
     # the run goes on until STEPS versions are trained and every process has done its part.
-    run = _run_process(config_path)
+    run = helpers.start_run(config_path)
     try:
         helpers.wait_for(
             lambda: run.poll() is not None or _acceptance_observed(run_dir, helpers),
@@ -204,12 +203,14 @@ def _tails(run_dir: Path) -> str:
     return "\n".join(parts)
 
 
-def _run_process(config_path: Path) -> subprocess.Popen[str]:
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
-    return subprocess.Popen(
-        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
+def _run_to_end(config_path: Path, helpers: Any, timeout_s: float = 240) -> tuple[subprocess.Popen[str], str]:
+    """``prime-rl run`` until it exits by itself (stopped if it has not after ``timeout_s``): the run, its output."""
+    run = helpers.start_run(config_path)
+    try:
+        output, _ = run.communicate(timeout=timeout_s)
+    finally:
+        _stop_run(run)
+    return run, output
 
 
 def _stop_run(run: subprocess.Popen[str]) -> None:
@@ -238,7 +239,7 @@ def _alive(pid: int) -> bool:
 def test_run_ctrl_c_stops_every_child(tiny_run: Any, helpers: Any) -> None:
     """SIGINT to `prime-rl run` while its children start up: every child is gone afterwards, exit 130."""
     config_path, run_dir = tiny_run(workers={"count": 0, "hostile": []})
-    run = _run_process(config_path)
+    run = helpers.start_run(config_path)
     try:
         started = helpers.wait_for(
             lambda: (
@@ -266,11 +267,7 @@ def test_run_fails_when_a_child_fails(tiny_run: Any, helpers: Any, tmp_path: Pat
     empty_model = tmp_path / "empty-model"
     empty_model.mkdir()
     config_path, run_dir = tiny_run(model={"path": str(empty_model)}, workers={"count": 0, "hostile": []})
-    run = _run_process(config_path)
-    try:
-        output, _ = run.communicate(timeout=240)
-    finally:
-        _stop_run(run)
+    run, output = _run_to_end(config_path, helpers)
     assert run.returncode == 1, output[-3000:]
     assert "failed with exit code" in output
     # the child's own error (the exception it died of) is printed, not only the path of its log
@@ -287,11 +284,7 @@ def test_run_stops_when_every_honest_worker_is_banned(tiny_run: Any, helpers: An
         workers={"count": 1, "hostile": [], "behaviour": "fabricated_completion"},
         validator={"ban_min_samples": 8},
     )
-    run = _run_process(config_path)
-    try:
-        output, _ = run.communicate(timeout=240)
-    finally:
-        _stop_run(run)
+    run, output = _run_to_end(config_path, helpers)
     assert run.returncode == 1, output[-3000:]
     assert "every honest worker stopped before the trainer finished" in output, output[-3000:]
     assert re.search(r"banned workers: worker-0: (evidence|\d+/\d+ samples rejected)", output), output[-3000:]

@@ -11,10 +11,7 @@ whether the model's last turn is shorter than its first. The tiny random model m
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -99,25 +96,12 @@ def test_a_run_trains_on_an_environment_loaded_by_import_path(tiny_run: Any, hel
         trainer={"total_steps": 2, "samples_per_step": 8},
         workers={"count": 1, "hostile": []},
     )
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
-    run = subprocess.Popen(
-        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
+    run = helpers.start_run(config_path)
 
     def trained() -> bool:
         return any(e["event"] == "commit" for e in helpers.metrics_of(run_dir, "orchestrator"))
 
-    try:
-        helpers.wait_for(lambda: run.poll() is not None or trained(), 300, "a step trained on the episodes")
-    finally:
-        if run.poll() is None:
-            run.send_signal(signal.SIGINT)
-        try:
-            output, _ = run.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            run.kill()
-            output, _ = run.communicate()
+    output = helpers.run_until(run, trained, 300, "a step trained on the episodes")
     assert run.returncode in (0, 128 + signal.SIGINT, -signal.SIGINT), output[-3000:]
     assert trained(), output[-3000:]
 

@@ -10,7 +10,6 @@ wrong attribute.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +23,6 @@ from prime_rl import cli
 from prime_rl.config import ComponentError, load_config
 from prime_rl.episodes import load_environment
 from prime_rl.launch.supervisor import ChildSpec, Supervisor, first_error
-from prime_rl.metrics import MetricsWriter
 from verifiers import Task
 from verifiers.envs import Environment, Message, RewardFunc, Rubric, SingleTurnEnv, ToolEnv
 
@@ -157,18 +155,12 @@ class RefusingValidator(Supervisor):
 
 
 def test_the_supervisor_shows_a_configuration_error_and_stops_instead_of_restarting(tmp_path: Path) -> None:
-    from prime_rl.launch.local import free_port
+    from stand_in_runs import (
+        run_stand_in,  # tests/support (here: child processes import this file as an environment)
+    )
 
-    overrides = ["--run_dir", str(tmp_path), "--orchestrator.port", str(free_port()), "--evaluator.enabled", "false",
-                 "--orchestrator.connect_timeout_s", "60"]  # fmt: skip
-    config = load_config(None, overrides)
-    metrics = MetricsWriter(tmp_path / "run.jsonl", role="run", name="run")
-    supervisor = RefusingValidator(config, None, overrides, metrics, on_progress=lambda line: None, backoff_s=0.1)
-    try:
-        assert supervisor.run() == 2
-    finally:
-        supervisor.stop_all()
-    events = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    code, events = run_stand_in(RefusingValidator, tmp_path, backoff_s=0.1)
+    assert code == 2
     assert not [e for e in events if e["event"] in ("child_restarted", "child_died")]
     (failed,) = [e for e in events if e["event"] == "failed"]
     assert failed["child"] == "validator" and failed["config_error"] is True

@@ -7,11 +7,7 @@ commits and the validator accepts every sample.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -92,25 +88,12 @@ def test_the_readme_examples_train_in_a_real_run(filename: str, tiny_run: Any, h
         trainer={"total_steps": 1, "samples_per_step": 8},
         workers={"count": 1, "hostile": []},
     )
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
-    run = subprocess.Popen(
-        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
-        cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
+    run = helpers.start_run(config_path, cwd=workdir)
 
     def trained() -> bool:
         return any(e["event"] == "commit" for e in helpers.metrics_of(run_dir, "orchestrator"))
 
-    try:
-        helpers.wait_for(lambda: run.poll() is not None or trained(), 300, f"a step trained on {filename}")
-    finally:
-        if run.poll() is None:
-            run.send_signal(signal.SIGINT)
-        try:
-            output, _ = run.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            run.kill()
-            output, _ = run.communicate()
+    output = helpers.run_until(run, trained, 300, f"a step trained on {filename}")
     assert trained(), output[-3000:]
     store = RolloutStore(run_dir / "orchestrator")
     verdicts = [v for judged in store.all_verdicts().values() for v in judged if v.reason != "expired"]

@@ -16,6 +16,8 @@ from prime_rl.api.protocol import PendingBatch, RolloutSample, Segment, TrainSam
 from prime_rl.api.segments import model_token_mask, segments_problem, turn_seed
 from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import HFBackend, SamplingParams
+from prime_rl.redteam.attacks import ATTACKS, HostileWorker
+from prime_rl.redteam.episodes import forge_tool_output
 from prime_rl.tasks import TaskSet
 from prime_rl.trainer.batching import (
     completion_logprobs,
@@ -26,8 +28,6 @@ from prime_rl.trainer.batching import (
 from prime_rl.validator.checks import Reason
 from prime_rl.validator.episodes import episode_problem
 from prime_rl.validator.verdicts import ban_counts, validate_batch
-from prime_rl.worker.hostile import ATTACKS, HostileWorker
-from prime_rl.worker.hostile_episodes import forge_tool_output
 from verifiers import Task
 from verifiers.envs import CalculatorEnv, PythonToolEnv
 
@@ -62,12 +62,7 @@ def worker(behaviour: str, env: EpisodeEnv = ENV) -> HostileWorker:
 
 
 def judge(batch, record, backend, checks=CHECKS):
-    pending = PendingBatch(
-        batch_id=f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}", worker_id=batch.worker_id,
-        step=batch.step, batch_index=batch.batch_index, policy_version=batch.policy_version,
-        received_at=time.time(), lease=record, samples=batch.samples,
-    )  # fmt: skip
-    return validate_batch(pending, tasks=RUN, backend_for=lambda v: backend, decode=RUN.decode, checks=checks)
+    return RUN.judge(batch, record, checks, lambda v: backend)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ per-sample tolerance is, and the process bans through the orchestrator (tiny mod
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterator
 
@@ -12,13 +11,12 @@ import pytest
 import torch
 from steering import steering_sampler
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
-from validator_setup import TinyRun
+from validator_setup import TinyRun, process_config, submit_honest_and_steered
 
 import prime_rl.inference.backend as backend_module
 import toploc
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.api.protocol import PendingBatch, Verdict
-from prime_rl.config import load_config
 from prime_rl.inference.backend import SAMPLER_SEED, HFBackend, SamplingParams
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
@@ -27,7 +25,6 @@ from prime_rl.validator.checks import sampling_margins, sampling_problem
 from prime_rl.validator.evidence import EvidenceLedger, reject_banned
 from prime_rl.validator.process import Validator
 from prime_rl.validator.verdicts import validate_batch
-from prime_rl.worker.hostile import HostileWorker
 
 KEY = b"evidence-test-assignment-key"
 NUM_TASKS = 40
@@ -166,18 +163,11 @@ def test_margins_equal_the_sampling_check(backend: HFBackend) -> None:
 def test_validator_process_bans_a_steering_worker_through_the_orchestrator(
     tmp_path, tiny_lm_dir, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = load_config(
-        None,
-        [
-            "--run_dir", str(tmp_path), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "40",
-            "--orchestrator.port", str(port), "--orchestrator.prompts_per_batch", "2",
-            "--sampling.group_size", "4", "--sampling.max_new_tokens", "16",
-            "--validator.max_batches", "8", "--validator.calibration_tokens", "512",
-            "--validator.false_ban_rate", "1e-3", "--validator.evidence_horizon_samples", "1000",
-        ],
+    config = process_config(
+        tmp_path, tiny_lm_dir,
+        "--validator.max_batches", "8", "--validator.calibration_tokens", "512",
+        "--validator.false_ban_rate", "1e-3", "--validator.evidence_horizon_samples", "1000",
+        num_tasks=40, group_size=4, max_new_tokens=16,
     )  # fmt: skip
     metrics = Recorder()
     monkeypatch.setattr(process, "get_metrics", lambda: metrics)
@@ -194,19 +184,7 @@ def test_validator_process_bans_a_steering_worker_through_the_orchestrator(
             return answer
 
         monkeypatch.setattr(validator.client, "post_verdicts", record_post)
-        ids = {}
-        for behaviour in ("honest", "steer"):
-            with OrchestratorClient(server.url) as client:
-                ids[behaviour] = client.register(behaviour).worker_id
-                worker = HostileWorker(
-                    "honest", validator.tasks.encode, validator.tasks.score, validator.tasks.prompt_tokens,
-                    validator.tasks.num_tasks,
-                )  # fmt: skip
-                with monkeypatch.context() as patch:
-                    if behaviour == "steer":
-                        patch.setattr(backend_module, "sample_next", steer)
-                    for _ in range(4):
-                        client.submit_rollouts(worker.answer(client.get_tasks(ids[behaviour]), validator.backend))
+        ids = submit_honest_and_steered(server.url, validator, monkeypatch, steer, batches=4)
         validator.run_loop()
         validator.close()
         with OrchestratorClient(server.url) as client:

@@ -8,18 +8,17 @@ in code (seeds 0, 1, 2) are policy versions 0, 1, 2; every forgery below starts 
 from __future__ import annotations
 
 import dataclasses
-import socket
-import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from inflight_harness import VersionedValidator, commit_during_second_lease, free_port, worker_loop_config
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
 
 from prime_rl.api.assignment import switch_nonce
 from prime_rl.api.client import ClientRequestError, OrchestratorClient
-from prime_rl.api.protocol import LeaseRecord, LeaseSwitch, PendingBatch, RolloutBatch, RolloutSample
+from prime_rl.api.protocol import LeaseRecord, LeaseSwitch, RolloutBatch, RolloutSample
 from prime_rl.api.spans import SPAN_ALIGN, VersionSpan, future_span, spans_problem
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.contract import PROOF_CHUNK, VersionSwitch
@@ -76,33 +75,10 @@ def worker_backend(files: dict[int, Path], offer: Offer | None) -> HFBackend:
     return backend
 
 
-class Validator:
-    """The validator's one backend, loading each version in place as ``backend_for`` asks (loads counted)."""
-
-    def __init__(self, files: dict[int, Path]) -> None:
-        self.files, self.loads = files, []
-        self.backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=TOKENIZER)
-
-    def backend_for(self, version: int) -> HFBackend | None:
-        if version not in self.files:
-            return None
-        if version != self.backend.policy_version:
-            self.backend.load_weights(self.files[version], version)
-            self.loads.append(version)
-        return self.backend
-
-    def judge(self, batch: RolloutBatch, record, newest_version: int = 2) -> list:
-        if self.backend.policy_version != 0:
-            self.backend.load_weights(self.files[0], 0)
-        self.loads = []
-        pending = PendingBatch(
-            batch_id=f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}", worker_id=batch.worker_id,
-            step=batch.step, batch_index=batch.batch_index, policy_version=batch.policy_version,
-            received_at=time.time(), lease=record, samples=batch.samples,
-        )  # fmt: skip
-        return validate_batch(
-            pending, tasks=RUN, backend_for=self.backend_for, decode=RUN.decode, checks=CHECKS, newest_version=newest_version
-        )
+def Validator(files: dict[int, Path]) -> VersionedValidator:
+    """The validator's one backend, loading each version in place (every judgement from v0, loads counted)."""
+    backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=TOKENIZER)
+    return VersionedValidator(backend, files, RUN, CHECKS, from_v0=True)
 
 
 SWITCHES = {"none": None, "one": {1: 1}, "two": {1: 1, 2: 2}}
@@ -345,31 +321,13 @@ def test_a_worker_switches_mid_lease_when_a_version_is_committed_and_the_validat
     chunk-boundary check, so the commit lands mid-lease), switches, submits spans that pass the
     submission rules, and the validator accepts the stored batch by chained forwards."""
     import shardcast
-    from prime_rl.api.protocol import Verdict, VerdictRequest
-    from prime_rl.config import load_config
     from prime_rl.orchestrator.server import OrchestratorServer
     from prime_rl.tasks import load_tasks
     from prime_rl.validator.checks import Checks
     from prime_rl.worker.process import Worker
 
-    def free_port() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
-
     origin_port = free_port()
-    config = load_config(
-        None,
-        [
-            "--run_dir", str(tmp_path / "run"), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "20",
-            "--orchestrator.port", str(free_port()), "--orchestrator.prompts_per_batch", "4",
-            "--orchestrator.async_level", "1", "--orchestrator.release_after_tokens", "0",
-            "--sampling.group_size", "2", "--sampling.max_new_tokens", "64", "--sampling.stop", "[]",
-            "--shardcast.origin_port", str(origin_port), "--shardcast.relay_ports", "[]",
-            "--workers.max_batches", "2", "--workers.weights_poll_s", "0.05", "--workers.inflight_updates", "true",
-            *INFLIGHT,
-        ],
-    )  # fmt: skip
+    config = worker_loop_config(tmp_path / "run", tiny_lm_dir, origin_port, *INFLIGHT)
     v1 = save_policy(make_tiny_lm(seed=1).state_dict(), tmp_path / "v1" / "model.safetensors")
     with (
         OrchestratorServer(config, load_tasks(config.tasks)) as server,
@@ -380,23 +338,7 @@ def test_a_worker_switches_mid_lease_when_a_version_is_committed_and_the_validat
         source = worker.backend.version_source
         assert isinstance(source, CommittedVersions)
         origin.publish(v1, version=1)  # downloaded early, but not committed: no switch in the first lease
-
-        def commit_during_second_lease(current: int, boundary: int):
-            if worker.submitted == 1 and server.ledger.step == 0:
-                deadline = time.monotonic() + 60
-                while worker.follower.newest_local < 1 and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                first = trainer.pending().batches[0]
-                trainer.post_verdicts(VerdictRequest(batch_id=first.batch_id, verdicts=[
-                    Verdict(sample_index=i, accepted=True, reason="ok", reward=s.reward, advantage=s.advantage,
-                            logprobs=s.inference_logprobs) for i, s in enumerate(first.samples)
-                ]))  # fmt: skip
-                assert trainer.claim(0, 1, filter_zero_advantage=False).ready
-                trainer.commit(0, 1)
-                time.sleep(0.06)  # past the source's poll period: the next boundary sees v1 committed
-            return CommittedVersions.newer(source, current, boundary)
-
-        source.newer = commit_during_second_lease  # type: ignore[method-assign]
+        source.newer = commit_during_second_lease(worker, server, trainer, source)  # type: ignore[method-assign]
         worker.run_loop()
         assert worker.submitted == 2 and worker.backend.policy_version == 1
         second = trainer.pending().batches[0]

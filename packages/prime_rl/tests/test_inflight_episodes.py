@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from inflight_harness import VersionedValidator
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
 
@@ -142,35 +143,9 @@ def plays(files: dict[int, Path]) -> dict[str, RolloutBatch]:
     return out
 
 
-class Validator:
+def Validator(files: dict[int, Path]) -> VersionedValidator:
     """One backend loading each version in place as ``backend_for`` asks (loads counted)."""
-
-    def __init__(self, files: dict[int, Path]) -> None:
-        self.files, self.loads = files, []
-        self.backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=TOKENIZER)
-
-    def backend_for(self, version: int) -> HFBackend | None:
-        if version not in self.files:
-            return None
-        if version != self.backend.policy_version:
-            self.backend.load_weights(self.files[version], version)
-            self.loads.append(version)
-        return self.backend
-
-    def judge(self, batch: RolloutBatch, record: LeaseRecord, newest_version: int = 2) -> list:
-        pending = PendingBatch(
-            batch_id=f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}", worker_id=batch.worker_id,
-            step=batch.step, batch_index=batch.batch_index, policy_version=batch.policy_version,
-            received_at=time.time(), lease=record, samples=batch.samples,
-        )  # fmt: skip
-        return validate_batch(
-            pending,
-            tasks=RUN,
-            backend_for=self.backend_for,
-            decode=RUN.decode,
-            checks=CHECKS,
-            newest_version=newest_version,
-        )
+    return VersionedValidator(HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=TOKENIZER), files, RUN, CHECKS)
 
 
 def pairs(sample: RolloutSample) -> list[tuple[int, int]] | None:

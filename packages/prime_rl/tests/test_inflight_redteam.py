@@ -1,4 +1,4 @@
-"""The span forgeries of ``worker/hostile.py`` (in-flight weight updates), in process, on real decodes.
+"""The span forgeries of ``redteam/attacks.py`` (in-flight weight updates), in process, on real decodes.
 
 Each hostile behaviour decodes a lease of the tiny model for real (versions 0 and 1 are the tiny
 models of seeds 0 and 1, as in ``test_inflight.py``), switching in flight where it needs to, and
@@ -22,11 +22,11 @@ from prime_rl.api.protocol import LeaseRecord, LeaseSwitch, PendingBatch, Rollou
 from prime_rl.api.spans import SPAN_ALIGN, future_span, spans_problem
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.contract import VersionSwitch
+from prime_rl.redteam.attacks import ATTACKS, HostileWorker
+from prime_rl.redteam.spans import decode_switching_at, points
 from prime_rl.validator.checks import Reason
 from prime_rl.validator.verdicts import validate_batch
 from prime_rl.weights.files import save_policy
-from prime_rl.worker.hostile import ATTACKS, HostileWorker
-from prime_rl.worker.hostile_spans import decode_switching_at, points
 from prime_rl.worker.rollout import sampling_params
 
 from .conftest import INFLIGHT

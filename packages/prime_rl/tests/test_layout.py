@@ -5,6 +5,8 @@ Rules (each room's ``__init__`` docstring says the same):
 * ``config`` is the ground floor: it imports no other room of ``prime_rl``;
 * the orchestrator never imports torch (nor transformers), directly or through another module;
 * worker, validator and trainer never import each other;
+* no honest room imports the red team (``redteam``: the hostile worker behaviours), directly or
+  through another module: attack code never runs on the honest path;
 * each room imports only the rooms it is allowed (``ALLOWED`` below);
 * no import cycle between modules, counting imports inside functions too.
 
@@ -51,6 +53,9 @@ ALLOWED: dict[str, set[str]] = {
     "validator": {"config", "api", "inference", "weights", "tasks", "reward", "episodes", "role", "metrics", "devices", "durable",
                   "statedb"},
     "trainer": {"config", "api", "weights", "role", "metrics", "devices", "durable"},
+    # the red team plays its attacks inside the worker's loop; nothing imports it back (HONEST below)
+    "redteam": {"config", "api", "inference", "weights", "tasks", "reward", "episodes", "role", "metrics", "devices",
+                "durable", "worker"},
     "evaluator": {"config", "inference", "weights", "tasks", "metrics", "devices"},
     "launch": {"config", "api", "weights", "metrics", "devices"},
     "cli": {"config", "launch", "metrics", "trackers", "episodes"},  # logging, the demo model's path, the trackers,
@@ -63,6 +68,8 @@ TORCH_FREE = ("prime_rl.config", "prime_rl.api", "prime_rl.seeds", "prime_rl.orc
               "prime_rl.cli", "prime_rl.launch.supervisor", "prime_rl.launch.report", "prime_rl.launch.progress", "prime_rl.durable", "prime_rl.statedb", "prime_rl.storeguard",
               "prime_rl.weights.layout", "prime_rl.launch.model_cache", "prime_rl.trackers", "prime_rl.episodes")
 TORCH_MODULES = {"torch", "transformers", "safetensors", "vllm"}
+ATTACK_ROOM = "prime_rl.redteam"
+"""The hostile worker behaviours: only tests, demos and ``prime-rl redteam`` load them."""
 
 
 def module_name(path: Path, root: Path = PACKAGE_ROOT) -> str:
@@ -123,15 +130,17 @@ def room_violations(internal: Mapping[str, Iterable[str]], allowed: Mapping[str,
 
 
 def torch_reachers(
-    internal: Mapping[str, Iterable[str]], external: Mapping[str, Iterable[str]], start: str
+    internal: Mapping[str, Iterable[str]], external: Mapping[str, Iterable[str]], start: str,
+    forbidden: Iterable[str] = TORCH_MODULES,
 ) -> list[str]:
-    """Import paths from ``start`` to a module that imports torch (or another heavy ML package)."""
+    """Import paths from ``start`` to a module that imports torch (or another heavy ML package;
+    ``forbidden``: the imports to look for in ``external``)."""
     paths = []
     seen = {start}
     frontier = [[start]]
     while frontier:
         path = frontier.pop()
-        heavy = TORCH_MODULES & set(external.get(path[-1], ()))
+        heavy = set(forbidden) & set(external.get(path[-1], ()))
         if heavy:
             paths.append(" -> ".join(path) + f" -> {sorted(heavy)[0]}")
         for child in sorted(internal.get(path[-1], ())):
@@ -139,6 +148,13 @@ def torch_reachers(
                 seen.add(child)
                 frontier.append([*path, child])
     return paths
+
+
+def attack_reachers(internal: Mapping[str, Iterable[str]], start: str) -> list[str]:
+    """Import paths from ``start`` (a module outside the red team) into :data:`ATTACK_ROOM`."""
+    attack = {t for targets in internal.values() for t in targets if room(t) == room(ATTACK_ROOM + ".attacks")}
+    honest = {module: set(targets) - attack for module, targets in internal.items() if module not in attack}
+    return torch_reachers(honest, {module: set(targets) & attack for module, targets in internal.items()}, start, attack)
 
 
 # ---------------------------------------------------------------- the real package
@@ -150,7 +166,7 @@ GRAPH, EXTERNAL = import_graph()
 def test_layout_has_the_rooms_and_few_top_level_modules():
     rooms = {path.name for path in PACKAGE_ROOT.iterdir() if (path / "__init__.py").exists()}
     assert rooms == {"config", "api", "orchestrator", "inference", "worker", "validator", "trainer",
-                     "weights", "launch", "evaluator"}
+                     "weights", "launch", "evaluator", "redteam"}
     top = {path.stem for path in PACKAGE_ROOT.glob("*.py")} - {"__init__"}
     assert top == TOP_LEVEL
     for name in rooms:
@@ -173,16 +189,31 @@ def test_torch_free_modules_never_reach_torch(prefix: str):
     assert [path for start in starts for path in torch_reachers(GRAPH, EXTERNAL, start)] == []
 
 
+def test_no_honest_module_reaches_attack_code():
+    honest = [module for module in GRAPH if not (module == ATTACK_ROOM or module.startswith(ATTACK_ROOM + "."))]
+    assert "prime_rl.worker.process" in honest and "prime_rl.cli" in honest
+    assert [path for start in honest for path in attack_reachers(GRAPH, start)] == []
+
+
+def loaded_by(imports: str, forbidden: str) -> str:
+    """In a fresh interpreter, run ``imports`` and print the modules loaded whose names match the
+    expression ``forbidden`` (of ``m``); '' when there are none, else the output."""
+    code = f"import sys; {imports}; loaded = sorted(m for m in sys.modules if {forbidden}); print(loaded); sys.exit(1 if loaded else 0)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    return "" if done.returncode == 0 else done.stdout + done.stderr
+
+
+def test_honest_processes_never_load_attack_code():
+    # What the interpreter loads, not only what the source names: an honest worker, validator,
+    # orchestrator and supervisor import no module of the red team.
+    imports = "import prime_rl.worker.process, prime_rl.validator.process, prime_rl.orchestrator.server, prime_rl.launch.supervisor, prime_rl.cli"
+    assert loaded_by(imports, "m.startswith('prime_rl.redteam')") == ""
+
+
 def test_orchestrator_process_never_imports_torch():
     # The static graph does not see what third-party packages import; the interpreter does.
-    code = (
-        "import sys, prime_rl.orchestrator.server, prime_rl.launch.supervisor, prime_rl.cli; "
-        "from prime_rl.config import load_config; load_config(None); "
-        "heavy = sorted(m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules); "
-        "print(heavy); sys.exit(1 if heavy else 0)"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
+    imports = "import prime_rl.orchestrator.server, prime_rl.launch.supervisor, prime_rl.cli; from prime_rl.config import load_config; load_config(None)"
+    assert loaded_by(imports, "m in ('torch', 'transformers', 'safetensors')") == ""
 
 
 # ---------------------------------------------------------------- the checkers can fail
@@ -205,6 +236,14 @@ def test_checkers_catch_a_broken_graph():
         "prime_rl.worker.process imports prime_rl.validator.checks (worker may not import validator)",
     ]
     assert find_cycles(broken) == [["prime_rl.validator.checks", "prime_rl.worker.process"]]
+    attacked = {**broken, "prime_rl.worker.rollout": {"prime_rl.redteam.attacks"}, "prime_rl.worker.process": {"prime_rl.worker.rollout"}}
+    assert room_violations(attacked, ALLOWED)[-1] == (
+        "prime_rl.worker.rollout imports prime_rl.redteam.attacks (worker may not import redteam)"
+    )
+    assert attack_reachers(attacked, "prime_rl.config.run") == [
+        "prime_rl.config.run -> prime_rl.worker.process -> prime_rl.worker.rollout -> prime_rl.redteam.attacks"
+    ]
+    assert attack_reachers({"prime_rl.redteam.process": {"prime_rl.worker.process"}}, "prime_rl.worker.process") == []
     external = {"prime_rl.inference.backend": {"torch"}}
     assert torch_reachers(broken, external, "prime_rl.orchestrator.ledger") == [
         "prime_rl.orchestrator.ledger -> prime_rl.inference.backend -> torch"
@@ -224,3 +263,17 @@ def test_graph_sees_function_level_and_from_package_imports(tmp_path: Path):
     assert internal["prime_rl.tasks"] == {"prime_rl.api.assignment"}
     assert external["prime_rl.tasks"] == {"torch"}
     assert external["prime_rl.api.assignment"] == {"hashlib"}
+
+
+def test_the_old_hostile_module_names_are_deprecated_aliases():
+    # One release: prime_rl.worker.hostile* import as the red team's modules (the same objects), with a warning.
+    import importlib
+
+    from prime_rl.worker import MOVED_TO_REDTEAM
+
+    assert set(MOVED_TO_REDTEAM) == {f"prime_rl.worker.{n}" for n in ("hostile", "hostile_spans", "hostile_episodes")}
+    for old, new in MOVED_TO_REDTEAM.items():
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=new):
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new) and module.__spec__.name == new

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from typing import Any
 
@@ -9,10 +10,19 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from synthetic_batches import synthetic_batch  # tests/support
 
 from prime_rl.api.protocol import ClaimRequest, CommitRequest, RolloutBatch, SampleId
 from prime_rl.orchestrator.ledger import ApiFailure, Ledger
 from prime_rl.orchestrator.store import RolloutStore
+
+
+def _zero_batch(lease: Any, version: int) -> RolloutBatch:
+    """One completion token per sample, reward and advantage 0."""
+    return synthetic_batch(
+        lease, version, prompt_tokens=[1], completion=[2], reward=lambda g: 0.0, advantage=lambda g: 0.0,
+        logprobs=[-1.0], proofs=base64.b64encode(b"p").decode(), temperature=1.0,
+    )  # fmt: skip
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -70,26 +80,12 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.leases)
     @rule(data=st.data(), version_back=st.integers(0, 2))
     def submit(self, data: Any, version_back: int) -> None:
-        import base64
 
-        from prime_rl.api.protocol import RolloutSample
 
         lease = data.draw(st.sampled_from(self.leases))
         version = max(0, self.ledger.step - version_back)
         worker = self.ledger.workers[lease.worker_id]
-        samples = [
-            RolloutSample(
-                task_id=task.task_id, group_index=g, prompt_tokens=[1], completion_tokens=[2], sampling_seed=seed,
-                temperature=1.0, reward=0.0, advantage=0.0, proofs=base64.b64encode(b"p").decode(),
-                inference_logprobs=[-1.0],
-            )
-            for task in lease.tasks
-            for g, seed in enumerate(task.sampling_seeds)
-        ]  # fmt: skip
-        batch = RolloutBatch(
-            worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index, policy_version=version,
-            samples=samples,
-        )  # fmt: skip
+        batch = _zero_batch(lease, version)
         try:
             self.ledger.submit(worker, batch, hashlib.sha256(batch.model_dump_json().encode()).hexdigest())
         except ApiFailure as failure:
@@ -209,9 +205,8 @@ def test_a_rejected_lease_goes_to_another_identity(
     source), also after a restart, and only once. With answered leases
     folded into totals (issue 33) as soon as they are judged, the returned one is never folded away
     and its reissue is not repeated after a restart."""
-    import base64
 
-    from prime_rl.api.protocol import RolloutSample, Verdict, VerdictRequest
+    from prime_rl.api.protocol import Verdict, VerdictRequest
     from prime_rl.orchestrator import leases as leases_module
     from prime_rl.tasks import TaskSet
 
@@ -225,17 +220,8 @@ def test_a_rejected_lease_goes_to_another_identity(
         return Ledger(config, tasks, RolloutStore(config.orchestrator_data_dir), clock=lambda: now[0])
 
     def answer(ledger: Ledger, worker: Any, lease: Any, reasons: list[str]) -> None:
-        samples = [
-            RolloutSample(
-                task_id=task.task_id, group_index=g, prompt_tokens=[1], completion_tokens=[2], sampling_seed=seed,
-                temperature=1.0, reward=0.0, advantage=0.0, proofs=base64.b64encode(b"p").decode(),
-                inference_logprobs=[-1.0],
-            )
-            for task in lease.tasks
-            for g, seed in enumerate(task.sampling_seeds)
-        ]  # fmt: skip
-        batch = RolloutBatch(worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index,
-                             policy_version=0, samples=samples)  # fmt: skip
+        batch = _zero_batch(lease, 0)
+        samples = batch.samples
         ledger.submit(worker, batch, hashlib.sha256(batch.model_dump_json().encode()).hexdigest())
         stored = next(b for b in ledger.batches.values() if b.worker_id == lease.worker_id and b.meta.batch_index == lease.batch_index)
         verdicts = [

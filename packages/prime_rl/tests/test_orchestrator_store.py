@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from synthetic_batches import synthetic_batch  # tests/support
 
 import prime_rl.orchestrator.leases as leases_module
 from prime_rl.api.protocol import (
     BanRequest,
     ClaimRequest,
     CommitRequest,
-    RolloutBatch,
-    RolloutSample,
     TaskLease,
     Verdict,
     VerdictRequest,
@@ -44,19 +43,11 @@ def _register_event(number: int) -> dict[str, Any]:
 def _answer(ledger: Ledger, lease: TaskLease, *, judge: bool = True) -> None:
     """Submit ``lease``'s batch and accept every sample (advantage 1, one completion token each);
     ``judge=False`` leaves it awaiting verdicts."""
-    samples = [
-        RolloutSample(
-            task_id=task.task_id, group_index=g, prompt_tokens=[1], completion_tokens=[2], sampling_seed=seed,
-            temperature=1.0, reward=1.0, advantage=1.0, proofs=base64.b64encode(b"p").decode(),
-            inference_logprobs=[-1.0],
-        )
-        for task in lease.tasks
-        for g, seed in enumerate(task.sampling_seeds)
-    ]  # fmt: skip
-    batch = RolloutBatch(
-        worker_id=lease.worker_id, step=lease.step, batch_index=lease.batch_index, policy_version=lease.policy_version,
-        samples=samples,
+    batch = synthetic_batch(
+        lease, lease.policy_version, prompt_tokens=[1], completion=[2], reward=lambda g: 1.0, advantage=lambda g: 1.0,
+        logprobs=[-1.0], proofs=base64.b64encode(b"p").decode(), temperature=1.0,
     )  # fmt: skip
+    samples = batch.samples
     worker = ledger.workers[lease.worker_id]
     answer = ledger.submit(worker, batch, hashlib.sha256(batch.model_dump_json().encode()).hexdigest())
     if not judge:

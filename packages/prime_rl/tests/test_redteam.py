@@ -54,8 +54,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -66,19 +64,15 @@ from typing import Any
 import pytest
 import requests
 import torch
+from redteam_client import RedTeamClient, RunLeftBehind, commits, start_to_first_step  # tests/support
 from steering import steering_sampler
 
 import prime_rl.inference.backend as backend_module
-from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorBusy, OrchestratorClient
+from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorClient
 from prime_rl.api.protocol import ClaimRequest, LeaseTask, RolloutBatch, RolloutSample, TaskLease
-from prime_rl.config import RunConfig, load_config
-from prime_rl.inference.backend import HFBackend, build_proofs
-from prime_rl.orchestrator.ledger import Ledger
+from prime_rl.config import RunConfig
+from prime_rl.inference.backend import build_proofs
 from prime_rl.orchestrator.store import RolloutStore
-from prime_rl.reward import run_tasks
-from prime_rl.tasks import load_tasks
-from prime_rl.weights.store import PolicyStore, PolicyUnavailable
-from prime_rl.worker.rollout import build_batch
 
 pytestmark = pytest.mark.slow
 
@@ -125,55 +119,13 @@ def _predicted_seed(worker_id: str, step: int, batch_index: int, task_id: int, g
 _steer = steering_sampler(STEER_WITHIN)
 
 
-class Attacker:
-    """The untrusted client: its own model copy, its own identities, the public API only."""
+class Attacker(RedTeamClient):
+    """The untrusted client (tests/support/redteam_client.py) with this round's attacks."""
 
     def __init__(self, config: RunConfig, cache: Path) -> None:
-        self.config = config
-        self.url = config.orchestrator.url
-        self.backend = HFBackend(config.model.path, dtype=config.model.dtype)
-        self.tasks = run_tasks(config, self.backend.tokenizer)
-        self.weights = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
-        self.identities: dict[str, str] = {}  # worker_id -> attack
+        super().__init__(config, cache)
         self.submitted: dict[str, RolloutBatch] = {}  # batch_id -> batch as submitted
         self.deviating: set[str] = set()  # batch ids of the statistical attacks' deviating batches
-        self.events: dict[str, Any] = defaultdict(list)
-
-    def client(
-        self, attack: str, source: str | None = None, retries: int = 3
-    ) -> tuple[OrchestratorClient, str]:
-        # source: another loopback address, as a second machine would send from
-        client = OrchestratorClient(self.url, timeout_s=10, retries=3, backoff_s=0.5, source_address=source)
-        worker_id = client.register(f"attack-{attack}").worker_id
-        client.retries = retries
-        self.identities[worker_id] = attack
-        return client, worker_id
-
-    def lease(self, client: OrchestratorClient, worker_id: str) -> TaskLease:
-        """``GET /tasks``, waiting out backpressure (429 busy) like an honest worker."""
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                return client.get_tasks(worker_id)
-            except OrchestratorBusy:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-
-    def follow_policy(self, version: int) -> None:
-        """Hold the lease's policy version (the newest committed when it was issued), like an honest worker."""
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.backend.policy_version == version:
-                return
-            try:
-                self.backend.load_weights(self.weights.ensure(version), version)
-            except PolicyUnavailable:  # not on the relay yet
-                time.sleep(0.5)
-        raise TimeoutError(f"policy version {version} never became available")
-
-    def honest(self, lease: TaskLease) -> RolloutBatch:
-        return build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
 
     def submit(self, client: OrchestratorClient, batch: RolloutBatch) -> str | None:
         try:
@@ -188,8 +140,8 @@ class Attacker:
 
     def admin_no_token(self) -> dict[str, int]:
         """Every trusted endpoint without a token; the HTTP status of each attempt."""
-        client, worker_id = self.client("admin_no_token")
-        _, victim = self.client("admin_no_token")  # one of its own identities: honest ones stay untouched
+        client, worker_id = self.identity("admin_no_token")
+        _, victim = self.identity("admin_no_token")  # one of its own identities: honest ones stay untouched
         lease = self.lease(client, worker_id)
         samples = [
             RolloutSample(
@@ -233,7 +185,7 @@ class Attacker:
 
     def content_attack(self, attack: str) -> None:
         """One lease answered the way ``attack`` does (see the module docstring)."""
-        client, worker_id = self.client(attack)
+        client, worker_id = self.identity(attack)
         lease = self.lease(client, worker_id)
         self.follow_policy(lease.policy_version)
         if attack == "grind":
@@ -259,7 +211,7 @@ class Attacker:
 
     def statistical_attack(self, attack: str) -> None:
         """Up to STATISTICAL_LEASES leases answered the way ``attack`` deviates, until banned."""
-        client, worker_id = self.client(attack)
+        client, worker_id = self.identity(attack)
         honest_first = HONEST_FIRST if attack == "late_steering" else 0
         for index in range(honest_first + STATISTICAL_LEASES):
             try:
@@ -345,7 +297,7 @@ class Attacker:
         clients = []
         for _ in range(HOARDERS):
             try:
-                clients.append(self.client("hoarding", source=HOARD_ADDRESS, retries=0))
+                clients.append(self.identity("hoarding", source=HOARD_ADDRESS, retries=0))
             except ApiError as error:
                 self.events["hoard_register_refused"].append(str(error)[:100])
         while not stop.is_set():
@@ -361,29 +313,6 @@ class Attacker:
 
 
 # ---------------------------------------------------------------------- the run
-
-
-def _start(config_path: Path) -> subprocess.Popen[str]:
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
-    return subprocess.Popen(
-        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-
-
-def _stop(run: subprocess.Popen[str]) -> str:
-    if run.poll() is None:
-        run.send_signal(signal.SIGINT)
-    try:
-        output, _ = run.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        run.kill()
-        output, _ = run.communicate()
-    return output
-
-
-def _commits(run_dir: Path, helpers: Any) -> int:
-    return sum(1 for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "commit")
 
 
 def _leases_per_minute(events: list[dict[str, Any]], workers: set[str], start: float, end: float) -> float:
@@ -409,12 +338,9 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         trainer={"total_steps": 200, "samples_per_step": SAMPLES_PER_STEP},
         workers={"count": 2, "hostile": []},
     )
-    config = load_config(config_path)
-    run = _start(config_path)
+    config, run = start_to_first_step(config_path, run_dir, helpers, 240)
     results: dict[str, Any] = {}
     try:
-        OrchestratorClient(config.orchestrator.url).wait_until_up(120)
-        helpers.wait_for(lambda: _commits(run_dir, helpers) >= 1, 240, "the first trained step")
         attacker = Attacker(config, tmp_path / "attacker")
         results["admin_no_token"] = attacker.admin_no_token()
         for attack in CONTENT_ATTACKS:
@@ -446,20 +372,16 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
             180,
             "verdicts on every attack batch",
         )
-        judged_at = _commits(run_dir, helpers)
-        helpers.wait_for(lambda: _commits(run_dir, helpers) >= judged_at + 2, 180, "two more trained steps")
+        judged_at = commits(run_dir, helpers)
+        helpers.wait_for(lambda: commits(run_dir, helpers) >= judged_at + 2, 180, "two more trained steps")
     finally:
-        output = _stop(run)
+        output = helpers.interrupt_run(run)
     assert run.returncode in (0, 128 + signal.SIGINT), output[-3000:]
 
     # ------------------------------------------------------------------ what the run left behind
-    events = helpers.metrics_of(run_dir, "orchestrator")
-    names = {e["worker_id"]: e["worker_name"] for e in events if e["event"] == "register"}
-    honest = {w for w, n in names.items() if n.startswith("worker-")}
-    store = RolloutStore(run_dir / "orchestrator")
-    verdicts = store.all_verdicts()
-    batches = {record.meta.batch_id: record for record in store.batch_records()}
-    ledger = Ledger(config, load_tasks(config.tasks), store)  # what the trainer received, replayed
+    left = RunLeftBehind.read(config, run_dir, helpers.metrics_of)  # the ledger: what the trainer received, replayed
+    events, honest, store = left.events, left.honest, left.store
+    verdicts, batches, ledger = left.verdicts, left.batches, left.ledger
     trained = {
         sample.sample_id: sample
         for claim in store.claims()

@@ -20,10 +20,7 @@ as far as they were submitted before the ban.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -31,7 +28,7 @@ from typing import Any
 import pytest
 
 from prime_rl.orchestrator.store import RolloutStore
-from prime_rl.worker.hostile import ATTACKS, EPISODE_CYCLE, MIXED_CYCLE
+from prime_rl.redteam.attacks import ATTACKS, EPISODE_CYCLE, MIXED_CYCLE
 
 pytestmark = pytest.mark.slow
 
@@ -43,14 +40,6 @@ EXPECTED = {name: set(attack.expected) for name, attack in ATTACKS.items()} | {
 }
 MUST_JUDGE = {*EPISODE_CYCLE, *MIXED_CYCLE[:3]}  # every episode attack, and the first old ones
 STEPS = 2
-
-
-def _start(config_path: Path) -> subprocess.Popen[str]:
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
-    return subprocess.Popen(
-        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
 
 
 def _judged_attacks(run_dir: Path, helpers: Any) -> dict[str, str]:
@@ -82,19 +71,8 @@ def test_untrusted_worker_cannot_shape_training_with_multi_turn_episodes(tiny_ru
         workers={"count": 1, "hostile": ["mixed"]},
         validator={"ban_min_samples": 400, "count": validators},  # judge whole cycles of attacks before a failure-rate ban
     )
-    run = _start(config_path)
-    try:
-        helpers.wait_for(
-            lambda: run.poll() is not None or _done(run_dir, helpers), 480, "the attacks to be judged"
-        )  # ~100 s on an idle 2-core machine
-    finally:
-        if run.poll() is None:
-            run.send_signal(signal.SIGINT)
-        try:
-            output, _ = run.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            run.kill()
-            output, _ = run.communicate()
+    run = helpers.start_run(config_path)
+    output = helpers.run_until(run, lambda: _done(run_dir, helpers), 480, "the attacks to be judged")  # ~100 s idle
     assert run.returncode in (0, 128 + signal.SIGINT, -signal.SIGINT), output[-3000:]
 
     names = {

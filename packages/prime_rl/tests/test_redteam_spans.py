@@ -1,6 +1,6 @@
 """Red team of in-flight version spans (issue 38), with real processes: ``benchmarks/redteam_spans.py``'s
 session (one ``prime-rl run``: an honest in-flight worker and one hostile identity per span forgery
-of ``worker/hostile.py``, each decoding its lease for real before it forges).
+of ``redteam/attacks.py``, each decoding its lease for real before it forges).
 
 Asserted on what the run left on disk (trainer lr 1e-2: adjacent versions far enough apart for
 toploc to tell them apart): every span forgery the validator judges is rejected with its own
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from redteam_spans import SPAN_ATTACKS, session  # noqa: E402
 
-from prime_rl.worker.hostile import ATTACKS  # noqa: E402
+from prime_rl.redteam.attacks import ATTACKS  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -42,8 +42,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -52,19 +50,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redteam_client import RedTeamClient, RunLeftBehind, commits, start_to_first_step  # tests/support
 from steering import steering_sampler
 
 import prime_rl.inference.backend as backend_module
-from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorBusy, OrchestratorClient
-from prime_rl.api.protocol import ClaimRequest, RolloutBatch, TaskLease
-from prime_rl.config import RunConfig, load_config
-from prime_rl.inference.backend import HFBackend
-from prime_rl.orchestrator.ledger import Ledger
+from prime_rl.api.client import ApiError, ClientRequestError, OrchestratorClient
+from prime_rl.api.protocol import ClaimRequest, RolloutBatch
+from prime_rl.config import RunConfig
 from prime_rl.orchestrator.store import RolloutStore
-from prime_rl.reward import run_tasks
-from prime_rl.tasks import load_tasks
-from prime_rl.weights.store import PolicyStore, PolicyUnavailable
-from prime_rl.worker.rollout import build_batch
 
 pytestmark = pytest.mark.slow
 
@@ -77,47 +70,14 @@ _swapped: set[int] = set()  # sampling seeds of the sequences the steering sampl
 _steer = steering_sampler(STEER_WITHIN, _swapped)
 
 
-class TrustAttacker:
-    """The untrusted client: its own model copy and identities, the public API only."""
+class TrustAttacker(RedTeamClient):
+    """The untrusted client (tests/support/redteam_client.py) with round two's attacks."""
 
     def __init__(self, config: RunConfig, cache: Path) -> None:
-        self.url = config.orchestrator.url
-        self.backend = HFBackend(config.model.path, dtype=config.model.dtype)
-        self.tasks = run_tasks(config, self.backend.tokenizer)
-        self.weights = PolicyStore(config.shardcast.client_servers, cache, self.backend.model.state_dict())
-        self.identities: dict[str, str] = {}  # worker_id -> attack
+        super().__init__(config, cache)
         self.steered: set[str] = set()  # batch ids with at least one sample the steering sampler changed
         self.steered_samples: set[str] = set()  # their changed samples' ids (``batch_id/index``)
         self.walked_away: list[tuple[str, int]] = []  # (worker_id, batch_index) of abandoned leases
-        self.events: dict[str, list[Any]] = defaultdict(list)
-
-    def identity(self, attack: str) -> tuple[OrchestratorClient, str]:
-        client = OrchestratorClient(self.url, timeout_s=10, retries=3, backoff_s=0.5)
-        worker_id = client.register(f"attack-{attack}").worker_id
-        self.identities[worker_id] = attack
-        return client, worker_id
-
-    def lease(self, client: OrchestratorClient, worker_id: str) -> TaskLease:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                return client.get_tasks(worker_id)
-            except OrchestratorBusy:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-
-    def follow_policy(self, version: int) -> None:
-        """Hold the lease's policy version (the newest committed when it was issued), like an honest worker."""
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.backend.policy_version == version:
-                return
-            try:
-                self.backend.load_weights(self.weights.ensure(version), version)
-            except PolicyUnavailable:  # not on the relay yet
-                time.sleep(0.5)
-        raise TimeoutError(f"policy version {version} never became available")
 
     @contextlib.contextmanager
     def _steering(self) -> Iterator[None]:
@@ -138,7 +98,7 @@ class TrustAttacker:
         self.follow_policy(lease.policy_version)
         _swapped.clear()
         with self._steering() if steer else contextlib.nullcontext():
-            batch: RolloutBatch = build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
+            batch: RolloutBatch = self.honest(lease)
         try:
             batch_id = client.submit_rollouts(batch).batch_id
         except ClientRequestError as error:
@@ -180,8 +140,7 @@ class TrustAttacker:
                 lease = self.lease(client, worker_id)
             if all(task.task_id < NUM_TASKS // 2 for task in lease.tasks):
                 self.follow_policy(lease.policy_version)
-                batch = build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
-                client.submit_rollouts(batch)
+                client.submit_rollouts(self.honest(lease))
             else:
                 self.walked_away.append((worker_id, lease.batch_index))
 
@@ -234,10 +193,6 @@ def _largest_evidence_since(store: RolloutStore, batch_id: str) -> float | None:
     return max(values, default=None)
 
 
-def _commits(run_dir: Path, helpers: Any) -> int:
-    return sum(1 for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "commit")
-
-
 def _rate(events: list[dict[str, Any]], workers: set[str], start: float, end: float) -> float:
     count = sum(1 for e in events if e["event"] == "lease" and e["worker_id"] in workers and start <= e["time"] < end)
     return 60.0 * count / max(end - start, 1e-9)
@@ -260,14 +215,9 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
         trainer={"total_steps": 400, "samples_per_step": 8},
         workers={"count": 1, "hostile": []},
     )
-    config = load_config(config_path)
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
-    command = [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)]
-    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    config, run = start_to_first_step(config_path, run_dir, helpers, 300)
     results: dict[str, Any] = {}
     try:
-        OrchestratorClient(config.orchestrator.url).wait_until_up(120)
-        helpers.wait_for(lambda: _commits(run_dir, helpers) >= 1, 300, "the first trained step")
         attacker = TrustAttacker(config, tmp_path / "attacker")
         attacker.hit_and_run()
         attacker.diluted()
@@ -292,25 +242,15 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
         helpers.wait_for(
             lambda: None not in _resolved(store, attacker.walked_away), 300, "every abandoned lease answered"
         )
-        judged_at = _commits(run_dir, helpers)
-        helpers.wait_for(lambda: _commits(run_dir, helpers) >= judged_at + 3, 300, "three more trained steps")
+        judged_at = commits(run_dir, helpers)
+        helpers.wait_for(lambda: commits(run_dir, helpers) >= judged_at + 3, 300, "three more trained steps")
     finally:
-        if run.poll() is None:
-            run.send_signal(signal.SIGINT)
-        try:
-            output, _ = run.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            run.kill()
-            output, _ = run.communicate()
+        output = helpers.interrupt_run(run)
     assert run.returncode in (0, 128 + signal.SIGINT), output[-3000:]
 
-    events = helpers.metrics_of(run_dir, "orchestrator")
-    names = {e["worker_id"]: e["worker_name"] for e in events if e["event"] == "register"}
-    honest = {w for w, n in names.items() if n.startswith("worker-")}
-    store = RolloutStore(run_dir / "orchestrator")
-    verdicts = store.all_verdicts()
-    batches = {record.meta.batch_id: record for record in store.batch_records()}
-    ledger = Ledger(config, load_tasks(config.tasks), store)
+    left = RunLeftBehind.read(config, run_dir, helpers.metrics_of)
+    events, honest, store = left.events, left.honest, left.store
+    verdicts, batches, ledger = left.verdicts, left.batches, left.ledger
     trained = [
         sample for claim in store.claims() for sample in ledger.claim(ClaimRequest(step=claim.step, min_samples=1)).samples
     ]

@@ -14,7 +14,6 @@ import logging
 import math
 import socket
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -22,16 +21,14 @@ from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
 
 from prime_rl.api.client import OrchestratorClient
-from prime_rl.api.protocol import PendingBatch
 from prime_rl.config import load_config
 from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import HFBackend
 from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.redteam.attacks import HostileWorker
 from prime_rl.reward import RunTasks
 from prime_rl.tasks import TaskSet, load_tasks
 from prime_rl.validator.checks import Reason
-from prime_rl.validator.verdicts import validate_batch
-from prime_rl.worker.hostile import HostileWorker
 from prime_rl.worker.process import Worker
 from verifiers import RewardError, Task
 from verifiers.envs import CalculatorEnv, Message, RewardFunc, Rubric
@@ -57,12 +54,7 @@ def worker(env: EpisodeEnv) -> HostileWorker:
 
 
 def judge(batch: Any, record: Any, backend: HFBackend, checks: Any) -> Any:
-    pending = PendingBatch(
-        batch_id=f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}", worker_id=batch.worker_id,
-        step=batch.step, batch_index=batch.batch_index, policy_version=batch.policy_version,
-        received_at=time.time(), lease=record, samples=batch.samples,
-    )  # fmt: skip
-    return validate_batch(pending, tasks=RUN, backend_for=lambda v: backend, decode=RUN.decode, checks=checks)
+    return RUN.judge(batch, record, checks, lambda v: backend)
 
 
 class BadRewardEnv(CalculatorEnv):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from stand_in_runs import run_stand_in  # tests/support
 
 from prime_rl.config import load_config
 from prime_rl.launch.supervisor import ChildSpec, Supervisor, should_restart
@@ -78,18 +78,8 @@ class StandInSupervisor(Supervisor):
 
 
 def test_a_validator_exiting_0_is_restarted_and_a_repeated_error_fails_the_run(tmp_path: Path) -> None:
-    from prime_rl.launch.local import free_port
-
-    overrides = ["--run_dir", str(tmp_path), "--orchestrator.port", str(free_port()), "--evaluator.enabled", "false",
-                 "--orchestrator.connect_timeout_s", "60"]  # fmt: skip
-    config = load_config(None, overrides)
-    metrics = MetricsWriter(tmp_path / "run.jsonl", role="run", name="run")
-    supervisor = StandInSupervisor(config, None, overrides, metrics, on_progress=lambda line: None, backoff_s=0.1)
-    try:
-        assert supervisor.run() == 1
-    finally:
-        supervisor.stop_all()
-    events = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    code, events = run_stand_in(StandInSupervisor, tmp_path, backoff_s=0.1)
+    assert code == 1
     assert [e["child"] for e in events if e["event"] == "child_restarted"] == ["validator", "trainer"]
     assert [e["child"] for e in events if e["event"] == "child_died"] == ["trainer"]
     (failed,) = [e for e in events if e["event"] == "failed"]
@@ -243,18 +233,8 @@ class DropSupervisor(Supervisor):
 
 
 def test_a_worker_dying_of_the_same_error_is_dropped_and_the_run_finishes(tmp_path: Path) -> None:
-    from prime_rl.launch.local import free_port
-
-    overrides = ["--run_dir", str(tmp_path), "--orchestrator.port", str(free_port()), "--evaluator.enabled", "false",
-                 "--orchestrator.connect_timeout_s", "60", "--workers.count", "2"]  # fmt: skip
-    config = load_config(None, overrides)
-    metrics = MetricsWriter(tmp_path / "run.jsonl", role="run", name="run")
-    supervisor = DropSupervisor(config, None, overrides, metrics, on_progress=lambda line: None, backoff_s=0.1)
-    try:
-        assert supervisor.run() == 0
-    finally:
-        supervisor.stop_all()
-    events = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    code, events = run_stand_in(DropSupervisor, tmp_path, "--workers.count", "2", backoff_s=0.1)
+    assert code == 0
     (dropped,) = [e for e in events if e["event"] == "child_dropped"]
     assert dropped["child"] == "worker-1" and dropped["error"] == "ConnectionError: the orchestrator went away"
     assert not [e for e in events if e["event"] == "failed"]

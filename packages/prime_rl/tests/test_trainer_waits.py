@@ -7,10 +7,6 @@ with no word that every group had zero advantage and was filtered out.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -81,11 +77,7 @@ def test_a_constant_reward_run_prints_why_the_trainer_waits(tiny_run: Any, helpe
         trainer={"total_steps": 2, "samples_per_step": 8, "filter_zero_advantage": True, "wait_log_every_s": 1.0},
         workers={"count": 1, "hostile": []},
     )
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
-    run = subprocess.Popen(
-        [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
+    run = helpers.start_run(config_path)
     trainer_log = run_dir / "logs" / "trainer.out"
 
     def said(text: str) -> bool:
@@ -95,13 +87,7 @@ def test_a_constant_reward_run_prints_why_the_trainer_waits(tiny_run: Any, helpe
         helpers.wait_for(lambda: run.poll() is not None or said("every group's rewards are equal"), 240, "the wait line")
         helpers.wait_for(lambda: run.poll() is not None or said("the reward has not varied"), 240, "the warning")
     finally:
-        if run.poll() is None:
-            run.send_signal(signal.SIGINT)
-        try:
-            output, _ = run.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            run.kill()
-            output, _ = run.communicate()
+        output = helpers.interrupt_run(run)
     log = trainer_log.read_text()
     assert "step 0: waiting for data for " in log, log[-3000:]
     assert "so the groups have zero advantage and are filtered out (trainer.filter_zero_advantage)" in log

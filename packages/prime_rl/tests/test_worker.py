@@ -16,14 +16,8 @@ import shardcast
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.config import load_config
 from prime_rl.orchestrator.server import OrchestratorServer
-from prime_rl.tasks import load_tasks
-from prime_rl.validator.checks import Checks, Reason
-from prime_rl.validator.verdicts import validate_batch
-from prime_rl.weights.files import save_policy
-from prime_rl.weights.store import PolicyUnavailable
-from prime_rl.worker import hostile
-from prime_rl.worker import process as worker_process
-from prime_rl.worker.hostile import (
+from prime_rl.redteam import attacks as hostile
+from prime_rl.redteam.attacks import (
     ATTACKS,
     BEHAVIOURS,
     EXPECTED_REASONS,
@@ -32,6 +26,13 @@ from prime_rl.worker.hostile import (
     HostileWorker,
     attack_table,
 )
+from prime_rl.redteam.process import HostileProcess
+from prime_rl.tasks import load_tasks
+from prime_rl.validator.checks import Checks, Reason
+from prime_rl.validator.verdicts import validate_batch
+from prime_rl.weights.files import save_policy
+from prime_rl.weights.store import PolicyUnavailable
+from prime_rl.worker import process as worker_process
 from prime_rl.worker.process import Worker
 
 
@@ -144,12 +145,13 @@ def test_the_loop_meets_a_behaviour_only_through_its_hooks(tmp_path, tiny_lm_dir
             events.append((event, fields))
 
     monkeypatch.setattr(worker_process, "get_metrics", Recorder)
-    caplog.set_level(logging.INFO, logger="prime_rl.worker.hostile")
+    caplog.set_level(logging.INFO, logger="prime_rl.redteam.attacks")
     with (
         OrchestratorServer(config, load_tasks(config.tasks)) as server,
         OrchestratorClient(server.url, admin_token=server.admin_token) as admin,
     ):
-        worker = Worker(config, "w")
+        # hostile behaviours run in the red team's process (prime-rl redteam), the honest loop's subclass
+        worker = (Worker if behaviour == "honest" else HostileProcess)(config, "w")
         worker.worker_id = worker.client.register("w").worker_id
         submitted = worker.one_batch()
         worker.close()
@@ -188,3 +190,12 @@ def test_mixed_cycle_behaviours_have_expected_reasons():
     assert set(MIXED_CYCLE) <= set(EXPECTED_REASONS)
     assert EXPECTED_REASONS["honest"] == ("ok",)
     assert all(all(r in {x.value for x in Reason} for r in reasons) for reasons in EXPECTED_REASONS.values())
+
+
+def test_the_honest_worker_plays_no_hostile_behaviour(tmp_path):
+    """``prime-rl worker`` is honest only: a hostile ``workers.behaviour`` is refused before anything
+    starts (no model, no orchestrator), with the role that plays it; the red team's process takes it."""
+    config = load_config(None, ["--run_dir", str(tmp_path), "--workers.behaviour", "garbage"])
+    with pytest.raises(ValueError, match="prime-rl redteam"):
+        Worker(config, "w")
+    assert Worker.behaviours == ("honest",) and HostileProcess.behaviours == BEHAVIOURS

@@ -7,7 +7,7 @@ the other's files, without a word. On import we say so in one line.
 Cost: a stat per `sys.path` entry; only entries that hold a `<name>/` or `<name>.py` have their
 distributions' `top_level.txt` (else `RECORD`) read. This is `importlib.metadata.
 packages_distributions()` restricted to one name and to those entries (the full call reads every
-RECORD on the path: ~2 s in our dev venv); the tests check the two agree.
+RECORD on the path, seconds in a large environment); the tests check the two agree.
 
 Pitfall: when the other distribution's files won, `import <name>` runs *its* code and this
 warning never appears; `pip show <name> <our dist>` then shows both.
@@ -59,7 +59,7 @@ def clashing_distributions(import_name: str, own_dist: str, path: Iterable[str] 
     ]
     if not entries:
         return []
-    import importlib.metadata  # only now: it pulls in email, zipfile and csv (~10 ms)
+    import importlib.metadata  # only now: it pulls in email, zipfile and csv (import time)
 
     owners = {
         dist.metadata["Name"]

@@ -3,10 +3,9 @@
 A packed row holds several sequences ("documents") back to back; token ``i`` may attend token
 ``j`` iff ``j <= i`` and both lie in the same document. :func:`grpo.block_causal_mask` writes that
 rule down as a dense additive ``[B, 1, L, L]`` mask, which costs O(L²) memory and rules out the
-fused attention kernels (on an H200 at 16k tokens in 16 documents, Qwen2-0.5B's heads, SDPA with
-that mask took 12.78 ms fwd+bwd per layer against 0.90 ms for FlexAttention with a document block
-mask: run 3 in ``benchmarks/results/gpu_check.md`` in the repository; run 4 measured 12.91 against
-1.04 ms). Here the rule comes from the
+fused attention kernels (SDPA with that mask against FlexAttention with a document block mask, on
+an H200 at 16k tokens in 16 documents: ``benchmarks/results/gpu_check.md`` in the repository).
+Here the rule comes from the
 cumulative document starts ``cu_seqlens`` (:meth:`grpo.PackedBatch.cu_seqlens`), and memory is O(L):
 
 * ``"flash"``: ``flash_attn_varlen_func`` (CUDA, fp16/bf16, where ``flash-attn`` is installed);

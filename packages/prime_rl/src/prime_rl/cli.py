@@ -5,6 +5,7 @@ never imports torch):
 
   orchestrator  the HTTP API (prime_rl.orchestrator.server)
   worker        an inference worker (prime_rl.worker.process)
+  redteam       a hostile worker playing workers.behaviour (prime_rl.redteam.process; tests and demos)
   validator     the trusted validator (prime_rl.validator.process)
   trainer       the GRPO trainer (prime_rl.trainer.process; under torchrun: ``torchrun ... -m prime_rl.cli trainer``)
   evaluator     held-out evaluation of new policy versions (prime_rl.evaluator)
@@ -47,6 +48,7 @@ __all__ = ["MODEL_ROLES", "ROLES", "ROLE_SECTIONS", "main", "role_help"]
 ROLES: dict[str, tuple[str, str]] = {
     "orchestrator": ("prime_rl.orchestrator.server", "main"),
     "worker": ("prime_rl.worker.process", "main"),
+    "redteam": ("prime_rl.redteam.process", "main"),
     "validator": ("prime_rl.validator.process", "main"),
     "trainer": ("prime_rl.trainer.process", "main"),
     "evaluator": ("prime_rl.evaluator.process", "main"),
@@ -59,6 +61,7 @@ ROLES: dict[str, tuple[str, str]] = {
 ROLE_SUMMARY = {
     "orchestrator": "the HTTP API every other process talks to",
     "worker": "an untrusted inference worker: generates rollouts with toploc proofs",
+    "redteam": "a hostile worker playing workers.behaviour (an attack of prime_rl.redteam), for tests and demos",
     "validator": "the trusted validator: re-runs one prefill per sample, posts verdicts",
     "trainer": "the GRPO trainer (under torchrun: torchrun --nproc-per-node N -m prime_rl.cli trainer ...)",
     "evaluator": "held-out greedy accuracy of new policy versions",
@@ -73,6 +76,7 @@ _SHARED = ["orchestrator", "shardcast", "tracking"]
 ROLE_SECTIONS: dict[str, list[str]] = {
     "orchestrator": ["orchestrator", "tasks", "sampling", "trainer", "tracking"],
     "worker": ["model", "tasks", "workers", *_SHARED],
+    "redteam": ["model", "tasks", "workers", *_SHARED],
     "validator": ["model", "tasks", "sampling", "validator", *_SHARED],
     "trainer": ["model", "sampling", "trainer", *_SHARED],
     "evaluator": ["model", "tasks", "sampling", "evaluator", "trainer", *_SHARED],
@@ -81,9 +85,9 @@ ROLE_SECTIONS: dict[str, list[str]] = {
     "run": [name for name in RunConfig.model_fields if name != "run_dir"],
     "calibrate-noise": ["model", "tasks", "sampling", "validator", "workers"],
 }
-ENVIRONMENT_ROLES = frozenset({"worker", "validator", "run", "calibrate-noise"})
+ENVIRONMENT_ROLES = frozenset({"worker", "redteam", "validator", "run", "calibrate-noise"})
 """Roles that check ``[tasks.environment]`` before anything else (:func:`check_environment_first`)."""
-MODEL_ROLES = frozenset({"worker", "validator", "trainer", "evaluator", "run", "calibrate-noise"})
+MODEL_ROLES = frozenset({"worker", "redteam", "validator", "trainer", "evaluator", "run", "calibrate-noise"})
 """Roles that load the policy, so an empty ``model.path`` is resolved to the demo model for them."""
 
 _EPILOG = (
@@ -187,6 +191,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.print_config:
         return _emit(config.model_dump_json(indent=2))
+    if args.role == "worker" and config.workers.behaviour != "honest":
+        # Deprecated for one release: hostile behaviours moved to their own role (prime_rl.redteam).
+        print(
+            f"prime-rl worker: warning: workers.behaviour {config.workers.behaviour!r} is a red-team behaviour; "
+            "`prime-rl worker` running it is deprecated and ends in the next release: use `prime-rl redteam`",
+            file=sys.stderr,
+        )
+        args.role = "redteam"
+        args.name = args.name or "worker"
     if (problem := check_environment_first(args.role, config)) is not None:
         print(f"prime-rl {args.role}: {problem}", file=sys.stderr)
         return 2

@@ -7,8 +7,8 @@
   (sign, exponent) are unchanged, so the XOR is mostly zero bytes and compresses well.
   Requires same-size files (same-layout safetensors checkpoints).
 
-XOR uses numpy when it is importable (~GB/s) and falls back to Python big integers
-(~70 MB/s) otherwise, so numpy is optional.
+XOR uses numpy when it is importable and falls back to Python big integers (much slower;
+both rates: ``benchmarks/results/shardcast_compression.txt``) otherwise, so numpy is optional.
 """
 
 from __future__ import annotations

@@ -56,10 +56,10 @@ def find_injective_moduli(indices: I64, *, start: int = P) -> I64:
         indices: ``[C, k]`` non-negative int64 flat indices.
     Returns:
         ``[C]`` int64 moduli in 1..start.
-    Loops over candidate moduli (not over rows), only for rows still colliding; about
-    6% of rows at H = 4096 need a second modulus.
-    Pitfall: indices chosen adversarially can force thousands of candidates (the
-    reference takes 15 ms for {0..63} ∪ {61465 + 64j}); this stays vectorised but
+    Loops over candidate moduli (not over rows), only for rows still colliding (a few
+    rows need a second modulus; ``toploc bench``: ``benchmarks/results/toploc_bench.md``).
+    Pitfall: indices chosen adversarially can force thousands of candidates (e.g.
+    {0..63} ∪ {61465 + 64j}, slow in the reference too); this stays vectorised but
     is still O(candidates · k log k) for that row.
     """
     num_rows, k = indices.shape

@@ -175,9 +175,8 @@ def _results(counts: list[list[int]], k: int) -> list[VerificationResult]:
     """One ``VerificationResult`` per column of the five count rows.
 
     Built without the frozen dataclass's ``__init__`` (six ``object.__setattr__`` calls each): one
-    ``__dict__`` per result takes 0.38x the time, 0.97 ms against 2.5 ms for 2,048 chunks on the
-    2-core dev machine (``benchmarks/results/toploc_verify_host.md``), the largest part of verify's
-    host work. Equality, hashing and immutability stay the dataclass's own (``test_compare.py``).
+    ``__dict__`` per result, a fraction of the time, and this was the largest part of verify's host
+    work (``benchmarks/results/toploc_verify_host.md``). Equality, hashing and immutability stay the dataclass's own (``test_compare.py``).
     """
     inf = float("inf")
     out = []

@@ -15,10 +15,10 @@ class WorkerConfig(Section):
     count: int = Field(default=2, ge=0, description="Honest worker processes `prime-rl run` starts.")
     hostile: list[str] = Field(
         default_factory=list,
-        description="One extra hostile worker per entry (behaviour names, see hostile.py).",
+        description="One extra hostile worker per entry (behaviour names of prime_rl.redteam.attacks, run as `prime-rl redteam`).",
     )
     behaviour: str = Field(
-        default="honest", description="What this worker process does: 'honest', a hostile name, or 'mixed'."
+        default="honest", description="What this worker process does: 'honest' (`prime-rl worker`), or an attack name or 'mixed' (`prime-rl redteam`)."
     )
     name: str = Field(default="", description="Registration label (default: the process name).")
     batch_size: int = Field(default=64, ge=1, description="Max sequences per generation batch.")

@@ -15,9 +15,8 @@ one column a step (every step has new shapes); ``"static"`` writes into KV buffe
 whole batch (prompt + ``max_new_tokens``) in place, under a 4D mask updated in place, so every
 step has the same shapes and addresses (and an SDPA model's static steps attend without
 ``repeat_kv``); the steps are in :mod:`prime_rl.inference.decode_steps`; ``"graph"`` replays that static step as one
-CUDA graph, without the launch cost of its kernels (Qwen2-0.5B's shape: about 860 launches and
-16.7 ms of host time per step for 3.8 ms of GPU time on an H200,
-``benchmarks/results/gpu_decode_profile_h200.log``). ``"auto"``: ``"graph"`` on CUDA for models
+CUDA graph, without the launch cost of its kernels (hundreds of launches a step for Qwen2-0.5B's
+shape, whose host time exceeds the GPU time: ``benchmarks/results/gpu_decode_profile_h200.log``). ``"auto"``: ``"graph"`` on CUDA for models
 whose layers all attend fully through SDPA or eager attention (a sliding-window layer needs its
 own mask), else ``"dynamic"``. A graph that cannot be captured falls back to the static step,
 with a warning and the reason in ``HFBackend.graph_error``. Measured on a GPU:

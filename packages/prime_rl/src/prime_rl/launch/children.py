@@ -28,6 +28,7 @@ from prime_rl.api.client import ApiError, OrchestratorClient
 from prime_rl.config import RunConfig
 
 __all__ = [
+    "DROPPABLE_ROLES",
     "VALIDATOR_LEASES",
     "ChildSpec",
     "check_validator_leases",
@@ -39,6 +40,10 @@ __all__ = [
 
 VALIDATOR_LEASES = "validator_leases"
 """The ``GET /status`` capability that lets a run start more than one validator (``validator.count``)."""
+
+DROPPABLE_ROLES = ("worker", "redteam")
+"""Roles whose child is dropped, not the run failed, past its restart budget: untrusted workers, one
+of many (``redteam``: a hostile one); the run cannot go on without any trusted role."""
 
 
 @dataclass(frozen=True)
@@ -88,11 +93,13 @@ def plan_children(config: RunConfig) -> list[ChildSpec]:
         children.append(ChildSpec("calibrate-noise", "calibrate-noise", profile))
         children += [ChildSpec(name, "validator", profile, after="calibrate-noise") for name in validators]
     workers = config.workers
+    # Hostile behaviours run as the red team's own role (prime_rl.redteam): the worker role is honest only.
+    worker_role = "worker" if getattr(workers, "behaviour", "honest") == "honest" else "redteam"
     for index in range(int(getattr(workers, "count", 1))):
-        children.append(ChildSpec(f"worker-{index}", "worker"))
+        children.append(ChildSpec(f"worker-{index}", worker_role))
     for index, behaviour in enumerate(getattr(workers, "hostile", []) or []):
         extra = ("--workers.behaviour", str(behaviour)) if _has_field(workers, "behaviour") else ()
-        children.append(ChildSpec(f"hostile-{index}", "worker", extra))
+        children.append(ChildSpec(f"hostile-{index}", "redteam", extra))
     evaluator = config.evaluator
     enabled = getattr(evaluator, "enabled", None)
     if enabled is None:
@@ -131,6 +138,6 @@ def should_restart(config: RunConfig, spec: ChildSpec, exit_code: int) -> bool:
         return True
     if spec.role == "validator":
         return exit_code != 0 or not int(getattr(config.validator, "max_batches", 0) or 0)
-    if spec.role in ("trainer", "worker"):
+    if spec.role in ("trainer", *DROPPABLE_ROLES):
         return exit_code != 0
     return False

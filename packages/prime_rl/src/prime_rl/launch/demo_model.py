@@ -7,7 +7,7 @@ distribution's RECORD (``importlib.metadata``) or, failing that, ``importlib.uti
 finds a top-level package without executing it. Locating the file and the cache key live in the
 torch-free :mod:`prime_rl.launch.model_cache` (re-exported here); this module converts.
 
-Conversion (once, ~30 s on 2 CPU cores): ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)``
+Conversion (once per cache): ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)``
 de-quantises every tensor (transformers + ``gguf``; transformers also needs ``accelerate`` for this
 path) and we ``save_pretrained`` model (safetensors, fp32 by default) and tokenizer into a cache
 directory. The result is an ordinary HF directory that every process loads with ``from_pretrained``.

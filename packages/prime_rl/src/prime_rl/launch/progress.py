@@ -4,8 +4,8 @@ progress line and ``progress`` record (``orchestrator_progress``); the end-of-ru
 :mod:`prime_rl.launch.report`.
 
 What is logged about workers is bounded whatever their number: the table's totals plus the
-``TOP_WORKERS`` with the most accepted samples and up to ``TOP_WORKERS`` banned ones (1,620
-identities once made the whole table 70 kB/s of ``run.jsonl``). Worker names are the workers'
+``TOP_WORKERS`` with the most accepted samples and up to ``TOP_WORKERS`` banned ones (a swarm's
+whole table once made ``run.jsonl`` grow with the number of identities: ``benchmarks/results/swarm.md``). Worker names are the workers'
 own text: ``printable`` wherever they are printed (JSON escapes them in the metrics).
 """
 

@@ -68,6 +68,7 @@ from prime_rl.launch.child_reports import (
     report_workers_gone,
 )
 from prime_rl.launch.children import (
+    DROPPABLE_ROLES,
     ChildSpec,
     check_validator_leases,
     plan_children,
@@ -108,9 +109,6 @@ BACKOFF_S = 1.0
 """Wait before a child's first restart in the window; doubled per further one."""
 MAX_BACKOFF_S = 30.0
 """Longest wait before a restart."""
-DROPPABLE_ROLES = ("worker",)
-"""Roles whose child is dropped, not the run failed, past its restart budget: untrusted workers, one
-of many; the run cannot go on without any trusted role."""
 
 
 @dataclass
@@ -283,7 +281,7 @@ class Supervisor:
     def honest_workers_gone(self) -> bool:
         """Every honest worker this run started has exited on its own (banned: none has a batch
         limit) or was dropped, so no sample will come from this machine any more."""
-        honest = [c for c in self.children if c.spec.role == "worker" and c.spec.name.startswith("worker-")]
+        honest = [c for c in self.children if c.spec.role in DROPPABLE_ROLES and c.spec.name.startswith("worker-")]
         if honest and all(c.spec.name in self.dropped for c in honest):
             return True
         if getattr(self.config.workers, "max_batches", 0):

@@ -2,8 +2,8 @@
 
 The server (``server.py``) runs each ledger call under one ``asyncio.Lock``. Were every store
 write fsynced inside that call (``synchronous=FULL``), every request would wait behind the other
-requests' fsyncs, and a core would sit idle for most of each cycle (issue #44: 43 lease cycles
-per second, the core 43% busy). Instead the store commits without an fsync
+requests' fsyncs, and a core would sit idle for most of each cycle (issue #44; the closed loop's
+rate and the core's load: ``benchmarks/results/soak.md``). Instead the store commits without an fsync
 (``StateDB.defer_sync``) and a request, after its call has released the lock, waits in
 ``GroupCommit.durable`` until an fsync of the write-ahead log that began after its commit has
 finished; only then is it answered. One fsync runs at a time, in a thread; while it runs, other

@@ -81,8 +81,8 @@ def newcomer_wait_bound_s(
 class LeaseQueue:
     """First come, first served turns for leases, one queue per client address (module docstring).
 
-    Cost (issue 46, finding 9: the queue was walked whole on every ask, 25 ms of lock per ask at
-    10,000 queued): an ask looks at most at the ``free`` entries ahead of the slots it may take,
+    Cost (issue 46, finding 9: the queue was walked whole on every ask, under the server's lock;
+    ``benchmarks/results/identity_flood.md``): an ask looks at most at the ``free`` entries ahead of the slots it may take,
     and drops for good every lapsed or ineligible entry it passes, so an ask costs O(free) plus
     the entries it drops (each dropped once): O(1) amortised, whatever the queue's length. A place
     is a ticket number; the place reported is ``ticket - head ticket + 1``, an upper bound (those

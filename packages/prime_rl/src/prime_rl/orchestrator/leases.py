@@ -39,7 +39,8 @@ which keeps the original from being handed out twice); who answered whose tasks 
 answering batch's ``LeaseRecord`` (``reassigned_from``). Kept one by one: open leases, leases whose
 tasks still wait for another identity, and expired leases nobody answered (abandonment bans bound
 how many there are). (Pitfall, fixed: the book once scanned every lease ever issued three times
-per lease request; a lease took 0.72 ms at the start of a run and 2.11 ms after 6,000 leases.)
+per lease request, so a lease cost more the longer the run; lease cost over a run's history:
+``benchmarks/results/orchestrator_capacity.md``.)
 """
 
 from __future__ import annotations

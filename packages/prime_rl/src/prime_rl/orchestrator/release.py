@@ -49,7 +49,7 @@ honest samples train, not which tasks do, and the replacement is another identit
 
 A deviation the evidence bans within ``release_after_tokens`` of its start therefore trains
 nothing; a deviation too weak to be banned trains nothing either once it lifts its worker's score
-above ``release_max_evidence`` (honest workers stay below 6% of the threshold: README). Held
+above ``release_max_evidence`` (honest workers' evidence against it: ``benchmarks/results/release.md``). Held
 samples are not buffered work (``BatchBook.buffered``), so holding never stops leases.
 
 What it costs honest workers: each batch waits for ``release_after_tokens`` of its worker's later

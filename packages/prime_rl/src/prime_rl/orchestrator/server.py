@@ -354,9 +354,9 @@ def build_app(
 async def _freeze_loaded_heap(app: web.Application) -> AsyncIterator[None]:
     """Take every object alive once the ledger is loaded (modules, the replayed workers, leases and
     batches: some 77,000 at 10,000 workers) out of the garbage collector's walks (``gc.freeze``).
-    A full collection otherwise walks them all while it holds the GIL: 633-810 ms of wall time
-    (47-59 ms of CPU) each on a loaded machine, three per 10 s under 4 anonymous readers, stalling every request
-    (``benchmarks/results/anonymous_reads_gc.md``). Frozen objects are still freed by reference
+    A full collection otherwise walks them all while it holds the GIL, stalling every request for
+    its whole length (how long, and how often under anonymous readers:
+    ``benchmarks/results/anonymous_reads_gc.md``). Frozen objects are still freed by reference
     counting; only reference cycles among them wait for the unfreeze when the app stops (which frees
     the cycles of an embedded server: tests start hundreds in one process)."""
     gc.collect()

@@ -1,6 +1,6 @@
 """The untrusted inference worker process: follow the policy, answer task leases, submit rollouts.
 
-Loop (``prime-rl worker --config FILE [--workers.behaviour NAME]``):
+Loop (``prime-rl worker --config FILE``):
 
 1. register with the orchestrator (``POST /workers/register``);
 2. a background :class:`~prime_rl.weights.store.VersionFollower` downloads every new policy
@@ -14,9 +14,10 @@ Loop (``prime-rl worker --config FILE [--workers.behaviour NAME]``):
    limited is scored again, :mod:`prime_rl.worker.scoring`), compute the group advantages and
    ``POST /rollouts``.
 
-``behaviour`` selects a hostile behaviour from :mod:`prime_rl.worker.hostile` (for tests and red-team
-runs; ``"mixed"`` cycles through them, one per batch). It enters the loop only through the hooks
-of its :class:`~prime_rl.worker.hostile.HostileWorker`, which :class:`Honest` answers honestly.
+The loop meets what a batch holds only through the hooks of :class:`Answers`, which :class:`Honest`
+answers honestly. The red team (``prime-rl redteam``, :mod:`prime_rl.redteam.process`) plays its
+hostile behaviours inside this same loop by overriding :meth:`Worker.make_answers`; this module
+never imports it, and ``prime-rl worker`` runs only ``workers.behaviour = "honest"``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import math
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import toploc
 from prime_rl.api.client import (
@@ -48,7 +49,6 @@ from prime_rl.reward import RunTasks, run_tasks
 from prime_rl.role import run_role
 from prime_rl.weights.store import LocalPolicies, PolicyStore, PolicyUnavailable, VersionFollower
 from prime_rl.worker.episodes import build_episode_batch
-from prime_rl.worker.hostile import BEHAVIOURS, HostileWorker, span_attack
 from prime_rl.worker.identity import IDENTITY_FILE, Identity, load_identity, save_identity
 from prime_rl.worker.inflight import CommittedVersions
 from prime_rl.worker.rollout import build_batch
@@ -62,9 +62,34 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class Answers(Protocol):
+    """What the worker loop asks of the code that answers a lease (:meth:`Worker.one_batch`)."""
+
+    @property
+    def follows_new_weights(self) -> bool:
+        """Reload every newly committed policy version (the honest worker does)."""
+        ...
+
+    def ready(self, status: StatusResponse) -> bool:
+        """Take a lease now (False: wait ``workers.poll_interval_s`` and ask again)."""
+        ...
+
+    def resolve(self, lease: TaskLease) -> str:
+        """The behaviour that answers ``lease`` (logged with its batch)."""
+        ...
+
+    def answer(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
+        """The batch submitted for ``lease``."""
+        ...
+
+    def before_submit(self, lease: TaskLease, client: OrchestratorClient) -> None:
+        """Anything sent before the batch is submitted."""
+        ...
+
+
 class Honest:
-    """The honest worker's answers, behind the hooks a :class:`HostileWorker` overrides: it follows
-    every policy version, is always ready, builds the batch with the run's tasks, sends nothing else."""
+    """The honest worker's :class:`Answers`: it follows every policy version, is always ready,
+    builds the batch with the run's tasks, sends nothing else."""
 
     follows_new_weights = True
 
@@ -93,12 +118,17 @@ class Worker:
 
     wait_log_every_s = WAIT_LOG_EVERY_S
     """Seconds between progress lines while it waits for a policy version."""
+    behaviours: tuple[str, ...] = ("honest",)
+    """The ``workers.behaviour`` values this process plays (the red team's subclass plays more)."""
 
     def __init__(self, config: RunConfig, name: str) -> None:
         self.run = config
         self.cfg: WorkerConfig = config.workers
-        if self.cfg.behaviour not in BEHAVIOURS:
-            raise ValueError(f"unknown workers.behaviour {self.cfg.behaviour!r}; choose from {BEHAVIOURS}")
+        if self.cfg.behaviour not in self.behaviours:
+            raise ValueError(
+                f"workers.behaviour {self.cfg.behaviour!r} is not played by {type(self).__name__} "
+                f"(choose from {self.behaviours}); hostile behaviours run with `prime-rl redteam`"
+            )
         self.name = name
         self.client = OrchestratorClient(
             config.orchestrator.url, registration_token=config.orchestrator.registration_token
@@ -107,10 +137,9 @@ class Worker:
         check_same_environment(
             config.tasks.environment, self.client.status().environment, role="worker", url=config.orchestrator.url
         )
-        # Hostile behaviours reach into the transformers model (copies, prefills): they stay on HF.
         self.backend = make_backend(
             config,
-            backend=self.cfg.backend if self.cfg.behaviour == "honest" else "hf",
+            backend=self.backend_name(),
             device=choose_device(self.cfg.device),
             max_batch_size=self.cfg.batch_size,
         )
@@ -131,23 +160,15 @@ class Worker:
         self.submitted = 0
         self.reward_errors = 0  # leases not submitted because a reward was not a number
         self.stop_event = threading.Event()
-        # The honest path never goes through the red-team module: a hostile worker exists only when
-        # a hostile behaviour is configured.
-        self.answers: Honest | HostileWorker = (
-            Honest(self.tasks, self.env)
-            if self.cfg.behaviour == "honest"
-            else HostileWorker(
-                self.cfg.behaviour,
-                self.tasks.encode,
-                self.tasks.score,
-                self.tasks.prompt_tokens,
-                self.tasks.num_tasks,
-                env=self.env,
-                # the span forgeries switch in flight for real before they forge: they need what an
-                # in-flight worker has (hostile.py), whatever workers.inflight_updates says
-                versions=self.committed_versions() if span_attack(self.cfg.behaviour) else None,
-            )
-        )
+        self.answers: Answers = self.make_answers()
+
+    def backend_name(self) -> str:
+        """The generation engine this process builds (``workers.backend``)."""
+        return self.cfg.backend
+
+    def make_answers(self) -> Answers:
+        """What answers each lease: :class:`Honest` (the red team overrides this hook)."""
+        return Honest(self.tasks, self.env)
 
     # -- weights ------------------------------------------------------------------------------
     def start_inflight(self) -> None:
@@ -156,7 +177,6 @@ class Worker:
         (``worker/episodes.py``)."""
         if (
             not isinstance(self.backend, HFBackend | VLLMBackend)
-            or self.cfg.behaviour != "honest"
             or (self.env is not None and not isinstance(self.backend, HFBackend))
         ):
             log.warning("workers.inflight_updates needs an honest HF or vLLM worker (HF for episodes): off for this one")

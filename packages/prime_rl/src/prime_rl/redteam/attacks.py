@@ -16,7 +16,7 @@ lease expires unanswered).
 
 The span forgeries (in-flight weight updates, ``api/spans.py``; not in ``mixed``) each decode the
 lease for real with the HF backend, switching in flight to a newer committed version where the
-attack needs one (:mod:`prime_rl.worker.hostile_spans`), and then claim other version spans. They
+attack needs one (:mod:`prime_rl.redteam.spans`), and then claim other version spans. They
 need the worker's committed versions (``HostileWorker.versions``) and a single-turn run.
 
 A new attack is one :data:`ATTACKS` entry plus a ``HostileWorker._<name>(lease, backend)`` method
@@ -49,8 +49,7 @@ from prime_rl.inference.backend import (
     build_proofs,
     token_logprobs,
 )
-from prime_rl.worker.episodes import build_episode_batch
-from prime_rl.worker.hostile_episodes import (
+from prime_rl.redteam.episodes import (
     ForgingEnv,
     drop_turn,
     env_as_model,
@@ -58,7 +57,7 @@ from prime_rl.worker.hostile_episodes import (
     reorder_turns,
     truncate_episode,
 )
-from prime_rl.worker.hostile_spans import (
+from prime_rl.redteam.spans import (
     MidChunkSwitch,
     SpanVersions,
     SwitchAt,
@@ -67,6 +66,7 @@ from prime_rl.worker.hostile_spans import (
     switching,
     wait_for_newer,
 )
+from prime_rl.worker.episodes import build_episode_batch
 from prime_rl.worker.rollout import (
     PlannedTask,
     build_batch,
@@ -129,7 +129,7 @@ ATTACKS: dict[str, Attack] = {
     "truncated_episode": Attack("keeps only model turn 0 of each episode", ("episode_truncated",), episodes=True),
     "model_as_env": Attack("labels turn 0's last sampled token as an env token", ("model_tokens_as_env",), episodes=True),
     "env_as_model": Attack("labels the first tool output as model tokens", ("env_tokens_as_model",), episodes=True),
-    # in-flight version spans (worker/hostile_spans.py): a real decode, then a forged span claim
+    # in-flight version spans (redteam/spans.py): a real decode, then a forged span claim
     "forged_span_version": Attack(
         "announces a switch to the newest committed version at token 32, then decodes with the lease's version "
         "v alone (with the switch's seeds from 32) and claims the tokens from 32 on as the newer version",
