@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from swarm_checks import RunRecords, read_jsonl
-from swarm_validators import validator_lines
 from swarm_expiry import expiry_figures
+from swarm_validators import validator_lines
 
 from prime_rl.config import RunConfig
 from prime_rl.orchestrator.store import RolloutStore

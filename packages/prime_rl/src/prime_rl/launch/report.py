@@ -42,9 +42,9 @@ from typing import Any
 
 from prime_rl.api.fields import printable
 from prime_rl.api.staleness import histogram, histogram_mean, histogram_quantile, merge_histograms
+from prime_rl.launch.expiry import expired_summary
 from prime_rl.launch.report_plot import plot_run
 from prime_rl.launch.run_summary import RunSummary, WorkerTally
-from prime_rl.launch.expiry import expired_summary
 from prime_rl.launch.waits import trainer_wait_summary
 from prime_rl.metrics import read_metrics
 

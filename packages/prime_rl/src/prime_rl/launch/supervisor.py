@@ -2,15 +2,13 @@
 
 Starts, each as its own subprocess (``python -m prime_rl.cli <role> --config FILE ...``) with its
 output in ``<run_dir>/logs/<name>.out`` and its metrics in ``<run_dir>/metrics/<name>.jsonl``, all
-at once, without waiting for any (the roles wait for the orchestrator themselves), then waits for
-the orchestrator to answer. Which children there are, in what order, and which
-restart is ``launch/children.py`` (:func:`plan_children`, :func:`should_restart`); validators beyond the
-first start once the orchestrator announces ``validator_leases`` in ``GET /status``, and without it
-the run stops there with exit code 2, since two validators would judge the same batches.
-
-then prints a live progress line (step, policy version, batches awaiting validation, accepted and
-rejected samples per worker) until the trainer finishes ``trainer.total_steps``. Ctrl-C or SIGTERM
-stops every child (SIGTERM to its process group, SIGKILL after ``STOP_GRACE_S``).
+at once, without waiting for any (the roles wait for the orchestrator themselves); which children
+there are, in what order, and which restart is ``launch/children.py``. Validators beyond the first
+start once the orchestrator announces ``validator_leases`` in ``GET /status`` (else exit code 2: two
+validators would judge the same batches). Then it prints a live progress line (step, policy version,
+batches awaiting validation, accepted and rejected samples per worker) until the trainer finishes
+``trainer.total_steps``. Ctrl-C or SIGTERM stops every child (SIGTERM to its process group, SIGKILL
+after ``STOP_GRACE_S``).
 
 Restarts: a child that dies while the run goes on is started again (same command; its error and log
 are reported first), after an exponential backoff (``backoff_s``, doubling per recent restart, at
@@ -19,8 +17,7 @@ most ``max_backoff_s``), within a budget of ``restart_budget`` restarts per chil
 ``RESTART_WINDOW_S`` (a wrong configuration does not heal by restarting; the same transient error
 days apart is not "in a row"), a worker is dropped and reported (``child_dropped``) and the run goes
 on without it, while a trusted role (orchestrator, origin, relay, trainer, validator) fails the run
-as it did before restarts existed. Which children restart, and how each resumes, is
-:func:`should_restart`.
+as it did before restarts existed (which children restart, and how each resumes: :func:`should_restart`).
 
 Exit code 0 when the trainer finished, 1 when a trusted child failed past its restart budget (or was
 not restartable: its name, its error, read from its output by :func:`first_error`, and its log are
@@ -30,14 +27,13 @@ reasons are reported: a run nobody feeds would wait forever), 2 when a child ref
 (exit code 2: a wrong environment, component, secret or model path; its message is shown and the
 run stops at once, since restarting cannot heal it), 130/143 when interrupted.
 
-Before any child starts, the weight copies a killed run left behind are removed and the disk is
-checked for what the run's weight copies can take (``launch/cleanup.py``: exit code 2 with the
-figures when it cannot hold them); when it ends, however it ends, the copies any process re-creates
-on demand are removed again. Before any child starts, the run's secrets (the admin token of the
-trusted endpoints and the assignment key) are created in ``<run_dir>/secrets/run.json`` (mode 0600) unless configured; the
-orchestrator, validator and trainer read them there, workers are never given them. An
-orchestrator bound beyond loopback without a configured ``orchestrator.admin_token`` stops the
-run before it starts (exit code 2).
+Before any child starts, the weight copies a killed run left behind are removed and the disk is checked
+for what the run's weight copies can take (``launch/cleanup.py``: exit code 2 with the figures when it
+cannot hold them); when it ends, however it ends, the copies any process re-creates on demand are removed
+again. Before any child starts, the run's secrets (the admin token of the trusted endpoints and the
+assignment key) are created in ``<run_dir>/secrets/run.json`` (mode 0600) unless configured; the
+orchestrator, validator and trainer read them there, workers are never given them. An orchestrator bound
+beyond loopback without a configured ``orchestrator.admin_token`` stops the run before it starts (exit 2).
 
 Pitfall: children run in their own sessions so that a terminal Ctrl-C reaches only this
 supervisor, which then stops them in order; killing the supervisor with SIGKILL leaves them
@@ -445,10 +441,10 @@ def main(
             signal.signal(signum, handler)
         if supervisor._tty:
             sys.stdout.write("\n")
-        if (waits := trainer_wait_summary(config.run_dir)) is not None:
-            log.info("%s", waits)  # a run that trained nothing says why (launch/waits.py)
-        if (expired := expired_summary(config.run_dir)) is not None:
-            log.info("%s", expired)  # issue 45: honest work expired unjudged (launch/expiry.py)
+        # why a run that trained nothing waited (launch/waits.py); honest work expired unjudged (launch/expiry.py)
+        for line in (trainer_wait_summary(config.run_dir), expired_summary(config.run_dir)):
+            if line is not None:
+                log.info("%s", line)
         metrics.log("shutdown", code=code, children={c.spec.name: c.exit_code for c in supervisor.children})
         log.info("run finished with exit code %d (logs and metrics in %s)", code, config.run_dir)
     return code
