@@ -184,6 +184,7 @@ _CHILD = textwrap.dedent(
     # The tests folder is no package (pytest imports it in importlib mode): this file's helpers by source.
     tests = Path(os.environ["TESTS_DIR"])
     sys.path.insert(0, str(tests))
+    sys.path.insert(0, str(tests.resolve().parents[2] / "tests" / "support"))  # what the root conftest adds
     from conftest import make_config, task_set
     helpers = {"__name__": "record_tests"}
     source = (tests / "test_orchestrator_record.py").read_text().replace("from .conftest import", "from conftest import")
