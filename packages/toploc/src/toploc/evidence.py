@@ -71,6 +71,7 @@ from typing import Any
 import numpy as np
 
 from toploc.noise import STATISTICS, EvidenceError, NoiseProfile, Observations
+from toploc.per_sample import counts_above, parse_label, sample_label, useful_cells
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,14 @@ class EvidencePolicy:
         max_alternative_rate: cap on p1 (an alternative >= 1 would make one honest miss fatal).
         max_null_rate: thresholds whose honest rate bound p0 exceeds this carry too little
             evidence per observation to be worth a test.
+        unit: ``"sample"`` (default): every test watches a per-sample event, "m+ values above t",
+            one Bernoulli trial per sample, at the profile's per-sample bounds, so correlation
+            between the tokens of a sample is in the calibration; ``"token"``: the per-token tests
+            (one trial per token, at the per-token bounds), whose bound assumes tokens independent
+            given the past (kept for comparison and for profiles without per-sample bounds).
+        max_sample_null_rate, max_sample_alternative_rate: ``max_null_rate`` and
+            ``max_alternative_rate`` of the per-sample tests (a sample's event is far more likely
+            than a token's, and a calibration has far fewer samples than tokens).
     """
 
     false_ban_rate: float = 1e-6
@@ -96,6 +105,9 @@ class EvidencePolicy:
     alternatives: tuple[float, ...] = (3.0, 10.0, 30.0, 100.0, 300.0)
     max_alternative_rate: float = 0.5
     max_null_rate: float = 0.2
+    unit: str = "sample"
+    max_sample_null_rate: float = 0.5
+    max_sample_alternative_rate: float = 0.9
 
     def __post_init__(self) -> None:
         if not 0 < self.false_ban_rate < 1:
@@ -106,6 +118,10 @@ class EvidencePolicy:
             raise EvidenceError(f"alternatives must be > 1, got {self.alternatives}")
         if not 0 < self.max_null_rate < self.max_alternative_rate < 1:
             raise EvidenceError("need 0 < max_null_rate < max_alternative_rate < 1")
+        if not 0 < self.max_sample_null_rate < self.max_sample_alternative_rate < 1:
+            raise EvidenceError("need 0 < max_sample_null_rate < max_sample_alternative_rate < 1")
+        if self.unit not in ("sample", "token"):
+            raise EvidenceError(f"unit must be 'sample' or 'token', got {self.unit!r}")
 
 
 @dataclass(frozen=True)
@@ -130,22 +146,38 @@ class EvidenceTests:
 
     @classmethod
     def from_profile(cls, profile: NoiseProfile, policy: EvidencePolicy | None = None) -> EvidenceTests:
+        """The tests of ``policy.unit``: per sample (the default; the profile's per-sample bounds,
+        dominated cells left out: :func:`toploc.per_sample.useful_cells`) or per token."""
         policy = policy or EvidencePolicy()
         statistics: list[str] = []
         thresholds, nulls, alternatives = [], [], []
+
+        def add(label: str, threshold: float, p0: float, cap: float) -> None:
+            for p1 in sorted({min(cap, c * p0) for c in policy.alternatives}):
+                statistics.append(label)
+                thresholds.append(threshold)
+                nulls.append(p0)
+                alternatives.append(p1)
+
         for name in STATISTICS:
             noise = profile.statistic(name)
-            for threshold, p0 in zip(noise.thresholds, noise.rate_bounds, strict=True):
-                if p0 > policy.max_null_rate:
-                    continue
-                bets = sorted({min(policy.max_alternative_rate, c * p0) for c in policy.alternatives})
-                for p1 in bets:
-                    statistics.append(name)
-                    thresholds.append(threshold)
-                    nulls.append(p0)
-                    alternatives.append(p1)
+            if policy.unit == "token":
+                for threshold, p0 in zip(noise.thresholds, noise.rate_bounds, strict=True):
+                    if p0 <= policy.max_null_rate:
+                        add(name, threshold, p0, policy.max_alternative_rate)
+                continue
+            if not noise.per_sample:
+                raise EvidenceError(
+                    f"the profile has no per-sample bounds for {name} (written before toploc measured them): "
+                    "calibrate it again, or use EvidencePolicy(unit='token')"
+                )
+            bounds = np.asarray(noise.sample_rate_bounds, dtype=np.float64)
+            for i, j in useful_cells(bounds):
+                if bounds[i, j] <= policy.max_sample_null_rate:
+                    label = sample_label(name, noise.sample_counts[j])
+                    add(label, noise.thresholds[i], float(bounds[i, j]), policy.max_sample_alternative_rate)
         if not statistics:
-            raise EvidenceError("the profile leaves no usable test (every rate bound > max_null_rate)")
+            raise EvidenceError("the profile leaves no usable test (every rate bound > the policy's largest null rate)")
         count = len(statistics)
         return cls(
             statistics=tuple(statistics),
@@ -166,13 +198,23 @@ class EvidenceTests:
         )
 
     @functools.cached_property
-    def _compiled(self) -> tuple[np.ndarray, np.ndarray, list[tuple[str, np.ndarray]]]:
-        """Per test ``log(p1/p0)`` and ``log((1-p1)/(1-p0))``; test indices per statistic."""
+    def _compiled(self) -> tuple[np.ndarray, np.ndarray, list[tuple[str, np.ndarray]], np.ndarray]:
+        """Per test ``log(p1/p0)`` and ``log((1-p1)/(1-p0))``; test indices per observed statistic;
+        per test its per-sample count m (0: a per-token test)."""
         exceed_log = np.log(self.alternative_rates / self.null_rates)
         stay_log = np.log1p(-self.alternative_rates) - np.log1p(-self.null_rates)
-        names = np.array(self.statistics)
+        parsed = [parse_label(label) for label in self.statistics]
+        names = np.array([name for name, _ in parsed])
+        unknown = set(names) - set(STATISTICS)
+        if unknown:
+            raise EvidenceError(f"unknown statistic(s) {sorted(unknown)}; expected those of {STATISTICS}")
         groups = [(name, np.flatnonzero(names == name)) for name in STATISTICS if (names == name).any()]
-        return exceed_log, stay_log, groups
+        return exceed_log, stay_log, groups, np.array([m for _, m in parsed], dtype=np.int64)
+
+    @property
+    def per_sample(self) -> bool:
+        """Whether every test watches a per-sample event (one trial per sample)."""
+        return bool((self._compiled[3] > 0).all())
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -183,21 +225,24 @@ class EvidenceTests:
         return digest.hexdigest()[:16]
 
     def counts(self, observations: Observations) -> tuple[np.ndarray, np.ndarray]:
-        """``[K]`` int64 pair: per test, the sample's observations of its statistic and those above
-        its threshold (strictly greater)."""
-        _, _, groups = self._compiled
+        """``[K]`` int64 pair: per test, the sample's trials and those that exceeded. A per-token
+        test: the sample's observations of its statistic and those above its threshold (strictly
+        greater). A per-sample test: 1 trial, exceeded when at least m of them are above it."""
+        _, _, groups, minimum = self._compiled
         seen = np.zeros(len(self), dtype=np.int64)
         exceeded = np.zeros(len(self), dtype=np.int64)
         for name, index in groups:
             values = observations.values(name)
-            seen[index] = values.size
-            exceeded[index] = (values[:, None] > self.thresholds[index][None, :]).sum(axis=0)
+            above = counts_above(values, self.thresholds[index])
+            sample = minimum[index] > 0
+            seen[index] = np.where(sample, 1, values.size)
+            exceeded[index] = np.where(sample, above >= minimum[index], above)
         return seen, exceeded
 
     def log_ratio(self, seen: np.ndarray, exceeded: np.ndarray) -> np.ndarray:
         """``[K]`` log-likelihood ratio of ``exceeded`` of ``seen`` observations under each test (nats):
         ``exceeded · log(p1/p0) + (seen - exceeded) · log((1-p1)/(1-p0))``."""
-        exceed_log, stay_log, _ = self._compiled
+        exceed_log, stay_log, _, _ = self._compiled
         return np.asarray(exceeded * exceed_log + (seen - exceeded) * stay_log, dtype=np.float64)
 
     def log_evidence(self, observations: Observations) -> np.ndarray:
