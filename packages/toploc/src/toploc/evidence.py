@@ -7,12 +7,23 @@ weights in an fp32 run, weights one optimizer step stale. Each leaves small trac
 tokens. This module turns those traces (:class:`toploc.noise.Observations`, compared with a
 measured :class:`toploc.noise.NoiseProfile`) into a ban decision with a bounded false-ban rate.
 
-The tests. Every (statistic, threshold, alternative) triple j is one Bernoulli likelihood-ratio
-test of "honest: P(x > threshold | past) <= p0" (p0 from the profile) against "P = p1 = c·p0"
-(c in ``EvidencePolicy.alternatives``). An observation adds ``a_j = log(p1/p0)`` if it exceeds
-the threshold and ``b_j = log((1-p1)/(1-p0)) < 0`` otherwise. Two scores per test, K tests:
+The unit: a sample (default). Tokens of one sample are not independent (a near-tied stretch puts
+several honest margins above a threshold in a row), but samples are: each has its own prompt and
+sampling seed. So every test watches a per-sample event, "at least m of the sample's values of a
+statistic lie above threshold t" (``"samples with m+ sampling_margin" > t``), and its honest rate
+bound p0 is measured over the calibration's *samples* (:mod:`toploc.per_sample`,
+:meth:`toploc.noise.NoiseProfile.calibrate`): however a sample's tokens cluster, the sample is one
+Bernoulli trial, and the calibration saw the clustering. (``EvidencePolicy(unit="token")`` keeps
+the per-token tests, one trial per token at the per-token bounds, which assume tokens independent
+given the past; ``tests/test_evidence_correlated.py`` shows them banning honest workers whose
+samples hold long near-tied stretches.)
 
-* **history** (never reset): over the worker's whole history of n_j observations of which k_j
+The tests. Every (event, alternative) pair j is one Bernoulli likelihood-ratio test of "honest:
+P(event | past) <= p0" (p0 from the profile) against "P = p1 = c·p0" (c in
+``EvidencePolicy.alternatives``, capped). A trial adds ``a_j = log(p1/p0)`` if the event occurs
+and ``b_j = log((1-p1)/(1-p0)) < 0`` otherwise. Two scores per test, K tests:
+
+* **history** (never reset): over the worker's whole history of n_j trials of which k_j
   exceed, ``H_j = k_j·a_j + (n_j - k_j)·b_j``. It depends on the two counts only, so it is
   journalled as counts and survives any restart. Ban when ``max_j H_j >= log(2K/alpha)``.
 * **recent** (CUSUM): ``R_j`` restarts at 0 at a sample boundary whenever it is negative; ban when
@@ -23,9 +34,16 @@ back a batch while it is high) is ``max(max_j H_j / log(2K/alpha), max_j R_j / l
 
 Why these two, and what they guarantee:
 
-* **Bounded false bans at any time.** Under the honest hypothesis, ``exp(H_j)`` is a
+* **Bounded false bans at any time.** The false-ban bound: P(an honest worker is *ever* banned
+  within H samples) <= alpha, given that each per-sample event's probability, conditional on the
+  worker's earlier samples, is at most its p0. That is what the calibration measures: p0 is a
+  Chernoff upper confidence bound (confidence 1 - delta per cell, times a safety factor) on the
+  share of honest calibration samples with the event, so the bound needs samples independent of
+  each other and like the calibration's (the same model, precision, backend and completion
+  lengths), and nothing about the tokens inside a sample. Why it holds: under the honest hypothesis, ``exp(H_j)`` is a
   non-negative supermartingale with mean <= 1 (each factor has conditional mean
-  ``1 + (q - p0)(p1/p0 - (1-p1)/(1-p0)) <= 1`` for a true rate q <= p0). Ville's inequality
+  ``1 + (q - p0)(p1/p0 - (1-p1)/(1-p0)) <= 1`` for a true rate q <= p0; a trial is a sample, or
+  a token under ``unit="token"``). Ville's inequality
   bounds the chance that it *ever* reaches 1/a by a, however long the run and however often we
   look; a union bound over the K tests gives P(history ever bans an honest worker) <= alpha/2.
   ``exp(R_j)`` is the maximum over at most H start points of such products, so the same holds
@@ -47,16 +65,20 @@ Why these two, and what they guarantee:
   and rare but large ones (steering on 1% of positions, far outside the honest tail). Each extra
   bet costs only ``log K`` of threshold.
 * **Only rate bounds are assumed.** Nothing about the shape of the honest distribution is
-  needed beyond "each threshold is exceeded with conditional probability <= p0", which a
-  held-out honest run checks (``benchmarks/detection_bench.py``) and which merging profiles
-  keeps true across configurations.
+  needed beyond "each event occurs with conditional probability <= p0", which a held-out honest
+  run checks (``benchmarks/detection_bench.py``) and which merging profiles keeps true across
+  configurations.
+* **Several counts per threshold.** A deviation that adds many values above t per sample shows in
+  "m+ above t" for a large m, whose honest rate is far lower than "1+"; a cell whose bound equals
+  that of a cell containing it (a lower threshold or a smaller count) is left out, since it can
+  only be rarer under a deviation (:func:`toploc.per_sample.useful_cells`).
 
-Pitfall: tokens of one sample are not independent; a long near-tied stretch can make honest
-exceedances cluster beyond p0 locally. The profile's safety factor absorbs this in the measured
-runs (README); it is not a theorem. ``tests/test_evidence_correlated.py`` simulates it with the
-profile calibrated on the same correlated process: stretches of about 2 tokens stay within the
-false-ban rate, stretches of about 30 ban about half the honest workers (a strict xfail). And a profile re-measured between restarts changes p0 under
-a history: the counts stay valid, the guarantee is then the new profile's.
+Pitfalls. The price of the sample as unit is the calibration floor: with n honest samples and no
+event, p0 is ``safety · (1 - delta^(1/n))`` per *sample*, so a deviation needs about as many
+samples as the per-token tests needed tokens carrying it; calibrate on many samples. A sample's
+count grows with its length: completions much longer than the calibration's need a new profile.
+A profile re-measured between restarts changes p0 under a history: the counts stay valid, the
+guarantee is then the new profile's.
 """
 
 from __future__ import annotations
