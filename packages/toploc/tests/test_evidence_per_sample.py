@@ -26,7 +26,7 @@ def test_calibration_counts_samples_per_threshold_and_count() -> None:
     assert margin.samples == 200 and margin.sample_counts == SAMPLE_COUNTS
     row = margin.thresholds.index(3e-2)
     # 20 of 200 samples have 1..8 margins above 0.03, none has 16; none has any above 0.1
-    assert margin.sample_exceedances[row][: 5] == (20, 20, 20, 20, 0)
+    assert margin.sample_exceedances[row][:5] == (20, 20, 20, 20, 0)
     assert margin.sample_rate_bounds[row][0] == pytest.approx(2 * rate_upper_bound(20, 200, 1e-3))
     assert margin.sample_rate_bounds[row][4] == pytest.approx(2 * rate_upper_bound(0, 200, 1e-3))
     assert margin.sample_exceedances[margin.thresholds.index(0.1)][0] == 0
@@ -70,7 +70,8 @@ def test_per_sample_bounds_survive_json_and_merge_and_old_profiles_need_recalibr
     merged = NoiseProfile.merge(profile, other).statistic("sampling_margin")
     assert merged.samples == 250
     assert merged.sample_rate_bounds[3][0] == max(
-        profile.statistic("sampling_margin").sample_rate_bounds[3][0], other.statistic("sampling_margin").sample_rate_bounds[3][0]
+        profile.statistic("sampling_margin").sample_rate_bounds[3][0],
+        other.statistic("sampling_margin").sample_rate_bounds[3][0],
     )
     old = json.loads(profile.to_json())
     for statistic in old["statistics"]:

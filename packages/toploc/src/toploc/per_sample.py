@@ -29,10 +29,14 @@ SAMPLE_COUNTS: tuple[int, ...] = tuple(2**i for i in range(13))
 
 def counts_above(values: np.ndarray, thresholds: Sequence[float] | np.ndarray) -> np.ndarray:
     """``[T]`` int64: how many of one sample's ``values`` lie strictly above each threshold."""
-    return np.asarray((values[:, None] > np.asarray(thresholds, dtype=np.float64)[None, :]).sum(axis=0), dtype=np.int64)
+    return np.asarray(
+        (values[:, None] > np.asarray(thresholds, dtype=np.float64)[None, :]).sum(axis=0), dtype=np.int64
+    )
 
 
-def sample_exceedances(per_sample: Sequence[np.ndarray], thresholds: Sequence[float], counts: Sequence[int] = SAMPLE_COUNTS) -> np.ndarray:
+def sample_exceedances(
+    per_sample: Sequence[np.ndarray], thresholds: Sequence[float], counts: Sequence[int] = SAMPLE_COUNTS
+) -> np.ndarray:
     """``[T, M]`` int64: per threshold and count ``m``, the samples with at least ``m`` values above it
     (``per_sample``: one value array per sample)."""
     table = np.zeros((len(thresholds), len(counts)), dtype=np.int64)
