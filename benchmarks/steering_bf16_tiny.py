@@ -21,6 +21,13 @@ Three variants, replayed on the same random streams (``new`` and ``withheld`` sh
 pool, so their rows are paired): ``old`` (the rule before issue #34), ``new`` (the per-threshold
 rule, every accepted batch releasable) and ``withheld`` (the same rule, and the orchestrator never
 releases a batch whose accepted sample has a token beyond the tolerance, ``Verdict.beyond_tolerance``).
+4. **inside** (issue #46, ``InsideSpender``): the residual attacker, who never goes beyond the
+   tolerance: the runner-up wherever its gap lies in ``(--inside-low, tolerance]``, at most
+   ``--inside-swaps`` times per sample. Its variants share its pool: ``inside-token`` (the
+   per-token evidence, ``EvidencePolicy(unit="token")``, and withholding beyond the tolerance),
+   ``inside-sample`` (the per-sample evidence, toploc's default) and ``inside-hold`` (per-sample
+   evidence, and a batch withheld if a sample has a margin beyond ``--hold-at``).
+   ``--variants`` picks the rows to replay (and so the pools to decode).
 
 Then :func:`replay_run`: the rule (a rejected sample trains nothing), the identity's evidence
 (whole history and CUSUM; its ban drops what it holds) and the orchestrator's own ``ReleaseBook``
