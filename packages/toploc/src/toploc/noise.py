@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from toploc.per_sample import SAMPLE_COUNTS, monotone_bounds, sample_exceedances
+from toploc.per_sample import SAMPLE_COUNTS, merged_sample_fields, monotone_bounds, sample_exceedances
 from toploc.results import VerificationResult
 
 STATISTICS = ("sampling_margin", "logprob_gap", "proof_exp_mismatches", "proof_mant_err_mean")
@@ -395,7 +395,6 @@ class NoiseProfile:
             parts = [p.statistic(name) for p in profiles]
             same = all(p.thresholds == parts[0].thresholds for p in parts)
             grid = tuple(sorted({t for p in parts for t in p.thresholds}))
-            per_sample = all(p.sample_counts == parts[0].sample_counts and p.per_sample for p in parts)
             statistics.append(
                 StatisticNoise(
                     name=name,
@@ -408,22 +407,7 @@ class NoiseProfile:
                         if same and all(p.exceedances for p in parts)
                         else ()
                     ),
-                    samples=sum(p.samples for p in parts),
-                    sample_counts=parts[0].sample_counts if per_sample else (),
-                    sample_rate_bounds=tuple(
-                        tuple(max(p.sample_bound_at(t, m) for p in parts) for m in parts[0].sample_counts)
-                        for t in grid
-                    )
-                    if per_sample
-                    else (),
-                    sample_exceedances=(
-                        tuple(
-                            tuple(sum(p.sample_exceedances[i][j] for p in parts) for j in range(len(parts[0].sample_counts)))
-                            for i in range(len(grid))
-                        )
-                        if per_sample and same and all(p.sample_exceedances for p in parts)
-                        else ()
-                    ),
+                    **merged_sample_fields(parts, grid),
                 )
             )
         description: dict[str, str] = {}

@@ -20,8 +20,12 @@ should be measured again.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from toploc.noise import StatisticNoise
 
 SAMPLE_COUNTS: tuple[int, ...] = tuple(2**i for i in range(13))
 """Per-sample counts ``m`` at which "at least ``m`` values above the threshold" is measured (1 to 4,096)."""
@@ -81,3 +85,24 @@ def parse_label(label: str) -> tuple[str, int]:
         if count.isdigit():
             return name, int(count)
     return label, 0
+
+
+def merged_sample_fields(parts: Sequence[StatisticNoise], grid: tuple[float, ...]) -> dict[str, Any]:
+    """The per-sample fields of ``NoiseProfile.merge``'s statistic over the union ``grid``: the worst
+    bound per (threshold, count) cell when every part has per-sample bounds on the same count grid
+    (else none: a part without them bounds no per-sample event); sample counts summed only when
+    every part has them on the same threshold grid."""
+    counts = parts[0].sample_counts
+    if not all(p.per_sample and p.sample_counts == counts for p in parts):
+        return {"samples": sum(p.samples for p in parts)}
+    same = all(p.thresholds == grid and p.sample_exceedances for p in parts)
+    return {
+        "samples": sum(p.samples for p in parts),
+        "sample_counts": counts,
+        "sample_rate_bounds": tuple(tuple(max(p.sample_bound_at(t, m) for p in parts) for m in counts) for t in grid),
+        "sample_exceedances": tuple(
+            tuple(sum(p.sample_exceedances[i][j] for p in parts) for j in range(len(counts))) for i in range(len(grid))
+        )
+        if same
+        else (),
+    }
