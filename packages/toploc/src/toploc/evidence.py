@@ -48,8 +48,9 @@ Why these two, and what they guarantee:
   look; a union bound over the K tests gives P(history ever bans an honest worker) <= alpha/2.
   ``exp(R_j)`` is the maximum over at most H start points of such products, so the same holds
   for the recent score within H samples. In all: P(an honest worker is ever banned) <= alpha.
-* **Honest tokens dilute a deviation but never erase it.** After k deviating exceedances, honest
-  tokens lower ``H_j`` by ``|b_j| ≈ (c-1)·p0`` nats each, i.e. only as fast as honest noise could
+* **Honest trials dilute a deviation but never erase it** (trials are samples, or tokens under
+  ``unit="token"``, which the numbers here use). After k deviating exceedances, honest
+  trials lower ``H_j`` by ``|b_j| ≈ (c-1)·p0`` nats each, i.e. only as fast as honest noise could
   have produced the same exceedances: a hit-and-run worker's evidence falls back only once its
   exceedance count is what its token count explains (~0.1/p0 tokens for 2 exceedances), and a
   deviation that keeps the rate above p0 (steering 1 sample in 10) grows ``H_j`` for ever. The
