@@ -21,6 +21,13 @@ Three variants, replayed on the same random streams (``new`` and ``withheld`` sh
 pool, so their rows are paired): ``old`` (the rule before issue #34), ``new`` (the per-threshold
 rule, every accepted batch releasable) and ``withheld`` (the same rule, and the orchestrator never
 releases a batch whose accepted sample has a token beyond the tolerance, ``Verdict.beyond_tolerance``).
+4. **inside** (issue #46, ``InsideSpender``): the residual attacker, who never goes beyond the
+   tolerance: the runner-up wherever its gap lies in ``(--inside-low, tolerance]``, at most
+   ``--inside-swaps`` times per sample. Its variants share its pool: ``inside-token`` (the
+   per-token evidence, ``EvidencePolicy(unit="token")``, and withholding beyond the tolerance),
+   ``inside-sample`` (the per-sample evidence, toploc's default) and ``inside-hold`` (per-sample
+   evidence, and a batch withheld if a sample has a margin beyond ``--hold-at``).
+   ``--variants`` picks the rows to replay (and so the pools to decode).
 
 Then :func:`replay_run`: the rule (a rejected sample trains nothing), the identity's evidence
 (whole history and CUSUM; its ban drops what it holds) and the orchestrator's own ``ReleaseBook``
@@ -41,6 +48,7 @@ shared 2-core machine: ``benchmarks/results/steering_bf16_tiny.md``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pickle
@@ -72,6 +80,7 @@ TEMPERATURE = 1.0
 RATES = (1.0, 0.3, 0.1, 0.03)
 IDENTITIES = (4, 16)
 KEYS = ("trained", "steered_trained", "steered_samples_trained", "swaps_trained", "banned", "honest_trained", "honest_banned")
+VARIANTS = ("old", "new", "withheld", "inside-token", "inside-sample", "inside-hold")
 OLD_GRID = (1e-6, 1e-5, 1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.2, 0.3, 0.5, 1.0)
 """toploc's sampling-margin grid before issue #34 added 0.25 (the "old" rows are judged on it)."""
 
@@ -114,6 +123,41 @@ class AllowanceSpender:
     def finish(self) -> list[int]:
         """Swaps per sample of every batch decoded."""
         self.swaps += [len(self.taken[row]) for row in sorted(self.taken)]
+        self.taken = {}
+        return self.swaps
+
+
+class InsideSpender:
+    """A ``sample_next`` steering *inside* the tolerance: on the answer tokens it takes the runner-up
+    wherever its margin lies in ``(low, tolerance]`` (free per sample: the rule accepts any number of
+    such tokens), at most ``per_sample`` times per sample (``swaps`` keeps each sample's count). The
+    attacker of the issue's residual: the largest swaps the rule lets through, as few per sample as
+    a steered sample needs, so that its samples look like honest ones with a near-tie."""
+
+    def __init__(self, tolerance: float, low: float, tokens: int, answer: int, per_sample: int) -> None:
+        self.tolerance, self.low, self.first, self.per_sample = tolerance, low, tokens - answer, per_sample
+        self.taken: dict[int, int] = {}
+        self.swaps: list[int] = []
+
+    def __call__(self, logits: torch.Tensor, seeds: torch.Tensor, position: int, temperature: float) -> torch.Tensor:
+        if position == 0:
+            self.swaps += [self.taken[row] for row in sorted(self.taken)]
+            self.taken = dict.fromkeys(range(seeds.numel()), 0)
+        scores = logits.double() + temperature * toploc.gumbel_noise(
+            SAMPLER_SEED, seeds, torch.full_like(seeds, position), logits.shape[-1]
+        )
+        top = scores.topk(2, dim=-1)
+        tokens = top.indices[:, 0].clone()
+        if position < self.first:
+            return tokens
+        for row, gap in enumerate((top.values[:, 0] - top.values[:, 1]).tolist()):
+            if self.low < gap <= self.tolerance and self.taken[row] < self.per_sample:
+                tokens[row] = top.indices[row, 1]
+                self.taken[row] += 1
+        return tokens
+
+    def finish(self) -> list[int]:
+        self.swaps += [self.taken[row] for row in sorted(self.taken)]
         self.taken = {}
         return self.swaps
 
@@ -250,6 +294,10 @@ def main() -> None:
     parser.add_argument("--release-max-evidence", type=float, help="orchestrator.release_max_evidence (default: the run's)")
     parser.add_argument("--alternatives", type=float, nargs="+", help="evidence bets (default: toploc.EvidencePolicy's)")
     parser.add_argument("--cache", type=Path, help="pickle of the decoded pools: read if present, else written")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS, help="which rows to replay")
+    parser.add_argument("--inside-low", type=float, default=0.2, help="the inside attacker swaps where low < margin <= tolerance")
+    parser.add_argument("--inside-swaps", type=int, default=1, help="the inside attacker's swaps per steered sample (at most)")
+    parser.add_argument("--hold-at", type=float, default=0.2, help="inside-hold: withhold batches with a token beyond this margin")
     args = parser.parse_args()
     torch.manual_seed(0)
     started = time.perf_counter()
@@ -269,7 +317,10 @@ def main() -> None:
     # before issue #34: the grid had no 0.25, so the rate at the tolerance was 0.2's bound
     old_profile = toploc.NoiseProfile.calibrate(observations, grids={**toploc.noise.DEFAULT_GRIDS, "sampling_margin": OLD_GRID})
     policy = toploc.EvidencePolicy(alternatives=tuple(args.alternatives)) if args.alternatives else toploc.EvidencePolicy()
-    tests = {"new": toploc.EvidenceTests.from_profile(profile, policy), "old": toploc.EvidenceTests.from_profile(old_profile, policy)}
+    token_policy = dataclasses.replace(policy, unit="token")
+    tests = {"new": toploc.EvidenceTests.from_profile(profile, policy), "old": toploc.EvidenceTests.from_profile(old_profile, policy),
+             "token": toploc.EvidenceTests.from_profile(profile, token_policy),
+             "old-token": toploc.EvidenceTests.from_profile(old_profile, token_policy)}  # fmt: skip
     base = Checks.from_config(load_config(None, []), vocab_size=2**31, eos_token_ids=frozenset(), assignment_key=b"", hidden_size=128)
     checks = for_precision(base, "bfloat16", profile)
     new_rule = checks.sampling_rule
@@ -296,24 +347,38 @@ def main() -> None:
     }  # fmt: skip
     collected = collected or {}
     pools = {}
-    for name, rule in (("old", old_rule), ("new", new_rule)):
+    wanted = {"old"} if "old" in args.variants else set()
+    wanted |= {"new"} if {"new", "withheld"} & set(args.variants) else set()
+    wanted |= {"inside"} if any(v.startswith("inside") for v in args.variants) else set()
+    for name, rule in (("old", old_rule), ("new", new_rule), ("inside", new_rule)):
+        if name not in wanted:
+            continue
         key = f"{name}-answer{args.answer}-allowed{rule.allowed(n)}-limit{rule.hard_limit:.4g}-bands{len(rule.bands)}"
+        if name == "inside":
+            key = f"inside-answer{args.answer}-low{args.inside_low:g}-tol{rule.tolerance:g}-swaps{args.inside_swaps}"
         if key in collected:
             pools[name] = collected[key]
             continue
-        spender = AllowanceSpender(rule, n, args.answer)
+        spender: AllowanceSpender | InsideSpender = AllowanceSpender(rule, n, args.answer)
+        if name == "inside":
+            spender = InsideSpender(rule.tolerance, args.inside_low, n, args.answer, args.inside_swaps)
         with steering(spender):
             pool = collect(worker, validator, prompts_for(tokenizer, args.attack, 20_000),
                            list(range(20_000, 20_000 + args.attack)), n, args.batch)  # fmt: skip
         pools[name] = collected[key] = list(zip(pool, spender.finish(), strict=True))
     if args.cache:
         args.cache.write_bytes(pickle.dumps((calibration, honest, collected)))
-    variants = (  # (row name, rule, pool and evidence tests, rejected, withholding tolerance)
-        ("old", old_rule, "old", rejected_old, None),
-        ("new", new_rule, "new", rejected_new, None),
-        ("withheld", new_rule, "new", rejected_new, new_rule.tolerance),
+    variants = (  # (row name, rule, pool, evidence tests, rejected, withholding tolerance)
+        ("old", old_rule, "old", "old", rejected_old, None),
+        ("new", new_rule, "new", "new", rejected_new, None),
+        ("withheld", new_rule, "new", "new", rejected_new, new_rule.tolerance),
+        ("inside-token", new_rule, "inside", "token", rejected_new, new_rule.tolerance),
+        ("inside-sample", new_rule, "inside", "new", rejected_new, new_rule.tolerance),
+        ("inside-hold", new_rule, "inside", "new", rejected_new, args.hold_at),
     )
-    for name, rule, family, rejected, withhold in variants:
+    for name, rule, family, tested, rejected, withhold in variants:
+        if name not in args.variants:
+            continue
         rng = np.random.default_rng(0)  # the same streams for every variant: "new" and "withheld" are paired
         pool = pools[family]
         honest_rejected = sum(rejected(s) for s in honest)
@@ -324,8 +389,10 @@ def main() -> None:
             "bands": [list(b) for b in rule.bands], "swaps_per_steered_sample": swaps,
             "steered_samples_rejected": pool_rejected, "steered_samples": len(pool),
             "honest_samples_rejected": honest_rejected, "honest_samples": len(honest),
-            "withholding": withhold is not None,
+            "withholding": withhold, "evidence_unit": "token" if tested.endswith("token") else "sample",
             "honest_samples_beyond_tolerance": sum(int((s.margins > rule.tolerance).any()) for s in honest),
+            "honest_samples_withheld": sum(int((s.margins > withhold).any()) for s in honest) if withhold is not None else 0,
+            "steered_samples_with_a_swap": sum(k > 0 for _, k in pool),
             "calibration_samples_beyond_tolerance": sum(int((s.margins > rule.tolerance).any()) for s in calibration),
         }  # fmt: skip
         print(f"{name} rule: tolerance {rule.tolerance}, hard limit {rule.hard_limit:.3g}, allowed({n}) = {rule.allowed(n)}; "
@@ -340,7 +407,7 @@ def main() -> None:
                     stream = [pool[rng.integers(len(pool))] if f else (honest[rng.integers(len(honest))], 0) for f in flags]
                     chunks = np.array_split(np.arange(args.samples), identities)
                     own = [honest[i] for i in rng.permutation(len(honest))]
-                    row = replay_run(tests[family], [[stream[i] for i in chunk] for chunk in chunks], own, rejected,
+                    row = replay_run(tests[tested], [[stream[i] for i in chunk] for chunk in chunks], own, rejected,
                                      args.release_max_evidence, withhold)  # fmt: skip
                     totals = {key: totals[key] + row[key] for key in totals}
                 honest_bans += totals["honest_banned"]
@@ -359,7 +426,7 @@ def main() -> None:
         bans = honest_only_trained = 0
         for identities in IDENTITIES:  # honest identities only, same churn: none may be banned
             chunks = np.array_split(rng.permutation(len(honest)), identities)
-            row = replay_run(tests[family], [[(honest[i], 0) for i in chunk] for chunk in chunks], honest, rejected,
+            row = replay_run(tests[tested], [[(honest[i], 0) for i in chunk] for chunk in chunks], honest, rejected,
                              args.release_max_evidence, withhold)  # fmt: skip
             bans += row["banned"] + row["honest_banned"]
             honest_only_trained += row["trained"] + row["honest_trained"]
@@ -369,7 +436,7 @@ def main() -> None:
         result["rules"][name]["honest_workers_banned_beside_attackers"] = honest_bans
         fractions = []
         for chunk in np.array_split(np.arange(len(honest)), 4):
-            evidence = toploc.WorkerEvidence(tests[family])
+            evidence = toploc.WorkerEvidence(tests[tested])
             fractions += [evidence.update(honest[i].observations()).fraction for i in chunk]
         result["rules"][name]["honest_bans"] = bans
         result["rules"][name]["honest_identities"] = sum(IDENTITIES) + len(IDENTITIES)

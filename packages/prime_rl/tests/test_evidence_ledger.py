@@ -210,3 +210,63 @@ def test_a_retried_verdict_is_idempotent_before_and_after_the_workers_evidence_b
             assert server.ledger.workers[worker_id].banned
     finally:
         server.stop()
+
+
+def test_rows_written_under_per_token_tests_go_on_under_per_sample_tests() -> None:
+    """A run's ledger written before the evidence counted samples (per-token tests) loads, and its
+    identities go on under per-sample tests as ``toploc.WorkerEvidence.restore`` would: per-token
+    counts do not carry over (another statistic), recent scores restart, a ban stands."""
+    import json
+
+    import numpy as np
+
+    from prime_rl.orchestrator.evidence_ledger import RunEvidence
+
+    rng = np.random.default_rng(3)
+
+    def sample(steer: float = 0.0) -> toploc.Observations:
+        margins = np.where(rng.random(64) < 0.05 + steer, rng.uniform(0.0, 0.2, 64), 0.0)
+        return toploc.Observations(margins, np.zeros(64))
+
+    profile = toploc.NoiseProfile.calibrate([sample() for _ in range(400)])
+    token_tests = toploc.EvidenceTests.from_profile(profile, toploc.EvidencePolicy(unit="token"))
+    sample_tests = toploc.EvidenceTests.from_profile(profile)
+    old, banned = toploc.WorkerEvidence(token_tests), toploc.WorkerEvidence(token_tests)
+    for _ in range(5):
+        old.update(sample())
+    while not banned.update(sample(steer=0.5)).banned:
+        pass
+    rows = [
+        ("old", json.dumps({"accepted": 5, "rejected": 0, "evidence": old.snapshot()})),
+        ("banned", json.dumps({"accepted": 9, "rejected": 0, "evidence": banned.snapshot(), "evidence_ban": "evidence ..."})),
+    ]
+    ledger = RunEvidence(ban_failure_rate=0.5, ban_min_samples=8, rows=rows)
+    batch = [sample(), sample()]
+    verdicts = [Verdict(sample_index=i, accepted=True, reason="ok", reward=0.0, advantage=0.0, logprobs=[0.0] * 64) for i in range(2)]
+    for worker, snapshot in (("old", old.snapshot()), ("banned", banned.snapshot())):
+        judgement = ledger.judge(worker, verdicts, prefilled=True, evidence=batch_evidence(sample_tests, batch))
+        ledger.commit(judgement)
+        reference = toploc.WorkerEvidence.restore(sample_tests, snapshot)
+        for observations in batch:
+            reference.update(observations)
+        assert judgement.row.evidence == reference.snapshot()
+        assert {name for name, *_ in judgement.row.evidence["counts"]} <= set(sample_tests.statistics)
+    assert all(v.accepted for v in ledger.as_recorded("old", verdicts))
+    assert not any(v.accepted for v in ledger.as_recorded("banned", verdicts))  # the ban stands
+
+
+def test_the_validator_counts_samples_once_its_profile_measured_enough_of_them(caplog: Any) -> None:
+    """Per-sample evidence needs samples: a profile of 64 samples bounds no event below one sample in
+    five, so the validator keeps the per-token tests there and says what to measure."""
+    import numpy as np
+
+    from prime_rl.validator.evidence import MIN_CALIBRATION_SAMPLES, evidence_tests
+
+    def profile(samples: int) -> toploc.NoiseProfile:
+        rng = np.random.default_rng(samples)
+        return toploc.NoiseProfile.calibrate([toploc.Observations(rng.exponential(1e-3, 32), np.zeros(32)) for _ in range(samples)])
+
+    assert evidence_tests(profile(MIN_CALIBRATION_SAMPLES), toploc.EvidencePolicy()).per_sample
+    with caplog.at_level("WARNING"):
+        small = evidence_tests(profile(64), toploc.EvidencePolicy())
+    assert not small.per_sample and "counts tokens, not samples" in caplog.text

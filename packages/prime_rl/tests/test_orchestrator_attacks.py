@@ -404,7 +404,9 @@ class ComputedEvidence:
         self.torch = torch
         self.generator = torch.Generator().manual_seed(seed)
         self.sequence = 0
-        honest = [self.observations(steer=0.0) for _ in range(64)]  # 8,192 honest calibration tokens
+        # 1,024 honest calibration samples: the evidence's unit is the sample, and its honest rate
+        # bounds fall as 1 / samples (64 samples bound no event below one sample in five)
+        honest = [self.observations(steer=0.0) for _ in range(1024)]
         self.ledger = EvidenceLedger(EvidenceTests.from_profile(NoiseProfile.calibrate(honest)))
 
     def observations(self, steer: float) -> Any:

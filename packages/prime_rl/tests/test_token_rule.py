@@ -168,16 +168,18 @@ def test_the_logprob_check_is_per_token(profile: toploc.NoiseProfile | None) -> 
 def test_spending_the_allowance_on_every_sample_feeds_the_identitys_evidence_until_it_is_banned() -> None:
     """CPU-bf16-like noise (5% near ties, margins ~ Exp(mean 0.05): 9e-4 of tokens beyond 0.2). A worker
     fills every sample up to exactly ``allowed(256)`` tokens just beyond the tolerance (0.26): each sample
-    passes the per-sample rule, but every one of those tokens is an exceedance in the whole-history
-    evidence, so its first sample already lifts the evidence above the release bound (0.25 of the
-    threshold: nothing it sent is released) and it is banned within a few samples. An honest worker
-    through the same 200 samples stays far below the bound."""
+    passes the per-sample rule, but each such sample is an event ("allowed(256)+ margins above 0.25")
+    that honest samples almost never show, so by its second sample the evidence is above the release
+    bound (0.25 of the threshold: nothing it sent is released; its first sample is withheld anyway,
+    for its tokens beyond the tolerance, ``orchestrator/release.py``) and it is banned within a few
+    samples. An honest worker through the same 200 samples stays far below the bound."""
     rng = np.random.default_rng(5)
 
     def honest(tokens: int) -> np.ndarray:
         return np.where(rng.random(tokens) < 0.05, rng.exponential(0.05, tokens), 0.0)
 
-    profile = toploc.NoiseProfile.calibrate([toploc.Observations(honest(200_000), np.full(200_000, 5e-3))])
+    # 800 samples of 256 tokens: the evidence's unit is the sample, so its calibration needs samples
+    profile = toploc.NoiseProfile.calibrate([toploc.Observations(honest(256), np.full(256, 5e-3)) for _ in range(800)])
     rule = for_precision(_checks(), "bfloat16", profile).sampling_rule
     assert rule is not None and rule.allowed(256) >= 2
     tests = toploc.EvidenceTests.from_profile(profile)
@@ -195,5 +197,5 @@ def test_spending_the_allowance_on_every_sample_feeds_the_identitys_evidence_unt
             banned_after = sample + 1
         fair_state = fair.update(toploc.Observations(honest(256), np.full(256, 5e-3)))
         assert not fair_state.banned and fair_state.fraction < 0.25
-    assert fractions[0] >= 0.25
+    assert fractions[1] >= 0.25
     assert banned_after is not None and banned_after <= 10, fractions[:10]

@@ -20,7 +20,8 @@ from prime_rl.validator.process import FailureTracker, Validator
 
 def _tests() -> toploc.EvidenceTests:
     honest = [toploc.Observations(np.zeros(1000), np.zeros(1000))]
-    return toploc.EvidenceTests.from_profile(toploc.NoiseProfile.calibrate(honest))
+    # the journal's persistence, on the per-token tests (one 1,000-token sample bounds no per-sample event)
+    return toploc.EvidenceTests.from_profile(toploc.NoiseProfile.calibrate(honest), toploc.EvidencePolicy(unit="token"))
 
 
 def _obs(margins: list[float]) -> toploc.Observations:

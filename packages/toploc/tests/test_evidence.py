@@ -25,6 +25,9 @@ from toploc import (
 )
 from toploc.noise import DEFAULT_GRIDS, STATISTICS, rate_upper_bound
 
+TOKENS = EvidencePolicy(unit="token")
+"""These tests check the per-token tests' arithmetic on hand-made per-token profiles."""
+
 
 def _kl(p: float, q: float) -> float:
     terms = 0.0 if p == 0 else p * math.log(p / q)
@@ -146,7 +149,7 @@ def test_profile_json_round_trip_merge_and_errors(tmp_path) -> None:  # type: ig
 
 # -- the tests -------------------------------------------------------------------------------------
 def test_threshold_is_the_union_bound() -> None:
-    policy = EvidencePolicy(false_ban_rate=1e-4, horizon_samples=1000, alternatives=(3.0, 30.0))
+    policy = EvidencePolicy(unit="token", false_ban_rate=1e-4, horizon_samples=1000, alternatives=(3.0, 30.0))
     tests = EvidenceTests.from_profile(_profile(0.01, thresholds=(0.1, 1.0)), policy)
     assert len(tests) == 4  # 2 thresholds x 2 bets; every other statistic has p0 = 1 > max_null_rate
     assert tests.alternative_rates.tolist() == [0.03, 0.3, 0.03, 0.3]
@@ -154,11 +157,11 @@ def test_threshold_is_the_union_bound() -> None:
     assert tests.log_threshold == pytest.approx(math.log(2 * 4 * 1000 / 1e-4))
     assert tests.history_log_threshold == pytest.approx(math.log(2 * 4 / 1e-4))
     with pytest.raises(EvidenceError, match="no usable test"):
-        EvidenceTests.from_profile(_profile(0.5))
+        EvidenceTests.from_profile(_profile(0.5), TOKENS)
 
 
 def test_log_evidence_by_hand_and_cusum_restart() -> None:
-    tests = EvidenceTests.from_profile(_profile(0.01), EvidencePolicy(alternatives=(3.0,)))
+    tests = EvidenceTests.from_profile(_profile(0.01), EvidencePolicy(unit="token", alternatives=(3.0,)))
     exceed, stay = math.log(0.03 / 0.01), math.log(0.97 / 0.99)
     # 2 of 4 margins exceed 0.1 (0.1 itself does not: strictly greater)
     assert tests.log_evidence(_obs([0.5, 0.0, 0.1, 0.2]))[0] == pytest.approx(2 * exceed + 2 * stay)
@@ -179,7 +182,7 @@ def test_log_evidence_by_hand_and_cusum_restart() -> None:
 
 
 def test_ban_is_final() -> None:
-    policy = EvidencePolicy(false_ban_rate=0.5, horizon_samples=1, alternatives=(30.0,))
+    policy = EvidencePolicy(unit="token", false_ban_rate=0.5, horizon_samples=1, alternatives=(30.0,))
     tests = EvidenceTests.from_profile(_profile(0.01), policy)  # recent threshold log(2 / 0.5) = 1.39 < log 30
     evidence = WorkerEvidence(tests)
     assert evidence.update(_obs([0.5])).banned
@@ -190,7 +193,7 @@ def test_ban_is_final() -> None:
 def test_false_bans_stay_below_alpha_and_deviations_are_caught() -> None:
     """Simulated workers whose exceedances are Bernoulli(p0) (the worst honest case) vs 5·p0."""
     p0, alpha, horizon, samples, length = 0.01, 0.1, 20, 20, 50
-    tests = EvidenceTests.from_profile(_profile(p0), EvidencePolicy(false_ban_rate=alpha, horizon_samples=horizon))
+    tests = EvidenceTests.from_profile(_profile(p0), EvidencePolicy(unit="token", false_ban_rate=alpha, horizon_samples=horizon))
     rng = np.random.default_rng(0)
 
     def banned_share(rate: float, workers: int) -> float:
@@ -212,7 +215,7 @@ def test_false_bans_stay_below_alpha_and_deviations_are_caught() -> None:
     st.lists(st.floats(0, 2, allow_nan=False), min_size=0, max_size=40),
 )
 def test_log_evidence_is_additive_and_monotone(a: list[float], b: list[float]) -> None:
-    tests = EvidenceTests.from_profile(_profile(0.01, thresholds=(0.01, 0.1, 1.0)))
+    tests = EvidenceTests.from_profile(_profile(0.01, thresholds=(0.01, 0.1, 1.0)), TOKENS)
     whole = tests.log_evidence(_obs(a + b))
     assert np.allclose(whole, tests.log_evidence(_obs(a)) + tests.log_evidence(_obs(b)), rtol=0, atol=1e-9)
     assert np.allclose(whole, tests.log_evidence(_obs(b + a)), rtol=0, atol=1e-9)

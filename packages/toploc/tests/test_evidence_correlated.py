@@ -7,8 +7,11 @@ above a threshold in a row. Here an honest worker's margins come from a two-stat
 (inside a near-tie stretch half the tokens exceed 0.01, outside none), the profile is calibrated
 on one set of such samples and held-out honest workers of the same process are judged, so the
 calibration sees the correlation it is judged under (``test_evidence.py`` uses independent tokens
-throughout). Short stretches keep false bans within the policy's rate; long ones break the
-bound, a known limit of per-token tests, pinned by the strict xfail below.
+throughout). The evidence's unit is the sample (``EvidencePolicy.unit``, default): each test is one
+trial per sample ("m+ margins above t" at the profile's per-sample bound), so stretches of any
+length keep false bans within the policy's rate, and a deviating worker is still caught. The
+per-token tests (``unit="token"``) assume independent tokens: under stretches of ~30 tokens they
+ban about half the honest workers (the last test pins that, so the difference stays visible).
 """
 
 from __future__ import annotations
@@ -34,12 +37,13 @@ def honest_sample(rng: np.random.Generator, start: float, stay: float) -> Observ
     return Observations(margins, np.zeros(LENGTH))
 
 
-def false_bans(start: float, stay: float, seed: int, steer: float = 0.0) -> int:
+def false_bans(start: float, stay: float, seed: int, steer: float = 0.0, unit: str = "sample") -> int:
     """Held-out workers banned, with the profile calibrated on the same process (``steer``: the
     share of other tokens a deviating worker pushes past every threshold but the top)."""
     rng = np.random.default_rng(seed)
     profile = NoiseProfile.calibrate([honest_sample(rng, start, stay) for _ in range(CALIBRATION_SAMPLES)])
-    tests = EvidenceTests.from_profile(profile, EvidencePolicy(false_ban_rate=ALPHA, horizon_samples=10**4))
+    policy = EvidencePolicy(false_ban_rate=ALPHA, horizon_samples=10**4, unit=unit)
+    tests = EvidenceTests.from_profile(profile, policy)
     banned = 0
     for _ in range(WORKERS):
         evidence = WorkerEvidence(tests)
@@ -69,11 +73,24 @@ def test_a_deviation_is_still_caught_under_correlated_noise() -> None:
     assert false_bans(0.002, 0.5, seed=8, steer=0.02) == WORKERS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit: near-tie stretches of ~30 tokens make honest exceedances cluster far beyond "
-    "the per-token Bernoulli bound the evidence assumes; simulated, about half the honest workers are "
-    "banned at alpha = 0.01. Needs tests over samples, not tokens (issue #34).",
-)
 def test_long_near_tie_stretches_stay_within_the_false_ban_rate() -> None:
+    # Stretches of ~33 tokens (stay 0.97), one sample in 20 holding one: a stretch puts ~16
+    # margins above 0.01 in a row, which per-sample tests see as one sample's event.
     assert false_bans(0.0002, 0.97, seed=9) <= 3
+
+
+def test_a_deviation_is_still_caught_under_long_stretches() -> None:
+    # The same 2% steering on top of the long stretches: a per-sample event ("1+ margin above
+    # 0.1") in nearly every sample against an honest bound of one calibration sample in five.
+    assert false_bans(0.0002, 0.97, seed=10, steer=0.02) == WORKERS
+
+
+def test_a_deviation_inside_a_long_stretch_process_is_caught_when_sparse() -> None:
+    # Steering one token in 100 (2-3 per sample) past 0.1: still one event per sample.
+    assert false_bans(0.0002, 0.97, seed=11, steer=0.01) == WORKERS
+
+
+def test_per_token_tests_ban_honest_workers_under_long_stretches() -> None:
+    # Why the unit is the sample: the per-token tests, calibrated on the same stretches, treat a
+    # stretch's ~16 exceedances as 16 independent ones and ban far beyond alpha.
+    assert false_bans(0.0002, 0.97, seed=9, unit="token") > 10

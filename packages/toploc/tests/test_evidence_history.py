@@ -24,6 +24,9 @@ from toploc.noise import STATISTICS
 FLAG = 0.25
 """The orchestrator's default ``release_max_evidence``: a worker at or above it has nothing released."""
 
+TOKENS = EvidencePolicy(unit="token")
+"""These tests check the per-token tests' arithmetic on hand-made per-token profiles."""
+
 
 def _profile(margin_rate: float, *, thresholds: tuple[float, ...] = (0.1,)) -> NoiseProfile:
     """Only ``sampling_margin > threshold`` is testable (p0 = margin_rate); every other bound is 1."""
@@ -51,7 +54,7 @@ def test_history_score_by_hand() -> None:
     #   c = 10:  3·log 10 + 997·log(0.99/0.999) = 6.908 - 9.022 = -2.114
     #   c = 100: 3·log 100 + 997·log(0.9/0.999) = 13.816 - 104.06 = -90.24
     # and in 100: c = 10: 6.908 + 97·(-0.009050) = 6.030; c = 100: 13.816 + 97·(-0.10436) = 3.693
-    tests = EvidenceTests.from_profile(_profile(1e-3), EvidencePolicy(alternatives=(10.0, 100.0)))
+    tests = EvidenceTests.from_profile(_profile(1e-3), EvidencePolicy(unit="token", alternatives=(10.0, 100.0)))
     evidence = WorkerEvidence(tests)
     state = evidence.update(_obs([0.5, 0.5, 0.5] + [0.0] * 97))
     assert state.history_score == pytest.approx(6.908 - 97 * 0.009050, abs=2e-3)
@@ -77,7 +80,7 @@ def test_hit_and_run_stays_flagged() -> None:
     do better, since beyond that honest noise explains 2 exceedances.
     """
     p0, bets = 1e-5, (3.0, 10.0, 30.0, 100.0, 300.0)
-    tests = EvidenceTests.from_profile(_profile(p0))
+    tests = EvidenceTests.from_profile(_profile(p0), TOKENS)
     evidence = WorkerEvidence(tests)
     swaps = np.zeros(128)
     swaps[[5, 77]] = 0.2  # inside the 0.25 tolerance
@@ -106,7 +109,7 @@ def test_diluted_steering_is_banned() -> None:
     first few steered samples. The recent score alone would restart after every honest run.
     """
     p0 = 1e-4
-    tests = EvidenceTests.from_profile(_profile(p0))
+    tests = EvidenceTests.from_profile(_profile(p0), TOKENS)
     rng = np.random.default_rng(1)
     banned_at = []
     for worker in range(20):
@@ -140,7 +143,7 @@ def test_honest_streams_are_never_flagged() -> None:
 
     calibration = [_obs(honest(512)) for _ in range(196)]
     profile = NoiseProfile.calibrate(calibration)
-    tests = EvidenceTests.from_profile(profile)
+    tests = EvidenceTests.from_profile(profile, TOKENS)
     one = WorkerEvidence(tests)
     worst, total = 0.0, 0
     for _ in range(24):
@@ -159,7 +162,7 @@ def test_honest_streams_are_never_flagged() -> None:
 )
 def test_history_equals_the_sum_over_all_observations(samples: list[list[float]]) -> None:
     """However the tokens are cut into samples, the history score is the plain LLR of all of them."""
-    tests = EvidenceTests.from_profile(_profile(0.01, thresholds=(0.01, 0.1, 1.0)))
+    tests = EvidenceTests.from_profile(_profile(0.01, thresholds=(0.01, 0.1, 1.0)), TOKENS)
     evidence = WorkerEvidence(tests)
     for sample in samples:
         evidence.update(_obs(sample))
@@ -168,7 +171,7 @@ def test_history_equals_the_sum_over_all_observations(samples: list[list[float]]
 
 
 def test_snapshot_round_trip_and_a_changed_profile() -> None:
-    tests = EvidenceTests.from_profile(_profile(1e-3, thresholds=(0.1, 1.0)))
+    tests = EvidenceTests.from_profile(_profile(1e-3, thresholds=(0.1, 1.0)), TOKENS)
     evidence = WorkerEvidence(tests)
     evidence.update(_obs([0.5, 0.0, 2.0]))
     evidence.update(_obs([0.0] * 5))
@@ -177,7 +180,7 @@ def test_snapshot_round_trip_and_a_changed_profile() -> None:
     assert back.state() == evidence.state()
     assert (back.seen == evidence.seen).all() and (back.exceeded == evidence.exceeded).all()
     # a re-measured profile: counts by (statistic, threshold) carry over, recent scores of changed tests restart
-    other = EvidenceTests.from_profile(_profile(2e-3, thresholds=(0.1, 0.3)))
+    other = EvidenceTests.from_profile(_profile(2e-3, thresholds=(0.1, 0.3)), TOKENS)
     moved = WorkerEvidence.restore(other, snapshot)
     at_01 = [j for j in range(len(other)) if other.thresholds[j] == 0.1]
     at_03 = [j for j in range(len(other)) if other.thresholds[j] == 0.3]
@@ -187,7 +190,7 @@ def test_snapshot_round_trip_and_a_changed_profile() -> None:
 
 
 def test_restore_rejects_bad_snapshots() -> None:
-    tests = EvidenceTests.from_profile(_profile(1e-3))
+    tests = EvidenceTests.from_profile(_profile(1e-3), TOKENS)
     good = WorkerEvidence(tests).snapshot()
     for bad in (
         {},

@@ -7,12 +7,23 @@ weights in an fp32 run, weights one optimizer step stale. Each leaves small trac
 tokens. This module turns those traces (:class:`toploc.noise.Observations`, compared with a
 measured :class:`toploc.noise.NoiseProfile`) into a ban decision with a bounded false-ban rate.
 
-The tests. Every (statistic, threshold, alternative) triple j is one Bernoulli likelihood-ratio
-test of "honest: P(x > threshold | past) <= p0" (p0 from the profile) against "P = p1 = c·p0"
-(c in ``EvidencePolicy.alternatives``). An observation adds ``a_j = log(p1/p0)`` if it exceeds
-the threshold and ``b_j = log((1-p1)/(1-p0)) < 0`` otherwise. Two scores per test, K tests:
+The unit: a sample (default). Tokens of one sample are not independent (a near-tied stretch puts
+several honest margins above a threshold in a row), but samples are: each has its own prompt and
+sampling seed. So every test watches a per-sample event, "at least m of the sample's values of a
+statistic lie above threshold t" (``"samples with m+ sampling_margin" > t``), and its honest rate
+bound p0 is measured over the calibration's *samples* (:mod:`toploc.per_sample`,
+:meth:`toploc.noise.NoiseProfile.calibrate`): however a sample's tokens cluster, the sample is one
+Bernoulli trial, and the calibration saw the clustering. (``EvidencePolicy(unit="token")`` keeps
+the per-token tests, one trial per token at the per-token bounds, which assume tokens independent
+given the past; ``tests/test_evidence_correlated.py`` shows them banning honest workers whose
+samples hold long near-tied stretches.)
 
-* **history** (never reset): over the worker's whole history of n_j observations of which k_j
+The tests. Every (event, alternative) pair j is one Bernoulli likelihood-ratio test of "honest:
+P(event | past) <= p0" (p0 from the profile) against "P = p1 = c·p0" (c in
+``EvidencePolicy.alternatives``, capped). A trial adds ``a_j = log(p1/p0)`` if the event occurs
+and ``b_j = log((1-p1)/(1-p0)) < 0`` otherwise. Two scores per test, K tests:
+
+* **history** (never reset): over the worker's whole history of n_j trials of which k_j
   exceed, ``H_j = k_j·a_j + (n_j - k_j)·b_j``. It depends on the two counts only, so it is
   journalled as counts and survives any restart. Ban when ``max_j H_j >= log(2K/alpha)``.
 * **recent** (CUSUM): ``R_j`` restarts at 0 at a sample boundary whenever it is negative; ban when
@@ -23,15 +34,23 @@ back a batch while it is high) is ``max(max_j H_j / log(2K/alpha), max_j R_j / l
 
 Why these two, and what they guarantee:
 
-* **Bounded false bans at any time.** Under the honest hypothesis, ``exp(H_j)`` is a
+* **Bounded false bans at any time.** The false-ban bound: P(an honest worker is *ever* banned
+  within H samples) <= alpha, given that each per-sample event's probability, conditional on the
+  worker's earlier samples, is at most its p0. That is what the calibration measures: p0 is a
+  Chernoff upper confidence bound (confidence 1 - delta per cell, times a safety factor) on the
+  share of honest calibration samples with the event, so the bound needs samples independent of
+  each other and like the calibration's (the same model, precision, backend and completion
+  lengths), and nothing about the tokens inside a sample. Why it holds: under the honest hypothesis, ``exp(H_j)`` is a
   non-negative supermartingale with mean <= 1 (each factor has conditional mean
-  ``1 + (q - p0)(p1/p0 - (1-p1)/(1-p0)) <= 1`` for a true rate q <= p0). Ville's inequality
+  ``1 + (q - p0)(p1/p0 - (1-p1)/(1-p0)) <= 1`` for a true rate q <= p0; a trial is a sample, or
+  a token under ``unit="token"``). Ville's inequality
   bounds the chance that it *ever* reaches 1/a by a, however long the run and however often we
   look; a union bound over the K tests gives P(history ever bans an honest worker) <= alpha/2.
   ``exp(R_j)`` is the maximum over at most H start points of such products, so the same holds
   for the recent score within H samples. In all: P(an honest worker is ever banned) <= alpha.
-* **Honest tokens dilute a deviation but never erase it.** After k deviating exceedances, honest
-  tokens lower ``H_j`` by ``|b_j| ≈ (c-1)·p0`` nats each, i.e. only as fast as honest noise could
+* **Honest trials dilute a deviation but never erase it** (trials are samples, or tokens under
+  ``unit="token"``, which the numbers here use). After k deviating exceedances, honest
+  trials lower ``H_j`` by ``|b_j| ≈ (c-1)·p0`` nats each, i.e. only as fast as honest noise could
   have produced the same exceedances: a hit-and-run worker's evidence falls back only once its
   exceedance count is what its token count explains (~0.1/p0 tokens for 2 exceedances), and a
   deviation that keeps the rate above p0 (steering 1 sample in 10) grows ``H_j`` for ever. The
@@ -47,16 +66,20 @@ Why these two, and what they guarantee:
   and rare but large ones (steering on 1% of positions, far outside the honest tail). Each extra
   bet costs only ``log K`` of threshold.
 * **Only rate bounds are assumed.** Nothing about the shape of the honest distribution is
-  needed beyond "each threshold is exceeded with conditional probability <= p0", which a
-  held-out honest run checks (``benchmarks/detection_bench.py``) and which merging profiles
-  keeps true across configurations.
+  needed beyond "each event occurs with conditional probability <= p0", which a held-out honest
+  run checks (``benchmarks/detection_bench.py``) and which merging profiles keeps true across
+  configurations.
+* **Several counts per threshold.** A deviation that adds many values above t per sample shows in
+  "m+ above t" for a large m, whose honest rate is far lower than "1+"; a cell whose bound equals
+  that of a cell containing it (a lower threshold or a smaller count) is left out, since it can
+  only be rarer under a deviation (:func:`toploc.per_sample.useful_cells`).
 
-Pitfall: tokens of one sample are not independent; a long near-tied stretch can make honest
-exceedances cluster beyond p0 locally. The profile's safety factor absorbs this in the measured
-runs (README); it is not a theorem. ``tests/test_evidence_correlated.py`` simulates it with the
-profile calibrated on the same correlated process: stretches of about 2 tokens stay within the
-false-ban rate, stretches of about 30 ban about half the honest workers (a strict xfail). And a profile re-measured between restarts changes p0 under
-a history: the counts stay valid, the guarantee is then the new profile's.
+Pitfalls. The price of the sample as unit is the calibration floor: with n honest samples and no
+event, p0 is ``safety · (1 - delta^(1/n))`` per *sample*, so a deviation needs about as many
+samples as the per-token tests needed tokens carrying it; calibrate on many samples. A sample's
+count grows with its length: completions much longer than the calibration's need a new profile.
+A profile re-measured between restarts changes p0 under a history: the counts stay valid, the
+guarantee is then the new profile's.
 """
 
 from __future__ import annotations
@@ -71,6 +94,7 @@ from typing import Any
 import numpy as np
 
 from toploc.noise import STATISTICS, EvidenceError, NoiseProfile, Observations
+from toploc.per_sample import counts_above, parse_label, sample_label, useful_cells
 
 
 @dataclass(frozen=True)
@@ -89,6 +113,14 @@ class EvidencePolicy:
         max_alternative_rate: cap on p1 (an alternative >= 1 would make one honest miss fatal).
         max_null_rate: thresholds whose honest rate bound p0 exceeds this carry too little
             evidence per observation to be worth a test.
+        unit: ``"sample"`` (default): every test watches a per-sample event, "m+ values above t",
+            one Bernoulli trial per sample, at the profile's per-sample bounds, so correlation
+            between the tokens of a sample is in the calibration; ``"token"``: the per-token tests
+            (one trial per token, at the per-token bounds), whose bound assumes tokens independent
+            given the past (kept for comparison and for profiles without per-sample bounds).
+        max_sample_null_rate, max_sample_alternative_rate: ``max_null_rate`` and
+            ``max_alternative_rate`` of the per-sample tests (a sample's event is far more likely
+            than a token's, and a calibration has far fewer samples than tokens).
     """
 
     false_ban_rate: float = 1e-6
@@ -96,6 +128,9 @@ class EvidencePolicy:
     alternatives: tuple[float, ...] = (3.0, 10.0, 30.0, 100.0, 300.0)
     max_alternative_rate: float = 0.5
     max_null_rate: float = 0.2
+    unit: str = "sample"
+    max_sample_null_rate: float = 0.5
+    max_sample_alternative_rate: float = 0.9
 
     def __post_init__(self) -> None:
         if not 0 < self.false_ban_rate < 1:
@@ -106,6 +141,10 @@ class EvidencePolicy:
             raise EvidenceError(f"alternatives must be > 1, got {self.alternatives}")
         if not 0 < self.max_null_rate < self.max_alternative_rate < 1:
             raise EvidenceError("need 0 < max_null_rate < max_alternative_rate < 1")
+        if not 0 < self.max_sample_null_rate < self.max_sample_alternative_rate < 1:
+            raise EvidenceError("need 0 < max_sample_null_rate < max_sample_alternative_rate < 1")
+        if self.unit not in ("sample", "token"):
+            raise EvidenceError(f"unit must be 'sample' or 'token', got {self.unit!r}")
 
 
 @dataclass(frozen=True)
@@ -130,22 +169,38 @@ class EvidenceTests:
 
     @classmethod
     def from_profile(cls, profile: NoiseProfile, policy: EvidencePolicy | None = None) -> EvidenceTests:
+        """The tests of ``policy.unit``: per sample (the default; the profile's per-sample bounds,
+        dominated cells left out: :func:`toploc.per_sample.useful_cells`) or per token."""
         policy = policy or EvidencePolicy()
         statistics: list[str] = []
         thresholds, nulls, alternatives = [], [], []
+
+        def add(label: str, threshold: float, p0: float, cap: float) -> None:
+            for p1 in sorted({min(cap, c * p0) for c in policy.alternatives}):
+                statistics.append(label)
+                thresholds.append(threshold)
+                nulls.append(p0)
+                alternatives.append(p1)
+
         for name in STATISTICS:
             noise = profile.statistic(name)
-            for threshold, p0 in zip(noise.thresholds, noise.rate_bounds, strict=True):
-                if p0 > policy.max_null_rate:
-                    continue
-                bets = sorted({min(policy.max_alternative_rate, c * p0) for c in policy.alternatives})
-                for p1 in bets:
-                    statistics.append(name)
-                    thresholds.append(threshold)
-                    nulls.append(p0)
-                    alternatives.append(p1)
+            if policy.unit == "token":
+                for threshold, p0 in zip(noise.thresholds, noise.rate_bounds, strict=True):
+                    if p0 <= policy.max_null_rate:
+                        add(name, threshold, p0, policy.max_alternative_rate)
+                continue
+            if not noise.per_sample:
+                raise EvidenceError(
+                    f"the profile has no per-sample bounds for {name} (written before toploc measured them): "
+                    "calibrate it again, or use EvidencePolicy(unit='token')"
+                )
+            bounds = np.asarray(noise.sample_rate_bounds, dtype=np.float64)
+            for i, j in useful_cells(bounds):
+                if bounds[i, j] <= policy.max_sample_null_rate:
+                    label = sample_label(name, noise.sample_counts[j])
+                    add(label, noise.thresholds[i], float(bounds[i, j]), policy.max_sample_alternative_rate)
         if not statistics:
-            raise EvidenceError("the profile leaves no usable test (every rate bound > max_null_rate)")
+            raise EvidenceError("the profile leaves no usable test (every rate bound > the policy's largest null rate)")
         count = len(statistics)
         return cls(
             statistics=tuple(statistics),
@@ -166,13 +221,23 @@ class EvidenceTests:
         )
 
     @functools.cached_property
-    def _compiled(self) -> tuple[np.ndarray, np.ndarray, list[tuple[str, np.ndarray]]]:
-        """Per test ``log(p1/p0)`` and ``log((1-p1)/(1-p0))``; test indices per statistic."""
+    def _compiled(self) -> tuple[np.ndarray, np.ndarray, list[tuple[str, np.ndarray]], np.ndarray]:
+        """Per test ``log(p1/p0)`` and ``log((1-p1)/(1-p0))``; test indices per observed statistic;
+        per test its per-sample count m (0: a per-token test)."""
         exceed_log = np.log(self.alternative_rates / self.null_rates)
         stay_log = np.log1p(-self.alternative_rates) - np.log1p(-self.null_rates)
-        names = np.array(self.statistics)
+        parsed = [parse_label(label) for label in self.statistics]
+        names = np.array([name for name, _ in parsed])
+        unknown = set(names) - set(STATISTICS)
+        if unknown:
+            raise EvidenceError(f"unknown statistic(s) {sorted(unknown)}; expected those of {STATISTICS}")
         groups = [(name, np.flatnonzero(names == name)) for name in STATISTICS if (names == name).any()]
-        return exceed_log, stay_log, groups
+        return exceed_log, stay_log, groups, np.array([m for _, m in parsed], dtype=np.int64)
+
+    @property
+    def per_sample(self) -> bool:
+        """Whether every test watches a per-sample event (one trial per sample)."""
+        return bool((self._compiled[3] > 0).all())
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -183,21 +248,24 @@ class EvidenceTests:
         return digest.hexdigest()[:16]
 
     def counts(self, observations: Observations) -> tuple[np.ndarray, np.ndarray]:
-        """``[K]`` int64 pair: per test, the sample's observations of its statistic and those above
-        its threshold (strictly greater)."""
-        _, _, groups = self._compiled
+        """``[K]`` int64 pair: per test, the sample's trials and those that exceeded. A per-token
+        test: the sample's observations of its statistic and those above its threshold (strictly
+        greater). A per-sample test: 1 trial, exceeded when at least m of them are above it."""
+        _, _, groups, minimum = self._compiled
         seen = np.zeros(len(self), dtype=np.int64)
         exceeded = np.zeros(len(self), dtype=np.int64)
         for name, index in groups:
             values = observations.values(name)
-            seen[index] = values.size
-            exceeded[index] = (values[:, None] > self.thresholds[index][None, :]).sum(axis=0)
+            above = counts_above(values, self.thresholds[index])
+            sample = minimum[index] > 0
+            seen[index] = np.where(sample, 1, values.size)
+            exceeded[index] = np.where(sample, above >= minimum[index], above)
         return seen, exceeded
 
     def log_ratio(self, seen: np.ndarray, exceeded: np.ndarray) -> np.ndarray:
         """``[K]`` log-likelihood ratio of ``exceeded`` of ``seen`` observations under each test (nats):
         ``exceeded · log(p1/p0) + (seen - exceeded) · log((1-p1)/(1-p0))``."""
-        exceed_log, stay_log, _ = self._compiled
+        exceed_log, stay_log, _, _ = self._compiled
         return np.asarray(exceeded * exceed_log + (seen - exceeded) * stay_log, dtype=np.float64)
 
     def log_evidence(self, observations: Observations) -> np.ndarray:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from toploc.per_sample import SAMPLE_COUNTS, merged_sample_fields, monotone_bounds, sample_exceedances
 from toploc.results import VerificationResult
 
 STATISTICS = ("sampling_margin", "logprob_gap", "proof_exp_mismatches", "proof_mant_err_mean")
@@ -201,6 +202,15 @@ class StatisticNoise:
         maximum: the largest honest value seen.
         exceedances: per threshold, the honest observations above it (k; the measured rate is
             k / observations); empty for profiles written before they were kept, or merged ones.
+        samples: honest samples measured (the unit of the per-sample bounds; 0 in profiles
+            written before they were kept).
+        sample_counts: the counts m of the per-sample events "m+ values above the threshold"
+            (:mod:`toploc.per_sample`); empty when the profile has none.
+        sample_rate_bounds: ``[threshold][count]`` upper bounds on the share of honest samples with
+            at least m values above the threshold (after the safety factor), non-increasing along
+            both axes.
+        sample_exceedances: ``[threshold][count]`` the honest samples measured with that many;
+            empty for merged profiles of different grids.
     """
 
     name: str
@@ -209,6 +219,10 @@ class StatisticNoise:
     observations: int
     maximum: float
     exceedances: tuple[int, ...] = ()
+    samples: int = 0
+    sample_counts: tuple[int, ...] = ()
+    sample_rate_bounds: tuple[tuple[float, ...], ...] = ()
+    sample_exceedances: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.name not in STATISTICS:
@@ -224,6 +238,19 @@ class StatisticNoise:
             or not all(0 <= k <= self.observations for k in self.exceedances)
         ):
             raise EvidenceError(f"{self.name}: one exceedance count in [0, observations] per threshold")
+        shape = (len(self.thresholds), len(self.sample_counts))
+        if self.sample_counts and (
+            np.shape(self.sample_rate_bounds) != shape
+            or not all(0 < p <= 1 for row in self.sample_rate_bounds for p in row)
+            or (self.sample_exceedances and np.shape(self.sample_exceedances) != shape)
+            or not all(0 <= k <= self.samples for row in self.sample_exceedances for k in row)
+        ):
+            raise EvidenceError(f"{self.name}: one per-sample bound in (0, 1] per (threshold, count)")
+
+    @property
+    def per_sample(self) -> bool:
+        """Whether the profile measured per-sample bounds (profiles written before them did not)."""
+        return bool(self.sample_counts)
 
     def rates(self) -> tuple[float, ...]:
         """The measured honest rates ``k / n`` per threshold (empty when the counts were not kept)."""
@@ -236,6 +263,13 @@ class StatisticNoise:
         at or below it (a higher threshold is exceeded no more often), 1 if none."""
         below = [p for t, p in zip(self.thresholds, self.rate_bounds, strict=True) if t <= threshold]
         return below[-1] if below else 1.0
+
+    def sample_bound_at(self, threshold: float, count: int) -> float:
+        """The bound on the share of honest samples with at least ``count`` values above
+        ``threshold``: that of the largest grid cell at or below both (1 if none)."""
+        rows = [i for i, t in enumerate(self.thresholds) if t <= threshold]
+        cols = [j for j, m in enumerate(self.sample_counts) if m <= count]
+        return self.sample_rate_bounds[rows[-1]][cols[-1]] if rows and cols else 1.0
 
     def quantile(self, rate: float) -> float:
         """A high quantile from the grid: the smallest threshold whose *measured* exceedance rate
@@ -305,6 +339,10 @@ class NoiseProfile:
         (:func:`calibration_floor`; 0.013 at the old default of 1,024 tokens, whatever the noise).
         Pitfall: the floor, not the noise, then sets how fast deviations are seen; measure enough
         tokens (:func:`tokens_for_floor`) and report the measured ``k/n`` next to p0 (``summary``).
+
+        Per sample as well (:mod:`toploc.per_sample`): for each threshold and count m, the samples
+        with at least m values above it, bounded the same way over the *samples* (the unit the
+        evidence tests, so that correlation between a sample's tokens is measured, not assumed away).
         """
         if safety < 1:
             raise EvidenceError(f"safety must be >= 1, got {safety}")
@@ -318,6 +356,10 @@ class NoiseProfile:
             counts = (values[:, None] > np.asarray(grid)[None, :]).sum(axis=0)
             bounds = [min(1.0, safety * rate_upper_bound(int(k), values.size, delta)) for k in counts]
             bounds = list(np.minimum.accumulate(bounds))
+            table = sample_exceedances([s.values(name) for s in samples], grid)
+            sample_bounds = monotone_bounds(
+                np.array([[min(1.0, safety * rate_upper_bound(int(k), len(samples), delta)) for k in row] for row in table])
+            )
             statistics.append(
                 StatisticNoise(
                     name=name,
@@ -326,6 +368,10 @@ class NoiseProfile:
                     observations=int(values.size),
                     maximum=float(values.max()) if values.size else 0.0,
                     exceedances=tuple(int(k) for k in counts),
+                    samples=len(samples),
+                    sample_counts=SAMPLE_COUNTS,
+                    sample_rate_bounds=tuple(tuple(float(p) for p in row) for row in sample_bounds),
+                    sample_exceedances=tuple(tuple(int(k) for k in row) for row in table),
                 )
             )
         return cls(tuple(sorted((description or {}).items())), tuple(statistics))
@@ -338,7 +384,9 @@ class NoiseProfile:
         Grids may differ (a profile written before a grid gained a threshold): the merged grid is
         their union, and a profile without a threshold t contributes its bound at its largest
         threshold below t (1 if none), an upper bound on its rate at t. Exceedance counts are kept
-        only when every grid is the same.
+        only when every grid is the same. Per-sample bounds are merged the same way (worst per
+        cell, over the union grid) when every profile has them on the same count grid, and
+        dropped otherwise (a profile without them bounds no per-sample event).
         """
         if not profiles:
             raise EvidenceError("merge needs at least one profile")
@@ -359,6 +407,7 @@ class NoiseProfile:
                         if same and all(p.exceedances for p in parts)
                         else ()
                     ),
+                    **merged_sample_fields(parts, grid),
                 )
             )
         description: dict[str, str] = {}
@@ -380,6 +429,10 @@ class NoiseProfile:
                         "observations": s.observations,
                         "maximum": s.maximum,
                         "exceedances": list(s.exceedances),
+                        "samples": s.samples,
+                        "sample_counts": list(s.sample_counts),
+                        "sample_rate_bounds": [list(row) for row in s.sample_rate_bounds],
+                        "sample_exceedances": [list(row) for row in s.sample_exceedances],
                     }
                     for s in self.statistics
                 ],
@@ -403,6 +456,10 @@ class NoiseProfile:
                         observations=int(s["observations"]),
                         maximum=float(s["maximum"]),
                         exceedances=tuple(int(k) for k in s.get("exceedances", ())),
+                        samples=int(s.get("samples", 0)),
+                        sample_counts=tuple(int(m) for m in s.get("sample_counts", ())),
+                        sample_rate_bounds=tuple(tuple(float(p) for p in row) for row in s.get("sample_rate_bounds", ())),
+                        sample_exceedances=tuple(tuple(int(k) for k in row) for row in s.get("sample_exceedances", ())),
                     )
                     for s in data["statistics"]
                 ),

@@ -21,6 +21,8 @@ needs (README).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +30,31 @@ from dataclasses import dataclass, field
 import toploc
 from prime_rl.api.judgement import reject_banned as reject_banned  # re-exported: the rule lives in api
 from prime_rl.api.protocol import BatchEvidence, EvidenceTestSpec, SampleEvidence
+
+log = logging.getLogger(__name__)
+
+MIN_CALIBRATION_SAMPLES = 200
+"""Honest samples a profile needs for per-sample evidence (toploc's default unit). Per-sample rate
+bounds fall as 1 / samples (``2·(1 - 0.001^(1/n))`` for an event never seen: 0.069 at 200, 0.2 at
+64), and a gross deviation needs about ``log(threshold) / log(p1/p0)`` samples to be banned; below
+this the validator uses the per-token tests, whose bound assumes tokens independent (module
+``toploc.evidence``), and says so."""
+
+
+def evidence_tests(profile: toploc.NoiseProfile, policy: toploc.EvidencePolicy) -> toploc.EvidenceTests:
+    """The run's evidence tests: per sample (``policy.unit``) when ``profile`` measured at least
+    :data:`MIN_CALIBRATION_SAMPLES` samples with per-sample bounds, else per token, with a warning
+    naming what to measure (``validator.calibration_tokens``: samples x completion length)."""
+    samples = min(s.samples for s in profile.statistics)
+    if policy.unit == "token" or (samples >= MIN_CALIBRATION_SAMPLES and all(s.per_sample for s in profile.statistics)):
+        return toploc.EvidenceTests.from_profile(profile, policy)
+    log.warning(
+        "per-worker evidence counts tokens, not samples: the noise profile has %d samples with per-sample "
+        "bounds (< %d), so its bans assume the tokens of a sample independent; measure >= %d samples "
+        "(validator.calibration_tokens >= %d x the completion length)",
+        samples, MIN_CALIBRATION_SAMPLES, MIN_CALIBRATION_SAMPLES, MIN_CALIBRATION_SAMPLES,
+    )  # fmt: skip
+    return toploc.EvidenceTests.from_profile(profile, dataclasses.replace(policy, unit="token"))
 
 
 @dataclass

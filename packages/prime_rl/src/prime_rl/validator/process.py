@@ -84,7 +84,7 @@ from prime_rl.validator.checks import (
     tool_seconds,
 )
 from prime_rl.validator.emulated_cost import floor_prefill
-from prime_rl.validator.evidence import FailureTracker, batch_evidence, reject_banned
+from prime_rl.validator.evidence import FailureTracker, batch_evidence, evidence_tests, reject_banned
 from prime_rl.validator.lease_keeper import LeaseKeeper
 from prime_rl.validator.structure import AssignmentKeyMismatch
 from prime_rl.validator.tool_budget import ToolBudget
@@ -162,7 +162,7 @@ class Validator:
                 false_ban_rate=self.cfg.false_ban_rate, horizon_samples=self.cfg.evidence_horizon_samples
             )
             try:
-                tests = toploc.EvidenceTests.from_profile(profile, policy)
+                tests = evidence_tests(profile, policy)  # per sample, or per token on a small calibration
             except toploc.EvidenceError as error:
                 # Too few honest tokens measured to bound any honest rate (a tiny task set, very
                 # short completions): run on the per-sample checks alone, at their configured
