@@ -1,0 +1,266 @@
+"""The walk of one batch through ``Validator.judge``: how often a reader following the calls is sent
+back to a file of ``prime_rl`` it has already left (issue 47, item 1).
+
+A real ``prime_rl.validator.process.Validator`` (its ``judge``, ``backend_for``, ``log``, ``banned``;
+only the I/O around it is in-process: its orchestrator client answers ``POST /validator/verdicts``
+as the run's ledger would, and its policy store hands out local weights files) judges two real
+batches of the tiny models of the test suite (fp32; three tiny models seeded 0, 1, 2 are versions
+0, 1, 2):
+
+* ``spanned``: a single-turn lease decoded by ``HFBackend`` with an announced in-flight switch to v1
+  at token 32 (keep-KV; the lease's record holds the switch, as the orchestrator keeps it);
+* ``episodes``: a multi-turn lease (the calculator environment, three model turns) played by
+  ``worker/episodes.py`` with an announced switch to v1 at model turn 1 (recompute-KV).
+
+The tracer (``sys.setprofile``) keeps every ``call`` event of a function defined in a file of the
+``prime_rl`` package while ``judge`` runs. Two walks are counted:
+
+* ``reading``: each function once, at its first call (the order a new contributor meets them);
+* ``calls``: every call.
+
+Consecutive calls in one file form one *stay*; a stay in a file the walk had already left is a
+*return*. The figures: stays, distinct files, returns, and the files returned to most.
+
+Run: ``python benchmarks/judge_walk.py [--label main] [--json out.json]``; it prints a markdown
+table (``benchmarks/results/judge_walk.md`` holds the before/after figures). Deterministic: the
+same code gives the same walk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+
+import prime_rl  # noqa: E402
+
+PACKAGE = Path(prime_rl.__file__).resolve().parent
+KEY = b"judge-walk-assignment-key"
+
+
+def trace(run: Callable[[], Any]) -> tuple[list[tuple[str, str]], Any]:
+    """``(file relative to the package, qualified function name)`` of every call into ``prime_rl``
+    while ``run()`` runs, in order; and what it returned."""
+    calls: list[tuple[str, str]] = []
+    root = str(PACKAGE) + "/"
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            calls.append((frame.f_code.co_filename[len(root) :], frame.f_code.co_qualname))
+
+    sys.setprofile(profile)
+    try:
+        result = run()
+    finally:
+        sys.setprofile(None)
+    return calls, result
+
+
+def walk_figures(calls: list[tuple[str, str]], *, first_only: bool) -> dict[str, Any]:
+    """Stays (consecutive calls in one file collapsed), files, returns to a file already left."""
+    seen: set[tuple[str, str]] = set()
+    stays: list[str] = []
+    for call in calls:
+        if first_only:
+            if call in seen:
+                continue
+            seen.add(call)
+        if not stays or stays[-1] != call[0]:
+            stays.append(call[0])
+    visited: set[str] = set()
+    returns: Counter[str] = Counter()
+    for stay in stays:
+        if stay in visited:
+            returns[stay] += 1
+        visited.add(stay)
+    return {
+        "stays": len(stays),
+        "files": len(visited),
+        "returns": sum(returns.values()),
+        "returned_to": dict(returns.most_common()),
+        "walk": stays,
+    }
+
+
+class _Store:
+    """The validator's policy store over local weights files (``PolicyStore.ensure``'s contract)."""
+
+    def __init__(self, files: dict[int, Path]) -> None:
+        self.files = files
+
+    def ensure(self, version: int) -> Path:
+        return self.files[version]
+
+
+class _Ledger:
+    """``POST /validator/verdicts`` answered as the run's ledger answers an honest batch."""
+
+    def post_verdicts(self, request: Any) -> Any:
+        from prime_rl.api.protocol import VerdictResponse
+
+        accepted = sum(v.accepted for v in request.verdicts)
+        return VerdictResponse(batch_id=request.batch_id, accepted=accepted, rejected=len(request.verdicts) - accepted)
+
+
+def _validator(checks: Any, run: Any, files: dict[int, Path], tokenizer: Any) -> Any:
+    """A real ``Validator`` with its I/O in-process (module docstring); its checks are the run's."""
+    from tiny_lm import make_tiny_lm
+
+    from prime_rl.inference.backend import HFBackend
+    from prime_rl.validator.process import Validator
+    from prime_rl.validator.tool_budget import ToolBudget
+
+    validator = Validator.__new__(Validator)
+    validator.backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=tokenizer)
+    validator.store = _Store(files)
+    validator.tasks = run
+    validator.checks = checks
+    validator.client = _Ledger()
+    validator.validator_id = "judge-walk"
+    validator.evidence = None
+    validator.established = set()
+    validator.tool_budget = ToolBudget(600.0, 600.0, 3600.0)
+    validator.backoff, validator.refused, validator.bans_seen, validator.done = {}, set(), set(), 0
+    return validator
+
+
+def _pending(batch: Any, record: Any) -> Any:
+    from prime_rl.api.protocol import PendingBatch
+
+    return PendingBatch(
+        batch_id=f"{batch.worker_id}-s{batch.step}-b{batch.batch_index}", worker_id=batch.worker_id,
+        step=batch.step, batch_index=batch.batch_index, policy_version=batch.policy_version,
+        received_at=time.time(), lease=record, samples=batch.samples,
+    )  # fmt: skip
+
+
+class _Offer:
+    """A version source offering ``version`` at its first chance, announced for the lease (token
+    boundary or model turn), answered with the nonce the orchestrator would give, and recorded."""
+
+    def __init__(self, path: Path, version: int, lease: Any) -> None:
+        self.path, self.version, self.lease, self.max_versions = path, version, lease, 2
+        self.switches: list[Any] = []
+
+    def _offer(self, current: int, chunk: int) -> Any:
+        from prime_rl.api.assignment import switch_nonce
+        from prime_rl.api.protocol import LeaseSwitch
+        from prime_rl.inference.contract import VersionSwitch
+
+        if current >= self.version or self.switches:
+            return None
+        self.switches.append(LeaseSwitch(policy_version=self.version, chunk=chunk, announced_at=time.time()))
+        where = {"worker_id": self.lease.worker_id, "step": self.lease.step, "batch_index": self.lease.batch_index}
+        return VersionSwitch(self.version, self.path, switch_nonce(key=KEY, **where, policy_version=self.version, chunk=chunk))
+
+    def newer(self, current: int, boundary: int) -> Any:
+        return self._offer(current, boundary // 32)
+
+    def at_turn(self, current: int, turn: int) -> Any:
+        return self._offer(current, turn)
+
+
+def batches(tmp: Path) -> dict[str, tuple[Any, Any, Any, Any, Any]]:
+    """``name -> (checks, run, pending batch, files, tokenizer)`` for the two walks."""
+    import dataclasses
+
+    from tiny_lm import make_tiny_lm, make_tiny_tokenizer
+    from validator_setup import TinyRun
+
+    from prime_rl.episodes import EpisodeEnv
+    from prime_rl.inference.backend import HFBackend
+    from prime_rl.tasks import TaskSet
+    from prime_rl.weights.files import save_policy
+    from prime_rl.worker.episodes import build_episode_batch
+    from verifiers import Task
+    from verifiers.envs import CalculatorEnv
+
+    inflight = (
+        "--orchestrator.max_versions_per_sample", "2", "--orchestrator.switch_deadline_s", "3600",
+        "--orchestrator.max_decode_tokens_per_s", "1e9",
+    )  # fmt: skip
+    tokenizer = make_tiny_tokenizer()
+    files = {v: save_policy(make_tiny_lm(seed=v).state_dict(), tmp / f"v{v}.safetensors") for v in range(2)}
+    out = {}
+
+    run = TinyRun(KEY, tokenizer, lambda t: f"{t}*{t + 7}=", 12, group_size=4, prompts_per_batch=2, max_new_tokens=96)
+    lease, record = run.lease("w-walk", 0, 0)
+    backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=tokenizer, decode="dynamic")
+    offer = _Offer(files[1], 1, lease)
+    backend.version_source = offer
+    batch = run.worker("honest").answer(lease, backend)
+    assert any(s.spans for s in batch.samples), "the spanned lease did not switch"
+    record = record.model_copy(update={"switches": offer.switches})
+    out["spanned"] = (run.checks(*inflight), run, _pending(batch, record), files, tokenizer)
+
+    run = TinyRun(KEY, tokenizer, lambda t: f"{t}+{t * 3}=", 12, 2, 2, 5)
+    tasks = TaskSet([Task(f"{t}+{t * 3}=", "verifiable_math", {"ground_truth": str(4 * t + 1)}) for t in range(12)])
+    env = EpisodeEnv(CalculatorEnv(max_turns=3, feedback=True), tasks, tokenizer, turn_template="\n<{role}>\n{content}\n</{role}>\n")
+    lease, record = run.lease("w-walk-episodes", 0, 0)
+    backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=tokenizer, decode="dynamic")
+    offer = _Offer(files[1], 1, lease)
+    backend.version_source = offer
+    batch = build_episode_batch(lease, backend, env, encode=run.encode)[0]
+    assert any(s.spans for s in batch.samples), "the episode lease did not switch"
+    record = record.model_copy(update={"switches": offer.switches})
+    checks = dataclasses.replace(run.checks(*inflight), episode_env=env)
+    out["episodes"] = (checks, run, _pending(batch, record), files, tokenizer)
+    return out
+
+
+def measure() -> dict[str, Any]:
+    from prime_rl import metrics
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="judge-walk-") as tmp:
+        metrics._METRICS = metrics.MetricsWriter(Path(tmp) / "validator.jsonl", role="validator", name="walk")
+        for name, (checks, run, pending, files, tokenizer) in batches(Path(tmp)).items():
+            validator = _validator(checks, run, files, tokenizer)
+            calls, done = trace(lambda v=validator, p=pending: v.judge(p, newest_version=1))
+            verdicts = [json.loads(line) for line in (Path(tmp) / "validator.jsonl").read_text().splitlines()][-1]
+            assert done and verdicts["rejected"] == 0, f"{name}: the honest batch was not accepted: {verdicts}"
+            out[name] = {
+                "samples": len(pending.samples),
+                "reading": walk_figures(calls, first_only=True),
+                "calls": {k: v for k, v in walk_figures(calls, first_only=False).items() if k != "walk"},
+            }
+    return out
+
+
+def table(label: str, figures: dict[str, Any]) -> str:
+    rows = [
+        f"| {label} | {name} | {f['reading']['stays']} | {f['reading']['files']} | {f['reading']['returns']} | "
+        f"{f['calls']['stays']} | {f['calls']['files']} | {f['calls']['returns']} |"
+        for name, f in figures.items()
+    ]
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", default="this tree")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures (with the walks) here")
+    args = parser.parse_args()
+    figures = measure()
+    print("| code | batch | reading stays | reading files | reading returns | call stays | call files | call returns |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(table(args.label, figures))
+    for name, f in figures.items():
+        print(f"\n{name} reading walk: {' > '.join(f['reading']['walk'])}")
+        print(f"{name} returned to: {f['reading']['returned_to']}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
