@@ -34,7 +34,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -48,15 +49,47 @@ PACKAGE = Path(prime_rl.__file__).resolve().parent
 KEY = b"judge-walk-assignment-key"
 
 
-def trace(run: Callable[[], Any]) -> tuple[list[tuple[str, str]], Any]:
-    """``(file relative to the package, qualified function name)`` of every call into ``prime_rl``
-    while ``run()`` runs, in order; and what it returned."""
-    calls: list[tuple[str, str]] = []
+SPAN_ENTRIES = {
+    ("validator/spans.py", "span_checks"),
+    ("validator/spans.py", "plan_spans"),
+    ("validator/spans.py", "span_model_checks"),
+    ("validator/episode_spans.py", "episode_span_model_checks"),
+}
+"""Where the validator enters its span code (``verdicts.validate_batch`` calls them), before and after."""
+
+
+INLINE = {"<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>"}
+"""Frames that are part of the function they are written in (a comprehension), not functions of their own."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call into ``prime_rl``: the callee's file (relative to the package) and function, the
+    files of the ``prime_rl`` frames still running below it, and whether a span entry point is one."""
+
+    file: str
+    function: str
+    running: frozenset[str]
+    in_span: bool
+
+
+def trace(run: Callable[[], Any]) -> tuple[list[Call], Any]:
+    """Every call into ``prime_rl`` while ``run()`` runs, in order; and what ``run()`` returned."""
+    calls: list[Call] = []
     root = str(PACKAGE) + "/"
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code.co_filename.startswith(root):
-            calls.append((frame.f_code.co_filename[len(root) :], frame.f_code.co_qualname))
+        if event != "call" or not frame.f_code.co_filename.startswith(root) or frame.f_code.co_name in INLINE:
+            return
+        running, in_span, here = set(), False, frame
+        while here is not None:
+            if here.f_code.co_filename.startswith(root):
+                file = here.f_code.co_filename[len(root) :]
+                in_span = in_span or (file, here.f_code.co_qualname) in SPAN_ENTRIES
+                if here is not frame:
+                    running.add(file)
+            here = here.f_back
+        calls.append(Call(frame.f_code.co_filename[len(root) :], frame.f_code.co_qualname, frozenset(running), in_span))
 
     sys.setprofile(profile)
     try:
@@ -66,26 +99,36 @@ def trace(run: Callable[[], Any]) -> tuple[list[tuple[str, str]], Any]:
     return calls, result
 
 
-def walk_figures(calls: list[tuple[str, str]], *, first_only: bool) -> dict[str, Any]:
-    """Stays (consecutive calls in one file collapsed), files, returns to a file already left."""
+def reading(calls: Sequence[Call]) -> list[Call]:
+    """Each function at its first call only: the order a reader following the batch meets them."""
     seen: set[tuple[str, str]] = set()
-    stays: list[str] = []
+    out = []
     for call in calls:
-        if first_only:
-            if call in seen:
-                continue
-            seen.add(call)
-        if not stays or stays[-1] != call[0]:
-            stays.append(call[0])
-    visited: set[str] = set()
+        if (call.file, call.function) not in seen:
+            seen.add((call.file, call.function))
+            out.append(call)
+    return out
+
+
+def walk_figures(calls: Sequence[Call], *, running_is_left: bool = False) -> dict[str, Any]:
+    """Stays (consecutive calls in one file collapsed), files, and returns: stays in a file the walk
+    had left before. ``running_is_left`` False: a file with a frame still running below the call has
+    not been left (going back up to a caller's file is reading on, top-down); True: any earlier file
+    counts."""
+    stays: list[str] = []
     returns: Counter[str] = Counter()
-    for stay in stays:
-        if stay in visited:
-            returns[stay] += 1
-        visited.add(stay)
+    left: set[str] = set()
+    for call in calls:
+        if stays and stays[-1] == call.file:
+            continue
+        if call.file in left and (running_is_left or call.file not in call.running):
+            returns[call.file] += 1
+        if stays:
+            left.add(stays[-1])
+        stays.append(call.file)
     return {
         "stays": len(stays),
-        "files": len(visited),
+        "files": len(set(stays)),
         "returns": sum(returns.values()),
         "returned_to": dict(returns.most_common()),
         "walk": stays,
@@ -229,21 +272,36 @@ def measure() -> dict[str, Any]:
             calls, done = trace(lambda v=validator, p=pending: v.judge(p, newest_version=1))
             verdicts = [json.loads(line) for line in (Path(tmp) / "validator.jsonl").read_text().splitlines()][-1]
             assert done and verdicts["rejected"] == 0, f"{name}: the honest batch was not accepted: {verdicts}"
+            whole = reading(calls)
+            span = reading([c for c in calls if c.in_span])
             out[name] = {
                 "samples": len(pending.samples),
-                "reading": walk_figures(calls, first_only=True),
-                "calls": {k: v for k, v in walk_figures(calls, first_only=False).items() if k != "walk"},
+                "spanned_samples": sum(1 for s in pending.samples if s.spans),
+                "span": walk_figures(span, running_is_left=True),
+                "span_top_down": walk_figures(span),
+                "span_after_judge": walk_figures([c for c in whole if c.in_span], running_is_left=True),
+                "judge": walk_figures(whole, running_is_left=True),
+                "judge_top_down": walk_figures(whole),
             }
     return out
 
 
+WALKS = {
+    "span": "span walk",
+    "span_top_down": "span walk, callers' files not left",
+    "span_after_judge": "span walk, functions read before skipped",
+    "judge": "whole judge walk",
+    "judge_top_down": "whole judge walk, callers' files not left",
+}
+
+
 def table(label: str, figures: dict[str, Any]) -> str:
-    rows = [
-        f"| {label} | {name} | {f['reading']['stays']} | {f['reading']['files']} | {f['reading']['returns']} | "
-        f"{f['calls']['stays']} | {f['calls']['files']} | {f['calls']['returns']} |"
+    """Markdown rows: per batch and walk, stays / files / returns."""
+    return "\n".join(
+        f"| {label} | {name} | {title} | {f[walk]['stays']} | {f[walk]['files']} | {f[walk]['returns']} |"
         for name, f in figures.items()
-    ]
-    return "\n".join(rows)
+        for walk, title in WALKS.items()
+    )
 
 
 def main() -> None:
@@ -252,12 +310,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the figures (with the walks) here")
     args = parser.parse_args()
     figures = measure()
-    print("| code | batch | reading stays | reading files | reading returns | call stays | call files | call returns |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| code | batch | walk | stays | files | returns |")
+    print("|---|---|---|---|---|---|")
     print(table(args.label, figures))
     for name, f in figures.items():
-        print(f"\n{name} reading walk: {' > '.join(f['reading']['walk'])}")
-        print(f"{name} returned to: {f['reading']['returned_to']}")
+        for walk in ("span", "judge"):
+            print(f"\n{name}, {WALKS[walk]}: {' > '.join(f[walk]['walk'])}")
+            print(f"returned to: {f[walk]['returned_to']}")
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
 

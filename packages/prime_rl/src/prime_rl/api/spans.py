@@ -44,7 +44,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -180,6 +180,20 @@ class SpanPlan:
     turns: tuple[Turn, ...] | None = None
     claimed: bool = True
     """False: the sample sent no spans (``None``): one span of the start version, from token 0."""
+    bounds: tuple[tuple[int, int, int], ...] = field(init=False)
+    """``(policy_version, first_token, end_token)`` per span: the tokens each version sampled."""
+    turn_versions: tuple[int, ...] | None = field(init=False)
+    """An episode's version per model turn (the last span starting at or before it); None if a span
+    after the first does not start a model turn. ``()`` for a single-turn sample (it has no turns)."""
+
+    def __post_init__(self) -> None:
+        ends = [*self.starts[1:], self.num_tokens]
+        object.__setattr__(self, "bounds", tuple(zip(self.versions, self.starts, ends, strict=True)))
+        turns, versions = self.turns or (), None if self.turns is not None else ()
+        if self.turns is not None and all(b in {t.start for t in turns} for b in self.starts[1:]):
+            spans = list(zip(self.starts, self.versions, strict=True))
+            versions = tuple(max((b, v) for b, v in spans if b <= t.start)[1] for t in turns)
+        object.__setattr__(self, "turn_versions", versions)
 
     @classmethod
     def of(cls, sample: Any, start_version: int, *, episode: bool | None = None) -> SpanPlan:
@@ -233,19 +247,6 @@ class SpanPlan:
         """The point of a lease's switch record at ``chunk`` (``LeaseSwitch.chunk``): token ``32 * chunk``,
         or model turn ``chunk``."""
         return SPAN_ALIGN * chunk if self.turns is None else chunk
-
-    def bounds(self) -> list[tuple[int, int, int]]:
-        """``(policy_version, first_token, end_token)`` per span."""
-        ends = [*self.starts[1:], self.num_tokens]
-        return list(zip(self.versions, self.starts, ends, strict=True))
-
-    def turn_versions(self) -> list[int] | None:
-        """An episode's version per model turn (the last span starting at or before it), or None if a
-        span after the first does not start a model turn."""
-        turns = self.turns or ()
-        if any(b not in {t.start for t in turns} for b in self.starts[1:]):
-            return None
-        return [max((b, v) for b, v in zip(self.starts, self.versions, strict=True) if b <= t.start)[1] for t in turns]
 
     # -- model-free rules --------------------------------------------------------------------
     def wire_problem(self, spans: Sequence[VersionSpan], *, start_version: int, max_versions: int, newest: int) -> Problem | None:
@@ -354,7 +355,7 @@ class SpanPlan:
         return "toploc_mismatch", where
 
     def _turn_proof_reason(self, failed: Sequence[bool]) -> Problem:
-        turns, versions = self.turns or (), self.turn_versions() or []
+        turns, versions = self.turns or (), self.turn_versions or ()
         chunk_turn = [t for t, turn in enumerate(turns) for _ in range(math.ceil(turn.length / SPAN_ALIGN))]
         turn_failed = [all(f for f, u in zip(failed, chunk_turn, strict=True) if u == t) for t in range(len(turns))]
         first = chunk_turn[next(j for j, bad in enumerate(failed) if bad)]

@@ -38,6 +38,7 @@ import torch
 import toploc
 from prime_rl.api import assignment
 from prime_rl.api.protocol import PendingBatch, RolloutSample
+from prime_rl.api.spans import SpanPlan
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import (
@@ -222,6 +223,10 @@ class Pending:
     beyond_tolerance: int = 0
     """Tokens whose sampling margin lies beyond the sampling tolerance (the rule allowed them): such a
     sample is accepted but never trained on (``orchestrator.release``)."""
+    plan: SpanPlan | None = None
+    """Its version spans as the model-free span checks read them (``validator/spans.py``)."""
+    seeds: tuple[tuple[int, int], ...] | None = None
+    """A mixed-version sample's ``(first token, seed)`` per run of one seed (``SpanPlan.recorded_seeds``)."""
 
     def reject(self, reason: Reason, detail: str) -> None:
         if self.reason is Reason.ACCEPTED:

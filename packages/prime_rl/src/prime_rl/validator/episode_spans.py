@@ -37,7 +37,8 @@ def point_limit(sample: RolloutSample) -> int:
 
 def turn_versions(sample: RolloutSample) -> list[int] | None:
     """Deprecated: ``SpanPlan.turn_versions``."""
-    return SpanPlan.of(sample, 0, episode=True).turn_versions()
+    versions = SpanPlan.of(sample, 0, episode=True).turn_versions
+    return None if versions is None else list(versions)
 
 
 def episode_span_model_checks(
@@ -59,5 +60,5 @@ def episode_proof_reason(
         tuple(s.policy_version for s in spans), tuple(s.first_token for s in spans), num_tokens=0,
         turns=tuple(Turn(t.start, t.length, t.turn) for t in turns),
     )  # fmt: skip
-    assert plan.turn_versions() == list(versions), "versions must be the spans' versions per turn"
+    assert plan.turn_versions == tuple(versions), "versions must be the spans' versions per turn"
     return plan.proof_reason(failed)

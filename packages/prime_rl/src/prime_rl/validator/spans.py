@@ -59,7 +59,7 @@ from prime_rl.inference.contract import ChainedForward, GenerationBackend, Gener
 from prime_rl.validator.checks import Checks, Observer, Pending, Reason, in_chunks, judge_prefill
 
 __all__ = [
-    "chained_prefills", "has_spans", "lease_switches", "proof_reason", "record_problem", "span_checks",
+    "chained_prefills", "has_spans", "lease_switches", "plan_spans", "proof_reason", "record_problem", "span_checks",
     "span_model_checks", "span_seeds",
 ]
 
@@ -75,19 +75,40 @@ def span_checks(
     batch: PendingBatch, *, newest_version: int, max_versions: int
 ) -> list[tuple[str, str] | None]:
     """Per sample: ``(reason, detail)`` of its first model-free span failure (module docstring), or None."""
+    return [found for found, _ in _planned(batch, newest_version, max_versions)]
+
+
+def plan_spans(batch: PendingBatch, pending: Sequence[Pending], checks: Checks, *, newest_version: int) -> None:
+    """The model-free span checks of every sample (module docstring): a failure rejects it; a sample
+    that passes keeps its plan (``Pending.plan``) and, when it is mixed and the batch has a lease, the
+    seeds its runs were drawn with (``Pending.seeds``), for :func:`span_model_checks`."""
+    planned = _planned(batch, newest_version, checks.max_versions_per_sample)
+    for p, (found, plan) in zip(pending, planned, strict=True):
+        if found is not None:
+            p.reject(Reason(found[0]), found[1])
+            continue
+        if checks.episode_env is not None and plan.turns is None:  # an episode run: the whole completion is one turn
+            plan = SpanPlan.of(p.sample, plan.versions[0], episode=True)
+        p.plan = plan
+        if plan.mixed and batch.lease is not None:
+            p.seeds = tuple(plan.recorded_seeds(p.sample.sampling_seed, checks.assignment_key, batch.lease))
+
+
+def _planned(batch: PendingBatch, newest: int, max_versions: int) -> list[tuple[tuple[str, str] | None, SpanPlan]]:
+    """Per sample: its first model-free span failure (or None) and its plan."""
     start = batch.lease.fixed_version if batch.lease is not None else batch.policy_version
     plans = [SpanPlan.of(sample, start) for sample in batch.samples]
     switches = SpanPlan.batch_switches(plans) if batch.lease is None else None
-    out: list[tuple[str, str] | None] = []
+    out = []
     for sample, plan in zip(batch.samples, plans, strict=True):
         found = None
         if sample.spans is not None:
-            found = plan.wire_problem(sample.spans, start_version=start, max_versions=max_versions, newest=newest_version)
+            found = plan.wire_problem(sample.spans, start_version=start, max_versions=max_versions, newest=newest)
         if found is None and batch.lease is not None:
             found = plan.record_problem(batch.lease.switches)
         elif found is None:
             found = plan.lease_wide_problem(switches, start)
-        out.append(found)
+        out.append((found, plan))
     return out
 
 
@@ -98,63 +119,62 @@ def span_model_checks(
     observe: Observer | None,
     lease: LeaseRecord | None = None,
 ) -> None:
-    """The recompute of the live spanned samples (module docstring), then the per-sample model checks
-    on their rows with each run's seed (``lease`` None: the sample's seeds throughout, a batch
-    without a lease, which fails ``not_assigned`` before this). ``validator.max_batch_size`` samples
-    at a time, each chunk's caches and logits released once it is judged; a chunk out of memory is
-    halved, and a failure of the machine raises ``BackendFailure`` (``checks.in_chunks``): the batch
+    """The recompute of the live spanned samples (module docstring) from their plans (:func:`plan_spans`),
+    then the per-sample model checks on their rows with each run's seed (no seeds, a batch without a
+    lease: the sample's seeds throughout; it fails ``not_assigned`` before this). ``validator.max_batch_size``
+    samples at a time, each chunk's caches and logits released once it is judged; a chunk out of memory
+    is halved, and a failure of the machine raises ``BackendFailure`` (``checks.in_chunks``): the batch
     is judged again later, never blamed on its worker."""
-    plans: dict[int, SpanPlan] = {}
-    seeds: dict[int, list[tuple[int, int]] | None] = {}
-    for p in spanned:
-        plan = SpanPlan.of(p.sample, 0, episode=checks.episode_env is not None)
-        if p.alive and plan.turns is not None and plan.turn_versions() is None:
+    live = [p for p in spanned if p.alive]
+    for p in live:
+        if p.plan is None:  # judged without plan_spans (a caller of before): plan it here
+            p.plan = SpanPlan.of(p.sample, 0, episode=checks.episode_env is not None)
+            seeds = None if lease is None else p.plan.recorded_seeds(p.sample.sampling_seed, checks.assignment_key, lease)
+            p.seeds = None if seeds is None else tuple(seeds)
+        if p.plan.turns is not None and p.plan.turn_versions is None:
             p.reject(Reason.SPAN_MALFORMED, "a span boundary is not the first token of a model turn")
-        if p.alive:
-            plans[p.index] = plan
-            seeds[p.index] = None if lease is None else plan.recorded_seeds(p.sample.sampling_seed, checks.assignment_key, lease)
     in_chunks(
-        [p for p in spanned if p.alive], checks.validator.max_batch_size,
-        lambda chunk: _recompute(chunk, plans, backend_for),
-        lambda chunk, rows: _judge(chunk, rows, plans, seeds, checks, observe),
+        [p for p in live if p.alive], checks.validator.max_batch_size, _recompute(backend_for),
+        lambda chunk, rows: _judge(chunk, rows, checks, observe),
     )  # fmt: skip
 
 
-def _recompute(chunk: list[Pending], plans: dict[int, SpanPlan], backend_for: BackendFor) -> list[Prefill | str]:
-    """Per sample of ``chunk``: its rows, or why they could not be computed (a version unavailable, a
+def _recompute(backend_for: BackendFor) -> Callable[[list[Pending]], list[Prefill | str]]:
+    """Per sample of a chunk: its rows, or why they could not be computed (a version unavailable, a
     forward that refused the input); the machine's failures raise (``in_chunks``)."""
-    if plans[chunk[0].index].turns is None:
-        return chained_prefills([p.sample for p in chunk], backend_for)
-    return _version_prefills(chunk, plans, backend_for)
+
+    def rows(chunk: list[Pending]) -> list[Prefill | str]:
+        if all(p.plan is not None and p.plan.turns is None for p in chunk):
+            return chained_prefills([p.sample for p in chunk], backend_for, [p.plan for p in chunk])
+        return _version_prefills(chunk, backend_for)
+
+    return rows
 
 
-def _judge(
-    chunk: list[Pending],
-    rows: list[Prefill | str],
-    plans: dict[int, SpanPlan],
-    seeds: dict[int, list[tuple[int, int]] | None],
-    checks: Checks,
-    observe: Observer | None,
-) -> None:
+def _judge(chunk: list[Pending], rows: list[Prefill | str], checks: Checks, observe: Observer | None) -> None:
     for p, pre in zip(chunk, rows, strict=True):
         if isinstance(pre, str):
             p.reject(Reason.UNKNOWN_POLICY if "not available" in pre else Reason.MALFORMED, pre)
             continue
-        plan, runs = plans[p.index], seeds[p.index]
+        plan, runs = p.plan, p.seeds
+        assert plan is not None
         if plan.turns is None:
             judge_prefill(p, pre, checks, observe, plan.proof_reason, seeds=runs)
         else:
             judge_prefill(p, pre, checks, observe, plan.proof_reason, turn_seeds=None if runs is None else [s for _, s in runs])
 
 
-def chained_prefills(samples: Sequence[RolloutSample], backend_for: BackendFor) -> list[Prefill | str]:
+def chained_prefills(
+    samples: Sequence[RolloutSample], backend_for: BackendFor, plans: Sequence[SpanPlan | None] | None = None
+) -> list[Prefill | str]:
     """The prefill of each single-turn spanned sample by chained forwards (keep-KV, module docstring),
     or why it failed (a version unavailable, a backend without chained forwards, a forward that
     refused the input). Loads each version once, in increasing order, and holds every sample's KV
     cache and fp32 logits between versions: the caller passes a bounded chunk. A failure of the
     machine (out of memory, a device fault) raises (``checks.backend_failure``): never the sample's."""
     state: list[dict[str, Any]] = [{"cache": None, "hidden": [], "logits": [], "error": None} for _ in samples]
-    bounds = [SpanPlan.of(sample, 0).bounds() for sample in samples]
+    plans = plans or [None] * len(samples)
+    bounds = [(plan or SpanPlan.of(sample, 0)).bounds for sample, plan in zip(samples, plans, strict=True)]
     for version in sorted({v for spans in bounds for v, _, _ in spans}):
         backend = backend_for(version)
         for sample, row, spans in zip(samples, state, bounds, strict=True):
@@ -187,12 +207,12 @@ def chained_prefills(samples: Sequence[RolloutSample], backend_for: BackendFor) 
     return out
 
 
-def _version_prefills(chunk: list[Pending], plans: dict[int, SpanPlan], backend_for: BackendFor) -> list[Prefill | str]:
+def _version_prefills(chunk: list[Pending], backend_for: BackendFor) -> list[Prefill | str]:
     """Per episode of ``chunk``: its rows assembled from one prefill per version (recompute-KV, module
     docstring), or why not. Env rows stay zero: no proof, sampler or log-prob check reads them."""
     rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     errors: dict[int, str] = {}
-    turns_of = {p.index: list(zip(plans[p.index].turns or (), plans[p.index].turn_versions() or [], strict=True)) for p in chunk}
+    turns_of = {p.index: list(zip(p.plan.turns or (), p.plan.turn_versions or (), strict=True)) for p in chunk if p.plan}
     for version in sorted({v for turns in turns_of.values() for _, v in turns}):
         group = [p for p in chunk if p.index not in errors and any(v == version for _, v in turns_of[p.index])]
         if not group:
