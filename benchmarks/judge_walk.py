@@ -29,6 +29,7 @@ same code gives the same walk.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -81,7 +82,8 @@ def trace(run: Callable[[], Any]) -> tuple[list[Call], Any]:
     def profile(frame: FrameType, event: str, arg: Any) -> None:
         if event != "call" or not frame.f_code.co_filename.startswith(root) or frame.f_code.co_name in INLINE:
             return
-        running, in_span, here = set(), False, frame
+        running: set[str] = set()
+        in_span, here = False, frame  # type: bool, FrameType | None
         while here is not None:
             if here.f_code.co_filename.startswith(root):
                 file = here.f_code.co_filename[len(root) :]
@@ -165,10 +167,10 @@ def _validator(checks: Any, run: Any, files: dict[int, Path], tokenizer: Any) ->
 
     validator = Validator.__new__(Validator)
     validator.backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=tokenizer)
-    validator.store = _Store(files)
+    validator.store = _Store(files)  # type: ignore[assignment]
     validator.tasks = run
     validator.checks = checks
-    validator.client = _Ledger()
+    validator.client = _Ledger()  # type: ignore[assignment]
     validator.validator_id = "judge-walk"
     validator.evidence = None
     validator.established = set()
@@ -269,7 +271,7 @@ def measure() -> dict[str, Any]:
         metrics._METRICS = metrics.MetricsWriter(Path(tmp) / "validator.jsonl", role="validator", name="walk")
         for name, (checks, run, pending, files, tokenizer) in batches(Path(tmp)).items():
             validator = _validator(checks, run, files, tokenizer)
-            calls, done = trace(lambda v=validator, p=pending: v.judge(p, newest_version=1))
+            calls, done = trace(functools.partial(validator.judge, pending, newest_version=1))
             verdicts = [json.loads(line) for line in (Path(tmp) / "validator.jsonl").read_text().splitlines()][-1]
             assert done and verdicts["rejected"] == 0, f"{name}: the honest batch was not accepted: {verdicts}"
             whole = reading(calls)

@@ -44,7 +44,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -180,6 +180,9 @@ class SpanPlan:
     turns: tuple[Turn, ...] | None = None
     claimed: bool = True
     """False: the sample sent no spans (``None``): one span of the start version, from token 0."""
+    runs: tuple[tuple[int, int], ...] | None = None
+    """The seeds the lease's records give: ``(first_token, seed)`` per run of one seed (:meth:`drawn_with`);
+    None: not computed (a batch without a lease draws with the sample's seeds)."""
     bounds: tuple[tuple[int, int, int], ...] = field(init=False)
     """``(policy_version, first_token, end_token)`` per span: the tokens each version sampled."""
     turn_versions: tuple[int, ...] | None = field(init=False)
@@ -189,7 +192,8 @@ class SpanPlan:
     def __post_init__(self) -> None:
         ends = [*self.starts[1:], self.num_tokens]
         object.__setattr__(self, "bounds", tuple(zip(self.versions, self.starts, ends, strict=True)))
-        turns, versions = self.turns or (), None if self.turns is not None else ()
+        turns = self.turns or ()
+        versions: tuple[int, ...] | None = None if self.turns is not None else ()
         if self.turns is not None and all(b in {t.start for t in turns} for b in self.starts[1:]):
             spans = list(zip(self.starts, self.versions, strict=True))
             versions = tuple(max((b, v) for b, v in spans if b <= t.start)[1] for t in turns)
@@ -200,7 +204,7 @@ class SpanPlan:
         """The plan of ``sample`` (a ``RolloutSample``, duck-typed: ``spans``, ``segments``,
         ``completion_tokens``) whose lease fixed ``start_version``. ``episode``: whether the run
         plays episodes (True: a sample without segments is one model turn); None: as the sample says."""
-        turns = None
+        turns: tuple[Turn, ...] | None = None
         if episode and sample.segments is None:
             turns = (Turn(0, len(sample.completion_tokens), 0),)
         elif sample.segments is not None and episode is not False:
@@ -334,6 +338,10 @@ class SpanPlan:
         """:meth:`seeds` with the nonces of the lease's records (``recorded_switch_nonce`` under the
         run's key), as the validator recomputes them for spans that passed :meth:`record_problem`."""
         return self.seeds(seed, [recorded_switch_nonce(key, lease, v) for v in self.versions[1:]])
+
+    def drawn_with(self, seed: int, key: bytes, lease: Any) -> SpanPlan:
+        """This plan with its :attr:`runs`: :meth:`recorded_seeds`."""
+        return replace(self, runs=tuple(self.recorded_seeds(seed, key, lease)))
 
     # -- naming a failing proof --------------------------------------------------------------
     def proof_reason(self, failed: Sequence[bool]) -> Problem:

@@ -48,19 +48,27 @@ either way the sample fails, and the lease with it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+import toploc
 from prime_rl.api.protocol import LeaseRecord, PendingBatch, RolloutSample
 from prime_rl.api.spans import SpanPlan, Turn, VersionSpan
-from prime_rl.inference.contract import ChainedForward, GenerationBackend, GenerationError, Prefill
+from prime_rl.inference.contract import (
+    SAMPLER_SEED,
+    ChainedForward,
+    GenerationBackend,
+    GenerationError,
+    Prefill,
+)
 from prime_rl.validator.checks import Checks, Observer, Pending, Reason, in_chunks, judge_prefill
 
 __all__ = [
     "chained_prefills", "has_spans", "lease_switches", "plan_spans", "proof_reason", "record_problem", "span_checks",
-    "span_model_checks", "span_seeds",
+    "span_model_checks", "span_sampling_margins", "span_seeds",
 ]
 
 BackendFor = Callable[[int], GenerationBackend | None]
@@ -89,9 +97,9 @@ def plan_spans(batch: PendingBatch, pending: Sequence[Pending], checks: Checks, 
             continue
         if checks.episode_env is not None and plan.turns is None:  # an episode run: the whole completion is one turn
             plan = SpanPlan.of(p.sample, plan.versions[0], episode=True)
-        p.plan = plan
         if plan.mixed and batch.lease is not None:
-            p.seeds = tuple(plan.recorded_seeds(p.sample.sampling_seed, checks.assignment_key, batch.lease))
+            plan = plan.drawn_with(p.sample.sampling_seed, checks.assignment_key, batch.lease)
+        p.plan = plan
 
 
 def _planned(batch: PendingBatch, newest: int, max_versions: int) -> list[tuple[tuple[str, str] | None, SpanPlan]]:
@@ -129,8 +137,8 @@ def span_model_checks(
     for p in live:
         if p.plan is None:  # judged without plan_spans (a caller of before): plan it here
             p.plan = SpanPlan.of(p.sample, 0, episode=checks.episode_env is not None)
-            seeds = None if lease is None else p.plan.recorded_seeds(p.sample.sampling_seed, checks.assignment_key, lease)
-            p.seeds = None if seeds is None else tuple(seeds)
+            if lease is not None:
+                p.plan = p.plan.drawn_with(p.sample.sampling_seed, checks.assignment_key, lease)
         if p.plan.turns is not None and p.plan.turn_versions is None:
             p.reject(Reason.SPAN_MALFORMED, "a span boundary is not the first token of a model turn")
     in_chunks(
@@ -156,12 +164,35 @@ def _judge(chunk: list[Pending], rows: list[Prefill | str], checks: Checks, obse
         if isinstance(pre, str):
             p.reject(Reason.UNKNOWN_POLICY if "not available" in pre else Reason.MALFORMED, pre)
             continue
-        plan, runs = p.plan, p.seeds
+        plan = p.plan
         assert plan is not None
-        if plan.turns is None:
-            judge_prefill(p, pre, checks, observe, plan.proof_reason, seeds=runs)
-        else:
+        runs = plan.runs
+        if plan.turns is not None:  # an episode: its turns' seeds (the turns' positions restart at 0)
             judge_prefill(p, pre, checks, observe, plan.proof_reason, turn_seeds=None if runs is None else [s for _, s in runs])
+        elif runs is not None:
+            draw = functools.partial(_draw, runs=runs)
+            judge_prefill(p, pre, checks, observe, plan.proof_reason, draw=draw)
+        else:
+            judge_prefill(p, pre, checks, observe, plan.proof_reason)
+
+
+def _draw(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, *, runs: Sequence[tuple[int, int]]) -> torch.Tensor:
+    return span_sampling_margins(logits, tokens, runs, temperature)
+
+
+def span_sampling_margins(
+    logits: torch.Tensor, tokens: torch.Tensor, seeds: Sequence[tuple[int, int]], temperature: float
+) -> torch.Tensor:
+    """:func:`sampling_margins` where the seed changes along the completion: ``seeds`` is
+    ``(first_token, seed)`` per span in order (the first at 0); the noise of token ``t`` is drawn with
+    its span's seed at position ``t`` (positions stay completion indices across spans). ``[n]`` float64."""
+    n = tokens.numel()
+    bounds = [first for first, _ in seeds[1:]] + [n]
+    parts = []
+    for (first, seed), end in zip(seeds, bounds, strict=True):
+        positions = torch.arange(first, end, device=logits.device)
+        parts.append(toploc.sampling_margins(logits[first:end], tokens[first:end], SAMPLER_SEED, seed, positions, temperature))
+    return torch.cat(parts)
 
 
 def chained_prefills(
