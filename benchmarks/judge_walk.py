@@ -3,9 +3,9 @@ back to a file of ``prime_rl`` it has already left (issue 47, item 1).
 
 A real ``prime_rl.validator.process.Validator`` (its ``judge``, ``backend_for``, ``log``, ``banned``;
 only the I/O around it is in-process: its orchestrator client answers ``POST /validator/verdicts``
-as the run's ledger would, and its policy store hands out local weights files) judges two real
-batches of the tiny models of the test suite (fp32; three tiny models seeded 0, 1, 2 are versions
-0, 1, 2):
+as the run's ledger would, and its policy store hands out local weights files) judges two honest
+batches of the test suite's tiny models (fp32; two tiny models seeded 0 and 1 are versions 0 and 1),
+each of which must be accepted whole:
 
 * ``spanned``: a single-turn lease decoded by ``HFBackend`` with an announced in-flight switch to v1
   at token 32 (keep-KV; the lease's record holds the switch, as the orchestrator keeps it);
@@ -13,13 +13,13 @@ batches of the tiny models of the test suite (fp32; three tiny models seeded 0, 
   ``worker/episodes.py`` with an announced switch to v1 at model turn 1 (recompute-KV).
 
 The tracer (``sys.setprofile``) keeps every ``call`` event of a function defined in a file of the
-``prime_rl`` package while ``judge`` runs. Two walks are counted:
-
-* ``reading``: each function once, at its first call (the order a new contributor meets them);
-* ``calls``: every call.
-
+``prime_rl`` package while ``judge`` runs (comprehension frames are part of their function, not
+counted), each function at its first call only: the order a reader following the batch meets them.
 Consecutive calls in one file form one *stay*; a stay in a file the walk had already left is a
-*return*. The figures: stays, distinct files, returns, and the files returned to most.
+*return*, where "left" is read two ways: any earlier stay, or (*callers' files not left*) an earlier
+stay of a file none of whose frames still runs below the call: going back up into a caller's file is
+reading on, top-down. The *span walk* is the part under the span entry points (:data:`SPAN_ENTRIES`),
+read from its own start; the *whole judge walk* is everything ``judge`` runs.
 
 Run: ``python benchmarks/judge_walk.py [--label main] [--json out.json]``; it prints a markdown
 table (``benchmarks/results/judge_walk.md`` holds the before/after figures). Deterministic: the
@@ -289,10 +289,10 @@ def measure() -> dict[str, Any]:
 
 
 WALKS = {
-    "span": "span walk",
+    "span": "span walk (any file left before)",
     "span_top_down": "span walk, callers' files not left",
-    "span_after_judge": "span walk, functions read before skipped",
-    "judge": "whole judge walk",
+    "span_after_judge": "span walk, functions read earlier in judge skipped (any file left before)",
+    "judge": "whole judge walk (any file left before)",
     "judge_top_down": "whole judge walk, callers' files not left",
 }
 

@@ -142,24 +142,20 @@ def span_model_checks(
         if p.plan.turns is not None and p.plan.turn_versions is None:
             p.reject(Reason.SPAN_MALFORMED, "a span boundary is not the first token of a model turn")
     in_chunks(
-        [p for p in live if p.alive], checks.validator.max_batch_size, _recompute(backend_for),
-        lambda chunk, rows: _judge(chunk, rows, checks, observe),
+        [p for p in live if p.alive], checks.validator.max_batch_size,
+        functools.partial(_recompute, backend_for=backend_for), functools.partial(_judge, checks=checks, observe=observe),
     )  # fmt: skip
 
 
-def _recompute(backend_for: BackendFor) -> Callable[[list[Pending]], list[Prefill | str]]:
+def _recompute(chunk: list[Pending], *, backend_for: BackendFor) -> list[Prefill | str]:
     """Per sample of a chunk: its rows, or why they could not be computed (a version unavailable, a
     forward that refused the input); the machine's failures raise (``in_chunks``)."""
-
-    def rows(chunk: list[Pending]) -> list[Prefill | str]:
-        if all(p.plan is not None and p.plan.turns is None for p in chunk):
-            return chained_prefills([p.sample for p in chunk], backend_for, [p.plan for p in chunk])
-        return _version_prefills(chunk, backend_for)
-
-    return rows
+    if all(p.plan is not None and p.plan.turns is None for p in chunk):
+        return chained_prefills([p.sample for p in chunk], backend_for, [p.plan for p in chunk])
+    return _version_prefills(chunk, backend_for)
 
 
-def _judge(chunk: list[Pending], rows: list[Prefill | str], checks: Checks, observe: Observer | None) -> None:
+def _judge(chunk: list[Pending], rows: list[Prefill | str], *, checks: Checks, observe: Observer | None) -> None:
     for p, pre in zip(chunk, rows, strict=True):
         if isinstance(pre, str):
             p.reject(Reason.UNKNOWN_POLICY if "not available" in pre else Reason.MALFORMED, pre)
