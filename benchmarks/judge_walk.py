@@ -91,7 +91,9 @@ def trace(run: Callable[[], Any]) -> tuple[list[Call], Any]:
                 if here is not frame:
                     running.add(file)
             here = here.f_back
-        calls.append(Call(frame.f_code.co_filename[len(root) :], frame.f_code.co_qualname, frozenset(running), in_span))
+        calls.append(
+            Call(frame.f_code.co_filename[len(root) :], frame.f_code.co_qualname, frozenset(running), in_span)
+        )
 
     sys.setprofile(profile)
     try:
@@ -154,7 +156,9 @@ class _Ledger:
         from prime_rl.api.protocol import VerdictResponse
 
         accepted = sum(v.accepted for v in request.verdicts)
-        return VerdictResponse(batch_id=request.batch_id, accepted=accepted, rejected=len(request.verdicts) - accepted)
+        return VerdictResponse(
+            batch_id=request.batch_id, accepted=accepted, rejected=len(request.verdicts) - accepted
+        )
 
 
 def _validator(checks: Any, run: Any, files: dict[int, Path], tokenizer: Any) -> Any:
@@ -205,8 +209,14 @@ class _Offer:
         if current >= self.version or self.switches:
             return None
         self.switches.append(LeaseSwitch(policy_version=self.version, chunk=chunk, announced_at=time.time()))
-        where = {"worker_id": self.lease.worker_id, "step": self.lease.step, "batch_index": self.lease.batch_index}
-        return VersionSwitch(self.version, self.path, switch_nonce(key=KEY, **where, policy_version=self.version, chunk=chunk))
+        where = {
+            "worker_id": self.lease.worker_id,
+            "step": self.lease.step,
+            "batch_index": self.lease.batch_index,
+        }
+        return VersionSwitch(
+            self.version, self.path, switch_nonce(key=KEY, **where, policy_version=self.version, chunk=chunk)
+        )
 
     def newer(self, current: int, boundary: int) -> Any:
         return self._offer(current, boundary // 32)
@@ -238,7 +248,9 @@ def batches(tmp: Path) -> dict[str, tuple[Any, Any, Any, Any, Any]]:
     files = {v: save_policy(make_tiny_lm(seed=v).state_dict(), tmp / f"v{v}.safetensors") for v in range(2)}
     out = {}
 
-    run = TinyRun(KEY, tokenizer, lambda t: f"{t}*{t + 7}=", 12, group_size=4, prompts_per_batch=2, max_new_tokens=96)
+    run = TinyRun(
+        KEY, tokenizer, lambda t: f"{t}*{t + 7}=", 12, group_size=4, prompts_per_batch=2, max_new_tokens=96
+    )
     lease, record = run.lease("w-walk", 0, 0)
     backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=tokenizer, decode="dynamic")
     offer = _Offer(files[1], 1, lease)
@@ -249,8 +261,15 @@ def batches(tmp: Path) -> dict[str, tuple[Any, Any, Any, Any, Any]]:
     out["spanned"] = (run.checks(*inflight), run, _pending(batch, record), files, tokenizer)
 
     run = TinyRun(KEY, tokenizer, lambda t: f"{t}+{t * 3}=", 12, 2, 2, 5)
-    tasks = TaskSet([Task(f"{t}+{t * 3}=", "verifiable_math", {"ground_truth": str(4 * t + 1)}) for t in range(12)])
-    env = EpisodeEnv(CalculatorEnv(max_turns=3, feedback=True), tasks, tokenizer, turn_template="\n<{role}>\n{content}\n</{role}>\n")
+    tasks = TaskSet(
+        [Task(f"{t}+{t * 3}=", "verifiable_math", {"ground_truth": str(4 * t + 1)}) for t in range(12)]
+    )
+    env = EpisodeEnv(
+        CalculatorEnv(max_turns=3, feedback=True),
+        tasks,
+        tokenizer,
+        turn_template="\n<{role}>\n{content}\n</{role}>\n",
+    )
     lease, record = run.lease("w-walk-episodes", 0, 0)
     backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=tokenizer, decode="dynamic")
     offer = _Offer(files[1], 1, lease)
@@ -272,8 +291,12 @@ def measure() -> dict[str, Any]:
         for name, (checks, run, pending, files, tokenizer) in batches(Path(tmp)).items():
             validator = _validator(checks, run, files, tokenizer)
             calls, done = trace(functools.partial(validator.judge, pending, newest_version=1))
-            verdicts = [json.loads(line) for line in (Path(tmp) / "validator.jsonl").read_text().splitlines()][-1]
-            assert done and verdicts["rejected"] == 0, f"{name}: the honest batch was not accepted: {verdicts}"
+            verdicts = [
+                json.loads(line) for line in (Path(tmp) / "validator.jsonl").read_text().splitlines()
+            ][-1]
+            assert done and verdicts["rejected"] == 0, (
+                f"{name}: the honest batch was not accepted: {verdicts}"
+            )
             whole = reading(calls)
             span = reading([c for c in calls if c.in_span])
             out[name] = {

@@ -21,7 +21,9 @@ from prime_rl.seeds import span_seed
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def sample(spans: list[tuple[int, int]] | None, n: int, segments: list[Segment] | None = None) -> SimpleNamespace:
+def sample(
+    spans: list[tuple[int, int]] | None, n: int, segments: list[Segment] | None = None
+) -> SimpleNamespace:
     """What ``SpanPlan.of`` reads of a ``RolloutSample``."""
     return SimpleNamespace(
         spans=None if spans is None else as_spans(spans), segments=segments, completion_tokens=[5] * n
@@ -41,7 +43,9 @@ def switch(version: int, chunk: int) -> LeaseSwitch:
 
 
 @pytest.mark.parametrize(
-    ("segments", "second", "unit"), [(None, 64, "token"), (EPISODE, 60, "model turn")], ids=["tokens", "turns"]
+    ("segments", "second", "unit"),
+    [(None, 64, "token"), (EPISODE, 60, "model turn")],
+    ids=["tokens", "turns"],
 )
 def test_a_model_turn_start_is_one_source_of_positions(segments, second, unit):
     """The same spans (v1 from the third position a span may start at) against the same records: one
@@ -77,7 +81,9 @@ def test_the_validator_draws_with_the_seeds_the_worker_decoded_with():
     rows = RowSpans(seeds, start_version=0)
     drawn: list[list[tuple[int, int]]] = [[(0, s)] for s in seeds]
     for version, nonce, boundary, running in ((1, 11, 32, [0, 1, 2]), (2, 22, 64, [0, 1])):
-        reseeded = rows.switch(VersionSwitch(version, Path("unused"), nonce), dict.fromkeys(running, boundary))
+        reseeded = rows.switch(
+            VersionSwitch(version, Path("unused"), nonce), dict.fromkeys(running, boundary)
+        )
         assert reseeded == running
         for row in running:
             drawn[row].append((boundary, rows.seeds[row]))

@@ -54,8 +54,17 @@ from prime_rl.api.segments import turn_seed
 from prime_rl.seeds import reseeded
 
 __all__ = [
-    "MAX_SPANS", "SPAN_ALIGN", "SpanPlan", "Turn", "VersionSpan", "as_spans", "future_span", "lease_digest",
-    "reseeded", "span_bounds", "spans_problem",
+    "MAX_SPANS",
+    "SPAN_ALIGN",
+    "SpanPlan",
+    "Turn",
+    "VersionSpan",
+    "as_spans",
+    "future_span",
+    "lease_digest",
+    "reseeded",
+    "span_bounds",
+    "spans_problem",
 ]
 
 SPAN_ALIGN = 32
@@ -71,7 +80,9 @@ class VersionSpan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    policy_version: Annotated[int, Field(ge=0)] = Field(description="The version that sampled the span's tokens.")
+    policy_version: Annotated[int, Field(ge=0)] = Field(
+        description="The version that sampled the span's tokens."
+    )
     first_token: Annotated[int, Field(ge=0, le=1 << 24)] = Field(
         description="Completion index of the span's first token (a multiple of 32)."
     )
@@ -108,7 +119,9 @@ def spans_problem(
                 f"(turns start at {list(turn_starts)[:16]}); an episode switches versions only at a model turn's start"
             )
         if turn_starts is None and span.first_token % SPAN_ALIGN:
-            return f"spans[{k}].first_token {span.first_token} is not a multiple of the proof chunk {SPAN_ALIGN}"
+            return (
+                f"spans[{k}].first_token {span.first_token} is not a multiple of the proof chunk {SPAN_ALIGN}"
+            )
         if span.first_token >= num_tokens:
             return f"spans[{k}].first_token {span.first_token} is not inside the completion ({num_tokens} tokens)"
         if span.policy_version <= before.policy_version:
@@ -218,7 +231,10 @@ class SpanPlan:
             return cls((start_version,), (0,), len(sample.completion_tokens), turns, claimed=False)
         spans = sample.spans
         return cls(
-            tuple(s.policy_version for s in spans), tuple(s.first_token for s in spans), len(sample.completion_tokens), turns
+            tuple(s.policy_version for s in spans),
+            tuple(s.first_token for s in spans),
+            len(sample.completion_tokens),
+            turns,
         )
 
     # -- positions ---------------------------------------------------------------------------
@@ -253,10 +269,14 @@ class SpanPlan:
         return SPAN_ALIGN * chunk if self.turns is None else chunk
 
     # -- model-free rules --------------------------------------------------------------------
-    def wire_problem(self, spans: Sequence[VersionSpan], *, start_version: int, max_versions: int, newest: int) -> Problem | None:
+    def wire_problem(
+        self, spans: Sequence[VersionSpan], *, start_version: int, max_versions: int, newest: int
+    ) -> Problem | None:
         """``span_malformed`` (:func:`spans_problem`) or ``span_version_future`` (:func:`future_span`)."""
         starts = None if self.turns is None else [t.start for t in self.turns]
-        problem = spans_problem(spans, self.num_tokens, start_version=start_version, max_versions=max_versions, turn_starts=starts)
+        problem = spans_problem(
+            spans, self.num_tokens, start_version=start_version, max_versions=max_versions, turn_starts=starts
+        )
         if problem is not None:
             return "span_malformed", problem
         future = future_span(spans, newest)
@@ -301,7 +321,10 @@ class SpanPlan:
     def lease_wide_problem(self, switches: dict[int, int] | None, start_version: int) -> Problem | None:
         """A batch without a lease: ``span_not_lease_wide`` unless the spans are the batch's switch
         points ``{point: version}`` (:meth:`batch_switches`; None: two samples disagree) inside it."""
-        expected = [(0, start_version), *sorted((b, v) for b, v in (switches or {}).items() if b < self.limit)]
+        expected = [
+            (0, start_version),
+            *sorted((b, v) for b, v in (switches or {}).items() if b < self.limit),
+        ]
         claimed = self.points()
         if switches is not None and claimed == expected:
             return None
@@ -330,9 +353,14 @@ class SpanPlan:
         """``(first_token, seed)`` per run of one seed: per span of a single-turn sample, per model turn
         of an episode; ``nonces``: the switch nonce of each span after the first. A run's seed is the
         sample's (an episode turn's ``turn_seed``) reseeded by every switch at or before it."""
-        runs = [(b, 0) for b in self.starts] if self.turns is None else [(t.start, t.turn) for t in self.turns]
+        runs = (
+            [(b, 0) for b in self.starts] if self.turns is None else [(t.start, t.turn) for t in self.turns]
+        )
         switched = list(zip(self.starts[1:], nonces, strict=True))
-        return [(first, reseeded(turn_seed(seed, turn), [n for b, n in switched if b <= first])) for first, turn in runs]
+        return [
+            (first, reseeded(turn_seed(seed, turn), [n for b, n in switched if b <= first]))
+            for first, turn in runs
+        ]
 
     def recorded_seeds(self, seed: int, key: bytes, lease: Any) -> list[tuple[int, int]]:
         """:meth:`seeds` with the nonces of the lease's records (``recorded_switch_nonce`` under the
@@ -355,17 +383,25 @@ class SpanPlan:
         where = f"{sum(failed)}/{len(failed)} proof chunks fail, first chunk {first} in span {k} (v{self.versions[k]}"
         where += f", chunks {chunk_starts[k]}-{chunk_starts[k + 1] - 1})"
         if first > chunk_starts[k] and k + 1 < len(self.starts):
-            return "span_boundary_mismatch", f"{where}: the next version began before the claimed boundary {self.starts[k + 1]}"
+            return (
+                "span_boundary_mismatch",
+                f"{where}: the next version began before the claimed boundary {self.starts[k + 1]}",
+            )
         if k >= 1 and all(own):
             return "span_version_forged", f"{where}: no chunk of the span matches its claimed version"
         if k >= 1 and first == chunk_starts[k]:
-            return "span_boundary_mismatch", f"{where}: the span's version began after its claimed boundary {self.starts[k]}"
+            return (
+                "span_boundary_mismatch",
+                f"{where}: the span's version began after its claimed boundary {self.starts[k]}",
+            )
         return "toploc_mismatch", where
 
     def _turn_proof_reason(self, failed: Sequence[bool]) -> Problem:
         turns, versions = self.turns or (), self.turn_versions or ()
         chunk_turn = [t for t, turn in enumerate(turns) for _ in range(math.ceil(turn.length / SPAN_ALIGN))]
-        turn_failed = [all(f for f, u in zip(failed, chunk_turn, strict=True) if u == t) for t in range(len(turns))]
+        turn_failed = [
+            all(f for f, u in zip(failed, chunk_turn, strict=True) if u == t) for t in range(len(turns))
+        ]
         first = chunk_turn[next(j for j, bad in enumerate(failed) if bad)]
         version = versions[first]
         k = self.versions.index(version)
@@ -375,6 +411,10 @@ class SpanPlan:
             return "span_version_forged", f"{where}: no turn of the span matches its claimed version"
         if turn_failed[first] and k >= 1 and first == own[0]:
             return "span_boundary_mismatch", f"{where}: the span's version began after its claimed turn"
-        if turn_failed[first] and k + 1 < len(self.versions) and all(turn_failed[t] for t in own if t >= first):
+        if (
+            turn_failed[first]
+            and k + 1 < len(self.versions)
+            and all(turn_failed[t] for t in own if t >= first)
+        ):
             return "span_boundary_mismatch", f"{where}: the next version began before its claimed turn"
         return "toploc_mismatch", where

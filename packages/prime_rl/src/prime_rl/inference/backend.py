@@ -310,14 +310,9 @@ class HFBackend:
         ]
 
     def _switch(
-        self,
-        source: VersionSource,
-        boundary: int,
-        finish: Sequence[FinishReason | None],
-        rows: RowSpans,
-        limit: int,
-        seed_tensor: torch.Tensor,
-    ) -> None:
+        self, source: VersionSource, boundary: int, finish: Sequence[FinishReason | None], rows: RowSpans,
+        limit: int, seed_tensor: torch.Tensor,
+    ) -> None:  # fmt: skip
         """At completion position ``boundary`` (a proof-chunk boundary, every row settled): load the
         newer version ``source`` offers, if any, and open its span on every running row
         (``inference/switching.py``: with the switch's nonce, each running row is reseeded)."""

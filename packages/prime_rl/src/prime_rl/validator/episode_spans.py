@@ -15,8 +15,12 @@ from prime_rl.validator.episodes import ModelSpan
 from prime_rl.validator.spans import span_model_checks
 
 __all__ = [
-    "episode_proof_reason", "episode_span_model_checks", "episode_turn_seeds", "point_limit",
-    "switch_points", "turn_versions",
+    "episode_proof_reason",
+    "episode_span_model_checks",
+    "episode_turn_seeds",
+    "point_limit",
+    "switch_points",
+    "turn_versions",
 ]
 
 
@@ -27,7 +31,10 @@ def switch_points(sample: RolloutSample) -> list[tuple[int, int]]:
 
 def episode_turn_seeds(sample: RolloutSample, lease: LeaseRecord, key: bytes) -> list[int]:
     """Deprecated: ``SpanPlan.recorded_seeds`` of an episode (its seeds per model turn)."""
-    return [seed for _, seed in SpanPlan.of(sample, 0, episode=True).recorded_seeds(sample.sampling_seed, key, lease)]
+    return [
+        seed
+        for _, seed in SpanPlan.of(sample, 0, episode=True).recorded_seeds(sample.sampling_seed, key, lease)
+    ]
 
 
 def point_limit(sample: RolloutSample) -> int:

@@ -67,8 +67,16 @@ from prime_rl.inference.contract import (
 from prime_rl.validator.checks import Checks, Observer, Pending, Reason, in_chunks, judge_prefill
 
 __all__ = [
-    "chained_prefills", "has_spans", "lease_switches", "plan_spans", "proof_reason", "record_problem", "span_checks",
-    "span_model_checks", "span_sampling_margins", "span_seeds",
+    "chained_prefills",
+    "has_spans",
+    "lease_switches",
+    "plan_spans",
+    "proof_reason",
+    "record_problem",
+    "span_checks",
+    "span_model_checks",
+    "span_sampling_margins",
+    "span_seeds",
 ]
 
 BackendFor = Callable[[int], GenerationBackend | None]
@@ -86,7 +94,9 @@ def span_checks(
     return [found for found, _ in _planned(batch, newest_version, max_versions)]
 
 
-def plan_spans(batch: PendingBatch, pending: Sequence[Pending], checks: Checks, *, newest_version: int) -> None:
+def plan_spans(
+    batch: PendingBatch, pending: Sequence[Pending], checks: Checks, *, newest_version: int
+) -> None:
     """The model-free span checks of every sample (module docstring): a failure rejects it; a sample
     that passes keeps its plan (``Pending.plan``) and, when it is mixed and the batch has a lease, the
     seeds its runs were drawn with (``Pending.seeds``), for :func:`span_model_checks`."""
@@ -95,14 +105,18 @@ def plan_spans(batch: PendingBatch, pending: Sequence[Pending], checks: Checks, 
         if found is not None:
             p.reject(Reason(found[0]), found[1])
             continue
-        if checks.episode_env is not None and plan.turns is None:  # an episode run: the whole completion is one turn
+        if (
+            checks.episode_env is not None and plan.turns is None
+        ):  # an episode run: the whole completion is one turn
             plan = SpanPlan.of(p.sample, plan.versions[0], episode=True)
         if plan.mixed and batch.lease is not None:
             plan = plan.drawn_with(p.sample.sampling_seed, checks.assignment_key, batch.lease)
         p.plan = plan
 
 
-def _planned(batch: PendingBatch, newest: int, max_versions: int) -> list[tuple[tuple[str, str] | None, SpanPlan]]:
+def _planned(
+    batch: PendingBatch, newest: int, max_versions: int
+) -> list[tuple[tuple[str, str] | None, SpanPlan]]:
     """Per sample: its first model-free span failure (or None) and its plan."""
     start = batch.lease.fixed_version if batch.lease is not None else batch.policy_version
     plans = [SpanPlan.of(sample, start) for sample in batch.samples]
@@ -111,7 +125,9 @@ def _planned(batch: PendingBatch, newest: int, max_versions: int) -> list[tuple[
     for sample, plan in zip(batch.samples, plans, strict=True):
         found = None
         if sample.spans is not None:
-            found = plan.wire_problem(sample.spans, start_version=start, max_versions=max_versions, newest=newest)
+            found = plan.wire_problem(
+                sample.spans, start_version=start, max_versions=max_versions, newest=newest
+            )
         if found is None and batch.lease is not None:
             found = plan.record_problem(batch.lease.switches)
         elif found is None:
@@ -155,7 +171,9 @@ def _recompute(chunk: list[Pending], *, backend_for: BackendFor) -> list[Prefill
     return _version_prefills(chunk, backend_for)
 
 
-def _judge(chunk: list[Pending], rows: list[Prefill | str], *, checks: Checks, observe: Observer | None) -> None:
+def _judge(
+    chunk: list[Pending], rows: list[Prefill | str], *, checks: Checks, observe: Observer | None
+) -> None:
     for p, pre in zip(chunk, rows, strict=True):
         if isinstance(pre, str):
             p.reject(Reason.UNKNOWN_POLICY if "not available" in pre else Reason.MALFORMED, pre)
@@ -164,7 +182,14 @@ def _judge(chunk: list[Pending], rows: list[Prefill | str], *, checks: Checks, o
         assert plan is not None
         runs = plan.runs
         if plan.turns is not None:  # an episode: its turns' seeds (the turns' positions restart at 0)
-            judge_prefill(p, pre, checks, observe, plan.proof_reason, turn_seeds=None if runs is None else [s for _, s in runs])
+            judge_prefill(
+                p,
+                pre,
+                checks,
+                observe,
+                plan.proof_reason,
+                turn_seeds=None if runs is None else [s for _, s in runs],
+            )
         elif runs is not None:
             draw = functools.partial(_draw, runs=runs)
             judge_prefill(p, pre, checks, observe, plan.proof_reason, draw=draw)
@@ -172,7 +197,9 @@ def _judge(chunk: list[Pending], rows: list[Prefill | str], *, checks: Checks, o
             judge_prefill(p, pre, checks, observe, plan.proof_reason)
 
 
-def _draw(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, *, runs: Sequence[tuple[int, int]]) -> torch.Tensor:
+def _draw(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, *, runs: Sequence[tuple[int, int]]
+) -> torch.Tensor:
     return span_sampling_margins(logits, tokens, runs, temperature)
 
 
@@ -187,7 +214,11 @@ def span_sampling_margins(
     parts = []
     for (first, seed), end in zip(seeds, bounds, strict=True):
         positions = torch.arange(first, end, device=logits.device)
-        parts.append(toploc.sampling_margins(logits[first:end], tokens[first:end], SAMPLER_SEED, seed, positions, temperature))
+        parts.append(
+            toploc.sampling_margins(
+                logits[first:end], tokens[first:end], SAMPLER_SEED, seed, positions, temperature
+            )
+        )
     return torch.cat(parts)
 
 
@@ -199,7 +230,9 @@ def chained_prefills(
     refused the input). Loads each version once, in increasing order, and holds every sample's KV
     cache and fp32 logits between versions: the caller passes a bounded chunk. A failure of the
     machine (out of memory, a device fault) raises (``checks.backend_failure``): never the sample's."""
-    state: list[dict[str, Any]] = [{"cache": None, "hidden": [], "logits": [], "error": None} for _ in samples]
+    state: list[dict[str, Any]] = [
+        {"cache": None, "hidden": [], "logits": [], "error": None} for _ in samples
+    ]
     plans = plans or [None] * len(samples)
     bounds = [(plan or SpanPlan.of(sample, 0)).bounds for sample, plan in zip(samples, plans, strict=True)]
     for version in sorted({v for spans in bounds for v, _, _ in spans}):
@@ -239,9 +272,15 @@ def _version_prefills(chunk: list[Pending], backend_for: BackendFor) -> list[Pre
     docstring), or why not. Env rows stay zero: no proof, sampler or log-prob check reads them."""
     rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     errors: dict[int, str] = {}
-    turns_of = {p.index: list(zip(p.plan.turns or (), p.plan.turn_versions or (), strict=True)) for p in chunk if p.plan}
+    turns_of = {
+        p.index: list(zip(p.plan.turns or (), p.plan.turn_versions or (), strict=True))
+        for p in chunk
+        if p.plan
+    }
     for version in sorted({v for turns in turns_of.values() for _, v in turns}):
-        group = [p for p in chunk if p.index not in errors and any(v == version for _, v in turns_of[p.index])]
+        group = [
+            p for p in chunk if p.index not in errors and any(v == version for _, v in turns_of[p.index])
+        ]
         if not group:
             continue
         backend = backend_for(version)
@@ -252,7 +291,10 @@ def _version_prefills(chunk: list[Pending], backend_for: BackendFor) -> list[Pre
         try:  # from position 0 up to the end of the version's last turn: recompute-KV, as the worker did
             prefills = backend.prefill(
                 [p.sample.prompt_tokens for p in group],
-                [p.sample.completion_tokens[: turns[-1].start + turns[-1].length] for p, turns in zip(group, own, strict=True)],
+                [
+                    p.sample.completion_tokens[: turns[-1].start + turns[-1].length]
+                    for p, turns in zip(group, own, strict=True)
+                ],
             )
         except (GenerationError, ValueError, IndexError) as exc:
             errors.update((p.index, f"prefill with version {version} failed: {exc}") for p in group)
@@ -260,7 +302,11 @@ def _version_prefills(chunk: list[Pending], backend_for: BackendFor) -> list[Pre
         for p, turns, pre in zip(group, own, prefills, strict=True):
             n = len(p.sample.completion_tokens)
             hidden, logits = rows.setdefault(
-                p.index, (pre.hidden.new_zeros((n, pre.hidden.shape[-1])), pre.logits.new_zeros((n, pre.logits.shape[-1])))
+                p.index,
+                (
+                    pre.hidden.new_zeros((n, pre.hidden.shape[-1])),
+                    pre.logits.new_zeros((n, pre.logits.shape[-1])),
+                ),
             )
             for turn in turns:
                 part = slice(turn.start, turn.start + turn.length)
