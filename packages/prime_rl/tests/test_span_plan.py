@@ -73,6 +73,17 @@ def test_a_model_turn_start_is_one_source_of_positions(segments, second, unit):
         assert plan.turn_versions == (0, 0, 1) and off_plan.turn_versions is None
 
 
+@pytest.mark.parametrize("segments", [None, EPISODE], ids=["tokens", "turns"])
+@pytest.mark.parametrize("spans", [[], [(0, 5)], [(0, 0), (1, 32), (1, 64)], [(0, 0), (1, 200)]])
+def test_a_plan_of_malformed_spans_is_built_and_names_them(segments, spans):
+    """The plan is built before the wire rules are checked: a worker's empty span list, one that does
+    not start at token 0, repeats a version or ends outside the completion gets ``span_malformed``."""
+    bad = sample(spans, 96, segments)
+    plan = SpanPlan.of(bad, 0)
+    code, _ = plan.wire_problem(bad.spans, start_version=0, max_versions=4, newest=1) or ("", "")
+    assert code == "span_malformed"
+
+
 def test_the_validator_draws_with_the_seeds_the_worker_decoded_with():
     """A decode batch of three rows switching at tokens 32 (nonce 11) and 64 (nonce 22), the third row
     done before the second switch; each row's runs, as the validator's plan of its spans gives them,

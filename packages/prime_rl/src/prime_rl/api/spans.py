@@ -203,13 +203,17 @@ class SpanPlan:
     after the first does not start a model turn. ``()`` for a single-turn sample (it has no turns)."""
 
     def __post_init__(self) -> None:
-        ends = [*self.starts[1:], self.num_tokens]
+        # Built before the wire rules are checked (a worker's spans may be empty, or not start at 0):
+        # never raises; what is malformed is :meth:`wire_problem`'s to say.
+        ends = [*self.starts[1:], self.num_tokens][: len(self.starts)]
         object.__setattr__(self, "bounds", tuple(zip(self.versions, self.starts, ends, strict=True)))
         turns = self.turns or ()
         versions: tuple[int, ...] | None = None if self.turns is not None else ()
         if self.turns is not None and all(b in {t.start for t in turns} for b in self.starts[1:]):
             spans = list(zip(self.starts, self.versions, strict=True))
-            versions = tuple(max((b, v) for b, v in spans if b <= t.start)[1] for t in turns)
+            found = [max(((b, v) for b, v in spans if b <= t.start), default=None) for t in turns]
+            if all(f is not None for f in found):
+                versions = tuple(f[1] for f in found if f is not None)
         object.__setattr__(self, "turn_versions", versions)
 
     @classmethod

@@ -98,16 +98,14 @@ def plan_spans(
     batch: PendingBatch, pending: Sequence[Pending], checks: Checks, *, newest_version: int
 ) -> None:
     """The model-free span checks of every sample (module docstring): a failure rejects it; a sample
-    that passes keeps its plan (``Pending.plan``) and, when it is mixed and the batch has a lease, the
-    seeds its runs were drawn with (``Pending.seeds``), for :func:`span_model_checks`."""
+    that passes keeps its plan (``Pending.plan``) for :func:`span_model_checks`, with, when it is mixed
+    and the batch has a lease, the seeds its runs were drawn with (``SpanPlan.runs``)."""
     planned = _planned(batch, newest_version, checks.max_versions_per_sample)
     for p, (found, plan) in zip(pending, planned, strict=True):
         if found is not None:
             p.reject(Reason(found[0]), found[1])
             continue
-        if (
-            checks.episode_env is not None and plan.turns is None
-        ):  # an episode run: the whole completion is one turn
+        if checks.episode_env is not None and plan.turns is None:  # in an episode run: one model turn
             plan = SpanPlan.of(p.sample, plan.versions[0], episode=True)
         if plan.mixed and batch.lease is not None:
             plan = plan.drawn_with(p.sample.sampling_seed, checks.assignment_key, batch.lease)
