@@ -26,7 +26,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from prime_rl.api.assignment import MAX_SEED, span_seed
+from prime_rl.api.assignment import MAX_SEED
+from prime_rl.seeds import reseeded
 
 __all__ = [
     "MAX_SEGMENTS", "Segment", "model_token_mask", "segments_problem", "switched_turn_seed", "turn_seed", "turn_starts",
@@ -108,9 +109,6 @@ def switched_turn_seed(seed: int, turn: int, nonces: Sequence[int]) -> int:
     """The sampling seed of model turn ``turn`` of an episode with seed ``seed`` that switched versions
     before it with the switch nonces ``nonces`` (the lease's recorded switches at turns ``<= turn``,
     oldest first: ``POST /leases/switch``): ``turn_seed(seed, turn)`` chained through
-    ``span_seed(., nonce)`` per switch, as a single-turn sample's span seeds chain. No nonce: the
-    plain turn seed."""
-    out = turn_seed(seed, turn)
-    for nonce in nonces:
-        out = span_seed(out, nonce)
-    return out
+    ``span_seed(., nonce)`` per switch (``seeds.reseeded``), as a single-turn sample's span seeds
+    chain. No nonce: the plain turn seed."""
+    return reseeded(turn_seed(seed, turn), nonces)

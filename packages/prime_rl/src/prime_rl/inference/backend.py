@@ -55,7 +55,7 @@ from prime_rl.inference.contract import (
 )
 from prime_rl.inference.decode_steps import DynamicStep, StaticStep, decode_attention
 from prime_rl.inference.stop_strings import StopStringMatcher
-from prime_rl.seeds import span_seed
+from prime_rl.inference.switching import RowSpans
 from prime_rl.weights.files import load_policy_into
 
 __all__ = [
@@ -270,8 +270,7 @@ class HFBackend:
         matchers = None
         if any(params.stop):
             matchers = [StopStringMatcher(self.tokenizer, params.stop) for _ in range(batch)]
-        start_version, versions = self._policy_version, 1
-        switched: list[list[tuple[int, int]]] = [[] for _ in range(batch)]
+        rows = RowSpans(seeds, self._policy_version)
         with decode_attention(self.model, step_decoder):
             window_start = 0
             for step in range(limit):
@@ -289,8 +288,8 @@ class HFBackend:
                     window_start = step + 1
                     if all(f is not None for f in finish):
                         break
-                    if source is not None and versions < source.max_versions and window_start % PROOF_CHUNK == 0:
-                        versions += self._switch(source, window_start, finish, switched, limit, seed_tensor)
+                    if source is not None and rows.versions < source.max_versions and window_start % PROOF_CHUNK == 0:
+                        self._switch(source, window_start, finish, rows, limit, seed_tensor)
                 if step + 1 == limit:
                     break
                 hidden = step_decoder(sampled, step)
@@ -304,35 +303,23 @@ class HFBackend:
                 seed=int(seeds[i]),
                 finish_reason=finish[i] or "length",
                 text=completion_text(self.tokenizer, tokens[i]),
-                spans=((start_version, 0), *switched[i]) if switched[i] else (),
+                spans=rows.spans(i),
             )
             for i in range(batch)
         ]
 
     def _switch(
-        self,
-        source: VersionSource,
-        boundary: int,
-        finish: Sequence[FinishReason | None],
-        switched: list[list[tuple[int, int]]],
-        limit: int,
-        seed_tensor: torch.Tensor,
-    ) -> int:
+        self, source: VersionSource, boundary: int, finish: Sequence[FinishReason | None], rows: RowSpans,
+        limit: int, seed_tensor: torch.Tensor,
+    ) -> None:  # fmt: skip
         """At completion position ``boundary`` (a proof-chunk boundary, every row settled): load the
-        newer version ``source`` offers, if any, and open its span on every running row (with the
-        switch's nonce, each running row's seed becomes ``span_seed(seed, nonce)``); 1 if it did."""
-        if boundary >= limit:
-            return 0
-        switch = source.newer(self._policy_version, boundary)
-        if switch is None:
-            return 0
-        self.load_weights(switch.path, switch.version)
-        for row, done in enumerate(finish):
-            if done is None:
-                switched[row].append((switch.version, boundary))
-                if switch.nonce is not None:
-                    seed_tensor[row] = span_seed(int(seed_tensor[row]), switch.nonce)
-        return 1
+        newer version ``source`` offers, if any, and open its span on every running row
+        (``inference/switching.py``: with the switch's nonce, each running row is reseeded)."""
+        switch = source.newer(self._policy_version, boundary) if boundary < limit else None
+        if switch is not None:
+            self.load_weights(switch.path, switch.version)
+            for row in rows.switch(switch, {row: boundary for row, done in enumerate(finish) if done is None}):
+                seed_tensor[row] = rows.seeds[row]
 
     def _step_decoder(
         self, prompt_mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache, limit: int, dtype: torch.dtype

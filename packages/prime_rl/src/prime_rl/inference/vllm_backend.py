@@ -67,7 +67,7 @@ from prime_rl.inference.contract import (
     proof_topk,
     tokenizer_eos_ids,
 )
-from prime_rl.seeds import span_seed
+from prime_rl.inference.switching import RowSpans
 from prime_rl.weights.files import WeightsMismatchError
 
 log = logging.getLogger(__name__)
@@ -332,7 +332,7 @@ class VLLMBackend:
                     seed=int(seed),
                     finish_reason=_finish_reason(output),
                     text=completion_text(self.tokenizer, list(result.token_ids)),
-                    spans=((run.start_version, 0), *run.spans[i]) if run.spans[i] else (),
+                    spans=run.rows.spans(i),
                 )
             )
         return completions
@@ -380,9 +380,7 @@ class _Run:
         limit: int,
     ) -> None:
         self.backend, self.requests, self.source, self.limit = backend, requests, source, limit
-        self.start_version = backend.policy_version
-        self.spans: list[list[tuple[int, int]]] = [[] for _ in requests]
-        self.sequence_ids = [int(seed) for seed in seeds]  # each request's toploc sequence id, per span
+        self.rows = RowSpans(seeds, backend.policy_version)  # each request's spans and toploc sequence id
         self.switched = False
 
     def decode(self, prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[Any]]:
@@ -400,7 +398,7 @@ class _Run:
         try:
             for request_id, prompt, request in zip(ids, prompts, self.requests, strict=True):
                 engine.add_request(request_id, TokensPrompt(prompt_token_ids=[int(t) for t in prompt]), request)
-            steps, versions, lockstep = 0, 1, source is not None
+            steps, lockstep = 0, source is not None
             while any(output is None for output in outputs):
                 if not engine.has_unfinished_requests():
                     raise GenerationError("the vLLM engine dropped requests of this batch")
@@ -420,8 +418,8 @@ class _Run:
                     if self.switched:  # a request preempted after a switch was recomputed: unverifiable
                         raise GenerationError(f"requests left lock step after an in-flight switch ({state})")
                     log.warning("no further in-flight switch in this batch: %s", state)
-                elif steps % PROOF_CHUNK == 0 and steps < self.limit and versions < source.max_versions:
-                    versions += self._switch(source, steps, running)
+                elif steps % PROOF_CHUNK == 0 and steps < self.limit and self.rows.versions < source.max_versions:
+                    self._switch(source, steps, running)
         except BaseException:
             engine.abort_request([rid for rid, output in zip(ids, outputs, strict=True) if output is None])
             discard(self.requests)
@@ -431,23 +429,19 @@ class _Run:
                 self.backend._drop_prefix_cache()
         return tokens, outputs
 
-    def _switch(self, source: VersionSource, boundary: int, running: Sequence[int]) -> int:
+    def _switch(self, source: VersionSource, boundary: int, running: Sequence[int]) -> None:
         """At completion position ``boundary`` (a proof-chunk boundary; every running request holds
         exactly ``boundary`` tokens and the next step feeds token ``boundary - 1``): load the newer
         version ``source`` offers, if any, in place (KV blocks kept), and open its span on every
-        running request; with the switch's nonce each one draws from ``boundary`` on with
-        ``span_seed(its sequence id, nonce)``. 1 if it switched."""
+        running request (``inference/switching.py``: with the switch's nonce each one draws from
+        ``boundary`` on with its reseeded sequence id)."""
         from toploc.vllm import reseed
 
         switch = source.newer(self.backend.policy_version, boundary)
         if switch is None:
-            return 0
+            return
         self.switched = True  # from here on the prefix cache may hold blocks of an older version
         self.backend._reload_in_place(switch.path, switch.version)
-        for i in running:
-            self.spans[i].append((switch.version, boundary))
-            if switch.nonce is not None:
-                self.sequence_ids[i] = span_seed(self.sequence_ids[i], switch.nonce)
-                reseed(self.requests[i], boundary, self.sequence_ids[i])
+        for i in self.rows.switch(switch, dict.fromkeys(running, boundary)):
+            reseed(self.requests[i], boundary, self.rows.seeds[i])
         log.info("switched to policy v%d at token %d (%d requests running)", switch.version, boundary, len(running))
-        return 1

@@ -25,9 +25,8 @@ from typing import Protocol
 
 import torch
 
-from prime_rl.api.assignment import span_seed
 from prime_rl.api.protocol import RolloutBatch, RolloutSample
-from prime_rl.api.spans import SPAN_ALIGN, VersionSpan
+from prime_rl.api.spans import SPAN_ALIGN, as_spans, reseeded
 from prime_rl.inference.backend import HFBackend, sample_next, token_logprobs
 from prime_rl.inference.contract import (
     Completion,
@@ -105,7 +104,7 @@ def relabel(batch: RolloutBatch, spans_of: Callable[[int, RolloutSample], Points
     samples = []
     for i, s in enumerate(batch.samples):
         points = spans_of(i, s)
-        spans = None if points is None else [VersionSpan(policy_version=v, first_token=b) for v, b in points]
+        spans = None if points is None else as_spans(points)
         samples.append(s.model_copy(update={"spans": spans}))
     return batch.model_copy(update={"samples": samples})
 
@@ -141,7 +140,7 @@ def decode_switching_at(
     """
     late = (position if reseed_at is None else reseed_at) if switch.nonce is not None else None
     rows = [
-        _Row(backend, prompt, seed, params, None if late is None else (late, span_seed(int(seed), switch.nonce or 0)))
+        _Row(backend, prompt, seed, params, None if late is None else (late, reseeded(int(seed), [switch.nonce or 0])))
         for prompt, seed in zip(prompts, seeds, strict=True)
     ]
     for row in rows:

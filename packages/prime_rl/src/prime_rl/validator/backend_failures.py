@@ -4,8 +4,8 @@ A forward that fails because the machine failed (out of memory, a lost or faulty
 nothing about the worker's sample: the batch is judged again later (:class:`BackendFailure`, a
 :class:`RetryLater`), never rejected, so it never counts towards a ban. Only the backend's own
 refusal of an input (``GenerationError``, ``ValueError``, ``IndexError``) is the sample's. Both the
-one-version path (``checks.model_checks``) and the spanned paths (``spans.py``,
-``episode_spans.py``) prefill :func:`in_chunks`: at most ``max_batch_size`` samples' fp32 logits
+one-version path (``checks.model_checks``) and the spanned paths (``spans.py``: chained forwards,
+or one prefill per version for episodes) prefill :func:`in_chunks`: at most ``max_batch_size`` samples' fp32 logits
 and KV caches live at a time, and a chunk that runs out of memory is halved before anything of it
 is judged.
 """

@@ -38,6 +38,7 @@ import torch
 import toploc
 from prime_rl.api import assignment
 from prime_rl.api.protocol import PendingBatch, RolloutSample
+from prime_rl.api.spans import SpanPlan
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import (
@@ -222,6 +223,8 @@ class Pending:
     beyond_tolerance: int = 0
     """Tokens whose sampling margin lies beyond the sampling tolerance (the rule allowed them): such a
     sample is accepted but never trained on (``orchestrator.release``)."""
+    plan: SpanPlan | None = None
+    """Its version spans as the model-free span checks read them, with their seeds (``validator/spans.py``)."""
 
     def reject(self, reason: Reason, detail: str) -> None:
         if self.reason is Reason.ACCEPTED:
@@ -363,6 +366,10 @@ def _judge_chunk(alive: list[Pending], prefills: list[Prefill] | str, checks: Ch
 
 ProofNamer = Callable[[list[bool]], tuple[str, str]]
 """Names a proof failure from which chunks failed: ``(reason code, detail)`` (``validator/spans.py``)."""
+Draw = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+"""``(logits [n, V], tokens [n], temperature) -> margins [n]``: the sampling margins of a completion
+whose seed changes along it (``validator/spans.py``); the default is :func:`sampling_margins` with the
+sample's seed."""
 
 
 def judge_prefill(
@@ -372,15 +379,15 @@ def judge_prefill(
     observe: Observer | None,
     name_failure: ProofNamer | None = None,
     *,
-    seeds: Sequence[tuple[int, int]] | None = None,
+    draw: Draw | None = None,
     turn_seeds: Sequence[int] | None = None,
 ) -> None:
     """The proof, sampling and log-prob checks of one sample against its recomputed prefill.
 
-    ``name_failure``: how a proof failure is reported (None: ``toploc_mismatch``). ``seeds``:
-    ``(first_token, seed)`` per version span of a single-turn sample, in order (``validator/spans.py``:
-    the seed changes at an announced switch); None: the sample's seed for every token.
-    ``turn_seeds``: an episode's seed per model turn (``validator/episode_spans.py``); None: its turn seeds.
+    ``name_failure``: how a proof failure is reported (None: ``toploc_mismatch``). ``draw``: the
+    sampling margins of a single-turn sample whose seed changes at announced switches
+    (``validator/spans.py``); None: the sample's seed for every token. ``turn_seeds``: an episode's
+    seed per model turn (its span plan's, ``validator/spans.py``); None: its turn seeds.
     """
     sample = p.sample
     try:
@@ -410,8 +417,8 @@ def judge_prefill(
         tokens = torch.tensor(sample.completion_tokens, dtype=torch.long, device=pre.logits.device)
         margins = (
             sampling_margins(pre.logits, tokens, sample.sampling_seed, sample.temperature)
-            if seeds is None
-            else span_sampling_margins(pre.logits, tokens, seeds, sample.temperature)
+            if draw is None
+            else draw(pre.logits, tokens, sample.temperature)
         )
         recomputed = token_logprobs(pre.logits, tokens, sample.temperature).cpu()  # compared with the claim
         claimed = sample.inference_logprobs
@@ -463,21 +470,6 @@ def sampling_margins(logits: torch.Tensor, tokens: torch.Tensor, seed: int, temp
     """
     positions = torch.arange(tokens.numel(), device=logits.device)
     return toploc.sampling_margins(logits, tokens, SAMPLER_SEED, seed, positions, temperature)
-
-
-def span_sampling_margins(
-    logits: torch.Tensor, tokens: torch.Tensor, seeds: Sequence[tuple[int, int]], temperature: float
-) -> torch.Tensor:
-    """:func:`sampling_margins` where the seed changes along the completion: ``seeds`` is
-    ``(first_token, seed)`` per span in order (the first at 0); the noise of token ``t`` is drawn with
-    its span's seed at position ``t`` (positions stay completion indices across spans). ``[n]`` float64."""
-    n = tokens.numel()
-    bounds = [first for first, _ in seeds[1:]] + [n]
-    parts = []
-    for (first, seed), end in zip(seeds, bounds, strict=True):
-        positions = torch.arange(first, end, device=logits.device)
-        parts.append(toploc.sampling_margins(logits[first:end], tokens[first:end], SAMPLER_SEED, seed, positions, temperature))
-    return torch.cat(parts)
 
 
 def sampling_problem(margins: torch.Tensor, *, tolerance: float, max_mismatch_fraction: float) -> str | None:

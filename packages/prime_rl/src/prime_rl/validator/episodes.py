@@ -382,8 +382,8 @@ def episode_values(
 ) -> EpisodeValues:
     """The per-turn checks' inputs from one prefill's ``hidden [n, H]`` and ``logits [n, V]`` rows;
     ``sampling_margins`` is ``checks.sampling_margins`` (the one sampler rule). ``turn_seeds``: the
-    seed of each model turn, in order (``validator/episode_spans.py``: a recorded switch changes the
-    seeds of the turns after it); None: ``turn_seed(sampling_seed, turn)``.
+    seed of each model turn, in order (its span plan's, ``validator/spans.py``: a recorded switch
+    changes the seeds of the turns after it); None: ``turn_seed(sampling_seed, turn)``.
 
     Raises ``toploc.ProofFormatError``/``ValueError`` for proofs that do not split into the turns' counts.
     """

@@ -54,7 +54,7 @@ from prime_rl.validator.checks import (
     sample_checks,
 )
 from prime_rl.validator.rewards import reward_checks
-from prime_rl.validator.spans import has_spans, span_checks, span_model_checks
+from prime_rl.validator.spans import has_spans, plan_spans, span_model_checks
 from prime_rl.validator.structure import AssignmentKeyMismatch, coverage_problems, lease_problem
 
 __all__ = ["NOISE_REASONS", "NOT_THE_WORKERS", "ban_counts", "validate_batch"]
@@ -87,9 +87,7 @@ def validate_batch(
             if p.alive:
                 sample_checks(batch, p, tasks, decode, checks)
         newest = max(batch.step, newest_version) if newest_version is not None else batch.step
-        for p, found in zip(pending, span_checks(batch, newest_version=newest, max_versions=checks.max_versions_per_sample), strict=True):
-            if found is not None:
-                p.reject(Reason(found[0]), found[1])
+        plan_spans(batch, pending, checks, newest_version=newest)  # each sample's version spans, model-free
         _reject_rest(pending)  # a structural failure anywhere: the batch costs no prefill
         if any(p.alive for p in pending):
             backend = backend_for(batch.policy_version)
@@ -98,7 +96,7 @@ def validate_batch(
                     p.reject(Reason.UNKNOWN_POLICY, f"policy version {batch.policy_version} is not available")
             else:
                 # One-version samples first (one batched prefill), then the mixed-version ones by
-                # chained forwards, each further version loaded once (validator/spans.py).
+                # their span plans, each further version loaded once (validator/spans.py).
                 model_checks([p for p in pending if not has_spans(p.sample)], backend, checks, observe)
                 span_model_checks([p for p in pending if has_spans(p.sample)], backend_for, checks, observe, batch.lease)
         replay_checks(pending, decode, checks, budget_s=tool_seconds_left)  # after every model turn is proven

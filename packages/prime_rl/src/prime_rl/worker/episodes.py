@@ -14,14 +14,15 @@ newer committed, downloaded version and loads it; every episode still running re
 ``(version, its completion length)``, the first token of its turn ``t``. Each turn's ``generate``
 prefills the whole context again under the weights loaded then, so turn ``t`` is generated entirely
 by one version over keys and values that version recomputed (recompute-KV): exactly what the
-validator re-derives with one prefill per version (``validator/episode_spans.py``). The backend's
+validator re-derives with one prefill per version (``validator/spans.py``). The backend's
 own mid-decode switch is held off during the turns (:func:`turn_start_switches`): a switch inside a
 turn would be keep-KV over a re-prefilled context, which nothing verifies.
 
 The switch record (``POST /leases/switch``, ``docs/inflight.md`` section 4): a source that announces
 turn switches (``at_turn(current, turn)``, ``CommittedVersions``) announces ``(lease, version,
 turn t)`` before turn ``t``'s generate and answers the orchestrator's nonce; a refusal or an
-unreachable orchestrator is no switch. From turn ``t`` on every episode still running draws with
+unreachable orchestrator is no switch. The spans and nonces are kept as the backends keep theirs
+(``inference/switching.py``). From turn ``t`` on every episode still running draws with
 ``switched_turn_seed(seed, turn, nonces)`` (``api/segments.py``: the turn seed chained through
 each switch's nonce), so the worker learns the post-switch noise of one switch turn only, the
 one it announced first. A source with ``newer`` only (tests) is asked with the boundary instead,
@@ -34,11 +35,13 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from prime_rl.api.protocol import RolloutBatch, RolloutSample, Segment, TaskLease, VersionSpan
+from prime_rl.api.protocol import RolloutBatch, RolloutSample, Segment, TaskLease
 from prime_rl.api.segments import switched_turn_seed
+from prime_rl.api.spans import as_spans
 from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import GenerationBackend, SamplingParams
 from prime_rl.inference.contract import VersionSource
+from prime_rl.inference.switching import RowSpans
 from prime_rl.worker.rollout import PlannedTask, group_advantages, lease_batch, plan_lease, sampling_params
 from verifiers.envs import Message
 
@@ -84,29 +87,23 @@ def generate_episodes(
     episodes = [
         Episode(t.task_id, t.prompt_tokens, seed, env.start(t.task_id)) for t in plan for seed in t.seeds
     ]
-    start_version, versions = backend.policy_version, 1
-    nonces: list[int] = []  # the nonces of the lease's switches so far, oldest first
+    rows = RowSpans([e.seed for e in episodes], backend.policy_version)  # spans and switch nonces so far
     for turn in range(env.max_turns):
         live = [e for e in episodes if not e.done]
         if not live:
             break
-        if turn > 0 and source is not None and versions < source.max_versions:
+        if turn > 0 and source is not None and rows.versions < source.max_versions:
             # the boundary a source sees: the earliest first token of this turn among the live episodes
             at_turn = getattr(source, "at_turn", None)
             if at_turn is not None:  # announced for (lease, version, turn): the nonce seeds turns >= turn
                 switch = at_turn(backend.policy_version, turn)
             else:
                 switch = source.newer(backend.policy_version, min(len(e.tokens) for e in live))
-            if switch is not None:
+            if switch is not None:  # every episode still running opens the span at its turn's first token
                 backend.load_weights(switch.path, switch.version)
-                versions += 1
-                if switch.nonce is not None:
-                    nonces.append(switch.nonce)
-                for e in live:
-                    e.spans = e.spans or [(start_version, 0)]
-                    e.spans.append((switch.version, len(e.tokens)))
+                rows.switch(switch, {i: len(e.tokens) for i, e in enumerate(episodes) if not e.done})
         prompts = [(*e.prompt_tokens, *e.tokens) for e in live]
-        completions = backend.generate(prompts, [switched_turn_seed(e.seed, turn, nonces) for e in live], params)
+        completions = backend.generate(prompts, [switched_turn_seed(e.seed, turn, rows.nonces) for e in live], params)
         for e, c in zip(live, completions, strict=True):
             e.tokens += c.completion_tokens
             e.logprobs += c.logprobs
@@ -120,7 +117,8 @@ def generate_episodes(
             e.tokens += step.tokens
             e.logprobs += [0.0] * len(step.tokens)
             e.segments.append(Segment(kind="env", length=len(step.tokens), turn=turn))
-    for e in episodes:
+    for i, e in enumerate(episodes):
+        e.spans = list(rows.spans(i))
         e.reward = env.score(e.task_id, e.messages)
     groups, start = [], 0
     for t in plan:
@@ -145,7 +143,7 @@ def episode_samples(group: Sequence[Episode], temperature: float) -> list[Rollou
             proofs=e.proofs,
             inference_logprobs=[float(x) for x in e.logprobs],
             segments=list(e.segments),
-            spans=[VersionSpan(policy_version=v, first_token=b) for v, b in e.spans] if e.spans else None,
+            spans=as_spans(e.spans) if e.spans else None,
         )
         for g, (e, a) in enumerate(zip(group, advantages, strict=True))
     ]

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 
 import grpo
-from prime_rl.api.protocol import RolloutBatch, RolloutSample, TaskLease, VersionSpan
+from prime_rl.api.protocol import RolloutBatch, RolloutSample, TaskLease
+from prime_rl.api.spans import as_spans
 from prime_rl.inference.backend import Completion, GenerationBackend, SamplingParams
 
 
@@ -79,7 +80,7 @@ def to_samples(
             advantage=float(a),
             proofs=c.proofs,
             inference_logprobs=[float(x) for x in c.logprobs],
-            spans=[VersionSpan(policy_version=v, first_token=b) for v, b in c.spans] if c.spans else None,
+            spans=as_spans(c.spans) if c.spans else None,
         )
         for g, (c, r, a) in enumerate(zip(completions, rewards, advantages, strict=True))
     ]
