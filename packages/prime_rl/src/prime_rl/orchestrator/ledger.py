@@ -58,15 +58,8 @@ and log-probs, and a worker that was not banned when the claim was made and had 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from typing import Any
-
 from prime_rl.api.errors import ApiFailure
 from prime_rl.api.protocol import StatusResponse
-from prime_rl.api.secrets import RunSecrets
-from prime_rl.config import RunConfig
-from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batches import EXPIRED, StoredBatch
 from prime_rl.orchestrator.lease_rules import machine_caused
 from prime_rl.orchestrator.leases import TaskPrompts
@@ -77,7 +70,6 @@ from prime_rl.orchestrator.ledger_trainer import TrainerRules
 from prime_rl.orchestrator.ledger_validators import ValidatorRules
 from prime_rl.orchestrator.ledger_workers import WorkerRules
 from prime_rl.orchestrator.release import SNAPSHOT_EVERY, ReleaseBook, withheld
-from prime_rl.orchestrator.store import RolloutStore
 from prime_rl.orchestrator.workers import WorkerRegistry
 from prime_rl.weights.layout import POLICY_FILENAME
 
@@ -85,25 +77,10 @@ __all__ = ["EXPIRED", "ApiFailure", "Ledger", "TaskPrompts"]
 
 
 class Ledger(WorkerRules, ValidatorRules, TrainerRules):
-    """All orchestrator state and rules (see module docstring).
-
-    ``workers`` (id -> ``WorkerRecord``) and ``batches`` (id -> ``StoredBatch``) are read-only
-    mappings; ``claims`` maps each claimed step to its sample ids.
-    ``secrets``: the run's (``api/secrets.py``; default: configured or generated for ``run_dir``).
+    """All orchestrator state and rules (see module docstring); ``Ledger(config, tasks, store, *,
+    metrics=None, clock=time.time, secrets=None)`` builds the books (``LedgerState``) and rebuilds
+    them from ``store`` (``_load``).
     """
-
-    def __init__(
-        self,
-        config: RunConfig,
-        tasks: Any,
-        store: RolloutStore,
-        *,
-        metrics: MetricsWriter | None = None,
-        clock: Callable[[], float] = time.time,
-        secrets: RunSecrets | None = None,
-    ) -> None:
-        super().__init__(config, tasks, store, metrics=metrics, clock=clock, secrets=secrets)
-        self._load()
 
     def _load(self) -> None:
         """Rebuild memory from the store: leases (folded totals, lease events), the other events,

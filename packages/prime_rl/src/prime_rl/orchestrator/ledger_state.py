@@ -132,6 +132,11 @@ class LedgerState:
                 f"orchestrator.max_buffered_samples ({limit}) must be at least trainer.samples_per_step + one "
                 f"lease ({needed}); 2x that is a good value"
             )
+        self._load()
+
+    def _load(self) -> None:
+        """Rebuild memory from the store after a restart (``Ledger``'s: ledger.py)."""
+        raise NotImplementedError
 
     def _snapshot_release_if_due(self) -> None:
         """Snapshot the release book when enough changed since the last one (``Ledger``'s: ledger.py)."""

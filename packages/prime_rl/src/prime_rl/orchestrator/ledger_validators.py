@@ -57,6 +57,7 @@ class ValidatorRules(LedgerState):
             batches=answer.batches, renewed=renewed, lost=lost, expires_at=expires_at, lease_s=leases.lease_s,
             pending_batches=answer.pending_batches, policy_version=self.step, step=self.step,
         )  # fmt: skip
+
     def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
         """Store the verdicts and count the judgement for release in one store transaction; a rejected
         batch costs its worker what walking away costs (``LeaseRules``: allowance, address cap,

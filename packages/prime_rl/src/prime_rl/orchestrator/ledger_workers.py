@@ -111,6 +111,9 @@ class WorkerRules(LedgerState):
     def workers_view(self) -> WorkersResponse:
         counts, reasons = self.batches.sample_counts()
         return self.workers.stats(counts, reasons, leases=lambda w: (self.leases.issued(w), self.leases.expired(w)))
+
+    # ------------------------------------------------------------------ leases
+
     def expire_leases(self) -> int:
         """Mark unanswered leases past their deadline expired, queue their tasks for reassignment, and
         ban the workers whose abandoned leases pass ``ban_abandoned_leases`` and
@@ -210,7 +213,7 @@ class WorkerRules(LedgerState):
             self.leases.record_done(held, done)
         return DoneResponse(digest=done.digest, declared_at=done.declared_at)
 
-    # ------------------------------------------------------------------ rollouts and verdicts
+    # ------------------------------------------------------------------ rollouts
 
     def submit(
         self, worker: WorkerRecord, batch: RolloutBatch, body_sha256: str, *, payload: Path | None = None
