@@ -1,8 +1,9 @@
 """The orchestrator: the run's trusted bookkeeper behind the HTTP API (``prime-rl orchestrator``).
 
-Owns: the aiohttp server and its one route table (``server.py``) with its HTTP plumbing
-(``http.py``), the ledger that applies the
-API's rules (``ledger.py``) over registered workers (``workers.py``), task leases (``leases.py``),
+Owns: the aiohttp server (``server.py``), its one route table and handlers (``routes.py``) with its
+HTTP plumbing (``http.py``), the ledger that applies the API's rules (``ledger.py``; by caller:
+``ledger_workers.py``, ``ledger_validators.py``, ``ledger_trainer.py``, over ``ledger_state.py``)
+over registered workers (``workers.py``), task leases (``leases.py``, over ``lease_history.py``),
 stored batches and verdicts (``batches.py``), the trainer's claims (``claims.py``), the durable
 SQLite + parquet store (``store.py``, ``records.py``) and per-address rate limits. May import:
 ``config``, ``api``, ``tasks``, ``metrics``, ``durable``, ``statedb``; never torch (it runs on any small machine) and never

@@ -19,6 +19,12 @@ lease for real with the HF backend, switching in flight to a newer committed ver
 attack needs one (:mod:`prime_rl.redteam.spans`), and then claim other version spans. They
 need the worker's committed versions (``HostileWorker.versions``) and a single-turn run.
 
+The attacks' building blocks live by behaviour family: the single-turn forgeries of an honest batch
+(other weights, edited prompt, made-up completions, inflated rewards, garbage proofs) in
+:mod:`prime_rl.redteam.forgeries`, the episode tampering in :mod:`prime_rl.redteam.episodes`, the
+span forgeries' decoding in :mod:`prime_rl.redteam.spans`. This module keeps the one table and the
+worker that picks an attack per lease.
+
 A new attack is one :data:`ATTACKS` entry plus a ``HostileWorker._<name>(lease, backend)`` method
 that builds its batch; the worker loop reaches it only through :class:`HostileWorker`'s hooks
 (:attr:`~HostileWorker.follows_new_weights`, :meth:`~HostileWorker.ready`,
@@ -27,28 +33,16 @@ that builds its batch; the worker loop reaches it only through :class:`HostileWo
 
 from __future__ import annotations
 
-import copy
 import logging
-import os
-import random
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-import torch
 
 from prime_rl.api.client import ClientRequestError, OrchestratorClient, OrchestratorUnavailable
 from prime_rl.api.protocol import RolloutBatch, RolloutSample, StatusResponse, SubmitResponse, TaskLease
 from prime_rl.api.spans import SPAN_ALIGN
 from prime_rl.episodes import EpisodeEnv
-from prime_rl.inference.backend import (
-    Completion,
-    GenerationBackend,
-    HFBackend,
-    VersionSwitch,
-    build_proofs,
-    token_logprobs,
-)
+from prime_rl.inference.backend import GenerationBackend, HFBackend, VersionSwitch
 from prime_rl.redteam.episodes import (
     ForgingEnv,
     drop_turn,
@@ -56,6 +50,14 @@ from prime_rl.redteam.episodes import (
     model_as_env,
     reorder_turns,
     truncate_episode,
+)
+from prime_rl.redteam.forgeries import (
+    edited_prompt,
+    fabricated_batch,
+    garbage_body,
+    garbled,
+    inflated,
+    perturbed_copy,
 )
 from prime_rl.redteam.spans import (
     MidChunkSwitch,
@@ -67,14 +69,7 @@ from prime_rl.redteam.spans import (
     wait_for_newer,
 )
 from prime_rl.worker.episodes import build_episode_batch
-from prime_rl.worker.rollout import (
-    PlannedTask,
-    build_batch,
-    group_advantages,
-    plan_lease,
-    sampling_params,
-    to_samples,
-)
+from prime_rl.worker.rollout import PlannedTask, build_batch, plan_lease
 
 log = logging.getLogger(__name__)
 
@@ -392,70 +387,26 @@ class HostileWorker:
         return batch
 
     def _changed_prompt(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
-        plan = [PlannedTask(t.task_id, _edit(t.prompt_tokens), t.seeds) for t in plan_lease(lease, self.encode)]
+        plan = [PlannedTask(t.task_id, edited_prompt(t.prompt_tokens), t.seeds) for t in plan_lease(lease, self.encode)]
         return self._build(lease, backend, plan)
 
     def _inflated_rewards(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
-        return _inflate(self._build(lease, backend))
+        return inflated(self._build(lease, backend))
 
     def _unassigned_tasks(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
         return self._build(lease, backend, self._unassigned(lease))
 
     def _garbage(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
-        return _garble(self._build(lease, backend))
+        return garbled(self._build(lease, backend))
 
     def _other_weights(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
         if self._other is None:
-            if not isinstance(backend, HFBackend):
-                raise TypeError("other_weights needs an HFBackend to copy")
-            other = copy.copy(backend)
-            other.model = copy.deepcopy(backend.model)
-            with torch.no_grad():
-                generator = torch.Generator().manual_seed(1234)
-                for p in other.model.parameters():
-                    p.add_(torch.randn(p.shape, generator=generator).to(p) * (p.std() + 0.1))
-            other._decoder = other.model.get_decoder()
-            other._lm_head = other.model.get_output_embeddings()
-            self._other = other
+            self._other = perturbed_copy(backend)
         batch = self._build(lease, self._other)
         return batch.model_copy(update={"policy_version": backend.policy_version})
 
     def _fabricated_completion(self, lease: TaskLease, backend: GenerationBackend) -> RolloutBatch:
-        """Made-up completions with proofs and log-probs from one honest prefill over them."""
-        params = sampling_params(lease)
-        rng = random.Random(lease.batch_index)
-        samples: list[RolloutSample] = []
-        for task in plan_lease(lease, self.encode):
-            # "Answers" the worker wants to be trained on, then whatever ends a completion.
-            texts = [str(rng.randint(0, 99)) for _ in task.seeds]
-            completions_tokens = [tuple(self.encode(t))[: params.max_new_tokens] or (0,) for t in texts]
-            completions_tokens = [_pad_to_end(c, params.max_new_tokens) for c in completions_tokens]
-            prefills = backend.prefill([task.prompt_tokens] * len(texts), completions_tokens)
-            completions = []
-            for seed, tokens, pre, text in zip(task.seeds, completions_tokens, prefills, texts, strict=True):
-                logp = token_logprobs(pre.logits, torch.tensor(tokens), params.temperature)
-                completions.append(
-                    Completion(
-                        prompt_tokens=task.prompt_tokens,
-                        completion_tokens=tokens,
-                        logprobs=tuple(float(x) for x in logp),
-                        proofs=build_proofs(pre.hidden),
-                        seed=seed,
-                        finish_reason="length",
-                        text=text,
-                    )
-                )
-            rewards = [float(self.score(task.task_id, c.text, len(c.completion_tokens))) for c in completions]
-            samples += to_samples(
-                task.task_id, completions, rewards, group_advantages(rewards), params.temperature
-            )
-        return RolloutBatch(
-            worker_id=lease.worker_id,
-            step=lease.step,
-            batch_index=lease.batch_index,
-            policy_version=backend.policy_version,
-            samples=samples,
-        )
+        return fabricated_batch(lease, backend, encode=self.encode, score=self.score)
 
     def _unassigned(self, lease: TaskLease) -> list[PlannedTask]:
         assigned = {t.task_id for t in lease.tasks}
@@ -464,40 +415,3 @@ class HostileWorker:
         for original, task_id in zip(lease.tasks, free, strict=False):  # the lease's seeds, other tasks
             plan.append(PlannedTask(task_id, tuple(self.prompt_tokens(task_id)), tuple(original.sampling_seeds)))
         return plan
-
-
-def _edit(tokens: tuple[int, ...]) -> tuple[int, ...]:
-    """The prompt with its first token changed (a different question, same length)."""
-    return (tokens[0] - 1 if tokens[0] > 0 else 1, *tokens[1:])
-
-
-def _pad_to_end(tokens: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
-    """Repeat the made-up answer up to the length limit so the completion ends like a real one."""
-    out = list(tokens)
-    while len(out) < max_new_tokens:
-        out.append(tokens[len(out) % len(tokens)])
-    return tuple(out)
-
-
-def _inflate(batch: RolloutBatch) -> RolloutBatch:
-    samples = list(batch.samples)
-    by_task: dict[int, list[int]] = {}
-    for i, s in enumerate(samples):
-        by_task.setdefault(s.task_id, []).append(i)
-    for indices in by_task.values():
-        rewards = [samples[i].reward + 1.0 for i in indices]
-        for i, r, a in zip(indices, rewards, group_advantages(rewards), strict=True):
-            samples[i] = samples[i].model_copy(update={"reward": r, "advantage": a})
-    return batch.model_copy(update={"samples": samples})
-
-
-def _garble(batch: RolloutBatch) -> RolloutBatch:
-    samples = []
-    for s in batch.samples:
-        samples.append(s.model_copy(update={"proofs": os.urandom(len(s.proofs))}))
-    return batch.model_copy(update={"samples": samples})
-
-
-def garbage_body(size: int = 512) -> bytes:
-    """Random bytes to POST as a rollout body (the orchestrator must answer 400, not crash)."""
-    return os.urandom(size)
