@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redteam_client import commits  # tests/support
 
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.api.protocol import ClaimRequest
@@ -104,7 +105,7 @@ def test_an_attacker_spread_over_three_validators_is_banned_as_by_one(tiny_run: 
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         OrchestratorClient(config.orchestrator.url).wait_until_up(120)
-        helpers.wait_for(lambda: trust._commits(run_dir, helpers) >= 1, 300, "the first trained step")
+        helpers.wait_for(lambda: commits(run_dir, helpers) >= 1, 300, "the first trained step")
         attacker = trust.TrustAttacker(config, tmp_path / "attacker")
         client, spread = attacker.identity("spread")
         for index in range(HONEST_FIRST + STEERED_MAX):
@@ -115,8 +116,8 @@ def test_an_attacker_spread_over_three_validators_is_banned_as_by_one(tiny_run: 
         store = RolloutStore(run_dir / "orchestrator", reader=True)
         mine = lambda: {r.meta.batch_id for r in store.batch_records() if r.meta.worker_id in attacker.identities}  # noqa: E731
         helpers.wait_for(lambda: mine() <= set(store.all_verdicts()), 300, "verdicts on every attack batch")
-        judged_at = trust._commits(run_dir, helpers)
-        helpers.wait_for(lambda: trust._commits(run_dir, helpers) >= judged_at + 2, 300, "two more trained steps")
+        judged_at = commits(run_dir, helpers)
+        helpers.wait_for(lambda: commits(run_dir, helpers) >= judged_at + 2, 300, "two more trained steps")
     finally:
         if run.poll() is None:
             run.send_signal(signal.SIGINT)
