@@ -177,7 +177,7 @@ class OrchestratorConfig(Section):
         "(orchestrator/judge_capacity.py); beyond it a lease is refused with 429 busy and a Retry-After, which "
         "costs the worker nothing. Cold start: trainer.samples_per_step until measured; one lease is always "
         "allowed while a claim can still take it (no deadlock). On by default (benchmarks/results/"
-        "lease_judgeable.md: 1-2% of honest samples expired at 256 identities with chaos, against 17% off); "
+        "lease_judgeable.md: 0-2% of honest samples expired at 256 identities with chaos, against 8-17% off); "
         "false = only max_buffered_samples bounds it (unit tests of other lease rules turn it off).",
     )
     judge_rate_window_s: float = Field(
