@@ -44,6 +44,10 @@ def make_config(tmp_path: Path, *overrides: str) -> RunConfig:
         "--sampling.group_size", "2",
         "--orchestrator.release_after_tokens", "0",  # claimable once accepted (test_orchestrator_release)
         "--orchestrator.workers_view_max_age_s", "0",  # tests read GET /workers right after acting
+        # These unit tests drive one rule at a time, with trainers driven by hand and exact lease counts;
+        # the judgeable budget (on by default) is tested alone in test_lease_judgeable.py and runs in
+        # the end-to-end and red-team runs, which use the default config.
+        "--orchestrator.lease_judgeable", "false",
     ]  # fmt: skip
     return load_config(None, [*base, *overrides])
 

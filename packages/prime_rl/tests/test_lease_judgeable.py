@@ -18,6 +18,7 @@ import pytest
 
 from prime_rl.api.client import OrchestratorBusy, OrchestratorClient
 from prime_rl.api.protocol import TaskLease, Verdict, VerdictRequest
+from prime_rl.config import load_config
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import TaskSet
 
@@ -303,3 +304,9 @@ def test_fresh_identities_hoarding_the_budget_never_stop_an_established_worker(s
         hoarders.close()
     finally:
         swarm.close()
+
+
+def test_the_run_config_leases_only_what_can_be_judged_by_default() -> None:
+    """What ships (issue 45, item 5): the rule is on in a run's default config; the unit tests of other
+    lease rules turn it off in conftest.make_config, each run and red-team test keeps it."""
+    assert load_config(None, []).orchestrator.lease_judgeable is True

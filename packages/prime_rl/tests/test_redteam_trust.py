@@ -211,6 +211,9 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
             # test_orchestrator_identities.py).
             "max_fresh_workers_per_network": 0,
             "max_buffered_samples": 32,  # keeps the validator's queue short: honest batches never go stale
+            # The checks below replay every claim through the ledger, which reads compacted steps' samples
+            # back from the run's record: without their log-probs that is 410 gone.
+            "keep_claimed_logprobs": True,
         },
         trainer={"total_steps": 400, "samples_per_step": 8},
         workers={"count": 1, "hostile": []},
