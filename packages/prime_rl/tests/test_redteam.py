@@ -333,6 +333,9 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
             # cap on fresh identities (the cap is tested alone: test_orchestrator_identities.py).
             "max_fresh_workers_per_network": 0,
             "register_burst": 100,
+            # The checks replay every claim through the ledger, which reads compacted steps back from the
+            # run's record: without their log-probs that is 410 gone.
+            "keep_claimed_logprobs": True,
             "release_after_tokens": RELEASE_AFTER_TOKENS,
         },
         trainer={"total_steps": 200, "samples_per_step": SAMPLES_PER_STEP},

@@ -93,6 +93,7 @@ def test_an_attacker_spread_over_three_validators_is_banned_as_by_one(tiny_run: 
             "async_level": 4, "task_timeout_s": trust.TASK_TIMEOUT_S, "release_after_tokens": 64,
             "register_burst": 200, "max_fresh_workers_per_network": 0, "max_buffered_samples": 32,
             "ban_abandoned_leases": 1000,  # rejected leases count as abandoned: the validators' ledger bans here
+            "keep_claimed_logprobs": True,  # the checks replay every claim: compacted steps need their log-probs
         },
         trainer={"total_steps": 400, "samples_per_step": 8},
         workers={"count": 1, "hostile": []},
