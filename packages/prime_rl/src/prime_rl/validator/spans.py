@@ -204,7 +204,7 @@ def _draw(
 def span_sampling_margins(
     logits: torch.Tensor, tokens: torch.Tensor, seeds: Sequence[tuple[int, int]], temperature: float
 ) -> torch.Tensor:
-    """:func:`sampling_margins` where the seed changes along the completion: ``seeds`` is
+    """:func:`~prime_rl.validator.checks.sampling_margins` where the seed changes along the completion: ``seeds`` is
     ``(first_token, seed)`` per span in order (the first at 0); the noise of token ``t`` is drawn with
     its span's seed at position ``t`` (positions stay completion indices across spans). ``[n]`` float64."""
     n = tokens.numel()

@@ -167,7 +167,7 @@ class Worker:
         return self.cfg.backend
 
     def make_answers(self) -> Answers:
-        """What answers each lease: :class:`Honest` (the red team overrides this hook)."""
+        """What answers each lease: :class:`~prime_rl.worker.process.Honest` (the red team overrides this hook)."""
         return Honest(self.tasks, self.env)
 
     # -- weights ------------------------------------------------------------------------------
