@@ -34,7 +34,7 @@ knows whose tokens the validator accepted):
     a lease timeout or a verdict. (Before: open leases did not count, and 992 batches queued against
     a 128-sample limit.) Identities that hoard leases pay for it in allowance and abandonment bans.
   - **Lease only what can be judged** (429 ``busy``, issue 45 item 5; ``orchestrator.lease_judgeable``,
-    on by default): the admitted work is also bounded by what the trainer's claims take before it
+    off by default): the admitted work is also bounded by what the trainer's claims take before it
     goes stale, ``k * samples_per_step`` with ``k`` the claims left to the oldest unjudged work (the
     validators judge the freshest version first, so older unjudged work is judged last and trained
     only if a claim needs all of it), and its unjudged part (open leases, batches awaiting verdicts)
