@@ -306,7 +306,7 @@ def test_fresh_identities_hoarding_the_budget_never_stop_an_established_worker(s
         swarm.close()
 
 
-def test_the_run_config_leases_only_what_can_be_judged_by_default() -> None:
-    """What ships (issue 45, item 5): the rule is on in a run's default config; the unit tests of other
-    lease rules turn it off in conftest.make_config, each run and red-team test keeps it."""
-    assert load_config(None, []).orchestrator.lease_judgeable is True
+def test_the_run_config_ships_the_rule_off() -> None:
+    """What ships: off (with it on, fresh identities' submitted batches take an established worker's budget:
+    API.md, "Lease only what can be judged"); a run turns it on with orchestrator.lease_judgeable = true."""
+    assert load_config(None, []).orchestrator.lease_judgeable is False
