@@ -20,12 +20,9 @@ should be measured again.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from toploc.noise import StatisticNoise
 
 SAMPLE_COUNTS: tuple[int, ...] = tuple(2**i for i in range(13))
 """Per-sample counts ``m`` at which "at least ``m`` values above the threshold" is measured (1 to 4,096)."""
@@ -87,8 +84,9 @@ def parse_label(label: str) -> tuple[str, int]:
     return label, 0
 
 
-def merged_sample_fields(parts: Sequence[StatisticNoise], grid: tuple[float, ...]) -> dict[str, Any]:
-    """The per-sample fields of ``NoiseProfile.merge``'s statistic over the union ``grid``: the worst
+def merged_sample_fields(parts: Sequence[Any], grid: tuple[float, ...]) -> dict[str, Any]:
+    """The per-sample fields of ``NoiseProfile.merge``'s statistic over the union ``grid`` (``parts``: each
+    profile's ``StatisticNoise``, typed Any since ``toploc.noise`` imports this module): the worst
     bound per (threshold, count) cell when every part has per-sample bounds on the same count grid
     (else none: a part without them bounds no per-sample event); sample counts summed only when
     every part has them on the same threshold grid."""
