@@ -339,13 +339,21 @@ def accepted_per_minute(run_dir: Path, worker_ids: set[str], start: float, end: 
     return 60.0 * accepted / (end - start)
 
 
+_REISSUES_SEEN: dict[str, dict[tuple[str, int], tuple[str, int]]] = {}
+
+
 def reissue_answers(store: RolloutStore) -> dict[tuple[str, int], tuple[str, int]]:
-    """(worker, batch_index) of an abandoned lease -> the lease that was handed its tasks."""
-    return {
-        (e["reissues"][0], e["reissues"][1]): (e["lease"]["worker_id"], e["lease"]["batch_index"])
+    """(worker, batch_index) of an abandoned lease -> the lease that was handed its tasks.
+
+    Every trainer commit folds the settled leases out of the lease log (the run's record, issue 44), and
+    their re-issue links with them; so each link read is remembered, per store, for the polls after it."""
+    seen = _REISSUES_SEEN.setdefault(str(store.root), {})
+    seen.update(
+        ((e["reissues"][0], e["reissues"][1]), (e["lease"]["worker_id"], e["lease"]["batch_index"]))
         for e in store.events()
         if e.get("event") == "lease" and e.get("reissues")
-    }
+    )
+    return dict(seen)
 
 
 def trained_by_lease(store: RolloutStore) -> dict[tuple[str, int], list[int]]:

@@ -158,7 +158,9 @@ def test_the_first_announcement_per_lease_and_version_wins_and_survives_a_restar
         answer = requests.post(server.url + "/leases/switch", json=raw, headers={"Authorization": f"Bearer {worker.worker_token}"}, timeout=10)
         assert answer.status_code == 400 and answer.json()["error"] == "bad_request"
         status, _, message = refusal(lambda: feeder.client.announce_switch(feeder.worker_id, **where, policy_version=3, chunk=1))
-        assert status == 409 and "answered or expired" in message
+        # refused either way: 409 while the orchestrator still holds the answered lease, 404 once a trainer
+        # commit has folded it into the totals (leases fold at every commit since the run's record, issue 44)
+        assert (status == 409 and "answered or expired" in message) or status == 404
         status, error, _ = refusal(
             lambda: feeder.client.announce_switch(feeder.worker_id, step=0, batch_index=99, policy_version=3, chunk=1)
         )
