@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from stepped_clock import SteppedClock  # tests/support
 
 from prime_rl.api.client import OrchestratorBusy, OrchestratorClient
 from prime_rl.api.protocol import TaskLease, Verdict, VerdictRequest
@@ -24,14 +25,6 @@ from prime_rl.tasks import TaskSet
 
 SAMPLES_PER_STEP = 8  # two leases of 2 prompts x 2 samples
 LEASE_SAMPLES = 4
-
-
-class SteppedClock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 make_batch: Any = None  # conftest's, set by the fixture (importlib mode cannot import conftest)

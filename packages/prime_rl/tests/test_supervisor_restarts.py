@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from stand_in_runs import run_stand_in  # tests/support
+from stepped_clock import SteppedClock  # tests/support
 
 from prime_rl.config import load_config
 from prime_rl.launch.supervisor import ChildSpec, Supervisor, should_restart
@@ -145,14 +146,6 @@ def test_kill_9_of_orchestrator_validator_and_worker_the_run_still_finishes(tiny
     assert any(e["event"] == "resumed" for e in helpers.metrics_of(run_dir, "worker-0"))
 
 
-class _FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class _ErrorSupervisor(Supervisor):
     """``error_of`` reads a set error instead of a log file."""
 
@@ -163,7 +156,7 @@ class _ErrorSupervisor(Supervisor):
 
 
 def test_the_same_error_days_apart_is_restarted_and_twice_within_the_window_is_not(config_for: Any) -> None:
-    clock = _FakeClock()
+    clock = SteppedClock(1000.0)
     metrics = MetricsWriter(None, role="run", name="run")
     supervisor = _ErrorSupervisor(config_for(), None, [], metrics, clock=clock)
     supervisor.error = "OSError: [Errno 104] Connection reset by peer"
@@ -179,7 +172,7 @@ def test_the_same_error_days_apart_is_restarted_and_twice_within_the_window_is_n
 def test_kills_are_no_error_even_when_the_output_before_them_is_the_same(config_for: Any) -> None:
     # A trainer killed twice (kill -9) within the window, whose last start-up line both times is the
     # same warning: a kill is not "the same error twice", so it restarts both times.
-    clock = _FakeClock()
+    clock = SteppedClock(1000.0)
     supervisor = _ErrorSupervisor(config_for(), None, [], MetricsWriter(None, role="run", name="run"), clock=clock)
     supervisor.error = "[ERROR] trainer: float32 deltas double the bytes per update"
     trainer = _Dead("trainer", "trainer", -9, 3600.0)
@@ -196,7 +189,7 @@ def test_kills_are_no_error_even_when_the_output_before_them_is_the_same(config_
 
 
 def test_a_worker_past_its_budget_is_dropped_and_a_trusted_role_fails_the_run(config_for: Any) -> None:
-    clock = _FakeClock()
+    clock = SteppedClock(1000.0)
     supervisor = _ErrorSupervisor(config_for(), None, [], MetricsWriter(None, role="run", name="run"),
                                   clock=clock, restart_budget=2)  # fmt: skip
     for name, role in (("worker-1", "worker"), ("trainer", "trainer")):

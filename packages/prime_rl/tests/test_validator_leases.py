@@ -13,20 +13,12 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from stepped_clock import SteppedClock  # tests/support
 
 from prime_rl.api.client import ClientRequestError, OrchestratorClient
 from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.tasks import TaskSet
-
-
-class SteppedClock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
 
 make_batch: Any = None  # conftest's, set by the fixture (importlib mode cannot import conftest)
 
