@@ -60,6 +60,7 @@ from prime_rl.episodes import EpisodeEnv, load_episode_env
 from prime_rl.inference.backend import HFBackend, proof_topk
 from prime_rl.metrics import read_metrics
 from prime_rl.orchestrator.store import RolloutStore
+from prime_rl.orchestrator.store_schema import BatchRecord
 from prime_rl.reward import run_tasks
 from prime_rl.weights.store import PolicyStore, PolicyUnavailable
 from prime_rl.worker.episodes import build_episode_batch
@@ -339,47 +340,35 @@ def accepted_per_minute(run_dir: Path, worker_ids: set[str], start: float, end: 
     return 60.0 * accepted / (end - start)
 
 
-_REISSUES_SEEN: dict[str, dict[tuple[str, int], tuple[str, int]]] = {}
+def origin(record: BatchRecord) -> tuple[str, int, int] | None:
+    """Where the tasks of the lease ``record`` answers were first issued (``LeaseRecord.source_*``): a
+    re-issued lease keeps its source's origin; None for an unleased batch."""
+    lease = record.meta.lease
+    return None if lease is None else (lease.source_worker_id, lease.source_step, lease.source_batch_index)
 
 
-def reissue_answers(store: RolloutStore) -> dict[tuple[str, int], tuple[str, int]]:
-    """(worker, batch_index) of an abandoned lease -> the lease that was handed its tasks.
+def trained_answer(store: RolloutStore, lease: tuple[str, int]) -> tuple[tuple[str, int], list[int]] | None:
+    """The lease whose batch for ``lease``'s tasks reached trainer claims, (worker, batch_index), with
+    the trained task ids; None while none has.
 
-    Every trainer commit folds the settled leases out of the lease log (the run's record, issue 44), and
-    their re-issue links with them; so each link read is remembered, per store, for the polls after it."""
-    seen = _REISSUES_SEEN.setdefault(str(store.root), {})
-    seen.update(
-        ((e["reissues"][0], e["reissues"][1]), (e["lease"]["worker_id"], e["lease"]["batch_index"]))
-        for e in store.events()
-        if e.get("event") == "lease" and e.get("reissues")
-    )
-    return dict(seen)
-
-
-def trained_by_lease(store: RolloutStore) -> dict[tuple[str, int], list[int]]:
-    """(worker, batch_index) -> the task ids of its samples in trainer claims."""
+    Read from the batches' own lease records (their tasks' origin), which the run's record keeps: the
+    lease log's re-issue links are folded out at every trainer commit once their leases settle (issue
+    44), so a chain read from it loses the links that settled between two reads."""
     claims = store.claims()  # before the batches: a claim only names batches stored before it
     records = {r.meta.batch_id: r for r in store.batch_records()}
+    asked = next(
+        (origin(r) for r in records.values() if (r.meta.worker_id, r.meta.batch_index) == lease and r.meta.lease),
+        None,
+    )
+    if asked is None:
+        return None
     trained: dict[tuple[str, int], list[int]] = defaultdict(list)
     for claim in claims:
         for sample in claim.sample_ids:
             record = records[sample.batch_id]
-            trained[(record.meta.worker_id, record.meta.batch_index)].append(record.task_ids[sample.index])
-    return trained
-
-
-def trained_answer(store: RolloutStore, lease: tuple[str, int]) -> tuple[tuple[str, int], list[int]] | None:
-    """The lease (following re-issues) whose batch for ``lease``'s tasks reached trainer claims, with
-    the trained task ids; None while none has."""
-    reissued, trained = reissue_answers(store), trained_by_lease(store)
-    current: tuple[str, int] | None = lease
-    for _ in range(100):
-        if current is None:
-            return None
-        if trained.get(current):
-            return current, trained[current]
-        current = reissued.get(current)
-    return None
+            if origin(record) == asked:
+                trained[(record.meta.worker_id, record.meta.batch_index)].append(record.task_ids[sample.index])
+    return next(iter(trained.items()), None)
 
 
 def seconds_summary(values: list[float]) -> dict[str, float]:
@@ -506,8 +495,7 @@ def session(
     names = {e["worker_id"]: e["worker_name"] for e in events if e["event"] == "register"}
     honest_ids = {w for w, n in names.items() if n.startswith("worker-")}
     lines = verdict_lines(run_dir)
-    # Who trained each lease's tasks, read from the lease log before the Ledger below replays it: its
-    # load folds settled leases, whose events (the re-issue links) then leave the log.
+    # Who trained each lease's tasks (read from the batches' lease records, which outlive the lease log).
     answers = {lease["batch_index"]: trained_answer(store, (vetoer, lease["batch_index"])) for lease in veto_leases}
     store.close()
     store = RolloutStore(run_dir / "orchestrator")  # the run has stopped: a Ledger replays (and may fold) as its owner

@@ -45,12 +45,6 @@ from redteam_round3 import session  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="KNOWN REGRESSION, open in issue 44: since the run's record folds settled leases at every trainer "
-    "commit, this audit no longer sees every vetoed lease's tasks trained within the test's 300 s (it stops at "
-    "'waiting for verdicts and for the vetoed tasks to train'); the attack buying something is not what fails",
-)
 def test_tool_replay_dos_free_veto_and_version_shopping_buy_nothing(tmp_path: Path) -> None:
     from tiny_lm import save_tiny_lm
 

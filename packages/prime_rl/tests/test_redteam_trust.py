@@ -198,6 +198,7 @@ def _rate(events: list[dict[str, Any]], workers: set[str], start: float, end: fl
     return 60.0 * count / max(end - start, 1e-9)
 
 
+@pytest.mark.timeout(600)  # 80 s of fixed attack windows, then four waits; 173-182 s alone, over 300 s in one CI run
 def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp_path: Path) -> None:
     config_path, run_dir = tiny_run(
         tasks={"num_tasks": NUM_TASKS, "digits": 1, "seed": 0},

@@ -40,15 +40,16 @@ def test_plan_children_starts_validator_count_validators(tmp_path: Path) -> None
 
 
 class StandInSupervisor(Supervisor):
-    """A real orchestrator; every other role sleeps until it is stopped, except the trainer, which
-    exits 0 at once when ``finish`` is set (the run is then done)."""
+    """A real orchestrator; every other role sleeps until it is stopped, except the trainer and the
+    evaluator, which exit 0 at once when ``finish`` is set (the run is then done: the supervisor would
+    otherwise give a still-running evaluator its grace period to finish a last evaluation)."""
 
     finish = False
 
     def _argv(self, spec: ChildSpec) -> list[str]:
         if spec.role == "orchestrator":
             return super()._argv(spec)
-        if spec.role == "trainer" and self.finish:
+        if spec.role in ("trainer", "evaluator") and self.finish:
             return [sys.executable, "-c", "import time; time.sleep(3)"]
         return [sys.executable, "-c", "import time; time.sleep(120)"]
 
