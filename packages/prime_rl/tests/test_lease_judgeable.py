@@ -299,7 +299,35 @@ def test_fresh_identities_hoarding_the_budget_never_stop_an_established_worker(s
         swarm.close()
 
 
-def test_the_run_config_ships_the_rule_off() -> None:
-    """What ships: off (with it on, fresh identities' submitted batches take an established worker's budget:
-    API.md, "Lease only what can be judged"); a run turns it on with orchestrator.lease_judgeable = true."""
-    assert load_config(None, []).orchestrator.lease_judgeable is False
+def test_the_run_config_ships_the_rule_on() -> None:
+    """What ships: on (API.md, "Lease only what can be judged"); fresh identities' work counts against an
+    established worker only up to the fresh share (tested above and in test_redteam_trust)."""
+    assert load_config(None, []).orchestrator.lease_judgeable is True
+
+
+def test_fresh_identities_holding_old_leases_never_shrink_an_established_workers_window(served: Any) -> None:
+    """The attacker's other move: fresh identities take leases and hold them while the trainer moves
+    past their version. Were their open leases the oldest unjudged work, the claims left to it would
+    fall to 0 and every worker to the one-lease floor (test_redteam_trust: an established worker's
+    leases fell from 52.5 to 11-14 a minute), and the hoarders' share of it would leave no room. They
+    are not: the established worker keeps its window and gets its lease."""
+    server, clock = served
+    swarm = Swarm(server, clock)
+    swarm.join(1)
+    try:
+        swarm.run(rounds=4)  # established, and training
+        hoarders = Swarm(server, clock, step=swarm.step)
+        hoarders.join(8)
+        held = hoarders.ask()  # never answered
+        assert held
+        oldest = min(lease.policy_version or 0 for _, lease in held)
+        swarm.run(rounds=16)
+        bound = server.config.orchestrator.off_policy_bound
+        assert swarm.step > oldest + bound + 1  # the hoarders' leases are out of the window
+        honest, honest_id = swarm.workers[0]
+        honest.get_tasks(honest_id, version=swarm.step)  # at the floor, the hoarders' share would fill it
+        with _client(server) as http:
+            assert http.status().lease_budget_samples == 2 * SAMPLES_PER_STEP
+        hoarders.close()
+    finally:
+        swarm.close()

@@ -170,17 +170,16 @@ class OrchestratorConfig(Section):
         "unproven work never holds established workers back by more; fresh identities fill only unused room.",
     )
     lease_judgeable: bool = Field(
-        default=False,
+        default=True,
         description="Lease only what can be judged and trained in the off-policy window: admitted work (open leases, "
         "batches awaiting verdicts, judged and unclaimed) stays within (claims left for this step's version) x "
         "min(trainer samples per step, validators' samples judged per second x step time), from moving estimates "
         "(orchestrator/judge_capacity.py); beyond it a lease is refused with 429 busy and a Retry-After, which "
         "costs the worker nothing. Cold start: trainer.samples_per_step until measured; one lease is always "
-        "allowed while a claim can still take it (no deadlock). Off by default: with it on, fresh identities' "
-        "submitted batches take the budget of an established worker (test_redteam_trust: its lease rate fell "
-        "below half during an attack) and runs whose tests count acknowledged batches starve; "
-        "benchmarks/results/lease_judgeable.md measures it on (0-2% of honest samples expired at 256 identities "
-        "with chaos, against 8-17% off).",
+        "allowed while a claim can still take it (no deadlock). Identities without accepted work count against an "
+        "established worker only up to fresh_buffered_share of each limit. "
+        "benchmarks/results/lease_judgeable.md measures it (0-2% of honest samples expired at 256 identities "
+        "with chaos, against 8-13% with it off).",
     )
     judge_rate_window_s: float = Field(
         default=30.0,

@@ -34,7 +34,7 @@ knows whose tokens the validator accepted):
     a lease timeout or a verdict. (Before: open leases did not count, and 992 batches queued against
     a 128-sample limit.) Identities that hoard leases pay for it in allowance and abandonment bans.
   - **Lease only what can be judged** (429 ``busy``, issue 45 item 5; ``orchestrator.lease_judgeable``,
-    off by default): the admitted work is also bounded by what the trainer's claims take before it
+    on by default): the admitted work is also bounded by what the trainer's claims take before it
     goes stale, ``k * samples_per_step`` with ``k`` the claims left to the oldest unjudged work (the
     validators judge the freshest version first, so older unjudged work is judged last and trained
     only if a claim needs all of it), and its unjudged part (open leases, batches awaiting verdicts)
@@ -44,7 +44,12 @@ knows whose tokens the validator accepted):
     configured ``trainer.samples_per_step`` until a claim is measured, no unjudged limit until the
     validators' pace is. Fresh identities' open leases count for an established worker up to the
     fresh share; their submitted batches count in full (they drain in their turn at the validators,
-    and work admitted past them would overtake them and expire them). The refusal's ``Retry-After``
+    and work admitted past them would overtake them and expire them). The oldest unjudged version
+    ``k`` is taken to is that of batches awaiting verdicts and of established workers' open leases:
+    a fresh identity's open lease never moves it, else identities that take leases and hold them
+    while the steps go past pull ``k`` to 0 and every worker down to the one-lease floor (an
+    established worker's leases fell from 52.5 to 11-14 a minute in ``test_redteam_trust``); a lease
+    they answer that late is theirs to lose. The refusal's ``Retry-After``
     is at least the estimates' time for the excess to drain. Whatever the limit, a refusal records
     nothing against the worker: no abandonment, no allowance, no ban.
   - **Abandonment bans** (``chargeable``): once a worker's expired or rejected leases reach
@@ -304,12 +309,15 @@ class LeaseRules:
 
     def _unjudged(self) -> tuple[int, int, int | None]:
         """(unjudged samples, fresh identities' open-lease samples, oldest policy version among the
-        unjudged): awaiting verdicts plus open leases. O(open leases + waiting batches)."""
+        batches awaiting verdicts and established workers' open leases, module docstring): awaiting
+        verdicts plus open leases. O(open leases + waiting batches)."""
         per_lease = self._lease_samples
         waiting, oldest = self._unjudged_of()
         fresh_open = 0
         for worker_id, count in self._leases.open_by_worker().items():
-            fresh_open += 0 if self._has_history(worker_id) else count
+            if not self._has_history(worker_id):
+                fresh_open += count
+                continue
             for held in self._leases.open_leases(worker_id):
                 record = held.record
                 version = record.step if record.policy_version is None else record.policy_version
