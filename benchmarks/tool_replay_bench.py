@@ -63,6 +63,11 @@ from prime_rl.validator.verdicts import ban_counts
 from verifiers import Task
 from verifiers.envs import PythonToolEnv
 
+# The results files of this benchmark were measured without orchestrator.lease_judgeable (on by default
+# since issue 45): its synthetic loop leases with no trainer pace to follow, which the rule would refuse.
+# The rule has its own figures (benchmarks/results/lease_judgeable.md).
+NO_JUDGEABLE = ["--orchestrator.lease_judgeable", "false"]
+
 RESULTS = Path(__file__).resolve().parent / "results"
 TEMPLATE = "\n<{role}>\n{content}\n</{role}>\n"
 LEASE = 8
@@ -134,8 +139,10 @@ def orchestrator_bans(leases: list[list[Verdict]], identities: int, run_dir: Pat
     import hashlib
 
     config = load_config(
-        None, ["--run_dir", str(run_dir), "--orchestrator.prompts_per_batch", "1", "--sampling.group_size", str(LEASE)]
-    )
+        None,
+        ["--run_dir", str(run_dir), "--orchestrator.prompts_per_batch", "1", "--sampling.group_size", str(LEASE),
+         *NO_JUDGEABLE],
+    )  # fmt: skip
     ledger = Ledger(config, TaskSet([Task(f"q{i}", "verifiable_math", {"ground_truth": "1"}) for i in range(64)]),
                     RolloutStore(config.orchestrator_data_dir))  # fmt: skip
     workers = [ledger.workers[ledger.register(f"honest-{i}").worker_id] for i in range(identities)]
