@@ -125,11 +125,13 @@ def _trl_trainer(settings: tuple[tuple[str, Any], ...]) -> Any:
     return trainer
 
 
-def trl_loss(batch: Batch, **settings: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, ∂loss/∂ℓ) of TRL's own ``GRPOTrainer._compute_loss`` under ``GRPOConfig(**settings)``."""
-    trainer = _trl_trainer(tuple(sorted(settings.items())))
+def trl_fixed_inputs(trainer: Any, batch: Batch, accumulation: int = 1) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(ℓ, inputs): make ``trainer`` see ``batch``'s fresh log-probs ℓ and build ``_compute_loss``'s inputs.
+
+    The one replaced step: the model's log-probs are the fixed inputs (entropy only feeds a
+    metric). ``num_items_in_batch`` counts the tokens of the whole accumulation window, as TRL does.
+    """
     logprobs = batch.fresh()
-    # The one replaced step: the model's log-probs are the fixed inputs (entropy only feeds a metric).
     trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (
         logprobs,
         torch.zeros_like(logprobs),
@@ -144,8 +146,15 @@ def trl_loss(batch: Batch, **settings: Any) -> tuple[torch.Tensor, torch.Tensor]
         "advantages": batch.advantages,
         "old_per_token_logps": batch.old,
         "ref_per_token_logps": batch.ref,
-        "num_items_in_batch": batch.mask.sum(),
+        "num_items_in_batch": batch.mask.sum() * accumulation,
     }
+    return logprobs, inputs
+
+
+def trl_loss(batch: Batch, **settings: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, ∂loss/∂ℓ) of TRL's own ``GRPOTrainer._compute_loss`` under ``GRPOConfig(**settings)``."""
+    trainer = _trl_trainer(tuple(sorted(settings.items())))
+    logprobs, inputs = trl_fixed_inputs(trainer, batch)
     loss = trainer._compute_loss(trainer.model, inputs)
     (grad,) = torch.autograd.grad(loss, logprobs)
     return loss.detach(), grad

@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from grpo_attention_checks import assert_block_mask_tiles_exact, assert_packed_equals_separate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensor_guard import LargestTensors, forbid_dense_masks
@@ -58,27 +59,12 @@ def test_sdpa_backend_equals_dense_mask_values_and_gradients(lengths, width, hea
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.integers(1, 70), min_size=1, max_size=10), st.sampled_from([4, 8, 16, 32]))
 def test_block_mask_tiles_are_exact(lengths: list[int], block: int) -> None:
-    # Per (query tile, key tile): skipped iff no allowed pair, "full" iff every pair allowed and the key
-    # tile precedes the query tile (FlexAttention then skips mask_mod), partial otherwise.
     total = sum(lengths)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     document = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     positions = torch.arange(total)
     allowed = (document[:, None] == document[None, :]) & (positions[:, None] >= positions[None, :])
-    mask = document_block_mask(cu, total, block_size=block)
-    tiles = -(-total // block)
-    for i in range(tiles):
-        partial = set(mask.kv_indices[0, 0, i, : mask.kv_num_blocks[0, 0, i]].tolist())
-        full = set(mask.full_kv_indices[0, 0, i, : mask.full_kv_num_blocks[0, 0, i]].tolist())
-        assert not partial & full
-        for j in range(tiles):
-            pairs = allowed[i * block : (i + 1) * block, j * block : (j + 1) * block]
-            if not pairs.any():
-                assert j not in partial | full
-            elif j < i and pairs.all():
-                assert j in full
-            else:
-                assert j in partial
+    assert_block_mask_tiles_exact(document_block_mask(cu, total, block_size=block), allowed, block)
 
 
 def test_flex_backend_values_on_cpu() -> None:
@@ -95,10 +81,6 @@ def test_flex_backend_values_on_cpu() -> None:
     )
 
 
-def sequence_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    return grpo.selective_log_softmax(logits[:-1], tokens[1:])
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_packed_hf_forward_equals_separate_forwards_values_and_gradients(arch: str) -> None:
     from tiny_lm import make_tiny_lm
@@ -110,11 +92,6 @@ def test_packed_hf_forward_equals_separate_forwards_values_and_gradients(arch: s
     assert packed.input_ids.shape[0] < len(sequences) and (packed.sequence_index < 0).any()  # shared, padded
     weights = [torch.randn(n - 1, generator=g, dtype=torch.float64) for n in lengths]
 
-    def gradients(loss: torch.Tensor) -> dict[str, torch.Tensor]:
-        model.zero_grad(set_to_none=True)
-        loss.backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters()}
-
     with use_document_attention(model):
         logits = model(
             input_ids=packed.input_ids,
@@ -122,14 +99,7 @@ def test_packed_hf_forward_equals_separate_forwards_values_and_gradients(arch: s
             **document_kwargs(packed.cu_seqlens()),
         ).logits
     assert model.config._attn_implementation == "sdpa"  # restored
-    ours = [sequence_logprobs(x, s) for x, s in zip(packed.unpack(logits), sequences, strict=True)]
-    ours_grads = gradients(sum((lp * w).sum() for lp, w in zip(ours, weights, strict=True)))
-    alone = [sequence_logprobs(model(input_ids=s[None]).logits[0], s) for s in sequences]
-    alone_grads = gradients(sum((lp * w).sum() for lp, w in zip(alone, weights, strict=True)))
-    for mine, reference in zip(ours, alone, strict=True):
-        torch.testing.assert_close(mine, reference, rtol=0, atol=1e-12)
-    for name, grad in alone_grads.items():
-        torch.testing.assert_close(ours_grads[name], grad, rtol=1e-10, atol=1e-12, msg=name)
+    assert_packed_equals_separate(model, packed.unpack(logits), sequences, weights)
 
 
 def test_packed_hf_forward_builds_no_square_tensor(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -96,18 +96,7 @@ def test_the_adapter_computes_trls_loss(loss: grpo.Loss, settings: dict, accumul
         run._metrics["train"].clear()
         run.model.train()
         run.current_gradient_accumulation_steps = accumulation
-        logprobs = batch.fresh()
-        run._get_per_token_logps_and_entropies = lambda *a, lp=logprobs, **k: (lp, torch.zeros_like(lp), None)
-        inputs = {
-            "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
-            "prompt_mask": torch.ones(B, 1, dtype=torch.long),
-            "completion_ids": torch.zeros(B, T, dtype=torch.long),
-            "completion_mask": batch.mask.long(),
-            "advantages": batch.advantages,
-            "old_per_token_logps": batch.old,
-            "ref_per_token_logps": batch.ref,
-            "num_items_in_batch": batch.mask.sum() * accumulation,
-        }
+        logprobs, inputs = peers.trl_fixed_inputs(run, batch, accumulation)
         value = run._compute_loss(run.model, inputs)
         results.append((value.detach(), torch.autograd.grad(value, logprobs)[0]))
         logged.append({name: values[-1] for name, values in run._metrics["train"].items()})

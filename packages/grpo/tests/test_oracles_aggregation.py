@@ -20,11 +20,16 @@ from grpo_oracles_lib import (  # type: ignore[import-not-found]
 import grpo
 
 
-def test_o1_token_mean_value_and_gradient() -> None:
-    # S = Σ m·L = −3 + 2 = −1 over 5 valid tokens -> −0.2; ∂𝓛/∂ℓ = −r·Â/5 = −Â/5 on valid tokens.
+def o1_loss(mode: str, **options: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(𝓛, ℓ): the O1 batch (ℓ a leaf, ratio = 1) through ppo_clip, aggregated by ``mode``."""
     logprobs = leaf([[-1.0, -2.0, -0.5], [-0.3, -1.5, -0.7]])
     per_token, mask = o1_per_token(logprobs)
-    loss = grpo.aggregate(per_token, mask, "token_mean")
+    return grpo.aggregate(per_token, mask, mode, **options), logprobs
+
+
+def test_o1_token_mean_value_and_gradient() -> None:
+    # S = Σ m·L = −3 + 2 = −1 over 5 valid tokens -> −0.2; ∂𝓛/∂ℓ = −r·Â/5 = −Â/5 on valid tokens.
+    loss, logprobs = o1_loss("token_mean")
     close(loss, -0.2)
     close(grad_of(loss, logprobs), [[-0.2, -0.2, -0.2], [0.2, 0.2, 0.0]])
 
@@ -32,18 +37,14 @@ def test_o1_token_mean_value_and_gradient() -> None:
 def test_o1b_seq_mean_token_mean() -> None:
     # Row means: −3/3 = −1 and +2/2 = +1; their mean is 0 (the length bias is invisible).
     # Gradient: row 1 −1/(2·3) per token, row 2 +1/(2·2) per token.
-    logprobs = leaf([[-1.0, -2.0, -0.5], [-0.3, -1.5, -0.7]])
-    per_token, mask = o1_per_token(logprobs)
-    loss = grpo.aggregate(per_token, mask, "seq_mean_token_mean")
+    loss, logprobs = o1_loss("seq_mean_token_mean")
     close(loss, 0.0)
     close(grad_of(loss, logprobs), [[-1 / 6, -1 / 6, -1 / 6], [0.25, 0.25, 0.0]])
 
 
 def test_o1c_seq_mean_token_sum() -> None:
     # (−3 + 2)/B with B = 2 -> −0.5; gradient −Â/2.
-    logprobs = leaf([[-1.0, -2.0, -0.5], [-0.3, -1.5, -0.7]])
-    per_token, mask = o1_per_token(logprobs)
-    loss = grpo.aggregate(per_token, mask, "seq_mean_token_sum")
+    loss, logprobs = o1_loss("seq_mean_token_sum")
     close(loss, -0.5)
     close(grad_of(loss, logprobs), [[-0.5, -0.5, -0.5], [0.5, 0.5, 0.0]])
 
@@ -51,9 +52,7 @@ def test_o1c_seq_mean_token_sum() -> None:
 @pytest.mark.parametrize(("constant", "expected"), [(3.0, -1 / 6), (4.0, -0.125)])
 def test_o1d_dr_grpo_constant(constant: float, expected: float) -> None:
     # S/(B·C): Dr.GRPO C = 3 -> −1/(2·3) = −0.16667; TRL dr_grpo C = 4 -> −1/(2·4) = −0.125.
-    logprobs = leaf([[-1.0, -2.0, -0.5], [-0.3, -1.5, -0.7]])
-    per_token, mask = o1_per_token(logprobs)
-    loss = grpo.aggregate(per_token, mask, "constant", constant=constant)
+    loss, logprobs = o1_loss("constant", constant=constant)
     close(loss, expected)
     close(loss, round(expected, 5), atol=ROUNDED)
     close(grad_of(loss, logprobs), torch.tensor([[-1, -1, -1], [1, 1, 0]], dtype=F64) / (2 * constant))
@@ -61,9 +60,7 @@ def test_o1d_dr_grpo_constant(constant: float, expected: float) -> None:
 
 def test_o1e_intellect2_rows_times_columns() -> None:
     # prime-rl@4bb0ff01f divides the masked sum by B·L = 2·3 = 6 -> −1/6 = "constant" with C = L.
-    logprobs = leaf([[-1.0, -2.0, -0.5], [-0.3, -1.5, -0.7]])
-    per_token, mask = o1_per_token(logprobs)
-    loss = grpo.aggregate(per_token, mask, "constant", num_seqs=2, constant=3)
+    loss, _ = o1_loss("constant", num_seqs=2, constant=3)
     close(loss, -1 / 6)
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fp64_norm import rms_norm_in_input_dtype
+from grpo_attention_checks import assert_block_mask_tiles_exact, assert_packed_equals_separate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensor_guard import LargestTensors, forbid_dense_masks
@@ -66,24 +67,9 @@ def test_sdpa_equals_the_dense_rule_values_and_gradients(groups, heads) -> None:
 @settings(max_examples=40, deadline=None)
 @given(group_layouts, st.sampled_from([2, 4, 8, 16]))
 def test_block_mask_tiles_are_exact(groups, block: int) -> None:
-    # Per (query tile, key tile): skipped iff no allowed pair; "full" iff the key tile precedes the
-    # query tile and every pair is allowed (FlexAttention then skips mask_mod); partial otherwise.
     structure = SharedPrefixStructure.from_groups(groups)
     allowed = allowed_pairs(structure)
-    mask = shared_prefix_block_mask(structure, block_size=block)
-    tiles = -(-structure.length // block)
-    for i in range(tiles):
-        partial = set(mask.kv_indices[0, 0, i, : mask.kv_num_blocks[0, 0, i]].tolist())
-        full = set(mask.full_kv_indices[0, 0, i, : mask.full_kv_num_blocks[0, 0, i]].tolist())
-        assert not partial & full
-        for j in range(tiles):
-            pairs = allowed[i * block : (i + 1) * block, j * block : (j + 1) * block]
-            if not pairs.any():
-                assert j not in partial | full, (i, j)
-            elif j < i and pairs.all():
-                assert j in full, (i, j)
-            else:
-                assert j in partial, (i, j)
+    assert_block_mask_tiles_exact(shared_prefix_block_mask(structure, block_size=block), allowed, block)
 
 
 def test_flex_backend_values_on_cpu() -> None:
@@ -107,10 +93,6 @@ def test_documents_only_is_document_attention() -> None:
         rtol=0,
         atol=0,
     )
-
-
-def sequence_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    return grpo.selective_log_softmax(logits[:-1], tokens[1:])
 
 
 def random_groups(vocab: int, layout: list[tuple[int, list[int]]], seed: int = 0):
@@ -142,25 +124,13 @@ def test_packed_hf_forward_equals_separate_forwards_values_and_gradients(
     g = torch.Generator().manual_seed(1)
     weights = [torch.randn(len(s) - 1, generator=g, dtype=torch.float64) for s in sequences]
 
-    def gradients(loss: torch.Tensor) -> dict[str, torch.Tensor]:
-        model.zero_grad(set_to_none=True)
-        loss.backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters()}
-
     with grpo.use_document_attention(model):
         logits = model(
             input_ids=pack.input_ids,
             position_ids=pack.position_ids,
             **grpo.shared_prefix_kwargs(pack.structure),
         ).logits
-    ours = [sequence_logprobs(x, s) for x, s in zip(pack.unpack(logits), sequences, strict=True)]
-    ours_grads = gradients(sum((lp * w).sum() for lp, w in zip(ours, weights, strict=True)))
-    alone = [sequence_logprobs(model(input_ids=s[None]).logits[0], s) for s in sequences]
-    alone_grads = gradients(sum((lp * w).sum() for lp, w in zip(alone, weights, strict=True)))
-    for mine, reference in zip(ours, alone, strict=True):
-        torch.testing.assert_close(mine, reference, rtol=0, atol=1e-12)
-    for name, grad in alone_grads.items():
-        torch.testing.assert_close(ours_grads[name], grad, rtol=1e-10, atol=1e-12, msg=name)
+    assert_packed_equals_separate(model, pack.unpack(logits), sequences, weights)
 
 
 def test_placements_and_positions_by_hand() -> None:

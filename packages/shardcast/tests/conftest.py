@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -35,36 +36,41 @@ def wait_until(predicate: Callable[[], object], timeout: float = 30.0, what: str
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-@pytest.fixture
-def origin_factory(tmp_path: Path) -> Iterator[Callable[..., Origin]]:
-    started: list[Origin] = []
+Server = TypeVar("Server", Origin, Relay)
 
-    def make(name: str = "origin", **kwargs: object) -> Origin:
-        kwargs.setdefault("port", 0)
-        kwargs.setdefault("shard_size", 64 * 1024)
-        origin = Origin(tmp_path / name, **kwargs).start()  # type: ignore[arg-type]
-        started.append(origin)
-        return origin
+
+def _started(build: Callable[..., Server]) -> Iterator[Callable[..., Server]]:
+    """Yield a factory that starts what ``build`` makes; stop every one it started afterwards."""
+    started: list[Server] = []
+
+    def make(*args: Any, **kwargs: Any) -> Server:
+        server = build(*args, **kwargs).start()
+        started.append(server)
+        return server
 
     yield make
-    for origin in started:
-        origin.stop()
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def origin_factory(tmp_path: Path) -> Iterator[Callable[..., Origin]]:
+    def build(name: str = "origin", **kwargs: Any) -> Origin:
+        kwargs.setdefault("port", 0)
+        kwargs.setdefault("shard_size", 64 * 1024)
+        return Origin(tmp_path / name, **kwargs)
+
+    yield from _started(build)
 
 
 @pytest.fixture
 def relay_factory(tmp_path: Path) -> Iterator[Callable[..., Relay]]:
-    started: list[Relay] = []
-
-    def make(upstreams: list[str], name: str, **kwargs: object) -> Relay:
+    def build(upstreams: list[str], name: str, **kwargs: Any) -> Relay:
         kwargs.setdefault("port", 0)
         kwargs.setdefault("poll_interval_s", 0.1)
-        relay = Relay(upstreams, tmp_path / name, **kwargs).start()  # type: ignore[arg-type]
-        started.append(relay)
-        return relay
+        return Relay(upstreams, tmp_path / name, **kwargs)
 
-    yield make
-    for relay in started:
-        relay.stop()
+    yield from _started(build)
 
 
 @pytest.fixture

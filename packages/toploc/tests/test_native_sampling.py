@@ -11,27 +11,18 @@ import math
 
 import pytest
 import torch
+from splitmix_oracle import position_key, uniform_at
 
 from toploc import check_sampling, gumbel_noise, native, sample_tokens
 from toploc.sampling import _best_and_claimed
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: the torch path is used")
 
-M64 = (1 << 64) - 1
-GAMMA = 0x9E3779B97F4A7C15
-
-
-def _mix(z: int) -> int:
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-    return z ^ (z >> 31)
-
-
 def _oracle_token(row: list[float], seed: int, seq: int, pos: int, temperature: float) -> int:
-    key = _mix((_mix((_mix((seed + GAMMA) & M64) + seq * GAMMA) & M64) + pos * GAMMA) & M64)
+    key = position_key(seed, seq, pos)
     best, best_v = -math.inf, 0
     for v, x in enumerate(row):
-        u = ((_mix((key + (v + 1) * GAMMA) & M64) >> 11) + 0.5) * 2.0**-53
+        u = uniform_at(key, v)
         score = x + temperature * -math.log(-math.log(u)) if temperature else x
         if score > best:
             best, best_v = score, v

@@ -5,25 +5,15 @@ from __future__ import annotations
 import math
 
 import torch
+from splitmix_oracle import position_key, uniform_at
 
 from toploc import check_sampling, gumbel_noise, sample_tokens
 from toploc.sampling import uniform_noise
 
-M64 = (1 << 64) - 1
-GAMMA = 0x9E3779B97F4A7C15
-
-
-def _mix(z: int) -> int:
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-    return z ^ (z >> 31)
-
 
 def _uniform_oracle(seed: int, seq: int, pos: int, v: int) -> float:
     """The documented formula in Python integers (no int64 wrapping tricks)."""
-    key = _mix((_mix((_mix((seed + GAMMA) & M64) + seq * GAMMA) & M64) + pos * GAMMA) & M64)
-    h = _mix((key + (v + 1) * GAMMA) & M64)
-    return ((h >> 11) + 0.5) * 2.0**-53
+    return uniform_at(position_key(seed, seq, pos), v)
 
 
 def test_uniform_noise_matches_integer_oracle() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,20 @@ def _processes_tagged(tag: str) -> list[str]:
 def processes_tagged():
     """``find(tag) -> [pid, ...]``: live processes whose command line contains ``tag``."""
     return _processes_tagged
+
+
+@pytest.fixture
+def loopback_listener() -> Iterator[socket.socket]:
+    """A TCP socket listening on the host's 127.0.0.1 (any free port), ``accept`` timing out after 0.5 s.
+
+    The network-isolation tests point a sandboxed program at it and then check that nothing
+    arrived: ``accept()`` must raise ``TimeoutError``.
+    """
+    server = socket.socket()
+    try:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server.settimeout(0.5)
+        yield server
+    finally:
+        server.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
-import socket
 import tempfile
 import uuid
 from pathlib import Path
@@ -167,24 +166,17 @@ def test_fork_bomb_hits_rlimit_nproc():
 @as_root
 @needs_fallback
 @pytest.mark.skipif(NO_NETNS, reason="this kernel refuses unshare(CLONE_NEWNET) to root")
-def test_loopback_listener_is_unreachable():
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.settimeout(0.5)
-    port = server.getsockname()[1]
+def test_loopback_listener_is_unreachable(loopback_listener):
+    port = loopback_listener.getsockname()[1]
     program = (
         "import socket\n"
         f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('connected')\n"
         "except OSError as exc:\n    print('blocked', type(exc).__name__)"
     )
-    try:
-        result = _run(program, "blocked OSError")  # ENETUNREACH: the namespace's lo is down
-        _assert_passed(result)
-        with pytest.raises(TimeoutError):
-            server.accept()  # nothing reached the host's loopback
-    finally:
-        server.close()
+    result = _run(program, "blocked OSError")  # ENETUNREACH: the namespace's lo is down
+    _assert_passed(result)
+    with pytest.raises(TimeoutError):
+        loopback_listener.accept()  # nothing reached the host's loopback
 
 
 @as_root

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import uuid
 from pathlib import Path
 
@@ -130,20 +129,13 @@ def test_write_outside_scratch_is_impossible(tmp_path):
 
 
 @pytest.mark.skipif(not bwrap_available(), reason="bubblewrap unusable here")
-def test_network_is_unreachable():
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.settimeout(0.5)
-    port = server.getsockname()[1]
+def test_network_is_unreachable(loopback_listener):
+    port = loopback_listener.getsockname()[1]
     program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
-    try:
-        result = run_tests(program, {"inputs": [""], "outputs": ["connected"]}, sandbox="bwrap")
-        assert result.passed == 0 and result.outcomes[0].status == "runtime_error"
-        with pytest.raises(TimeoutError):
-            server.accept()  # nothing reached the host's loopback
-    finally:
-        server.close()
+    result = run_tests(program, {"inputs": [""], "outputs": ["connected"]}, sandbox="bwrap")
+    assert result.passed == 0 and result.outcomes[0].status == "runtime_error"
+    with pytest.raises(TimeoutError):
+        loopback_listener.accept()  # nothing reached the host's loopback
 
 
 @pytest.mark.parametrize("sandbox", SANDBOXES)

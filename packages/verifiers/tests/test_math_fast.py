@@ -78,14 +78,22 @@ def test_exact_value_declines(text):
 _INT = st.one_of(st.integers(0, 60).map(str), st.sampled_from(["0.5", "1.25", ".5", "2."]))
 
 
-def _combine(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+def _arithmetic(children: st.SearchStrategy[str], *, slash: bool) -> list[st.SearchStrategy[str]]:
+    """Two children joined by +, -, \\cdot, / (when ``slash``) and \\frac: the grammars' binary operators."""
     pair = st.tuples(children, children)
-    return st.one_of(
+    joined = [
         pair.map(lambda ab: f"{ab[0]}+{ab[1]}"),
         pair.map(lambda ab: f"{ab[0]}-{ab[1]}"),
         pair.map(lambda ab: f"{ab[0]}\\cdot {ab[1]}"),
-        pair.map(lambda ab: f"{ab[0]}/{ab[1]}"),
-        pair.map(lambda ab: f"\\frac{{{ab[0]}}}{{{ab[1]}}}"),
+    ]
+    if slash:
+        joined.append(pair.map(lambda ab: f"{ab[0]}/{ab[1]}"))
+    return [*joined, pair.map(lambda ab: f"\\frac{{{ab[0]}}}{{{ab[1]}}}")]
+
+
+def _combine(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    return st.one_of(
+        *_arithmetic(children, slash=True),
         st.tuples(children, st.integers(-4, 6)).map(lambda ak: f"({ak[0]})^{{{ak[1]}}}"),
         st.tuples(children, st.integers(0, 3)).map(lambda ak: f"{ak[0]}^{ak[1]}"),
         children.map(lambda a: f"({a})"),
@@ -206,7 +214,6 @@ _CONSTANT_LEAVES = st.one_of(
 
 
 def _constant_combine(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
-    pair = st.tuples(children, children)
     return st.one_of(
         st.tuples(st.sampled_from(["\\sin", "\\cos", "\\tan", "\\sec", "\\cot"]), children).map(
             lambda fa: f"{fa[0]}\\left({fa[1]}\\right)"
@@ -219,10 +226,7 @@ def _constant_combine(children: st.SearchStrategy[str]) -> st.SearchStrategy[str
         children.map(lambda a: f"\\lfloor {a} \\rfloor"),
         children.map(lambda a: f"\\lceil {a} \\rceil"),
         children.map(lambda a: f"|{a}|"),
-        pair.map(lambda ab: f"{ab[0]}+{ab[1]}"),
-        pair.map(lambda ab: f"{ab[0]}-{ab[1]}"),
-        pair.map(lambda ab: f"{ab[0]}\\cdot {ab[1]}"),
-        pair.map(lambda ab: f"\\frac{{{ab[0]}}}{{{ab[1]}}}"),
+        *_arithmetic(children, slash=False),
         st.tuples(children, st.integers(-3, 4)).map(lambda ak: f"\\left({ak[0]}\\right)^{{{ak[1]}}}"),
         st.tuples(st.integers(1, 9), children).map(lambda ka: f"{ka[0]}{ka[1]}"),  # implicit product
         st.tuples(children, st.sampled_from(["\\frac12", "\\frac{3}{2}"])).map(

@@ -171,8 +171,6 @@ def document_block_mask(cu_seqlens: torch.Tensor, length: int, *, block_size: in
     both tiles lie in one document and the key tile is strictly earlier, and partial otherwise.
     ``cu_seqlens`` as in :func:`document_attention`; the mask lives on its device.
     """
-    from torch.nn.attention.flex_attention import BlockMask
-
     cu = cu_seqlens.to(torch.long)
     positions = torch.arange(length, device=cu.device)
     document = torch.searchsorted(cu[1:], positions, right=True)  # [length]: document of each token
@@ -186,20 +184,30 @@ def document_block_mask(cu_seqlens: torch.Tensor, length: int, *, block_size: in
     full = earlier.tril(-1) & (
         one_document[:, None] & one_document[None, :] & (first[:, None] == first[None, :])
     )
-    partial = visible & ~full
+
+    def same_document_causal(b, h, q_idx, kv_idx):
+        return (document[q_idx] == document[kv_idx]) & (q_idx >= kv_idx)
+
+    return _tile_block_mask(visible & ~full, full, same_document_causal, length, block_size)
+
+
+def _tile_block_mask(partial: torch.Tensor, full: torch.Tensor, mask_mod: Any, length: int, block_size: int):
+    """A ``BlockMask`` from ``[q tile, kv tile]`` booleans: ``partial`` tiles run ``mask_mod``, ``full`` ones not.
+
+    Shared by the document mask here and the shared-prefix mask of :mod:`grpo.shared_prefix`:
+    each row's visited key tiles are listed first (a stable sort keeps them in order).
+    """
+    from torch.nn.attention.flex_attention import BlockMask
 
     def ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         count = blocks.sum(-1, dtype=torch.int32)
         indices = torch.argsort(blocks.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
         return count[None, None], indices[None, None]
 
-    def same_document_causal(b, h, q_idx, kv_idx):
-        return (document[q_idx] == document[kv_idx]) & (q_idx >= kv_idx)
-
     (kv_count, kv_indices), (full_count, full_indices) = ordered(partial), ordered(full)
     return BlockMask.from_kv_blocks(
         kv_count, kv_indices, full_count, full_indices,
-        BLOCK_SIZE=block_size, mask_mod=same_document_causal, seq_lengths=(length, length),
+        BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(length, length),
     )  # fmt: skip
 
 
@@ -207,10 +215,26 @@ _compiled_flex: Any = None
 _block_mask_cache: tuple[torch.Tensor, int, int, Any] | None = None  # (cu_seqlens, version, length, mask)
 
 
-def _flex(query, key, value, cu_seqlens, scale) -> torch.Tensor:
-    global _compiled_flex, _block_mask_cache
+def _flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, scale) -> torch.Tensor:
+    """FlexAttention of flattened ``[1, H, L, D]`` tensors under ``mask``: compiled on CUDA.
+
+    On the CPU it runs eager, which materialises the scores: a reference for tests of the masks.
+    Shared with :mod:`grpo.shared_prefix`, so one compiled kernel serves both masks.
+    """
+    global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
+    if q.device.type == "cuda":
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention)
+        attend = _compiled_flex
+    else:
+        attend = flex_attention
+    return attend(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _flex(query, key, value, cu_seqlens, scale) -> torch.Tensor:
+    global _block_mask_cache
     batch = query.shape[0]
     q, k, v = _flatten(query), _flatten(key), _flatten(value)
     length = q.shape[2]
@@ -227,14 +251,7 @@ def _flex(query, key, value, cu_seqlens, scale) -> torch.Tensor:
     else:
         mask = document_block_mask(cu, length)
         _block_mask_cache = (cu_seqlens, cu_seqlens._version, length, mask)
-    if query.device.type == "cuda":
-        if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention)
-        attend = _compiled_flex
-    else:
-        attend = flex_attention  # eager: a reference that materialises scores; for tests of the mask
-    out = attend(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    return _unflatten(out, batch)
+    return _unflatten(_flex_attend(q, k, v, mask, scale), batch)
 
 
 def document_kwargs(cu_seqlens: torch.Tensor, max_seqlen: int | None = None) -> dict[str, Any]:

@@ -36,7 +36,15 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from grpo.attention import FLEX_BLOCK_SIZE, _flatten, _installed, _unflatten, document_attention
+from grpo.attention import (
+    FLEX_BLOCK_SIZE,
+    _flatten,
+    _flex_attend,
+    _installed,
+    _tile_block_mask,
+    _unflatten,
+    document_attention,
+)
 from grpo.errors import InvalidParameterError, ShapeError
 
 __all__ = [
@@ -228,8 +236,6 @@ def shared_prefix_block_mask(
     tile within one segment, inside that segment joined to an adjacent prefix. The diagonal tile is
     always partial. Cost ``O(length / block_size)²`` booleans, never ``length²``.
     """
-    from torch.nn.attention.flex_attention import BlockMask
-
     length = structure.length
     bounds = torch.tensor(structure.bounds, dtype=torch.long, device=device)
     prefix_of = torch.tensor(structure.prefix_of, dtype=torch.long, device=device)
@@ -260,31 +266,18 @@ def shared_prefix_block_mask(
         & (first_root == last_root)[:, None]
         & (inside(prefix_low, prefix_high) | (one_segment & inside(joined_low, own_high)))
     )
-    partial = visible & ~full
-
-    def ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        count = blocks.sum(-1, dtype=torch.int32)
-        indices = torch.argsort(blocks.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
-        return count[None, None], indices[None, None]
 
     def same_segment_or_own_prefix(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & ((segment[q_idx] == segment[kv_idx]) | (root[q_idx] == segment[kv_idx]))
 
-    (kv_count, kv_indices), (full_count, full_indices) = ordered(partial), ordered(full)
-    return BlockMask.from_kv_blocks(
-        kv_count, kv_indices, full_count, full_indices,
-        BLOCK_SIZE=block_size, mask_mod=same_segment_or_own_prefix, seq_lengths=(length, length),
-    )  # fmt: skip
+    return _tile_block_mask(visible & ~full, full, same_segment_or_own_prefix, length, block_size)
 
 
-_compiled_flex: Any = None
 _mask_cache: tuple[SharedPrefixStructure, torch.device, Any] | None = None
 
 
 def _flex(query, key, value, structure: SharedPrefixStructure, scale) -> torch.Tensor:
-    global _compiled_flex, _mask_cache
-    from torch.nn.attention.flex_attention import flex_attention
-
+    global _mask_cache
     q, k, v = _flatten(query), _flatten(key), _flatten(value)
     cached = _mask_cache
     # One mask per forward, not per layer: every layer is handed the same structure object.
@@ -293,14 +286,7 @@ def _flex(query, key, value, structure: SharedPrefixStructure, scale) -> torch.T
     else:
         mask = shared_prefix_block_mask(structure, q.device)
         _mask_cache = (structure, q.device, mask)
-    if q.device.type == "cuda":
-        if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention)
-        attend = _compiled_flex
-    else:
-        attend = flex_attention  # eager: materialises the scores; a reference for tests of the mask
-    out = attend(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    return _unflatten(out, query.shape[0])
+    return _unflatten(_flex_attend(q, k, v, mask, scale), query.shape[0])
 
 
 def shared_prefix_kwargs(structure: SharedPrefixStructure) -> dict[str, Any]:

@@ -99,6 +99,18 @@ def _serving(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _serving_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments that ``_serving`` and ``_secrets`` give an Origin or a Relay."""
+    return {
+        "host": args.host,
+        "port": args.port,
+        "token": args.token,
+        "keep": args.keep,
+        "grace_s": args.grace,
+        "rate_limit_bps": args.rate_limit,
+    }
+
+
 def _verify_key(spec: str | None) -> HmacKey | Ed25519PublicKey | None:
     if not spec:
         return None
@@ -129,15 +141,7 @@ def _origin_arguments(parser: argparse.ArgumentParser) -> None:
 def _origin(args: argparse.Namespace) -> int:
     from .origin import Origin
 
-    origin = Origin(
-        args.data_dir,
-        host=args.host,
-        port=args.port,
-        token=args.token,
-        keep=args.keep,
-        grace_s=args.grace,
-        rate_limit_bps=args.rate_limit,
-    )
+    origin = Origin(args.data_dir, **_serving_options(args))
     return _serve_until_signal(origin, "origin")
 
 
@@ -206,15 +210,10 @@ def _relay(args: argparse.Namespace) -> int:
     relay = Relay(
         args.upstream,
         args.data_dir,
-        host=args.host,
-        port=args.port,
-        token=args.token,
         upstream_token=args.upstream_token,
         verify_key=_verify_key(args.key),
         poll_interval_s=args.poll_interval,
-        keep=args.keep,
-        grace_s=args.grace,
-        rate_limit_bps=args.rate_limit,
+        **_serving_options(args),
     )
     return _serve_until_signal(relay, "relay")
 

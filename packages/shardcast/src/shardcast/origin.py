@@ -7,18 +7,16 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .layout import DataDir
 from .manifest import Manifest
 from .planning import DEFAULT_SHARD_SIZE
 from .publish import DEFAULT_GRACE_S, DEFAULT_KEEP, publish_file, publish_tensors
-from .retention import RetentionSweeper
-from .server import HttpServer
+from .served import ServedDir
 from .signing import SigningKey
 
 log = logging.getLogger("shardcast.origin")
 
 
-class Origin:
+class Origin(ServedDir):
     """Publish checkpoints as numbered versions and serve them.
 
     ::
@@ -55,21 +53,20 @@ class Origin:
         delta: bool = False,
         rate_limit_bps: float | None = None,
     ) -> None:
-        self.data_dir = DataDir(data_dir)
-        self.server = HttpServer(
-            self.data_dir, host=host, port=port, token=token, rate_limit_bps=rate_limit_bps
+        super().__init__(
+            data_dir,
+            host=host,
+            port=port,
+            token=token,
+            rate_limit_bps=rate_limit_bps,
+            keep=keep,
+            grace_s=grace_s,
+            name="origin",
         )
         self.signing_key = signing_key
-        self.keep = keep
-        self.grace_s = grace_s
         self.shard_size = shard_size
         self.encoding = encoding
         self.delta = delta
-        self._sweeper = RetentionSweeper(self.data_dir, keep=keep, grace_s=grace_s, name="origin")
-
-    @property
-    def url(self) -> str:
-        return self.server.url
 
     def publish(
         self,
@@ -97,22 +94,3 @@ class Origin:
         if isinstance(source, Mapping):
             return publish_tensors(self.data_dir, source, version=version, **options)  # type: ignore[arg-type]
         return publish_file(self.data_dir, source, version=version, **options)  # type: ignore[arg-type]
-
-    def collect_garbage(self) -> list[int]:
-        """Delete retired versions whose grace period is over; returns their numbers."""
-        return self._sweeper.collect()
-
-    def start(self) -> Origin:
-        self.server.start()
-        self._sweeper.start()
-        return self
-
-    def stop(self) -> None:
-        self._sweeper.stop()
-        self.server.stop()
-
-    def __enter__(self) -> Origin:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

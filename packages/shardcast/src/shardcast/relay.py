@@ -30,6 +30,7 @@ import shutil
 import threading
 import time
 from collections.abc import Sequence
+from typing import Self
 
 import aiohttp
 
@@ -47,8 +48,7 @@ from .remote import (
     make_session,
     normalise_url,
 )
-from .retention import RetentionSweeper
-from .server import HttpServer
+from .served import ServedDir
 from .servers import ServerPool
 from .signing import VerifyKey
 from .sinks import MirrorSink
@@ -60,7 +60,7 @@ REJECT_RETRY_S = 60.0
 """A version whose manifest was rejected is not retried for this long."""
 
 
-class Relay:
+class Relay(ServedDir):
     """Mirror ``upstreams`` into ``data_dir`` and serve it (start/stop or ``with``).
 
     Args:
@@ -109,16 +109,20 @@ class Relay:
         if not upstreams:
             raise ValueError("Relay needs at least one upstream URL")
         self.upstreams = list(dict.fromkeys(normalise_url(u) for u in upstreams))
-        self.data_dir = DataDir(data_dir)
-        self.local_sources = [DataDir(source) for source in local_sources]
-        self.server = HttpServer(
-            self.data_dir, host=host, port=port, token=token, rate_limit_bps=rate_limit_bps
+        super().__init__(
+            data_dir,
+            host=host,
+            port=port,
+            token=token,
+            rate_limit_bps=rate_limit_bps,
+            keep=keep,
+            grace_s=grace_s,
+            name="relay",
         )
+        self.local_sources = [DataDir(source) for source in local_sources]
         self.upstream_token = upstream_token
         self.verify_key = verify_key
         self.poll_interval_s = poll_interval_s
-        self.keep = keep
-        self.grace_s = grace_s
         self.concurrency = concurrency
         self.per_server_connections = per_server_connections
         self.deadline_s = deadline_s
@@ -127,16 +131,10 @@ class Relay:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._upstream_ok: dict[str, bool] = {}
-        self._sweeper = RetentionSweeper(self.data_dir, keep=keep, grace_s=grace_s, name="relay")
         self.last_error: str = ""
 
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    def start(self) -> Relay:
-        self.server.start()
-        self._sweeper.start()
+    def start(self) -> Self:
+        super().start()
         self._stop.clear()
         self._thread = threading.Thread(
             target=lambda: asyncio.run(self._main()), name="shardcast-relay", daemon=True
@@ -149,21 +147,10 @@ class Relay:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=15)
-        self._sweeper.stop()
-        self.server.stop()
-
-    def __enter__(self) -> Relay:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().stop()
 
     def local_index(self) -> Index:
         return self.data_dir.read_index()
-
-    def collect_garbage(self) -> list[int]:
-        """Delete retired versions whose grace period is over; returns their numbers."""
-        return self._sweeper.collect()
 
     # ---- the loop ------------------------------------------------------------------------
 

@@ -19,11 +19,9 @@ compared with the torch/host path; on any disagreement they are disabled with a
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -31,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from toploc._build import build_cached
 from toploc.commitment import commit
 from toploc.errors import ActivationError
 from toploc.field import INVERSE_SIGNED, P
@@ -56,21 +55,10 @@ def compile_library(arch: str, nvcc: str | None = None) -> Path | None:
     if nvcc is None:
         return None
     flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-arch={arch}"]
-    source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("TOPLOC_CACHE_DIR", Path.home() / ".cache" / "toploc"))
-    target = cache / f"toploc_cuda_{arch}_{digest}.so"
-    if not target.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            built = Path(tmp) / target.name
-            done = subprocess.run(
-                [nvcc, *flags, str(_SOURCE), "-o", str(built)], capture_output=True, timeout=600
-            )
-            if done.returncode != 0:
-                return None
-            os.replace(built, target)
-    return target
+    key = _SOURCE.read_bytes() + " ".join(flags).encode()
+    return build_cached(
+        f"toploc_cuda_{arch}", key, lambda built: [nvcc, *flags, str(_SOURCE), "-o", str(built)], timeout=600
+    )
 
 
 def _library(device: torch.device) -> ctypes.CDLL | None:
@@ -84,22 +72,10 @@ def _library(device: torch.device) -> ctypes.CDLL | None:
             except (OSError, subprocess.SubprocessError):
                 lib = None
             if lib is not None:
-                lib.toploc_cuda_select_commit.argtypes = [
-                    ctypes.c_void_p,
-                    ctypes.c_int64,
-                    ctypes.c_int64,
-                    ctypes.c_int64,
-                ]
-                lib.toploc_cuda_select_commit.argtypes += [ctypes.c_void_p] * 7
-                lib.toploc_cuda_select_evaluate.argtypes = [
-                    ctypes.c_void_p,
-                    ctypes.c_int64,
-                    ctypes.c_int64,
-                    ctypes.c_int64,
-                ]
-                lib.toploc_cuda_select_evaluate.argtypes += [ctypes.c_void_p] * 7
-                lib.toploc_cuda_select_commit.restype = ctypes.c_int
-                lib.toploc_cuda_select_evaluate.restype = ctypes.c_int
+                # Both kernels take the bits pointer, three int64 sizes (chunks, n, k), then seven pointers.
+                for function in (lib.toploc_cuda_select_commit, lib.toploc_cuda_select_evaluate):
+                    function.argtypes = [ctypes.c_void_p, *[ctypes.c_int64] * 3, *[ctypes.c_void_p] * 7]
+                    function.restype = ctypes.c_int
             if lib is not None and not _passes_self_test(lib, device):
                 warnings.warn(
                     "toploc CUDA kernels disagree with the reference path on this device; using the torch path",

@@ -15,15 +15,14 @@ no global thread settings (torch, OpenMP) are read or changed.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import numpy as np
 
+from toploc._build import build_cached
 from toploc.errors import ActivationError
 
 _SOURCES = [Path(__file__).with_name("toploc_cpu.c"), Path(__file__).with_name("toploc_sampling.c")]
@@ -52,22 +51,14 @@ def _threads() -> int:
 def _compile() -> ctypes.CDLL | None:
     source = b"".join(path.read_bytes() for path in _SOURCES)
     compiler = os.environ.get("CC", "cc")
-    digest = hashlib.sha256(source + " ".join([compiler, *_FLAGS]).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("TOPLOC_CACHE_DIR", Path.home() / ".cache" / "toploc"))
-    target = cache / f"toploc_cpu_{digest}.so"
-    if not target.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            built = Path(tmp) / target.name
-            done = subprocess.run(
-                [compiler, *_FLAGS, *map(str, _SOURCES), "-o", str(built), "-lm"],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            if done.returncode != 0:
-                return None
-            os.replace(built, target)  # atomic: concurrent builders race harmlessly
+    target = build_cached(
+        "toploc_cpu",
+        source + " ".join([compiler, *_FLAGS]).encode(),
+        lambda built: [compiler, *_FLAGS, *map(str, _SOURCES), "-o", str(built), "-lm"],
+        timeout=120,
+    )
+    if target is None:
+        return None
     lib = ctypes.CDLL(str(target))
     lib.toploc_select.argtypes = [
         _U16P,

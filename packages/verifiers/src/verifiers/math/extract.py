@@ -11,7 +11,7 @@ Pitfall: the `</think>` gate is ON for `extract_answer` by default only when
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 FALLBACKS = ("final_answer", "last_math", "last_number")
 
@@ -34,22 +34,29 @@ _BOX_JOINER = re.compile(rf"{_SEP}(?:(?:and|or){_SEP})?")
 _SPAN_JOINER = re.compile(r"\s*(?:,|;|and|or|,\s*and|,\s*or)\s*")
 
 
-def match_brace(text: str, open_index: int) -> int:
-    """Index of the `}` closing the `{` at `open_index` (escaped `\\{`/`\\}` ignored), or -1."""
-    depth = 0
-    i = open_index
+def _braces(text: str, start: int) -> Iterator[tuple[int, str]]:
+    """(index, `{` or `}`) of every unescaped brace from `start` on: a backslash skips the next character."""
+    i = start
     while i < len(text):
         c = text[i]
         if c == "\\":
             i += 2
             continue
+        if c in "{}":
+            yield i, c
+        i += 1
+
+
+def match_brace(text: str, open_index: int) -> int:
+    """Index of the `}` closing the `{` at `open_index` (escaped `\\{`/`\\}` ignored), or -1."""
+    depth = 0
+    for i, c in _braces(text, open_index):
         if c == "{":
             depth += 1
-        elif c == "}":
+        else:
             depth -= 1
             if depth == 0:
                 return i
-        i += 1
     return -1
 
 
@@ -57,17 +64,11 @@ def brace_pairs(text: str) -> dict[int, int]:
     """Index of every `{` -> index of its matching `}` (-1 if unclosed), in one O(n) pass."""
     pairs: dict[int, int] = {}
     stack: list[int] = []
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
+    for i, c in _braces(text, 0):
         if c == "{":
             stack.append(i)
-        elif c == "}" and stack:
+        elif stack:
             pairs[stack.pop()] = i
-        i += 1
     for open_index in stack:
         pairs[open_index] = -1
     return pairs
