@@ -435,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
                               load_average=(round(load_start, 2), round(load_end, 2)))  # fmt: skip
     figures["validators"] = validator_figures(swarm.config, records, swarm.kills)
     (root / "figures.json").write_text(json.dumps(figures, indent=1))
+    (root / "rss.json").write_text(json.dumps(swarm.rss))  # every 2 s, per process: windows of a long run
     if record:
         record_results(figures)
     for name, ids in violations.items():
