@@ -100,12 +100,6 @@ class RedTeamClient:
         return hoard_start, time.time()
 
 
-def leases_per_minute(events: list[dict[str, Any]], workers: set[str], start: float, end: float) -> float:
-    """Leases the orchestrator's ``events`` issued to ``workers`` per minute in ``[start, end)``."""
-    count = sum(1 for e in events if e["event"] == "lease" and e["worker_id"] in workers and start <= e["time"] < end)
-    return 60.0 * count / max(end - start, 1e-9)
-
-
 @dataclass
 class RunLeftBehind:
     """What a stopped run left on disk, as the red-team tests read it: the orchestrator's events,
@@ -130,6 +124,13 @@ class RunLeftBehind:
             verdicts=store.all_verdicts(), batches={record.meta.batch_id: record for record in store.batch_records()},
             ledger=Ledger(config, load_tasks(config.tasks), store),
         )  # fmt: skip
+
+    def honest_leases_per_minute(self, start: float, end: float) -> float:
+        """Leases the orchestrator issued to the honest workers per minute in ``[start, end)``."""
+        count = sum(
+            1 for e in self.events if e["event"] == "lease" and e["worker_id"] in self.honest and start <= e["time"] < end
+        )
+        return 60.0 * count / max(end - start, 1e-9)
 
 
 def commits(run_dir: Path, helpers: Any) -> int:

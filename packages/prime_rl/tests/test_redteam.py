@@ -64,13 +64,7 @@ from typing import Any
 import pytest
 import requests
 import torch
-from redteam_client import (  # tests/support
-    RedTeamClient,
-    RunLeftBehind,
-    commits,
-    leases_per_minute,
-    start_to_first_step,
-)
+from redteam_client import RedTeamClient, RunLeftBehind, commits, start_to_first_step  # tests/support
 from steering import steering_sampler
 
 import prime_rl.inference.backend as backend_module
@@ -374,7 +368,7 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
 
     # ------------------------------------------------------------------ what the run left behind
     left = RunLeftBehind.read(config, run_dir, helpers.metrics_of)  # the ledger: what the trainer received, replayed
-    events, honest, store = left.events, left.honest, left.store
+    honest, store = left.honest, left.store
     verdicts, batches, ledger = left.verdicts, left.batches, left.ledger
     trained = {
         sample.sample_id: sample
@@ -432,12 +426,8 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         (str(code), attacker.events["hoard_refusals"].count(code))
         for code in set(attacker.events["hoard_refusals"])
     )
-    per_attack["hoarding"]["honest_leases_per_min_before"] = leases_per_minute(
-        events, honest, baseline_start, baseline_end
-    )
-    per_attack["hoarding"]["honest_leases_per_min_during"] = leases_per_minute(
-        events, honest, hoard_start + 3, hoard_end
-    )
+    per_attack["hoarding"]["honest_leases_per_min_before"] = left.honest_leases_per_minute(baseline_start, baseline_end)
+    per_attack["hoarding"]["honest_leases_per_min_during"] = left.honest_leases_per_minute(hoard_start + 3, hoard_end)
     workers = {w.worker_id: w for w in ledger.workers_view().workers}
     for attack in STATISTICAL_ATTACKS:
         identities = [workers[w] for w, a in attacker.identities.items() if a == attack]

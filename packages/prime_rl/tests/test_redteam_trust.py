@@ -50,13 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redteam_client import (  # tests/support
-    RedTeamClient,
-    RunLeftBehind,
-    commits,
-    leases_per_minute,
-    start_to_first_step,
-)
+from redteam_client import RedTeamClient, RunLeftBehind, commits, start_to_first_step  # tests/support
 from steering import steering_sampler
 
 import prime_rl.inference.backend as backend_module
@@ -246,7 +240,7 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
     assert run.returncode in (0, 128 + signal.SIGINT), output[-3000:]
 
     left = RunLeftBehind.read(config, run_dir, helpers.metrics_of)
-    events, honest, store = left.events, left.honest, left.store
+    honest, store = left.honest, left.store
     verdicts, batches, ledger = left.verdicts, left.batches, left.ledger
     trained = [
         sample for claim in store.claims() for sample in ledger.claim(ClaimRequest(step=claim.step, min_samples=1)).samples
@@ -283,8 +277,8 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
     hoarding["leases_taken"] = len(attacker.events["hoard_leases"])
     hoarding["refusals"] = len(attacker.events["hoard_refusals"])
     rates = {
-        "honest_leases_per_min_before": leases_per_minute(events, honest, baseline_start, baseline_end),
-        "honest_leases_per_min_during": leases_per_minute(events, honest, hoard_start + 3, hoard_end),
+        "honest_leases_per_min_before": left.honest_leases_per_minute(baseline_start, baseline_end),
+        "honest_leases_per_min_during": left.honest_leases_per_minute(hoard_start + 3, hoard_end),
     }
     honest_reasons: dict[str, int] = defaultdict(int)
     for batch_id, record in batches.items():
