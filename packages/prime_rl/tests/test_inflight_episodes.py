@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from calculator_tasks import TEMPLATE, segment_starts, sum_prompt, sum_tasks  # tests/support
-from inflight_harness import VersionedValidator
+from inflight_harness import VersionedValidator, hold_lease_while_v1_commits
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
 
@@ -49,7 +49,6 @@ from prime_rl.worker.inflight import CommittedVersions
 from verifiers.envs import CalculatorEnv
 
 from .conftest import INFLIGHT, make_config
-from .test_switch_record import hold_lease_while_v1_commits
 
 KEY = b"inflight-episodes-test-key"
 NUM_TASKS, GROUP, PER_BATCH, MAX_NEW, TURNS = 12, 2, 2, 5, 3

@@ -14,13 +14,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from inflight_harness import VersionedValidator  # tests/support
+from inflight_harness import (  # tests/support
+    VersionedValidator,
+    commit_next,
+    hold_lease_while_v1_commits,
+    other_worker,
+)
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
 
@@ -34,9 +38,7 @@ from prime_rl.api.protocol import (
     LeaseDone,
     RolloutBatch,
     SwitchRequest,
-    TaskLease,
     Verdict,
-    VerdictRequest,
 )
 from prime_rl.api.spans import lease_digest
 from prime_rl.inference.backend import HFBackend
@@ -81,78 +83,6 @@ def test_switch_nonce_known_answer_and_what_it_depends_on():
 
 
 # ------------------------------------------------------------------ the endpoint
-
-
-@dataclass(frozen=True)
-class Feeder:
-    """Another worker, whose accepted leases let the trainer commit versions."""
-
-    client: OrchestratorClient
-    worker_id: str
-
-
-def other_worker(url: str) -> Feeder:
-    client = OrchestratorClient(url, retries=0)
-    return Feeder(client, client.register("trainer-feeder").worker_id)
-
-
-def commit_next(feeder: Feeder, trainer: OrchestratorClient) -> int:
-    """Play one trainer step with ``feeder``'s accepted lease; the new committed version."""
-    lease = feeder.client.get_tasks(feeder.worker_id)
-    feeder.client.submit_rollouts(make_batch(lease, lease.policy_version))
-    pending = trainer.pending().batches
-    batch = next(b for b in pending if b.worker_id == lease.worker_id and b.batch_index == lease.batch_index)
-    trainer.post_verdicts(VerdictRequest(batch_id=batch.batch_id, verdicts=[
-        Verdict(sample_index=i, accepted=True, reason="ok", reward=s.reward, advantage=s.advantage,
-                logprobs=s.inference_logprobs) for i, s in enumerate(batch.samples)
-    ]))  # fmt: skip
-    step = trainer.status().step
-    assert trainer.claim(step, 1, filter_zero_advantage=False).ready
-    return trainer.commit(step, step + 1).policy_version
-
-
-@dataclass(frozen=True)
-class HeldLease:
-    """A worker's open v0 lease at a running orchestrator, with the trainer and the feeder whose
-    accepted leases let it commit newer versions (:func:`hold_lease_while_v1_commits`)."""
-
-    trainer: OrchestratorClient
-    feeder: Feeder
-    worker: OrchestratorClient
-    worker_id: str
-    lease: TaskLease
-
-    @property
-    def where(self) -> dict[str, int]:
-        return {"step": self.lease.step, "batch_index": self.lease.batch_index}
-
-    def announce(self, version: int, chunk: int) -> int:
-        """The orchestrator's nonce for a switch of this lease to ``version`` at ``chunk``."""
-        return self.worker.announce_switch(self.worker_id, **self.where, policy_version=version, chunk=chunk).nonce
-
-    def source(self, files: dict[int, Path], kind: type[CommittedVersions] = CommittedVersions) -> CommittedVersions:
-        """The worker's ``kind`` of versions for this lease: it follows the trainer's committed version,
-        finds each version in ``files`` and announces its switches to the orchestrator."""
-        made = kind(
-            lambda: self.trainer.status().policy_version, lambda: 1, files.__getitem__, max_versions=4, poll_s=0.0,
-            announce=lambda step, index, version, chunk: self.worker.announce_switch(
-                self.worker_id, step=step, batch_index=index, policy_version=version, chunk=chunk
-            ).nonce,
-        )  # fmt: skip
-        made.lease = (self.lease.step, self.lease.batch_index)
-        return made
-
-
-def hold_lease_while_v1_commits(server: OrchestratorServer, name: str) -> HeldLease:
-    """Worker ``name`` registers and takes a lease (v0); then the trainer commits v1 with another
-    worker's accepted batch, so the open lease may switch to v1."""
-    trainer = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
-    worker = OrchestratorClient(server.url, retries=0)
-    worker_id = worker.register(name).worker_id
-    lease = worker.get_tasks(worker_id)
-    feeder = other_worker(server.url)
-    assert lease.policy_version == 0 and commit_next(feeder, trainer) == 1
-    return HeldLease(trainer, feeder, worker, worker_id, lease)
 
 
 def refusal(call: Any) -> tuple[int, str, str]:
