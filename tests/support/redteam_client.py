@@ -3,11 +3,13 @@
 ``test_redteam.py`` and ``test_redteam_trust.py`` attack a real ``prime-rl run`` from a client
 written against ``API.md``; what every attack needs (register an identity, take a lease while
 waiting out backpressure, hold the lease's policy version through shardcast, build an honest
-batch) is here once, and each test's attacker subclasses it with its attacks.
+batch, hold a hoarding window and count the honest leases in it) is here once, and each test's
+attacker subclasses it with its attacks.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -78,6 +80,25 @@ class RedTeamClient:
         """The batch an honest worker would submit for ``lease`` (with the held policy version)."""
         return build_batch(lease, self.backend, encode=self.tasks.encode, score=self.tasks.score)[0]
 
+    def hoard(self, stop: threading.Event) -> None:
+        """Each test's hoarders: identities that take leases and never answer them, until ``stop``;
+        every lease they get is a time in ``events["hoard_leases"]``."""
+        raise NotImplementedError
+
+    def hoard_for(self, seconds: float, wait_for: Callable[..., Any], join_s: float) -> tuple[float, float]:
+        """Run :meth:`hoard` in a thread until ``seconds`` after the hoarders' first lease (registering
+        them takes a while: the window starts there); (that first lease's time, the time it stopped).
+        ``wait_for``: the harness's ``helpers.wait_for``; ``join_s``: how long the thread may take to end."""
+        stop = threading.Event()
+        hoarder = threading.Thread(target=self.hoard, args=(stop,), daemon=True)
+        hoarder.start()
+        wait_for(lambda: self.events["hoard_leases"], 120, "the hoarders' first lease")
+        hoard_start = self.events["hoard_leases"][0]
+        time.sleep(max(0.0, hoard_start + seconds - time.time()))
+        stop.set()
+        hoarder.join(join_s)
+        return hoard_start, time.time()
+
 
 @dataclass
 class RunLeftBehind:
@@ -103,6 +124,13 @@ class RunLeftBehind:
             verdicts=store.all_verdicts(), batches={record.meta.batch_id: record for record in store.batch_records()},
             ledger=Ledger(config, load_tasks(config.tasks), store),
         )  # fmt: skip
+
+    def honest_leases_per_minute(self, start: float, end: float) -> float:
+        """Leases the orchestrator issued to the honest workers per minute in ``[start, end)``."""
+        count = sum(
+            1 for e in self.events if e["event"] == "lease" and e["worker_id"] in self.honest and start <= e["time"] < end
+        )
+        return 60.0 * count / max(end - start, 1e-9)
 
 
 def commits(run_dir: Path, helpers: Any) -> int:

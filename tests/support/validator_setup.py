@@ -4,9 +4,10 @@ assignment, ``async_level`` 1)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,24 @@ def process_config(run_dir: Path, model_dir: Path, *overrides: str, num_tasks: i
         "--orchestrator.port", str(port), "--orchestrator.prompts_per_batch", "2",
         "--sampling.group_size", str(group_size), "--sampling.max_new_tokens", str(max_new_tokens), *overrides,
     ])  # fmt: skip
+
+
+@contextlib.contextmanager
+def validator_at_orchestrator(
+    run_dir: Path, model_dir: Path, *overrides: str, num_tasks: int, group_size: int, max_new_tokens: int
+) -> Iterator[tuple[RunConfig, Any, Any]]:
+    """``(config, server, validator)``: :func:`process_config`'s run, an in-process orchestrator
+    serving its tasks and a validator process object of it (its backend loaded, its noise measured);
+    the server stops on exit, the validator is the caller's to close."""
+    from prime_rl.orchestrator.server import OrchestratorServer
+    from prime_rl.tasks import load_tasks
+    from prime_rl.validator.process import Validator
+
+    config = process_config(
+        run_dir, model_dir, *overrides, num_tasks=num_tasks, group_size=group_size, max_new_tokens=max_new_tokens
+    )
+    with OrchestratorServer(config, load_tasks(config.tasks)) as server:
+        yield config, server, Validator(config)
 
 
 @dataclass(frozen=True)

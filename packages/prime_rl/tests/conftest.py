@@ -9,11 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from stepped_clock import SteppedClock  # tests/support
 from synthetic_batches import synthetic_batch  # tests/support
 
 from prime_rl.api.client import OrchestratorClient
@@ -63,19 +64,39 @@ def make_batch(
     return synthetic_batch(lease, policy_version, advantages=advantages, logprobs=[-0.5, -0.25])
 
 
+def each_stopped(make: Callable[..., Any], stop: Callable[[Any], None]) -> Iterator[Callable[..., Any]]:
+    """A factory fixture's body: yields ``make``, remembering all it makes, then ``stop``s each of them
+    (``yield from each_stopped(...)``)."""
+    made: list[Any] = []
+
+    def tracked(*args: Any) -> Any:
+        made.append(item := make(*args))
+        return item
+
+    yield tracked
+    for item in made:
+        stop(item)
+
+
 @pytest.fixture
 def server_factory(tmp_path: Path) -> Iterator[Any]:
     """``start(*overrides) -> OrchestratorServer``; every server started is stopped at the end."""
-    servers: list[OrchestratorServer] = []
+    yield from each_stopped(
+        lambda *overrides: OrchestratorServer(make_config(tmp_path, *overrides), task_set()).start(),
+        OrchestratorServer.stop,
+    )
 
-    def start(*overrides: str) -> OrchestratorServer:
-        server = OrchestratorServer(make_config(tmp_path, *overrides), task_set()).start()
-        servers.append(server)
-        return server
 
-    yield start
-    for server in servers:
-        server.stop()
+@pytest.fixture
+def clocked_server_for(tmp_path: Path) -> Iterator[Any]:
+    """``start(*overrides) -> (OrchestratorServer, SteppedClock)``: the server runs on a clock the test
+    moves by hand (``clock.now += seconds``); every server started is stopped at the end."""
+
+    def start(*overrides: str) -> tuple[OrchestratorServer, SteppedClock]:
+        clock = SteppedClock()
+        return OrchestratorServer(make_config(tmp_path, *overrides), task_set(), clock=clock).start(), clock
+
+    yield from each_stopped(start, lambda made: made[0].stop())
 
 
 @pytest.fixture
@@ -287,16 +308,7 @@ def tiny_run(tmp_path: Path) -> Any:
 @pytest.fixture
 def harness_for(tmp_path: Path) -> Iterator[Any]:
     """``harness_for(config_path) -> ProcessHarness``; every process is stopped at teardown."""
-    harnesses: list[ProcessHarness] = []
-
-    def make(config_path: Path) -> ProcessHarness:
-        harness = ProcessHarness(tmp_path, config_path)
-        harnesses.append(harness)
-        return harness
-
-    yield make
-    for harness in harnesses:
-        harness.stop_all()
+    yield from each_stopped(lambda config_path: ProcessHarness(tmp_path, config_path), ProcessHarness.stop_all)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from calculator_tasks import TEMPLATE, segment_starts, sum_prompt, sum_tasks  # tests/support
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
 
@@ -18,7 +19,6 @@ from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import HFBackend, SamplingParams
 from prime_rl.redteam.attacks import ATTACKS, HostileWorker
 from prime_rl.redteam.episodes import forge_tool_output
-from prime_rl.tasks import TaskSet
 from prime_rl.trainer.batching import (
     completion_logprobs,
     completion_positions,
@@ -28,18 +28,14 @@ from prime_rl.trainer.batching import (
 from prime_rl.validator.checks import Reason
 from prime_rl.validator.episodes import episode_problem
 from prime_rl.validator.verdicts import ban_counts, validate_batch
-from verifiers import Task
 from verifiers.envs import CalculatorEnv, PythonToolEnv
 
 KEY = b"episode-test-assignment-key"
 NUM_TASKS = 12
 GROUP, PER_BATCH, MAX_NEW, TURNS = 2, 2, 5, 3
 TOKENIZER = make_tiny_tokenizer()
-RUN = TinyRun(KEY, TOKENIZER, lambda t: f"{t}+{t * 3}=", NUM_TASKS, GROUP, PER_BATCH, MAX_NEW)
-TASKS = TaskSet(
-    [Task(f"{t}+{t * 3}=", "verifiable_math", {"ground_truth": str(4 * t + 1)}) for t in range(NUM_TASKS)]
-)
-TEMPLATE = "\n<{role}>\n{content}\n</{role}>\n"
+RUN = TinyRun(KEY, TOKENIZER, sum_prompt, NUM_TASKS, GROUP, PER_BATCH, MAX_NEW)
+TASKS = sum_tasks(NUM_TASKS)
 
 
 def feedback_env(env_class=CalculatorEnv) -> EpisodeEnv:
@@ -141,25 +137,17 @@ def test_honest_episodes_interleave_model_turns_and_environment_replies(honest, 
         assert kinds == ["model", "env"] * (TURNS - 1) + ["model"]  # the random model is never right
         assert [g.turn for g in s.segments] == [0, 0, 1, 1, 2]
         # every env segment is the environment's feedback, as the template renders it
-        env_tokens = [s.completion_tokens[a : a + g.length] for a, g in _starts(s) if g.kind == "env"]
+        env_tokens = [s.completion_tokens[a : a + g.length] for a, g in segment_starts(s) if g.kind == "env"]
         assert all(tuple(t) == ENV.render(_feedback()) for t in env_tokens)
     # turn k of an episode is exactly what the seeded sampler draws for turn_seed(seed, k) after
     # the episode's tokens so far (one model turn re-generated alone)
     s = batch.samples[1]
-    a, g = _starts(s)[2]
+    a, g = segment_starts(s)[2]
     again = backend.generate(
         [s.prompt_tokens + s.completion_tokens[:a]], [turn_seed(s.sampling_seed, 1)],
         SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW),
     )[0]  # fmt: skip
     assert list(again.completion_tokens) == s.completion_tokens[a : a + g.length]
-
-
-def _starts(sample):
-    out, start = [], 0
-    for g in sample.segments:
-        out.append((start, g))
-        start += g.length
-    return out
 
 
 def _feedback():

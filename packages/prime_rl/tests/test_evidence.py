@@ -11,19 +11,16 @@ import pytest
 import torch
 from steering import steering_sampler
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
-from validator_setup import TinyRun, process_config, submit_honest_and_steered
+from validator_setup import TinyRun, submit_honest_and_steered, validator_at_orchestrator
 
 import prime_rl.inference.backend as backend_module
 import toploc
 from prime_rl.api.client import OrchestratorClient
 from prime_rl.api.protocol import PendingBatch, Verdict
 from prime_rl.inference.backend import SAMPLER_SEED, HFBackend, SamplingParams
-from prime_rl.orchestrator.server import OrchestratorServer
-from prime_rl.tasks import load_tasks
 from prime_rl.validator import noise, process
 from prime_rl.validator.checks import sampling_margins, sampling_problem
 from prime_rl.validator.evidence import EvidenceLedger, reject_banned
-from prime_rl.validator.process import Validator
 from prime_rl.validator.verdicts import validate_batch
 
 KEY = b"evidence-test-assignment-key"
@@ -163,16 +160,15 @@ def test_margins_equal_the_sampling_check(backend: HFBackend) -> None:
 def test_validator_process_bans_a_steering_worker_through_the_orchestrator(
     tmp_path, tiny_lm_dir, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
-    config = process_config(
+    metrics = Recorder()
+    monkeypatch.setattr(process, "get_metrics", lambda: metrics)
+    with validator_at_orchestrator(
         tmp_path, tiny_lm_dir,
         "--validator.max_batches", "8", "--validator.calibration_tokens", "512",
         "--validator.false_ban_rate", "1e-3", "--validator.evidence_horizon_samples", "1000",
         num_tasks=40, group_size=4, max_new_tokens=16,
-    )  # fmt: skip
-    metrics = Recorder()
-    monkeypatch.setattr(process, "get_metrics", lambda: metrics)
-    with OrchestratorServer(config, load_tasks(config.tasks)) as server:
-        validator = Validator(config)  # measures the honest noise of its backend at start
+    ) as (config, server, validator):  # fmt: skip
+        # the validator measured the honest noise of its backend at start
         assert (tmp_path / "validator" / "noise-profile.json").exists()
         posted: dict[str, float | None] = {}
         post = validator.client.post_verdicts

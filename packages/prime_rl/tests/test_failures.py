@@ -204,14 +204,19 @@ def test_worker_killed_mid_batch_tasks_are_reassigned(tiny_run: Any, harness_for
     assert harness.processes["worker-1"].poll() is None, harness.output("worker-1")[-2000:]
 
 
-def _start_core(harness: Any, config_path: Path, *, validator: bool, trainer_name: str = "trainer") -> None:
+def _start_core(tiny_run: Any, harness_for: Any, trainer: dict[str, Any], *, validator: bool) -> tuple[Any, Path]:
+    """A run of one worker and no relay, with ``trainer``'s settings: its orchestrator, shardcast
+    origin, trainer, validator (if ``validator``) and worker started; (the harness, the run dir)."""
+    config_path, run_dir = tiny_run(shardcast={"relay_ports": []}, trainer=trainer, workers={"count": 1})
+    harness = harness_for(config_path)
     harness.start("orchestrator", "orchestrator")
     OrchestratorClient(load_config(config_path).orchestrator.url).wait_until_up(90)
     harness.start("origin", "shardcast-origin")
-    harness.start("trainer", trainer_name, "--trainer.serve_origin", "false")
+    harness.start("trainer", "trainer", "--trainer.serve_origin", "false")
     if validator:
         harness.start("validator", "validator")
     harness.start("worker", "worker-0")
+    return harness, run_dir
 
 
 def _events(run_dir: Path, helpers: Any, name: str, kind: str) -> list[dict[str, Any]]:
@@ -226,13 +231,9 @@ def test_trainer_killed_resumes_without_losing_or_reusing_rollouts(
     tiny_run: Any, harness_for: Any, helpers: Any
 ) -> None:
     """SIGKILL the trainer after its first commit; the restarted one finishes with every claim used once."""
-    config_path, run_dir = tiny_run(
-        shardcast={"relay_ports": []},
-        trainer={"total_steps": 3, "samples_per_step": 8, "checkpoint_every": 2},
-        workers={"count": 1},
+    harness, run_dir = _start_core(
+        tiny_run, harness_for, {"total_steps": 3, "samples_per_step": 8, "checkpoint_every": 2}, validator=True
     )
-    harness = harness_for(config_path)
-    _start_core(harness, config_path, validator=True)
     helpers.wait_for(
         lambda: _events(run_dir, helpers, "orchestrator", "commit") or _exited(harness, "trainer"),
         150,
@@ -276,13 +277,9 @@ def test_validator_behind_trainer_waits_and_never_trains_unvalidated(
     tiny_run: Any, harness_for: Any, helpers: Any
 ) -> None:
     """No validator: the trainer logs why it waits and claims nothing; start it and the step completes."""
-    config_path, run_dir = tiny_run(
-        shardcast={"relay_ports": []},
-        trainer={"total_steps": 1, "samples_per_step": 8, "wait_log_every_s": 1.0},
-        workers={"count": 1},
+    harness, run_dir = _start_core(
+        tiny_run, harness_for, {"total_steps": 1, "samples_per_step": 8, "wait_log_every_s": 1.0}, validator=False
     )
-    harness = harness_for(config_path)
-    _start_core(harness, config_path, validator=False)
     stored = lambda: len(_events(run_dir, helpers, "orchestrator", "batch_stored"))  # noqa: E731
     # Two batches are the window lease_judgeable (the default) allows without a claim: 2 steps x 8 samples.
     helpers.wait_for(lambda: stored() >= 2, 150, "2 stored batches (16 samples > 8 needed)")

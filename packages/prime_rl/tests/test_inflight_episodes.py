@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from inflight_harness import VersionedValidator
+from calculator_tasks import TEMPLATE, segment_starts, sum_prompt, sum_tasks  # tests/support
+from inflight_harness import VersionedValidator, hold_lease_while_v1_commits
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
 
@@ -38,7 +39,6 @@ from prime_rl.episodes import EpisodeEnv
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.contract import VersionSwitch
 from prime_rl.orchestrator.server import OrchestratorServer
-from prime_rl.tasks import TaskSet
 from prime_rl.validator.checks import Reason
 from prime_rl.validator.episode_spans import episode_proof_reason
 from prime_rl.validator.episodes import ModelSpan
@@ -46,26 +46,22 @@ from prime_rl.validator.verdicts import validate_batch
 from prime_rl.weights.files import save_policy
 from prime_rl.worker.episodes import build_episode_batch
 from prime_rl.worker.inflight import CommittedVersions
-from verifiers import Task
 from verifiers.envs import CalculatorEnv
 
 from .conftest import INFLIGHT, make_config
-from .test_switch_record import commit_next, other_worker
 
 KEY = b"inflight-episodes-test-key"
 NUM_TASKS, GROUP, PER_BATCH, MAX_NEW, TURNS = 12, 2, 2, 5, 3
 TOKENIZER = make_tiny_tokenizer()
-RUN = TinyRun(KEY, TOKENIZER, lambda t: f"{t}+{t * 3}=", NUM_TASKS, GROUP, PER_BATCH, MAX_NEW)
-TASKS = TaskSet(
-    [Task(f"{t}+{t * 3}=", "verifiable_math", {"ground_truth": str(4 * t + 1)}) for t in range(NUM_TASKS)]
-)
+RUN = TinyRun(KEY, TOKENIZER, sum_prompt, NUM_TASKS, GROUP, PER_BATCH, MAX_NEW)
+TASKS = sum_tasks(NUM_TASKS)
 # The calculator answers every wrong answer with feedback; the tiny random model is never right, so
 # every episode plays all TURNS model turns (model, env, model, env, model).
 ENV = EpisodeEnv(
     CalculatorEnv(max_turns=TURNS, feedback=True),
     TASKS,
     TOKENIZER,
-    turn_template="\n<{role}>\n{content}\n</{role}>\n",
+    turn_template=TEMPLATE,
 )
 # A run allows one switch per lease (orchestrator/switches.py); the validator's chained forwards are
 # general, and these validator tests also chain three versions (records made by hand), so their checks
@@ -240,7 +236,7 @@ def test_an_honest_episode_lease_switching_at_turn_starts_is_accepted_one_prefil
     ]
     assert validator.loads == [1, 2]  # each further version loaded once for the whole batch
     for v, s in zip(verdicts, batch.samples, strict=True):
-        model = [i for start, g in _starts(s) if g.kind == "model" for i in range(start, start + g.length)]
+        model = [i for start, g in segment_starts(s) if g.kind == "model" for i in range(start, start + g.length)]
         # fp32: each turn's log-probs under its own version, recomputed from a fresh prefix (recompute-KV)
         assert max(abs(v.logprobs[i] - s.inference_logprobs[i]) for i in model) < 1e-4
         assert all(v.logprobs[i] == 0.0 for i in range(len(s.completion_tokens)) if i not in model)
@@ -267,18 +263,9 @@ def test_an_honest_episode_lease_announcing_through_a_real_orchestrator_is_accep
         "--tasks.environment.max_turns", str(TURNS),
     )  # fmt: skip
     with OrchestratorServer(config, _Tasks()) as server:
-        trainer = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
-        worker = OrchestratorClient(server.url, retries=0)
-        worker_id = worker.register("episodes").worker_id
-        lease = worker.get_tasks(worker_id)
-        assert lease.policy_version == 0 and commit_next(other_worker(server.url), trainer) == 1
-        source = CommittedVersions(
-            lambda: trainer.status().policy_version, lambda: 1, files.__getitem__, max_versions=4, poll_s=0.0,
-            announce=lambda step, index, version, chunk: worker.announce_switch(
-                worker_id, step=step, batch_index=index, policy_version=version, chunk=chunk
-            ).nonce,
-        )  # fmt: skip
-        source.lease = (lease.step, lease.batch_index)
+        held = hold_lease_while_v1_commits(server, "episodes")
+        trainer, worker, worker_id, lease = held.trainer, held.worker, held.worker_id, held.lease
+        source = held.source(files)
         backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=TOKENIZER, decode="dynamic")
         backend.version_source = source
         batch = build_episode_batch(lease, backend, ENV, encode=RUN.encode)[0]
@@ -436,13 +423,6 @@ def test_submission_refuses_a_boundary_inside_a_turn_with_422_and_lets_a_turn_st
         client.submit_rollouts(with_spans(episodes, lambda s: [(0, 0), (1, 6)]))
     assert error.value.status == 422 and "not committed" in error.value.message
 
-
-def _starts(sample):
-    out, start = [], 0
-    for g in sample.segments:
-        out.append((start, g))
-        start += g.length
-    return out
 
 
 class RecordingBackend(HFBackend):

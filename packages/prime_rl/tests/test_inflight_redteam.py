@@ -14,18 +14,18 @@ import time
 from pathlib import Path
 
 import pytest
+from inflight_harness import VersionedValidator  # tests/support
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
 
 from prime_rl.api.assignment import switch_nonce
-from prime_rl.api.protocol import LeaseRecord, LeaseSwitch, PendingBatch, RolloutBatch, TaskLease
+from prime_rl.api.protocol import LeaseRecord, LeaseSwitch, RolloutBatch, TaskLease
 from prime_rl.api.spans import SPAN_ALIGN, future_span, spans_problem
 from prime_rl.inference.backend import HFBackend
 from prime_rl.inference.contract import VersionSwitch
 from prime_rl.redteam.attacks import ATTACKS, HostileWorker
 from prime_rl.redteam.spans import decode_switching_at, points
 from prime_rl.validator.checks import Reason
-from prime_rl.validator.verdicts import validate_batch
 from prime_rl.weights.files import save_policy
 from prime_rl.worker.rollout import sampling_params
 
@@ -83,20 +83,8 @@ def worker_backend() -> HFBackend:
 
 
 def judge(batch: RolloutBatch, record, files: dict[int, Path]) -> list:
-    backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=TOKENIZER)
-
-    def backend_for(version: int) -> HFBackend | None:
-        if version not in files:
-            return None
-        if version != backend.policy_version:
-            backend.load_weights(files[version], version)
-        return backend
-
-    pending = PendingBatch(
-        batch_id="b", worker_id=batch.worker_id, step=batch.step, batch_index=batch.batch_index,
-        policy_version=batch.policy_version, received_at=time.time(), lease=record, samples=batch.samples,
-    )  # fmt: skip
-    return validate_batch(pending, tasks=RUN, backend_for=backend_for, decode=RUN.decode, checks=CHECKS, newest_version=1)
+    validator = VersionedValidator(HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=TOKENIZER), files, RUN, CHECKS)
+    return validator.judge(batch, record, newest_version=1, batch_id="b")
 
 
 def attack(behaviour: str, files: dict[int, Path]) -> tuple[RolloutBatch, LeaseRecord]:

@@ -21,7 +21,6 @@ from prime_rl.api.client import OrchestratorBusy, OrchestratorClient
 from prime_rl.api.protocol import TaskLease, Verdict, VerdictRequest
 from prime_rl.config import load_config
 from prime_rl.orchestrator.server import OrchestratorServer
-from prime_rl.tasks import TaskSet
 
 SAMPLES_PER_STEP = 8  # two leases of 2 prompts x 2 samples
 LEASE_SAMPLES = 4
@@ -31,18 +30,13 @@ make_batch: Any = None  # conftest's, set by the fixture (importlib mode cannot 
 
 
 @pytest.fixture
-def served(config_for: Any, batch_for: Any) -> Any:
+def served(clocked_server_for: Any, batch_for: Any) -> Any:
     global make_batch
     make_batch = batch_for
-    clock = SteppedClock()
-    config = config_for(
+    return clocked_server_for(
         "--trainer.samples_per_step", str(SAMPLES_PER_STEP), "--orchestrator.task_timeout_s", "1000",
         "--orchestrator.validator_lease_s", "1000", "--orchestrator.lease_judgeable", "true",
     )  # fmt: skip
-    tasks = TaskSet([{"prompt": f"Question: {a} + {b} =\nAnswer:", "task_type": "arithmetic"} for a in range(10) for b in range(5)], "{prompt}")
-    server = OrchestratorServer(config, tasks, clock=clock).start()
-    yield server, clock
-    server.stop()
 
 
 def _client(server: Any) -> OrchestratorClient:
@@ -63,6 +57,17 @@ class Swarm:
     trained: int = 0
     step: int = 0
     order: random.Random = field(default_factory=lambda: random.Random(45))
+
+    @classmethod
+    def played(cls, server: Any, clock: SteppedClock, workers: int, rounds: int) -> Swarm:
+        """A swarm of ``workers`` that played ``rounds`` rounds (:meth:`run`) and closed its clients."""
+        swarm = cls(server, clock)
+        swarm.join(workers)
+        try:
+            swarm.run(rounds=rounds)
+        finally:
+            swarm.close()
+        return swarm
 
     def join(self, count: int) -> None:
         for _ in range(count):
@@ -131,12 +136,7 @@ def _expired_share(server: Any) -> tuple[float, int, int]:
 
 def test_a_slow_validator_gets_busy_answers_instead_of_leases_that_expire(served: Any) -> None:
     server, clock = served
-    swarm = Swarm(server, clock)
-    swarm.join(8)
-    try:
-        swarm.run(rounds=60)
-    finally:
-        swarm.close()
+    swarm = Swarm.played(server, clock, workers=8, rounds=60)
     share, expired, submitted = _expired_share(server)
     # Hand count of the bound: the validator judges 4 samples a round and the trainer takes 8 a step,
     # so 60 rounds train about 28 steps (224 samples); before the rule the 8 workers submitted 32
@@ -248,12 +248,7 @@ def test_a_restarted_orchestrator_rebuilds_the_trainers_estimates_from_the_store
     """The trainer's numbers come back from the last two stored claims; the validators' rate starts
     cold (null) and the budget falls back to the trainer's window, so leasing goes on."""
     server, clock = served
-    swarm = Swarm(server, clock)
-    swarm.join(4)
-    try:
-        swarm.run(rounds=12)
-    finally:
-        swarm.close()
+    swarm = Swarm.played(server, clock, workers=4, rounds=12)
     assert swarm.step >= 4
     config, tasks = server.config, server.ledger.tasks
     server.stop()

@@ -169,6 +169,21 @@ LedgerMachine.TestCase.settings = settings(max_examples=20, stateful_step_count=
 test_ledger_state_machine = LedgerMachine.TestCase
 
 
+def _reissued_once_across_restarts(open_ledger: Any, name: str, source_id: str, given: Any) -> tuple[Ledger, Any]:
+    """After a rebuild (``open_ledger()``), a new identity ``name``'s first lease is ``given`` again (the
+    same tasks, ``source_id`` its named source); after another rebuild a newcomer's lease is a fresh
+    assignment. The last ledger and the identity that took the reissue."""
+    ledger = open_ledger()
+    taker = ledger.workers[ledger.register(name).worker_id]
+    reissued = ledger.lease(taker, None, None)
+    assert reissued.reassigned_from is not None and reissued.reassigned_from.worker_id == source_id
+    assert [t.task_id for t in reissued.tasks] == [t.task_id for t in given.tasks]
+    ledger = open_ledger()
+    newcomer = ledger.workers[ledger.register("new").worker_id]
+    assert ledger.lease(newcomer, None, None).reassigned_from is None  # each only once
+    return ledger, taker
+
+
 def test_restart_keeps_expired_leases_queued_for_reassignment(config_for: Any) -> None:
     """A lease that expired before a crash is reissued (same tasks, named source) after the rebuild,
     and only once: after a second rebuild the next lease is a fresh assignment."""
@@ -186,14 +201,7 @@ def test_restart_keeps_expired_leases_queued_for_reassignment(config_for: Any) -
     abandoned = ledger.lease(dead, None, None)
     now[0] = 11.0
     assert ledger.expire_leases() == 1
-    ledger = open_ledger()
-    live = ledger.workers[ledger.register("lives").worker_id]
-    reissued = ledger.lease(live, None, None)
-    assert reissued.reassigned_from is not None and reissued.reassigned_from.worker_id == dead.worker_id
-    assert [t.task_id for t in reissued.tasks] == [t.task_id for t in abandoned.tasks]
-    ledger = open_ledger()
-    newcomer = ledger.workers[ledger.register("new").worker_id]
-    assert ledger.lease(newcomer, None, None).reassigned_from is None
+    ledger, live = _reissued_once_across_restarts(open_ledger, "lives", dead.worker_id, abandoned)
     stats = {w.worker_id: w for w in ledger.workers_view().workers}
     assert (stats[dead.worker_id].leases_issued, stats[dead.worker_id].leases_expired) == (1, 1)
     assert stats[live.worker_id].leases_issued == 1
@@ -243,11 +251,5 @@ def test_a_rejected_lease_goes_to_another_identity(
     assert ledger.leases.awaiting_reassignment() == 2
     taken = ledger.lease(unlucky, None, None).reassigned_from  # the cheat's tasks, never its own
     assert taken is not None and taken.worker_id == cheat.worker_id
-    ledger = open_ledger()  # a restart rebuilds the return from the stored verdicts
-    other = ledger.workers[ledger.register("other").worker_id]
-    reissued = ledger.lease(other, None, None)
-    assert reissued.reassigned_from is not None and reissued.reassigned_from.worker_id == unlucky.worker_id
-    assert [t.task_id for t in reissued.tasks] == [t.task_id for t in machine.tasks]
-    ledger = open_ledger()
-    newcomer = ledger.workers[ledger.register("new").worker_id]
-    assert ledger.lease(newcomer, None, None).reassigned_from is None  # each only once
+    # a restart rebuilds the return from the stored verdicts, and reissues it only once
+    _reissued_once_across_restarts(open_ledger, "other", unlucky.worker_id, machine)

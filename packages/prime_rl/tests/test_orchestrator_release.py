@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,6 +45,7 @@ class Run:
     """One orchestrator and an admin client that also acts for several workers."""
 
     def __init__(self, server: Any, batch_for: Any) -> None:
+        self.server = server
         self.client = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
         self.batch_for = batch_for
         self.tokens: dict[str, str] = {}
@@ -59,12 +61,15 @@ class Run:
         return self.client.submit_rollouts(self.batch_for(lease)).batch_id
 
 
-def test_a_batch_waits_for_later_accepted_tokens_of_its_own_worker(server_factory: Any, batch_for: Any) -> None:
-    server = server_factory(
-        "--orchestrator.release_after_tokens", str(TOKENS + 2), "--orchestrator.probation_tokens", "0",
-        "--trainer.samples_per_step", "2",
-    )  # fmt: skip
-    run = Run(server, batch_for)
+@pytest.fixture
+def run_of(server_factory: Any, batch_for: Any) -> Any:
+    """``run_of(*overrides) -> Run``: a new orchestrator whose trainer takes 2 samples a step, then
+    ``overrides``."""
+    return lambda *overrides: Run(server_factory("--trainer.samples_per_step", "2", *overrides), batch_for)
+
+
+def test_a_batch_waits_for_later_accepted_tokens_of_its_own_worker(run_of: Any) -> None:
+    run = run_of("--orchestrator.release_after_tokens", str(TOKENS + 2), "--orchestrator.probation_tokens", "0")
     a, b = run.register(), run.register()
     a1 = run.submit(a)
     _judge(run.client, a1)
@@ -82,14 +87,10 @@ def test_a_batch_waits_for_later_accepted_tokens_of_its_own_worker(server_factor
     assert claim.held_samples == 0  # (counted only when not ready)
 
 
-def test_a_batch_judged_while_evidence_was_high_is_never_released(server_factory: Any, batch_for: Any) -> None:
+def test_a_batch_judged_while_evidence_was_high_is_never_released(run_of: Any) -> None:
     """Release looks at the largest evidence reported with the batch or after it, not the latest:
     honest batches that bring the evidence back down release themselves, never the earlier ones."""
-    server = server_factory(
-        "--orchestrator.release_after_tokens", "0", "--orchestrator.release_max_evidence", "0.25",
-        "--trainer.samples_per_step", "2",
-    )  # fmt: skip
-    run = Run(server, batch_for)
+    run = run_of("--orchestrator.release_after_tokens", "0", "--orchestrator.release_max_evidence", "0.25")
     a = run.register()
     a0 = run.submit(a)
     _judge(run.client, a0, evidence=0.05)
@@ -112,12 +113,8 @@ def test_a_batch_judged_while_evidence_was_high_is_never_released(server_factory
     assert not {a1, a2} & {s.batch_id for s in claim.samples}
 
 
-def test_held_samples_never_block_leases(server_factory: Any, batch_for: Any) -> None:
-    server = server_factory(
-        "--orchestrator.release_after_tokens", "1000", "--orchestrator.max_buffered_samples", "6",
-        "--trainer.samples_per_step", "2",
-    )  # fmt: skip
-    run = Run(server, batch_for)
+def test_held_samples_never_block_leases(run_of: Any) -> None:
+    run = run_of("--orchestrator.release_after_tokens", "1000", "--orchestrator.max_buffered_samples", "6")
     a = run.register()
     for _ in range(6):  # 24 accepted samples, all held: backpressure (6) would refuse were they counted
         _judge(run.client, run.submit(a))
@@ -125,21 +122,20 @@ def test_held_samples_never_block_leases(server_factory: Any, batch_for: Any) ->
 
 
 def test_release_survives_a_restart_and_a_crash_between_verdicts_and_judged(
-    server_factory: Any, batch_for: Any, tmp_path: Any
+    run_of: Any, server_factory: Any, tmp_path: Any
 ) -> None:
     flags = (
         "--orchestrator.release_after_tokens", str(TOKENS), "--orchestrator.probation_tokens", "0",
         "--trainer.samples_per_step", "2",
     )  # fmt: skip
-    server = server_factory(*flags)
-    run = Run(server, batch_for)
+    run = run_of(*flags)
     a = run.register()
     a1, a2, a3 = run.submit(a), run.submit(a), run.submit(a)
     _judge(run.client, a1)
     _judge(run.client, a2)
     before = run.client.claim(0, 1 << 20)
     assert (before.available_samples, before.held_samples) == (SAMPLES, SAMPLES)  # a1 released, a2 held
-    server.stop()
+    run.server.stop()
     # a3's verdicts reach the store but the orchestrator dies before its ``judged`` event.
     store = RolloutStore(tmp_path / "orchestrator")
     store.write_verdicts(a3, _verdicts())
@@ -224,12 +220,8 @@ def test_a_batch_with_a_token_beyond_the_sampling_tolerance_is_never_released() 
         assert replayed.released(batch_id, worker) == live.released(batch_id, worker), batch_id
 
 
-def test_a_withheld_batch_is_never_claimed_over_http(server_factory: Any, batch_for: Any) -> None:
-    server = server_factory(
-        "--orchestrator.release_after_tokens", "0", "--orchestrator.probation_tokens", "0",
-        "--trainer.samples_per_step", "2",
-    )  # fmt: skip
-    run = Run(server, batch_for)
+def test_a_withheld_batch_is_never_claimed_over_http(run_of: Any) -> None:
+    run = run_of("--orchestrator.release_after_tokens", "0", "--orchestrator.probation_tokens", "0")
     a = run.register()
     a0, a1 = run.submit(a), run.submit(a)
     run.client.post_verdicts(VerdictRequest(batch_id=a0, verdicts=_beyond(1), worker_evidence=0.0))
@@ -240,16 +232,15 @@ def test_a_withheld_batch_is_never_claimed_over_http(server_factory: Any, batch_
     assert claim.ready and {s.batch_id for s in claim.samples} == {a1}
 
 
-def test_a_withheld_batchs_tasks_go_to_another_identity(server_factory: Any, batch_for: Any) -> None:
+def test_a_withheld_batchs_tasks_go_to_another_identity(run_of: Any) -> None:
     """One token beyond the tolerance keeps a batch out of training, so it must not keep its tasks out
     too (issue #34 item 2, the free veto): they are leased again to another identity, without charge
     (honest noise puts such tokens there too), as an expired lease's are."""
-    server = server_factory("--orchestrator.probation_tokens", "0", "--trainer.samples_per_step", "2")
-    run = Run(server, batch_for)
+    run = run_of("--orchestrator.probation_tokens", "0")
     a, b = run.register(), run.register()
     run.client.worker_token = run.tokens[a]
     lease = run.client.get_tasks(a)
-    batch_id = run.client.submit_rollouts(batch_for(lease)).batch_id
+    batch_id = run.client.submit_rollouts(run.batch_for(lease)).batch_id
     run.client.post_verdicts(VerdictRequest(batch_id=batch_id, verdicts=_beyond(1), worker_evidence=0.0))
     run.client.worker_token = run.tokens[b]
     again = run.client.get_tasks(b)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from forward_grads import assert_cuda_forward_equals_cpu, loss_weights, values_and_grads  # tests/support
 from tensor_guard import LargestTensors, forbid_dense_masks
 from tiny_lm import make_tiny_lm
 
@@ -17,17 +18,6 @@ from prime_rl.trainer.step import train_minibatch
 CPU = torch.device("cpu")
 
 
-def grads_of(model: torch.nn.Module, micro, *, fused: bool, temperature: float):
-    """Values and parameter gradients of a loss that weighs every log-prob and entropy differently."""
-    model.zero_grad(set_to_none=True)
-    out = completion_forward(model, micro, CPU, temperature, entropy=True, fused=fused)
-    g = torch.Generator().manual_seed(1)
-    weights = torch.randn(out.logprobs.shape, generator=g, dtype=torch.float64)
-    (out.logprobs * weights).sum().add((out.entropy * weights.flip(0)).sum()).backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    return out, grads
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -38,8 +28,8 @@ def test_fused_head_equals_full_logits(arch: str, tied: bool, temperature: float
         model.lm_head.weight = model.get_input_embeddings().weight
     micro = make_micro_batches(random_samples(6), max_tokens=30)[0]
     assert micro.num_sequences > 1  # packed: positions restart inside the row
-    full, full_grads = grads_of(model, micro, fused=False, temperature=temperature)
-    fused, fused_grads = grads_of(model, micro, fused=True, temperature=temperature)
+    full, full_grads = values_and_grads(model, micro, fused=False, temperature=temperature)
+    fused, fused_grads = values_and_grads(model, micro, fused=True, temperature=temperature)
     torch.testing.assert_close(fused.logprobs, full.logprobs, rtol=0, atol=1e-12)
     torch.testing.assert_close(fused.entropy, full.entropy, rtol=0, atol=1e-12)
     assert (fused.logprobs[~micro.mask] == 0).all() and (fused.logprobs[micro.mask] < 0).all()
@@ -115,8 +105,8 @@ def test_packed_row_equals_one_row_per_sequence(fused: bool) -> None:
     assert packed.num_sequences == len(samples)
     by_id = {s.sample_id: s for s in samples}
     alone = [make_micro_batches([by_id[i]], 10_000)[0] for i in packed.sample_ids]
-    out, grads = grads_of(model, packed, fused=fused, temperature=0.7)
-    weights = torch.randn(out.logprobs.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    out, grads = values_and_grads(model, packed, fused=fused, temperature=0.7)
+    weights = loss_weights(out.logprobs)
     model.zero_grad(set_to_none=True)
     total = torch.zeros((), dtype=torch.float64)
     for row, micro in enumerate(alone):
@@ -155,15 +145,4 @@ def test_cuda_forward_equals_cpu(fused: bool) -> None:
     # The packed forward on the GPU (document attention: flex, or flash varlen where installed) gives
     # the CPU's values and gradients (fp32).
     micro = make_micro_batches(samples_of([(40, 60), (3, 200), (129, 1), (64, 64)]), 1024)[0]
-    cpu_out, cpu_grads = grads_of(make_tiny_lm(arch="qwen2").train(), micro, fused=fused, temperature=0.7)
-    model = make_tiny_lm(arch="qwen2").train().cuda()
-    model.zero_grad(set_to_none=True)
-    out = completion_forward(model, micro, torch.device("cuda"), 0.7, entropy=True, fused=fused)
-    assert out.logprobs.device.type == "cuda" and out.entropy is not None
-    weights = torch.randn(out.logprobs.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    weights = weights.to(out.logprobs.device)
-    (out.logprobs * weights).sum().add((out.entropy * weights.flip(0)).sum()).backward()
-    torch.testing.assert_close(out.logprobs.cpu(), cpu_out.logprobs, rtol=0, atol=1e-4)
-    torch.testing.assert_close(out.entropy.cpu(), cpu_out.entropy, rtol=0, atol=1e-4)
-    for name, param in model.named_parameters():
-        torch.testing.assert_close(param.grad.cpu(), cpu_grads[name], rtol=1e-3, atol=1e-4, msg=name)
+    assert_cuda_forward_equals_cpu(lambda: make_tiny_lm(arch="qwen2").train(), micro, fused=fused, temperature=0.7)

@@ -315,13 +315,6 @@ class Attacker(RedTeamClient):
 # ---------------------------------------------------------------------- the run
 
 
-def _leases_per_minute(events: list[dict[str, Any]], workers: set[str], start: float, end: float) -> float:
-    count = sum(
-        1 for e in events if e["event"] == "lease" and e["worker_id"] in workers and start <= e["time"] < end
-    )
-    return 60.0 * count / max(end - start, 1e-9)
-
-
 def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp_path: Path) -> None:
     config_path, run_dir = tiny_run(
         orchestrator={
@@ -359,15 +352,7 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         baseline_start = time.time()
         time.sleep(20)
         baseline_end = time.time()
-        stop = threading.Event()
-        hoarder = threading.Thread(target=attacker.hoard, args=(stop,), daemon=True)
-        hoarder.start()
-        helpers.wait_for(lambda: attacker.events["hoard_leases"], 120, "the hoarders' first lease")
-        hoard_start = attacker.events["hoard_leases"][0]
-        time.sleep(max(0.0, hoard_start + 3 * TASK_TIMEOUT_S + 20 - time.time()))
-        stop.set()
-        hoarder.join(30)
-        hoard_end = time.time()
+        hoard_start, hoard_end = attacker.hoard_for(3 * TASK_TIMEOUT_S + 20, helpers.wait_for, join_s=30)
         # Let the validator judge every attack batch and the trainer claim twice after that.
         store = RolloutStore(run_dir / "orchestrator", reader=True)
         helpers.wait_for(
@@ -383,7 +368,7 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
 
     # ------------------------------------------------------------------ what the run left behind
     left = RunLeftBehind.read(config, run_dir, helpers.metrics_of)  # the ledger: what the trainer received, replayed
-    events, honest, store = left.events, left.honest, left.store
+    honest, store = left.honest, left.store
     verdicts, batches, ledger = left.verdicts, left.batches, left.ledger
     trained = {
         sample.sample_id: sample
@@ -441,12 +426,8 @@ def test_untrusted_worker_cannot_shape_training(tiny_run: Any, helpers: Any, tmp
         (str(code), attacker.events["hoard_refusals"].count(code))
         for code in set(attacker.events["hoard_refusals"])
     )
-    per_attack["hoarding"]["honest_leases_per_min_before"] = _leases_per_minute(
-        events, honest, baseline_start, baseline_end
-    )
-    per_attack["hoarding"]["honest_leases_per_min_during"] = _leases_per_minute(
-        events, honest, hoard_start + 3, hoard_end
-    )
+    per_attack["hoarding"]["honest_leases_per_min_before"] = left.honest_leases_per_minute(baseline_start, baseline_end)
+    per_attack["hoarding"]["honest_leases_per_min_during"] = left.honest_leases_per_minute(hoard_start + 3, hoard_end)
     workers = {w.worker_id: w for w in ledger.workers_view().workers}
     for attack in STATISTICAL_ATTACKS:
         identities = [workers[w] for w, a in attacker.identities.items() if a == attack]

@@ -193,11 +193,6 @@ def _largest_evidence_since(store: RolloutStore, batch_id: str) -> float | None:
     return max(values, default=None)
 
 
-def _rate(events: list[dict[str, Any]], workers: set[str], start: float, end: float) -> float:
-    count = sum(1 for e in events if e["event"] == "lease" and e["worker_id"] in workers and start <= e["time"] < end)
-    return 60.0 * count / max(end - start, 1e-9)
-
-
 @pytest.mark.timeout(600)  # 80 s of fixed attack windows, then four waits; 173-182 s alone, over 300 s in one CI run
 def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp_path: Path) -> None:
     config_path, run_dir = tiny_run(
@@ -230,15 +225,7 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
         baseline_start = time.time()
         time.sleep(2 * TASK_TIMEOUT_S)
         baseline_end = time.time()
-        stop = threading.Event()
-        hoarder = threading.Thread(target=attacker.hoard, args=(stop,), daemon=True)
-        hoarder.start()
-        helpers.wait_for(lambda: attacker.events["hoard_leases"], 120, "the hoarders' first lease")
-        hoard_start = attacker.events["hoard_leases"][0]
-        time.sleep(max(0.0, hoard_start + 2 * TASK_TIMEOUT_S - time.time()))
-        stop.set()
-        hoarder.join(60)
-        hoard_end = time.time()
+        hoard_start, hoard_end = attacker.hoard_for(2 * TASK_TIMEOUT_S, helpers.wait_for, join_s=60)
         store = RolloutStore(run_dir / "orchestrator", reader=True)
         helpers.wait_for(
             lambda: attacker.steered <= set(store.all_verdicts()), 300, "verdicts on every steered batch"
@@ -253,7 +240,7 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
     assert run.returncode in (0, 128 + signal.SIGINT), output[-3000:]
 
     left = RunLeftBehind.read(config, run_dir, helpers.metrics_of)
-    events, honest, store = left.events, left.honest, left.store
+    honest, store = left.honest, left.store
     verdicts, batches, ledger = left.verdicts, left.batches, left.ledger
     trained = [
         sample for claim in store.claims() for sample in ledger.claim(ClaimRequest(step=claim.step, min_samples=1)).samples
@@ -290,8 +277,8 @@ def test_attacks_that_come_and_go_train_nothing(tiny_run: Any, helpers: Any, tmp
     hoarding["leases_taken"] = len(attacker.events["hoard_leases"])
     hoarding["refusals"] = len(attacker.events["hoard_refusals"])
     rates = {
-        "honest_leases_per_min_before": _rate(events, honest, baseline_start, baseline_end),
-        "honest_leases_per_min_during": _rate(events, honest, hoard_start + 3, hoard_end),
+        "honest_leases_per_min_before": left.honest_leases_per_minute(baseline_start, baseline_end),
+        "honest_leases_per_min_during": left.honest_leases_per_minute(hoard_start + 3, hoard_end),
     }
     honest_reasons: dict[str, int] = defaultdict(int)
     for batch_id, record in batches.items():

@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 import pytest
+from calculator_tasks import TEMPLATE, sum_prompt, sum_tasks  # tests/support
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
 
@@ -37,11 +38,8 @@ NOT_NUMBERS = ["1.0", True, None, math.nan, math.inf]
 KEY = b"reward-errors-assignment-key"
 NUM_TASKS, GROUP, PER_BATCH, MAX_NEW, TURNS = 12, 2, 2, 5, 2
 TOKENIZER = make_tiny_tokenizer()
-RUN = TinyRun(KEY, TOKENIZER, lambda t: f"{t}+{t * 3}=", NUM_TASKS, GROUP, PER_BATCH, MAX_NEW)
-TASKS = TaskSet(
-    [Task(f"{t}+{t * 3}=", "verifiable_math", {"ground_truth": str(4 * t + 1)}) for t in range(NUM_TASKS)]
-)
-TEMPLATE = "\n<{role}>\n{content}\n</{role}>\n"
+RUN = TinyRun(KEY, TOKENIZER, sum_prompt, NUM_TASKS, GROUP, PER_BATCH, MAX_NEW)
+TASKS = sum_tasks(NUM_TASKS)
 
 
 @pytest.fixture(scope="module")

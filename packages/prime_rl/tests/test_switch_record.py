@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
+from inflight_harness import (  # tests/support
+    VersionedValidator,
+    commit_next,
+    hold_lease_while_v1_commits,
+    other_worker,
+)
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
 from validator_setup import TinyRun
 
@@ -32,11 +36,9 @@ from prime_rl.api.protocol import (
     CommitRequest,
     DoneRequest,
     LeaseDone,
-    PendingBatch,
     RolloutBatch,
     SwitchRequest,
     Verdict,
-    VerdictRequest,
 )
 from prime_rl.api.spans import lease_digest
 from prime_rl.inference.backend import HFBackend
@@ -45,7 +47,6 @@ from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.orchestrator.switches import mandatory_problem
 from prime_rl.validator.checks import Reason
-from prime_rl.validator.verdicts import validate_batch
 from prime_rl.weights.files import save_policy
 from prime_rl.worker.inflight import CommittedVersions
 
@@ -82,34 +83,6 @@ def test_switch_nonce_known_answer_and_what_it_depends_on():
 
 
 # ------------------------------------------------------------------ the endpoint
-
-
-@dataclass(frozen=True)
-class Feeder:
-    """Another worker, whose accepted leases let the trainer commit versions."""
-
-    client: OrchestratorClient
-    worker_id: str
-
-
-def other_worker(url: str) -> Feeder:
-    client = OrchestratorClient(url, retries=0)
-    return Feeder(client, client.register("trainer-feeder").worker_id)
-
-
-def commit_next(feeder: Feeder, trainer: OrchestratorClient) -> int:
-    """Play one trainer step with ``feeder``'s accepted lease; the new committed version."""
-    lease = feeder.client.get_tasks(feeder.worker_id)
-    feeder.client.submit_rollouts(make_batch(lease, lease.policy_version))
-    pending = trainer.pending().batches
-    batch = next(b for b in pending if b.worker_id == lease.worker_id and b.batch_index == lease.batch_index)
-    trainer.post_verdicts(VerdictRequest(batch_id=batch.batch_id, verdicts=[
-        Verdict(sample_index=i, accepted=True, reason="ok", reward=s.reward, advantage=s.advantage,
-                logprobs=s.inference_logprobs) for i, s in enumerate(batch.samples)
-    ]))  # fmt: skip
-    step = trainer.status().step
-    assert trainer.claim(step, 1, filter_zero_advantage=False).ready
-    return trainer.commit(step, step + 1).policy_version
 
 
 def refusal(call: Any) -> tuple[int, str, str]:
@@ -211,18 +184,12 @@ def test_the_speed_cap_refuses_a_chunk_no_worker_can_have_reached(tmp_path):
     now = [1000.0]
     config = make_config(tmp_path, *INFLIGHT, "--sampling.max_new_tokens", "256", "--orchestrator.max_decode_tokens_per_s", "64")
     with OrchestratorServer(config, _tasks(), clock=lambda: now[0]) as server:
-        trainer = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
-        feeder = other_worker(server.url)
-        worker = OrchestratorClient(server.url, retries=0)
-        worker_id = worker.register("fast").worker_id
-        lease = worker.get_tasks(worker_id)
-        assert commit_next(feeder, trainer) == 1
-        where = {"step": lease.step, "batch_index": lease.batch_index}
+        held = hold_lease_while_v1_commits(server, "fast")
         now[0] += 0.49
-        status, error, message = refusal(lambda: worker.announce_switch(worker_id, **where, policy_version=1, chunk=2))
+        status, error, message = refusal(lambda: held.announce(1, 2))
         assert (status, error) == (422, "bad_switch") and "max_decode_tokens_per_s" in message
         now[0] += 0.01
-        assert worker.announce_switch(worker_id, **where, policy_version=1, chunk=2).nonce > 0
+        assert held.announce(1, 2) > 0
 
 
 def test_an_episode_run_announces_model_turns_below_max_turns_with_no_token_rules(tmp_path):
@@ -238,29 +205,20 @@ def test_an_episode_run_announces_model_turns_below_max_turns_with_no_token_rule
     )  # fmt: skip
     with OrchestratorServer(config, _tasks(), clock=lambda: now[0]) as server:
         assert server.ledger.episode_turns == 3
-        trainer = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
-        feeder = other_worker(server.url)
-        worker = OrchestratorClient(server.url, retries=0)
-        worker_id = worker.register("episodes").worker_id
-        lease = worker.get_tasks(worker_id)
-        assert commit_next(feeder, trainer) == 1
-        where = {"step": lease.step, "batch_index": lease.batch_index}
-
-        def announce(version: int, turn: int) -> int:
-            return worker.announce_switch(worker_id, **where, policy_version=version, chunk=turn).nonce
-
+        held = hold_lease_while_v1_commits(server, "episodes")
+        announce = held.announce
         status, error, message = refusal(lambda: announce(1, 3))
         assert (status, error) == (422, "bad_switch") and "max_turns 3" in message
         first = announce(1, 2)
         key = server.trusted.assignment_key
-        assert first == switch_nonce(key=key, worker_id=worker_id, **where, policy_version=1, chunk=2)
+        assert first == switch_nonce(key=key, worker_id=held.worker_id, **held.where, policy_version=1, chunk=2)
         assert announce(1, 2) == first
         status, _, message = refusal(lambda: announce(1, 1))  # another turn for v1: the first stands
         assert status == 409 and "announced for this lease at chunk 2" in message
-        assert commit_next(feeder, trainer) == 2
+        assert commit_next(held.feeder, held.trainer) == 2
         status, _, message = refusal(lambda: announce(2, 2))
         assert status == 409 and "at most one switch" in message
-        record = server.ledger.leases.get(worker_id, lease.batch_index).record
+        record = server.ledger.leases.get(held.worker_id, held.lease.batch_index).record
         assert [(s.policy_version, s.chunk) for s in record.switches] == [(1, 2)]
 
 
@@ -432,35 +390,21 @@ def switched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     server = OrchestratorServer(config, _tasks()).start()
     out: dict[str, Any] = {"server": server, "files": files}
     try:
-        trainer = OrchestratorClient(server.url, retries=0, admin_token=server.admin_token)
-        worker = OrchestratorClient(server.url, retries=0)
-        worker_id = worker.register("switcher").worker_id
-        lease = worker.get_tasks(worker_id)
-        assert lease.policy_version == 0
-        assert commit_next(other_worker(server.url), trainer) == 1
+        held = hold_lease_while_v1_commits(server, "switcher")
+        trainer, worker, worker_id, lease = held.trainer, held.worker, held.worker_id, held.lease
         run = TinyRun(server.trusted.assignment_key, TOKENIZER, prompt_text, NUM_TASKS, group_size=4, prompts_per_batch=2, max_new_tokens=MAX_NEW)
         out["run"] = run
-
-        def source(kind: type[CommittedVersions]) -> CommittedVersions:
-            made = kind(
-                lambda: trainer.status().policy_version, lambda: 1, files.__getitem__, max_versions=4, poll_s=0.0,
-                announce=lambda step, index, version, chunk: worker.announce_switch(
-                    worker_id, step=step, batch_index=index, policy_version=version, chunk=chunk
-                ).nonce,
-            )  # fmt: skip
-            made.lease = (lease.step, lease.batch_index)
-            return made
 
         def decode(version_source: Any) -> RolloutBatch:
             backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=TOKENIZER, decode="dynamic")
             backend.version_source = version_source
             return run.worker("honest").answer(lease, backend)
 
-        honest = source(CommittedVersions)
+        honest = held.source(files)
         out["honest"] = decode(honest)
         assert honest.announced == [(0, lease.batch_index, 1, 1)]
         nonce = worker.announce_switch(worker_id, step=0, batch_index=lease.batch_index, policy_version=1, chunk=1).nonce
-        later = source(SkipFirst)
+        later = held.source(files, SkipFirst)
         out["no_switch"] = decode(later)  # its announcement at chunk 2 is refused: it cannot switch
         assert later.announced == []
         out["second_refusal"] = refusal(
@@ -483,20 +427,8 @@ def judge(state: dict[str, Any], batch: RolloutBatch, **lease_update: Any) -> li
     record = state["pending"].lease
     if lease_update:
         record = record.model_copy(update=lease_update)
-    backend = HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=TOKENIZER)
-
-    def backend_for(version: int) -> HFBackend | None:
-        if version not in files:
-            return None
-        if version != backend.policy_version:
-            backend.load_weights(files[version], version)
-        return backend
-
-    pending = PendingBatch(
-        batch_id=state["pending"].batch_id, worker_id=batch.worker_id, step=batch.step, batch_index=batch.batch_index,
-        policy_version=batch.policy_version, received_at=time.time(), lease=record, samples=batch.samples,
-    )  # fmt: skip
-    return validate_batch(pending, tasks=run, backend_for=backend_for, decode=run.decode, checks=run.checks(*INFLIGHT), newest_version=1)
+    validator = VersionedValidator(HFBackend("unused", model=make_tiny_lm(seed=0), tokenizer=TOKENIZER), files, run, run.checks(*INFLIGHT))
+    return validator.judge(batch, record, newest_version=1, batch_id=state["pending"].batch_id)
 
 
 def spans_of(batch: RolloutBatch) -> set[tuple[tuple[int, int], ...]]:

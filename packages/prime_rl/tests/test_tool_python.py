@@ -20,10 +20,12 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from prime_rl.api.client import OrchestratorClient
+from prime_rl.config import RunConfig
 from prime_rl.orchestrator.server import OrchestratorServer
 from verifiers.envs import ToolPythonMismatch, tool_python, tool_python_problem
 from verifiers.envs.tools import _SCRIPT, TOOL_ENVIRONMENT
@@ -103,19 +105,26 @@ def test_status_states_the_runs_tool_interpreter(tmp_path):
         make_config(tmp_path, "--tasks.environment.tool_python", "python3")
 
 
-def test_a_worker_whose_tool_runs_another_interpreter_refuses_to_start(tmp_path, tiny_lm_dir, caplog):
-    """A real worker process main against a real orchestrator pinned to another version: exit code 2,
-    and the log says which interpreter to use (it never takes a lease)."""
-    from prime_rl.worker.process import main
-
+def pinned_to_the_other_python(tmp_path: Path, tiny_lm_dir: Path, *overrides: str) -> tuple[str, RunConfig]:
+    """(the version, a calculator run on the tiny model pinned to it): 3.12 unless this machine's tool
+    runs 3.12, then 3.13; the orchestrator on a free loopback port, then ``overrides``."""
     other = "3.12" if tool_python() != "3.12" else "3.13"
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     config = make_config(
         tmp_path, "--orchestrator.port", str(port), "--model.path", str(tiny_lm_dir), "--tasks.environment.name",
-        "calculator", "--tasks.environment.tool_python", f'"{other}"', "--workers.max_batches", "1",
+        "calculator", "--tasks.environment.tool_python", f'"{other}"', *overrides,
     )  # fmt: skip
+    return other, config
+
+
+def test_a_worker_whose_tool_runs_another_interpreter_refuses_to_start(tmp_path, tiny_lm_dir, caplog):
+    """A real worker process main against a real orchestrator pinned to another version: exit code 2,
+    and the log says which interpreter to use (it never takes a lease)."""
+    from prime_rl.worker.process import main
+
+    other, config = pinned_to_the_other_python(tmp_path, tiny_lm_dir, "--workers.max_batches", "1")
     with OrchestratorServer(config, task_set()) as server:
         assert main(config, "worker-312") == 2
         with OrchestratorClient(server.url, retries=0, admin_token=server.admin_token) as client:
@@ -128,14 +137,7 @@ def test_a_validator_whose_tool_runs_another_interpreter_refuses_to_judge(tmp_pa
     """Its replays would reject honest tool outputs: exit code 2 before judging anything."""
     from prime_rl.validator.process import main
 
-    other = "3.12" if tool_python() != "3.12" else "3.13"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = make_config(
-        tmp_path, "--orchestrator.port", str(port), "--model.path", str(tiny_lm_dir), "--tasks.environment.name",
-        "calculator", "--tasks.environment.tool_python", f'"{other}"', "--validator.max_batches", "1",
-    )  # fmt: skip
+    other, config = pinned_to_the_other_python(tmp_path, tiny_lm_dir, "--validator.max_batches", "1")
     with OrchestratorServer(config, task_set()):
         assert main(config) == 2
     assert any(f"pins the Python tool interpreter to {other}" in r.getMessage() for r in caplog.records)

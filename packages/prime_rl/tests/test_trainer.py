@@ -45,6 +45,15 @@ def naive_intellect2_loss(model, samples, constant):
     return total / (len(samples) * constant)
 
 
+def cpu_step(model, opt, micro, old, loss_fn, *, constant=None, max_grad_norm=1e9, **kwargs):
+    """``train_minibatch`` as every test here runs it: temperature 1, on the CPU (no clipping unless
+    ``max_grad_norm`` says so)."""
+    return train_minibatch(
+        model, opt, micro, old, loss_fn, temperature=1.0, constant=constant, max_grad_norm=max_grad_norm, device=CPU,
+        **kwargs,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("micro_batch_tokens", [10_000, 24, 12])
 def test_packed_step_equals_naive_oracle(micro_batch_tokens, random_samples):
     samples = random_samples(8)
@@ -53,17 +62,7 @@ def test_packed_step_equals_naive_oracle(micro_batch_tokens, random_samples):
     micro = make_micro_batches(samples, micro_batch_tokens)
     assert sum(m.num_sequences for m in micro) == 8
     old = old_logprobs_for(model, micro, 1.0, CPU)
-    metrics = train_minibatch(
-        model,
-        opt,
-        micro,
-        old,
-        grpo.Loss("intellect2"),
-        temperature=1.0,
-        constant=8.0,
-        max_grad_norm=1e9,
-        device=CPU,
-    )
+    metrics = cpu_step(model, opt, micro, old, grpo.Loss("intellect2"), constant=8.0)
     packed_grads = [p.grad.clone() for p in model.parameters()]
     reference = make_tiny_lm().train()
     loss = naive_intellect2_loss(reference, samples, 8.0)
@@ -115,17 +114,7 @@ def test_checkpoint_roundtrip_resumes_identically(tmp_path, random_samples):
 
     def step(model, opt):
         old = old_logprobs_for(model, micro, 1.0, CPU)
-        return train_minibatch(
-            model,
-            opt,
-            micro,
-            old,
-            grpo.Loss("dapo"),
-            temperature=1.0,
-            constant=None,
-            max_grad_norm=1.0,
-            device=CPU,
-        )
+        return cpu_step(model, opt, micro, old, grpo.Loss("dapo"), max_grad_norm=1.0)
 
     model, opt = fresh()
     step(model, opt)
@@ -261,25 +250,12 @@ def test_is_correction_inference_old_logprobs_and_kl_reference(random_samples):
     refs = old_logprobs_for(reference, micro, 1.0, CPU)
     old = old_logprobs_for(model, micro, 1.0, CPU)
     loss_fn = grpo.Loss("grpo", is_correction="token_truncate", is_threshold=2.0)
-    metrics = train_minibatch(
-        model, opt, micro, old, loss_fn, temperature=1.0, constant=None, max_grad_norm=1e9, device=CPU,
-        ref_logprobs=refs,
-    )  # fmt: skip
+    metrics = cpu_step(model, opt, micro, old, loss_fn, ref_logprobs=refs)
     assert metrics.mismatch_kl is not None and metrics.mismatch_kl > 0.1
     assert metrics.mean_ratio == pytest.approx(1.0, abs=1e-6)
     assert metrics.grad_norm > 0 and all(torch.isfinite(p.grad).all() for p in model.parameters())
     # old = the inference log-probs (no recompute): the ratio itself is π/μ, far from 1.
-    direct = train_minibatch(
-        model,
-        opt,
-        micro,
-        None,
-        grpo.Loss("dapo"),
-        temperature=1.0,
-        constant=None,
-        max_grad_norm=1e9,
-        device=CPU,
-    )
+    direct = cpu_step(model, opt, micro, None, grpo.Loss("dapo"))
     assert direct.mean_ratio < 0.5 and direct.mismatch_kl == 0.0
     with pytest.raises(ValueError):
         load_config(

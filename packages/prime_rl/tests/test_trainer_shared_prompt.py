@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 import torch
 from device_guard import simulated_device
+from forward_grads import assert_cuda_forward_equals_cpu, values_and_grads  # tests/support
 from fp64_norm import rms_norm_in_input_dtype
 from tensor_guard import LargestTensors, forbid_dense_masks
 from tiny_lm import make_tiny_lm
@@ -27,15 +28,6 @@ CPU = torch.device("cpu")
 GROUPS = [(9, [4, 7, 1, 5]), (3, [6]), (14, [2, 8, 3, 1]), (5, [6, 2])]
 
 
-def values_and_grads(model: torch.nn.Module, micro, *, fused: bool):
-    model.zero_grad(set_to_none=True)
-    out = completion_forward(model, micro, CPU, 0.7, entropy=True, fused=fused)
-    g = torch.Generator().manual_seed(1)
-    weights = torch.randn(out.logprobs.shape, generator=g, dtype=torch.float64)
-    (out.logprobs * weights).sum().add((out.entropy * weights.flip(0)).sum()).backward()
-    return out, {name: p.grad.clone() for name, p in model.named_parameters()}
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("fused", [True, False])
 def test_shared_prompt_row_equals_one_sequence_per_sample(arch, fused, monkeypatch) -> None:
@@ -49,8 +41,8 @@ def test_shared_prompt_row_equals_one_sequence_per_sample(arch, fused, monkeypat
     assert shared.input_ids.shape[1] == 31 + 45 and separate.input_ids.shape[1] == 105 + 45
     assert shared.sample_ids == separate.sample_ids == tuple(s.sample_id for s in samples)
     torch.testing.assert_close(shared.mask, separate.mask, rtol=0, atol=0)
-    ours, our_grads = values_and_grads(model, shared, fused=fused)
-    reference, reference_grads = values_and_grads(model, separate, fused=fused)
+    ours, our_grads = values_and_grads(model, shared, fused=fused, temperature=0.7)
+    reference, reference_grads = values_and_grads(model, separate, fused=fused, temperature=0.7)
     torch.testing.assert_close(ours.logprobs, reference.logprobs, rtol=0, atol=1e-12)
     torch.testing.assert_close(ours.entropy, reference.entropy, rtol=0, atol=1e-12)
     for name, grad in reference_grads.items():
@@ -142,14 +134,4 @@ def test_shared_prompt_forward_keeps_tensors_on_the_compute_device(fused: bool) 
 def test_cuda_shared_prompt_forward_equals_cpu(fused: bool) -> None:
     # On the GPU the shared-prompt row runs compiled FlexAttention with the shared-prefix block mask.
     (micro,) = make_micro_batches(grouped_samples([(150, [64] * 8), (40, [200, 3, 129]), (7, [30])]), 10_000)
-    cpu_out, cpu_grads = values_and_grads(make_tiny_lm(arch="qwen2").train(), micro, fused=fused)
-    model = make_tiny_lm(arch="qwen2").train().cuda()
-    out = completion_forward(model, micro, torch.device("cuda"), 0.7, entropy=True, fused=fused)
-    assert out.logprobs.device.type == "cuda" and out.entropy is not None
-    weights = torch.randn(out.logprobs.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    weights = weights.to(out.logprobs.device)
-    (out.logprobs * weights).sum().add((out.entropy * weights.flip(0)).sum()).backward()
-    torch.testing.assert_close(out.logprobs.cpu(), cpu_out.logprobs, rtol=0, atol=1e-4)
-    torch.testing.assert_close(out.entropy.cpu(), cpu_out.entropy, rtol=0, atol=1e-4)
-    for name, param in model.named_parameters():
-        torch.testing.assert_close(param.grad.cpu(), cpu_grads[name], rtol=1e-3, atol=1e-4, msg=name)
+    assert_cuda_forward_equals_cpu(lambda: make_tiny_lm(arch="qwen2").train(), micro, fused=fused, temperature=0.7)

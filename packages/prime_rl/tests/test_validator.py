@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_lm import make_tiny_lm, make_tiny_tokenizer
-from validator_setup import TinyRun, pending_of, process_config
+from validator_setup import TinyRun, pending_of, validator_at_orchestrator
 
 import toploc
 from prime_rl.api.client import OrchestratorClient
@@ -337,13 +337,11 @@ def test_validator_process_posts_verdicts_and_bans(tmp_path, tiny_lm_dir, caplog
     monkeypatch.setattr(metrics, "_METRICS", writer)
     # One program run in this process beforehand: a verdict's sandbox_runs is the process's cumulative count.
     run_tests("print(1)", {"inputs": [""], "outputs": ["1"]})
-    config = process_config(
+    with validator_at_orchestrator(
         tmp_path, tiny_lm_dir,
         "--validator.max_batches", "2", "--validator.ban_min_samples", "4",
         num_tasks=20, group_size=2, max_new_tokens=4,
-    )  # fmt: skip
-    with OrchestratorServer(config, load_tasks(config.tasks)) as server:
-        validator = Validator(config)
+    ) as (_, server, validator):  # fmt: skip
         validator.wait_log_every_s = 0.3
         caplog.set_level(logging.INFO, logger="prime_rl.validator.process")
         judging = threading.Thread(target=validator.run_loop)

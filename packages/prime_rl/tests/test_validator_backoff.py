@@ -11,26 +11,21 @@ from __future__ import annotations
 import threading
 
 import torch
-from validator_setup import process_config  # tests/support
+from validator_setup import validator_at_orchestrator  # tests/support
 
 from prime_rl import metrics
 from prime_rl.api.client import OrchestratorClient
-from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.redteam.attacks import HostileWorker
-from prime_rl.tasks import load_tasks
-from prime_rl.validator.process import Validator
 
 
 def test_an_out_of_memory_leaves_the_batch_pending_and_the_honest_worker_unharmed(tmp_path, tiny_lm_dir, monkeypatch):
     writer = metrics.MetricsWriter(tmp_path / "metrics" / "validator.jsonl", role="validator", name="validator")
     monkeypatch.setattr(metrics, "_METRICS", writer)
-    config = process_config(
+    with validator_at_orchestrator(
         tmp_path, tiny_lm_dir,
         "--validator.max_batches", "1", "--validator.ban_min_samples", "4", "--validator.poll_interval_s", "0.05",
         num_tasks=20, group_size=2, max_new_tokens=4,
-    )  # fmt: skip
-    with OrchestratorServer(config, load_tasks(config.tasks)) as server:
-        validator = Validator(config)
+    ) as (_, server, validator):  # fmt: skip
         real_prefill, failures = validator.backend.prefill, []
 
         def prefill(prompts, completions):

@@ -8,11 +8,12 @@ import sqlite3
 import numpy as np
 import pytest
 from steering import steering_sampler
-from validator_setup import process_config, submit_honest_and_steered  # tests/support
+from validator_setup import (  # tests/support
+    submit_honest_and_steered,
+    validator_at_orchestrator,
+)
 
 import toploc
-from prime_rl.orchestrator.server import OrchestratorServer
-from prime_rl.tasks import load_tasks
 from prime_rl.validator.evidence import EvidenceLedger
 from prime_rl.validator.journal import ValidatorJournal
 from prime_rl.validator.process import FailureTracker, Validator
@@ -84,13 +85,11 @@ def test_evidence_off_keeps_failure_counts_and_journalled_evidence(tmp_path) -> 
 def test_a_restarted_validator_process_forgives_nothing(tmp_path, tiny_lm_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A real validator judges two workers through a real orchestrator, stops, and starts again on
     the same run directory: evidence and failure counts are in the run's ledger, as before the stop."""
-    config = process_config(
+    with validator_at_orchestrator(
         tmp_path, tiny_lm_dir,
         "--validator.max_batches", "4", "--validator.calibration_tokens", "512",
         num_tasks=40, group_size=4, max_new_tokens=12,
-    )  # fmt: skip
-    with OrchestratorServer(config, load_tasks(config.tasks)) as server:
-        validator = Validator(config)
+    ) as (config, server, validator):  # fmt: skip
         ids = submit_honest_and_steered(server.url, validator, monkeypatch, steering_sampler(0.2), batches=2)
         validator.run_loop()
         validator.close()

@@ -13,26 +13,18 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from stepped_clock import SteppedClock  # tests/support
 
 from prime_rl.api.client import ClientRequestError, OrchestratorClient
 from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest
-from prime_rl.orchestrator.server import OrchestratorServer
-from prime_rl.tasks import TaskSet
 
 make_batch: Any = None  # conftest's, set by the fixture (importlib mode cannot import conftest)
 
 
 @pytest.fixture
-def served(config_for: Any, batch_for: Any) -> Any:
+def served(clocked_server_for: Any, batch_for: Any) -> Any:
     global make_batch
     make_batch = batch_for
-    clock = SteppedClock()
-    config = config_for("--orchestrator.validator_lease_s", "30", "--orchestrator.task_timeout_s", "1000")
-    tasks = TaskSet([{"prompt": f"Question: {a} + {b} =\nAnswer:", "task_type": "arithmetic"} for a in range(10) for b in range(5)], "{prompt}")
-    server = OrchestratorServer(config, tasks, clock=clock).start()
-    yield server, clock
-    server.stop()
+    return clocked_server_for("--orchestrator.validator_lease_s", "30", "--orchestrator.task_timeout_s", "1000")
 
 
 def _client(server: Any) -> OrchestratorClient:
