@@ -52,15 +52,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# The results files of this benchmark were measured without orchestrator.lease_judgeable (on by default
-# since issue 45): its synthetic loop leases with no trainer pace to follow, which the rule would refuse.
-# The rule has its own figures (benchmarks/results/lease_judgeable.md).
-NO_JUDGEABLE = ["--orchestrator.lease_judgeable", "false"]
+from history_ledger import COMPLETION, GROUP, PROMPT, PROMPTS, history_ledger  # benchmarks/
 
 IDENTITIES = 64
 VOCAB = 151_936
 EVERY = 50
-PROMPT, COMPLETION, GROUP, PROMPTS = 128, 384, 4, 2
 SAMPLES_PER_BATCH = GROUP * PROMPTS
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -69,27 +65,6 @@ CONFIGS = {
     "record": [],
     "record_keep": ["--orchestrator.keep_claimed_logprobs", "true"],
 }
-
-
-def _ledger(run_dir: Path, extra: list[str]) -> Any:
-    from prime_rl.config import load_config
-    from prime_rl.orchestrator.ledger import Ledger
-    from prime_rl.orchestrator.store import RolloutStore
-    from prime_rl.tasks import TaskSet
-
-    config = load_config(
-        None,
-        [
-            "--run_dir", str(run_dir), "--orchestrator.prompts_per_batch", str(PROMPTS),
-            "--sampling.group_size", str(GROUP), "--orchestrator.async_level", "2",
-            "--orchestrator.task_timeout_s", "1e9", "--orchestrator.max_open_leases", "4",
-            "--orchestrator.max_buffered_samples", "512", "--trainer.samples_per_step", "128",
-            "--orchestrator.release_after_tokens", "0", "--orchestrator.probation_tokens", "0",
-            "--orchestrator.max_workers", "100000", *NO_JUDGEABLE, *extra,
-        ],
-    )  # fmt: skip
-    tasks = TaskSet([{"prompt": f"What is {i} + {i}?"} for i in range(5000)])
-    return Ledger(config, tasks, RolloutStore(config.orchestrator_data_dir))
 
 
 def _rss_mb() -> float:
@@ -120,7 +95,7 @@ def child(run_dir: Path, cycles: int, extra: list[str]) -> dict[str, Any]:
         VerdictRequest,
     )
 
-    ledger = _ledger(run_dir, extra)
+    ledger = history_ledger(run_dir, *extra)
     data = Path(ledger.store.root)
     workers = [ledger.workers[ledger.register(f"id{i}").worker_id] for i in range(IDENTITIES)]
     points: list[dict[str, Any]] = []
@@ -169,7 +144,7 @@ def child(run_dir: Path, cycles: int, extra: list[str]) -> dict[str, Any]:
     step = ledger.step
     ledger.store.close()
     wall = time.perf_counter()
-    again = _ledger(run_dir, extra)
+    again = history_ledger(run_dir, *extra)
     restart_s = time.perf_counter() - wall
     records = again.store.batch_records()
     verdicts_stored = again.store.all_verdicts()

@@ -45,38 +45,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-# The results files of this benchmark were measured without orchestrator.lease_judgeable (on by default
-# since issue 45): its synthetic loop leases with no trainer pace to follow, which the rule would refuse.
-# The rule has its own figures (benchmarks/results/lease_judgeable.md).
-NO_JUDGEABLE = ["--orchestrator.lease_judgeable", "false"]
+from history_ledger import COMPLETION, GROUP, PROMPT, PROMPTS, history_ledger  # benchmarks/
 
 IDENTITIES = 64
 WINDOW = 256
 CHECKPOINTS = (1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
-PROMPT, COMPLETION, GROUP, PROMPTS = 128, 384, 4, 2
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-
-
-def _ledger(run_dir: Path) -> Any:
-    from prime_rl.config import load_config
-    from prime_rl.orchestrator.ledger import Ledger
-    from prime_rl.orchestrator.store import RolloutStore
-    from prime_rl.tasks import TaskSet
-
-    config = load_config(
-        None,
-        [
-            "--run_dir", str(run_dir), "--orchestrator.prompts_per_batch", str(PROMPTS),
-            "--sampling.group_size", str(GROUP), "--orchestrator.async_level", "2",
-            "--orchestrator.task_timeout_s", "1e9", "--orchestrator.max_open_leases", "4",
-            "--orchestrator.max_buffered_samples", "512", "--trainer.samples_per_step", "128",
-            "--orchestrator.release_after_tokens", "0", "--orchestrator.probation_tokens", "0",
-            "--orchestrator.max_workers", "100000", *NO_JUDGEABLE,
-        ],
-    )  # fmt: skip
-    tasks = TaskSet([{"prompt": f"What is {i} + {i}?"} for i in range(5000)])
-    return Ledger(config, tasks, RolloutStore(config.orchestrator_data_dir))
 
 
 class Timer:
@@ -163,7 +138,7 @@ def _fill_and_measure(
     store.db.sync()
     store.close()
     wall = time.perf_counter()
-    ledger = _ledger(run_dir)
+    ledger = history_ledger(run_dir)
     restart_s = time.perf_counter() - wall
     cycles += fill
     for _ in range(WINDOW // 4):  # warm
@@ -201,7 +176,7 @@ def child(run_dir: Path, seconds: float, label: str, fills: tuple[int, ...] = ()
     )  # fmt: skip
     from prime_rl.orchestrator.workers_view import build_snapshot
 
-    ledger = _ledger(run_dir)
+    ledger = history_ledger(run_dir)
     db = ledger.store.db
     group = hasattr(db, "defer_sync")
     if group:
@@ -298,7 +273,7 @@ def child(run_dir: Path, seconds: float, label: str, fills: tuple[int, ...] = ()
     claims_before = {step: ledger.claims[step] for step in range(ledger.step)}
     ledger.store.close()
     wall = time.perf_counter()
-    again = _ledger(run_dir)
+    again = history_ledger(run_dir)
     result["restart_s"] = time.perf_counter() - wall
     result["restart_rss_mb"] = _rss_mb()
     missing = [b for b in acknowledged if b not in again.batches]
