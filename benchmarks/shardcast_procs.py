@@ -40,7 +40,8 @@ class PeakRss:
 
     def __init__(self) -> None:
         self.peaks: dict[int, float] = {}
-        threading.Thread(target=self._loop, daemon=True).start()
+        self._sampler: threading.Thread | None = None  # started by the first spawn, not at import:
+        # a test that only imports a benchmark (pytest's whole session) must not get a 20 ms loop
 
     def _loop(self) -> None:
         while True:
@@ -55,6 +56,9 @@ class PeakRss:
                     pass
 
     def spawn(self, cmd: list[str], **kwargs: object) -> subprocess.Popen:  # type: ignore[type-arg]
+        if self._sampler is None:
+            self._sampler = threading.Thread(target=self._loop, daemon=True)
+            self._sampler.start()
         proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)  # type: ignore[call-overload]
         self.peaks[proc.pid] = 0.0
         return proc
