@@ -36,19 +36,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from swarm_checks import RunRecords, read_jsonl
+from swarm_figures import _ms, _quantile  # the figures' own p50/p99 and rounding
 
 TRUSTED_PREFIXES = ("validator", "trainer")
-
-
-def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _ms(value: float | None) -> float | None:
-    return None if value is None else round(1e3 * value, 1)
 
 
 def windows(root: Path, window_s: float) -> dict[str, Any]:
