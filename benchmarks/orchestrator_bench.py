@@ -24,6 +24,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # synthetic_batches
 
+from history_ledger import judgeable_off  # benchmarks/
 from synthetic_batches import synthetic_batch  # tests/support
 
 from prime_rl.api.client import OrchestratorClient
@@ -34,11 +35,6 @@ from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.orchestrator.store import RolloutStore
 from prime_rl.orchestrator.store_schema import BatchMeta
 from prime_rl.tasks import TaskSet
-
-# The results files of this benchmark were measured without orchestrator.lease_judgeable (on by default
-# since issue 45): its synthetic loop leases with no trainer pace to follow, which the rule would refuse.
-# The rule has its own figures (benchmarks/results/lease_judgeable.md).
-NO_JUDGEABLE = ["--orchestrator.lease_judgeable", "false"]
 
 BATCHES = 20
 REPEATS = 3
@@ -59,7 +55,7 @@ def _ours(root: Path) -> tuple[list[float], int]:
     config = load_config(
         None,
         ["--run_dir", str(root), "--orchestrator.port", "0", "--orchestrator.prompts_per_batch", "8",
-         "--sampling.group_size", "8", *NO_JUDGEABLE],
+         "--sampling.group_size", "8", *judgeable_off()],
     )  # fmt: skip
     tasks = TaskSet([{"prompt": f"What is {i} + {i}?"} for i in range(1000)])
     times = []

@@ -55,12 +55,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # synthetic_batches
+from history_ledger import judgeable_off  # benchmarks/
 
-# The results files of this benchmark were measured without orchestrator.lease_judgeable (on by default
-# since issue 45): its synthetic loop leases with no trainer pace to follow, which the rule would refuse.
-# The rule has its own figures (benchmarks/results/lease_judgeable.md).
-NO_JUDGEABLE = ["--orchestrator.lease_judgeable", "false"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # synthetic_batches
 
 OLD_COMMIT = "6618b31"
 IDENTITIES = 16
@@ -86,7 +83,7 @@ def _config(run_dir: Path) -> Any:
         None,
         [
             "--run_dir", str(run_dir), "--orchestrator.prompts_per_batch", "2", "--sampling.group_size", "2",
-            "--orchestrator.task_timeout_s", "1e9", "--orchestrator.max_open_leases", "4", *NO_JUDGEABLE,
+            "--orchestrator.task_timeout_s", "1e9", "--orchestrator.max_open_leases", "4", *judgeable_off(),
         ],
     )  # fmt: skip
 

@@ -50,6 +50,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from history_ledger import judgeable_off  # benchmarks/
+
 from prime_rl.api.protocol import RolloutBatch, RolloutSample, Segment, Verdict, VerdictRequest
 from prime_rl.config import load_config
 from prime_rl.episodes import EpisodeEnv
@@ -62,11 +64,6 @@ from prime_rl.validator.evidence import FailureTracker
 from prime_rl.validator.verdicts import ban_counts
 from verifiers import Task
 from verifiers.envs import PythonToolEnv
-
-# The results files of this benchmark were measured without orchestrator.lease_judgeable (on by default
-# since issue 45): its synthetic loop leases with no trainer pace to follow, which the rule would refuse.
-# The rule has its own figures (benchmarks/results/lease_judgeable.md).
-NO_JUDGEABLE = ["--orchestrator.lease_judgeable", "false"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TEMPLATE = "\n<{role}>\n{content}\n</{role}>\n"
@@ -141,7 +138,7 @@ def orchestrator_bans(leases: list[list[Verdict]], identities: int, run_dir: Pat
     config = load_config(
         None,
         ["--run_dir", str(run_dir), "--orchestrator.prompts_per_batch", "1", "--sampling.group_size", str(LEASE),
-         *NO_JUDGEABLE],
+         *judgeable_off()],
     )  # fmt: skip
     ledger = Ledger(config, TaskSet([Task(f"q{i}", "verifiable_math", {"ground_truth": "1"}) for i in range(64)]),
                     RolloutStore(config.orchestrator_data_dir))  # fmt: skip
