@@ -531,8 +531,8 @@ def test_accepted_verdicts_count_the_tokens_beyond_the_sampling_tolerance(backen
     real = checks_module.sampling_margins
     calls = []
 
-    def margins(logits, tokens, seed, temperature):
-        out = real(logits, tokens, seed, temperature)
+    def margins(logits, tokens, seed, temperature, *, runs=None):
+        out = real(logits, tokens, seed, temperature, runs=runs)
         calls.append(seed)
         if len(calls) == 2:
             out = out.clone()

@@ -40,6 +40,7 @@ worker, its in-flight backends and the red team write the spans it reads (:func:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -353,7 +354,7 @@ class SpanPlan:
         return switches
 
     # -- seeds -------------------------------------------------------------------------------
-    def seeds(self, seed: int, nonces: Sequence[int]) -> list[tuple[int, int]]:
+    def seeds(self, seed: int, nonces: Iterable[int]) -> list[tuple[int, int]]:
         """``(first_token, seed)`` per run of one seed: per span of a single-turn sample, per model turn
         of an episode; ``nonces``: the switch nonce of each span after the first. A run's seed is the
         sample's (an episode turn's ``turn_seed``) reseeded by every switch at or before it."""
@@ -369,7 +370,7 @@ class SpanPlan:
     def recorded_seeds(self, seed: int, key: bytes, lease: Any) -> list[tuple[int, int]]:
         """:meth:`seeds` with the nonces of the lease's records (``recorded_switch_nonce`` under the
         run's key), as the validator recomputes them for spans that passed :meth:`record_problem`."""
-        return self.seeds(seed, [recorded_switch_nonce(key, lease, v) for v in self.versions[1:]])
+        return self.seeds(seed, map(functools.partial(recorded_switch_nonce, key, lease), self.versions[1:]))
 
     def drawn_with(self, seed: int, key: bytes, lease: Any) -> SpanPlan:
         """This plan with its :attr:`runs`: :meth:`recorded_seeds`."""

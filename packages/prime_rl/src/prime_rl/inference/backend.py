@@ -7,8 +7,8 @@ validator's recompute engine (``prefill``). The contract's names are re-exported
 
 :func:`sample_next` is the decode loop's per-step draw (the contract's sampling rule for one
 completion position of a batch); tests and benchmarks replace it here to play a steering worker.
-:func:`token_logprobs` is the contract's log-prob rule over fp32 logits, shared by the decode
-loop and the validator's recompute.
+:func:`token_logprobs` (the contract's, re-exported) is the log-prob rule over fp32 logits, shared by
+the decode loop and the validator's recompute.
 
 Decode steps (``HFBackend(decode=...)``): ``"dynamic"`` grows transformers' ``DynamicCache`` by
 one column a step (every step has new shapes); ``"static"`` writes into KV buffers sized for the
@@ -50,6 +50,7 @@ from prime_rl.inference.contract import (
     completion_text,
     proof_size,
     proof_topk,
+    token_logprobs,
     tokenizer_eos_ids,
     verify_proofs,
 )
@@ -91,16 +92,6 @@ def sample_next(logits: torch.Tensor, seeds: torch.Tensor, position: int, temper
 
 DecodeMode = Literal["auto", "dynamic", "static", "graph"]
 DECODE_MODES: tuple[DecodeMode, ...] = ("auto", "dynamic", "static", "graph")
-
-
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``log_softmax(logits / T)[token]`` per row in fp32; ``T = 1`` when greedy. Shapes ``[N, V], [N] -> [N]``.
-
-    ``tokens`` may be on the host: they are moved to the logits' device (a no-op when already there).
-    """
-    scale = temperature if temperature > 0 else 1.0
-    logp = torch.log_softmax(logits.float() / scale, dim=-1)
-    return logp.gather(-1, tokens.to(logits.device, torch.long).unsqueeze(-1)).squeeze(-1)
 
 
 class HFBackend:

@@ -19,7 +19,7 @@ the same rules, because the validator re-derives everything a worker claims:
   tiny test model with ``H = 64`` could not fill a 1-row chunk with 128 values).
 * **Log-probs** are ``log_softmax(logits / T)[token]`` in fp32 (``T = 1`` for greedy), the
   behaviour policy's log-probs for the trainer's importance-sampling correction
-  (``backend.token_logprobs``, which the validator recomputes them with).
+  (:func:`token_logprobs`, which the validator recomputes them with).
 * A completion ends at an EOS token of the tokenizer (kept; :func:`tokenizer_eos_ids`), at the first
   stop string (tokens kept up to and including the token that completed it), or after
   ``max_new_tokens``. Its ``text`` is :func:`completion_text`.
@@ -200,6 +200,47 @@ def verify_proofs(hidden_rows: torch.Tensor, data: bytes) -> list[Any]:
         topk=topk,
         skip_prefill=True,
     )
+
+
+def sampling_margins(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    seed: int,
+    temperature: float,
+    *,
+    runs: Sequence[tuple[int, int]] | None = None,
+) -> torch.Tensor:
+    """Per completion token, the shortfall of the claimed token below the seeded sampler's choice
+    (the sampling rule above, redrawn: ``toploc.sampling_margins``). ``[n]`` float64, ``inf`` where
+    the logits are NaN.
+
+    ``logits [n, V]`` recomputed at the completion's positions, ``tokens [n]``; the noise of token
+    ``t`` is drawn with sequence id ``seed`` at position ``t``. ``runs``: where the seed changes along
+    the completion (an announced in-flight switch reseeds the rest, ``seeds.reseeded``),
+    ``(first_token, seed)`` per run of one seed in order, the first at 0; ``seed`` is then unused.
+    Positions stay completion indices across runs.
+    """
+    n = tokens.numel()
+    runs = runs or [(0, seed)]
+    bounds = [first for first, _ in runs[1:]] + [n]
+    parts = [
+        toploc.sampling_margins(
+            logits[first:end], tokens[first:end], SAMPLER_SEED, run_seed,
+            torch.arange(first, end, device=logits.device), temperature,
+        )
+        for (first, run_seed), end in zip(runs, bounds, strict=True)
+    ]  # fmt: skip
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``log_softmax(logits / T)[token]`` per row in fp32; ``T = 1`` when greedy. Shapes ``[N, V], [N] -> [N]``.
+
+    ``tokens`` may be on the host: they are moved to the logits' device (a no-op when already there).
+    """
+    scale = temperature if temperature > 0 else 1.0
+    logp = torch.log_softmax(logits.float() / scale, dim=-1)
+    return logp.gather(-1, tokens.to(logits.device, torch.long).unsqueeze(-1)).squeeze(-1)
 
 
 def tokenizer_eos_ids(tokenizer: Any) -> frozenset[int]:

@@ -14,8 +14,9 @@ first failure. In order, cheapest first:
    (``malformed_proof``);
 2. one prefill of prompt + completion with the claimed policy version (:func:`model_checks`):
    toploc proofs of the final hidden states (``malformed_proof`` / ``toploc_mismatch``), the
-   seeded sampler re-drawn from the recomputed logits (:func:`sampling_margins`,
-   :func:`sampling_problem`: ``sampling_mismatch``), the inference log-probs (``logprobs_mismatch``);
+   seeded sampler re-drawn from the recomputed logits (``inference/contract.sampling_margins``,
+   ``token_rule.sampling_problem``: ``sampling_mismatch``), the inference log-probs
+   (``token_rule.logprob_problem``: ``logprobs_mismatch``);
 3. the reward recomputed with the run's reward (``rewards.py``: ``reward_mismatch``, or
    ``reward_unverifiable`` where the machine, not the worker, may explain the difference).
 
@@ -40,15 +41,10 @@ from prime_rl.api.protocol import PendingBatch, RolloutSample
 from prime_rl.api.spans import SpanPlan
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.episodes import EpisodeEnv
-from prime_rl.inference.backend import (
-    SAMPLER_SEED,
-    GenerationBackend,
-    GenerationError,
-    Prefill,
-    proof_topk,
-    token_logprobs,
-    verify_proofs,
-)
+from prime_rl.inference.backend import GenerationBackend, GenerationError, Prefill, proof_topk
+from prime_rl.inference.contract import sampling_margins as sampling_margins
+from prime_rl.inference.contract import token_logprobs, verify_proofs
+from prime_rl.validator import token_rule
 from prime_rl.validator.backend_failures import BackendFailure as BackendFailure
 from prime_rl.validator.backend_failures import RetryLater as RetryLater
 from prime_rl.validator.backend_failures import backend_failure as backend_failure
@@ -57,6 +53,7 @@ from prime_rl.validator.episodes import MAX_ENV_TOKENS, episode_checks, episode_
 from prime_rl.validator.reasons import Reason as Reason
 from prime_rl.validator.structure import proof_problem, repetition_problem, termination_problem
 from prime_rl.validator.token_rule import TokenRule
+from prime_rl.validator.token_rule import sampling_problem as sampling_problem
 from toploc import Observations
 from verifiers.envs import Message
 
@@ -317,12 +314,23 @@ def _judge_chunk(alive: list[Pending], prefills: list[Prefill] | str, checks: Ch
         judge_prefill(p, pre, checks, observe)
 
 
+def judge_spanned_chunk(
+    chunk: list[Pending], rows: Sequence[Prefill | str], *, checks: Checks, observe: Observer | None
+) -> None:
+    """The per-sample model checks of mixed-version samples on the rows their spans recomputed
+    (``validator/spans.py``), each with its plan's seeds and proof naming; a row that could not be
+    recomputed is the sample's failure (a version unavailable: ``unknown_policy``)."""
+    for p, pre in zip(chunk, rows, strict=True):
+        if isinstance(pre, str):
+            p.reject(Reason.UNKNOWN_POLICY if "not available" in pre else Reason.MALFORMED, pre)
+            continue
+        plan = p.plan
+        assert plan is not None
+        judge_prefill(p, pre, checks, observe, plan.proof_reason, runs=plan.runs)
+
+
 ProofNamer = Callable[[list[bool]], tuple[str, str]]
-"""Names a proof failure from which chunks failed: ``(reason code, detail)`` (``validator/spans.py``)."""
-Draw = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
-"""``(logits [n, V], tokens [n], temperature) -> margins [n]``: the sampling margins of a completion
-whose seed changes along it (``validator/spans.py``); the default is :func:`sampling_margins` with the
-sample's seed."""
+"""Names a proof failure from which chunks failed: ``(reason code, detail)`` (``SpanPlan.proof_reason``)."""
 
 
 def judge_prefill(
@@ -332,19 +340,23 @@ def judge_prefill(
     observe: Observer | None,
     name_failure: ProofNamer | None = None,
     *,
-    draw: Draw | None = None,
-    turn_seeds: Sequence[int] | None = None,
+    runs: Sequence[tuple[int, int]] | None = None,
 ) -> None:
     """The proof, sampling and log-prob checks of one sample against its recomputed prefill.
 
-    ``name_failure``: how a proof failure is reported (None: ``toploc_mismatch``). ``draw``: the
-    sampling margins of a single-turn sample whose seed changes at announced switches
-    (``validator/spans.py``); None: the sample's seed for every token. ``turn_seeds``: an episode's
-    seed per model turn (its span plan's, ``validator/spans.py``); None: its turn seeds.
+    ``name_failure``: how a proof failure is reported (None: ``toploc_mismatch``). ``runs``: the
+    seeds of a sample whose seed changes at announced switches (``SpanPlan.runs``): a single-turn
+    sample's ``(first_token, seed)`` per span, an episode's per model turn; None: the sample's seed
+    (an episode's turn seeds).
+
+    Reads top-down: the proofs and the recomputed statistics (``inference/contract.py``, an
+    episode's through ``validator/episodes.py``), then the rules on them (``token_rule.py``).
     """
     sample = p.sample
+    thresholds = checks.thresholds
     try:
         if checks.episode_env is not None:
+            turn_seeds = None if runs is None else [seed for _, seed in runs]
             episode = episode_values(
                 sample, pre.hidden, pre.logits, checks.hidden_size, sampling_margins, turn_seeds
             )
@@ -354,7 +366,7 @@ def judge_prefill(
     except (toploc.ProofFormatError, toploc.ActivationError, ValueError) as exc:
         p.reject(Reason.MALFORMED_PROOF, f"{exc}")
         return
-    verdicts = [checks.thresholds.check(r) for r in results]
+    verdicts = [thresholds.check(r) for r in results]
     failed = [v for v in verdicts if not v.passed]
     if failed:
         if name_failure is not None:
@@ -368,70 +380,32 @@ def judge_prefill(
         trainer_logprobs = episode.trainer_logprobs
     else:
         tokens = torch.tensor(sample.completion_tokens, dtype=torch.long, device=pre.logits.device)
-        margins = (
-            sampling_margins(pre.logits, tokens, sample.sampling_seed, sample.temperature)
-            if draw is None
-            else draw(pre.logits, tokens, sample.temperature)
-        )
+        margins = sampling_margins(pre.logits, tokens, sample.sampling_seed, sample.temperature, runs=runs)
         recomputed = token_logprobs(pre.logits, tokens, sample.temperature).cpu()  # compared with the claim
         claimed = sample.inference_logprobs
         trainer_logprobs = tuple(float(x) for x in recomputed.tolist())
     if observe is not None:  # evidence from every sample whose proofs pass, accepted or not
         observe(p.index, Observations.from_checks(margins, claimed, recomputed, results))
+    rule = checks.sampling_rule
+    v = checks.validator
     why = (
-        checks.sampling_rule.problem(margins)
-        if checks.sampling_rule is not None
-        else sampling_problem(
-            margins,
-            tolerance=checks.validator.sampling_tolerance,
-            max_mismatch_fraction=checks.validator.sampling_max_mismatch_fraction,
-        )
+        rule.problem(margins)
+        if rule is not None
+        else sampling_problem(margins, tolerance=v.sampling_tolerance, max_mismatch_fraction=v.sampling_max_mismatch_fraction)
     )
     if why is not None:
         p.reject(Reason.SAMPLING_FAILED, why)
         return
-    tolerance = checks.sampling_rule.tolerance if checks.sampling_rule is not None else checks.validator.sampling_tolerance
-    p.beyond_tolerance = int((margins > tolerance).sum())
+    p.beyond_tolerance = int((margins > (rule.tolerance if rule is not None else v.sampling_tolerance)).sum())
     p.logprobs = trainer_logprobs  # what the trainer gets, never the claim
-    why = logprob_problem(recomputed, claimed, checks)
+    why = token_rule.logprob_problem(recomputed, claimed, rule=checks.logprob_rule, atol=v.logprob_atol)
     if why is not None:
         p.reject(Reason.LOGPROBS_MISMATCH, why)
 
 
 def logprob_problem(recomputed: torch.Tensor, claimed: Sequence[float], checks: Checks) -> str | None:
-    """The per-token log-prob rule: None if every claimed inference log-prob is close enough to the
-    prefill's, else why not.
-
-    Per token, not a mean: a mean over n tokens hides a few large lies among many honest tokens
-    (one token off by 1 nat in 1,024 moves the mean by 0.001). ``checks.logprob_rule`` where the
-    precision sets one (bf16 with a noise profile: counts per threshold, ``token_rule.py``), else
-    no token beyond ``[validator].logprob_atol``. A NaN claim fails.
-    """
-    gaps = (recomputed.double() - torch.tensor(claimed, dtype=torch.float64)).abs()
-    rule = checks.logprob_rule or TokenRule(
-        tolerance=checks.validator.logprob_atol, rate=0.0, hard_limit=checks.validator.logprob_atol, statistic="|log-prob error|"
-    )
-    return rule.problem(gaps)
-
-
-def sampling_margins(logits: torch.Tensor, tokens: torch.Tensor, seed: int, temperature: float) -> torch.Tensor:
-    """Per completion token, the shortfall of the claimed token below the seeded sampler's choice.
-
-    ``logits [n, V]`` recomputed at the completion's positions, ``tokens [n]``; the sampler of
-    ``prime_rl.inference.backend`` (toploc seed ``SAMPLER_SEED``, sequence id = the sample's seed,
-    position = completion index). Returns ``[n]`` float64, ``inf`` where the logits are NaN.
-    """
-    positions = torch.arange(tokens.numel(), device=logits.device)
-    return toploc.sampling_margins(logits, tokens, SAMPLER_SEED, seed, positions, temperature)
-
-
-def sampling_problem(margins: torch.Tensor, *, tolerance: float, max_mismatch_fraction: float) -> str | None:
-    """The per-sample sampling rule on ``margins``: None if at most ``max_mismatch_fraction`` of the
-    tokens fall short by more than ``tolerance``, else why not (same rule as ``toploc.check_sampling``)."""
-    bad = torch.nonzero(margins > tolerance).flatten()
-    if bad.numel() <= int(max_mismatch_fraction * margins.numel()):
-        return None
-    return (
-        f"{bad.numel()}/{margins.numel()} tokens are not what the seeded sampler draws "
-        f"(first at ({int(bad[0])},), max margin {float(margins.max()):.3g})"
+    """The per-token log-prob rule of ``checks`` (``token_rule.logprob_problem``): None if every
+    claimed inference log-prob is close enough to the prefill's, else why not."""
+    return token_rule.logprob_problem(
+        recomputed, claimed, rule=checks.logprob_rule, atol=checks.validator.logprob_atol
     )

@@ -56,7 +56,7 @@ def episode_span_model_checks(
     lease: LeaseRecord | None = None,
 ) -> None:
     """Deprecated: ``validator.spans.span_model_checks`` (in a multi-turn run)."""
-    span_model_checks(spanned, backend_for, checks, observe, lease)
+    span_model_checks([p for p in spanned if p.alive], backend_for, checks, observe, lease)
 
 
 def episode_proof_reason(

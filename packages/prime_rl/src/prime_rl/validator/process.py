@@ -217,7 +217,7 @@ class Validator:
         started, tools_before = time.monotonic(), tool_seconds()
         established = batch.worker_id in self.established
         tool_seconds_left = self.tool_budget.left(batch.worker_id, batch.client, established=established)
-        observed: list[toploc.Observations] = []
+        observed: dict[int, toploc.Observations] = {}  # by sample index, in the order observed
         loaded: list[int] = []  # a backend was handed out: the whole batch was prefilled, else none was
 
         def backend_for(version: int) -> GenerationBackend | None:
@@ -236,7 +236,7 @@ class Validator:
                 decode=self.decode,
                 checks=self.checks,
                 newest_version=newest_version,
-                observe=lambda index, observations: observed.append(observations),
+                observe=observed.__setitem__,
                 tool_seconds_left=tool_seconds_left,
             )
         except RetryLater as exc:
@@ -247,7 +247,7 @@ class Validator:
         finally:  # tools that ran cost their time whatever became of the batch
             self.tool_budget.spend(batch.worker_id, batch.client, tool_seconds() - tools_before, established=established)
         self.backoff.pop(batch.batch_id, None)
-        posted, answer = self.post(batch, verdicts, observed, prefilled=bool(loaded))
+        posted, answer = self.post(batch, verdicts, list(observed.values()), prefilled=bool(loaded))
         if posted is not Posted.OK or answer is None:
             return posted is Posted.REFUSED  # refused: settled, never judged again; else retried
         if answer.ban_reason.startswith("evidence") and any(v.accepted for v in verdicts) and not answer.accepted:

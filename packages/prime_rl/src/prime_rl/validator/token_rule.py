@@ -1,4 +1,9 @@
-"""The per-sample rule on a per-token statistic (sampling margins, log-prob gaps): a count per threshold.
+"""The per-sample rules on a per-token statistic (sampling margins, log-prob gaps): a count per threshold.
+
+:class:`TokenRule` is the rule; :func:`sampling_problem` (fp32's sampling rule: a fraction of tokens
+beyond one tolerance) and :func:`logprob_problem` (the log-prob rule, with no token beyond
+``[validator].logprob_atol`` where the precision sets no :class:`TokenRule`) are what
+``checks.judge_prefill`` applies to every sample.
 
 A bf16 worker's decode and the validator's prefill disagree a little on every token, so a sample
 cannot be held to "no token beyond the tolerance"; it is held to "no more tokens beyond each
@@ -28,6 +33,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -121,3 +127,30 @@ class TokenRule:
                     f"allows {allowed} at rate {rate:.2g} (largest {worst:.3g})"
                 )
         return None
+
+
+def sampling_problem(margins: torch.Tensor, *, tolerance: float, max_mismatch_fraction: float) -> str | None:
+    """The per-sample sampling rule on ``margins``: None if at most ``max_mismatch_fraction`` of the
+    tokens fall short by more than ``tolerance``, else why not (same rule as ``toploc.check_sampling``)."""
+    bad = torch.nonzero(margins > tolerance).flatten()
+    if bad.numel() <= int(max_mismatch_fraction * margins.numel()):
+        return None
+    return (
+        f"{bad.numel()}/{margins.numel()} tokens are not what the seeded sampler draws "
+        f"(first at ({int(bad[0])},), max margin {float(margins.max()):.3g})"
+    )
+
+
+def logprob_problem(
+    recomputed: torch.Tensor, claimed: Sequence[float], *, rule: TokenRule | None, atol: float
+) -> str | None:
+    """The per-token log-prob rule: None if every claimed inference log-prob is close enough to the
+    prefill's, else why not.
+
+    Per token, not a mean: a mean over n tokens hides a few large lies among many honest tokens
+    (one token off by 1 nat in 1,024 moves the mean by 0.001). ``rule`` where the precision sets one
+    (bf16 with a noise profile), else no token beyond ``atol``. A NaN claim fails.
+    """
+    gaps = (recomputed.double() - torch.tensor(claimed, dtype=torch.float64)).abs()
+    rule = rule or TokenRule(tolerance=atol, rate=0.0, hard_limit=atol, statistic="|log-prob error|")
+    return rule.problem(gaps)

@@ -98,7 +98,7 @@ def validate_batch(
                 # One-version samples first (one batched prefill), then the mixed-version ones by
                 # their span plans, each further version loaded once (validator/spans.py).
                 model_checks([p for p in pending if not has_spans(p.sample)], backend, checks, observe)
-                span_model_checks([p for p in pending if has_spans(p.sample)], backend_for, checks, observe, batch.lease)
+                span_model_checks([p for p in pending if p.alive and has_spans(p.sample)], backend_for, checks, observe, batch.lease)
         replay_checks(pending, decode, checks, budget_s=tool_seconds_left)  # after every model turn is proven
         _reject_rest(pending)  # the lease is lost: no reward scoring (sandbox runs) either
         reward_checks(pending, tasks, decode, checks)
