@@ -10,7 +10,7 @@ trainer playing by the rules would:
   - the validator: ``pending`` (reads the batch back), ``record_verdicts`` (every sample accepted,
     one recomputed log-prob per completion token);
   - the trainer: ``claim`` + ``commit`` whenever a step's samples are there;
-  - ``GET /workers``'s snapshot every 64 cycles.
+  - ``GET /workers``'s snapshot every 64 cycles, and every cycle of a timed window.
 
 Durability as the server has it (``group_commit.py``): every payload is fsynced (file and folder)
 before its commit, and each cycle ends with one fsync of SQLite's write-ahead log that covers the
@@ -48,7 +48,9 @@ from typing import Any
 from history_ledger import COMPLETION, GROUP, PROMPT, PROMPTS, history_ledger  # benchmarks/
 
 IDENTITIES = 64
-WINDOW = 256
+WINDOW = 1024
+"""Cycles per timed window: 64 claims that return a step (every 16th cycle), 1,024 of every other
+request type, so each p99 is read from more than a handful of calls."""
 CHECKPOINTS = (1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -224,7 +226,7 @@ def child(run_dir: Path, seconds: float, label: str, fills: tuple[int, ...] = ()
         claim = timer("claim", ledger.claim, ClaimRequest(step=ledger.step, min_samples=128))
         if claim.ready:
             timer("commit", ledger.commit, CommitRequest(step=ledger.step, policy_version=ledger.step + 1))
-        if number % 64 == 0:
+        if number % 64 == 0 or timer.on:  # every cycle of a timed window: enough calls for a p99
             timer("workers", build_snapshot, ledger)
         sync()
 
