@@ -49,8 +49,9 @@ from history_ledger import COMPLETION, GROUP, PROMPT, PROMPTS, history_ledger  #
 
 IDENTITIES = 64
 WINDOW = 1024
-"""Cycles per timed window: 64 claims that return a step (every 16th cycle), 1,024 of every other
-request type, so each p99 is read from more than a handful of calls."""
+"""Cycles per timed window: 1,024 calls of every request type but ``commit``, of which 64 claims
+return a step (every 16th cycle) and are committed; so each p99 but commit's (the largest of its 64)
+is read from more than a handful of slow calls."""
 CHECKPOINTS = (1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
