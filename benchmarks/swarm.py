@@ -181,6 +181,7 @@ class Swarm:
         self.kills: list[dict[str, Any]] = []
         self.rss: list[dict[str, Any]] = []
         self.done = threading.Event()
+        self.core = -1  # the orchestrator's CPU under ``--pin-orchestrator``
 
     # -- processes ------------------------------------------------------------------------------
     def _popen(self, argv: list[str], output: Path) -> subprocess.Popen[bytes]:
@@ -329,9 +330,30 @@ class Swarm:
 
         threading.Timer(seconds, resume).start()
 
+    def pin_orchestrator(self) -> None:
+        """``--pin-orchestrator``: every 0.2 s, each thread of the newest orchestrator process runs on
+        the machine's last CPU alone (the harness, and every process it starts, on the others: ``run``),
+        as an orchestrator on a machine of its own would."""
+        core = {self.core}
+        while not self.done.wait(0.2):
+            pid = self.child_pids().get("orchestrator")
+            if pid is None:
+                continue
+            with contextlib.suppress(OSError):  # gone meanwhile (a restart): the next round pins the new one
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    if os.sched_getaffinity(int(tid)) != core:
+                        os.sched_setaffinity(int(tid), core)
+
     def run(self) -> int:
         """Start everything, wait for the supervisor to end (or ``--timeout-s``); its exit code."""
         assert self.supervisor is None
+        if self.args.pin_orchestrator:
+            cpus = sorted(os.sched_getaffinity(0))
+            if len(cpus) < 2:
+                raise SystemExit("--pin-orchestrator needs at least 2 CPUs")
+            self.core = cpus[-1]
+            os.sched_setaffinity(0, set(cpus[:-1]))  # inherited by every process started below
+            threading.Thread(target=self.pin_orchestrator, daemon=True).start()
         self.start_supervisor()
         for host in range(self.args.hosts):
             self.start_host(host)
@@ -400,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.0, help="trainer learning rate (0: the default)")
     parser.add_argument("--host-nice", type=int, default=0,
                         help="run the swarm hosts this much nicer than the control plane (0: the same)")  # fmt: skip
+    parser.add_argument("--pin-orchestrator", action="store_true",
+                        help="the orchestrator alone on the last CPU, everything else on the others (a "
+                             "machine of its own)")  # fmt: skip
     parser.add_argument("--delta", action=argparse.BooleanOptionalAction, default=True,
                         help="[shardcast] delta: publish versions also as deltas against the previous one")  # fmt: skip
     parser.add_argument("--timeout-s", type=float, default=900.0, help="stop and fail after this long")

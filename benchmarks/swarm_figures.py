@@ -163,7 +163,8 @@ def compute_figures(
         f", {per_step} samples/step" if per_step != 16 else "") + (
         f", {len(kills)} kills" if args["kills"] else "") + (", WAN" if run["emulated"] else "") + (
         f", {summary['payload']}" if args.get("payload_mb") else "") + (
-        f", hosts nice {args['host_nice']}" if args.get("host_nice") else "")  # fmt: skip
+        f", hosts nice {args['host_nice']}" if args.get("host_nice") else "") + (
+        ", orchestrator on a CPU of its own" if args.get("pin_orchestrator") else "")  # fmt: skip
     return {
         "label": label, "summary": summary, "endpoints": endpoints, "versions": versions, "memory": memory,
         "rss_series": rss[:: max(1, len(rss) // 200)], "kills": kills,

@@ -57,3 +57,39 @@ def test_smoke_rehearsal_survives_two_kills_and_its_checker_can_fail(tmp_path: P
     assert violations["acked_rollouts_stored"] == ["w9999-s0-b0"]
     sample = first.sample_ids[0]
     assert violations["no_double_claim"] == [f"{sample.batch_id}/{sample.index}"]
+
+
+def test_pin_orchestrator_puts_every_thread_of_the_newest_orchestrator_on_its_cpu() -> None:
+    """``--pin-orchestrator``: each thread of the orchestrator process, those started before the pin
+    included, runs on the chosen CPU alone (swarm.md, N=1024: the trusted calls' p99 with the
+    orchestrator on a core of its own)."""
+    import os
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    import pytest
+    from swarm import Swarm
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs")
+    script = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\ntime.sleep(60)\n"
+    child = subprocess.Popen([sys.executable, "-c", script])
+    harness = SimpleNamespace(done=threading.Event(), core=cpus[-1], child_pids=lambda: {"orchestrator": child.pid})
+    pinner = threading.Thread(target=Swarm.pin_orchestrator, args=(harness,))
+    pinner.start()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+            if len(tids) == 2 and all(os.sched_getaffinity(t) == {cpus[-1]} for t in tids):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"threads not pinned: {[os.sched_getaffinity(t) for t in tids]}")
+    finally:
+        harness.done.set()
+        pinner.join(10)
+        child.kill()
+        child.wait(10)

@@ -403,3 +403,48 @@ def test_call_times_logs_each_window_per_call(server: OrchestratorServer, tmp_pa
     pending = first["GET /validator/pending"]
     assert (pending["n"], pending["failed"]) == (3, 0) and 0 < pending["p50_ms"] <= pending["p99_ms"] <= pending["max_ms"]
     assert (first["GET /status"]["n"], second["GET /status"]["n"], second["GET /status"]["failed"]) == (1, 1, 1)
+
+
+def test_the_server_logs_what_a_trusted_call_waits_behind(tmp_path: Path) -> None:
+    """``trusted_phases`` has, beside the trusted calls' own phases, each untrusted ledger call's time
+    under the lock (``held``, named after its handler or ledger method) and each garbage collection's
+    pause (``gc``): what a trusted call that came in meanwhile waited behind (swarm.md, N=1024)."""
+    import gc
+
+    from prime_rl.orchestrator.delivery import LedgerCalls
+    from prime_rl.orchestrator.server import _GcPauses
+
+    from .conftest import make_config, task_set
+
+    path = tmp_path / "orchestrator.jsonl"
+    writer = MetricsWriter(path, role="orchestrator", name="orchestrator")
+    ledger = Ledger(make_config(tmp_path), task_set(), RolloutStore(tmp_path / "orch"))
+    calls = LedgerCalls(ledger)
+    calls.trusted_phases = CallTimes("trusted_phases", writer=writer)
+    pauses = _GcPauses()
+
+    class Handlers:
+        def submit(self) -> Any:  # a handler's local function is named after the handler: ``submit``
+            def work() -> None:
+                ledger.status()
+
+            return work
+
+    async def requests() -> None:
+        await calls.call(ledger.register, "w")
+        await calls.call(Handlers().submit())
+        await calls.call(ledger.pending, 8, trusted=True)
+
+    gc.callbacks.append(pauses)
+    try:
+        asyncio.run(requests())
+        gc.collect()
+    finally:
+        gc.callbacks.remove(pauses)
+        calls.close()
+    pauses.drain(calls.trusted_phases)
+    calls.trusted_phases.flush()
+    writer.close()
+    [window] = [r["calls"] for r in read_metrics(path) if r["event"] == "trusted_phases"]
+    assert {"held register", "held submit", "lock pending", "run pending", "durable pending", "gc gen2"} <= set(window)
+    assert "held pending" not in window  # a trusted call is not one that others wait behind

@@ -19,6 +19,7 @@ take many minutes on a shared machine): batches judged accepted and claimed, of 
 from __future__ import annotations
 
 import cProfile
+import functools
 import hashlib
 import json
 import pstats
@@ -229,3 +230,35 @@ def test_a_restart_reads_open_state_only_and_answers_the_same(tmp_path: Path, mo
         assert again.release.worker_tokens(worker.worker_id) == ledger.release.worker_tokens(worker.worker_id)
     request = ClaimRequest(step=again.step, min_samples=1 << 20)
     assert again.claim(request) == ledger.claim(request)
+
+
+def _work_with_identities(tmp_path: Path, identities: int) -> dict[str, int]:
+    """Work (``_Work``) of a registration, a lease with backpressure on and the expiry tick, on a
+    ledger where ``identities`` idle identities registered first, one in ten of them banned since."""
+    config = make_config(
+        tmp_path, "--trainer.samples_per_step", "8", "--orchestrator.max_buffered_samples", "10000",
+        "--orchestrator.max_workers", str(identities + 8),
+    )  # fmt: skip
+    store = RolloutStore(tmp_path / "orch")
+    ledger = Ledger(config, task_set(), store, clock=lambda: 1000.0)
+    for number in range(identities):
+        worker_id = ledger.register(f"idle{number}").worker_id
+        if number % 10 == 0:
+            ledger.workers.ban(ledger.workers[worker_id], "test")
+    work = _Work(store)
+    askers = [ledger.workers[ledger.register(f"asker{n}").worker_id] for n in range(3)]
+    ledger.lease(askers[0], None, None)  # warms caches: not measured
+    return {
+        "register": max(work.measure(lambda: ledger.register("late"))[0] for _ in range(2)),
+        "lease": max(work.measure(functools.partial(ledger.lease, worker, None, None))[0] for worker in askers[1:]),
+        "expiry tick": max(work.measure(ledger.expire_leases)[0] for _ in range(2)),
+    }
+
+
+def test_request_work_does_not_grow_with_registered_identities(tmp_path: Path) -> None:
+    """Backpressure asks for the banned identities on every lease: it must not walk every identity
+    ever registered (at 1,024 identities registering at once, that walk was most of a lease's time).
+    Nor may a registration or the expiry tick."""
+    few, many = (_work_with_identities(tmp_path / str(n), n) for n in (20, 4_000))
+    grown = {name: (few[name], many[name]) for name in few if many[name] > TOLERANCE * few[name] + SLACK}
+    assert not grown, f"work with 20 -> 4,000 registered identities: {grown}"

@@ -151,7 +151,8 @@ class LedgerState:
         return max(0, self.step - self.orch.async_level)
 
     def banned_workers(self) -> frozenset[str]:
-        return frozenset(w.worker_id for w in self.workers.values() if w.banned)
+        """The banned workers' ids (``WorkerRegistry.banned_ids``: O(banned), asked on every lease)."""
+        return self.workers.banned_ids()
 
     def buffered_samples(self, *, unproven: bool = False) -> int:
         """Answered samples that may still reach the trainer soon (``BatchBook.buffered``): held samples

@@ -3,7 +3,7 @@
 The route table and the handlers, with how a request is read, checked and handed to the ledger,
 are routes.py's (``ROUTES`` is re-exported here); this module builds the application around them
 (``build_app``: the handlers, the error middleware, a background task that expires leases every
-second, the frozen heap), and runs it: as a process (``main``, ``prime-rl orchestrator --config
+second, probes of the event loop's lag and of garbage-collection pauses, the frozen heap), and runs it: as a process (``main``, ``prime-rl orchestrator --config
 FILE``) or embedded in a thread (``OrchestratorServer``, tests do).
 
 Bound to a non-loopback address, the orchestrator refuses to start unless the admin token is
@@ -22,6 +22,7 @@ import logging
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -29,7 +30,7 @@ from aiohttp import web
 
 from prime_rl.api.secrets import RunSecrets, SecretsError, check_bind_address, run_secrets
 from prime_rl.config import RunConfig
-from prime_rl.metrics import MetricsWriter, get_metrics, init_process
+from prime_rl.metrics import CallTimes, MetricsWriter, get_metrics, init_process
 from prime_rl.orchestrator.admission import check_admission
 from prime_rl.orchestrator.http import errors_middleware
 from prime_rl.orchestrator.ledger import Ledger
@@ -39,6 +40,8 @@ from prime_rl.orchestrator.store import RolloutStore
 __all__ = ["ROUTES", "OrchestratorServer", "build_app", "main"]
 
 log = logging.getLogger(__name__)
+
+LAG_PROBE_S = 0.05  # the event loop's lag is sampled this often (metrics ``trusted_phases``, ``loop lag``)
 
 
 def build_app(
@@ -68,16 +71,50 @@ def build_app(
                 except Exception:  # a full disk must not kill the loop; the next tick retries
                     log.exception("lease expiry failed")
 
-        task = asyncio.create_task(loop())
+        pauses = _GcPauses()
+        gc.callbacks.append(pauses)
+
+        async def lag() -> None:  # how late the event loop runs what is ready (a request's first read too)
+            phases = api.calls.trusted_phases
+            while True:
+                began = time.perf_counter()
+                await asyncio.sleep(LAG_PROBE_S)
+                phases.record("loop", "lag", 200, time.perf_counter() - began - LAG_PROBE_S)
+                pauses.drain(phases)
+        tasks = [asyncio.create_task(loop()), asyncio.create_task(lag())]
         yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        gc.callbacks.remove(pauses)
         api.calls.close()
 
     app.cleanup_ctx.append(expire_loop)
     app.cleanup_ctx.append(_freeze_loaded_heap)
     return app
+
+
+class _GcPauses:
+    """A ``gc.callbacks`` entry noting how long each collection stopped the process (the GIL is held
+    throughout), per generation: a stall of every request that the event loop's lag alone would not
+    explain. ``drain`` records them as ``trusted_phases`` phase ``gc``. The callback itself only
+    appends to a deque: a collection may start inside ``CallTimes.record``, under its lock."""
+
+    def __init__(self) -> None:
+        self._began = 0.0
+        self._pauses: deque[tuple[int, float]] = deque(maxlen=10_000)
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self._pauses.append((info["generation"], time.perf_counter() - self._began))
+
+    def drain(self, times: CallTimes) -> None:
+        while self._pauses:
+            generation, seconds = self._pauses.popleft()
+            times.record("gc", f"gen{generation}", 200, seconds)
 
 
 async def _freeze_loaded_heap(app: web.Application) -> AsyncIterator[None]:

@@ -72,6 +72,7 @@ class WorkerRegistry(Mapping[str, WorkerRecord]):
         self._workers: dict[str, WorkerRecord] = {}
         self._next_number = 0
         self._active = 0  # kept as events apply: registration checks it, and must not count 10k records
+        self._banned: set[str] = set()  # kept as events apply: every lease's backpressure asks for it
 
     def __getitem__(self, worker_id: str) -> WorkerRecord:
         return self._workers[worker_id]
@@ -86,6 +87,10 @@ class WorkerRegistry(Mapping[str, WorkerRecord]):
         """A copy of the records in registration order (one C-level ``list()``: safe to call from
         another thread while the ledger's thread registers workers)."""
         return list(self._workers.values())
+
+    def banned_ids(self) -> frozenset[str]:
+        """The banned workers' ids: O(banned workers), not O(registered ones)."""
+        return frozenset(self._banned)
 
     def active_count(self) -> int:
         """Registered workers neither banned nor retired (O(1))."""
@@ -115,6 +120,7 @@ class WorkerRegistry(Mapping[str, WorkerRecord]):
     def _set_ban(self, worker: WorkerRecord, reason: str) -> None:
         self._active -= worker.active
         worker.banned, worker.ban_reason = True, reason
+        self._banned.add(worker.worker_id)
 
     def _set_retired(self, worker: WorkerRecord) -> None:
         self._active -= worker.active
