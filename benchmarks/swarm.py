@@ -56,6 +56,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests" / "support")]
 
+from run_toml import write_run_toml  # noqa: E402
 from swarm_checks import RunRecords, check_invariants, read_jsonl  # noqa: E402
 from swarm_figures import compute_figures, record_results  # noqa: E402
 from swarm_validators import validator_figures  # noqa: E402
@@ -155,13 +156,7 @@ def write_config(root: Path, args: argparse.Namespace, network: Any) -> Path:
         "validator": {"count": args.validators, **validator_options(args)},
         "evaluator": {"enabled": False},
     }  # fmt: skip
-    lines = [f"run_dir = {json.dumps(str(root / 'run'))}"]
-    for name, section in sections.items():
-        lines.append(f"\n[{name}]")
-        lines += [f"{key} = {json.dumps(value)}" for key, value in section.items()]
-    path = root / "run.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_run_toml(root, sections)
 
 
 class Swarm:

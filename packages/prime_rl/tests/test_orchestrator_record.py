@@ -320,3 +320,64 @@ def test_a_version_3_store_queues_its_settled_batches_and_a_lost_payload_is_reco
     assert store.batch_count() == 3
     store.close()
     assert RolloutStore(root, reader=True).batch_count() == 3
+
+
+def test_the_server_writes_the_record_after_answering_the_commit_and_serves_meanwhile(
+    server_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over HTTP the commit is answered before its step's record is written, and requests are served
+    while the file is written (outside the lock: ``record_writer.py``); then the record appears and
+    the payload files it replaced go. Before, the commit's ledger call wrote it under the one lock
+    (commit p50 270-360 ms in a closed loop, every request waiting behind it)."""
+    import threading
+    import time
+
+    from prime_rl.api.client import OrchestratorClient
+    from prime_rl.orchestrator import record_writer
+
+    release, writing = threading.Event(), threading.Event()
+    write = record_writer.write_step
+
+    def held_write(*args: Any) -> Any:
+        writing.set()
+        assert release.wait(30)
+        return write(*args)
+
+    monkeypatch.setattr(record_writer, "write_step", held_write)
+
+    def payloads(batch_id: str) -> list[Path]:
+        return list(server.ledger.store.batches_dir.glob(f"{batch_id}.*parquet"))
+
+    server = server_factory("--trainer.samples_per_step", "8", "--trainer.keep_checkpoints", "1")
+    admin = OrchestratorClient(server.url, timeout_s=10, retries=0, admin_token=server.admin_token)
+    workers = [OrchestratorClient(server.url, timeout_s=10, retries=0) for _ in range(2)]
+    ids = [w.register(f"w{i}").worker_id for i, w in enumerate(workers)]
+    stored: list[str] = []
+    with admin, workers[0], workers[1]:
+        for step in range(2):  # step 0's record is due at the commit of step 1 (lag 1)
+            for worker, worker_id in zip(workers, ids, strict=True):
+                lease = worker.get_tasks(worker_id)
+                batch = make_batch(lease, lease.step)
+                answer = worker.submit_rollouts(batch)
+                stored.append(answer.batch_id)
+                admin.post_verdicts(VerdictRequest(batch_id=answer.batch_id, verdicts=_verdicts(batch, 0), validator_id="v"))
+            assert admin.claim(step, 8).ready
+            started = time.perf_counter()
+            admin.commit(step, step + 1)
+            assert time.perf_counter() - started < 5  # answered, whether or not a record is being written
+        assert writing.wait(10)  # the record of step 0 is being written now, and held there
+        assert admin.status().step == 2 and workers[0].get_tasks(ids[0]).step == 2  # served meanwhile
+        assert not list((server.ledger.store.root / RECORD_DIR).glob("step_*.parquet"))
+        assert all(payloads(b) for b in stored[:2])
+        release.set()
+        deadline = time.monotonic() + 20
+        while not list((server.ledger.store.root / RECORD_DIR).glob("step_*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    [path] = list((server.ledger.store.root / RECORD_DIR).glob("step_*.parquet"))
+    assert path.name == "step_00000000.parquet"
+    assert sorted(pq.read_table(path).column("batch_id").unique().to_pylist()) == sorted(stored[:2])
+    deadline = time.monotonic() + 20
+    while any(payloads(b) for b in stored[:2]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(payloads(b) for b in stored[:2])  # replaced by the record
+    assert all(payloads(b) for b in stored[2:])  # step 1's batches wait for the next commit's record

@@ -77,6 +77,8 @@ class BatchBook(ClaimsAndCounts, Mapping[str, StoredBatch]):
         self._counts: dict[str, Counter[str]] = {}  # per worker (store counters, scope "worker")
         self._run: Counter[str] = Counter()  # per run (store counters, scope "run")
         self._stored = 0  # batches stored: the next sequence number
+        self._records_deferred = False  # ``defer_records``
+        self._records_upto = -1  # with it: the last commit's newest step due for the record
 
     def __getitem__(self, batch_id: str) -> StoredBatch:
         batch = self._live.get(batch_id)
@@ -136,10 +138,14 @@ class BatchBook(ClaimsAndCounts, Mapping[str, StoredBatch]):
 
     def compact(self, step: int, lag: int) -> list[RecordFile]:
         """At the commit of ``step``: stamp the batches settled since the last commit with it, and write
-        the record of the steps ``<= step - lag`` (``record.py``). A failure is logged, never raised:
-        the commit is stored already, and the next commit tries again."""
+        the record of the steps ``<= step - lag`` (``record.py``; with ``defer_records``, the server
+        does). A failure is logged, never raised: the commit is stored already, and the next commit
+        tries again."""
         try:
             stamp(self._store, step)
+            if self._records_deferred:
+                self._records_upto = step - lag
+                return []
             files = compact(self._store, step - lag, self._config.orchestrator.keep_claimed_logprobs)
         except (StoreError, OSError) as error:
             self._metrics.log("record_failed", step=step, error=str(error))
@@ -147,6 +153,16 @@ class BatchBook(ClaimsAndCounts, Mapping[str, StoredBatch]):
         for record in files:
             self._metrics.log("record", step=record.step, file=record.file, batches=record.batches, samples=record.samples, bytes=record.bytes)
         return files
+
+    def defer_records(self) -> None:
+        """From now on a commit only stamps, and ``records_upto`` says up to which step the record is
+        due; the server writes it outside the ledger's lock (``record_writer.py``)."""
+        self._records_deferred = True
+
+    @property
+    def records_upto(self) -> int:
+        """With ``defer_records``: the newest step due for the record at the last commit (-1: none)."""
+        return self._records_upto
 
     # ------------------------------------------------------------------ submission
 

@@ -66,7 +66,10 @@ class StoreView(Protocol):
 
     def batch_path(self, batch_id: str) -> Path: ...
 
-__all__ = ["RECORD_DIR", "RECORD_SCHEMA", "RecordFile", "RecordReader", "compact", "finish", "prune", "stamp"]
+__all__ = [
+    "RECORD_DIR", "RECORD_SCHEMA", "RecordFile", "RecordReader", "StepPlan", "compact", "finish", "plan_step", "prune",
+    "settle_step", "stamp", "write_step",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -203,9 +206,24 @@ def _batch_table(store: StoreView, step: int, row: Sequence[Any], claim_steps: d
     return pa.Table.from_pydict(columns, schema=RECORD_SCHEMA)
 
 
-def compact_step(store: StoreView, step: int, keep_logprobs: bool) -> RecordFile | None:
-    """Compact the settled batches stamped ``step`` (module docstring, item 3); idempotent. A batch whose
-    lease has not folded yet is stamped again at the next commit (None: nothing to write)."""
+@dataclass(frozen=True)
+class StepPlan:
+    """The record of one step as read from the store (``plan_step``). Settled rows no longer change,
+    so ``write_step`` writes the file from it without the store."""
+
+    step: int
+    rows: list[Sequence[Any]]
+    metas: dict[str, BatchMeta]
+    queued: list[str]
+    waiting: set[str]
+    claim_steps: dict[tuple[str, int], int]
+    name: str
+    keep_logprobs: bool
+
+
+def plan_step(store: StoreView, step: int, keep_logprobs: bool) -> StepPlan | None:
+    """The plan of the record of the batches stamped ``step``; None when nothing is to be written now
+    (a batch whose lease has not folded yet goes back to the queue for the next commit)."""
     query = "SELECT batch_id FROM record_queue WHERE step = ? LIMIT ?"
     queued = [str(r[0]) for r in store.db.read(query, (step, MAX_BATCHES))]
     rows: list[Sequence[Any]] = []
@@ -229,33 +247,56 @@ def compact_step(store: StoreView, step: int, keep_logprobs: bool) -> RecordFile
             connection.executemany("DELETE FROM record_queue WHERE batch_id = ?", [(b,) for b in queued if b not in waiting])
         return None
     claim_steps = _claim_steps(store, {str(row[0]): metas[str(row[0])] for row in rows if json.loads(row[3])}, step)
-    tables = [_batch_table(store, step, row, claim_steps, keep_logprobs) for row in rows]
-    table = pa.concat_tables(tables) if tables else RECORD_SCHEMA.empty_table()
     taken = {name for (name,) in store.db.read("SELECT file FROM records WHERE step = ?", (step,))}
     name = f"step_{step:08d}.parquet"
     if name in taken:  # a step of more than MAX_BATCHES batches: one more file, nothing overwritten
         name = f"step_{step:08d}.{len(taken)}.parquet"
-    path = store.root / RECORD_DIR / name
+    return StepPlan(step, rows, metas, queued, waiting, claim_steps, name, keep_logprobs)
+
+
+def write_step(store: StoreView, plan: StepPlan) -> RecordFile:
+    """Write the record file of ``plan`` (atomically). Reads payload files only, never the store's
+    database: safe in another thread while the ledger serves requests."""
+    tables = [_batch_table(store, plan.step, row, plan.claim_steps, plan.keep_logprobs) for row in plan.rows]
+    table = pa.concat_tables(tables) if tables else RECORD_SCHEMA.empty_table()
+    path = store.root / RECORD_DIR / plan.name
     try:
         with atomic_path(path) as temporary:
             pq.write_table(table, str(temporary), compression="zstd")
     except OSError as error:
-        raise StoreError(f"could not write the record of step {step}: {error}") from error
-    files = [store.batches_dir / row[5] if row[5] else store.batch_path(str(row[0])) for row in rows]
-    result = RecordFile(step, name, len(rows), table.num_rows, path.stat().st_size, keep_logprobs)
-    max_seq = max((meta.seq for meta in metas.values()), default=-1)
+        raise StoreError(f"could not write the record of step {plan.step}: {error}") from error
+    return RecordFile(plan.step, plan.name, len(plan.rows), table.num_rows, path.stat().st_size, plan.keep_logprobs)
+
+
+def settle_step(store: StoreView, plan: StepPlan, result: RecordFile) -> list[Path]:
+    """In one transaction: the ``records`` row, the ``compacted`` rows, and the deletion of the
+    batches' rows. Returns their payload files, to delete once that transaction is durable."""
+    max_seq = max((meta.seq for meta in plan.metas.values()), default=-1)
     with store.db.transaction() as connection:
         connection.execute(
             "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (name, step, result.batches, result.samples, max_seq, result.bytes, int(keep_logprobs)),
+            (plan.name, plan.step, result.batches, result.samples, max_seq, result.bytes, int(plan.keep_logprobs)),
         )
         connection.executemany(
-            "INSERT OR REPLACE INTO compacted VALUES (?, ?, ?)", [(b, m.sha256, name) for b, m in metas.items()]
+            "INSERT OR REPLACE INTO compacted VALUES (?, ?, ?)", [(b, m.sha256, plan.name) for b, m in plan.metas.items()]
         )
         for table_name in ("batches", "verdicts", "judges", "record_queue"):
-            connection.executemany(f"DELETE FROM {table_name} WHERE batch_id = ?", [(b,) for b in metas])
-        connection.executemany("DELETE FROM record_queue WHERE batch_id = ?", [(b,) for b in queued if b not in waiting])
-        connection.executemany("UPDATE record_queue SET step = NULL WHERE batch_id = ?", [(b,) for b in waiting])
+            connection.executemany(f"DELETE FROM {table_name} WHERE batch_id = ?", [(b,) for b in plan.metas])
+        connection.executemany(
+            "DELETE FROM record_queue WHERE batch_id = ?", [(b,) for b in plan.queued if b not in plan.waiting]
+        )
+        connection.executemany("UPDATE record_queue SET step = NULL WHERE batch_id = ?", [(b,) for b in plan.waiting])
+    return [store.batches_dir / row[5] if row[5] else store.batch_path(str(row[0])) for row in plan.rows]
+
+
+def compact_step(store: StoreView, step: int, keep_logprobs: bool) -> RecordFile | None:
+    """Compact the batches stamped ``step`` (module docstring, item 3); idempotent. The server runs
+    the same phases with the file written outside its lock (``record_writer.py``)."""
+    plan = plan_step(store, step, keep_logprobs)
+    if plan is None:
+        return None
+    result = write_step(store, plan)
+    files = settle_step(store, plan, result)
     store.db.sync()  # the deletion is durable before the files it replaces go (group commit defers it)
     for file in files:  # (no folder fsync: a file a power cut brings back is deleted at the next open, ``finish``)
         file.unlink(missing_ok=True)

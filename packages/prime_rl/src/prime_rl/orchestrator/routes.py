@@ -56,6 +56,7 @@ from prime_rl.orchestrator.http import (
 from prime_rl.orchestrator.ledger import ApiFailure, Ledger
 from prime_rl.orchestrator.noise_profile import RunNoiseProfile
 from prime_rl.orchestrator.rate_limit import TokenBuckets, network_key
+from prime_rl.orchestrator.record_writer import RecordWriter
 from prime_rl.orchestrator.workers_view import WorkersView
 
 __all__ = ["CAPABILITIES", "ROUTES", "ApiHandlers", "Route"]
@@ -116,6 +117,7 @@ class ApiHandlers:
         )
         self.calls = LedgerCalls(ledger)  # the lock (trusted first), group commit, delivery (delivery.py)
         self.call = self.calls.call
+        self.records = RecordWriter(self.calls)  # the training record, written outside the lock (record_writer.py)
         self.workers_view = WorkersView(ledger, orch.workers_view_max_age_s)
         self.noise_profiles = RunNoiseProfile(config.orchestrator_data_dir)
 
@@ -298,4 +300,6 @@ class ApiHandlers:
     async def commit(self, request: web.Request) -> web.Response:
         self.require_admin(request)
         body = await self.body(request, CommitRequest)
-        return model_response(await self.call(self.ledger.commit, body, trusted=True))
+        answer = await self.call(self.ledger.commit, body, trusted=True)
+        self.records.after_commit()  # the step's record is written after the answer, outside the lock
+        return model_response(answer)

@@ -41,6 +41,7 @@ __all__ = ["ROUTES", "OrchestratorServer", "build_app", "main"]
 
 log = logging.getLogger(__name__)
 
+RECORD_WAIT_S = 10.0  # at a stop, how long the record being written may take to finish (record_writer.py)
 LAG_PROBE_S = 0.05  # the event loop's lag is sampled this often (metrics ``trusted_phases``, ``loop lag``)
 
 
@@ -83,6 +84,8 @@ def build_app(
                 pauses.drain(phases)
         tasks = [asyncio.create_task(loop()), asyncio.create_task(lag())]
         yield
+        with contextlib.suppress(TimeoutError):  # a record half written is redone at the next commit
+            await asyncio.wait_for(api.records.idle(), RECORD_WAIT_S)
         for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

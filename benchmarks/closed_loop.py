@@ -1,0 +1,351 @@
+"""Closed loop over HTTP: N identities against one orchestrator process on a core of its own.
+
+The outside probe of issue 44, rebuilt: a real orchestrator process (``prime-rl orchestrator``,
+durable as it ships: group commit, ``synchronous`` as configured, backpressure on through
+``max_buffered_samples``), pinned to the machine's last CPU; everything else on the other CPUs:
+
+  - N identities in one load process (asyncio + aiohttp, one coroutine each, ``--identities``):
+    register, then ``GET /tasks`` -> ``POST /rollouts`` with a batch of 2 prompts x 4 samples (128
+    prompt + 384 completion tokens, toploc proofs of 258 B per 32 tokens: what ``soak.py``
+    submits), as fast as answers come; a 429 is followed by a sleep of its ``Retry-After``;
+  - a validator playing by the rules (``GET /validator/pending``, every sample accepted with one
+    recomputed log-prob per completion token, ``POST /validator/verdicts``), in a thread;
+  - a trainer (``POST /trainer/claim`` of ``samples_per_step``, then ``POST /trainer/commit``), in a
+    thread.
+
+After ``--warmup-s`` it counts, for ``--seconds``: batches acknowledged per wall-clock second (a
+full lease cycle: lease, submit, verdicts, claimed or settled), ``/tasks`` and ``/rollouts`` p50/p99
+(every answer), the validator's and trainer's call p99, and how busy the orchestrator's core was
+(its process CPU seconds over the window's wall seconds, ``/proc``). A core under 100% busy while
+answers wait is time lost to something other than work (the issue's 43 cycles/s at 43% busy).
+
+``--compare LABEL=PATH`` (repeatable) runs the same loop, in the same invocation, against another
+checkout's packages (``PYTHONPATH``), e.g. a worktree of the issue's ``0d0cd53``. The load process
+and the clients are this tree's; the HTTP API they use is the same in all.
+
+Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/closed_loop.py --identities 256
+--seconds 60 [--compare issue=/tmp/old] --json benchmarks/results/closed_loop.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from run_toml import write_run_toml  # benchmarks/
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS, GROUP, PROMPT, COMPLETION = 2, 4, 128, 384
+SAMPLES_PER_STEP = 128
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def write_config(root: Path, port: int, admin_token: str, *, judgeable_key: bool) -> Path:
+    """The run's TOML: backpressure on, limits sized for many identities at one address."""
+    orchestrator = {
+        "host": "127.0.0.1", "port": port, "async_level": 1, "prompts_per_batch": PROMPTS,
+        "task_timeout_s": 60.0, "admin_token": admin_token, "register_rate_per_minute": 0.0,
+        "max_open_leases_per_address": 1 << 20, "max_fresh_workers_per_network": 0, "probation_tokens": 0,
+        "release_after_tokens": 16, "max_buffered_samples": 8 * SAMPLES_PER_STEP,
+        **({"lease_judgeable": False} if judgeable_key else {}),
+    }  # fmt: skip
+    sections: dict[str, dict[str, Any]] = {
+        "tasks": {"num_tasks": 1000, "digits": 1, "seed": 0},
+        "sampling": {"group_size": GROUP, "temperature": 1.0, "max_new_tokens": COMPLETION},
+        "orchestrator": orchestrator,
+        "trainer": {"samples_per_step": SAMPLES_PER_STEP, "filter_zero_advantage": False},
+    }
+    return write_run_toml(root, sections)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads), from ``/proc``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _steal_seconds(cpu: int) -> float:
+    """Seconds CPU ``cpu`` was stolen by the hypervisor so far (``/proc/stat``; 0 where not counted):
+    on a shared virtual machine, what makes a CPU second buy less work from one run to the next."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        fields = line.split()
+        if fields[0] == f"cpu{cpu}" and len(fields) > 8:
+            return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+def _quantiles(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"n": 0, "p50_ms": None, "p99_ms": None}
+    ordered = sorted(values)
+    return {"n": len(ordered), "p50_ms": round(1000 * ordered[len(ordered) // 2], 2),
+            "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2)}  # fmt: skip
+
+
+# ------------------------------------------------------------------ the load process
+
+
+async def _identity(session: Any, url: str, number: int, window: tuple[float, float], out: dict[str, Any]) -> None:
+    proofs = base64.b64encode(os.urandom(258 * (COMPLETION // 32))).decode()
+    async with session.post(f"{url}/workers/register", json={"name": f"loop{number}"}) as response:
+        registered = await response.json()
+    worker_id, headers = registered["worker_id"], {"Authorization": f"Bearer {registered['token']}"}
+    begin, end = window
+    cycle = 0
+    while time.time() < end:
+        started = time.time()
+        async with session.get(f"{url}/tasks", params={"worker_id": worker_id}, headers=headers) as response:
+            status, body = response.status, await response.read()
+            retry_after = float(response.headers.get("Retry-After", "1") or 1)
+        if begin <= started < end:
+            out["tasks"].append(time.time() - started)
+            out["statuses"][str(status)] = out["statuses"].get(str(status), 0) + 1
+        if status == 429:
+            await asyncio.sleep(retry_after)
+            continue
+        if status != 200:
+            await asyncio.sleep(1.0)
+            continue
+        lease = json.loads(body)
+        cycle += 1
+        samples = [
+            {"task_id": task["task_id"], "group_index": g, "prompt_tokens": list(range(3, 3 + PROMPT)),
+             "completion_tokens": [(7 * i + g + cycle) % 30000 for i in range(COMPLETION)], "sampling_seed": seed,
+             "temperature": 1.0, "reward": float(g % 2), "advantage": 0.5 - g % 2, "proofs": proofs,
+             "inference_logprobs": [-0.5] * COMPLETION}
+            for task in lease["tasks"] for g, seed in enumerate(task["sampling_seeds"])
+        ]  # fmt: skip
+        batch = {"worker_id": worker_id, "step": lease["step"], "batch_index": lease["batch_index"],
+                 "policy_version": lease["policy_version"], "samples": samples}  # fmt: skip
+        posted = time.time()
+        async with session.post(f"{url}/rollouts", json=batch, headers=headers) as response:
+            status = response.status
+            await response.read()
+        if begin <= posted < end:
+            out["rollouts"].append(time.time() - posted)
+            out["submitted" if status == 200 else f"rollouts_{status}"] = (
+                out.get("submitted" if status == 200 else f"rollouts_{status}", 0) + 1
+            )
+
+
+async def _load(url: str, identities: int, window: tuple[float, float]) -> dict[str, Any]:
+    import aiohttp
+
+    out: dict[str, Any] = {"tasks": [], "rollouts": [], "statuses": {}}
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        results = await asyncio.gather(
+            *(_identity(session, url, n, window, out) for n in range(identities)), return_exceptions=True
+        )
+    out["errors"] = [repr(r) for r in results if isinstance(r, BaseException)][:5]
+    return out
+
+
+def load_main(url: str, identities: int, begin: float, end: float, path: str) -> None:
+    out = asyncio.run(_load(url, identities, (begin, end)))
+    summary = {"tasks": _quantiles(out["tasks"]), "rollouts": _quantiles(out["rollouts"]),
+               "statuses": out["statuses"], "submitted": out.get("submitted", 0), "errors": out["errors"],
+               "rejected": {k: v for k, v in out.items() if k.startswith("rollouts_")}}  # fmt: skip
+    Path(path).write_text(json.dumps(summary))
+
+
+# ------------------------------------------------------------------ the trusted roles
+
+
+def _validator(url: str, token: str, stop: threading.Event, times: dict[str, list[float]], window: tuple[float, float]) -> None:
+    import requests
+
+    session, headers = requests.Session(), {"Authorization": f"Bearer {token}"}
+    judged: set[str] = set()
+    while not stop.is_set():
+        started = time.time()
+        pending = session.get(f"{url}/validator/pending", params={"limit": 8}, headers=headers, timeout=60).json()
+        if window[0] <= started < window[1]:
+            times["GET /validator/pending"].append(time.time() - started)
+        fresh = [b for b in pending.get("batches", []) if b["batch_id"] not in judged]
+        if not fresh:
+            time.sleep(0.05)
+            continue
+        for batch in fresh:
+            verdicts = [
+                {"sample_index": i, "accepted": True, "reason": "ok", "reward": s["reward"], "advantage": s["advantage"],
+                 "logprobs": [-0.5] * len(s["completion_tokens"])}
+                for i, s in enumerate(batch["samples"])
+            ]  # fmt: skip
+            started = time.time()
+            session.post(f"{url}/validator/verdicts", json={"batch_id": batch["batch_id"], "verdicts": verdicts},
+                         headers=headers, timeout=60).raise_for_status()  # fmt: skip
+            if window[0] <= started < window[1]:
+                times["POST /validator/verdicts"].append(time.time() - started)
+            judged.add(batch["batch_id"])
+
+
+def _trainer(url: str, token: str, stop: threading.Event, times: dict[str, list[float]], window: tuple[float, float], steps: list[int]) -> None:
+    import requests
+
+    session, headers = requests.Session(), {"Authorization": f"Bearer {token}"}
+    step = 0
+    while not stop.is_set():
+        started = time.time()
+        claim = session.post(f"{url}/trainer/claim", json={"step": step, "min_samples": SAMPLES_PER_STEP,
+                             "filter_zero_advantage": False}, headers=headers, timeout=60).json()  # fmt: skip
+        if window[0] <= started < window[1]:
+            times["POST /trainer/claim"].append(time.time() - started)
+        if not claim.get("ready"):
+            time.sleep(0.05)
+            continue
+        started = time.time()
+        session.post(f"{url}/trainer/commit", json={"step": step, "policy_version": step + 1}, headers=headers,
+                     timeout=60).raise_for_status()  # fmt: skip
+        if window[0] <= started < window[1]:
+            times["POST /trainer/commit"].append(time.time() - started)
+            steps.append(step)
+        step += 1
+
+
+# ------------------------------------------------------------------ one code version
+
+
+def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix=f"closed-loop-{label}-"))
+    try:
+        port, token = _free_port(), secrets.token_urlsafe(24)
+        known = subprocess.run(
+            [sys.executable, "-c", "import sys; from prime_rl.config import load_config; "
+             "sys.exit(0 if hasattr(load_config(None, []).orchestrator, 'lease_judgeable') else 3)"],
+            env=dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None, capture_output=True,
+        ).returncode == 0  # fmt: skip
+        config = write_config(root, port, token, judgeable_key=known)
+        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **({"PYTHONPATH": pythonpath} if pythonpath else {}))
+        orchestrator = subprocess.Popen(
+            [sys.executable, "-m", "prime_rl.cli", "orchestrator", "--config", str(config)],
+            stdout=(root / "orchestrator.out").open("wb"), stderr=subprocess.STDOUT, env=env,
+            preexec_fn=lambda: os.sched_setaffinity(0, {core}), start_new_session=True,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            import requests
+
+            deadline = time.time() + 180
+            while True:
+                try:
+                    if requests.get(f"{url}/status", timeout=2).status_code == 200:
+                        break
+                except requests.RequestException:
+                    pass
+                if time.time() > deadline or orchestrator.poll() is not None:
+                    raise RuntimeError(f"{label}: orchestrator did not start: {(root / 'orchestrator.out').read_text()[-2000:]}")
+                time.sleep(0.5)
+            begin = time.time() + args.warmup_s
+            end = begin + args.seconds
+            window = (begin, end)
+            load_out = root / "load.json"
+            load = subprocess.Popen([sys.executable, __file__, "--load", url, str(args.identities), str(begin), str(end), str(load_out)])
+            stop = threading.Event()
+            times: dict[str, list[float]] = {k: [] for k in ("GET /validator/pending", "POST /validator/verdicts",
+                                                             "POST /trainer/claim", "POST /trainer/commit")}  # fmt: skip
+            steps: list[int] = []
+            roles = [threading.Thread(target=_validator, args=(url, token, stop, times, window), daemon=True),
+                     threading.Thread(target=_trainer, args=(url, token, stop, times, window, steps), daemon=True)]  # fmt: skip
+            for role in roles:
+                role.start()
+            time.sleep(max(0.0, begin - time.time()))
+            cpu_begin, steal_begin = _cpu_seconds(orchestrator.pid), _steal_seconds(core)
+            time.sleep(max(0.0, end - time.time()))
+            cpu_used = _cpu_seconds(orchestrator.pid) - cpu_begin
+            stolen = _steal_seconds(core) - steal_begin
+            load.wait(timeout=300)
+            stop.set()
+            for role in roles:
+                role.join(70)
+            loaded = json.loads(load_out.read_text())
+        finally:
+            os.killpg(orchestrator.pid, signal.SIGTERM)
+            try:
+                orchestrator.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(orchestrator.pid, signal.SIGKILL)
+                orchestrator.wait(10)
+        result = {
+            "label": label, "identities": args.identities, "seconds": args.seconds,
+            "cycles_per_wall_s": round(loaded["submitted"] / args.seconds, 1),
+            "orchestrator_core_busy": round(cpu_used / args.seconds, 3),
+            "cpu_ms_per_cycle": round(1000 * cpu_used / max(1, loaded["submitted"]), 2),
+            "orchestrator_cpu_stolen_share": round(stolen / args.seconds, 3),
+            "steps_committed": len(steps), "load": loaded,
+            "trusted": {name: _quantiles(values) for name, values in times.items()},
+        }  # fmt: skip
+        print(f"[{label}] {result['cycles_per_wall_s']} cycles/s wall, core {100 * result['orchestrator_core_busy']:.0f}% busy "
+              f"({100 * result['orchestrator_cpu_stolen_share']:.0f}% stolen), "
+              f"{result['cpu_ms_per_cycle']} CPU ms/cycle; /tasks {loaded['tasks']}; /rollouts {loaded['rollouts']}; "
+              f"steps {len(steps)}; trusted {result['trusted']}", flush=True)  # fmt: skip
+        return result
+    finally:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--load":
+        url, identities, begin, end, path = argv[1:6]
+        load_main(url, int(identities), float(begin), float(end), path)
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--identities", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=60.0, help="the measured window")
+    parser.add_argument("--warmup-s", type=float, default=15.0)
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each code version, alternating")
+    parser.add_argument("--compare", action="append", default=[], metavar="LABEL=PATH",
+                        help="another checkout to measure in the same run (its packages' src on PYTHONPATH); repeatable")  # fmt: skip
+    parser.add_argument("--json", default="", help="write the results here")
+    args = parser.parse_args(argv)
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("needs 2 CPUs: the orchestrator's own and the rest")
+    core = cpus[-1]
+    os.sched_setaffinity(0, set(cpus[:-1]))  # this process, the load process and the roles' threads
+    versions = [("new", "")]
+    for entry in args.compare:
+        label, _, path = entry.partition("=")
+        versions.append((label, os.pathsep.join(str(p) for p in sorted(Path(path).glob("packages/*/src")))))
+    runs = []
+    for repeat in range(args.repeats):
+        for label, pythonpath in versions if repeat % 2 == 0 else versions[::-1]:
+            runs.append(run_one(label, pythonpath, args, core))
+    summary = {
+        label: {"cycles_per_wall_s": [r["cycles_per_wall_s"] for r in runs if r["label"] == label],
+                "median_cycles_per_wall_s": statistics.median(r["cycles_per_wall_s"] for r in runs if r["label"] == label)}
+        for label, _ in versions
+    }  # fmt: skip
+    result = {"machine": {"cpus": len(cpus), "orchestrator_cpu": core, "load_average_end": os.getloadavg()},
+              "args": vars(args), "runs": runs, "summary": summary}  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
