@@ -65,6 +65,12 @@ class RecordWriter:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._task)
 
+    def close(self) -> None:
+        """Stop a round still running after ``idle`` gave up on it (the app stops): what it half did
+        is redone at the next commit (module docstring)."""
+        if self._task is not None:
+            self._task.cancel()
+
     async def _rounds(self) -> None:
         self._again = True
         while self._again:

@@ -3,8 +3,9 @@
 The route table and the handlers, with how a request is read, checked and handed to the ledger,
 are routes.py's (``ROUTES`` is re-exported here); this module builds the application around them
 (``build_app``: the handlers, the error middleware, a background task that expires leases every
-second, probes of the event loop's lag and of garbage-collection pauses, the frozen heap), and runs it: as a process (``main``, ``prime-rl orchestrator --config
-FILE``) or embedded in a thread (``OrchestratorServer``, tests do).
+second, probes of the event loop's lag and of garbage-collection pauses, the frozen heap), and runs
+it: as a process (``main``, ``prime-rl orchestrator --config FILE``) or embedded in a thread
+(``OrchestratorServer``, tests do).
 
 Bound to a non-loopback address, the orchestrator refuses to start unless the admin token is
 configured (``orchestrator.admin_token``; else the one generated for the run in
@@ -82,10 +83,12 @@ def build_app(
                 await asyncio.sleep(LAG_PROBE_S)
                 phases.record("loop", "lag", 200, time.perf_counter() - began - LAG_PROBE_S)
                 pauses.drain(phases)
+
         tasks = [asyncio.create_task(loop()), asyncio.create_task(lag())]
         yield
         with contextlib.suppress(TimeoutError):  # a record half written is redone at the next commit
             await asyncio.wait_for(api.records.idle(), RECORD_WAIT_S)
+        api.records.close()
         for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
