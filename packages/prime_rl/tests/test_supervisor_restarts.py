@@ -104,7 +104,11 @@ def test_kill_9_of_orchestrator_validator_and_worker_the_run_still_finishes(tiny
     acknowledged is in its store, no sample is claimed twice, and the worker kept its identity."""
     # Enough steps that training is still going when the third kill lands (3 steps finished within
     # 17 s on an idle machine, before the worker's restart could be seen).
-    config_path, run_dir = tiny_run(workers={"count": 1, "hostile": []}, trainer={"total_steps": 20})
+    # A batch the killed validator had taken stays its own until its lease runs out (validator_lease_s,
+    # 120 s by default): at that default, a kill that lands while it holds one stalls the run 2 minutes.
+    config_path, run_dir = tiny_run(
+        workers={"count": 1, "hostile": []}, trainer={"total_steps": 20}, orchestrator={"validator_lease_s": 10.0}
+    )
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
     run = subprocess.Popen(
         [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
