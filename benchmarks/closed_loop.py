@@ -36,7 +36,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,15 +47,11 @@ from typing import Any
 
 from run_toml import write_run_toml  # benchmarks/
 
+from prime_rl.launch.local import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS, GROUP, PROMPT, COMPLETION = 2, 4, 128, 384
 SAMPLES_PER_STEP = 128
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def write_config(root: Path, port: int, admin_token: str, *, judgeable_key: bool) -> Path:
@@ -229,7 +224,7 @@ def _trainer(url: str, token: str, stop: threading.Event, times: dict[str, list[
 def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"closed-loop-{label}-"))
     try:
-        port, token = _free_port(), secrets.token_urlsafe(24)
+        port, token = free_port(), secrets.token_urlsafe(24)
         known = subprocess.run(
             [sys.executable, "-c", "import sys; from prime_rl.config import load_config; "
              "sys.exit(0 if hasattr(load_config(None, []).orchestrator, 'lease_judgeable') else 3)"],

@@ -151,7 +151,7 @@ class BatchBook(ClaimsAndCounts, Mapping[str, StoredBatch]):
             self._metrics.log("record_failed", step=step, error=str(error))
             return []
         for record in files:
-            self._metrics.log("record", step=record.step, file=record.file, batches=record.batches, samples=record.samples, bytes=record.bytes)
+            record.log(self._metrics)
         return files
 
     def defer_records(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from prime_rl.api.protocol import Verdict
@@ -150,8 +151,8 @@ class LedgerState:
     def min_policy_version(self) -> int:
         return max(0, self.step - self.orch.async_level)
 
-    def banned_workers(self) -> frozenset[str]:
-        """The banned workers' ids (``WorkerRegistry.banned_ids``: O(banned), asked on every lease)."""
+    def banned_workers(self) -> AbstractSet[str]:
+        """The banned workers' ids (``WorkerRegistry.banned_ids``: read-only, asked on every lease)."""
         return self.workers.banned_ids()
 
     def buffered_samples(self, *, unproven: bool = False) -> int:
@@ -188,7 +189,7 @@ class LedgerState:
                 oldest = batch.policy_version if oldest is None else min(oldest, batch.policy_version)
         return every, oldest
 
-    def _usable(self, banned: frozenset[str]) -> Callable[[StoredBatch], bool]:
+    def _usable(self, banned: AbstractSet[str]) -> Callable[[StoredBatch], bool]:
         """Batches a claim may take from or that may become claimable by judgement alone: of workers
         not banned, and awaiting validation or released (``ReleaseBook``)."""
         return lambda batch: batch.worker_id not in banned and (

@@ -67,8 +67,8 @@ class StoreView(Protocol):
     def batch_path(self, batch_id: str) -> Path: ...
 
 __all__ = [
-    "RECORD_DIR", "RECORD_SCHEMA", "RecordFile", "RecordReader", "StepPlan", "compact", "finish", "plan_step", "prune",
-    "settle_step", "stamp", "write_step",
+    "RECORD_DIR", "RECORD_SCHEMA", "RecordFile", "RecordReader", "StepPlan", "compact", "due_steps", "finish", "plan_step",
+    "prune", "settle_step", "stamp", "write_step",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -125,6 +125,10 @@ class RecordFile:
     samples: int
     bytes: int
     logprobs: bool
+
+    def log(self, metrics: Any) -> None:
+        """The metrics event ``record`` (a ``MetricsWriter``'s ``log``)."""
+        metrics.log("record", step=self.step, file=self.file, batches=self.batches, samples=self.samples, bytes=self.bytes)
 
 
 def stamp(store: StoreView, step: int) -> None:
@@ -208,8 +212,7 @@ def _batch_table(store: StoreView, step: int, row: Sequence[Any], claim_steps: d
 
 @dataclass(frozen=True)
 class StepPlan:
-    """The record of one step as read from the store (``plan_step``). Settled rows no longer change,
-    so ``write_step`` writes the file from it without the store."""
+    """One step's record as read from the store (settled rows no longer change: ``write_step``)."""
 
     step: int
     rows: list[Sequence[Any]]
@@ -303,13 +306,16 @@ def compact_step(store: StoreView, step: int, keep_logprobs: bool) -> RecordFile
     return result
 
 
+def due_steps(store: StoreView, upto: int, max_steps: int = 2) -> list[int]:
+    """Up to ``max_steps`` stamped steps ``<= upto``, oldest first (a backlog, such as a store written
+    before version 4, drains a little at every commit instead of all at once)."""
+    query = "SELECT DISTINCT step FROM record_queue WHERE step IS NOT NULL AND step <= ? ORDER BY step LIMIT ?"
+    return [int(step) for (step,) in store.db.read(query, (upto, max_steps))]
+
+
 def compact(store: StoreView, upto: int, keep_logprobs: bool, max_steps: int = 2) -> list[RecordFile]:
-    """Compact up to ``max_steps`` stamped steps ``<= upto``, oldest first (a backlog, such as a store
-    written before version 4, drains a little at every commit instead of all at once)."""
-    steps = store.db.read(
-        "SELECT DISTINCT step FROM record_queue WHERE step IS NOT NULL AND step <= ? ORDER BY step LIMIT ?", (upto, max_steps)
-    )
-    files = [compact_step(store, int(step), keep_logprobs) for (step,) in steps]
+    """Compact the ``due_steps``."""
+    files = [compact_step(store, step, keep_logprobs) for step in due_steps(store, upto, max_steps)]
     return [file for file in files if file is not None]
 
 

@@ -30,16 +30,12 @@ import logging
 from pathlib import Path
 
 from prime_rl.orchestrator.delivery import LedgerCalls
-from prime_rl.orchestrator.record import RecordFile, StepPlan, plan_step, settle_step, write_step
+from prime_rl.orchestrator.record import RecordFile, StepPlan, due_steps, plan_step, settle_step, write_step
 from prime_rl.orchestrator.store import StoreError
 
 __all__ = ["RecordWriter"]
 
 log = logging.getLogger(__name__)
-
-MAX_STEPS = 2
-"""Steps one round writes at most (a backlog drains a little at every commit, as ``record.compact``)."""
-
 
 class RecordWriter:
     """Writes the record of committed steps after each commit, outside the ledger's lock (module
@@ -90,22 +86,15 @@ class RecordWriter:
             await loop.run_in_executor(None, _delete, files)
 
     def plan_records(self) -> list[StepPlan]:
-        """Under the lock: the plans of up to ``MAX_STEPS`` steps due, oldest first."""
-        batches, store = self._ledger.batches, self._ledger.store
-        steps = store.db.read(
-            "SELECT DISTINCT step FROM record_queue WHERE step IS NOT NULL AND step <= ? ORDER BY step LIMIT ?",
-            (batches.records_upto, MAX_STEPS),
-        )
-        keep = self._ledger.config.orchestrator.keep_claimed_logprobs
-        plans = [plan_step(store, int(step), keep) for (step,) in steps]
+        """Under the lock: the plans of the ``record.due_steps`` of the last commit, oldest first."""
+        store, keep = self._ledger.store, self._ledger.config.orchestrator.keep_claimed_logprobs
+        plans = [plan_step(store, step, keep) for step in due_steps(store, self._ledger.batches.records_upto)]
         return [plan for plan in plans if plan is not None]
 
     def settle_record(self, plan: StepPlan, record: RecordFile) -> list[Path]:
         """Under the lock: ``record.settle_step``, and the metrics event ``record``."""
         files = settle_step(self._ledger.store, plan, record)
-        self._ledger.metrics.log(
-            "record", step=record.step, file=record.file, batches=record.batches, samples=record.samples, bytes=record.bytes
-        )
+        record.log(self._ledger.metrics)
         return files
 
 

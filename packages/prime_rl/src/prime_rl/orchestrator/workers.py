@@ -18,6 +18,7 @@ import hashlib
 import secrets
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,9 +89,10 @@ class WorkerRegistry(Mapping[str, WorkerRecord]):
         another thread while the ledger's thread registers workers)."""
         return list(self._workers.values())
 
-    def banned_ids(self) -> frozenset[str]:
-        """The banned workers' ids: O(banned workers), not O(registered ones)."""
-        return frozenset(self._banned)
+    def banned_ids(self) -> AbstractSet[str]:
+        """The banned workers' ids, kept as bans apply (the registry's own set, read-only: no copy, no
+        walk of the registered workers; every lease's backpressure asks for it)."""
+        return self._banned
 
     def active_count(self) -> int:
         """Registered workers neither banned nor retired (O(1))."""
