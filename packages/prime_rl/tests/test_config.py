@@ -188,6 +188,19 @@ def test_run_plans_every_process() -> None:
         "trainer",
     ]
     assert "validator" in names
+    # each validator child keeps one id across its restarts, and no two share one
+    several = load_config(None, ["--validator.count", "3"])
+    ids = [spec.extra for spec in plan_children(several) if spec.role == "validator"]
+    assert ids == [spec.extra for spec in plan_children(several) if spec.role == "validator"]
+    assert [extra[0] for extra in ids] == ["--validator.validator_id"] * 3 and len({extra[1] for extra in ids}) == 3
+    assert all(extra[1].endswith(f"-{name}") for extra, name in zip(ids, ["validator", "validator-1", "validator-2"], strict=True))
+    named = load_config(None, ["--validator.validator_id", "judge"])  # a configured id: kept for a lone validator
+    assert [spec.extra for spec in plan_children(named) if spec.role == "validator"] == [()]
+    named_two = load_config(None, ["--validator.validator_id", "judge", "--validator.count", "2"])
+    assert [spec.extra[-1] for spec in plan_children(named_two) if spec.role == "validator"] == [
+        "judge-validator",
+        "judge-validator-1",
+    ]
     assert config.workers.count == 2 and config.workers.hostile == []  # the shipped defaults
     assert sum(name.startswith("worker-") for name in names) == 2
     assert not any(name.startswith("hostile-") for name in names)

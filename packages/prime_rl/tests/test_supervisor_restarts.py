@@ -104,11 +104,9 @@ def test_kill_9_of_orchestrator_validator_and_worker_the_run_still_finishes(tiny
     acknowledged is in its store, no sample is claimed twice, and the worker kept its identity."""
     # Enough steps that training is still going when the third kill lands (3 steps finished within
     # 17 s on an idle machine, before the worker's restart could be seen).
-    # A batch the killed validator had taken stays its own until its lease runs out (validator_lease_s,
-    # 120 s by default): at that default, a kill that lands while it holds one stalls the run 2 minutes.
-    config_path, run_dir = tiny_run(
-        workers={"count": 1, "hostile": []}, trainer={"total_steps": 20}, orchestrator={"validator_lease_s": 10.0}
-    )
+    # The default validator lease (120 s): the restarted validator comes back under its predecessor's
+    # id and takes back at once a batch the killed one held (before, such a kill stalled the run 2 minutes).
+    config_path, run_dir = tiny_run(workers={"count": 1, "hostile": []}, trainer={"total_steps": 20})
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
     run = subprocess.Popen(
         [sys.executable, "-m", "prime_rl.cli", "run", "--config", str(config_path)],
@@ -148,6 +146,9 @@ def test_kill_9_of_orchestrator_validator_and_worker_the_run_still_finishes(tiny
     registered = [e for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "register"]
     assert [e["worker_name"] for e in registered] == ["worker-0"], registered
     assert any(e["event"] == "resumed" for e in helpers.metrics_of(run_dir, "worker-0"))
+    # the validator kept its id across its restart: its leases were its successor's
+    leased = {e["validator_id"] for e in helpers.metrics_of(run_dir, "orchestrator") if e["event"] == "validator_lease"}
+    assert len(leased) == 1, leased
 
 
 class _ErrorSupervisor(Supervisor):

@@ -50,6 +50,7 @@ from prime_rl.api.protocol_validator import (
     Verdict,
     VerdictRequest,
     VerdictResponse,
+    host_validator_id,
     machine_rejected,
 )
 from prime_rl.api.protocol_worker import (
@@ -124,5 +125,6 @@ __all__ = [
     "WorkerStats",
     "WorkerTotals",
     "WorkersResponse",
+    "host_validator_id",
     "machine_rejected",
 ]

@@ -6,6 +6,8 @@ Part of the API that ``protocol.py`` lists whole.
 
 from __future__ import annotations
 
+import re
+import socket
 from collections.abc import Sequence
 from typing import Annotated
 
@@ -52,6 +54,14 @@ class PendingResponse(ApiModel):
 
 ValidatorId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:@-]{1,64}$")]
 """A validator's name for itself (leases, verdicts): 1..64 characters of ``A-Za-z0-9._:@-``."""
+
+
+def host_validator_id(suffix: str) -> str:
+    """``<host>-<suffix>``: a validator id (:data:`ValidatorId`) naming this machine, its host name cut
+    to 48 characters and put into the characters an id allows. ``suffix`` (e.g. a pid, a process
+    name) keeps two validators on one machine apart."""
+    host = re.sub(r"[^A-Za-z0-9._:@-]", "-", socket.gethostname())[:48] or "validator"
+    return f"{host}-{suffix}"
 
 
 class ValidatorLeaseRequest(ApiModel):

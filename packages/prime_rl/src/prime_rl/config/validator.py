@@ -125,7 +125,9 @@ class ValidatorConfig(Section):
         default="",
         pattern=r"^[A-Za-z0-9._:@-]{0,64}$",
         description="This validator's name in its batch leases and verdicts (POST /validator/leases); '' = "
-        "<host>-<pid>. Two validators of one run must not share it.",
+        "<host>-<pid>, and <host>-<child name> for the validators `prime-rl run` starts (the same across a "
+        "restart, so a restarted validator takes back its predecessor's batches at once). Two validators of one "
+        "run must not share it.",
     )
     poll_interval_s: float = Field(default=0.5, gt=0, description="Seconds between polls when nothing is pending.")
     max_batch_size: int = Field(default=64, ge=1, description="Sequences per prefill batch.")

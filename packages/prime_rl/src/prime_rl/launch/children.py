@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from prime_rl.api.client import ApiError, OrchestratorClient
+from prime_rl.api.protocol import host_validator_id
 from prime_rl.config import RunConfig
 
 __all__ = [
@@ -87,11 +88,14 @@ def plan_children(config: RunConfig) -> list[ChildSpec]:
     noise_path = worker_noise_path(config)
     validators = [validator_name(index) for index in range(config.validator.count)]
     if noise_path is None:
-        children += [ChildSpec(name, "validator") for name in validators]
+        children += [ChildSpec(name, "validator", _validator_id(config, name)) for name in validators]
     elif validators:
         profile = ("--validator.noise_profile", str(noise_path))
         children.append(ChildSpec("calibrate-noise", "calibrate-noise", profile))
-        children += [ChildSpec(name, "validator", profile, after="calibrate-noise") for name in validators]
+        children += [
+            ChildSpec(name, "validator", profile + _validator_id(config, name), after="calibrate-noise")
+            for name in validators
+        ]
     workers = config.workers
     # Hostile behaviours run as the red team's own role (prime_rl.redteam): the worker role is honest only.
     worker_role = "worker" if getattr(workers, "behaviour", "honest") == "honest" else "redteam"
@@ -112,6 +116,19 @@ def plan_children(config: RunConfig) -> list[ChildSpec]:
 def validator_name(index: int) -> str:
     """``validator`` for the first validator (as before there were several), ``validator-<i>`` after."""
     return "validator" if index == 0 else f"validator-{index}"
+
+
+def _validator_id(config: RunConfig, name: str) -> tuple[str, ...]:
+    """The ``--validator.validator_id`` of the validator child ``name``: the same across its restarts,
+    so that a restarted validator takes back at once the batches its killed predecessor held, instead
+    of leaving them to wait out ``orchestrator.validator_lease_s``. ``<host>-<name>`` by default
+    (``validator.validator_id`` unset: a hand-started validator is ``<host>-<pid>``); a configured
+    id is kept for a lone validator and gets ``-<name>`` when there are several, which must not share
+    one."""
+    configured = config.validator.validator_id
+    if configured and config.validator.count == 1:
+        return ()
+    return ("--validator.validator_id", f"{configured[:48]}-{name}" if configured else host_validator_id(name))
 
 
 def check_validator_leases(config: RunConfig, client: OrchestratorClient) -> str | None:

@@ -51,8 +51,6 @@ import enum
 import logging
 import math
 import os
-import re
-import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,7 +62,7 @@ from prime_rl.api.client import (
     OrchestratorClient,
     OrchestratorUnavailable,
 )
-from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest, VerdictResponse
+from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest, VerdictResponse, host_validator_id
 from prime_rl.api.secrets import SecretsError, run_secrets
 from prime_rl.config.validator import ValidatorConfig
 from prime_rl.devices import choose_device
@@ -149,7 +147,7 @@ class Validator:
             config.orchestrator.url, admin_token=trusted.admin_token, on_answer=orchestrator_call_times().record
         )
         self.admin_token = trusted.admin_token
-        self.validator_id = self.cfg.validator_id or default_validator_id()
+        self.validator_id = self.cfg.validator_id or host_validator_id(str(os.getpid()))
         self.established: set[str] = set()  # identities this validator saw accepted (its tool budget only)
         self.tool_budget = ToolBudget(
             self.cfg.tool_seconds_per_identity, self.cfg.tool_seconds_per_address, self.cfg.tool_budget_window_s
@@ -409,12 +407,6 @@ class Validator:
 
     def close(self) -> None:
         self.client.close()
-
-
-def default_validator_id() -> str:
-    """``<host>-<pid>``, in the characters a validator id allows (``protocol.ValidatorId``)."""
-    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:48] or "validator"
-    return f"{host}-{os.getpid()}"
 
 
 def main(config: RunConfig, name: str = "validator") -> int:
