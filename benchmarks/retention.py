@@ -161,7 +161,7 @@ def child(run_dir: Path, cycles: int, extra: list[str]) -> dict[str, Any]:
         "commit_p50_ms": 1e3 * statistics.median(ordered) if ordered else 0.0,
         "commit_p99_ms": 1e3 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0,
         "record_files": len(list((data / "record").glob("*.parquet"))),
-        "payload_files_left": len(list((data / "batches").glob("*.parquet"))),
+        "payload_files_left": len([p for p in (data / "batches").iterdir() if p.suffix in (".arrow", ".parquet")]),
     }  # fmt: skip
 
 

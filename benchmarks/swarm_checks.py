@@ -1,6 +1,6 @@
 """The rehearsal's invariants, checked from what the run left on disk (``benchmarks/swarm.py``).
 
-Sources: the orchestrator's store (``state.sqlite`` + ``batches/*.parquet``, with the run's evidence
+Sources: the orchestrator's store (``state.sqlite`` + ``batches/*.arrow``, with the run's evidence
 ledger), the processes' metrics (``metrics/*.jsonl``: what a process was told
 succeeded, written after the answer) and the swarm hosts' records (``host-*.jsonl``: every rollout
 batch answered 2xx, every identity's behaviour, every policy download). Each check returns the ids

@@ -84,4 +84,4 @@ def test_no_fsync_under_the_lock_and_one_fsync_acknowledges_many(
     for batch_id in acknowledged:
         assert store.read_batch(batch_id).num_rows == 4
     # No payload file of a refused or duplicate request is left behind.
-    assert len(list(store.batches_dir.glob("*.parquet"))) == 48
+    assert len(list(store.batches_dir.glob("*.arrow"))) == 48

@@ -179,6 +179,7 @@ def test_a_restart_reads_open_state_only_and_answers_the_same(tmp_path: Path, mo
     """After real cycles (with release snapshots every 8 judgements), a restart opens no batch file,
     replays only the judgements after the last snapshot, and answers every read like the ledger
     that stopped."""
+    import pyarrow.ipc as ipc
     import pyarrow.parquet as pq
 
     import prime_rl.orchestrator.ledger as ledger_module
@@ -205,6 +206,7 @@ def test_a_restart_reads_open_state_only_and_answers_the_same(tmp_path: Path, mo
     judged: list[dict[str, Any]] = []
     monkeypatch.setattr(pq, "ParquetFile", lambda *a, **k: opened.append(str(a[0])))
     monkeypatch.setattr(pq, "read_table", lambda *a, **k: opened.append(str(a[0])))
+    monkeypatch.setattr(ipc, "open_file", lambda *a, **k: opened.append(str(a[0])))  # payload files
     replay = RolloutStore.replay_events
 
     def counted(self: RolloutStore, kinds: Any, judged_after: int) -> Any:

@@ -96,7 +96,7 @@ def test_settled_steps_become_per_step_record_files_and_leave_the_store(tmp_path
     (rows,) = store.db.read("SELECT count(*) FROM batches")
     assert rows[0] == len(seen) - len(compacted)
     assert not store.db.read(f"SELECT 1 FROM verdicts WHERE batch_id IN ({', '.join('?' * len(compacted))})", sorted(compacted))
-    assert len(list(store.batches_dir.glob("*.parquet"))) == len(seen) - len(compacted)
+    assert len(list(store.batches_dir.glob("*.arrow"))) == len(seen) - len(compacted)
     # What the record holds: the tokens as submitted, the verdicts, who judged, when each sample trained.
     claim_of = {(s.batch_id, s.index): step for step in ledger.claims for s in ledger.claims[step]}
     for row in record.to_pylist():
@@ -122,6 +122,40 @@ def test_settled_steps_become_per_step_record_files_and_leave_the_store(tmp_path
         again = store.read_batch(batch_id)
         assert again.column("prompt_tokens").to_pylist() == payload.column("prompt_tokens").to_pylist()
         assert again.column("segments").to_pylist() == payload.column("segments").to_pylist()
+
+
+def test_open_payloads_written_as_parquet_before_arrow_files_are_read_recorded_and_cleaned(tmp_path: Path) -> None:
+    """A store whose open batches' payloads are ``<batch_id>.<random>.parquet`` (written before the
+    payloads became Arrow files) goes on: its batches are read back as stored, compacted into the
+    record, and their payload files deleted, also when a crash left them behind (``finish``)."""
+    ledger = _ledger(tmp_path)
+    seen: dict[str, Any] = {}
+    _cycles(ledger, 0, 6, seen)
+    store = ledger.store
+    old_files = {}
+    for (batch_id, file) in store.db.read("SELECT batch_id, file FROM batches"):
+        arrow = store.batches_dir / file
+        parquet = arrow.with_suffix(".parquet")
+        pq.write_table(store.read_batch(batch_id), parquet, compression="zstd")
+        with store.db.transaction() as connection:
+            connection.execute("UPDATE batches SET file = ? WHERE batch_id = ?", (parquet.name, batch_id))
+        arrow.unlink()
+        old_files[batch_id] = parquet
+    assert old_files and not list(store.batches_dir.glob("*.arrow"))
+    for batch_id in old_files:
+        assert store.read_batch(batch_id).equals(seen[batch_id][0])
+    _cycles(ledger, 6, CYCLES, seen)
+    compacted = set(_record(tmp_path).column("batch_id").to_pylist())
+    assert set(old_files) <= compacted
+    assert not any(path.exists() for path in old_files.values())
+    # a crash after the record's transaction and before the payload files went: the next open deletes
+    # them, in either format
+    leftovers = [store.batches_dir / f"{b}.{'0' * 12}{suffix}" for b, suffix in zip(sorted(compacted)[:2], (".parquet", ".arrow"), strict=True)]
+    for path in leftovers:
+        path.write_bytes(b"x")
+    store.close()
+    RolloutStore(tmp_path / "orch").close()
+    assert not any(path.exists() for path in leftovers)
 
 
 def test_kept_logprobs_make_the_record_a_faithful_copy(tmp_path: Path) -> None:
@@ -233,7 +267,7 @@ def test_a_kill_during_compaction_loses_nothing_and_a_restart_finishes_it(tmp_pa
     assert [r.meta.batch_id for r in store.batch_records()] == acked
     assert set(store.all_verdicts()) == set(acked)
     # The restart deleted the payload files the compaction had replaced, and only those.
-    files = {p.name.split(".")[0] for p in store.batches_dir.glob("*.parquet")}
+    files = {p.name.split(".")[0] for p in store.batches_dir.glob("*.arrow")}
     assert files == set(acked) - compacted
     # Going on redoes (or goes on with) the compaction: the same state as a run never killed.
     seen: dict[str, Any] = {}
@@ -346,7 +380,7 @@ def test_the_server_writes_the_record_after_answering_the_commit_and_serves_mean
     monkeypatch.setattr(record_writer, "write_step", held_write)
 
     def payloads(batch_id: str) -> list[Path]:
-        return list(server.ledger.store.batches_dir.glob(f"{batch_id}.*parquet"))
+        return list(server.ledger.store.batches_dir.glob(f"{batch_id}.*arrow"))
 
     server = server_factory("--trainer.samples_per_step", "8", "--trainer.keep_checkpoints", "1")
     admin = OrchestratorClient(server.url, timeout_s=10, retries=0, admin_token=server.admin_token)

@@ -52,7 +52,15 @@ import pyarrow.parquet as pq
 
 from prime_rl.api.protocol import LeaseRecord, Verdict
 from prime_rl.durable import atomic_path, fsync_dir
-from prime_rl.orchestrator.store_schema import BATCH_META_KEY, BATCH_SCHEMA, BatchMeta, StoredRow, StoreError
+from prime_rl.orchestrator.store_schema import (
+    BATCH_META_KEY,
+    BATCH_SCHEMA,
+    BatchMeta,
+    StoredRow,
+    StoreError,
+    payload_batch_id,
+    read_payload_file,
+)
 from prime_rl.statedb import StateDB
 
 
@@ -168,7 +176,7 @@ def _batch_table(store: StoreView, step: int, row: Sequence[Any], claim_steps: d
     meta = BatchMeta.from_json(meta_text.encode())
     path = store.batches_dir / file if file else store.batch_path(batch_id)
     try:
-        payload = pq.ParquetFile(path).read()
+        payload = read_payload_file(path)
     except FileNotFoundError:  # lost before (a damaged store): what the rows know, rather than no record at all
         log.warning("record of step %d: batch %s has no payload file %s; recorded without it", step, batch_id, path)
         indices = list(range(len(json.loads(task_ids_text))))
@@ -323,11 +331,9 @@ def finish(store: StoreView) -> int:
     """Delete the payload files of compacted batches a crash left behind (at the store's open; the
     folder holds the uncompacted batches only); returns how many."""
     removed = 0
-    for path in store.batches_dir.glob("*.parquet"):
-        stem = path.name[: -len(".parquet")]
-        head, _, tail = stem.rpartition(".")
-        batch_id = head if head and len(tail) == 12 else stem
-        if store.db.read("SELECT 1 FROM compacted WHERE batch_id = ?", (batch_id,)):
+    for path in store.batches_dir.iterdir():
+        batch_id = payload_batch_id(path)
+        if batch_id is not None and store.db.read("SELECT 1 FROM compacted WHERE batch_id = ?", (batch_id,)):
             path.unlink(missing_ok=True)
             removed += 1
     if removed:

@@ -1,4 +1,4 @@
-"""The orchestrator's durable store: control-plane state in SQLite, rollout payloads in parquet.
+"""The orchestrator's durable store: control-plane state in SQLite, rollout payloads in Arrow files.
 
 Layout of ``data_dir``::
 
@@ -6,21 +6,23 @@ Layout of ``data_dir``::
                                    folded lease totals, verdicts, claims, the batch index, running
                                    counters and the release snapshot (``prime_rl.statedb``: WAL,
                                    synchronous=FULL, schema versions: ``store_schema.py``)
-    batches/<batch_id>.<random>.parquet
-                                   one submitted rollout batch (one row per sample); its file name
-                                   is in the batch index (``<batch_id>.parquet``, batch fields in the
-                                   schema metadata, in a data dir written before); uncompacted only
+    batches/<batch_id>.<random>.arrow
+                                   one submitted rollout batch (one row per sample, an Arrow IPC
+                                   file: ``store_schema.PAYLOAD_SUFFIXES``); its file name is in the
+                                   batch index (``.parquet`` in a store written before issue 44, and
+                                   ``<batch_id>.parquet`` with the batch fields in the schema
+                                   metadata before that); uncompacted only
     record/step_<step>.parquet     the run's training record: the settled batches of one step, compacted
                                    (``record.py``), which replace their rows and payload files
 
 Every write is durable before the function returns: a SQLite transaction is committed (one fsync of
-the write-ahead log), a parquet file is written to a temporary name, fsynced, renamed into place and
+the write-ahead log), a payload or record file is written to a temporary name, fsynced, renamed into place and
 the directory fsynced. So a crash leaves either the old state or the new one, never a half record,
 and a restart sees everything that any caller was told succeeded. The server commits without the
 fsync and acknowledges only after a group fsync covers the commit (``group_commit.py``).
 
 Sized by open work: a restart reads the open batches' index rows, the counters, the release
-snapshot and the events that did not fold (``Ledger._load``), never the parquet files or every
+snapshot and the events that did not fold (``Ledger._load``), never the payload files or every
 verdict; reads of settled batches and old claims are single indexed lookups (of compacted ones: a
 record file). ``batch_records``, ``all_verdicts``, ``claims`` and ``events`` read everything, the
 record included: audits and tests only.
@@ -46,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from prime_rl.api.protocol import SampleId, Verdict
 from prime_rl.durable import TEMP_GLOB, atomic_path
@@ -70,11 +71,13 @@ from prime_rl.orchestrator.store_schema import (
     claim_json,
     claimed_json,
     event_row,
+    read_payload_file,
     schema_v1,
     schema_v2,
     schema_v3,
     schema_v4,
     verdicts_json,
+    write_payload_file,
 )
 from prime_rl.statedb import StateDB, StateDBError
 
@@ -88,8 +91,8 @@ log = logging.getLogger(__name__)
 def _atomic_write_table(table: pa.Table, path: Path) -> None:
     try:
         with atomic_path(path) as temporary:
-            pq.write_table(table, str(temporary), compression="zstd")
-    except OSError as error:
+            write_payload_file(table, temporary)
+    except (OSError, pa.ArrowException) as error:
         raise StoreError(f"could not write {path}: {error}") from error
 
 
@@ -237,11 +240,11 @@ class RolloutStore:
 
     def write_payload(self, batch_id: str, sha256: str, rows: dict[str, Sequence[Any]]) -> Path:
         """Durably write a batch's payload (``rows`` maps every ``BATCH_SCHEMA`` column to its values)
-        to a file of its own (``<batch_id>.<random>.parquet``) before anything refers to it; returns
+        to a file of its own (``<batch_id>.<random>.arrow``) before anything refers to it; returns
         its path. Thread-safe and needs no ledger state: a server writes it outside its request lock
         (``group_commit.py``). A payload that ends up unused (a duplicate, a refused batch) is the
         caller's to delete."""
-        path = self.batches_dir / f"{batch_id}.{secrets.token_hex(6)}.parquet"
+        path = self.batches_dir / f"{batch_id}.{secrets.token_hex(6)}.arrow"
         schema = BATCH_SCHEMA.with_metadata({BATCH_META_KEY: json.dumps({"batch_id": batch_id, "sha256": sha256})})
         _atomic_write_table(pa.Table.from_pydict(dict(rows), schema=schema), path)
         return path
@@ -271,7 +274,7 @@ class RolloutStore:
             return compacted
         path = self.batches_dir / rows[0][0] if rows and rows[0][0] else self.batch_path(batch_id)
         try:
-            return pq.ParquetFile(path).read()
+            return read_payload_file(path)
         except (OSError, pa.ArrowException) as error:
             raise StoreError(f"could not read batch {batch_id}: {error}") from error
 
