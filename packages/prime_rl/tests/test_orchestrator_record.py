@@ -415,3 +415,39 @@ def test_the_server_writes_the_record_after_answering_the_commit_and_serves_mean
         time.sleep(0.05)
     assert not any(payloads(b) for b in stored[:2])  # replaced by the record
     assert all(payloads(b) for b in stored[2:])  # step 1's batches wait for the next commit's record
+
+
+def test_the_payload_cache_serves_recent_payloads_from_memory_within_its_bound(tmp_path: Path) -> None:
+    """The reads after a submission (pending, claim, record) come from memory, the cache never
+    holds more than its bound, and what it serves is what the file holds."""
+    import pyarrow.ipc as ipc
+
+    from prime_rl.orchestrator.payloads import PayloadCache
+
+    ledger = _ledger(tmp_path)
+    seen: dict[str, Any] = {}
+    _cycles(ledger, 0, 3, seen)
+    store = ledger.store
+    opened: list[str] = []
+    real_open = ipc.open_file
+
+    def counted(source: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(str(source))
+        return real_open(source, *args, **kwargs)
+
+    ipc.open_file = counted
+    try:
+        _cycles(ledger, 3, CYCLES, seen)  # every read of these batches, the record's included
+    finally:
+        ipc.open_file = real_open
+    assert ledger.step >= 6 and _record(tmp_path).num_rows and opened == []
+    # bounded: the oldest go first; a miss reads the file, and serves the same table
+    (batch_id, file) = store.db.read("SELECT batch_id, file FROM batches ORDER BY seq DESC LIMIT 1")[0]
+    table = store.read_batch(batch_id)
+    small = PayloadCache(max_bytes=int(2.5 * table.nbytes))
+    for name in ("a.arrow", "b.arrow", "c.arrow"):
+        small.put(store.batches_dir / name, table)
+    assert len(small) == 2 and small.nbytes <= small.max_bytes
+    assert small.read(store.batches_dir / file).equals(table) and len(small) == 2
+    store.payloads = PayloadCache(max_bytes=0)  # nothing held: every read is the file's
+    assert store.read_batch(batch_id).equals(table)

@@ -52,15 +52,8 @@ import pyarrow.parquet as pq
 
 from prime_rl.api.protocol import LeaseRecord, Verdict
 from prime_rl.durable import atomic_path, fsync_dir
-from prime_rl.orchestrator.store_schema import (
-    BATCH_META_KEY,
-    BATCH_SCHEMA,
-    BatchMeta,
-    StoredRow,
-    StoreError,
-    payload_batch_id,
-    read_payload_file,
-)
+from prime_rl.orchestrator.payloads import PayloadCache, payload_batch_id
+from prime_rl.orchestrator.store_schema import BATCH_META_KEY, BATCH_SCHEMA, BatchMeta, StoredRow, StoreError
 from prime_rl.statedb import StateDB
 
 
@@ -71,6 +64,7 @@ class StoreView(Protocol):
     batches_dir: Path
     db: StateDB
     record: RecordReader
+    payloads: PayloadCache
 
     def batch_path(self, batch_id: str) -> Path: ...
 
@@ -176,7 +170,7 @@ def _batch_table(store: StoreView, step: int, row: Sequence[Any], claim_steps: d
     meta = BatchMeta.from_json(meta_text.encode())
     path = store.batches_dir / file if file else store.batch_path(batch_id)
     try:
-        payload = read_payload_file(path)
+        payload = store.payloads.read(path)
     except FileNotFoundError:  # lost before (a damaged store): what the rows know, rather than no record at all
         log.warning("record of step %d: batch %s has no payload file %s; recorded without it", step, batch_id, path)
         indices = list(range(len(json.loads(task_ids_text))))

@@ -8,7 +8,7 @@ Layout of ``data_dir``::
                                    synchronous=FULL, schema versions: ``store_schema.py``)
     batches/<batch_id>.<random>.arrow
                                    one submitted rollout batch (one row per sample, an Arrow IPC
-                                   file: ``store_schema.PAYLOAD_SUFFIXES``); its file name is in the
+                                   file: ``payloads.py``); its file name is in the
                                    batch index (``.parquet`` in a store written before issue 44, and
                                    ``<batch_id>.parquet`` with the batch fields in the schema
                                    metadata before that); uncompacted only
@@ -51,6 +51,7 @@ import pyarrow as pa
 
 from prime_rl.api.protocol import SampleId, Verdict
 from prime_rl.durable import TEMP_GLOB, atomic_path
+from prime_rl.orchestrator.payloads import PayloadCache, write_payload_file
 from prime_rl.orchestrator.record import RecordReader, finish
 from prime_rl.orchestrator.store_schema import (
     ADD_COUNTER,
@@ -71,13 +72,11 @@ from prime_rl.orchestrator.store_schema import (
     claim_json,
     claimed_json,
     event_row,
-    read_payload_file,
     schema_v1,
     schema_v2,
     schema_v3,
     schema_v4,
     verdicts_json,
-    write_payload_file,
 )
 from prime_rl.statedb import StateDB, StateDBError
 
@@ -105,6 +104,7 @@ class RolloutStore:
         self.root = Path(data_dir)
         self.batches_dir = self.root / "batches"
         self.record = RecordReader(self)  # compacted batches (``record.py``)
+        self.payloads = PayloadCache()  # the open batches' payloads written or read last (``payloads.py``)
         migrations = [schema_v1(self.root), schema_v2(self.root), schema_v3, schema_v4]
         if reader:
             try:
@@ -246,7 +246,9 @@ class RolloutStore:
         caller's to delete."""
         path = self.batches_dir / f"{batch_id}.{secrets.token_hex(6)}.arrow"
         schema = BATCH_SCHEMA.with_metadata({BATCH_META_KEY: json.dumps({"batch_id": batch_id, "sha256": sha256})})
-        _atomic_write_table(pa.Table.from_pydict(dict(rows), schema=schema), path)
+        table = pa.Table.from_pydict(dict(rows), schema=schema)
+        _atomic_write_table(table, path)
+        self.payloads.put(path, table)
         return path
 
     def write_batch(
@@ -274,7 +276,7 @@ class RolloutStore:
             return compacted
         path = self.batches_dir / rows[0][0] if rows and rows[0][0] else self.batch_path(batch_id)
         try:
-            return read_payload_file(path)
+            return self.payloads.read(path)
         except (OSError, pa.ArrowException) as error:
             raise StoreError(f"could not read batch {batch_id}: {error}") from error
 

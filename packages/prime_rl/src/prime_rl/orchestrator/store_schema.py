@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from prime_rl.api.protocol import LeaseRecord, SampleId, Verdict
@@ -84,38 +83,6 @@ CLAIM_SCHEMA = pa.schema(
 """Legacy layout (``claims/step_<step>.parquet``, imported into ``state.sqlite`` on first open)."""
 
 BATCH_META_KEY = b"prime_rl.batch"
-
-PAYLOAD_SUFFIXES = (".arrow", ".parquet")
-"""Payload files in ``batches/``: Arrow IPC files (``.arrow``, uncompressed) since issue 44, parquet
-(``.parquet``) in a store written before. A payload lives only until its step's record is written
-(``record.py``, parquet, compressed), and is read about three times meanwhile (the validator's
-pending batch, the trainer's claim, the record): an Arrow file is written in about a fifth of the
-CPU time of a zstd parquet file and read in about a tenth, for about three times the bytes of the
-open batches only."""
-
-
-def write_payload_file(table: pa.Table, path: Path) -> None:
-    """Write ``table`` to ``path`` as an Arrow IPC file (a payload file is named ``.arrow``)."""
-    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-
-
-def read_payload_file(path: Path) -> pa.Table:
-    """The payload file ``path``, either format (``PAYLOAD_SUFFIXES``); OSError or ArrowException."""
-    if path.suffix == ".parquet":
-        return pq.ParquetFile(path).read()
-    with pa.OSFile(str(path), "rb") as source:
-        return ipc.open_file(source).read_all()
-
-
-def payload_batch_id(path: Path) -> str | None:
-    """The batch id a payload file is named for (``<batch_id>.<12 hex>.<suffix>``, or
-    ``<batch_id>.parquet`` in a store written before), or None: not a payload file."""
-    if path.suffix not in PAYLOAD_SUFFIXES or path.name.startswith("."):
-        return None
-    stem = path.name[: -len(path.suffix)]
-    head, _, tail = stem.rpartition(".")
-    return head if head and len(tail) == 12 else stem
 _CLAIM_META_KEY = b"prime_rl.claim"
 
 
