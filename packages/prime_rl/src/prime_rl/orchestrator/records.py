@@ -77,6 +77,11 @@ def rollout_samples(table: pa.Table) -> list[RolloutSample]:
     ]
 
 
+_TRAIN_COLUMNS = (
+    "sample_index", "task_id", "group_index", "prompt_tokens", "completion_tokens", "temperature", "segments", "spans",
+)  # fmt: skip
+
+
 def train_samples(
     meta: BatchMeta, table: pa.Table, verdicts: Sequence[Verdict], indices: Collection[int]
 ) -> dict[int, TrainSample]:
@@ -88,7 +93,8 @@ def train_samples(
     Tokens, task and group are the worker's, each checked by the validator before it accepted.
     """
     result = {}
-    for row in table.to_pylist():
+    wanted = [name for name in _TRAIN_COLUMNS if name in table.column_names]  # not the proofs, nor the worker's log-probs
+    for row in table.select(wanted).to_pylist():
         index = row["sample_index"]
         if index in indices:
             verdict = verdicts[index]

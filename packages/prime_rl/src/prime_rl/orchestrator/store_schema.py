@@ -33,6 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import TypeAdapter
 
 from prime_rl.api.protocol import LeaseRecord, SampleId, Verdict
 from prime_rl.statedb import read_jsonl_journal
@@ -160,8 +161,13 @@ class ClaimRecord:
     sample_ids: tuple[SampleId, ...]
 
 
+_VERDICTS = TypeAdapter(list[Verdict])
+
+
 def verdicts_json(verdicts: Sequence[Verdict]) -> str:
-    return json.dumps([v.model_dump() for v in verdicts], separators=(",", ":"))
+    """The verdicts' row text: pydantic's serializer (a tenth of ``json.dumps``'s time for per-token
+    log-probs), read back by ``json.loads``."""
+    return _VERDICTS.dump_json(list(verdicts)).decode()
 
 
 def claim_json(sample_ids: Sequence[SampleId]) -> str:
