@@ -90,14 +90,10 @@ def select_claim(
             pending_batches += 1
             pending_samples += len(batch.task_ids)
             continue
-        by_task: dict[int, list[int]] = {}
-        for verdict in batch.verdicts:
-            if verdict.accepted and verdict.sample_index not in batch.claimed:
-                by_task.setdefault(batch.task_ids[verdict.sample_index], []).append(verdict.sample_index)
-        for members in by_task.values():
+        for members, all_zero in _open_groups(batch, batch.verdicts):
             if batch.policy_version < min_policy_version:
                 stale += len(members)
-            elif filter_zero_advantage and all(batch.verdicts[i].advantage == 0.0 for i in members):
+            elif filter_zero_advantage and all_zero:
                 zero += len(members)
             else:
                 groups.append([SampleId(batch.batch_id, i) for i in members])
@@ -109,6 +105,27 @@ def select_claim(
                 break
             chosen.extend(group)
     return ClaimSelection(tuple(chosen), available, pending_batches, pending_samples, stale, zero)
+
+
+_GROUPS = "_claim_groups"
+
+
+def _open_groups(batch: BatchView, verdicts: Sequence[Verdict]) -> list[tuple[list[int], bool]]:
+    """The batch's accepted, unclaimed samples by task, each group with whether every member's
+    advantage is 0. Remembered on the batch (attribute ``_claim_groups``) for as long as its
+    verdicts and claimed set are the same objects (both are replaced, never changed in place): every
+    lease with backpressure and every claim walks the open batches, and most have not changed since."""
+    memo = getattr(batch, _GROUPS, None)
+    claimed = batch.claimed
+    if memo is not None and memo[0] is verdicts and memo[1] is claimed:
+        return memo[2]  # type: ignore[no-any-return]
+    by_task: dict[int, list[int]] = {}
+    for verdict in verdicts:
+        if verdict.accepted and verdict.sample_index not in claimed:
+            by_task.setdefault(batch.task_ids[verdict.sample_index], []).append(verdict.sample_index)
+    groups = [(members, all(verdicts[i].advantage == 0.0 for i in members)) for members in by_task.values()]
+    setattr(batch, _GROUPS, (verdicts, claimed, groups))
+    return groups
 
 
 def stale_drops(dropped: tuple[int, int], *, past_bound: int) -> dict[str, int]:
