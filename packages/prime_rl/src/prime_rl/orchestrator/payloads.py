@@ -88,6 +88,13 @@ class PayloadCache:
                 _, (_, evicted) = self._tables.popitem(last=False)
                 self._bytes -= evicted
 
+    def clear(self) -> None:
+        """Hold nothing, and hand the memory pool's unused memory back to the system."""
+        with self._lock:
+            self._tables.clear()
+            self._bytes = 0
+        pa.default_memory_pool().release_unused()
+
     def read(self, path: Path) -> pa.Table:
         """The payload file ``path``: from memory when held, else from disk (then held)."""
         with self._lock:

@@ -127,6 +127,7 @@ class RolloutStore:
 
     def close(self) -> None:
         self.db.close()
+        self.payloads.clear()  # a closed store serves nothing: its tables' memory goes back now
 
     # ------------------------------------------------------------- event log
 
