@@ -2,7 +2,7 @@
 
 The orchestrator's registrations, leases, bans, claims and evidence (``orchestrator/store.py``) and
 the validator's per-identity state (``validator/journal.py``) live in SQLite files opened through
-:class:`StateDB`. Rollout payloads stay in parquet.
+:class:`StateDB`. Rollout payloads stay in files of their own (``orchestrator/payloads.py``).
 
 Durability: WAL mode with ``synchronous=FULL``, so a committed transaction is on disk (one fsync of
 the write-ahead log) before :meth:`StateDB.transaction` returns, and a crash (``kill -9``, power cut)

@@ -5,7 +5,7 @@ HTTP plumbing (``http.py``), the ledger that applies the API's rules (``ledger.p
 ``ledger_workers.py``, ``ledger_validators.py``, ``ledger_trainer.py``, over ``ledger_state.py``)
 over registered workers (``workers.py``), task leases (``leases.py``, over ``lease_history.py``),
 stored batches and verdicts (``batches.py``), the trainer's claims (``claims.py``), the durable
-SQLite + parquet store (``store.py``, ``records.py``) and per-address rate limits. May import:
+SQLite + Arrow-file store (``store.py``, ``payloads.py``, ``records.py``) and per-address rate limits. May import:
 ``config``, ``api``, ``tasks``, ``metrics``, ``durable``, ``statedb``; never torch (it runs on any small machine) and never
 another role room.
 """

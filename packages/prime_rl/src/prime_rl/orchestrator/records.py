@@ -1,4 +1,4 @@
-"""Conversions between wire models (``protocol``) and the store's parquet rows (``store.BATCH_SCHEMA``).
+"""Conversions between wire models (``protocol``) and the store's payload rows (``store.BATCH_SCHEMA``).
 
 Pure functions: a submitted batch becomes column lists; stored rows become the samples the
 validator receives and the samples the trainer receives. Proofs are bytes in the models and in
