@@ -228,7 +228,8 @@ def test_a_vllm_run_measures_its_workers_noise_before_it_starts(model_dir, tmp_p
     specs = {spec.name: spec for spec in plan_children(config)}
     path = tmp_path / "run" / "validator" / "noise-profile.json"
     assert specs["validator"].after == "calibrate-noise"
-    assert specs["validator"].extra == specs["calibrate-noise"].extra == ("--validator.noise_profile", str(path))
+    assert specs["calibrate-noise"].extra == ("--validator.noise_profile", str(path))
+    assert specs["validator"].extra[:2] == specs["calibrate-noise"].extra  # then its id (children._validator_id)
     supervisor = Supervisor(config, None, overrides, MetricsWriter(None, role="run", name="run"))
     done = subprocess.run(supervisor._argv(specs["calibrate-noise"]), capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
