@@ -2,9 +2,10 @@
 
 A payload is read about three times while it lives (the validator's pending batch, the trainer's
 claim, the record: ``record.py``), so it is kept in the form cheapest to write and read: an Arrow
-IPC file (``.arrow``, uncompressed), written in about a fifth of the CPU time of a zstd parquet file
-and read in about a tenth, for about three times the bytes, of the open batches only (the record
-files, which stay, are compressed parquet). A store written before issue 44 has ``.parquet``
+IPC file (``.arrow``, uncompressed). For ``soak.py``'s batch of 8 samples it takes an eighth of the
+CPU time of a zstd parquet file to write and a ninth to read, and with log-probs and proofs that do
+not compress it is no larger (70 KB against 87 KB: ``benchmarks/results/payload_format.json``). The
+record files, which stay, are compressed parquet. A store written before issue 44 has ``.parquet``
 payloads; they are still read, recorded and cleaned up.
 
 :class:`PayloadCache` keeps the tables written or read last, up to a fixed number of bytes, so the

@@ -166,7 +166,7 @@ _VERDICTS = TypeAdapter(list[Verdict])
 
 def verdicts_json(verdicts: Sequence[Verdict]) -> str:
     """The verdicts' row text: pydantic's serializer (a tenth of ``json.dumps``'s time for per-token
-    log-probs), read back by ``json.loads``."""
+    log-probs: ``benchmarks/payload_format.py``), read back by ``json.loads``."""
     return _VERDICTS.dump_json(list(verdicts)).decode()
 
 
