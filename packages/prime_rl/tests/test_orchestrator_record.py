@@ -428,6 +428,8 @@ def test_the_payload_cache_serves_recent_payloads_from_memory_within_its_bound(t
     seen: dict[str, Any] = {}
     _cycles(ledger, 0, 3, seen)
     store = ledger.store
+    first = [store.batches_dir / file for (file,) in store.db.read("SELECT file FROM batches")]
+    assert first and all(path in store.payloads for path in first)
     opened: list[str] = []
     real_open = ipc.open_file
 
@@ -441,6 +443,10 @@ def test_the_payload_cache_serves_recent_payloads_from_memory_within_its_bound(t
     finally:
         ipc.open_file = real_open
     assert ledger.step >= 6 and _record(tmp_path).num_rows and opened == []
+    # a payload file the record replaced leaves the cache with the file
+    compacted = set(_record(tmp_path).column("batch_id").to_pylist())
+    gone = [path for path in first if path.name.split(".")[0] in compacted]
+    assert gone and not any(path.exists() or path in store.payloads for path in gone)
     # bounded: the oldest go first; a miss reads the file, and serves the same table
     (batch_id, file) = store.db.read("SELECT batch_id, file FROM batches ORDER BY seq DESC LIMIT 1")[0]
     table = store.read_batch(batch_id)

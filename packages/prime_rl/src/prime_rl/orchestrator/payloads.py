@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -61,7 +62,8 @@ class PayloadCache:
     """The payload tables of one ``batches/`` folder written or read last, by file name, up to
     ``max_bytes`` (least recently used out first). Thread-safe: a server writes payloads outside its
     request lock. File names are never reused (``<batch_id>.<random>``), so an entry is never stale;
-    a deleted file's entry just ages out."""
+    payload files are deleted through ``delete``, which drops their entries too (a record has just
+    read them, so they would otherwise be the last to go)."""
 
     def __init__(self, max_bytes: int = PAYLOAD_CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
@@ -71,6 +73,9 @@ class PayloadCache:
 
     def __len__(self) -> int:
         return len(self._tables)
+
+    def __contains__(self, path: object) -> bool:
+        return isinstance(path, Path) and path.name in self._tables
 
     @property
     def nbytes(self) -> int:
@@ -95,6 +100,15 @@ class PayloadCache:
             self._tables.clear()
             self._bytes = 0
         pa.default_memory_pool().release_unused()
+
+    def delete(self, paths: Iterable[Path]) -> None:
+        """Delete the payload files ``paths`` (those missing already too) and their entries. No folder
+        fsync: a file a power cut brings back is deleted at the store's next open (``record.finish``)."""
+        for path in paths:
+            with self._lock:
+                _, size = self._tables.pop(path.name, (None, 0))
+                self._bytes -= size
+            path.unlink(missing_ok=True)
 
     def read(self, path: Path) -> pa.Table:
         """The payload file ``path``: from memory when held, else from disk (then held)."""

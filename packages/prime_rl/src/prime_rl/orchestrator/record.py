@@ -303,8 +303,7 @@ def compact_step(store: StoreView, step: int, keep_logprobs: bool) -> RecordFile
     result = write_step(store, plan)
     files = settle_step(store, plan, result)
     store.db.sync()  # the deletion is durable before the files it replaces go (group commit defers it)
-    for file in files:  # (no folder fsync: a file a power cut brings back is deleted at the next open, ``finish``)
-        file.unlink(missing_ok=True)
+    store.payloads.delete(files)
     return result
 
 

@@ -37,6 +37,7 @@ __all__ = ["RecordWriter"]
 
 log = logging.getLogger(__name__)
 
+
 class RecordWriter:
     """Writes the record of committed steps after each commit, outside the ledger's lock (module
     docstring). Used from the event loop's thread only."""
@@ -83,7 +84,7 @@ class RecordWriter:
         for plan in await self._calls.call(self.plan_records):
             record = await loop.run_in_executor(None, write_step, store, plan)
             files: list[Path] = await self._calls.call(self.settle_record, plan, record)  # answered once durable
-            await loop.run_in_executor(None, _delete, files)
+            await loop.run_in_executor(None, store.payloads.delete, files)
 
     def plan_records(self) -> list[StepPlan]:
         """Under the lock: the plans of the ``record.due_steps`` of the last commit, oldest first."""
@@ -96,8 +97,3 @@ class RecordWriter:
         files = settle_step(self._ledger.store, plan, record)
         record.log(self._ledger.metrics)
         return files
-
-
-def _delete(files: list[Path]) -> None:
-    for file in files:  # no folder fsync: a file a power cut brings back goes at the next open (``finish``)
-        file.unlink(missing_ok=True)

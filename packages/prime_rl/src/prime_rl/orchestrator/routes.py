@@ -230,7 +230,7 @@ class ApiHandlers:
                     return answer
                 finally:
                     if not stored:  # a duplicate or a refusal: no row refers to this request's payload
-                        path.unlink(missing_ok=True)
+                        self.ledger.store.payloads.delete([path])
 
             return model_response(await self.call(work))
 
