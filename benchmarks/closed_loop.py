@@ -19,6 +19,13 @@ full lease cycle: lease, submit, verdicts, claimed or settled), ``/tasks`` and `
 (its process CPU seconds over the window's wall seconds, ``/proc``). A core under 100% busy while
 answers wait is time lost to something other than work (the issue's 43 cycles/s at 43% busy).
 
+``--window-s W`` makes it a long run, the outside probe of issue 44 as it will be rerun: the same
+loop, reported per window of W seconds from the first to the last (cycles per wall-clock second,
+CPU per cycle, ``/tasks`` and ``/rollouts`` p50/p99, the trusted calls' p99, the orchestrator's RSS,
+the run folder's bytes per acknowledged batch). At the end the orchestrator is killed (``kill -9``)
+under the load, started again on the same folder (seconds until it answers), and every batch the
+load saw acknowledged must be in its store, open or compacted into the record.
+
 ``--compare LABEL=PATH`` (repeatable) runs the same loop, in the same invocation, against another
 checkout's packages (``PYTHONPATH``), e.g. a worktree of the issue's ``0d0cd53``. The load process
 and the clients are this tree's; the HTTP API they use is the same in all.
@@ -33,6 +40,7 @@ import argparse
 import asyncio
 import base64
 import json
+import math
 import os
 import secrets
 import signal
@@ -42,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +61,7 @@ from prime_rl.launch.local import free_port
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS, GROUP, PROMPT, COMPLETION = 2, 4, 128, 384
 SAMPLES_PER_STEP = 128
+VALIDATOR_POSTS = 4  # the validator's verdict posts in flight at once
 
 
 def write_config(root: Path, port: int, admin_token: str, *, judgeable_key: bool) -> Path:
@@ -96,6 +106,20 @@ def _quantiles(values: list[float]) -> dict[str, float | int | None]:
             "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2)}  # fmt: skip
 
 
+def _buckets(events: list[tuple[float, Any]], begin: float, width: float, count: int) -> list[list[Any]]:
+    """``events`` (time, value) split into ``count`` windows of ``width`` seconds from ``begin``."""
+    buckets: list[list[Any]] = [[] for _ in range(count)]
+    for at, value in events:
+        index = int((at - begin) // width)
+        if 0 <= index < count:
+            buckets[index].append(value)
+    return buckets
+
+
+def _windowed(events: list[tuple[float, float]], begin: float, width: float, count: int) -> list[dict[str, Any]]:
+    return [_quantiles(bucket) for bucket in _buckets(events, begin, width, count)]
+
+
 # ------------------------------------------------------------------ the load process
 
 
@@ -112,7 +136,7 @@ async def _identity(session: Any, url: str, number: int, window: tuple[float, fl
             status, body = response.status, await response.read()
             retry_after = float(response.headers.get("Retry-After", "1") or 1)
         if begin <= started < end:
-            out["tasks"].append(time.time() - started)
+            out["tasks"].append((started, time.time() - started))
             out["statuses"][str(status)] = out["statuses"].get(str(status), 0) + 1
         if status == 429:
             await asyncio.sleep(retry_after)
@@ -134,9 +158,11 @@ async def _identity(session: Any, url: str, number: int, window: tuple[float, fl
         posted = time.time()
         async with session.post(f"{url}/rollouts", json=batch, headers=headers) as response:
             status = response.status
-            await response.read()
+            answer = await response.read()
+        if status == 200:
+            out["acknowledged"].append((posted, json.loads(answer)["batch_id"]))
         if begin <= posted < end:
-            out["rollouts"].append(time.time() - posted)
+            out["rollouts"].append((posted, time.time() - posted))
             out["submitted" if status == 200 else f"rollouts_{status}"] = (
                 out.get("submitted" if status == 200 else f"rollouts_{status}", 0) + 1
             )
@@ -145,7 +171,7 @@ async def _identity(session: Any, url: str, number: int, window: tuple[float, fl
 async def _load(url: str, identities: int, window: tuple[float, float]) -> dict[str, Any]:
     import aiohttp
 
-    out: dict[str, Any] = {"tasks": [], "rollouts": [], "statuses": {}}
+    out: dict[str, Any] = {"tasks": [], "rollouts": [], "statuses": {}, "acknowledged": []}
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -156,46 +182,68 @@ async def _load(url: str, identities: int, window: tuple[float, float]) -> dict[
     return out
 
 
-def load_main(url: str, identities: int, begin: float, end: float, path: str) -> None:
+def load_main(url: str, identities: int, begin: float, end: float, path: str, width: float) -> None:
+    """Run the load; write its summary, per window of ``width`` seconds as well when ``width`` > 0,
+    and every acknowledged batch id (to check the store after a restart)."""
     out = asyncio.run(_load(url, identities, (begin, end)))
-    summary = {"tasks": _quantiles(out["tasks"]), "rollouts": _quantiles(out["rollouts"]),
+    summary = {"tasks": _quantiles([v for _, v in out["tasks"]]), "rollouts": _quantiles([v for _, v in out["rollouts"]]),
                "statuses": out["statuses"], "submitted": out.get("submitted", 0), "errors": out["errors"],
-               "rejected": {k: v for k, v in out.items() if k.startswith("rollouts_")}}  # fmt: skip
+               "rejected": {k: v for k, v in out.items() if k.startswith("rollouts_")},
+               "acknowledged": [batch_id for _, batch_id in out["acknowledged"]]}  # fmt: skip
+    if width > 0:
+        count = math.ceil((end - begin) / width)
+        summary["windows"] = {"tasks": _windowed(out["tasks"], begin, width, count),
+                              "rollouts": _windowed(out["rollouts"], begin, width, count),
+                              "submitted": [len(w) for w in _buckets(out["acknowledged"], begin, width, count)]}  # fmt: skip
     Path(path).write_text(json.dumps(summary))
 
 
 # ------------------------------------------------------------------ the trusted roles
 
 
-def _validator(url: str, token: str, stop: threading.Event, times: dict[str, list[float]], window: tuple[float, float]) -> None:
+def _validator(url: str, token: str, stop: threading.Event, times: dict[str, list[tuple[float, float]]], window: tuple[float, float]) -> None:
+    """Judge every pending batch (all accepted), posting a page's verdicts ``VALIDATOR_POSTS`` at a
+    time: one post after another cannot keep up with the swarm (each waits its turn at the server),
+    and a batch left unjudged would be counted as a cycle the orchestrator never did."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import requests
 
-    session, headers = requests.Session(), {"Authorization": f"Bearer {token}"}
-    judged: set[str] = set()
-    while not stop.is_set():
+    local, headers = threading.local(), {"Authorization": f"Bearer {token}"}
+
+    def post(batch: dict[str, Any]) -> None:
+        if not hasattr(local, "session"):
+            local.session = requests.Session()
+        verdicts = [
+            {"sample_index": i, "accepted": True, "reason": "ok", "reward": s["reward"], "advantage": s["advantage"],
+             "logprobs": [-0.5] * len(s["completion_tokens"])}
+            for i, s in enumerate(batch["samples"])
+        ]  # fmt: skip
         started = time.time()
-        pending = session.get(f"{url}/validator/pending", params={"limit": 8}, headers=headers, timeout=60).json()
+        local.session.post(f"{url}/validator/verdicts", json={"batch_id": batch["batch_id"], "verdicts": verdicts},
+                           headers=headers, timeout=60).raise_for_status()  # fmt: skip
         if window[0] <= started < window[1]:
-            times["GET /validator/pending"].append(time.time() - started)
-        fresh = [b for b in pending.get("batches", []) if b["batch_id"] not in judged]
-        if not fresh:
-            time.sleep(0.05)
-            continue
-        for batch in fresh:
-            verdicts = [
-                {"sample_index": i, "accepted": True, "reason": "ok", "reward": s["reward"], "advantage": s["advantage"],
-                 "logprobs": [-0.5] * len(s["completion_tokens"])}
-                for i, s in enumerate(batch["samples"])
-            ]  # fmt: skip
+            times["POST /validator/verdicts"].append((started, time.time() - started))
+
+    session = requests.Session()
+    judged: deque[str] = deque(maxlen=4096)  # the batches judged last (a pending page may list them again)
+    with ThreadPoolExecutor(VALIDATOR_POSTS) as pool:
+        while not stop.is_set():
             started = time.time()
-            session.post(f"{url}/validator/verdicts", json={"batch_id": batch["batch_id"], "verdicts": verdicts},
-                         headers=headers, timeout=60).raise_for_status()  # fmt: skip
+            pending = session.get(f"{url}/validator/pending", params={"limit": 4 * VALIDATOR_POSTS}, headers=headers,
+                                  timeout=60).json()  # fmt: skip
             if window[0] <= started < window[1]:
-                times["POST /validator/verdicts"].append(time.time() - started)
-            judged.add(batch["batch_id"])
+                times["GET /validator/pending"].append((started, time.time() - started))
+            fresh = [b for b in pending.get("batches", []) if b["batch_id"] not in judged]
+            if not fresh:
+                time.sleep(0.05)
+                continue
+            for _ in pool.map(post, fresh):  # raises a failed post's error here
+                pass
+            judged.extend(b["batch_id"] for b in fresh)
 
 
-def _trainer(url: str, token: str, stop: threading.Event, times: dict[str, list[float]], window: tuple[float, float], steps: list[int]) -> None:
+def _trainer(url: str, token: str, stop: threading.Event, times: dict[str, list[tuple[float, float]]], window: tuple[float, float], steps: list[int]) -> None:
     import requests
 
     session, headers = requests.Session(), {"Authorization": f"Bearer {token}"}
@@ -205,7 +253,7 @@ def _trainer(url: str, token: str, stop: threading.Event, times: dict[str, list[
         claim = session.post(f"{url}/trainer/claim", json={"step": step, "min_samples": SAMPLES_PER_STEP,
                              "filter_zero_advantage": False}, headers=headers, timeout=60).json()  # fmt: skip
         if window[0] <= started < window[1]:
-            times["POST /trainer/claim"].append(time.time() - started)
+            times["POST /trainer/claim"].append((started, time.time() - started))
         if not claim.get("ready"):
             time.sleep(0.05)
             continue
@@ -213,9 +261,121 @@ def _trainer(url: str, token: str, stop: threading.Event, times: dict[str, list[
         session.post(f"{url}/trainer/commit", json={"step": step, "policy_version": step + 1}, headers=headers,
                      timeout=60).raise_for_status()  # fmt: skip
         if window[0] <= started < window[1]:
-            times["POST /trainer/commit"].append(time.time() - started)
+            times["POST /trainer/commit"].append((started, time.time() - started))
             steps.append(step)
         step += 1
+
+
+def _start_orchestrator(label: str, config: Path, env: dict[str, str], core: int, root: Path, url: str) -> tuple[subprocess.Popen[bytes], float]:
+    """Start the orchestrator on ``core``; return it and the seconds until ``/status`` answered."""
+    import requests
+
+    began = time.time()
+    orchestrator = subprocess.Popen(
+        [sys.executable, "-m", "prime_rl.cli", "orchestrator", "--config", str(config)],
+        stdout=(root / "orchestrator.out").open("ab"), stderr=subprocess.STDOUT, env=env,
+        preexec_fn=lambda: os.sched_setaffinity(0, {core}), start_new_session=True,
+    )  # fmt: skip
+    deadline = time.time() + 180
+    while True:
+        try:
+            if requests.get(f"{url}/status", timeout=2).status_code == 200:
+                return orchestrator, time.time() - began
+        except requests.RequestException:
+            pass
+        if time.time() > deadline or orchestrator.poll() is not None:
+            _stop_orchestrator(orchestrator)
+            raise RuntimeError(f"{label}: orchestrator did not start: {(root / 'orchestrator.out').read_text()[-2000:]}")
+        time.sleep(0.05)
+
+
+def _stop_orchestrator(orchestrator: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the orchestrator's own process group (it was started in a session of its own)."""
+    if orchestrator.poll() is not None:
+        return
+    os.killpg(orchestrator.pid, signal.SIGTERM)
+    try:
+        orchestrator.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(orchestrator.pid, signal.SIGKILL)
+        orchestrator.wait(10)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _disk_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in (root / "run").rglob("*") if f.is_file())
+
+
+def _sample_windows(pid: int, root: Path, begin: float, end: float, width: float) -> list[dict[str, float]]:
+    """At the end of each window of ``width`` seconds (none when ``width`` is 0): the orchestrator's
+    CPU seconds so far, its RSS and the run folder's bytes on disk. Waits until ``end``."""
+    samples: list[dict[str, float]] = []
+    if width <= 0:
+        time.sleep(max(0.0, end - time.time()))
+        return samples
+    for index in range(math.ceil((end - begin) / width)):
+        time.sleep(max(0.0, min(end, begin + (index + 1) * width) - time.time()))
+        samples.append({"cpu_s": _cpu_seconds(pid), "rss_mb": round(_rss_mb(pid), 1), "disk_bytes": _disk_bytes(root)})
+    return samples
+
+
+def _window_rows(load: dict[str, Any], samples: list[dict[str, float]], times: dict[str, list[tuple[float, float]]],
+                 begin: float, width: float, count: int, cpu_begin: float) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per window: cycles per wall second, CPU per cycle, the swarm's and the trusted roles'
+    p50/p99, RSS, disk bytes per acknowledged batch so far."""
+    trusted = {name: _windowed(values, begin, width, count) for name, values in times.items()}
+    rows, cpu_before, total, judged = [], cpu_begin, 0, 0
+    for index, sample in enumerate(samples):
+        submitted = load["submitted"][index]
+        total += submitted
+        cpu, cpu_before = sample["cpu_s"] - cpu_before, sample["cpu_s"]
+        judged += int(trusted["POST /validator/verdicts"][index]["n"] or 0)
+        rows.append({
+            "window": index, "batches_acknowledged": total, "batches_judged": judged, "cycles_per_wall_s": round(submitted / width, 1),
+            "cpu_ms_per_cycle": round(1000 * cpu / max(1, submitted), 2),
+            "tasks": load["tasks"][index], "rollouts": load["rollouts"][index],
+            "trusted_p99_ms": {name: windows[index]["p99_ms"] for name, windows in trusted.items()},
+            "rss_mb": sample["rss_mb"], "disk_bytes": sample["disk_bytes"],
+            "disk_bytes_per_batch": round(sample["disk_bytes"] / max(1, total)),
+        })  # fmt: skip
+    return rows
+
+
+def _restart_check(label: str, config: Path, env: dict[str, str], core: int, root: Path, url: str, acknowledged: list[str]) -> dict[str, Any]:
+    """After the load (and the orchestrator's kill -9 under it): start the orchestrator again on the
+    same folder, time it until it answers, and check that every acknowledged batch is in its store
+    (open, or compacted into the record)."""
+    import sqlite3
+
+    orchestrator, seconds = _start_orchestrator(label, config, env, core, root, url)
+    try:
+        rss = _rss_mb(orchestrator.pid)
+    finally:
+        _stop_orchestrator(orchestrator)
+    connection = sqlite3.connect(f"file:{root / 'run' / 'orchestrator' / 'state.sqlite'}?mode=ro", uri=True)
+    try:
+        stored = {row[0] for row in connection.execute("SELECT batch_id FROM batches UNION SELECT batch_id FROM compacted")}
+    finally:
+        connection.close()
+    missing = [batch_id for batch_id in acknowledged if batch_id not in stored]
+    return {"seconds_to_serve": round(seconds, 2), "rss_mb_after_start": round(rss, 1), "acknowledged": len(acknowledged),
+            "stored": len(stored), "acknowledged_missing": len(missing), "missing_examples": missing[:5]}  # fmt: skip
+
+
+def _role(body: Any, ended: list[str], *args: Any) -> None:
+    """Run a trusted role's loop; a failed call ends it, noted in ``ended`` (no traceback)."""
+    import requests
+
+    try:
+        body(*args)
+    except requests.RequestException as error:
+        ended.append(f"{body.__name__}: {error!r}"[:300])
 
 
 # ------------------------------------------------------------------ one code version
@@ -232,64 +392,59 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) ->
         ).returncode == 0  # fmt: skip
         config = write_config(root, port, token, judgeable_key=known)
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **({"PYTHONPATH": pythonpath} if pythonpath else {}))
-        orchestrator = subprocess.Popen(
-            [sys.executable, "-m", "prime_rl.cli", "orchestrator", "--config", str(config)],
-            stdout=(root / "orchestrator.out").open("wb"), stderr=subprocess.STDOUT, env=env,
-            preexec_fn=lambda: os.sched_setaffinity(0, {core}), start_new_session=True,
-        )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
+        orchestrator, _ = _start_orchestrator(label, config, env, core, root, url)
         try:
-            import requests
-
-            deadline = time.time() + 180
-            while True:
-                try:
-                    if requests.get(f"{url}/status", timeout=2).status_code == 200:
-                        break
-                except requests.RequestException:
-                    pass
-                if time.time() > deadline or orchestrator.poll() is not None:
-                    raise RuntimeError(f"{label}: orchestrator did not start: {(root / 'orchestrator.out').read_text()[-2000:]}")
-                time.sleep(0.5)
             begin = time.time() + args.warmup_s
             end = begin + args.seconds
             window = (begin, end)
             load_out = root / "load.json"
-            load = subprocess.Popen([sys.executable, __file__, "--load", url, str(args.identities), str(begin), str(end), str(load_out)])
+            load = subprocess.Popen([sys.executable, __file__, "--load", url, str(args.identities), str(begin), str(end),
+                                     str(load_out), str(args.window_s)])  # fmt: skip
             stop = threading.Event()
-            times: dict[str, list[float]] = {k: [] for k in ("GET /validator/pending", "POST /validator/verdicts",
-                                                             "POST /trainer/claim", "POST /trainer/commit")}  # fmt: skip
+            times: dict[str, list[tuple[float, float]]] = {k: [] for k in ("GET /validator/pending", "POST /validator/verdicts",
+                                                                           "POST /trainer/claim", "POST /trainer/commit")}  # fmt: skip
             steps: list[int] = []
-            roles = [threading.Thread(target=_validator, args=(url, token, stop, times, window), daemon=True),
-                     threading.Thread(target=_trainer, args=(url, token, stop, times, window, steps), daemon=True)]  # fmt: skip
+            ended: list[str] = []  # a role's call that failed (the orchestrator killed under it, at the end of --window-s)
+            roles = [threading.Thread(target=_role, args=(_validator, ended, url, token, stop, times, window), daemon=True),
+                     threading.Thread(target=_role, args=(_trainer, ended, url, token, stop, times, window, steps), daemon=True)]  # fmt: skip
             for role in roles:
                 role.start()
             time.sleep(max(0.0, begin - time.time()))
             cpu_begin, steal_begin = _cpu_seconds(orchestrator.pid), _steal_seconds(core)
-            time.sleep(max(0.0, end - time.time()))
+            samples = _sample_windows(orchestrator.pid, root, begin, end, args.window_s)
             cpu_used = _cpu_seconds(orchestrator.pid) - cpu_begin
             stolen = _steal_seconds(core) - steal_begin
+            if args.window_s > 0:  # kill -9 under load: what was acknowledged must be in the store after the restart
+                os.killpg(orchestrator.pid, signal.SIGKILL)
+                orchestrator.wait(10)
             load.wait(timeout=300)
             stop.set()
             for role in roles:
                 role.join(70)
             loaded = json.loads(load_out.read_text())
         finally:
-            os.killpg(orchestrator.pid, signal.SIGTERM)
-            try:
-                orchestrator.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(orchestrator.pid, signal.SIGKILL)
-                orchestrator.wait(10)
+            _stop_orchestrator(orchestrator)
+        acknowledged = loaded.pop("acknowledged")
         result = {
             "label": label, "identities": args.identities, "seconds": args.seconds,
             "cycles_per_wall_s": round(loaded["submitted"] / args.seconds, 1),
             "orchestrator_core_busy": round(cpu_used / args.seconds, 3),
             "cpu_ms_per_cycle": round(1000 * cpu_used / max(1, loaded["submitted"]), 2),
             "orchestrator_cpu_stolen_share": round(stolen / args.seconds, 3),
-            "steps_committed": len(steps), "load": loaded,
-            "trusted": {name: _quantiles(values) for name, values in times.items()},
+            "steps_committed": len(steps), "load": loaded, "roles_ended_by": ended,
+            "trusted": {name: _quantiles([v for _, v in values]) for name, values in times.items()},
         }  # fmt: skip
+        if args.window_s > 0:
+            count = len(samples)
+            result["windows"] = _window_rows(loaded.pop("windows"), samples, times, begin, args.window_s, count, cpu_begin)
+            result["restart"] = _restart_check(label, config, env, core, root, url, acknowledged)
+            for row in result["windows"]:
+                print(f"[{label}] window {row['window']}: {row['batches_acknowledged']} batches ({row['batches_judged']} judged), {row['cycles_per_wall_s']} "
+                      f"cycles/s, {row['cpu_ms_per_cycle']} CPU ms/cycle, /tasks p99 {row['tasks']['p99_ms']} ms, "
+                      f"/rollouts p99 {row['rollouts']['p99_ms']} ms, trusted p99 {max(v or 0 for v in row['trusted_p99_ms'].values())} ms, "
+                      f"RSS {row['rss_mb']} MB, {row['disk_bytes_per_batch']} B/batch on disk", flush=True)  # fmt: skip
+            print(f"[{label}] restart: {result['restart']}", flush=True)
         print(f"[{label}] {result['cycles_per_wall_s']} cycles/s wall, core {100 * result['orchestrator_core_busy']:.0f}% busy "
               f"({100 * result['orchestrator_cpu_stolen_share']:.0f}% stolen), "
               f"{result['cpu_ms_per_cycle']} CPU ms/cycle; /tasks {loaded['tasks']}; /rollouts {loaded['rollouts']}; "
@@ -304,8 +459,8 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) ->
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--load":
-        url, identities, begin, end, path = argv[1:6]
-        load_main(url, int(identities), float(begin), float(end), path)
+        url, identities, begin, end, path, width = argv[1:7]
+        load_main(url, int(identities), float(begin), float(end), path, float(width))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--identities", type=int, default=256)
@@ -314,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="runs of each code version, alternating")
     parser.add_argument("--compare", action="append", default=[], metavar="LABEL=PATH",
                         help="another checkout to measure in the same run (its packages' src on PYTHONPATH); repeatable")  # fmt: skip
+    parser.add_argument("--window-s", type=float, default=0.0,
+                        help="also report each window of this many seconds (throughput, CPU, p50/p99, RSS, disk), then "
+                             "restart the orchestrator on the same store: its time to serve, and every acknowledged batch in it")  # fmt: skip
     parser.add_argument("--json", default="", help="write the results here")
     args = parser.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
