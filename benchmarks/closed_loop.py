@@ -7,9 +7,11 @@ durable as it ships: group commit, ``synchronous`` as configured, backpressure o
   - N identities in one load process (asyncio + aiohttp, one coroutine each, ``--identities``):
     register, then ``GET /tasks`` -> ``POST /rollouts`` with a batch of 2 prompts x 4 samples (128
     prompt + 384 completion tokens, toploc proofs of 258 B per 32 tokens: what ``soak.py``
-    submits), as fast as answers come; a 429 is followed by a sleep of its ``Retry-After``;
+    submits; the proofs random bytes and the log-probs random, 6 decimals, so that what is stored
+    compresses no better than real data), as fast as answers come; a 429 is followed by a sleep of
+    its ``Retry-After``;
   - a validator playing by the rules (``GET /validator/pending``, every sample accepted with one
-    recomputed log-prob per completion token, ``POST /validator/verdicts``), in a thread;
+    recomputed log-prob per completion token, the worker's, ``POST /validator/verdicts``), in a thread;
   - a trainer (``POST /trainer/claim`` of ``samples_per_step``, then ``POST /trainer/commit``), in a
     thread.
 
@@ -42,6 +44,7 @@ import base64
 import json
 import math
 import os
+import random
 import secrets
 import signal
 import statistics
@@ -61,6 +64,7 @@ from prime_rl.launch.local import free_port
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS, GROUP, PROMPT, COMPLETION = 2, 4, 128, 384
 SAMPLES_PER_STEP = 128
+PROOF_BYTES = 258 * (COMPLETION // 32)  # toploc's proof size per sample
 VALIDATOR_POSTS = 4  # the validator's verdict posts in flight at once
 
 
@@ -124,7 +128,6 @@ def _windowed(events: list[tuple[float, float]], begin: float, width: float, cou
 
 
 async def _identity(session: Any, url: str, number: int, window: tuple[float, float], out: dict[str, Any]) -> None:
-    proofs = base64.b64encode(os.urandom(258 * (COMPLETION // 32))).decode()
     async with session.post(f"{url}/workers/register", json={"name": f"loop{number}"}) as response:
         registered = await response.json()
     worker_id, headers = registered["worker_id"], {"Authorization": f"Bearer {registered['token']}"}
@@ -149,8 +152,9 @@ async def _identity(session: Any, url: str, number: int, window: tuple[float, fl
         samples = [
             {"task_id": task["task_id"], "group_index": g, "prompt_tokens": list(range(3, 3 + PROMPT)),
              "completion_tokens": [(7 * i + g + cycle) % 30000 for i in range(COMPLETION)], "sampling_seed": seed,
-             "temperature": 1.0, "reward": float(g % 2), "advantage": 0.5 - g % 2, "proofs": proofs,
-             "inference_logprobs": [-0.5] * COMPLETION}
+             "temperature": 1.0, "reward": float(g % 2), "advantage": 0.5 - g % 2,
+             "proofs": base64.b64encode(os.urandom(PROOF_BYTES)).decode(),
+             "inference_logprobs": [round(-random.expovariate(2.0), 6) for _ in range(COMPLETION)]}
             for task in lease["tasks"] for g, seed in enumerate(task["sampling_seeds"])
         ]  # fmt: skip
         batch = {"worker_id": worker_id, "step": lease["step"], "batch_index": lease["batch_index"],
