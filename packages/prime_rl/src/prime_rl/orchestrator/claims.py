@@ -83,8 +83,8 @@ def select_claim(
     batches: Iterable[BatchView], *, min_policy_version: int, min_samples: int, filter_zero_advantage: bool
 ) -> ClaimSelection:
     """Select whole fresh informative groups, oldest first, until ``min_samples`` (see module doc)."""
-    groups: list[list[SampleId]] = []
-    pending_batches = pending_samples = stale = zero = 0
+    groups: list[tuple[str, list[int]]] = []  # sample ids are made for the chosen groups only
+    pending_batches = pending_samples = stale = zero = available = 0
     for batch in sorted(batches, key=lambda b: b.seq):
         if batch.verdicts is None:
             pending_batches += 1
@@ -96,14 +96,14 @@ def select_claim(
             elif filter_zero_advantage and all_zero:
                 zero += len(members)
             else:
-                groups.append([SampleId(batch.batch_id, i) for i in members])
-    available = sum(len(group) for group in groups)
+                groups.append((batch.batch_id, members))
+                available += len(members)
     chosen: list[SampleId] = []
     if available >= min_samples:
-        for group in groups:
+        for batch_id, members in groups:
             if len(chosen) >= min_samples:
                 break
-            chosen.extend(group)
+            chosen.extend(SampleId(batch_id, i) for i in members)
     return ClaimSelection(tuple(chosen), available, pending_batches, pending_samples, stale, zero)
 
 
