@@ -1,6 +1,8 @@
 """A batch payload's CPU to write and read, and its bytes: zstd parquet (before) against an Arrow IPC
 file (``orchestrator/payloads.py``); and a verdict row's text by ``json.dumps`` (before) against
-pydantic's serializer (``store_schema.verdicts_json``).
+pydantic's serializer (``store_schema.verdicts_json``), and read back by ``json.loads`` (before)
+against pydantic's reader (``store_schema.verdict_rows``: ``record.py`` reads each settled batch's
+row once).
 
 The payload is ``soak.py``'s batch: 2 prompts x 4 samples of 128 prompt + 384 completion tokens,
 toploc proofs of 258 B per 32 tokens, float64 log-probs. Token ids, log-probs and proofs are drawn
@@ -32,7 +34,7 @@ from history_ledger import COMPLETION, GROUP, PROMPT, PROMPTS  # benchmarks/
 
 from prime_rl.api.protocol import Verdict
 from prime_rl.orchestrator.payloads import read_payload_file, write_payload_file
-from prime_rl.orchestrator.store_schema import BATCH_SCHEMA, verdicts_json
+from prime_rl.orchestrator.store_schema import BATCH_SCHEMA, verdict_rows, verdicts_json
 
 
 def _payload(rng: random.Random) -> pa.Table:
@@ -91,6 +93,13 @@ def measure(repeats: int) -> dict[str, Any]:
     result["verdict_row"] = {
         "json_dumps": _cpu_ms(repeats, lambda i: json.dumps([v.model_dump() for v in verdicts], separators=(",", ":"))),
         "pydantic": _cpu_ms(repeats, lambda i: verdicts_json(verdicts)),
+        "same_values": True,
+    }
+    text = verdicts_json(verdicts)
+    assert verdict_rows(text) == json.loads(text)
+    result["verdict_row_read"] = {  # the record reads every settled batch's row once (record.py)
+        "json_loads": _cpu_ms(repeats, lambda i: json.loads(text)),
+        "pydantic": _cpu_ms(repeats, lambda i: verdict_rows(text)),
         "same_values": True,
     }
     return result
