@@ -14,15 +14,13 @@ benchmarks/results/claim_walk.json`` (a few seconds).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any
+
+from payload_format import cpu_ms, emit  # benchmarks/
 
 from prime_rl.api.protocol import SampleId, Verdict
 from prime_rl.orchestrator.claims import ClaimSelection, _open_groups, select_claim
@@ -70,15 +68,6 @@ def before(batches: Iterable[_Batch], *, min_policy_version: int, min_samples: i
     return ClaimSelection(tuple(chosen), available, pending_batches, pending_samples, stale, 0)
 
 
-def _cpu_ms(repeats: int, operation: Callable[[], Any]) -> dict[str, float]:
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        operation()
-        times.append(1e3 * (time.process_time() - start))
-    return {"min_ms": round(min(times), 4), "median_ms": round(statistics.median(times), 4)}
-
-
 def measure(counts: list[int], repeats: int) -> list[dict[str, Any]]:
     rows = []
     for count in counts:
@@ -88,7 +77,8 @@ def measure(counts: list[int], repeats: int) -> list[dict[str, Any]]:
             new = partial(select_claim, batches, min_policy_version=4, min_samples=wanted, filter_zero_advantage=False)
             assert old() == new(), "the two walks must choose the same samples"
             rows.append({"open_batches": count, "claim": label, "chosen": len(new().sample_ids),
-                         "before": _cpu_ms(repeats, old), "select_claim": _cpu_ms(repeats, new)})  # fmt: skip
+                         "before": cpu_ms(repeats, lambda _, call=old: call()),
+                         "select_claim": cpu_ms(repeats, lambda _, call=new: call())})  # fmt: skip
     return rows
 
 
@@ -98,11 +88,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--json", default="", help="write the results here")
     args = parser.parse_args()
-    result = {"repeats": args.repeats, "load_average": os.getloadavg(), "rows": measure(args.batches, args.repeats)}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit({"repeats": args.repeats, "load_average": os.getloadavg(), "rows": measure(args.batches, args.repeats)}, args.json)
 
 
 if __name__ == "__main__":

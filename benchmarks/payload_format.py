@@ -52,7 +52,8 @@ def _payload(rng: random.Random) -> pa.Table:
     return pa.Table.from_pydict(rows, schema=BATCH_SCHEMA)
 
 
-def _cpu_ms(repeats: int, operation: Callable[[int], Any]) -> dict[str, float]:
+def cpu_ms(repeats: int, operation: Callable[[int], Any]) -> dict[str, float]:
+    """CPU time of ``operation(index)`` for each index below ``repeats``: min and median, in ms."""
     times = []
     for index in range(repeats):
         start = time.process_time()
@@ -70,13 +71,13 @@ def measure(repeats: int) -> dict[str, Any]:
         arrow = [folder / f"b{i}.arrow" for i in range(repeats)]
         result: dict[str, Any] = {
             "parquet_zstd": {
-                "write": _cpu_ms(repeats, lambda i: pq.write_table(table, str(parquet[i]), compression="zstd")),
-                "read": _cpu_ms(repeats, lambda i: read_payload_file(parquet[i])),
+                "write": cpu_ms(repeats, lambda i: pq.write_table(table, str(parquet[i]), compression="zstd")),
+                "read": cpu_ms(repeats, lambda i: read_payload_file(parquet[i])),
                 "bytes": os.path.getsize(parquet[0]),
             },
             "arrow_ipc": {
-                "write": _cpu_ms(repeats, lambda i: write_payload_file(table, arrow[i])),
-                "read": _cpu_ms(repeats, lambda i: read_payload_file(arrow[i])),
+                "write": cpu_ms(repeats, lambda i: write_payload_file(table, arrow[i])),
+                "read": cpu_ms(repeats, lambda i: read_payload_file(arrow[i])),
                 "bytes": os.path.getsize(arrow[0]),
             },
         }
@@ -91,15 +92,15 @@ def measure(repeats: int) -> dict[str, Any]:
     before = json.dumps([v.model_dump() for v in verdicts], separators=(",", ":"))
     assert json.loads(before) == json.loads(verdicts_json(verdicts))
     result["verdict_row"] = {
-        "json_dumps": _cpu_ms(repeats, lambda i: json.dumps([v.model_dump() for v in verdicts], separators=(",", ":"))),
-        "pydantic": _cpu_ms(repeats, lambda i: verdicts_json(verdicts)),
+        "json_dumps": cpu_ms(repeats, lambda i: json.dumps([v.model_dump() for v in verdicts], separators=(",", ":"))),
+        "pydantic": cpu_ms(repeats, lambda i: verdicts_json(verdicts)),
         "same_values": True,
     }
     text = verdicts_json(verdicts)
     assert verdict_rows(text) == json.loads(text)
     result["verdict_row_read"] = {  # the record reads every settled batch's row once (record.py)
-        "json_loads": _cpu_ms(repeats, lambda i: json.loads(text)),
-        "pydantic": _cpu_ms(repeats, lambda i: verdict_rows(text)),
+        "json_loads": cpu_ms(repeats, lambda i: json.loads(text)),
+        "pydantic": cpu_ms(repeats, lambda i: verdict_rows(text)),
         "same_values": True,
     }
     return result
@@ -110,11 +111,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--json", default="", help="write the results here")
     args = parser.parse_args()
-    result = {"repeats": args.repeats, "load_average": os.getloadavg(), **measure(args.repeats)}
+    emit({"repeats": args.repeats, "load_average": os.getloadavg(), **measure(args.repeats)}, args.json)
+
+
+def emit(result: dict[str, Any], path: str) -> None:
+    """Print ``result`` as JSON, and write it to ``path`` too unless that is empty."""
     text = json.dumps(result, indent=1)
     print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    if path:
+        Path(path).write_text(text + "\n")
 
 
 if __name__ == "__main__":
