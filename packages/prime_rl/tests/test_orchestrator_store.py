@@ -23,6 +23,7 @@ from prime_rl.api.protocol import (
 )
 from prime_rl.orchestrator.ledger import Ledger
 from prime_rl.orchestrator.store import RolloutStore
+from prime_rl.orchestrator.store_schema import verdict_rows, verdicts_json
 from prime_rl.statedb import StateDB, StateDBError
 from prime_rl.tasks import TaskSet
 
@@ -196,3 +197,21 @@ def test_an_answered_lease_folds_only_once_its_batch_is_accepted_and_a_late_batc
     assert [t.task_id for t in taken.tasks] == [t.task_id for t in lease.tasks]
     newcomer = ledger.workers[ledger.register("newcomer").worker_id]
     assert ledger.lease(newcomer, None, None).reassigned_from is None  # only once
+
+
+def test_verdict_rows_read_what_json_loads_reads() -> None:
+    """The record reads verdict rows with pydantic's reader: the same values as ``json.loads``, for
+    rows written now (``verdicts_json``) and for rows ``json.dumps`` wrote before, whose log-probs
+    may hold ``NaN`` and ``-Infinity`` (a validator may post them)."""
+    verdicts = [
+        Verdict(sample_index=i, accepted=i % 2 == 0, reason="ok" if i % 2 == 0 else "logprob_mismatch",
+                reward=0.5 * i, advantage=-0.25, logprobs=[-0.1 * k - 1e-7 * i for k in range(64)])
+        for i in range(4)
+    ]  # fmt: skip
+    written = verdicts_json(verdicts)
+    assert verdict_rows(written) == json.loads(written)
+    old = json.dumps([{"sample_index": 0, "accepted": True, "reason": "ok", "reward": 1.0, "advantage": 0.0,
+                       "logprobs": [-0.5, float("-inf")], "detail": "x"}, {"sample_index": 1, "logprobs": [float("nan")]}])  # fmt: skip
+    read, expected = verdict_rows(old), json.loads(old)
+    assert read[0] == expected[0] and read[0]["logprobs"][1] == float("-inf")
+    assert read[1]["logprobs"][0] != read[1]["logprobs"][0]  # NaN, as json.loads gives
