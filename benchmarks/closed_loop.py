@@ -7,11 +7,10 @@ durable as it ships: group commit, ``synchronous`` as configured, backpressure o
   - N identities in one load process (asyncio + aiohttp, one coroutine each, ``--identities``):
     register, then ``GET /tasks`` -> ``POST /rollouts`` with a batch of 2 prompts x 4 samples (128
     prompt + 384 completion tokens, toploc proofs of 258 B per 32 tokens: what ``soak.py``
-    submits; the proofs random bytes and the log-probs random, 6 decimals, so that what is stored
-    compresses no better than real data), as fast as answers come; a 429 is followed by a sleep of
-    its ``Retry-After``;
+    submits; the proofs random bytes and the log-probs random, 6 decimals; the token ids follow a
+    pattern), as fast as answers come; a 429 is followed by a sleep of its ``Retry-After``;
   - a validator playing by the rules (``GET /validator/pending``, every sample accepted with one
-    recomputed log-prob per completion token, the worker's, ``POST /validator/verdicts``), in a thread;
+    recomputed log-prob per completion token, all -0.5, ``POST /validator/verdicts``), in a thread;
   - a trainer (``POST /trainer/claim`` of ``samples_per_step``, then ``POST /trainer/commit``), in a
     thread.
 
