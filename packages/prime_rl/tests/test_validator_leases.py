@@ -41,9 +41,9 @@ def _submit(server: Any, workers: int, batches_each: int) -> list[str]:
     return ids
 
 
-def _accept(batch: PendingBatch, validator_id: str | None) -> VerdictRequest:
+def _accept(batch: PendingBatch, validator_id: str | None, reward: float = 1.0) -> VerdictRequest:
     verdicts = [
-        Verdict(sample_index=i, accepted=True, reason="ok", reward=1.0, advantage=0.0,
+        Verdict(sample_index=i, accepted=True, reason="ok", reward=reward, advantage=0.0,
                 logprobs=[-0.5] * len(sample.completion_tokens))
         for i, sample in enumerate(batch.samples)
     ]  # fmt: skip
@@ -127,7 +127,12 @@ def test_a_lease_that_ran_out_untaken_still_takes_its_holders_verdicts(served: A
 def test_k_validators_judge_every_batch_once(served: Any) -> None:
     """Three validator threads take, judge and post until the queue is empty; one of them stalls
     for good after taking its first batches (their leases run out and pass on). Every batch is
-    judged, none twice: each validator only posts what it holds."""
+    judged, none twice: each validator only posts what it holds.
+
+    Each validator's verdicts carry its own reward, so two judgements of one batch differ: a 200 is
+    then a judgement the orchestrator stored. (Identical verdicts would be a 200 from anyone once the
+    batch is judged, the idempotent retry: a validator whose lease ran out, passed on and was released
+    when the new holder posted, may post after it and get that 200 without anything counting twice.)"""
     server, clock = served
     submitted = _submit(server, workers=8, batches_each=2)
     posted: Counter[str] = Counter()
@@ -144,7 +149,7 @@ def test_k_validators_judge_every_batch_once(served: Any) -> None:
                     return
                 for batch in leased.batches:
                     try:
-                        http.post_verdicts(_accept(batch, name))
+                        http.post_verdicts(_accept(batch, name, reward=float(name[1:])))
                     except ClientRequestError as error:
                         with lock:
                             refused.append(f"{batch.batch_id}:{error.error}")
@@ -163,8 +168,8 @@ def test_k_validators_judge_every_batch_once(served: Any) -> None:
     assert set(posted) == set(submitted)
     assert max(posted.values()) == 1, posted  # 0 batches judged twice
     # A live validator's lease may run out too when the clock jumps mid-batch: its verdict is then
-    # refused (lease_lost), never counted twice.
-    assert all(entry.endswith(":lease_lost") for entry in refused), refused
+    # refused, never counted twice: lease_lost while the new holder judges, conflict once it posted.
+    assert all(entry.endswith((":lease_lost", ":conflict")) for entry in refused), refused
 
 
 def test_the_validators_lease_keeper_renews_while_a_long_batch_is_judged(served: Any) -> None:
