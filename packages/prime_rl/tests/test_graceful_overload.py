@@ -32,7 +32,7 @@ from prime_rl.api.protocol import Verdict, VerdictRequest
 from prime_rl.api.spans import lease_digest
 from prime_rl.metrics import CallTimes, MetricsWriter, read_metrics
 from prime_rl.orchestrator.ledger import Ledger
-from prime_rl.orchestrator.priority import PriorityLock
+from prime_rl.orchestrator.priority import LedgerCall, LedgerThread
 from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.orchestrator.store import RolloutStore
 
@@ -145,34 +145,92 @@ def test_a_batch_waiting_in_line_past_its_deadline_does_not_expire_its_lease(ser
 
 
 def test_trusted_calls_are_served_before_waiting_worker_calls() -> None:
-    """With the lock held and many worker calls waiting, a trusted call that arrives last is served
-    next, and the workers keep their first-come order (asyncio.Lock served it after all of them)."""
+    """With a ledger call running and many worker calls waiting, a trusted call that arrives last is
+    served next, and the workers keep their first-come order (asyncio.Lock served it after all of them)."""
 
     async def scenario() -> list[str]:
-        lock, order = PriorityLock(), []
-        release = asyncio.Event()
+        thread, order = LedgerThread(), []
+        release = threading.Event()
 
-        async def call(name: str, trusted: bool) -> None:
-            async with lock.hold(trusted=trusted):
-                order.append(name)
-                if name == "holder":
-                    await release.wait()
+        def work(name: str) -> str:
+            order.append(name)
+            if name == "holder":
+                release.wait(10)
+            return name
+
+        async def call(name: str, trusted: bool) -> str:
+            return (await thread.run(work, name, trusted=trusted)).result()
 
         tasks = [asyncio.create_task(call("holder", False))]
-        await asyncio.sleep(0)
+        while not order:
+            await asyncio.sleep(0.001)
         tasks += [asyncio.create_task(call(f"worker-{i}", False)) for i in range(50)]
         await asyncio.sleep(0)
         tasks.append(asyncio.create_task(call("validator", True)))
         await asyncio.sleep(0)
-        assert lock.waiting(trusted=False) == 50 and lock.waiting(trusted=True) == 1
+        assert thread.waiting(trusted=False) == 50 and thread.waiting(trusted=True) == 1
         release.set()
-        await asyncio.gather(*tasks)
-        assert not lock.locked()
+        assert await asyncio.gather(*tasks) == ["holder", *(f"worker-{i}" for i in range(50)), "validator"]
+        thread.close()
         return order
 
     order = asyncio.run(scenario())
     assert order[:2] == ["holder", "validator"]
     assert order[2:] == [f"worker-{i}" for i in range(50)]
+
+
+def test_the_next_ledger_call_does_not_wait_for_a_busy_event_loop() -> None:
+    """The ledger thread takes the next call as soon as one ends, while the event loop is still busy
+    (a registration storm's turn of the loop ran for 240-350 ms at 1,024 identities). Before, the
+    lock was held across ``run_in_executor`` until the loop got round to the first call's end, and
+    the next call started only after that turn: every call waited out the loop's lag."""
+
+    async def scenario() -> tuple[float, float, LedgerCall, LedgerCall]:
+        thread, go = LedgerThread(), threading.Event()
+        first = asyncio.create_task(thread.run(go.wait, 10, trusted=False))
+        second = asyncio.create_task(thread.run(time.perf_counter, trusted=False))
+        await asyncio.sleep(0.05)  # both queued, the first waiting for ``go``
+        busy_from = time.perf_counter()
+        go.set()
+        time.sleep(0.3)  # the loop busy with other handlers: it runs nothing of the calls meanwhile
+        busy_until = time.perf_counter()
+        done = await first, await second
+        thread.close()
+        return busy_from, busy_until, *done
+
+    busy_from, busy_until, first, second = asyncio.run(scenario())
+    assert first.result() is True and busy_from <= first.ended < busy_until
+    assert busy_from <= second.began < busy_until  # ran while the loop was busy
+    assert second.result() == pytest.approx(second.began, abs=0.05)
+
+
+def test_a_ledger_call_cancelled_while_it_waits_is_skipped_and_errors_reach_the_caller() -> None:
+    async def scenario() -> list[str]:
+        thread, ran, release = LedgerThread(), [], threading.Event()
+
+        def work(name: str) -> None:
+            ran.append(name)
+            if name == "holder":
+                release.wait(10)
+            if name == "fails":
+                raise ValueError("bad input")
+
+        holder = asyncio.create_task(thread.run(work, "holder", trusted=False))
+        while not ran:
+            await asyncio.sleep(0.001)
+        gone = asyncio.create_task(thread.run(work, "gone", trusted=False))
+        fails = asyncio.create_task(thread.run(work, "fails", trusted=False))
+        await asyncio.sleep(0)
+        gone.cancel()
+        release.set()
+        await holder
+        with pytest.raises(ValueError, match="bad input"):
+            (await fails).result()
+        assert gone.cancelled()
+        thread.close()
+        return ran
+
+    assert asyncio.run(scenario()) == ["holder", "fails"]
 
 
 @pytest.mark.parametrize("call", ["pending", "take_batches"])

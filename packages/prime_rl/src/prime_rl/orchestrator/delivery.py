@@ -1,15 +1,15 @@
 """How a request's ledger call runs and is answered: under the one lock, durable before it is
 answered, and a lease handed over only to a client that is still there (issue 44, item 5).
 
-A request waits for the ledger's lock (``priority.py``: trusted calls first), runs its ledger call
-in a thread (the ledger is not thread-safe, and blocks on the store), releases the lock, then waits
-until its store writes are durable (``group_commit.py``: one fsync covers many requests) and only
+A request queues its ledger call for the ledger's one thread (``priority.py``: trusted calls
+first; the ledger is not thread-safe, and blocks on the store), then waits until its store writes
+are durable (``group_commit.py``: one fsync covers many requests) and only
 then is answered. On a slow server a client may give up (its timeout) at any point of that, the
 durability wait included.
 
 A lease the client never received is never held against it. ``GET /tasks`` checks the request's
 connection three times: before the lease (a client that gave up waiting in line is granted
-nothing), under the lock right after the grant, and, last, after the durability wait, just before
+nothing), on the ledger thread right after the grant, and, last, after the durability wait, just before
 the answer is written. A lease granted by this request to a client found gone at either later
 check is withdrawn (``LeaseBook.withdraw``): durably, before the 408 ``client_gone`` that nobody
 reads, not counted as issued or abandoned, its tasks at once for another identity. From the last
@@ -32,12 +32,12 @@ stored batch ``duplicate``, its lease answered; a recorded switch its nonce; a d
 itself), whether the lease is still open or not: an answer lost in the durability wait costs the
 worker nothing, its retry gets it (``tests/test_graceful_overload.py``).
 
-Trusted calls wait behind no untrusted work the server controls: the lock hands itself to them
-first, ledger calls run on a thread of their own and the group commit's fsync on another (not in
+Trusted calls wait behind no untrusted work the server controls: the ledger thread takes them
+first, and the group commit's fsync runs on a thread of its own (not in
 asyncio's shared pool, which the swarm's payload writes and admission hooks can fill), and where
 each trusted call spent its time (lock, ledger call, durability) is logged per 10 s window
-(metrics event ``trusted_phases``), with what it may have waited behind: each untrusted call's time
-under the lock (``held``), the event loop's lag and garbage-collection pauses (``server.py``). What
+(metrics event ``trusted_phases``; phase ``lock`` is the wait for the ledger thread), with what it
+may have waited behind: each untrusted call's time on the ledger thread (``held``), the event loop's lag and garbage-collection pauses (``server.py``). What
 they still share with the swarm is the event loop that reads every request, and the CPU: at 1,024
 identities their p99 stays under 100 ms when the orchestrator has a core of its own, not when it
 shares two with the swarm (``benchmarks/results/swarm.md``, N=1024).
@@ -45,12 +45,9 @@ shares two with the swarm (``benchmarks/results/swarm.md``, N=1024).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import time
 from collections.abc import Callable, Hashable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +58,7 @@ from prime_rl.metrics import CallTimes
 from prime_rl.orchestrator.group_commit import GroupCommit
 from prime_rl.orchestrator.http import bearer, client_gone, in_line, refuse_if_gone
 from prime_rl.orchestrator.ledger import Ledger
-from prime_rl.orchestrator.priority import PriorityLock
+from prime_rl.orchestrator.priority import LedgerThread
 from prime_rl.orchestrator.rate_limit import client_key
 
 __all__ = ["LeaseAsk", "LedgerCalls"]
@@ -86,67 +83,47 @@ def _call_name(function: Callable[..., Any]) -> str:
 
 
 class LedgerCalls:
-    """The ledger's lock, its group commit, and the leases whose answer is in line (module docstring)."""
+    """The ledger's thread, its group commit, and the leases whose answer is in line (module docstring)."""
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        self.lock = PriorityLock()  # trusted calls first (priority.py)
+        # One thread runs every ledger call, trusted ones first (priority.py). Not asyncio's shared
+        # pool: there a trusted call could wait for a free thread behind untrusted work that runs
+        # beside the ledger (payload writes, admission hooks).
+        self.thread = LedgerThread()
         self.group_commit = GroupCommit(ledger.store.db)
         self.in_line: dict[Hashable, int] = {}  # requests in line per lease (``LeaseBook.answering``)
-        # The lock lets one ledger call run at a time, so one thread of its own serves them all; in
-        # asyncio's shared pool the call that holds the lock (a trusted one too) could wait for a free
-        # thread behind untrusted work outside the lock (payload writes, admission hooks).
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ledger")
         self.trusted_phases = CallTimes("trusted_phases")  # metrics event: where trusted calls wait
 
     def close(self) -> None:
         """Let the ledger's and the group commit's threads go (the app stops)."""
-        self._thread.shutdown(wait=False)
+        self.thread.close()
         self.group_commit.close()
 
-    async def _in_thread(self, function: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, functools.partial(function, *args))
-
-    async def call(self, function: Callable[..., Any], *args: Any, trusted: bool = False) -> Any:
-        """Run ``function(*args)`` in a thread under the ledger's lock, then wait (lock released) until
-        its store writes are durable (``group_commit.py``): only then may the caller answer.
-        ``trusted`` calls (admin token, the server's own expiry) are handed the lock before any
-        waiting worker request (``priority.py``)."""
-        if trusted:
-            return await self._timed(function, *args)
+    async def call(self, function: Callable[..., Any], *args: Any, trusted: bool = False, durable: bool = True) -> Any:
+        """Run ``function(*args)`` on the ledger thread, then wait until its store writes are durable
+        (``group_commit.py``): only then may the caller answer. ``trusted`` calls (admin token, the
+        server's own expiry) run before any waiting worker request (``priority.py``). Where each
+        call spent its time is recorded (``trusted_phases``): a trusted call's wait for the thread
+        (``lock``), its run and its durability wait, so that a slow trusted answer can be told apart
+        from a busy event loop (the rest of what its client measures); an untrusted call's run
+        (``held``): how long a trusted call that comes in meanwhile waits behind it. ``durable``
+        False: the caller waits for durability itself (``lease``), after what it does in between."""
+        name, phases = _call_name(function), self.trusted_phases
         try:
-            async with self.lock.hold(trusted=False):
-                return await self._held(_call_name(function), function, *args)
+            call = await self.thread.run(function, *args, trusted=trusted)
+            if trusted:
+                phases.record("lock", name, 200, call.began - call.queued)
+                phases.record("run", name, 200, call.ended - call.began)
+            else:
+                phases.record("held", name, 200, call.ended - call.began)
+            return call.result()
         finally:
-            await self.group_commit.durable()
-
-    async def _held(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
-        """An untrusted ledger call under the lock, its time recorded (``trusted_phases``, phase
-        ``held``): how long a trusted call that comes in meanwhile waits behind it."""
-        began = time.perf_counter()
-        try:
-            return await self._in_thread(function, *args)
-        finally:
-            self.trusted_phases.record("held", name, 200, time.perf_counter() - began)
-
-    async def _timed(self, function: Callable[..., Any], *args: Any) -> Any:
-        """A trusted ``call``, with where it spent its time (``trusted_phases``: the lock wait, the
-        ledger call, the durability wait), so that a slow trusted answer can be told apart from a
-        busy event loop (the rest of what its client measures)."""
-        name, clock = _call_name(function), time.perf_counter
-        began = clock()
-        try:
-            async with self.lock.hold(trusted=True):
-                locked = clock()
-                self.trusted_phases.record("lock", name, 200, locked - began)
-                try:
-                    return await self._in_thread(function, *args)
-                finally:
-                    self.trusted_phases.record("run", name, 200, clock() - locked)
-        finally:
-            synced = clock()
-            await self.group_commit.durable()
-            self.trusted_phases.record("durable", name, 200, clock() - synced)
+            synced = time.perf_counter()
+            if durable:
+                await self.group_commit.durable()
+            if trusted:
+                phases.record("durable", name, 200, time.perf_counter() - synced)
 
     def waiting(self, key: Hashable) -> Any:
         """A context in which the lease ``key`` does not expire: a request answering it is in line."""
@@ -172,10 +149,9 @@ class LedgerCalls:
 
         with contextlib.ExitStack() as undelivered:
             try:
-                async with self.lock.hold(trusted=False):
-                    lease, fresh = await self._held("lease", grant)
-                    if fresh:  # entered before the lock is released: no expiry tick runs in between
-                        undelivered.enter_context(self.waiting((worker_id, lease.batch_index)))
+                lease, fresh = await self.call(grant, durable=False)
+                if fresh:  # from here on no expiry tick expires it (before: granted now, its deadline is ahead)
+                    undelivered.enter_context(self.waiting((worker_id, lease.batch_index)))
             finally:
                 await self.group_commit.durable()
             if fresh and client_gone(request):  # it left during the durability wait: nobody reads the answer

@@ -1,78 +1,121 @@
-"""The orchestrator's one lock, with trusted callers served first.
+"""The orchestrator's one ledger thread, with trusted callers served first.
 
-Every ledger call runs under one lock (the ledger is not thread-safe). With ``asyncio.Lock`` the
-validator's and trainer's calls queued behind every worker request that came first: at 1,024
-identities the validator posted 10 verdicts in 15 minutes (issue 44). ``PriorityLock`` keeps two
-first-come queues and hands the lock, when it is released, to the oldest *trusted* waiter if any,
-else to the oldest untrusted one: a trusted call waits for at most the call that holds the lock
-and the trusted calls ahead of it, however many workers wait.
+Every ledger call runs on one thread (the ledger is not thread-safe, and blocks on the store). With
+``asyncio.Lock`` the validator's and trainer's calls queued behind every worker request that came
+first: at 1,024 identities the validator posted 10 verdicts in 15 minutes (issue 44).
+``LedgerThread`` keeps two first-come queues and takes, whenever a call ends, the oldest *trusted*
+call if any, else the oldest untrusted one: a trusted call waits for at most the call that runs and
+the trusted calls ahead of it, however many workers wait.
 
-Why a priority in front of the one lock rather than a separate listener: the ledger must still see
-one call at a time, so a second listener would end at the same lock and need the same priority;
-and a trusted role is already told apart by its admin token on the same port. Workers cannot
-starve each other through it either: only admin-token calls and the server's own lease expiry are
-trusted, and they are few (one validator, one trainer, one expiry tick a second).
+Why the queue lives on the thread, not in front of it on the event loop (a lock held across
+``run_in_executor``, as before): a lock held that way is held until the event loop gets round to
+the call's completion, and its next holder starts only when the loop wakes it. In a registration
+storm one turn of the loop runs hundreds of request handlers (up to 240-350 ms at 1,024 identities),
+so every ledger call held the lock for that long, 0.14 ms of work inside, and the trusted call
+waited behind them all the same (``swarm.md``, N=1024: ``held register`` 195-384 ms, ``lock claim``
+184-455 ms). Here the thread takes the next call as soon as one ends; the loop's lag is paid only
+by the call's own request, in reading it and writing its answer.
 
-Not thread-safe: used from the event loop's thread only.
+Why not a separate listener for trusted roles: the ledger must still see one call at a time, so a
+second listener would end at the same thread and need the same priority; and a trusted role is
+already told apart by its admin token on the same port. Workers cannot starve each other through
+it either: only admin-token calls and the server's own lease expiry are trusted, and they are few
+(one validator, one trainer, one expiry tick a second).
+
+A call whose request is cancelled while it waits is skipped; one that has started runs to its end
+(its result is dropped), as a thread cannot be interrupted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import threading
+import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["PriorityLock"]
+__all__ = ["LedgerCall", "LedgerThread"]
 
 
-class PriorityLock:
-    """An asyncio lock whose waiters are served trusted first, then first come (module docstring)."""
+@dataclass
+class LedgerCall:
+    """One call on the ledger thread: when it was queued, began and ended (``perf_counter``), and
+    what it returned or raised (``result``)."""
 
-    def __init__(self) -> None:
-        self._held = False
-        self._waiters: tuple[deque[asyncio.Future[None]], deque[asyncio.Future[None]]] = (deque(), deque())
+    function: Callable[[], Any]
+    future: asyncio.Future[None]
+    loop: asyncio.AbstractEventLoop
+    queued: float = field(default_factory=time.perf_counter)
+    began: float = 0.0
+    ended: float = 0.0
+    outcome: tuple[Any, BaseException | None] = (None, None)
 
-    def locked(self) -> bool:
-        return self._held
+    def result(self) -> Any:
+        """What the function returned; what it raised is raised here."""
+        value, error = self.outcome
+        if error is not None:
+            raise error
+        return value
+
+
+class LedgerThread:
+    """One thread running calls one at a time, trusted first, then first come (module docstring)."""
+
+    def __init__(self, name: str = "ledger") -> None:
+        self._ready = threading.Condition()
+        self._queues: tuple[deque[LedgerCall], deque[LedgerCall]] = (deque(), deque())
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
 
     def waiting(self, *, trusted: bool) -> int:
-        """Callers of that class waiting for the lock now."""
-        return sum(not future.done() for future in self._waiters[0 if trusted else 1])
+        """Calls of that class waiting to run now."""
+        with self._ready:
+            return sum(not call.future.done() for call in self._queues[0 if trusted else 1])
 
-    @contextlib.asynccontextmanager
-    async def hold(self, *, trusted: bool) -> AsyncIterator[None]:
-        await self.acquire(trusted=trusted)
-        try:
-            yield
-        finally:
-            self.release()
+    async def run(self, function: Callable[..., Any], *args: Any, trusted: bool) -> LedgerCall:
+        """Run ``function(*args)`` on the thread (trusted calls ahead of every waiting untrusted one);
+        the call once it ended (``LedgerCall.result``: what it returned or raised)."""
+        loop = asyncio.get_running_loop()
+        call = LedgerCall(functools.partial(function, *args), loop.create_future(), loop)
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the ledger thread is closed")
+            self._queues[0 if trusted else 1].append(call)
+            self._ready.notify()
+        await call.future
+        return call
 
-    async def acquire(self, *, trusted: bool) -> None:
-        if not self._held and not any(self._waiters):
-            self._held = True
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        queue = self._waiters[0 if trusted else 1]
-        queue.append(future)
-        try:
-            await future
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled():  # handed the lock as it was cancelled: pass it on
-                self.release()
-            else:
-                with contextlib.suppress(ValueError):
-                    queue.remove(future)
-            raise
+    def close(self) -> None:
+        """The thread runs what is queued, then ends (the app stops)."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
 
-    def release(self) -> None:
-        """Hand the lock to the next waiter (trusted first), or free it. O(1) per waiter served."""
-        if not self._held:
-            raise RuntimeError("PriorityLock released while not held")
-        for queue in self._waiters:
-            while queue:
-                future = queue.popleft()
-                if not future.done():
-                    future.set_result(None)  # it holds the lock now: ``_held`` stays True
+    def _serve(self) -> None:
+        while True:
+            with self._ready:
+                while not any(self._queues) and not self._closed:
+                    self._ready.wait()
+                if not any(self._queues):
                     return
-        self._held = False
+                call = (self._queues[0] or self._queues[1]).popleft()
+            if call.future.done():  # cancelled while it waited: nobody reads its answer
+                continue
+            call.began = time.perf_counter()
+            try:
+                call.outcome = (call.function(), None)
+            except BaseException as error:  # handed to the caller, raised there (``LedgerCall.result``)
+                call.outcome = (None, error)
+            call.ended = time.perf_counter()
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (the app stopped): nobody waits
+                call.loop.call_soon_threadsafe(_settle, call.future)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():  # (cancelled while the call ran: its result is dropped)
+        future.set_result(None)
