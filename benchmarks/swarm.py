@@ -339,9 +339,24 @@ class Swarm:
                     if os.sched_getaffinity(int(tid)) != core:
                         os.sched_setaffinity(int(tid), core)
 
+    def prioritize_orchestrator(self) -> None:
+        """``--orchestrator-nice N``: every 0.2 s, each thread of the newest orchestrator process runs
+        at nice N (below 0: ahead of every other process on the machine's shared CPUs), as an
+        operator who co-locates the control plane with the swarm would set it."""
+        while not self.done.wait(0.2):
+            pid = self.child_pids().get("orchestrator")
+            if pid is None:
+                continue
+            with contextlib.suppress(OSError):  # gone meanwhile (a restart): the next round sets the new one
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    if os.getpriority(os.PRIO_PROCESS, int(tid)) != self.args.orchestrator_nice:
+                        os.setpriority(os.PRIO_PROCESS, int(tid), self.args.orchestrator_nice)
+
     def run(self) -> int:
         """Start everything, wait for the supervisor to end (or ``--timeout-s``); its exit code."""
         assert self.supervisor is None
+        if self.args.orchestrator_nice:
+            threading.Thread(target=self.prioritize_orchestrator, daemon=True).start()
         if self.args.pin_orchestrator:
             cpus = sorted(os.sched_getaffinity(0))
             if len(cpus) < 2:
@@ -417,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.0, help="trainer learning rate (0: the default)")
     parser.add_argument("--host-nice", type=int, default=0,
                         help="run the swarm hosts this much nicer than the control plane (0: the same)")  # fmt: skip
+    parser.add_argument("--orchestrator-nice", type=int, default=0,
+                        help="run the orchestrator's threads at this nice value (below 0 needs root; 0: as started)")  # fmt: skip
     parser.add_argument("--pin-orchestrator", action="store_true",
                         help="the orchestrator alone on the last CPU, everything else on the others (a "
                              "machine of its own)")  # fmt: skip

@@ -47,7 +47,7 @@ def _endpoint(path: str) -> str:
     return "/workers/register" if path.startswith("/workers/register") else path
 
 
-def _trusted_calls(run_dir: Path) -> dict[str, Any]:
+def trusted_calls(run_dir: Path) -> dict[str, Any]:
     """The validator's and trainer's own orchestrator calls (``role.CallTimes``: client side, per
     10 s window): per role and endpoint the calls, the median window's p50 and the worst window's
     p99 and max; per role the worst window's p99 over its endpoints (issue 44: "trusted calls'
@@ -155,7 +155,7 @@ def compute_figures(
         "invariants_ok": not any(violations.values()),
         **expiry_figures(config, records),  # honest work expired unjudged, trained, bans (issue 45, item 5)
     }  # fmt: skip
-    trusted = _trusted_calls(run_dir)
+    trusted = trusted_calls(run_dir)
     for role in ("validator", "trainer"):
         summary[f"{role}_calls_p99_ms"] = trusted.get(role, {}).get("p99_ms_worst_window")
     per_step = args.get("samples_per_step", 16)
@@ -164,6 +164,7 @@ def compute_figures(
         f", {len(kills)} kills" if args["kills"] else "") + (", WAN" if run["emulated"] else "") + (
         f", {summary['payload']}" if args.get("payload_mb") else "") + (
         f", hosts nice {args['host_nice']}" if args.get("host_nice") else "") + (
+        f", orchestrator nice {args['orchestrator_nice']}" if args.get("orchestrator_nice") else "") + (
         ", orchestrator on a CPU of its own" if args.get("pin_orchestrator") else "")  # fmt: skip
     return {
         "label": label, "summary": summary, "endpoints": endpoints, "versions": versions, "memory": memory,

@@ -10,11 +10,12 @@ the trusted calls ahead of it, however many workers wait.
 Why the queue lives on the thread, not in front of it on the event loop (a lock held across
 ``run_in_executor``, as before): a lock held that way is held until the event loop gets round to
 the call's completion, and its next holder starts only when the loop wakes it. In a registration
-storm one turn of the loop runs hundreds of request handlers (up to 240-350 ms at 1,024 identities),
-so every ledger call held the lock for that long, 0.14 ms of work inside, and the trusted call
-waited behind them all the same (``swarm.md``, N=1024: ``held register`` 195-384 ms, ``lock claim``
-184-455 ms). Here the thread takes the next call as soon as one ends; the loop's lag is paid only
-by the call's own request, in reading it and writing its answer.
+storm one turn of the loop runs hundreds of request handlers (its lag reached 321-427 ms at 1,024
+identities), so a registration, 0.2 ms of work, held the lock for up to 231-346 ms, and a trusted
+call waited behind such calls all the same (``benchmarks/results/swarm_1024_phases.json``). Here the
+thread takes the next call as soon as one ends: a trusted call's wait for it fell to at most 7.7 ms
+in the same storm (``swarm.md``, "The ledger thread"). The loop's lag is still paid by each call's
+own request, in reading it and writing its answer.
 
 Why not a separate listener for trusted roles: the ledger must still see one call at a time, so a
 second listener would end at the same thread and need the same priority; and a trusted role is
