@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from run_toml import write_run_toml  # benchmarks/
+from swarm_figures import trusted_calls  # benchmarks/
 
 from prime_rl.launch.local import free_port
 
@@ -107,6 +108,16 @@ def _quantiles(values: list[float]) -> dict[str, float | int | None]:
     ordered = sorted(values)
     return {"n": len(ordered), "p50_ms": round(1000 * ordered[len(ordered) // 2], 2),
             "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2)}  # fmt: skip
+
+
+def _phase_worst(phases: dict[str, Any]) -> dict[str, float]:
+    """The worst window's p99 of each phase (``lock``, ``run``, ``durable``, ``held``, ``loop``, ``gc``)
+    over the calls it was logged for."""
+    worst: dict[str, float] = {}
+    for name, figures in phases.items():
+        phase = name.split(" ", 1)[0]
+        worst[phase] = max(worst.get(phase, 0.0), figures["p99_ms_worst_window"])
+    return worst
 
 
 def _buckets(events: list[tuple[float, Any]], begin: float, width: float, count: int) -> list[list[Any]]:
@@ -437,6 +448,9 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) ->
             "orchestrator_cpu_stolen_share": round(stolen / args.seconds, 3),
             "steps_committed": len(steps), "load": loaded, "roles_ended_by": ended,
             "trusted": {name: _quantiles([v for _, v in values]) for name, values in times.items()},
+            # server side, the whole run (warm-up included): where trusted calls waited (``lock``: for the
+            # ledger thread; ``run``; ``durable``), each untrusted call's run (``held``), the loop's lag
+            "server_phases": trusted_calls(root / "run").get("orchestrator", {}).get("calls", {}),
         }  # fmt: skip
         if args.window_s > 0:
             count = len(samples)
@@ -451,7 +465,8 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) ->
         print(f"[{label}] {result['cycles_per_wall_s']} cycles/s wall, core {100 * result['orchestrator_core_busy']:.0f}% busy "
               f"({100 * result['orchestrator_cpu_stolen_share']:.0f}% stolen), "
               f"{result['cpu_ms_per_cycle']} CPU ms/cycle; /tasks {loaded['tasks']}; /rollouts {loaded['rollouts']}; "
-              f"steps {len(steps)}; trusted {result['trusted']}", flush=True)  # fmt: skip
+              f"steps {len(steps)}; trusted {result['trusted']}; server side, worst window p99 ms: "
+              f"{_phase_worst(result['server_phases'])}", flush=True)  # fmt: skip
         return result
     finally:
         import shutil
