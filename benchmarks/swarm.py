@@ -50,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -325,45 +326,42 @@ class Swarm:
 
         threading.Timer(seconds, resume).start()
 
-    def pin_orchestrator(self) -> None:
-        """``--pin-orchestrator``: every 0.2 s, each thread of the newest orchestrator process runs on
-        the machine's last CPU alone (the harness, and every process it starts, on the others: ``run``),
-        as an orchestrator on a machine of its own would."""
-        core = {self.core}
+    def each_orchestrator_thread(self, apply: Callable[[int], None]) -> None:
+        """Every 0.2 s, ``apply(tid)`` to each thread of the newest orchestrator process."""
         while not self.done.wait(0.2):
             pid = self.child_pids().get("orchestrator")
             if pid is None:
                 continue
-            with contextlib.suppress(OSError):  # gone meanwhile (a restart): the next round pins the new one
+            with contextlib.suppress(OSError):  # gone meanwhile (a restart): the next round reaches the new one
                 for tid in os.listdir(f"/proc/{pid}/task"):
-                    if os.sched_getaffinity(int(tid)) != core:
-                        os.sched_setaffinity(int(tid), core)
+                    apply(int(tid))
 
-    def prioritize_orchestrator(self) -> None:
-        """``--orchestrator-nice N``: every 0.2 s, each thread of the newest orchestrator process runs
-        at nice N (below 0: ahead of every other process on the machine's shared CPUs), as an
-        operator who co-locates the control plane with the swarm would set it."""
-        while not self.done.wait(0.2):
-            pid = self.child_pids().get("orchestrator")
-            if pid is None:
-                continue
-            with contextlib.suppress(OSError):  # gone meanwhile (a restart): the next round sets the new one
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    if os.getpriority(os.PRIO_PROCESS, int(tid)) != self.args.orchestrator_nice:
-                        os.setpriority(os.PRIO_PROCESS, int(tid), self.args.orchestrator_nice)
+    def pin_orchestrator(self, tid: int) -> None:
+        """``--pin-orchestrator``: the orchestrator's thread ``tid`` runs on the machine's last CPU alone
+        (the harness, and every process it starts, on the others: ``run``), as an orchestrator on a
+        machine of its own would."""
+        if os.sched_getaffinity(tid) != {self.core}:
+            os.sched_setaffinity(tid, {self.core})
+
+    def prioritize_orchestrator(self, tid: int) -> None:
+        """``--orchestrator-nice N``: the orchestrator's thread ``tid`` runs at nice N (below 0: ahead of
+        every other process on the machine's shared CPUs), as an operator who co-locates the control
+        plane with the swarm would set it."""
+        if os.getpriority(os.PRIO_PROCESS, tid) != self.args.orchestrator_nice:
+            os.setpriority(os.PRIO_PROCESS, tid, self.args.orchestrator_nice)
 
     def run(self) -> int:
         """Start everything, wait for the supervisor to end (or ``--timeout-s``); its exit code."""
         assert self.supervisor is None
         if self.args.orchestrator_nice:
-            threading.Thread(target=self.prioritize_orchestrator, daemon=True).start()
+            threading.Thread(target=self.each_orchestrator_thread, args=(self.prioritize_orchestrator,), daemon=True).start()
         if self.args.pin_orchestrator:
             cpus = sorted(os.sched_getaffinity(0))
             if len(cpus) < 2:
                 raise SystemExit("--pin-orchestrator needs at least 2 CPUs")
             self.core = cpus[-1]
             os.sched_setaffinity(0, set(cpus[:-1]))  # inherited by every process started below
-            threading.Thread(target=self.pin_orchestrator, daemon=True).start()
+            threading.Thread(target=self.each_orchestrator_thread, args=(self.pin_orchestrator,), daemon=True).start()
         self.start_supervisor()
         for host in range(self.args.hosts):
             self.start_host(host)
