@@ -1,17 +1,16 @@
-"""How a request's ledger call runs and is answered: under the one lock, durable before it is
+"""How a request's ledger call runs and is answered: on the one ledger thread, durable before it is
 answered, and a lease handed over only to a client that is still there (issue 44, item 5).
 
 A request queues its ledger call for the ledger's one thread (``priority.py``: trusted calls
 first; the ledger is not thread-safe, and blocks on the store), then waits until its store writes
-are durable (``group_commit.py``: one fsync covers many requests) and only
-then is answered. On a slow server a client may give up (its timeout) at any point of that, the
-durability wait included.
+are durable (``group_commit.py``: one fsync covers many requests) and only then is answered. On a
+slow server a client may give up (its timeout) at any point of that, the durability wait included.
 
 A lease the client never received is never held against it. ``GET /tasks`` checks the request's
 connection three times: before the lease (a client that gave up waiting in line is granted
-nothing), on the ledger thread right after the grant, and, last, after the durability wait, just before
-the answer is written. A lease granted by this request to a client found gone at either later
-check is withdrawn (``LeaseBook.withdraw``): durably, before the 408 ``client_gone`` that nobody
+nothing), on the ledger thread right after the grant, and, last, after the durability wait, just
+before the answer is written. A lease granted by this request to a client found gone at either
+later check is withdrawn (``LeaseBook.withdraw``): durably, before the 408 ``client_gone`` that nobody
 reads, not counted as issued or abandoned, its tasks at once for another identity. From the last
 check to aiohttp's write of the answer the event loop runs nothing else (no await yields), so a
 lease that passes it had its answer written to an open connection: it is delivered. A client that
@@ -33,14 +32,15 @@ itself), whether the lease is still open or not: an answer lost in the durabilit
 worker nothing, its retry gets it (``tests/test_graceful_overload.py``).
 
 Trusted calls wait behind no untrusted work the server controls: the ledger thread takes them
-first, and the group commit's fsync runs on a thread of its own (not in
-asyncio's shared pool, which the swarm's payload writes and admission hooks can fill), and where
-each trusted call spent its time (lock, ledger call, durability) is logged per 10 s window
-(metrics event ``trusted_phases``; phase ``lock`` is the wait for the ledger thread), with what it
-may have waited behind: each untrusted call's time on the ledger thread (``held``), the event loop's lag and garbage-collection pauses (``server.py``). What
-they still share with the swarm is the event loop that reads every request, and the CPU: at 1,024
-identities their p99 stays under 100 ms when the orchestrator has a core of its own, not when it
-shares two with the swarm (``benchmarks/results/swarm.md``, N=1024).
+first, and the group commit's fsync runs on a thread of its own (not in asyncio's shared pool,
+which the swarm's payload writes and admission hooks can fill), and where each trusted call spent
+its time (the wait for the ledger thread, still called ``lock``; the ledger call; durability) is
+logged per 10 s window (metrics event ``trusted_phases``), with what it may have waited behind:
+each untrusted call's time on the ledger thread (``held``), the event loop's lag and
+garbage-collection pauses (``server.py``). What they still share with the swarm is the event loop
+that reads every request, and the CPU: at 1,024 identities their p99 stays under 100 ms when the
+orchestrator has a core of its own, not when it shares two with the swarm
+(``benchmarks/results/swarm.md``, N=1024).
 """
 
 from __future__ import annotations

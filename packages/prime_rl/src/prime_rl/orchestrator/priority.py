@@ -17,11 +17,12 @@ thread takes the next call as soon as one ends: a trusted call's wait for it fel
 in the same storm (``swarm.md``, "The ledger thread"). The loop's lag is still paid by each call's
 own request, in reading it and writing its answer.
 
-Why not a separate listener for trusted roles: the ledger must still see one call at a time, so a
-second listener would end at the same thread and need the same priority; and a trusted role is
-already told apart by its admin token on the same port. Workers cannot starve each other through
-it either: only admin-token calls and the server's own lease expiry are trusted, and they are few
-(one validator, one trainer, one expiry tick a second).
+The trusted roles still share the event loop with the swarm: a trusted request is read, and
+answered, there. That is the tail left at 1,024 identities when the orchestrator shares its CPUs
+(``swarm.md``). A listener of their own (another port, its own thread and event loop) would hand
+its calls to this same thread, which depends on no one event loop; it is not built. Workers cannot
+starve each other through the priority: only admin-token calls and the server's own lease expiry
+are trusted, and they are few (one validator, one trainer, one expiry tick a second).
 
 A call whose request is cancelled while it waits is skipped; one that has started runs to its end
 (its result is dropped), as a thread cannot be interrupted.
