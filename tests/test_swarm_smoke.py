@@ -62,7 +62,7 @@ def test_smoke_rehearsal_survives_two_kills_and_its_checker_can_fail(tmp_path: P
 def test_pin_orchestrator_puts_every_thread_of_the_newest_orchestrator_on_its_cpu() -> None:
     """``--pin-orchestrator``: each thread of the orchestrator process, those started before the pin
     included, runs on the chosen CPU alone (swarm.md, N=1024: the trusted calls' p99 with the
-    orchestrator on a core of its own)."""
+    orchestrator on a core of its own); ``--orchestrator-nice N``: each runs at nice N."""
     import os
     import threading
     import time
@@ -74,22 +74,33 @@ def test_pin_orchestrator_puts_every_thread_of_the_newest_orchestrator_on_its_cp
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("needs 2 CPUs")
+    nice = os.getpriority(os.PRIO_PROCESS, 0) + 5  # nicer than this process: allowed without privileges
     script = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\ntime.sleep(60)\n"
     child = subprocess.Popen([sys.executable, "-c", script])
-    harness = SimpleNamespace(done=threading.Event(), core=cpus[-1], child_pids=lambda: {"orchestrator": child.pid})
-    pinner = threading.Thread(target=Swarm.pin_orchestrator, args=(harness,))
-    pinner.start()
+    harness = SimpleNamespace(done=threading.Event(), core=cpus[-1], child_pids=lambda: {"orchestrator": child.pid},
+                              args=SimpleNamespace(orchestrator_nice=nice))  # fmt: skip
+    walkers = [
+        threading.Thread(target=Swarm.each_orchestrator_thread, args=(harness, apply))
+        for apply in (lambda tid: Swarm.pin_orchestrator(harness, tid), lambda tid: Swarm.prioritize_orchestrator(harness, tid))
+    ]  # fmt: skip
+    for walker in walkers:
+        walker.start()
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
-            if len(tids) == 2 and all(os.sched_getaffinity(t) == {cpus[-1]} for t in tids):
+            if len(tids) == 2 and all(
+                os.sched_getaffinity(t) == {cpus[-1]} and os.getpriority(os.PRIO_PROCESS, t) == nice for t in tids
+            ):
                 break
             time.sleep(0.1)
         else:
-            raise AssertionError(f"threads not pinned: {[os.sched_getaffinity(t) for t in tids]}")
+            raise AssertionError(
+                f"threads not pinned: {[(os.sched_getaffinity(t), os.getpriority(os.PRIO_PROCESS, t)) for t in tids]}"
+            )
     finally:
         harness.done.set()
-        pinner.join(10)
+        for walker in walkers:
+            walker.join(10)
         child.kill()
         child.wait(10)
