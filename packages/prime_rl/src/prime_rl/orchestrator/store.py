@@ -76,6 +76,7 @@ from prime_rl.orchestrator.store_schema import (
     schema_v2,
     schema_v3,
     schema_v4,
+    verdict_rows,
     verdicts_json,
 )
 from prime_rl.statedb import StateDB, StateDBError
@@ -434,7 +435,7 @@ class RolloutStore:
 
 def _verdicts(text: str) -> list[Verdict]:
     # Trusted data written by this store: constructed without re-validation.
-    return [Verdict.model_construct(**row) for row in json.loads(text)]
+    return [Verdict.model_construct(**row) for row in verdict_rows(text)]
 
 
 def _close(connection: sqlite3.Connection, batch_ids: Sequence[str]) -> None:

@@ -384,7 +384,7 @@ def schema_v2(root: Path) -> Callable[[sqlite3.Connection], None]:
             connection.execute(f"ALTER TABLE {table} ADD COLUMN rejected INTEGER NOT NULL DEFAULT 0")
         connection.execute("ALTER TABLE lease_totals ADD COLUMN machine INTEGER NOT NULL DEFAULT 0")
         verdicts = {
-            batch_id: [Verdict.model_construct(**row) for row in json.loads(text)]
+            batch_id: [Verdict.model_construct(**row) for row in verdict_rows(text)]
             for batch_id, text in connection.execute("SELECT batch_id, verdicts FROM verdicts")
         }
         claimed: dict[str, set[int]] = {}
