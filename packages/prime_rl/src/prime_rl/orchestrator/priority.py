@@ -50,7 +50,6 @@ class LedgerCall:
 
     function: Callable[[], Any]
     future: asyncio.Future[None]
-    loop: asyncio.AbstractEventLoop
     queued: float = field(default_factory=time.perf_counter)
     began: float = 0.0
     ended: float = 0.0
@@ -82,8 +81,7 @@ class LedgerThread:
     async def run(self, function: Callable[..., Any], *args: Any, trusted: bool) -> LedgerCall:
         """Run ``function(*args)`` on the thread (trusted calls ahead of every waiting untrusted one);
         the call once it ended (``LedgerCall.result``: what it returned or raised)."""
-        loop = asyncio.get_running_loop()
-        call = LedgerCall(functools.partial(function, *args), loop.create_future(), loop)
+        call = LedgerCall(functools.partial(function, *args), asyncio.get_running_loop().create_future())
         with self._ready:
             if self._closed:
                 raise RuntimeError("the ledger thread is closed")
@@ -115,7 +113,7 @@ class LedgerThread:
                 call.outcome = (None, error)
             call.ended = time.perf_counter()
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (the app stopped): nobody waits
-                call.loop.call_soon_threadsafe(_settle, call.future)
+                call.future.get_loop().call_soon_threadsafe(_settle, call.future)
 
 
 def _settle(future: asyncio.Future[None]) -> None:
