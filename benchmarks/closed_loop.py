@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from run_toml import write_run_toml  # benchmarks/
+from swarm_checks import read_jsonl  # benchmarks/
 from swarm_figures import trusted_calls  # benchmarks/
 
 from prime_rl.launch.local import free_port
@@ -182,6 +183,17 @@ async def _identity(session: Any, url: str, number: int, window: tuple[float, fl
             )
 
 
+async def _lag_probe(window: tuple[float, float], out: dict[str, Any]) -> None:
+    """The load process's own event-loop lag (how late a 50 ms sleep wakes), so that a slower answer
+    measured by the load can be told apart from a busier load process."""
+    out["loop_lag"] = []
+    while time.time() < window[1]:
+        started = time.perf_counter()
+        await asyncio.sleep(0.05)
+        if time.time() >= window[0]:
+            out["loop_lag"].append((time.time(), time.perf_counter() - started - 0.05))
+
+
 async def _load(url: str, identities: int, window: tuple[float, float]) -> dict[str, Any]:
     import aiohttp
 
@@ -189,9 +201,11 @@ async def _load(url: str, identities: int, window: tuple[float, float]) -> dict[
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        probe = asyncio.create_task(_lag_probe(window, out))
         results = await asyncio.gather(
             *(_identity(session, url, n, window, out) for n in range(identities)), return_exceptions=True
         )
+        await probe
     out["errors"] = [repr(r) for r in results if isinstance(r, BaseException)][:5]
     return out
 
@@ -208,6 +222,7 @@ def load_main(url: str, identities: int, begin: float, end: float, path: str, wi
         count = math.ceil((end - begin) / width)
         summary["windows"] = {"tasks": _windowed(out["tasks"], begin, width, count),
                               "rollouts": _windowed(out["rollouts"], begin, width, count),
+                              "loop_lag": _windowed(out["loop_lag"], begin, width, count),
                               "submitted": [len(w) for w in _buckets(out["acknowledged"], begin, width, count)]}  # fmt: skip
     Path(path).write_text(json.dumps(summary))
 
@@ -340,9 +355,10 @@ def _sample_windows(pid: int, root: Path, begin: float, end: float, width: float
 
 
 def _window_rows(load: dict[str, Any], samples: list[dict[str, float]], times: dict[str, list[tuple[float, float]]],
-                 begin: float, width: float, count: int, cpu_begin: float) -> list[dict[str, Any]]:  # fmt: skip
+                 server: list[dict[str, float]], begin: float, width: float, count: int, cpu_begin: float) -> list[dict[str, Any]]:  # fmt: skip
     """One row per window: cycles per wall second, CPU per cycle, the swarm's and the trusted roles'
-    p50/p99, RSS, disk bytes per acknowledged batch so far."""
+    p50/p99, the load process's loop lag, the server's phases (``_server_windows``), RSS, disk bytes
+    per acknowledged batch so far."""
     trusted = {name: _windowed(values, begin, width, count) for name, values in times.items()}
     rows, cpu_before, total, judged = [], cpu_begin, 0, 0
     for index, sample in enumerate(samples):
@@ -355,9 +371,26 @@ def _window_rows(load: dict[str, Any], samples: list[dict[str, float]], times: d
             "cpu_ms_per_cycle": round(1000 * cpu / max(1, submitted), 2),
             "tasks": load["tasks"][index], "rollouts": load["rollouts"][index],
             "trusted_p99_ms": {name: windows[index]["p99_ms"] for name, windows in trusted.items()},
+            "load_loop_lag": load["loop_lag"][index], "server_p99_ms": server[index],
             "rss_mb": sample["rss_mb"], "disk_bytes": sample["disk_bytes"],
             "disk_bytes_per_batch": round(sample["disk_bytes"] / max(1, total)),
         })  # fmt: skip
+    return rows
+
+
+def _server_windows(run_dir: Path, begin: float, width: float, count: int) -> list[dict[str, float]]:
+    """Per window, server side: each phase's worst p99 (ms) over the orchestrator's 10 s
+    ``trusted_phases`` records logged in it (the loop's lag, gc pauses, each call's time on the
+    ledger thread, the trusted calls' waits), so that a slower answer can be traced to its phase."""
+    events = [(r["time"], r["calls"]) for path in sorted((run_dir / "metrics").glob("orchestrator*.jsonl"))
+              for r in read_jsonl(path) if r.get("event") == "trusted_phases"]  # fmt: skip
+    rows = []
+    for bucket in _buckets(events, begin, width, count):
+        worst: dict[str, float] = {}
+        for calls in bucket:
+            for name, figures in calls.items():
+                worst[name] = max(worst.get(name, 0.0), figures["p99_ms"])
+        rows.append(dict(sorted(worst.items())))
     return rows
 
 
@@ -454,7 +487,8 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) ->
         }  # fmt: skip
         if args.window_s > 0:
             count = len(samples)
-            result["windows"] = _window_rows(loaded.pop("windows"), samples, times, begin, args.window_s, count, cpu_begin)
+            result["windows"] = _window_rows(loaded.pop("windows"), samples, times, _server_windows(root / "run", begin, args.window_s, count),
+                                             begin, args.window_s, count, cpu_begin)  # fmt: skip
             result["restart"] = _restart_check(label, config, env, core, root, url, acknowledged)
             for row in result["windows"]:
                 print(f"[{label}] window {row['window']}: {row['batches_acknowledged']} batches ({row['batches_judged']} judged), {row['cycles_per_wall_s']} "
