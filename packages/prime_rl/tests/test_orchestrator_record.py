@@ -356,13 +356,15 @@ def test_a_version_3_store_queues_its_settled_batches_and_a_lost_payload_is_reco
     assert RolloutStore(root, reader=True).batch_count() == 3
 
 
+@pytest.mark.parametrize("listener", [False, True], ids=["one_port", "trusted_listener"])
 def test_the_server_writes_the_record_after_answering_the_commit_and_serves_meanwhile(
-    server_factory: Any, monkeypatch: pytest.MonkeyPatch
+    server_factory: Any, monkeypatch: pytest.MonkeyPatch, listener: bool
 ) -> None:
     """Over HTTP the commit is answered before its step's record is written, and requests are served
     while the file is written (outside the lock: ``record_writer.py``); then the record appears and
     the payload files it replaced go. Before, the commit's ledger call wrote it under the one lock
-    (commit p50 270-360 ms in a closed loop, every request waiting behind it)."""
+    (commit p50 270-360 ms in a closed loop, every request waiting behind it). With a trusted
+    listener the commit is answered on its loop and the record written on the server's."""
     import threading
     import time
 
@@ -382,8 +384,10 @@ def test_the_server_writes_the_record_after_answering_the_commit_and_serves_mean
     def payloads(batch_id: str) -> list[Path]:
         return list(server.ledger.store.batches_dir.glob(f"{batch_id}.*arrow"))
 
-    server = server_factory("--trainer.samples_per_step", "8", "--trainer.keep_checkpoints", "1")
-    admin = OrchestratorClient(server.url, timeout_s=10, retries=0, admin_token=server.admin_token)
+    server = server_factory("--trainer.samples_per_step", "8", "--trainer.keep_checkpoints", "1",
+                            *(["--orchestrator.trusted_port", "0"] if listener else []))  # fmt: skip
+    assert (server.trusted_url != server.url) == listener
+    admin = OrchestratorClient(server.trusted_url, timeout_s=10, retries=0, admin_token=server.admin_token)
     workers = [OrchestratorClient(server.url, timeout_s=10, retries=0) for _ in range(2)]
     ids = [w.register(f"w{i}").worker_id for i, w in enumerate(workers)]
     stored: list[str] = []

@@ -42,6 +42,7 @@ class Closable(Protocol):
 
 
 R = TypeVar("R", bound=Closable)
+TRUSTED_ROLES = ("trainer", "validator")  # they hold the admin token and call ``orchestrator.trusted_url``
 
 
 def run_role(
@@ -64,7 +65,9 @@ def run_role(
     init_process(role, name, config.run_dir if log_to_run_dir else None)
     finished = False
     try:
-        if not orchestrator_reachable(config.orchestrator.url, config.orchestrator.connect_timeout_s):
+        # the trusted roles call the orchestrator's trusted listener where it has one (its main URL otherwise)
+        url = config.orchestrator.trusted_url if role in TRUSTED_ROLES else config.orchestrator.url
+        if not orchestrator_reachable(url, config.orchestrator.connect_timeout_s):
             return 1
         try:
             instance = start()

@@ -16,6 +16,22 @@ class OrchestratorConfig(Section):
     host: str = Field(default="127.0.0.1", description="Bind address (0.0.0.0 to accept remote workers).")
     port: int = Field(default=8700, ge=0, le=65535, description="HTTP port (0 = pick a free one).")
     public_url: str = Field(default="", description="URL others use to reach it (default http://host:port).")
+    trusted_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="A listener of the trusted roles' own on this port (their endpoints: /validator/*, /trainer/*, "
+        "POST /workers/ban, and /status, /health), with its own thread and event loop: their requests are read and "
+        "answered however busy the swarm keeps the main port's loop; the validator and trainer use it "
+        "(trusted_url). None = they share the main port; 0 = pick a free one.",
+    )
+    trusted_host: str = Field(
+        default="", description="Bind address of the trusted listener ('' = host); e.g. a private network's."
+    )
+    trusted_public_url: str = Field(
+        default="", description="URL the validator and trainer use to reach the trusted listener (default "
+        "http://trusted_host:trusted_port).",
+    )
     data_dir: str = Field(
         default="", description="Persistent store directory (default <run_dir>/orchestrator)."
     )
@@ -289,6 +305,11 @@ class OrchestratorConfig(Section):
                 f"{self.max_decode_tokens_per_s:g}). Without them a worker decodes the no-switch tail, scores it and "
                 "then keeps it or announces a cut behind what it has seen: a free reroll (docs/inflight.md section 4)"
             )
+        if self.trusted_port and self.trusted_port == self.port and (self.trusted_host or self.host) == self.host:
+            raise ValueError(
+                f"orchestrator.trusted_port ({self.trusted_port}) must differ from port: the trusted listener "
+                "is a socket of its own (or null: the trusted roles share the main port)"
+            )
         if self.max_off_policy_steps is not None and self.max_off_policy_steps < self.async_level:
             raise ValueError(
                 f"orchestrator.max_off_policy_steps ({self.max_off_policy_steps}) must be >= async_level "
@@ -313,5 +334,19 @@ class OrchestratorConfig(Section):
         """Base URL of the orchestrator (``public_url`` or ``http://host:port``)."""
         if self.public_url:
             return self.public_url.rstrip("/")
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
+        return _http_url(self.host, self.port)
+
+    @property
+    def trusted_url(self) -> str:
+        """Base URL of the trusted listener (``trusted_public_url`` or ``http://trusted_host:trusted_port``);
+        ``url`` when there is none (``trusted_port`` null). The validator and trainer call it."""
+        if self.trusted_port is None:
+            return self.url
+        if self.trusted_public_url:
+            return self.trusted_public_url.rstrip("/")
+        return _http_url(self.trusted_host or self.host, self.trusted_port)
+
+
+def _http_url(host: str, port: int) -> str:
+    """``http://host:port``, a wildcard bind address reached on loopback."""
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"

@@ -42,12 +42,14 @@ def free_port() -> int:
 
 def local_overrides(config: RunConfig, *, keep_ports: bool) -> list[str]:
     """A fresh run directory (``<run_dir>-<date>-<time>``) and, unless ``keep_ports``, free ports for
-    the orchestrator, the shardcast origin and each relay."""
+    the orchestrator (and its trusted listener, if it has one), the shardcast origin and each relay."""
     overrides = ["--run_dir", f"{config.run_dir}-{time.strftime('%Y%m%d-%H%M%S')}"]
     if not keep_ports:
         relays = [free_port() for _ in config.shardcast.relay_ports]
         overrides += ["--orchestrator.port", str(free_port()), "--shardcast.origin_port", str(free_port())]
         overrides += ["--shardcast.relay_ports", str(relays)]
+        if config.orchestrator.trusted_port is not None:
+            overrides += ["--orchestrator.trusted_port", str(free_port())]
     return overrides
 
 

@@ -37,10 +37,11 @@ which the swarm's payload writes and admission hooks can fill), and where each t
 its time (the wait for the ledger thread, still called ``lock``; the ledger call; durability) is
 logged per 10 s window (metrics event ``trusted_phases``), with what it may have waited behind:
 each untrusted call's time on the ledger thread (``held``), the event loop's lag and
-garbage-collection pauses (``server.py``). What they still share with the swarm is the event loop
-that reads every request, and the CPU: at 1,024 identities their p99 stays under 100 ms when the
-orchestrator has a core of its own, not when it shares two with the swarm
-(``benchmarks/results/swarm.md``, N=1024).
+garbage-collection pauses (``server.py``). With one port they share with the swarm the event loop
+that reads every request: at 1,024 identities sharing two cores their p99 reached 170-921 ms. With
+the trusted listener (``orchestrator.trusted_port``: their own thread and event loop) it was
+49-117 ms in the same hour, under 100 ms in 2 of 3 runs (``benchmarks/results/swarm.md``,
+"The trusted listener").
 """
 
 from __future__ import annotations

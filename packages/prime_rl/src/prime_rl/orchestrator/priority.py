@@ -17,10 +17,11 @@ thread takes the next call as soon as one ends: a trusted call's wait for it fel
 in the same storm (``swarm.md``, "The ledger thread"). The loop's lag is still paid by each call's
 own request, in reading it and writing its answer.
 
-The trusted roles still share the event loop with the swarm: a trusted request is read, and
-answered, there. That is the tail left at 1,024 identities when the orchestrator shares its CPUs
-(``swarm.md``). A listener of their own (another port, its own thread and event loop) would hand
-its calls to this same thread, which depends on no one event loop; it is not built. Workers cannot
+With one port the trusted roles share the event loop with the swarm: a trusted request is read,
+and answered, there. That was the tail left at 1,024 identities when the orchestrator shares its
+CPUs (``swarm.md``). The trusted listener (``orchestrator.trusted_port``, ``server.py``) reads them
+on a thread and event loop of their own and hands their calls to this same thread, which depends on
+no one event loop (each call's future is settled on its own loop). Workers cannot
 starve each other through the priority: only admin-token calls and the server's own lease expiry
 are trusted, and they are few (one validator, one trainer, one expiry tick a second).
 

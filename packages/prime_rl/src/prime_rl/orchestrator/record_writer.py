@@ -40,21 +40,34 @@ log = logging.getLogger(__name__)
 
 class RecordWriter:
     """Writes the record of committed steps after each commit, outside the ledger's lock (module
-    docstring). Used from the event loop's thread only."""
+    docstring). Its rounds run on one event loop: the first one it is used on, or the one ``bind``
+    names (the server's); a commit answered on another (the trusted listener's) hands it there."""
 
     def __init__(self, calls: LedgerCalls) -> None:
         self._calls = calls
         self._ledger = calls.ledger
         self._ledger.batches.defer_records()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._again = False
 
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the rounds on ``loop`` (the server's, at its start)."""
+        self._loop = loop
+
     def after_commit(self) -> None:
         """A commit was answered: write what is due (now, or after the round running)."""
+        running = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = running
+        if running is not self._loop:
+            with contextlib.suppress(RuntimeError):  # its loop closed (the server stops): the next commit redoes it
+                self._loop.call_soon_threadsafe(self.after_commit)
+            return
         if self._task is not None and not self._task.done():
             self._again = True
             return
-        self._task = asyncio.get_running_loop().create_task(self._rounds())
+        self._task = running.create_task(self._rounds())
 
     async def idle(self) -> None:
         """Wait for the writer to finish what it has started (the app stops)."""

@@ -59,7 +59,7 @@ from prime_rl.orchestrator.rate_limit import TokenBuckets, network_key
 from prime_rl.orchestrator.record_writer import RecordWriter
 from prime_rl.orchestrator.workers_view import WorkersView
 
-__all__ = ["CAPABILITIES", "ROUTES", "ApiHandlers", "Route"]
+__all__ = ["CAPABILITIES", "ROUTES", "TRUSTED_ROUTES", "ApiHandlers", "Route"]
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -93,6 +93,13 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("POST", "/trainer/commit"): Route("commit", CommitRequest),
 }
 """The one route table: every endpoint, its handler and body model. API.md documents exactly these."""
+
+TRUSTED_ROUTES: dict[tuple[str, str], Route] = {
+    key: route for key, route in ROUTES.items()
+    if key[1].startswith(("/validator/", "/trainer/")) or key in {("POST", "/workers/ban"), ("GET", "/status"), ("GET", "/health")}
+}  # fmt: skip
+"""What the trusted listener serves (``orchestrator.trusted_port``, server.py): the admin-token endpoints,
+and ``/status`` and ``/health`` that the trusted roles read too."""
 
 CAPABILITIES = ("noise_profile", "validator_leases")
 """Optional features announced in ``GET /status`` (``StatusResponse.capabilities``)."""

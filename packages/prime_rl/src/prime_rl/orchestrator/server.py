@@ -35,15 +35,16 @@ from prime_rl.metrics import CallTimes, MetricsWriter, get_metrics, init_process
 from prime_rl.orchestrator.admission import check_admission
 from prime_rl.orchestrator.http import errors_middleware
 from prime_rl.orchestrator.ledger import Ledger
-from prime_rl.orchestrator.routes import ROUTES, ApiHandlers
+from prime_rl.orchestrator.routes import ROUTES, TRUSTED_ROUTES, ApiHandlers
 from prime_rl.orchestrator.store import RolloutStore
 
-__all__ = ["ROUTES", "OrchestratorServer", "build_app", "main"]
+__all__ = ["API", "ROUTES", "OrchestratorServer", "TrustedListener", "build_app", "main"]
 
 log = logging.getLogger(__name__)
 
 RECORD_WAIT_S = 10.0  # at a stop, how long the record being written may take to finish (record_writer.py)
 LAG_PROBE_S = 0.05  # the event loop's lag is sampled this often (metrics ``trusted_phases``, ``loop lag``)
+API: web.AppKey[ApiHandlers] = web.AppKey("api", ApiHandlers)  # the handlers an app serves (``build_app``)
 
 
 def build_app(
@@ -59,9 +60,8 @@ def build_app(
     ``registration_clock``: monotonic seconds for the registration rate limit (tests inject one).
     """
     api = ApiHandlers(ledger, config, admin_token, registration_clock)
-    app = web.Application(middlewares=[errors_middleware], client_max_size=config.orchestrator.max_request_bytes)
-    for (method, path), route in ROUTES.items():
-        app.router.add_route(method, path, getattr(api, route.handler))
+    app = _application(api, config, ROUTES)
+    app[API] = api
     interval = min(1.0, config.orchestrator.task_timeout_s / 4)
 
     async def expire_loop(app: web.Application) -> Any:
@@ -75,16 +75,8 @@ def build_app(
 
         pauses = _GcPauses()
         gc.callbacks.append(pauses)
-
-        async def lag() -> None:  # how late the event loop runs what is ready (a request's first read too)
-            phases = api.calls.trusted_phases
-            while True:
-                began = time.perf_counter()
-                await asyncio.sleep(LAG_PROBE_S)
-                phases.record("loop", "lag", 200, time.perf_counter() - began - LAG_PROBE_S)
-                pauses.drain(phases)
-
-        tasks = [asyncio.create_task(loop()), asyncio.create_task(lag())]
+        api.records.bind(asyncio.get_running_loop())  # the record is written on this loop, whoever commits
+        tasks = [asyncio.create_task(loop()), asyncio.create_task(_lag_probe(api.calls.trusted_phases, "lag", pauses.drain))]
         yield
         with contextlib.suppress(TimeoutError):  # a record half written is redone at the next commit
             await asyncio.wait_for(api.records.idle(), RECORD_WAIT_S)
@@ -95,10 +87,102 @@ def build_app(
                 await task
         gc.callbacks.remove(pauses)
         api.calls.close()
+        api.calls.trusted_phases.flush()  # the last window's (a short run has only a few)
 
     app.cleanup_ctx.append(expire_loop)
     app.cleanup_ctx.append(_freeze_loaded_heap)
     return app
+
+
+def _application(api: ApiHandlers, config: RunConfig, routes: dict[tuple[str, str], Any]) -> web.Application:
+    app = web.Application(middlewares=[errors_middleware], client_max_size=config.orchestrator.max_request_bytes)
+    for (method, path), route in routes.items():
+        app.router.add_route(method, path, getattr(api, route.handler))
+    return app
+
+
+async def _lag_probe(phases: CallTimes, name: str, drain: Callable[[CallTimes], None] | None = None) -> None:
+    """How late an event loop runs what is ready (a request's first read too): ``trusted_phases``
+    phase ``loop``, as ``name``; ``drain`` also records what was noted meanwhile (gc pauses)."""
+    while True:
+        began = time.perf_counter()
+        await asyncio.sleep(LAG_PROBE_S)
+        phases.record("loop", name, 200, time.perf_counter() - began - LAG_PROBE_S)
+        if drain is not None:
+            drain(phases)
+
+
+def _bound_port(site: web.TCPSite, configured: int) -> int:
+    """The port ``site`` listens on (the one picked for a configured 0)."""
+    sockets = getattr(getattr(site, "_server", None), "sockets", None) or []
+    return sockets[0].getsockname()[1] if sockets else configured
+
+
+class TrustedListener:
+    """The trusted roles' own listener (``orchestrator.trusted_port``): ``TRUSTED_ROUTES``, served by
+    the server's own handlers (``build_app``'s ``app[API]``), on a thread and an event loop of its own.
+
+    Why: every request is read and answered on an event loop, and with one loop the validator's and
+    trainer's requests waited for it behind the swarm's. At 1,024 identities sharing two cores its
+    lag was 497-537 ms at p99, and it was what was left of their latency once the ledger thread took
+    their calls first (``priority.py``; ``benchmarks/results/swarm.md``). On a loop of their own,
+    their requests wait only for the GIL (the main loop hands it over at each system call, or after
+    ``sys.getswitchinterval``) and for the ledger thread, which takes them first. Their ledger calls,
+    durability (``group_commit.py``: the same fsyncs) and record writing (``record_writer.py``: on
+    the server's loop) are the server's. Its loop's lag is logged as ``trusted_phases`` ``loop
+    trusted lag``."""
+
+    def __init__(self, api: ApiHandlers, config: RunConfig) -> None:
+        self._api, self._orchestrator = api, config.orchestrator
+        self._runner = web.AppRunner(_application(api, config, TRUSTED_ROUTES), access_log=None, shutdown_timeout=2.0)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._failed: BaseException | None = None
+        self.port = 0
+
+    def start(self) -> TrustedListener:
+        """Listen (raises what binding raised, e.g. the port in use); ``self.port`` is the port."""
+        self._thread = threading.Thread(target=self._run, name="orchestrator-trusted", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the trusted listener did not start within 30 s")
+        if self._failed is not None:
+            raise self._failed
+        return self
+
+    def stop(self) -> None:
+        """Stop listening; requests in flight get ``shutdown_timeout`` to finish."""
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+            self._loop = None
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            self.port = loop.run_until_complete(self._listen())
+        except BaseException as error:  # handed to ``start``
+            self._failed = error
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+            self._ready.set()
+            return
+        lag = loop.create_task(_lag_probe(self._api.calls.trusted_phases, "trusted lag"))
+        self._loop = loop
+        self._ready.set()
+        loop.run_forever()
+        lag.cancel()
+        loop.run_until_complete(self._runner.cleanup())
+        loop.close()
+
+    async def _listen(self) -> int:
+        orchestrator = self._orchestrator
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, orchestrator.trusted_host or orchestrator.host, orchestrator.trusted_port)
+        await site.start()
+        return _bound_port(site, orchestrator.trusted_port or 0)
 
 
 class _GcPauses:
@@ -155,7 +239,7 @@ class OrchestratorServer:
         registration_clock: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        check_bind_address(config.orchestrator.host, config.orchestrator.admin_token)
+        _check_bind_addresses(config)
         check_admission(config.orchestrator)
         self.config = config
         self.registration_clock = registration_clock
@@ -165,7 +249,9 @@ class OrchestratorServer:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
+        self._listener: TrustedListener | None = None
         self._ready = threading.Event()
+        self._failed: BaseException | None = None
         self.port = 0
 
     @property
@@ -173,19 +259,35 @@ class OrchestratorServer:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def trusted_url(self) -> str:
+        """The trusted listener's URL (``orchestrator.trusted_port``), else ``url``."""
+        return f"http://127.0.0.1:{self._listener.port}" if self._listener is not None else self.url
+
+    @property
     def admin_token(self) -> str:
         return self.trusted.admin_token
 
     def start(self) -> OrchestratorServer:
+        """Serve (raises what starting raised, e.g. a port in use)."""
         self._thread = threading.Thread(target=self._run, name="orchestrator", daemon=True)
         self._thread.start()
         if not self._ready.wait(30):
             raise RuntimeError("orchestrator did not start within 30 s")
+        if self._failed is not None:
+            raise self._failed
         return self
 
     def _run(self) -> None:
         self._loop = asyncio.new_event_loop()
-        self._loop.run_until_complete(self._start())
+        try:
+            self._loop.run_until_complete(self._start())
+        except BaseException as error:  # handed to ``start``
+            self._failed = error
+            self._loop.run_until_complete(self._runner.cleanup() if self._runner else asyncio.sleep(0))
+            self._loop.close()
+            self._loop = None
+            self._ready.set()
+            return
         self._ready.set()
         self._loop.run_forever()
         self._loop.run_until_complete(self._runner.cleanup() if self._runner else asyncio.sleep(0))
@@ -203,13 +305,15 @@ class OrchestratorServer:
             shutdown_timeout=2.0,
         )
         await self._runner.setup()
+        if self.config.orchestrator.trusted_port is not None:
+            self._listener = TrustedListener(self._runner.app[API], self.config).start()
         site = web.TCPSite(self._runner, self.config.orchestrator.host, self.config.orchestrator.port)
         await site.start()
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else self.config.orchestrator.port
+        self.port = _bound_port(site, self.config.orchestrator.port)
 
     def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.stop()
         if self._loop is not None and self._thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(30)
@@ -222,27 +326,51 @@ class OrchestratorServer:
         self.stop()
 
 
+def _check_bind_addresses(config: RunConfig) -> None:
+    """``check_bind_address`` for the main port, and for the trusted listener's when it has one."""
+    orchestrator = config.orchestrator
+    check_bind_address(orchestrator.host, orchestrator.admin_token)
+    if orchestrator.trusted_port is not None:
+        check_bind_address(orchestrator.trusted_host or orchestrator.host, orchestrator.admin_token)
+
+
 async def _serve(config: RunConfig, tasks: Any, trusted: RunSecrets) -> None:
     store = RolloutStore(config.orchestrator_data_dir)
     ledger = Ledger(config, tasks, store, metrics=get_metrics(), secrets=trusted)
     app = build_app(ledger, config, admin_token=trusted.admin_token)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
-    site = web.TCPSite(runner, config.orchestrator.host, config.orchestrator.port)
-    # Handlers first: whoever reads "serving" below may stop us at once, and must get a clean stop.
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    await site.start()
-    log.info(
-        "orchestrator serving on %s (data %s, step %d, %d batches stored, %d workers)",
-        config.orchestrator.url, store.root, ledger.step, len(ledger.batches), len(ledger.workers),
-    )  # fmt: skip
-    get_metrics().log("serving", url=config.orchestrator.url, step=ledger.step, batches=len(ledger.batches))
-    await stop.wait()
-    log.info("orchestrator shutting down")
-    await runner.cleanup()
+    try:
+        await _serve_app(config, runner, store, ledger)
+    finally:
+        await runner.cleanup()
+
+
+async def _serve_app(config: RunConfig, runner: web.AppRunner, store: RolloutStore, ledger: Ledger) -> None:
+    # The trusted roles' listener first: they are started once the main port answers.
+    listener = TrustedListener(runner.app[API], config).start() if config.orchestrator.trusted_port is not None else None
+    try:
+        site = web.TCPSite(runner, config.orchestrator.host, config.orchestrator.port)
+        # Handlers first: whoever reads "serving" below may stop us at once, and must get a clean stop.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await site.start()
+        trusted_port = listener.port if listener is not None else None
+        log.info(
+            "orchestrator serving on %s (trusted listener: %s; data %s, step %d, %d batches stored, %d workers)",
+            config.orchestrator.url, f"port {trusted_port}" if listener else "none", store.root, ledger.step,
+            len(ledger.batches), len(ledger.workers),
+        )  # fmt: skip
+        get_metrics().log(
+            "serving", url=config.orchestrator.url, trusted_port=trusted_port, step=ledger.step, batches=len(ledger.batches)
+        )
+        await stop.wait()
+        log.info("orchestrator shutting down")
+    finally:
+        if listener is not None:
+            listener.stop()
 
 
 def main(config: RunConfig, name: str = "orchestrator") -> int:
@@ -251,7 +379,7 @@ def main(config: RunConfig, name: str = "orchestrator") -> int:
 
     init_process("orchestrator", name, config.run_dir)
     try:
-        check_bind_address(config.orchestrator.host, config.orchestrator.admin_token)
+        _check_bind_addresses(config)
         check_admission(config.orchestrator)
         trusted = run_secrets(config)
     except SecretsError as error:

@@ -110,7 +110,7 @@ class Trainer:
         self._last_loss = float("nan")
         # A trusted process: the run's admin token (configured, or generated in the run dir).
         self.client = OrchestratorClient(
-            config.orchestrator.url, admin_token=run_secrets(config).admin_token,
+            config.orchestrator.trusted_url, admin_token=run_secrets(config).admin_token,  # its own listener, if any
             on_answer=orchestrator_call_times().record,  # per-window latencies (metrics: orchestrator_calls)
         )  # fmt: skip
         self.origin: shardcast.Origin | None = None

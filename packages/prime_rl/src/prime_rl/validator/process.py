@@ -41,7 +41,9 @@ token or issues leases its key does not reproduce: either would reject every hon
 Tolerances are the run's, not this machine's: the validator judges by the run's one noise profile,
 kept by the orchestrator, and refuses to judge (exit code 2) when its own honest noise is out of line
 with it (``agreement.py``). A validator on another machine joins a running orchestrator with
-``--orchestrator.public_url``, the run's ``orchestrator.admin_token`` and ``orchestrator.assignment_secret``.
+``--orchestrator.public_url``, the run's ``orchestrator.admin_token`` and ``orchestrator.assignment_secret``
+(and ``--orchestrator.trusted_public_url`` where the orchestrator has a trusted listener,
+``orchestrator.trusted_port``: its calls go there).
 """
 
 from __future__ import annotations
@@ -115,9 +117,9 @@ class Validator:
         self.run = config
         self.run_name = name
         self.cfg: ValidatorConfig = config.validator
-        with OrchestratorClient(config.orchestrator.url) as probe:  # another copy of the environment: exit 2 now
+        with OrchestratorClient(config.orchestrator.trusted_url) as probe:  # another copy of the environment: exit 2 now
             published = probe.status().environment
-        check_same_environment(config.tasks.environment, published, role="validator", url=config.orchestrator.url)
+        check_same_environment(config.tasks.environment, published, role="validator", url=config.orchestrator.trusted_url)
         self.backend = HFBackend(
             config.model.path,
             dtype=config.model.dtype,
@@ -144,7 +146,7 @@ class Validator:
             hidden_size=int(hidden),
         )
         self.client = OrchestratorClient(  # per-window latencies (metrics: orchestrator_calls)
-            config.orchestrator.url, admin_token=trusted.admin_token, on_answer=orchestrator_call_times().record
+            config.orchestrator.trusted_url, admin_token=trusted.admin_token, on_answer=orchestrator_call_times().record
         )
         self.admin_token = trusted.admin_token
         self.validator_id = self.cfg.validator_id or host_validator_id(str(os.getpid()))
@@ -387,7 +389,7 @@ class Validator:
                 self.tool_python_checked = True
             progressed = False
             ids = [batch.batch_id for batch in pending.batches]
-            with LeaseKeeper(self.run.orchestrator.url, self.admin_token, self.validator_id, ids, pending.lease_s) as keeper:
+            with LeaseKeeper(self.run.orchestrator.trusted_url, self.admin_token, self.validator_id, ids, pending.lease_s) as keeper:
                 # The orchestrator hands out the freshest policy versions first; keep its order.
                 for batch in pending.batches:
                     if self.due(batch.batch_id) and not keeper.lost(batch.batch_id):
