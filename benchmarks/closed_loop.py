@@ -23,9 +23,14 @@ answers wait is time lost to something other than work (the issue's 43 cycles/s 
 ``--window-s W`` makes it a long run, the outside probe of issue 44 as it will be rerun: the same
 loop, reported per window of W seconds from the first to the last (cycles per wall-clock second,
 CPU per cycle, ``/tasks`` and ``/rollouts`` p50/p99, the trusted calls' p99, the orchestrator's RSS,
-the run folder's bytes per acknowledged batch). At the end the orchestrator is killed (``kill -9``)
+the run folder's bytes per acknowledged batch; and, to tell where a slower answer waited: the
+load process's own loop lag, the clients' CPU per cycle and how busy they kept the other CPUs, the
+server's phases per window). At the end the orchestrator is killed (``kill -9``)
 under the load, started again on the same folder (seconds until it answers), and every batch the
 load saw acknowledged must be in its store, open or compacted into the record.
+
+``--trusted-listener``: the validator and trainer call the orchestrator's trusted listener
+(``orchestrator.trusted_port``) where the code version has one.
 
 ``--compare LABEL=PATH`` (repeatable) runs the same loop, in the same invocation, against another
 checkout's packages (``PYTHONPATH``), e.g. a worktree of the issue's ``0d0cd53``. The load process
@@ -56,8 +61,17 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from closed_loop_windows import (  # benchmarks/
+    buckets,
+    cpu_seconds,
+    quantiles,
+    rss_mb,
+    sample_windows,
+    server_windows,
+    window_rows,
+    windowed,
+)
 from run_toml import write_run_toml  # benchmarks/
-from swarm_checks import read_jsonl  # benchmarks/
 from swarm_figures import trusted_calls  # benchmarks/
 
 from prime_rl.launch.local import free_port
@@ -69,14 +83,16 @@ PROOF_BYTES = 258 * (COMPLETION // 32)  # toploc's proof size per sample
 VALIDATOR_POSTS = 4  # the validator's verdict posts in flight at once
 
 
-def write_config(root: Path, port: int, admin_token: str, *, judgeable_key: bool) -> Path:
-    """The run's TOML: backpressure on, limits sized for many identities at one address."""
+def write_config(root: Path, port: int, admin_token: str, *, judgeable_key: bool, trusted_port: int | None) -> Path:
+    """The run's TOML: backpressure on, limits sized for many identities at one address; the trusted
+    roles on a listener of their own at ``trusted_port`` (None: on the workers' port)."""
     orchestrator = {
         "host": "127.0.0.1", "port": port, "async_level": 1, "prompts_per_batch": PROMPTS,
         "task_timeout_s": 60.0, "admin_token": admin_token, "register_rate_per_minute": 0.0,
         "max_open_leases_per_address": 1 << 20, "max_fresh_workers_per_network": 0, "probation_tokens": 0,
         "release_after_tokens": 16, "max_buffered_samples": 8 * SAMPLES_PER_STEP,
         **({"lease_judgeable": False} if judgeable_key else {}),
+        **({"trusted_port": trusted_port} if trusted_port is not None else {}),
     }  # fmt: skip
     sections: dict[str, dict[str, Any]] = {
         "tasks": {"num_tasks": 1000, "digits": 1, "seed": 0},
@@ -85,12 +101,6 @@ def write_config(root: Path, port: int, admin_token: str, *, judgeable_key: bool
         "trainer": {"samples_per_step": SAMPLES_PER_STEP, "filter_zero_advantage": False},
     }
     return write_run_toml(root, sections)
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads), from ``/proc``."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _steal_seconds(cpu: int) -> float:
@@ -103,14 +113,6 @@ def _steal_seconds(cpu: int) -> float:
     return 0.0
 
 
-def _quantiles(values: list[float]) -> dict[str, float | int | None]:
-    if not values:
-        return {"n": 0, "p50_ms": None, "p99_ms": None}
-    ordered = sorted(values)
-    return {"n": len(ordered), "p50_ms": round(1000 * ordered[len(ordered) // 2], 2),
-            "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2)}  # fmt: skip
-
-
 def _phase_worst(phases: dict[str, Any]) -> dict[str, float]:
     """The worst window's p99 of each phase (``lock``, ``run``, ``durable``, ``held``, ``loop``, ``gc``)
     over the calls it was logged for."""
@@ -119,20 +121,6 @@ def _phase_worst(phases: dict[str, Any]) -> dict[str, float]:
         phase = name.split(" ", 1)[0]
         worst[phase] = max(worst.get(phase, 0.0), figures["p99_ms_worst_window"])
     return worst
-
-
-def _buckets(events: list[tuple[float, Any]], begin: float, width: float, count: int) -> list[list[Any]]:
-    """``events`` (time, value) split into ``count`` windows of ``width`` seconds from ``begin``."""
-    buckets: list[list[Any]] = [[] for _ in range(count)]
-    for at, value in events:
-        index = int((at - begin) // width)
-        if 0 <= index < count:
-            buckets[index].append(value)
-    return buckets
-
-
-def _windowed(events: list[tuple[float, float]], begin: float, width: float, count: int) -> list[dict[str, Any]]:
-    return [_quantiles(bucket) for bucket in _buckets(events, begin, width, count)]
 
 
 # ------------------------------------------------------------------ the load process
@@ -214,16 +202,16 @@ def load_main(url: str, identities: int, begin: float, end: float, path: str, wi
     """Run the load; write its summary, per window of ``width`` seconds as well when ``width`` > 0,
     and every acknowledged batch id (to check the store after a restart)."""
     out = asyncio.run(_load(url, identities, (begin, end)))
-    summary = {"tasks": _quantiles([v for _, v in out["tasks"]]), "rollouts": _quantiles([v for _, v in out["rollouts"]]),
+    summary = {"tasks": quantiles([v for _, v in out["tasks"]]), "rollouts": quantiles([v for _, v in out["rollouts"]]),
                "statuses": out["statuses"], "submitted": out.get("submitted", 0), "errors": out["errors"],
                "rejected": {k: v for k, v in out.items() if k.startswith("rollouts_")},
                "acknowledged": [batch_id for _, batch_id in out["acknowledged"]]}  # fmt: skip
     if width > 0:
         count = math.ceil((end - begin) / width)
-        summary["windows"] = {"tasks": _windowed(out["tasks"], begin, width, count),
-                              "rollouts": _windowed(out["rollouts"], begin, width, count),
-                              "loop_lag": _windowed(out["loop_lag"], begin, width, count),
-                              "submitted": [len(w) for w in _buckets(out["acknowledged"], begin, width, count)]}  # fmt: skip
+        summary["windows"] = {"tasks": windowed(out["tasks"], begin, width, count),
+                              "rollouts": windowed(out["rollouts"], begin, width, count),
+                              "loop_lag": windowed(out["loop_lag"], begin, width, count),
+                              "submitted": [len(w) for w in buckets(out["acknowledged"], begin, width, count)]}  # fmt: skip
     Path(path).write_text(json.dumps(summary))
 
 
@@ -330,70 +318,6 @@ def _stop_orchestrator(orchestrator: subprocess.Popen[bytes]) -> None:
         orchestrator.wait(10)
 
 
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _disk_bytes(root: Path) -> int:
-    return sum(f.stat().st_size for f in (root / "run").rglob("*") if f.is_file())
-
-
-def _sample_windows(pid: int, root: Path, begin: float, end: float, width: float) -> list[dict[str, float]]:
-    """At the end of each window of ``width`` seconds (none when ``width`` is 0): the orchestrator's
-    CPU seconds so far, its RSS and the run folder's bytes on disk. Waits until ``end``."""
-    samples: list[dict[str, float]] = []
-    if width <= 0:
-        time.sleep(max(0.0, end - time.time()))
-        return samples
-    for index in range(math.ceil((end - begin) / width)):
-        time.sleep(max(0.0, min(end, begin + (index + 1) * width) - time.time()))
-        samples.append({"cpu_s": _cpu_seconds(pid), "rss_mb": round(_rss_mb(pid), 1), "disk_bytes": _disk_bytes(root)})
-    return samples
-
-
-def _window_rows(load: dict[str, Any], samples: list[dict[str, float]], times: dict[str, list[tuple[float, float]]],
-                 server: list[dict[str, float]], begin: float, width: float, count: int, cpu_begin: float) -> list[dict[str, Any]]:  # fmt: skip
-    """One row per window: cycles per wall second, CPU per cycle, the swarm's and the trusted roles'
-    p50/p99, the load process's loop lag, the server's phases (``_server_windows``), RSS, disk bytes
-    per acknowledged batch so far."""
-    trusted = {name: _windowed(values, begin, width, count) for name, values in times.items()}
-    rows, cpu_before, total, judged = [], cpu_begin, 0, 0
-    for index, sample in enumerate(samples):
-        submitted = load["submitted"][index]
-        total += submitted
-        cpu, cpu_before = sample["cpu_s"] - cpu_before, sample["cpu_s"]
-        judged += int(trusted["POST /validator/verdicts"][index]["n"] or 0)
-        rows.append({
-            "window": index, "batches_acknowledged": total, "batches_judged": judged, "cycles_per_wall_s": round(submitted / width, 1),
-            "cpu_ms_per_cycle": round(1000 * cpu / max(1, submitted), 2),
-            "tasks": load["tasks"][index], "rollouts": load["rollouts"][index],
-            "trusted_p99_ms": {name: windows[index]["p99_ms"] for name, windows in trusted.items()},
-            "load_loop_lag": load["loop_lag"][index], "server_p99_ms": server[index],
-            "rss_mb": sample["rss_mb"], "disk_bytes": sample["disk_bytes"],
-            "disk_bytes_per_batch": round(sample["disk_bytes"] / max(1, total)),
-        })  # fmt: skip
-    return rows
-
-
-def _server_windows(run_dir: Path, begin: float, width: float, count: int) -> list[dict[str, float]]:
-    """Per window, server side: each phase's worst p99 (ms) over the orchestrator's 10 s
-    ``trusted_phases`` records logged in it (the loop's lag, gc pauses, each call's time on the
-    ledger thread, the trusted calls' waits), so that a slower answer can be traced to its phase."""
-    events = [(r["time"], r["calls"]) for path in sorted((run_dir / "metrics").glob("orchestrator*.jsonl"))
-              for r in read_jsonl(path) if r.get("event") == "trusted_phases"]  # fmt: skip
-    rows = []
-    for bucket in _buckets(events, begin, width, count):
-        worst: dict[str, float] = {}
-        for calls in bucket:
-            for name, figures in calls.items():
-                worst[name] = max(worst.get(name, 0.0), figures["p99_ms"])
-        rows.append(dict(sorted(worst.items())))
-    return rows
-
-
 def _restart_check(label: str, config: Path, env: dict[str, str], core: int, root: Path, url: str, acknowledged: list[str]) -> dict[str, Any]:
     """After the load (and the orchestrator's kill -9 under it): start the orchestrator again on the
     same folder, time it until it answers, and check that every acknowledged batch is in its store
@@ -402,7 +326,7 @@ def _restart_check(label: str, config: Path, env: dict[str, str], core: int, roo
 
     orchestrator, seconds = _start_orchestrator(label, config, env, core, root, url)
     try:
-        rss = _rss_mb(orchestrator.pid)
+        rss = rss_mb(orchestrator.pid)
     finally:
         _stop_orchestrator(orchestrator)
     connection = sqlite3.connect(f"file:{root / 'run' / 'orchestrator' / 'state.sqlite'}?mode=ro", uri=True)
@@ -432,14 +356,16 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) ->
     root = Path(tempfile.mkdtemp(prefix=f"closed-loop-{label}-"))
     try:
         port, token = free_port(), secrets.token_urlsafe(24)
-        known = subprocess.run(
-            [sys.executable, "-c", "import sys; from prime_rl.config import load_config; "
-             "sys.exit(0 if hasattr(load_config(None, []).orchestrator, 'lease_judgeable') else 3)"],
-            env=dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None, capture_output=True,
-        ).returncode == 0  # fmt: skip
-        config = write_config(root, port, token, judgeable_key=known)
+        known = subprocess.run(  # the config keys this code version knows (a --compare checkout may predate them)
+            [sys.executable, "-c", "from prime_rl.config import load_config; o = load_config(None, []).orchestrator; "
+             "print(*[k for k in ('lease_judgeable', 'trusted_port') if hasattr(o, k)])"],
+            env=dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None, capture_output=True, text=True,
+        ).stdout.split()  # fmt: skip
+        trusted_port = free_port() if args.trusted_listener and "trusted_port" in known else None
+        config = write_config(root, port, token, judgeable_key="lease_judgeable" in known, trusted_port=trusted_port)
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **({"PYTHONPATH": pythonpath} if pythonpath else {}))
         url = f"http://127.0.0.1:{port}"
+        trusted_url = f"http://127.0.0.1:{trusted_port}" if trusted_port is not None else url
         orchestrator, _ = _start_orchestrator(label, config, env, core, root, url)
         try:
             begin = time.time() + args.warmup_s
@@ -453,14 +379,14 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) ->
                                                                            "POST /trainer/claim", "POST /trainer/commit")}  # fmt: skip
             steps: list[int] = []
             ended: list[str] = []  # a role's call that failed (the orchestrator killed under it, at the end of --window-s)
-            roles = [threading.Thread(target=_role, args=(_validator, ended, url, token, stop, times, window), daemon=True),
-                     threading.Thread(target=_role, args=(_trainer, ended, url, token, stop, times, window, steps), daemon=True)]  # fmt: skip
+            roles = [threading.Thread(target=_role, args=(_validator, ended, trusted_url, token, stop, times, window), daemon=True),
+                     threading.Thread(target=_role, args=(_trainer, ended, trusted_url, token, stop, times, window, steps), daemon=True)]  # fmt: skip
             for role in roles:
                 role.start()
             time.sleep(max(0.0, begin - time.time()))
-            cpu_begin, steal_begin = _cpu_seconds(orchestrator.pid), _steal_seconds(core)
-            samples = _sample_windows(orchestrator.pid, root, begin, end, args.window_s)
-            cpu_used = _cpu_seconds(orchestrator.pid) - cpu_begin
+            cpu_begin, steal_begin = cpu_seconds(orchestrator.pid), _steal_seconds(core)
+            samples = sample_windows(orchestrator.pid, load.pid, root, begin, end, args.window_s)
+            cpu_used = cpu_seconds(orchestrator.pid) - cpu_begin
             stolen = _steal_seconds(core) - steal_begin
             if args.window_s > 0:  # kill -9 under load: what was acknowledged must be in the store after the restart
                 os.killpg(orchestrator.pid, signal.SIGKILL)
@@ -474,20 +400,20 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) ->
             _stop_orchestrator(orchestrator)
         acknowledged = loaded.pop("acknowledged")
         result = {
-            "label": label, "identities": args.identities, "seconds": args.seconds,
+            "label": label, "identities": args.identities, "seconds": args.seconds, "trusted_listener": trusted_port is not None,
             "cycles_per_wall_s": round(loaded["submitted"] / args.seconds, 1),
             "orchestrator_core_busy": round(cpu_used / args.seconds, 3),
             "cpu_ms_per_cycle": round(1000 * cpu_used / max(1, loaded["submitted"]), 2),
             "orchestrator_cpu_stolen_share": round(stolen / args.seconds, 3),
             "steps_committed": len(steps), "load": loaded, "roles_ended_by": ended,
-            "trusted": {name: _quantiles([v for _, v in values]) for name, values in times.items()},
+            "trusted": {name: quantiles([v for _, v in values]) for name, values in times.items()},
             # server side, the whole run (warm-up included): where trusted calls waited (``lock``: for the
             # ledger thread; ``run``; ``durable``), each untrusted call's run (``held``), the loop's lag
             "server_phases": trusted_calls(root / "run").get("orchestrator", {}).get("calls", {}),
         }  # fmt: skip
         if args.window_s > 0:
-            count = len(samples)
-            result["windows"] = _window_rows(loaded.pop("windows"), samples, times, _server_windows(root / "run", begin, args.window_s, count),
+            count = len(samples) - 1  # (the first is the start's)
+            result["windows"] = window_rows(loaded.pop("windows"), samples, times, server_windows(root / "run", begin, args.window_s, count),
                                              begin, args.window_s, count, cpu_begin)  # fmt: skip
             result["restart"] = _restart_check(label, config, env, core, root, url, acknowledged)
             for row in result["windows"]:
@@ -524,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-s", type=float, default=0.0,
                         help="also report each window of this many seconds (throughput, CPU, p50/p99, RSS, disk), then "
                              "restart the orchestrator on the same store: its time to serve, and every acknowledged batch in it")  # fmt: skip
+    parser.add_argument("--trusted-listener", action="store_true",
+                        help="the validator and trainer on the orchestrator's trusted listener (orchestrator.trusted_port), "
+                             "where the code version has one; default: on the workers' port")  # fmt: skip
     parser.add_argument("--json", default="", help="write the results here")
     args = parser.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))

@@ -128,7 +128,7 @@ def write_config(root: Path, args: argparse.Namespace, network: Any) -> Path:
     identities at one address."""
     model = root / "model"
     write_model(model, args)
-    orchestrator_port, origin_port, *relay_ports = free_ports(2 + args.relays)
+    orchestrator_port, origin_port, trusted_port, *relay_ports = free_ports(3 + args.relays)
     samples_per_step = args.samples_per_step
     sections: dict[str, dict[str, Any]] = {
         "model": {"path": str(model), "dtype": "float32"},
@@ -147,6 +147,7 @@ def write_config(root: Path, args: argparse.Namespace, network: Any) -> Path:
             "max_buffered_samples": 8 * samples_per_step,  # backpressure: the validator's queue stays short
             **({"validator_lease_s": args.validator_lease_s} if args.validator_lease_s else {}),
             **({} if args.lease_judgeable is None else {"lease_judgeable": args.lease_judgeable}),
+            **({"trusted_port": trusted_port} if args.trusted_listener else {}),
         },
         "shardcast": {"host": network.server_host, "origin_port": origin_port, "relay_ports": relay_ports, "keep_versions": 5,
                       "delta": args.delta},
@@ -435,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin-orchestrator", action="store_true",
                         help="the orchestrator alone on the last CPU, everything else on the others (a "
                              "machine of its own)")  # fmt: skip
+    parser.add_argument("--trusted-listener", action="store_true",
+                        help="orchestrator.trusted_port: the validator and trainer on a listener of their own "
+                             "(its own thread and event loop; default: they share the workers' port)")  # fmt: skip
     parser.add_argument("--delta", action=argparse.BooleanOptionalAction, default=True,
                         help="[shardcast] delta: publish versions also as deltas against the previous one")  # fmt: skip
     parser.add_argument("--timeout-s", type=float, default=900.0, help="stop and fail after this long")

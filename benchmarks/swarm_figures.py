@@ -165,7 +165,8 @@ def compute_figures(
         f", {summary['payload']}" if args.get("payload_mb") else "") + (
         f", hosts nice {args['host_nice']}" if args.get("host_nice") else "") + (
         f", orchestrator nice {args['orchestrator_nice']}" if args.get("orchestrator_nice") else "") + (
-        ", orchestrator on a CPU of its own" if args.get("pin_orchestrator") else "")  # fmt: skip
+        ", orchestrator on a CPU of its own" if args.get("pin_orchestrator") else "") + (
+        ", trusted listener" if args.get("trusted_listener") else "")  # fmt: skip
     return {
         "label": label, "summary": summary, "endpoints": endpoints, "versions": versions, "memory": memory,
         "rss_series": rss[:: max(1, len(rss) // 200)], "kills": kills,
