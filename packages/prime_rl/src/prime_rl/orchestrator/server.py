@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -118,7 +118,57 @@ def _bound_port(site: web.TCPSite, configured: int) -> int:
     return sockets[0].getsockname()[1] if sockets else configured
 
 
-class TrustedListener:
+class _LoopThread:
+    """An event loop of its own, on a thread: ``start`` runs ``_open`` on it (what that raises,
+    ``start`` raises), then serves until ``stop``, then runs ``_close``."""
+
+    thread_name = "loop"
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._failed: BaseException | None = None
+
+    async def _open(self) -> None:
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        """Start, once ``_open`` has run (what it raised is raised here, e.g. a port in use)."""
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError(f"{self.thread_name} did not start within 30 s")
+        if self._failed is not None:
+            raise self._failed
+        return self
+
+    def stop(self) -> None:
+        """Stop the loop, run ``_close``, and let the thread end."""
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+            self._loop = None
+
+    def _run(self) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._open())
+        except BaseException as error:  # handed to ``start``
+            self._failed, self._loop = error, None
+        else:
+            self._ready.set()
+            loop.run_forever()
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(self._close())
+        loop.close()
+        self._ready.set()
+
+
+class TrustedListener(_LoopThread):
     """The trusted roles' own listener (``orchestrator.trusted_port``): ``TRUSTED_ROUTES``, served by
     the server's own handlers (``build_app``'s ``app[API]``), on a thread and an event loop of its own.
 
@@ -130,59 +180,31 @@ class TrustedListener:
     ``sys.getswitchinterval``) and for the ledger thread, which takes them first. Their ledger calls,
     durability (``group_commit.py``: the same fsyncs) and record writing (``record_writer.py``: on
     the server's loop) are the server's. Its loop's lag is logged as ``trusted_phases`` ``loop
-    trusted lag``."""
+    trusted lag``. ``start`` raises what binding raised (e.g. the port in use); ``port`` is the
+    port it listens on."""
+
+    thread_name = "orchestrator-trusted"
 
     def __init__(self, api: ApiHandlers, config: RunConfig) -> None:
+        super().__init__()
         self._api, self._orchestrator = api, config.orchestrator
         self._runner = web.AppRunner(_application(api, config, TRUSTED_ROUTES), access_log=None, shutdown_timeout=2.0)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._failed: BaseException | None = None
+        self._lag: asyncio.Task[None] | None = None
         self.port = 0
 
-    def start(self) -> TrustedListener:
-        """Listen (raises what binding raised, e.g. the port in use); ``self.port`` is the port."""
-        self._thread = threading.Thread(target=self._run, name="orchestrator-trusted", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(30):
-            raise RuntimeError("the trusted listener did not start within 30 s")
-        if self._failed is not None:
-            raise self._failed
-        return self
-
-    def stop(self) -> None:
-        """Stop listening; requests in flight get ``shutdown_timeout`` to finish."""
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(30)
-            self._loop = None
-
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        try:
-            self.port = loop.run_until_complete(self._listen())
-        except BaseException as error:  # handed to ``start``
-            self._failed = error
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-            self._ready.set()
-            return
-        lag = loop.create_task(_lag_probe(self._api.calls.trusted_phases, "trusted lag"))
-        self._loop = loop
-        self._ready.set()
-        loop.run_forever()
-        lag.cancel()
-        loop.run_until_complete(self._runner.cleanup())
-        loop.close()
-
-    async def _listen(self) -> int:
+    async def _open(self) -> None:
         orchestrator = self._orchestrator
         await self._runner.setup()
         site = web.TCPSite(self._runner, orchestrator.trusted_host or orchestrator.host, orchestrator.trusted_port)
         await site.start()
-        return _bound_port(site, orchestrator.trusted_port or 0)
+        self.port = _bound_port(site, orchestrator.trusted_port or 0)
+        self._lag = asyncio.create_task(_lag_probe(self._api.calls.trusted_phases, "trusted lag"))
+
+    async def _close(self) -> None:
+        """Stop listening; requests in flight get ``shutdown_timeout`` to finish."""
+        if self._lag is not None:
+            self._lag.cancel()
+        await self._runner.cleanup()
 
 
 class _GcPauses:
@@ -221,7 +243,7 @@ async def _freeze_loaded_heap(app: web.Application) -> AsyncIterator[None]:
     gc.unfreeze()
 
 
-class OrchestratorServer:
+class OrchestratorServer(_LoopThread):
     """Run the orchestrator in a background thread (for tests and embedding).
 
     ``with OrchestratorServer(config, tasks) as server: server.url``; port 0 picks a free port.
@@ -239,6 +261,7 @@ class OrchestratorServer:
         registration_clock: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        super().__init__()
         _check_bind_addresses(config)
         check_admission(config.orchestrator)
         self.config = config
@@ -246,12 +269,8 @@ class OrchestratorServer:
         self.trusted: RunSecrets = run_secrets(config)
         self.store = RolloutStore(config.orchestrator_data_dir)
         self.ledger = Ledger(config, tasks, self.store, metrics=metrics, secrets=self.trusted, clock=clock)
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._listener: TrustedListener | None = None
-        self._ready = threading.Event()
-        self._failed: BaseException | None = None
         self.port = 0
 
     @property
@@ -267,33 +286,9 @@ class OrchestratorServer:
     def admin_token(self) -> str:
         return self.trusted.admin_token
 
-    def start(self) -> OrchestratorServer:
-        """Serve (raises what starting raised, e.g. a port in use)."""
-        self._thread = threading.Thread(target=self._run, name="orchestrator", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(30):
-            raise RuntimeError("orchestrator did not start within 30 s")
-        if self._failed is not None:
-            raise self._failed
-        return self
+    thread_name = "orchestrator"
 
-    def _run(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        try:
-            self._loop.run_until_complete(self._start())
-        except BaseException as error:  # handed to ``start``
-            self._failed = error
-            self._loop.run_until_complete(self._runner.cleanup() if self._runner else asyncio.sleep(0))
-            self._loop.close()
-            self._loop = None
-            self._ready.set()
-            return
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(self._runner.cleanup() if self._runner else asyncio.sleep(0))
-        self._loop.close()
-
-    async def _start(self) -> None:
+    async def _open(self) -> None:
         self._runner = web.AppRunner(
             build_app(
                 self.ledger,
@@ -311,13 +306,11 @@ class OrchestratorServer:
         await site.start()
         self.port = _bound_port(site, self.config.orchestrator.port)
 
-    def stop(self) -> None:
-        if self._listener is not None:
+    async def _close(self) -> None:
+        if self._listener is not None:  # first: its requests in flight still need the ledger thread
             self._listener.stop()
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(30)
-            self._loop = None
+        if self._runner is not None:
+            await self._runner.cleanup()
 
     def __enter__(self) -> OrchestratorServer:
         return self.start()
