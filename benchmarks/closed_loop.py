@@ -218,7 +218,8 @@ def load_main(url: str, identities: int, begin: float, end: float, path: str, wi
 # ------------------------------------------------------------------ the trusted roles
 
 
-def _validator(url: str, token: str, stop: threading.Event, times: dict[str, list[tuple[float, float]]], window: tuple[float, float]) -> None:
+def _validator(url: str, token: str, stop: threading.Event, times: dict[str, list[tuple[float, float]]], window: tuple[float, float],
+               waiting: list[tuple[float, int]]) -> None:  # fmt: skip
     """Judge every pending batch (all accepted), posting a page's verdicts ``VALIDATOR_POSTS`` at a
     time: one post after another cannot keep up with the swarm (each waits its turn at the server),
     and a batch left unjudged would be counted as a cycle the orchestrator never did."""
@@ -251,6 +252,7 @@ def _validator(url: str, token: str, stop: threading.Event, times: dict[str, lis
                                   timeout=60).json()  # fmt: skip
             if window[0] <= started < window[1]:
                 times["GET /validator/pending"].append((started, time.time() - started))
+                waiting.append((started, int(pending.get("pending_batches", 0))))  # the batches awaiting verdicts
             fresh = [b for b in pending.get("batches", []) if b["batch_id"] not in judged]
             if not fresh:
                 time.sleep(0.05)
@@ -378,8 +380,9 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) ->
             times: dict[str, list[tuple[float, float]]] = {k: [] for k in ("GET /validator/pending", "POST /validator/verdicts",
                                                                            "POST /trainer/claim", "POST /trainer/commit")}  # fmt: skip
             steps: list[int] = []
+            waiting: list[tuple[float, int]] = []  # (time, batches awaiting verdicts) from each listing
             ended: list[str] = []  # a role's call that failed (the orchestrator killed under it, at the end of --window-s)
-            roles = [threading.Thread(target=_role, args=(_validator, ended, trusted_url, token, stop, times, window), daemon=True),
+            roles = [threading.Thread(target=_role, args=(_validator, ended, trusted_url, token, stop, times, window, waiting), daemon=True),
                      threading.Thread(target=_role, args=(_trainer, ended, trusted_url, token, stop, times, window, steps), daemon=True)]  # fmt: skip
             for role in roles:
                 role.start()
@@ -414,7 +417,7 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) ->
         if args.window_s > 0:
             count = len(samples) - 1  # (the first is the start's)
             result["windows"] = window_rows(loaded.pop("windows"), samples, times, server_windows(root / "run", begin, args.window_s, count),
-                                             begin, args.window_s, count, cpu_begin)  # fmt: skip
+                                             waiting, begin, args.window_s, count, cpu_begin)  # fmt: skip
             result["restart"] = _restart_check(label, config, env, core, root, url, acknowledged)
             for row in result["windows"]:
                 print(f"[{label}] window {row['window']}: {row['batches_acknowledged']} batches ({row['batches_judged']} judged), {row['cycles_per_wall_s']} "

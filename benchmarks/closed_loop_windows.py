@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -72,11 +73,14 @@ def sample_windows(pid: int, load_pid: int, root: Path, begin: float, end: float
 
 
 def window_rows(load: dict[str, Any], samples: list[dict[str, float]], times: dict[str, list[tuple[float, float]]],
-                 server: list[dict[str, float]], begin: float, width: float, count: int, cpu_begin: float) -> list[dict[str, Any]]:  # fmt: skip
+                server: list[dict[str, float]], waiting: list[tuple[float, int]], begin: float, width: float, count: int,
+                cpu_begin: float) -> list[dict[str, Any]]:  # fmt: skip
     """One row per window: cycles per wall second, the orchestrator's and the clients' CPU per cycle,
-    the swarm's and the trusted roles' p50/p99, the load process's loop lag, the server's phases (``server_windows``), RSS, disk bytes
-    per acknowledged batch so far."""
+    the swarm's and the trusted roles' p50/p99, the load process's loop lag, the server's phases
+    (``server_windows``), the median of the batches awaiting verdicts that the validator's listings
+    reported (``waiting``: time, count), RSS, disk bytes per acknowledged batch so far."""
     trusted = {name: windowed(values, begin, width, count) for name, values in times.items()}
+    queue = [statistics.median(bucket) if bucket else None for bucket in buckets(waiting, begin, width, count)]
     rows, cpu_before, total, judged = [], cpu_begin, 0, 0
     for index, sample in enumerate(samples[1:]):
         submitted = load["submitted"][index]
@@ -92,7 +96,7 @@ def window_rows(load: dict[str, Any], samples: list[dict[str, float]], times: di
             "clients_cpus_busy": round(clients / width / max(1, (os.cpu_count() or 2) - 1), 3),
             "tasks": load["tasks"][index], "rollouts": load["rollouts"][index],
             "trusted_p99_ms": {name: windows[index]["p99_ms"] for name, windows in trusted.items()},
-            "load_loop_lag": load["loop_lag"][index], "server_p99_ms": server[index],
+            "load_loop_lag": load["loop_lag"][index], "server_p99_ms": server[index], "awaiting_verdicts": queue[index],
             "rss_mb": sample["rss_mb"], "disk_bytes": sample["disk_bytes"],
             "disk_bytes_per_batch": round(sample["disk_bytes"] / max(1, total)),
         })  # fmt: skip
