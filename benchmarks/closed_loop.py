@@ -7,8 +7,8 @@ durable as it ships: group commit, ``synchronous`` as configured, backpressure o
   - N identities in one load process (asyncio + aiohttp, one coroutine each, ``--identities``):
     register, then ``GET /tasks`` -> ``POST /rollouts`` with a batch of 2 prompts x 4 samples (128
     prompt + 384 completion tokens, toploc proofs of 258 B per 32 tokens: what ``soak.py``
-    submits; the proofs random bytes and the log-probs random, 6 decimals; the token ids follow a
-    pattern), as fast as answers come; a 429 is followed by a sleep of its ``Retry-After``;
+    submits; the proofs random bytes and the log-probs random, 6 decimals, each list drawn from a
+    pool of 64 made at the start; the token ids follow a pattern), as fast as answers come; a 429 is followed by a sleep of its ``Retry-After``;
   - a validator playing by the rules (``GET /validator/pending``, every sample accepted with one
     recomputed log-prob per completion token, all -0.5, ``POST /validator/verdicts``), in a thread;
   - a trainer (``POST /trainer/claim`` of ``samples_per_step``, then ``POST /trainer/commit``), in a
@@ -81,6 +81,7 @@ PROMPTS, GROUP, PROMPT, COMPLETION = 2, 4, 128, 384
 SAMPLES_PER_STEP = 128
 PROOF_BYTES = 258 * (COMPLETION // 32)  # toploc's proof size per sample
 VALIDATOR_POSTS = 4  # the validator's verdict posts in flight at once
+LOGPROB_POOL = 64  # distinct log-prob lists the load's samples are drawn from
 
 
 def write_config(root: Path, port: int, admin_token: str, *, judgeable_key: bool, trusted_port: int | None) -> Path:
@@ -126,7 +127,8 @@ def _phase_worst(phases: dict[str, Any]) -> dict[str, float]:
 # ------------------------------------------------------------------ the load process
 
 
-async def _identity(session: Any, url: str, number: int, window: tuple[float, float], out: dict[str, Any]) -> None:
+async def _identity(session: Any, url: str, number: int, window: tuple[float, float], out: dict[str, Any],
+                    logprobs: list[list[float]]) -> None:  # fmt: skip
     async with session.post(f"{url}/workers/register", json={"name": f"loop{number}"}) as response:
         registered = await response.json()
     worker_id, headers = registered["worker_id"], {"Authorization": f"Bearer {registered['token']}"}
@@ -153,7 +155,7 @@ async def _identity(session: Any, url: str, number: int, window: tuple[float, fl
              "completion_tokens": [(7 * i + g + cycle) % 30000 for i in range(COMPLETION)], "sampling_seed": seed,
              "temperature": 1.0, "reward": float(g % 2), "advantage": 0.5 - g % 2,
              "proofs": base64.b64encode(os.urandom(PROOF_BYTES)).decode(),
-             "inference_logprobs": [round(-random.expovariate(2.0), 6) for _ in range(COMPLETION)]}
+             "inference_logprobs": random.choice(logprobs)}
             for task in lease["tasks"] for g, seed in enumerate(task["sampling_seeds"])
         ]  # fmt: skip
         batch = {"worker_id": worker_id, "step": lease["step"], "batch_index": lease["batch_index"],
@@ -186,12 +188,15 @@ async def _load(url: str, identities: int, window: tuple[float, float]) -> dict[
     import aiohttp
 
     out: dict[str, Any] = {"tasks": [], "rollouts": [], "statuses": {}, "acknowledged": []}
+    # Each sample's log-probs are drawn from a pool made once: drawing 384 of them per sample was
+    # 39% of the load process's CPU, on the CPU the validator and trainer share (closed_loop.md, run 14).
+    logprobs = [[round(-random.expovariate(2.0), 6) for _ in range(COMPLETION)] for _ in range(LOGPROB_POOL)]
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         probe = asyncio.create_task(_lag_probe(window, out))
         results = await asyncio.gather(
-            *(_identity(session, url, n, window, out) for n in range(identities)), return_exceptions=True
+            *(_identity(session, url, n, window, out, logprobs) for n in range(identities)), return_exceptions=True
         )
         await probe
     out["errors"] = [repr(r) for r in results if isinstance(r, BaseException)][:5]

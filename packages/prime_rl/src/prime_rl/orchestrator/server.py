@@ -174,7 +174,7 @@ class TrustedListener(_LoopThread):
 
     Why: every request is read and answered on an event loop, and with one loop the validator's and
     trainer's requests waited for it behind the swarm's. At 1,024 identities sharing two cores its
-    lag was 497-537 ms at p99, and it was what was left of their latency once the ledger thread took
+    lag reached 497-537 ms, and it was what was left of their latency once the ledger thread took
     their calls first (``priority.py``; ``benchmarks/results/swarm.md``). On a loop of their own,
     their requests wait only for the GIL (the main loop hands it over at each system call, or after
     ``sys.getswitchinterval``) and for the ledger thread, which takes them first. Their ledger calls,
