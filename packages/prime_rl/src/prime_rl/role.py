@@ -42,7 +42,6 @@ class Closable(Protocol):
 
 
 R = TypeVar("R", bound=Closable)
-TRUSTED_ROLES = ("trainer", "validator")  # they hold the admin token and call ``orchestrator.trusted_url``
 
 
 def run_role(
@@ -56,18 +55,19 @@ def run_role(
     refuse: tuple[type[Exception], ...] = (),
     log_to_run_dir: bool = True,
     after: Callable[[bool], None] | None = None,
+    url: str | None = None,
 ) -> int:
     """Run one role process (see the module docstring); returns its exit code.
 
     ``log_to_run_dir=False`` keeps logs on stderr and drops metrics (a trainer rank other than 0).
+    ``url``: the orchestrator address the role calls, checked before it starts (default
+    ``orchestrator.url``; the trusted roles pass ``orchestrator.trusted_url``).
     """
     torch.set_num_threads(num_threads)
     init_process(role, name, config.run_dir if log_to_run_dir else None)
     finished = False
     try:
-        # the trusted roles call the orchestrator's trusted listener where it has one (its main URL otherwise)
-        url = config.orchestrator.trusted_url if role in TRUSTED_ROLES else config.orchestrator.url
-        if not orchestrator_reachable(url, config.orchestrator.connect_timeout_s):
+        if not orchestrator_reachable(url or config.orchestrator.url, config.orchestrator.connect_timeout_s):
             return 1
         try:
             instance = start()

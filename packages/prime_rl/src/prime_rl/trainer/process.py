@@ -366,5 +366,5 @@ def main(config: RunConfig, name: str = "trainer") -> int:
     return run_role(
         "trainer", name if rank == 0 else f"{name}-rank{rank}", config, num_threads=config.trainer.num_threads,
         start=lambda: Trainer(config, loss_fn), loop=Trainer.run_loop, log_to_run_dir=rank == 0,
-        after=lambda finished: distributed.shutdown_distributed(barrier=finished),
+        after=lambda finished: distributed.shutdown_distributed(barrier=finished), url=config.orchestrator.trusted_url,
     )  # fmt: skip

@@ -419,6 +419,7 @@ def main(config: RunConfig, name: str = "validator") -> int:
     return run_role(
         "validator", name, config, num_threads=config.validator.num_threads, start=lambda: Validator(config, name),
         loop=Validator.run_loop, refuse=(SecretsError, AssignmentKeyMismatch, ClientRequestError, ToolPythonMismatch, NoiseMismatch),
+        url=config.orchestrator.trusted_url,
     )  # fmt: skip
 
 
