@@ -192,6 +192,12 @@ class TrustedListener(_LoopThread):
         self._lag: asyncio.Task[None] | None = None
         self.port = 0
 
+    @classmethod
+    def of(cls, runner: web.AppRunner, config: RunConfig) -> TrustedListener | None:
+        """The started listener of ``runner``'s app (set up by ``build_app``), or None when
+        ``orchestrator.trusted_port`` is null."""
+        return cls(runner.app[API], config).start() if config.orchestrator.trusted_port is not None else None
+
     async def _open(self) -> None:
         orchestrator = self._orchestrator
         await self._runner.setup()
@@ -300,8 +306,7 @@ class OrchestratorServer(_LoopThread):
             shutdown_timeout=2.0,
         )
         await self._runner.setup()
-        if self.config.orchestrator.trusted_port is not None:
-            self._listener = TrustedListener(self._runner.app[API], self.config).start()
+        self._listener = TrustedListener.of(self._runner, self.config)
         site = web.TCPSite(self._runner, self.config.orchestrator.host, self.config.orchestrator.port)
         await site.start()
         self.port = _bound_port(site, self.config.orchestrator.port)
@@ -341,7 +346,7 @@ async def _serve(config: RunConfig, tasks: Any, trusted: RunSecrets) -> None:
 
 async def _serve_app(config: RunConfig, runner: web.AppRunner, store: RolloutStore, ledger: Ledger) -> None:
     # The trusted roles' listener first: they are started once the main port answers.
-    listener = TrustedListener(runner.app[API], config).start() if config.orchestrator.trusted_port is not None else None
+    listener = TrustedListener.of(runner, config)
     try:
         site = web.TCPSite(runner, config.orchestrator.host, config.orchestrator.port)
         # Handlers first: whoever reads "serving" below may stop us at once, and must get a clean stop.
