@@ -8,7 +8,8 @@ durable as it ships: group commit, ``synchronous`` as configured, backpressure o
     register, then ``GET /tasks`` -> ``POST /rollouts`` with a batch of 2 prompts x 4 samples (128
     prompt + 384 completion tokens, toploc proofs of 258 B per 32 tokens: what ``soak.py``
     submits; the proofs random bytes and the log-probs random, 6 decimals, each list drawn from a
-    pool of 64 made at the start; the token ids follow a pattern), as fast as answers come; a 429 is followed by a sleep of its ``Retry-After``;
+    pool of 64 made at the start; the token ids follow a pattern), as fast as answers come; a 429
+    is followed by a sleep of its ``Retry-After``;
   - a validator playing by the rules (``GET /validator/pending``, every sample accepted with one
     recomputed log-prob per completion token, all -0.5, ``POST /validator/verdicts``), in a thread;
   - a trainer (``POST /trainer/claim`` of ``samples_per_step``, then ``POST /trainer/commit``), in a
@@ -422,7 +423,7 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) ->
         if args.window_s > 0:
             count = len(samples) - 1  # (the first is the start's)
             result["windows"] = window_rows(loaded.pop("windows"), samples, times, server_windows(root / "run", begin, args.window_s, count),
-                                             waiting, begin, args.window_s, count, cpu_begin)  # fmt: skip
+                                             waiting, begin, args.window_s, count)  # fmt: skip
             result["restart"] = _restart_check(label, config, env, core, root, url, acknowledged)
             for row in result["windows"]:
                 print(f"[{label}] window {row['window']}: {row['batches_acknowledged']} batches ({row['batches_judged']} judged), {row['cycles_per_wall_s']} "

@@ -3,6 +3,8 @@ run (``--window-s``), and what is sampled from ``/proc`` and the run folder whil
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import os
 import statistics
@@ -49,7 +51,13 @@ def rss_mb(pid: int) -> float:
 
 
 def disk_bytes(root: Path) -> int:
-    return sum(f.stat().st_size for f in (root / "run").rglob("*") if f.is_file())
+    """Bytes of the run folder's files; one deleted while it is walked (a payload the record replaced)
+    counts as gone."""
+    total = 0
+    for path in (root / "run").rglob("*"):
+        with contextlib.suppress(FileNotFoundError):
+            total += path.stat().st_size if path.is_file() else 0
+    return total
 
 
 def clients_cpu_seconds(load_pid: int) -> float:
@@ -59,12 +67,12 @@ def clients_cpu_seconds(load_pid: int) -> float:
 
 def sample_windows(pid: int, load_pid: int, root: Path, begin: float, end: float, width: float) -> list[dict[str, float]]:
     """At the end of each window of ``width`` seconds (none when ``width`` is 0): the orchestrator's
-    CPU seconds so far, the clients' (``clients_cpu_s``; the first sample, ``index`` -1, is the
+    CPU seconds so far and the clients' (``cpu_s``, ``clients_cpu_s``; the first sample is the
     start's), its RSS and the run folder's bytes on disk. Waits until ``end``."""
-    samples: list[dict[str, float]] = [{"clients_cpu_s": clients_cpu_seconds(load_pid)}]
     if width <= 0:
         time.sleep(max(0.0, end - time.time()))
         return []
+    samples: list[dict[str, float]] = [{"cpu_s": cpu_seconds(pid), "clients_cpu_s": clients_cpu_seconds(load_pid)}]
     for index in range(math.ceil((end - begin) / width)):
         time.sleep(max(0.0, min(end, begin + (index + 1) * width) - time.time()))
         samples.append({"cpu_s": cpu_seconds(pid), "clients_cpu_s": clients_cpu_seconds(load_pid),
@@ -73,20 +81,19 @@ def sample_windows(pid: int, load_pid: int, root: Path, begin: float, end: float
 
 
 def window_rows(load: dict[str, Any], samples: list[dict[str, float]], times: dict[str, list[tuple[float, float]]],
-                server: list[dict[str, float]], waiting: list[tuple[float, int]], begin: float, width: float, count: int,
-                cpu_begin: float) -> list[dict[str, Any]]:  # fmt: skip
+                server: list[dict[str, float]], waiting: list[tuple[float, int]], begin: float, width: float,
+                count: int) -> list[dict[str, Any]]:  # fmt: skip
     """One row per window: cycles per wall second, the orchestrator's and the clients' CPU per cycle,
     the swarm's and the trusted roles' p50/p99, the load process's loop lag, the server's phases
     (``server_windows``), the median of the batches awaiting verdicts that the validator's listings
     reported (``waiting``: time, count), RSS, disk bytes per acknowledged batch so far."""
     trusted = {name: windowed(values, begin, width, count) for name, values in times.items()}
     queue = [statistics.median(bucket) if bucket else None for bucket in buckets(waiting, begin, width, count)]
-    rows, cpu_before, total, judged = [], cpu_begin, 0, 0
-    for index, sample in enumerate(samples[1:]):
+    rows, total, judged = [], 0, 0
+    for index, (before, sample) in enumerate(itertools.pairwise(samples)):
         submitted = load["submitted"][index]
         total += submitted
-        cpu, cpu_before = sample["cpu_s"] - cpu_before, sample["cpu_s"]
-        clients = sample["clients_cpu_s"] - samples[index]["clients_cpu_s"]
+        cpu, clients = sample["cpu_s"] - before["cpu_s"], sample["clients_cpu_s"] - before["clients_cpu_s"]
         judged += int(trusted["POST /validator/verdicts"][index]["n"] or 0)
         rows.append({
             "window": index, "batches_acknowledged": total, "batches_judged": judged, "cycles_per_wall_s": round(submitted / width, 1),
