@@ -19,7 +19,10 @@ from prime_rl.config import load_config
 from prime_rl.launch.progress import TOP_WORKERS
 from prime_rl.launch.supervisor import Supervisor
 from prime_rl.metrics import MetricsWriter
+from prime_rl.orchestrator.server import OrchestratorServer
 from prime_rl.orchestrator.workers_view import PAGE_MAX, build_snapshot
+
+from .conftest import make_config, task_set
 
 
 def test_anonymous_reads_are_answered_while_the_ledger_lock_is_held(server_factory: Any) -> None:
@@ -86,6 +89,35 @@ def test_full_collections_walk_neither_the_loaded_ledger_nor_the_snapshot_rows(s
     assert not any(gc.is_tracked(row) for row in snapshot.rows)  # strings, numbers and tuples of them only
     server.stop()
     assert gc.get_freeze_count() == 0  # an embedded server gives the frozen objects back when it stops
+
+
+def test_the_young_generations_threshold_is_raised_while_servers_serve_and_given_back(tmp_path: Path) -> None:
+    # Before: the interpreter's 700 held while serving. A claim or a validator's listing builds hundreds
+    # of samples at once, each with its token lists, so a closed loop of 256 identities collected about
+    # 30 times a second, and moved requests still in flight into the older generations (closed_loop.md,
+    # run 16).
+    def start(name: str, threshold: int) -> OrchestratorServer:
+        config = make_config(tmp_path / name, "--orchestrator.gc_young_threshold", str(threshold))
+        return OrchestratorServer(config, task_set()).start()
+
+    before, servers = gc.get_threshold(), []
+    try:
+        gc.set_threshold(700, 13, 17)
+        servers.append(first := start("first", 20000))
+        assert gc.get_threshold() == (20000, 13, 17)
+        servers.append(second := start("second", 30000))  # one process, two servers
+        assert gc.get_threshold() == (30000, 13, 17)  # the largest asked for, while any serves
+        second.stop()
+        assert gc.get_threshold() == (20000, 13, 17)
+        servers.append(unset := start("unset", 0))  # 0: left as it is
+        first.stop()
+        assert gc.get_threshold() == (700, 13, 17)  # the interpreter's own, once the last has stopped
+        unset.stop()
+        assert gc.get_threshold() == (700, 13, 17)
+    finally:
+        for server in servers:
+            server.stop()
+        gc.set_threshold(*before)
 
 
 def test_workers_snapshot_is_shared_until_it_is_older_than_its_max_age(server_factory: Any) -> None:

@@ -283,6 +283,15 @@ class OrchestratorConfig(Section):
         description="Released probation tokens stay within this share of the tokens accepted after probation "
         "(run-wide), so steering spread over many fresh identities reaches training at most at this rate.",
     )
+    gc_young_threshold: int = Field(
+        default=50_000,
+        ge=0,
+        description="The interpreter's first garbage-collection threshold while the orchestrator serves "
+        "(gc.set_threshold; 0 leaves it as it is). The default's 700 made a closed loop of 256 identities "
+        "collect about 30 times a second, some 5-8% of the server's CPU; each collection stops every thread, "
+        "and a larger threshold makes them rarer but longer (benchmarks/results/closed_loop.md, runs 16-18). "
+        "It is process-wide: an embedding process shares it while a server runs.",
+    )
     max_request_bytes: int = Field(default=64 * 2**20, ge=1024, description="Largest accepted request body.")
     max_samples_per_batch: int = Field(default=4096, ge=1, description="Largest accepted rollout batch.")
     max_tokens_per_sample: int = Field(

@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Self
 
 from aiohttp import web
@@ -90,7 +90,7 @@ def build_app(
         api.calls.trusted_phases.flush()  # the last window's (a short run has only a few)
 
     app.cleanup_ctx.append(expire_loop)
-    app.cleanup_ctx.append(_freeze_loaded_heap)
+    app.cleanup_ctx.append(_tuned_collector(config.orchestrator.gc_young_threshold))
     return app
 
 
@@ -235,18 +235,62 @@ class _GcPauses:
             times.record("gc", f"gen{generation}", 200, seconds)
 
 
-async def _freeze_loaded_heap(app: web.Application) -> AsyncIterator[None]:
-    """Take every object alive once the ledger is loaded (modules, the replayed workers, leases and
-    batches: some 77,000 at 10,000 workers) out of the garbage collector's walks (``gc.freeze``).
-    A full collection otherwise walks them all while it holds the GIL, stalling every request for
-    its whole length (how long, and how often under anonymous readers:
-    ``benchmarks/results/anonymous_reads_gc.md``). Frozen objects are still freed by reference
-    counting; only reference cycles among them wait for the unfreeze when the app stops (which frees
-    the cycles of an embedded server: tests start hundreds in one process)."""
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
+class _YoungThreshold:
+    """The interpreter's first garbage-collection threshold, raised while any orchestrator app in
+    this process serves (``orchestrator.gc_young_threshold``). At the default 700 a new collection
+    starts whenever 700 more container objects exist than at the last one: a claim or a validator's
+    listing builds hundreds of samples at once, each with its token lists, so a closed loop of 256
+    identities collected about 30 times a second, moving in-flight requests into the older
+    generations, whose collections then walked them again. A larger threshold makes collections
+    rarer but longer (``benchmarks/results/closed_loop.md``, runs 16-18). Process-wide, so the apps
+    of one process (tests start many) share it: the largest asked for holds while any serves, and
+    the interpreter's own comes back when the last stops."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: list[int] = []
+        self._before: tuple[int, ...] = ()
+
+    @contextlib.contextmanager
+    def held(self, threshold: int) -> Iterator[None]:
+        if threshold <= 0:
+            yield
+            return
+        with self._lock:
+            if not self._held:
+                self._before = gc.get_threshold()
+            self._held.append(threshold)
+            gc.set_threshold(max(self._held), *self._before[1:])
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held.remove(threshold)
+                gc.set_threshold(max(self._held, default=self._before[0]), *self._before[1:])
+
+
+_YOUNG_THRESHOLD = _YoungThreshold()
+
+
+def _tuned_collector(young_threshold: int) -> Callable[[web.Application], AsyncIterator[None]]:
+    """The app's cleanup context for the garbage collector: ``gc.freeze`` once the ledger is loaded,
+    and the young generation's threshold (``_YoungThreshold``) while it serves."""
+
+    async def tuned(app: web.Application) -> AsyncIterator[None]:
+        """Take every object alive once the ledger is loaded (modules, the replayed workers, leases
+        and batches: some 77,000 at 10,000 workers) out of the garbage collector's walks
+        (``gc.freeze``). A full collection otherwise walks them all while it holds the GIL, stalling
+        every request for its whole length (how long, and how often under anonymous readers:
+        ``benchmarks/results/anonymous_reads_gc.md``). Frozen objects are still freed by reference
+        counting; only reference cycles among them wait for the unfreeze when the app stops (which
+        frees the cycles of an embedded server: tests start hundreds in one process)."""
+        gc.collect()
+        gc.freeze()
+        with _YOUNG_THRESHOLD.held(young_threshold):
+            yield
+        gc.unfreeze()
+
+    return tuned
 
 
 class OrchestratorServer(_LoopThread):
