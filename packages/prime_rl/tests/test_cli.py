@@ -123,6 +123,20 @@ def test_arguments_are_never_abbreviated(capsys: pytest.CaptureFixture[str]):
     assert "unknown key 'conf'" in capsys.readouterr().err
 
 
+def test_an_override_value_beginning_with_a_dash_is_the_value(capsys: pytest.CaptureFixture[str], tmp_path: Path):
+    # Before: argparse read a generated admin token beginning "-h" as -h and exited 2 with a usage
+    # error (a CI run's validator-deployment test: token_urlsafe begins with "-" once in 64)
+    token = "-h6LjK2kqMC6oPDOr3Rme-o4llsCA6I_6GMKf4qIdOM"
+    path = tmp_path / "run.toml"
+    path.write_text("[orchestrator]\nport = 9100\n")
+    argv = ["validator", "--orchestrator.admin_token", token, "--config", str(path), "--run_dir", "-x/run",
+            "--print-config", "--sampling.group_size=3"]  # fmt: skip
+    assert cli.main(argv) == 0
+    resolved = json.loads(capsys.readouterr().out)
+    assert resolved["orchestrator"]["admin_token"] == token and resolved["run_dir"] == "-x/run"
+    assert resolved["orchestrator"]["port"] == 9100 and resolved["sampling"]["group_size"] == 3
+
+
 def test_no_role_is_a_usage_error(capsys: pytest.CaptureFixture[str]):
     assert cli.main([]) == 2
     assert "choose a role" in capsys.readouterr().err
@@ -182,11 +196,12 @@ def test_roles_get_the_resolved_model_path(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(cli, "role_entry", lambda role: fake_run)
     assert cli.main(["run", "--trainer.total_steps", "1"]) == 0
     assert seen["path"] == "/cache/demo-float32"
-    # `run` hands the path to its children, so they do not resolve it again
-    assert seen["overrides"] == ["--trainer.total_steps", "1", "--model.path", "/cache/demo-float32"]
+    # `run` hands the path to its children, so they do not resolve it again; the command line's own
+    # overrides as key=value (a value beginning with "-" stays a value in the children too)
+    assert seen["overrides"] == ["--trainer.total_steps=1", "--model.path", "/cache/demo-float32"]
     seen.clear()
     assert cli.main(["run", "--model.path", "org/mine"]) == 0
-    assert seen["path"] == "org/mine" and seen["overrides"] == ["--model.path", "org/mine"]
+    assert seen["path"] == "org/mine" and seen["overrides"] == ["--model.path=org/mine"]
 
 
 def test_worker_with_a_hostile_behaviour_runs_the_red_team_role(

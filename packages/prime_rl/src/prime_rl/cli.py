@@ -115,6 +115,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The parser's own options; every other ``--key`` is a config override and takes the next argument.
+_OWN_OPTIONS = frozenset({"-h", "--help", "--config", "--name", "--index", "--print-config"})
+
+
+def _joined_overrides(argv: Sequence[str]) -> list[str]:
+    """``argv`` with each override ``--section.key value`` written ``--section.key=value``, so that a
+    value beginning with ``-`` is read as the value: argparse took the generated admin token
+    ``-h6LjK...`` for ``-h`` and stopped the validator with a usage error."""
+    joined, index = [], 0
+    while index < len(argv):
+        token = argv[index]
+        override = token.startswith("--") and len(token) > 2 and "=" not in token and token not in _OWN_OPTIONS
+        if override and index + 1 < len(argv):
+            joined.append(f"{token}={argv[index + 1]}")
+            index += 2
+        else:
+            joined.append(token)
+            index += 1
+    return joined
+
+
 def role_help(role: str | None) -> str:
     """The text of ``prime-rl [ROLE] --help``: usage, roles, options, then ROLE's config keys."""
     parser = _parser()
@@ -174,7 +195,7 @@ def check_environment_first(role: str, config: RunConfig) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, overrides = _parser().parse_known_args(argv)
+    args, overrides = _parser().parse_known_args(_joined_overrides(sys.argv[1:] if argv is None else argv))
     overrides = list(overrides)
     if args.help:
         return _emit(role_help(args.role))
