@@ -115,18 +115,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-# The parser's own options; every other ``--key`` is a config override and takes the next argument.
-_OWN_OPTIONS = frozenset({"-h", "--help", "--config", "--name", "--index", "--print-config"})
-
-
-def _joined_overrides(argv: Sequence[str]) -> list[str]:
+def _joined_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
     """``argv`` with each override ``--section.key value`` written ``--section.key=value``, so that a
     value beginning with ``-`` is read as the value: argparse took the generated admin token
-    ``-h6LjK...`` for ``-h`` and stopped the validator with a usage error."""
+    ``-h6LjK...`` for ``-h`` and stopped the validator with a usage error. Every ``--key`` that is
+    not one of ``parser``'s own options is an override and takes the next argument."""
+    own = {option for action in parser._actions for option in action.option_strings}
     joined, index = [], 0
     while index < len(argv):
         token = argv[index]
-        override = token.startswith("--") and len(token) > 2 and "=" not in token and token not in _OWN_OPTIONS
+        override = token.startswith("--") and len(token) > 2 and "=" not in token and token not in own
         if override and index + 1 < len(argv):
             joined.append(f"{token}={argv[index + 1]}")
             index += 2
@@ -195,13 +193,14 @@ def check_environment_first(role: str, config: RunConfig) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, overrides = _parser().parse_known_args(_joined_overrides(sys.argv[1:] if argv is None else argv))
+    parser = _parser()
+    args, overrides = parser.parse_known_args(_joined_overrides(parser, sys.argv[1:] if argv is None else argv))
     overrides = list(overrides)
     if args.help:
         return _emit(role_help(args.role))
     if args.role is None:
         print(
-            f"{_parser().format_usage().rstrip()}\nprime-rl: error: choose a role ({', '.join(ROLES)})",
+            f"{parser.format_usage().rstrip()}\nprime-rl: error: choose a role ({', '.join(ROLES)})",
             file=sys.stderr,
         )
         return 2
