@@ -33,6 +33,10 @@ load saw acknowledged must be in its store, open or compacted into the record.
 ``--trusted-listener``: the validator and trainer call the orchestrator's trusted listener
 (``orchestrator.trusted_port``) where the code version has one.
 
+``--gc-census``: the orchestrator notes what each of its garbage collections examined and freed
+(``gc_census.py``); the result's ``gc_census`` sums up the window's collections. The census costs
+CPU: compare such runs with each other, not with runs without it.
+
 ``--compare LABEL=PATH`` (repeatable) runs the same loop, in the same invocation, against another
 checkout's packages (``PYTHONPATH``), e.g. a worktree of the issue's ``0d0cd53``. The load process
 and the clients are this tree's; the HTTP API they use is the same in all.
@@ -72,6 +76,7 @@ from closed_loop_windows import (  # benchmarks/
     window_rows,
     windowed,
 )
+from gc_census import summary as gc_census_summary  # benchmarks/
 from run_toml import write_run_toml  # benchmarks/
 from swarm_figures import trusted_calls  # benchmarks/
 
@@ -372,6 +377,14 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) ->
         trusted_port = free_port() if args.trusted_listener and "trusted_port" in known else None
         config = write_config(root, port, token, judgeable_key="lease_judgeable" in known, trusted_port=trusted_port)
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **({"PYTHONPATH": pythonpath} if pythonpath else {}))
+        census = root / "gc_census.jsonl"
+        if args.gc_census:  # a sitecustomize that installs it in the orchestrator (only its env names it)
+            (root / "census").mkdir()
+            (root / "census" / "sitecustomize.py").write_text(
+                f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+                f"import gc_census\ngc_census.install({str(census)!r})\n"
+            )
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root / "census"), pythonpath) if p)
         url = f"http://127.0.0.1:{port}"
         trusted_url = f"http://127.0.0.1:{trusted_port}" if trusted_port is not None else url
         orchestrator, _ = _start_orchestrator(label, config, env, core, root, url)
@@ -420,6 +433,9 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) ->
             # ledger thread; ``run``; ``durable``), each untrusted call's run (``held``), the loop's lag
             "server_phases": trusted_calls(root / "run").get("orchestrator", {}).get("calls", {}),
         }  # fmt: skip
+        if args.gc_census:
+            result["gc_census"] = gc_census_summary(census, begin, end)
+            print(f"[{label}] gc census of the window: {result['gc_census']}", flush=True)
         if args.window_s > 0:
             count = len(samples) - 1  # (the first is the start's)
             result["windows"] = window_rows(loaded.pop("windows"), samples, times, server_windows(root / "run", begin, args.window_s, count),
@@ -462,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trusted-listener", action="store_true",
                         help="the validator and trainer on the orchestrator's trusted listener (orchestrator.trusted_port), "
                              "where the code version has one; default: on the workers' port")  # fmt: skip
+    parser.add_argument("--gc-census", action="store_true",
+                        help="the orchestrator notes what each garbage collection examined and freed (gc_census.py)")  # fmt: skip
     parser.add_argument("--json", default="", help="write the results here")
     args = parser.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
