@@ -282,7 +282,7 @@ def test_a_trusted_http_call_overtakes_a_saturated_swarm(server_factory: Any, ca
     )  # fmt: skip
     ledger = server.ledger
     served: list[str] = []
-    original_authenticate, original_call = ledger.authenticate, getattr(ledger, call)
+    original_authenticate, original_call = ledger.authenticate, getattr(ledger, f"{call}_unread")  # what the route calls
     gate = threading.Event()
 
     def authenticate(worker_id: str, token: str) -> Any:
@@ -296,7 +296,7 @@ def test_a_trusted_http_call_overtakes_a_saturated_swarm(server_factory: Any, ca
         return original_call(*args)
 
     ledger.authenticate = authenticate  # type: ignore[method-assign]
-    setattr(ledger, call, trusted)
+    setattr(ledger, f"{call}_unread", trusted)
     with OrchestratorClient(server.url, timeout_s=20, retries=0) as registrar:
         workers = [(registrar.register(f"w{i}").worker_id, registrar.worker_token) for i in range(41)]
 

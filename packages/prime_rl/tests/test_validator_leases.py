@@ -193,3 +193,44 @@ def test_the_validators_lease_keeper_renews_while_a_long_batch_is_judged(served:
             assert [x.batch_id for x in other.take_batches("other", limit=8).batches] == [ids[0]]
             assert not keeper.lost(ids[1])
         assert keeper.renewals == 5
+
+
+@pytest.mark.parametrize("endpoint", ["pending", "take_batches"])
+def test_a_listing_reads_its_samples_off_the_ledger_thread(served: Any, endpoint: str, monkeypatch: Any) -> None:
+    """Through the real server: the listing's batches are chosen on the ledger's thread, and their
+    samples read and built on another (``batches.UnreadSamples``), so no ledger call waits for them;
+    they are the samples submitted."""
+    import prime_rl.orchestrator.batches as batches
+
+    server, _ = served
+    submitted = _submit(server, workers=3, batches_each=1)
+    threads: list[str] = []
+    built = batches.rollout_samples
+
+    def noting(table: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return built(table)
+
+    stored = {b.batch_id: b.samples for b in server.ledger.pending(8).batches}  # read in one call (nothing held)
+    monkeypatch.setattr(batches, "rollout_samples", noting)
+    with _client(server) as admin:
+        answer = admin.pending(8) if endpoint == "pending" else admin.take_batches("v1", limit=8)
+    assert sorted(b.batch_id for b in answer.batches) == sorted(submitted)
+    assert len(threads) == 3 and "ledger" not in threads, threads
+    assert {b.batch_id: b.samples for b in answer.batches} == stored
+
+
+def test_a_batch_settled_before_its_samples_are_read_is_left_out(served: Any) -> None:
+    """Between the ledger's call and the read, a listed batch can settle and its payload file go (its
+    record written, the file deleted): it is no longer pending, and the answer leaves it out."""
+    server, _ = served
+    _submit(server, workers=3, batches_each=1)
+    ledger = server.ledger
+    answer, unread = ledger.pending_unread(8)
+    gone = answer.batches[1].batch_id
+    path = ledger.store.payload_path(gone)
+    assert path is not None
+    ledger.store.payloads.delete([path])
+    read = unread.into(answer)
+    assert [b.batch_id for b in read.batches] == [b.batch_id for b in answer.batches if b.batch_id != gone]
+    assert all(b.samples for b in read.batches)

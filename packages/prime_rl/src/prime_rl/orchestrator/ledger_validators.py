@@ -21,6 +21,7 @@ from prime_rl.api.protocol import (
     VerdictRequest,
     VerdictResponse,
 )
+from prime_rl.orchestrator.batches import UnreadSamples
 from prime_rl.orchestrator.lease_rules import machine_caused
 from prime_rl.orchestrator.ledger_state import LedgerState, rejected_batch
 from prime_rl.orchestrator.release import withheld
@@ -33,30 +34,43 @@ class ValidatorRules(LedgerState):
 
     def pending(self, limit: int) -> PendingResponse:
         """``GET /validator/pending``: a listing of the batches no validator holds (takes nothing)."""
+        answer, unread = self.pending_unread(limit)
+        return unread.into(answer)
+
+    def pending_unread(self, limit: int) -> tuple[PendingResponse, UnreadSamples]:
+        """``pending``, its samples read after this call (``UnreadSamples.into``, off the ledger's thread)."""
         self._expire_useless()
         free = self.validator_leases.free_for("")
-        return self.batches.pending(limit, self.step, established=self._has_history, client=self._client_of, free=free)
+        return self.batches.pending_unread(limit, self.step, established=self._has_history, client=self._client_of, free=free)
 
     def take_batches(self, request: ValidatorLeaseRequest) -> ValidatorLeaseResponse:
         """``POST /validator/leases``: renew ``request.renew``, then lease up to ``request.limit`` more
         batches to the validator, in the queue's order (``validator_leases.py``)."""
+        answer, unread = self.take_batches_unread(request)
+        return unread.into(answer)
+
+    def take_batches_unread(self, request: ValidatorLeaseRequest) -> tuple[ValidatorLeaseResponse, UnreadSamples]:
+        """``take_batches``, its samples read after this call (``UnreadSamples.into``, off the ledger's
+        thread). A batch settled before they are read is left out of the answer; its lease goes
+        with it at the next ``prune``."""
         self._expire_useless()
         leases, validator_id = self.validator_leases, request.validator_id
         leases.prune()
         renewed, lost = leases.renew(validator_id, request.renew, lambda b: b in self.batches.waiting_ids())
         free = leases.free_for(validator_id)
         renewing = set(renewed)
-        answer = self.batches.pending(
+        answer, unread = self.batches.pending_unread(
             request.limit, self.step, established=self._has_history, client=self._client_of,
             free=lambda batch_id: batch_id not in renewing and free(batch_id),
         )  # fmt: skip
         expires_at = leases.take(validator_id, [batch.batch_id for batch in answer.batches])
         if answer.batches:
             self.metrics.log("validator_lease", validator_id=validator_id, batches=[b.batch_id for b in answer.batches])
-        return ValidatorLeaseResponse(
+        response = ValidatorLeaseResponse(
             batches=answer.batches, renewed=renewed, lost=lost, expires_at=expires_at, lease_s=leases.lease_s,
             pending_batches=answer.pending_batches, policy_version=self.step, step=self.step,
         )  # fmt: skip
+        return response, unread
 
     def record_verdicts(self, request: VerdictRequest) -> VerdictResponse:
         """Store the verdicts and count the judgement for release in one store transaction; a rejected

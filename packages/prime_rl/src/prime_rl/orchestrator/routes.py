@@ -24,6 +24,7 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -45,6 +46,7 @@ from prime_rl.api.protocol import (
 )
 from prime_rl.config import RunConfig
 from prime_rl.orchestrator.admission import load_admission
+from prime_rl.orchestrator.batches import Listing, UnreadSamples
 from prime_rl.orchestrator.delivery import LeaseAsk, LedgerCalls
 from prime_rl.orchestrator.http import (
     bearer,
@@ -126,6 +128,9 @@ class ApiHandlers:
         self.call = self.calls.call
         self.records = RecordWriter(self.calls)  # the training record, written outside the lock (record_writer.py)
         self.workers_view = WorkersView(ledger, orch.workers_view_max_age_s)
+        # The validators' listings read their samples here: threads of their own, so a trusted call never
+        # waits for asyncio's shared pool, which a swarm's payload writes can keep busy.
+        self.listings = ThreadPoolExecutor(max_workers=2, thread_name_prefix="listing")
         self.noise_profiles = RunNoiseProfile(config.orchestrator_data_dir)
 
     async def body(self, request: web.Request, model: type[M]) -> M:
@@ -278,12 +283,27 @@ class ApiHandlers:
         limit = query_int(request, "limit", default=8)
         if limit is None or not 1 <= limit <= 256:
             raise ApiFailure(400, "bad_request", "limit must be in 1..256")
-        return model_response(await self.call(self.ledger.pending, limit, trusted=True))
+        return await self._with_samples(*await self.call(self.ledger.pending_unread, limit, trusted=True))
 
     async def validator_leases(self, request: web.Request) -> web.Response:
         self.require_admin(request)
         body = await self.body(request, ValidatorLeaseRequest)
-        return model_response(await self.call(self.ledger.take_batches, body, trusted=True))
+        return await self._with_samples(*await self.call(self.ledger.take_batches_unread, body, trusted=True))
+
+    async def _with_samples(self, answer: Listing, unread: UnreadSamples) -> web.Response:
+        """A validator's listing with its samples, read and serialized on a thread of ``listings``:
+        neither the ledger's thread nor the event loop waits for it (``batches.UnreadSamples``)."""
+
+        def read() -> bytes:
+            return unread.into(answer).model_dump_json().encode()
+
+        body = await asyncio.get_running_loop().run_in_executor(self.listings, read)
+        return web.Response(body=body, content_type="application/json")
+
+    def close(self) -> None:
+        """The app stops: no listing is read any more (one being read finishes on its thread)."""
+        self.listings.shutdown(wait=False)
+        self.calls.close()
 
     async def verdicts(self, request: web.Request) -> web.Response:
         self.require_admin(request)

@@ -86,7 +86,7 @@ def build_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         gc.callbacks.remove(pauses)
-        api.calls.close()
+        api.close()
         api.calls.trusted_phases.flush()  # the last window's (a short run has only a few)
 
     app.cleanup_ctx.append(expire_loop)

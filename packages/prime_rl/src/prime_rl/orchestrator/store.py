@@ -271,12 +271,19 @@ class RolloutStore:
         except (StateDBError, sqlite3.Error) as error:
             raise StoreError(f"could not index batch {meta.batch_id}: {error}") from error
 
+    def payload_path(self, batch_id: str) -> Path | None:
+        """The payload file of a batch whose row is in the store (None: compacted, or never stored)."""
+        rows = self.db.read("SELECT file FROM batches WHERE batch_id = ?", (batch_id,))
+        if not rows:
+            return None
+        return self.batches_dir / rows[0][0] if rows[0][0] else self.batch_path(batch_id)
+
     def read_batch(self, batch_id: str) -> pa.Table:
         """The batch's full table (one row per sample)."""
-        rows = self.db.read("SELECT file FROM batches WHERE batch_id = ?", (batch_id,))
-        if not rows and (compacted := self.record.payload(batch_id)) is not None:
+        path = self.payload_path(batch_id)
+        if path is None and (compacted := self.record.payload(batch_id)) is not None:
             return compacted
-        path = self.batches_dir / rows[0][0] if rows and rows[0][0] else self.batch_path(batch_id)
+        path = path if path is not None else self.batch_path(batch_id)
         try:
             return self.payloads.read(path)
         except (OSError, pa.ArrowException) as error:
