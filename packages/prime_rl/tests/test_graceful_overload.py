@@ -122,13 +122,13 @@ def test_a_batch_waiting_in_line_past_its_deadline_does_not_expire_its_lease(ser
     abandoned lease for a batch that was on time."""
     server = server_factory("--orchestrator.task_timeout_s", "2")
     ledger = server.ledger
-    original = ledger.pending
+    original = ledger.pending_unread  # what GET /validator/pending runs on the ledger's thread
 
     def slow_pending(limit: int) -> Any:
         time.sleep(1.8)
         return original(limit)
 
-    ledger.pending = slow_pending  # type: ignore[method-assign]
+    ledger.pending_unread = slow_pending  # type: ignore[method-assign]
     with (
         OrchestratorClient(server.url, timeout_s=15, retries=0) as worker,
         OrchestratorClient(server.url, timeout_s=15, retries=0, admin_token=server.admin_token) as validator,

@@ -30,14 +30,14 @@ def test_anonymous_reads_are_answered_while_the_ledger_lock_is_held(server_facto
     # held it (and /workers, at 10k workers, held it 0.31 s itself).
     server = server_factory()
     release, entered = threading.Event(), threading.Event()
-    pending = server.ledger.pending
+    pending = server.ledger.pending_unread  # what GET /validator/pending runs on the ledger's thread
 
     def slow_pending(limit: int) -> Any:  # holds the ledger's lock until released
         entered.set()
         release.wait(10)
         return pending(limit)
 
-    server.ledger.pending = slow_pending  # type: ignore[method-assign]
+    server.ledger.pending_unread = slow_pending  # type: ignore[method-assign]
     headers = {"Authorization": f"Bearer {server.admin_token}"}
     blocked = threading.Thread(
         target=lambda: requests.get(server.url + "/validator/pending", headers=headers, timeout=15)
