@@ -90,12 +90,16 @@ def trl_version() -> str:
     return str(trl.__version__)
 
 
+_SCRATCH = tempfile.TemporaryDirectory(prefix="grpo-parity-")
+"""The peers' files (the tiny model, TRL's output folders), removed when the test process exits."""
+
+
 @functools.cache
 def _tiny_lm_dir() -> str:
     """The tiny model as a local directory: TRL loads its reference model from the model's path."""
     from tiny_lm import save_tiny_lm
 
-    return str(save_tiny_lm(tempfile.mkdtemp(prefix="grpo-parity-lm-")))
+    return str(save_tiny_lm(tempfile.mkdtemp(prefix="lm-", dir=_SCRATCH.name)))
 
 
 @functools.cache
@@ -105,7 +109,7 @@ def _trl_trainer(settings: tuple[tuple[str, Any], ...]) -> Any:
     from trl import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="grpo-parity-"),
+        output_dir=tempfile.mkdtemp(prefix="trl-", dir=_SCRATCH.name),
         per_device_train_batch_size=B,
         num_generations=2,
         report_to="none",
