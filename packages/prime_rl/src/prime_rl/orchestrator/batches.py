@@ -68,9 +68,9 @@ class UnreadSamples:
     (``into``): from the payload files and their cache only, never the store's database, so on any
     thread while the ledger serves. A listing of 8 batches builds 64 samples with their token
     lists: 14-15 ms at the median in the closed loop of 256 identities, which every other ledger
-    call waited behind when it ran there (``benchmarks/results/closed_loop.md``, run 22). A batch settled meanwhile
-    (its payload file deleted once it is compacted into the record) is no longer pending, and is
-    left out of the answer."""
+    call waited behind when it ran there (``benchmarks/results/closed_loop.md``, run 22). A batch
+    settled meanwhile (its payload file deleted once it is compacted into the record) is no longer
+    pending, and is left out of the answer."""
 
     def __init__(self, sources: list[Path | list[RolloutSample]], payloads: PayloadCache) -> None:
         self._sources = sources  # per batch of the listing: its payload file, or its samples read already
@@ -350,20 +350,6 @@ class BatchBook(ClaimsAndCounts, Mapping[str, StoredBatch]):
                 )
                 expired.append(batch)
         return expired
-
-    def pending(
-        self,
-        limit: int,
-        step: int,
-        *,
-        established: Callable[[str], bool] = lambda worker_id: True,
-        client: Callable[[StoredBatch], str] = lambda batch: "",
-        free: Callable[[str], bool] = lambda batch_id: True,
-    ) -> PendingResponse:
-        """Up to ``limit`` batches awaiting verdicts, each with its stored samples (``pending_unread``,
-        its samples read here)."""
-        answer, unread = self.pending_unread(limit, step, established=established, client=client, free=free)
-        return unread.into(answer)
 
     def pending_unread(
         self,

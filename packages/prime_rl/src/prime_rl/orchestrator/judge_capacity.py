@@ -21,7 +21,7 @@ Three numbers, each updated in O(1) by the event that moves it, never by a walk 
     unjudged    = max(1, k - 1) * judge_samples_per_s * step_s     (open leases + unjudged)
 
 Each claim takes ``samples_per_step``, oldest batches first. The validators judge the freshest version
-first (``BatchBook.pending``), so unjudged work of an older version is judged after everything newer:
+first (``BatchBook.pending_unread``), so unjudged work of an older version is judged after everything newer:
 it reaches a claim only if that claim needs all the outstanding work, which is why ``k`` is the
 claims left to the *oldest unjudged* work, not to the current version (with ``k`` of the current
 version, a slow validator overtook and expired a third of the honest work in

@@ -43,7 +43,7 @@ abandoned in all of these (but never towards the ban when the machine may explai
 ``lease_rules.machine_caused``), so spoiling a lease costs what walking away costs. Backpressure
 (``max_buffered_samples``) bounds the admitted work, answered samples plus open leases, and fresh
 identities' share of it (``LeaseRules.check_backpressure``), so unproven work never stops an
-established worker; the validator's queue serves established workers' batches first (``BatchBook.pending``).
+established worker; the validator's queue serves established workers' batches first (``BatchBook.pending_unread``).
 
 Accepted samples are held from claims until the validator has accepted
 ``release_after_tokens`` more tokens of the same worker and its evidence is below

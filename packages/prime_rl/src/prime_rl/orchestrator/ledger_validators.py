@@ -1,7 +1,7 @@
 """The ledger's rules for validators: the queue of batches to judge, validator leases, verdicts.
 
 ``ValidatorRules`` serves the trusted validator endpoints over the ledger's books (``LedgerState``,
-ledger_state.py): the listing and leasing of batches awaiting verdicts (``BatchBook.pending``,
+ledger_state.py): the listing and leasing of batches awaiting verdicts (``BatchBook.pending_unread``,
 established workers' first; validator_leases.py), and the verdicts, stored with the run's evidence
 ledger's judgement and the release count in one store transaction (evidence_ledger.py, release.py).
 A rejected batch costs its worker what walking away costs and hands its tasks to another identity
