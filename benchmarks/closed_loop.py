@@ -230,10 +230,12 @@ def load_main(url: str, identities: int, begin: float, end: float, path: str, wi
 
 
 def _validator(url: str, token: str, stop: threading.Event, times: dict[str, list[tuple[float, float]]], window: tuple[float, float],
-               waiting: list[tuple[float, int]]) -> None:  # fmt: skip
+               waiting: list[tuple[float, int]], arrays: str) -> None:  # fmt: skip
     """Judge every pending batch (all accepted), posting a page's verdicts ``VALIDATOR_POSTS`` at a
     time: one post after another cannot keep up with the swarm (each waits its turn at the server),
-    and a batch left unjudged would be counted as a cycle the orchestrator never did."""
+    and a batch left unjudged would be counted as a cycle the orchestrator never did. ``arrays``: the
+    listing's per-token lists, ``packed`` (what ``OrchestratorClient`` asks for) or ``json`` (a code
+    version before packed arrays answers JSON lists either way)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import requests
@@ -245,7 +247,7 @@ def _validator(url: str, token: str, stop: threading.Event, times: dict[str, lis
             local.session = requests.Session()
         verdicts = [
             {"sample_index": i, "accepted": True, "reason": "ok", "reward": s["reward"], "advantage": s["advantage"],
-             "logprobs": [-0.5] * len(s["completion_tokens"])}
+             "logprobs": [-0.5] * _length(s["completion_tokens"])}
             for i, s in enumerate(batch["samples"])
         ]  # fmt: skip
         started = time.time()
@@ -259,7 +261,7 @@ def _validator(url: str, token: str, stop: threading.Event, times: dict[str, lis
     with ThreadPoolExecutor(VALIDATOR_POSTS) as pool:
         while not stop.is_set():
             started = time.time()
-            pending = session.get(f"{url}/validator/pending", params={"limit": 4 * VALIDATOR_POSTS}, headers=headers,
+            pending = session.get(f"{url}/validator/pending", params={"limit": str(4 * VALIDATOR_POSTS), "arrays": arrays}, headers=headers,
                                   timeout=60).json()  # fmt: skip
             if window[0] <= started < window[1]:
                 times["GET /validator/pending"].append((started, time.time() - started))
@@ -271,6 +273,11 @@ def _validator(url: str, token: str, stop: threading.Event, times: dict[str, lis
             for _ in pool.map(post, fresh):  # raises a failed post's error here
                 pass
             judged.extend(b["batch_id"] for b in fresh)
+
+
+def _length(tokens: list[int] | dict[str, str]) -> int:
+    """The number of tokens of a listed list, JSON or packed (``{"dtype": "<i4", "b64": ...}``)."""
+    return len(tokens) if isinstance(tokens, list) else len(base64.b64decode(tokens["b64"])) // 4
 
 
 def _trainer(url: str, token: str, stop: threading.Event, times: dict[str, list[tuple[float, float]]], window: tuple[float, float], steps: list[int]) -> None:
@@ -365,7 +372,7 @@ def _role(body: Any, ended: list[str], *args: Any) -> None:
 # ------------------------------------------------------------------ one code version
 
 
-def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) -> dict[str, Any]:
+def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int, arrays: str = "packed") -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"closed-loop-{label}-"))
     try:
         port, token = free_port(), secrets.token_urlsafe(24)
@@ -401,7 +408,7 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int) ->
             steps: list[int] = []
             waiting: list[tuple[float, int]] = []  # (time, batches awaiting verdicts) from each listing
             ended: list[str] = []  # a role's call that failed (the orchestrator killed under it, at the end of --window-s)
-            roles = [threading.Thread(target=_role, args=(_validator, ended, trusted_url, token, stop, times, window, waiting), daemon=True),
+            roles = [threading.Thread(target=_role, args=(_validator, ended, trusted_url, token, stop, times, window, waiting, arrays), daemon=True),
                      threading.Thread(target=_role, args=(_trainer, ended, trusted_url, token, stop, times, window, steps), daemon=True)]  # fmt: skip
             for role in roles:
                 role.start()
@@ -480,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
                              "where the code version has one; default: on the workers' port")  # fmt: skip
     parser.add_argument("--gc-census", action="store_true",
                         help="the orchestrator notes what each garbage collection examined and freed (gc_census.py)")  # fmt: skip
+    parser.add_argument("--json-listings-too", action="store_true",
+                        help="also run this tree with its validator asking for JSON listings (label new-json-listings), "
+                             "in the same invocation; the others ask for packed ones (arrays=packed)")  # fmt: skip
     parser.add_argument("--json", default="", help="write the results here")
     args = parser.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
@@ -487,18 +497,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("needs 2 CPUs: the orchestrator's own and the rest")
     core = cpus[-1]
     os.sched_setaffinity(0, set(cpus[:-1]))  # this process, the load process and the roles' threads
-    versions = [("new", "")]
+    versions = [("new", "", "packed")] + ([("new-json-listings", "", "json")] if args.json_listings_too else [])
     for entry in args.compare:
         label, _, path = entry.partition("=")
-        versions.append((label, os.pathsep.join(str(p) for p in sorted(Path(path).glob("packages/*/src")))))
+        versions.append((label, os.pathsep.join(str(p) for p in sorted(Path(path).glob("packages/*/src"))), "packed"))
     runs = []
     for repeat in range(args.repeats):
-        for label, pythonpath in versions if repeat % 2 == 0 else versions[::-1]:
-            runs.append(run_one(label, pythonpath, args, core))
+        for label, pythonpath, arrays in versions if repeat % 2 == 0 else versions[::-1]:
+            runs.append(run_one(label, pythonpath, args, core, arrays))
     summary = {
         label: {"cycles_per_wall_s": [r["cycles_per_wall_s"] for r in runs if r["label"] == label],
                 "median_cycles_per_wall_s": statistics.median(r["cycles_per_wall_s"] for r in runs if r["label"] == label)}
-        for label, _ in versions
+        for label, _, _ in versions
     }  # fmt: skip
     result = {"machine": {"cpus": len(cpus), "orchestrator_cpu": core, "load_average_end": os.getloadavg()},
               "args": vars(args), "runs": runs, "summary": summary}  # fmt: skip

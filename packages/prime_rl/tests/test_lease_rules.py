@@ -18,7 +18,7 @@ def _rules(tmp_path: Path, now: list[float]) -> LeaseRules:
     unused: Any = None  # busy_retry_after reads neither the lease book nor the worker registry
     return LeaseRules(
         make_config(tmp_path).orchestrator, unused, unused,
-        has_history=lambda worker_id: True, buffered=lambda *args, **kwargs: 0, clock=lambda: now[0],
+        has_history=lambda worker_id: True, buffered=lambda: (0, 0), clock=lambda: now[0],
     )  # fmt: skip
 
 

@@ -136,7 +136,7 @@ def test_select_claim_oracle() -> None:
     from dataclasses import dataclass, field
 
     from prime_rl.api.protocol import Verdict
-    from prime_rl.orchestrator.claims import select_claim
+    from prime_rl.orchestrator.claims import available_samples, select_claim
 
     @dataclass
     class B:
@@ -178,6 +178,14 @@ def test_select_claim_oracle() -> None:
     batches[0].claimed = {0, 1}
     again = select_claim(batches, min_policy_version=1, min_samples=1, filter_zero_advantage=True)
     assert tuple(map(str, again.sample_ids)) == ("b2/0", "b2/2")
+    # What backpressure counts (no selection, any order): select_claim's ``available`` in every case.
+    for version in (0, 1, 2, 3):
+        for filtering in (True, False):
+            expected = select_claim(batches, min_policy_version=version, min_samples=1, filter_zero_advantage=filtering)
+            counted = available_samples(batches[::-1], min_policy_version=version, filter_zero_advantage=filtering)
+            assert counted == expected.available
+    assert available_samples(batches, min_policy_version=1, filter_zero_advantage=True) == 2
+    assert available_samples(batches, min_policy_version=1, filter_zero_advantage=False) == 4
 
 
 def test_backpressure_refuses_leases_while_enough_is_buffered(server_factory: Any, batch_for: Any) -> None:

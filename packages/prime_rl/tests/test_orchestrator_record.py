@@ -124,6 +124,27 @@ def test_settled_steps_become_per_step_record_files_and_leave_the_store(tmp_path
         assert again.column("segments").to_pylist() == payload.column("segments").to_pylist()
 
 
+def test_a_steps_record_is_its_batches_rows_one_after_another(tmp_path: Path, monkeypatch: Any) -> None:
+    """Each column of a step's record is made once for the whole step (``record._step_table``): the
+    table equals the batches' own tables one after another (each batch's rows stay its own)."""
+    import prime_rl.orchestrator.record as record
+
+    made: list[tuple[list[dict[str, Any]], pa.Table]] = []
+    step_table = record._step_table
+
+    def noting(batches: list[dict[str, Any]]) -> pa.Table:
+        made.append((batches, step_table(batches)))
+        return made[-1][1]
+
+    monkeypatch.setattr(record, "_step_table", noting)
+    _cycles(_ledger(tmp_path), 0, CYCLES, {})
+    assert made and max(len(batches) for batches, _ in made) > 1
+    for batches, table in made:
+        one_by_one = pa.concat_tables([step_table([batch]) for batch in batches])
+        assert table.schema == record.RECORD_SCHEMA and table.equals(one_by_one)
+    assert step_table([]).equals(record.RECORD_SCHEMA.empty_table())
+
+
 def test_open_payloads_written_as_parquet_before_arrow_files_are_read_recorded_and_cleaned(tmp_path: Path) -> None:
     """A store whose open batches' payloads are ``<batch_id>.<random>.parquet`` (written before the
     payloads became Arrow files) goes on: its batches are read back as stored, compacted into the

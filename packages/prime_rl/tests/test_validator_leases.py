@@ -15,7 +15,17 @@ from typing import Any
 import pytest
 
 from prime_rl.api.client import ClientRequestError, OrchestratorClient
-from prime_rl.api.protocol import PendingBatch, Verdict, VerdictRequest
+from prime_rl.api.protocol import (
+    PendingBatch,
+    PendingResponse,
+    RolloutBatch,
+    RolloutSample,
+    Segment,
+    ValidatorLeaseResponse,
+    Verdict,
+    VerdictRequest,
+    VersionSpan,
+)
 
 make_batch: Any = None  # conftest's, set by the fixture (importlib mode cannot import conftest)
 
@@ -205,18 +215,18 @@ def test_a_listing_reads_its_samples_off_the_ledger_thread(served: Any, endpoint
     server, _ = served
     submitted = _submit(server, workers=3, batches_each=1)
     threads: list[str] = []
-    built = batches.rollout_samples
+    built = batches.sample_documents
 
-    def noting(table: Any) -> Any:
+    def noting(table: Any, **options: Any) -> Any:
         threads.append(threading.current_thread().name)
-        return built(table)
+        return built(table, **options)
 
     stored = {b.batch_id: b.samples for b in server.ledger.pending(8).batches}  # read in one call (nothing held)
-    monkeypatch.setattr(batches, "rollout_samples", noting)
+    monkeypatch.setattr(batches, "sample_documents", noting)
     with _client(server) as admin:
         answer = admin.pending(8) if endpoint == "pending" else admin.take_batches("v1", limit=8)
     assert sorted(b.batch_id for b in answer.batches) == sorted(submitted)
-    assert len(threads) == 3 and "ledger" not in threads, threads
+    assert len(threads) == 1 and "ledger" not in threads[0], threads  # one conversion for the listing's 3 batches
     assert {b.batch_id: b.samples for b in answer.batches} == stored
 
 
@@ -234,3 +244,103 @@ def test_a_batch_settled_before_its_samples_are_read_is_left_out(served: Any) ->
     read = unread.into(answer)
     assert [b.batch_id for b in read.batches] == [b.batch_id for b in answer.batches if b.batch_id != gone]
     assert all(b.samples for b in read.batches)
+    assert unread.json(answer) == read.model_dump_json().encode()  # what the routes send: the same, byte for byte
+
+
+def _multi_turn_batch() -> RolloutBatch:
+    """Samples with episode segments and version spans, and one without either."""
+    turns = [Segment(kind="model", length=32, turn=0), Segment(kind="env", length=8, turn=0),
+             Segment(kind="model", length=24, turn=1)]  # fmt: skip
+    logprobs = [-0.25] * 32 + [0.0] * 8 + [-1.0 / 3.0] * 24
+    spans = [VersionSpan(policy_version=3, first_token=0), VersionSpan(policy_version=4, first_token=32)]
+    samples = [
+        RolloutSample(task_id=7, group_index=g, prompt_tokens=[1, 2, 3], completion_tokens=list(range(64)),
+                      sampling_seed=11 + g, temperature=0.7, reward=0.1 * g, advantage=-0.05, proofs=bytes(range(g, 40)),
+                      inference_logprobs=logprobs, segments=turns if g else None, spans=spans if g < 2 else None)
+        for g in range(3)
+    ]  # fmt: skip
+    return RolloutBatch(worker_id="w1", step=2, batch_index=0, policy_version=3, samples=samples)
+
+
+def test_a_listings_samples_are_written_as_their_models_would_be(monkeypatch: Any) -> None:
+    """``records.sample_documents`` (the listing's samples, straight from the payload table) gives
+    the JSON the sample models give, byte for byte: with segments and spans, and for a payload stored
+    before either existed."""
+    import pyarrow as pa
+    import pydantic_core
+    from pydantic import TypeAdapter
+
+    from prime_rl.orchestrator.records import batch_rows, rollout_samples, sample_documents
+    from prime_rl.orchestrator.store_schema import BATCH_SCHEMA
+
+    batch = _multi_turn_batch()
+    table = pa.Table.from_pydict(batch_rows(batch), schema=BATCH_SCHEMA)
+    as_models = TypeAdapter(list[RolloutSample]).dump_json
+    assert rollout_samples(table) == batch.samples
+    assert pydantic_core.to_json(sample_documents(table)) == as_models(batch.samples)
+    older = table.drop_columns(["segments", "spans"])
+    assert pydantic_core.to_json(sample_documents(older)) == as_models(rollout_samples(older))
+    assert b'"segments":null,"spans":null' in pydantic_core.to_json(sample_documents(older))
+    # A listing of both (one conversion for all its batches): the models' JSON, each batch its own samples.
+    from prime_rl.orchestrator.batches import UnreadSamples
+
+    listed = [PendingBatch(batch_id=f"b{i}", worker_id="w1", step=2, batch_index=i, policy_version=3, received_at=1.5,
+                           lease=None, samples=[]) for i in range(3)]  # fmt: skip
+    answer = PendingResponse(batches=listed, pending_batches=3, policy_version=3, step=2)
+    unread = UnreadSamples([table, older, table.slice(1)], payloads=None)  # type: ignore[arg-type]
+    assert unread.json(answer) == unread.into(answer).model_dump_json().encode()
+    assert [len(b.samples) for b in unread.into(answer).batches] == [3, 3, 2]
+    expected = unread.json(answer, packed=True)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise pa.ArrowInvalid("schemas differ")
+
+    monkeypatch.setattr(pa, "concat_tables", refuse)  # layouts no promotion unites: one conversion per batch
+    assert unread.json(answer, packed=True) == expected
+
+
+def test_packed_samples_parse_to_the_samples_stored() -> None:
+    """``sample_documents(table, packed=True)``: the token and log-prob lists packed from the table's
+    buffers (sliced tables too), every other field as in the JSON listing; parsed by the wire model they
+    are the samples submitted, floats exactly."""
+    import pyarrow as pa
+
+    from prime_rl.orchestrator.records import batch_rows, sample_documents
+    from prime_rl.orchestrator.store_schema import BATCH_SCHEMA
+
+    batch = _multi_turn_batch()
+    table = pa.Table.from_pydict(batch_rows(batch), schema=BATCH_SCHEMA)
+    documents = sample_documents(table, packed=True)
+    assert {d["completion_tokens"]["dtype"] for d in documents} == {"<i4"}
+    assert {d["inference_logprobs"]["dtype"] for d in documents} == {"<f8"}
+    assert [RolloutSample.model_validate(d) for d in documents] == batch.samples
+    plain = sample_documents(table)
+    assert [list(d) for d in documents] == [list(d) for d in plain]  # the fields in the model's order
+    assert [{**d, **{k: p[k] for k in ("prompt_tokens", "completion_tokens", "inference_logprobs")}} for d, p in zip(documents, plain, strict=True)] == plain  # fmt: skip
+    tail = pa.concat_tables([table.slice(0, 1), table.slice(1)]).slice(1)  # two chunks, an offset
+    assert [RolloutSample.model_validate(d) for d in sample_documents(tail, packed=True)] == batch.samples[1:]
+
+
+def test_a_packed_listing_holds_the_samples_of_a_json_one(served: Any) -> None:
+    """Through the real server, both listings: ``?arrays=packed`` answers the samples' lists packed,
+    and they parse to the samples the JSON listing holds; any other ``arrays`` is a 400."""
+    import requests
+
+    server, _ = served
+    _submit(server, workers=2, batches_each=2)
+    headers = {"Authorization": f"Bearer {server.admin_token}"}
+    as_json = requests.get(f"{server.url}/validator/pending", params={"limit": 8}, headers=headers, timeout=10)
+    packed = requests.get(f"{server.url}/validator/pending", params={"limit": 8, "arrays": "packed"}, headers=headers, timeout=10)
+    assert as_json.status_code == packed.status_code == 200
+    first = packed.json()["batches"][0]["samples"][0]
+    assert isinstance(first["prompt_tokens"], dict) and isinstance(as_json.json()["batches"][0]["samples"][0]["prompt_tokens"], list)
+    assert PendingResponse.model_validate_json(packed.content) == PendingResponse.model_validate_json(as_json.content)
+    taken = requests.post(f"{server.url}/validator/leases", params={"arrays": "packed"}, headers=headers, timeout=10,
+                          json={"validator_id": "v1", "limit": 8})  # fmt: skip
+    assert taken.status_code == 200 and isinstance(taken.json()["batches"][0]["samples"][0]["inference_logprobs"], dict)
+    listed = {b.batch_id: b.samples for b in PendingResponse.model_validate_json(as_json.content).batches}
+    assert {b.batch_id: b.samples for b in ValidatorLeaseResponse.model_validate_json(taken.content).batches} == listed
+    for endpoint, method in (("pending", "GET"), ("leases", "POST")):
+        bad = requests.request(method, f"{server.url}/validator/{endpoint}", params={"arrays": "msgpack"}, headers=headers,
+                               json={"validator_id": "v1"}, timeout=10)  # fmt: skip
+        assert bad.status_code == 400 and "arrays" in bad.json()["message"]

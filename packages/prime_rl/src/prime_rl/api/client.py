@@ -384,15 +384,16 @@ class OrchestratorClient:
 
     def pending(self, limit: int = 8) -> PendingResponse:
         """GET /validator/pending: oldest batches awaiting verdicts."""
-        return self.request(
-            "GET", "/validator/pending", PendingResponse, params={"limit": limit}, token=self.admin_token
-        )
+        params = {"limit": limit, "arrays": "packed"}  # (an orchestrator before packed arrays ignores it)
+        return self.request("GET", "/validator/pending", PendingResponse, params=params, token=self.admin_token)
 
     def take_batches(self, validator_id: str, limit: int = 8, renew: Sequence[str] = ()) -> ValidatorLeaseResponse:
         """POST /validator/leases: renew the leases of ``renew``, take up to ``limit`` more batches
         exclusively (``orchestrator/validator_leases.py``)."""
         body = ValidatorLeaseRequest(validator_id=validator_id, limit=limit, renew=list(renew))
-        return self.request("POST", "/validator/leases", ValidatorLeaseResponse, body=body, token=self.admin_token)
+        return self.request(
+            "POST", "/validator/leases", ValidatorLeaseResponse, body=body, params={"arrays": "packed"}, token=self.admin_token
+        )
 
     def post_verdicts(self, verdicts: VerdictRequest) -> VerdictResponse:
         """POST /validator/verdicts (idempotent for identical verdicts)."""

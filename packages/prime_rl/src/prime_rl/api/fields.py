@@ -11,6 +11,7 @@ import binascii
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import numpy as np
 from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, StringConstraints
 
 from prime_rl.api.assignment import MAX_SEED  # one definition: seeds are made there
@@ -20,6 +21,8 @@ __all__ = [
     "MAX_PROOF_CHARS",
     "MAX_SEED",
     "MAX_TOKEN_ID",
+    "PACKED_FLOAT64",
+    "PACKED_INT32",
     "NonNegInt",
     "ProofBytes",
     "Reason",
@@ -28,7 +31,9 @@ __all__ = [
     "TokenId",
     "WorkerId",
     "WorkerName",
+    "packed_array",
     "printable",
+    "unpacking",
 ]
 
 MAX_TOKEN_ID = 2**31 - 1
@@ -88,6 +93,48 @@ ProofBytes = Annotated[
     PlainSerializer(lambda data: base64.b64encode(data).decode("ascii"), return_type=str, when_used="json"),
 ]
 """toploc proofs: raw bytes inside every process, standard padded base64 on the wire (JSON)."""
+
+
+PACKED_INT32 = "<i4"
+PACKED_FLOAT64 = "<f8"
+_PACKED_KEYS = {"dtype", "b64"}
+
+
+def packed_array(values: np.ndarray, dtype: str | None = None) -> dict[str, str]:
+    """A per-token array in its packed wire form: ``{"dtype": "<i4" | "<f8", "b64": <standard padded
+    base64 of the values' little-endian bytes>}`` (int32 token ids, float64 log-probs; ``dtype``: one
+    of them, by default the one of ``values``' kind). An orchestrator serializes a listing of 128
+    samples in less than half the CPU time of JSON numbers (``benchmarks/results/listing_cost.md``);
+    it parses back to the same values (``unpacking``)."""
+    if dtype is None:
+        dtype = PACKED_INT32 if np.issubdtype(values.dtype, np.integer) else PACKED_FLOAT64
+    return {"dtype": dtype, "b64": base64.b64encode(values.astype(dtype, copy=False).tobytes()).decode("ascii")}
+
+
+def unpacking(dtype: str) -> BeforeValidator:
+    """A list field's validator that also takes the packed form of ``packed_array`` with ``dtype``
+    (``PACKED_INT32`` or ``PACKED_FLOAT64``): it becomes the list of its values, which the field then
+    validates as if it had been sent as a JSON list (every bound and length rule applies)."""
+    itemsize = np.dtype(dtype).itemsize
+
+    def unpack(value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        if set(value) != _PACKED_KEYS:
+            raise ValueError(f"a packed array is an object with exactly the keys 'dtype' and 'b64', got {sorted(value)}")
+        if value["dtype"] != dtype:
+            raise ValueError(f"packed array of dtype {printable(str(value['dtype']))!r}: this field takes {dtype!r}")
+        if not isinstance(value["b64"], str):
+            raise ValueError("packed array: 'b64' must be a string of standard padded base64")
+        try:
+            raw = base64.b64decode(value["b64"], validate=True)
+        except (binascii.Error, ValueError) as error:
+            raise ValueError(f"packed array: 'b64' is not standard padded base64: {error}") from None
+        if len(raw) % itemsize:
+            raise ValueError(f"packed array: {len(raw)} bytes is not a whole number of {dtype} values")
+        return np.frombuffer(raw, dtype).tolist()
+
+    return BeforeValidator(unpack)
 
 
 @dataclass(frozen=True, order=True)

@@ -10,12 +10,15 @@ from typing import Annotated
 from pydantic import Field, StringConstraints, model_validator
 
 from prime_rl.api.fields import (
+    PACKED_FLOAT64,
+    PACKED_INT32,
     NonNegInt,
     ProofBytes,
     Seed,
     TokenId,
     WorkerId,
     WorkerName,
+    unpacking,
 )
 from prime_rl.api.protocol_base import ApiModel
 from prime_rl.api.segments import Segment, segments_problem
@@ -83,7 +86,8 @@ class StatusResponse(ApiModel):
     capabilities: list[str] = Field(
         default_factory=list,
         description="Optional features this orchestrator serves, e.g. 'noise_profile' (GET/POST "
-        "/validator/noise-profile); 'validator_leases' once pending batches are leased to one validator each.",
+        "/validator/noise-profile); 'validator_leases' once pending batches are leased to one validator each; "
+        "'packed_arrays' where packed per-token arrays are read and, on request (arrays=packed), sent.",
     )
 
 
@@ -244,8 +248,12 @@ class RolloutSample(ApiModel):
 
     task_id: NonNegInt
     group_index: NonNegInt = Field(description="Which of the group_size completions (0-based).")
-    prompt_tokens: Annotated[list[TokenId], Field(min_length=1)]
-    completion_tokens: Annotated[list[TokenId], Field(min_length=1)]
+    prompt_tokens: Annotated[list[TokenId], Field(min_length=1), unpacking(PACKED_INT32)] = Field(
+        description="Token ids: a JSON list, or packed ({'dtype': '<i4', 'b64': ...}, api.fields.packed_array)."
+    )
+    completion_tokens: Annotated[list[TokenId], Field(min_length=1), unpacking(PACKED_INT32)] = Field(
+        description="Token ids: a JSON list, or packed ({'dtype': '<i4', 'b64': ...})."
+    )
     sampling_seed: Seed
     temperature: Annotated[float, Field(gt=0.0, le=100.0)]
     reward: float = Field(description="Claimed reward (the validator recomputes it).")
@@ -253,8 +261,9 @@ class RolloutSample(ApiModel):
     proofs: ProofBytes = Field(
         description="Base64 (standard alphabet, padded) of the concatenated toploc proofs."
     )
-    inference_logprobs: list[float] = Field(
-        description="Log-prob of each completion token under the sampler (0.0 at environment tokens)."
+    inference_logprobs: Annotated[list[float], unpacking(PACKED_FLOAT64)] = Field(
+        description="Log-prob of each completion token under the sampler (0.0 at environment tokens): a JSON "
+        "list, or packed ({'dtype': '<f8', 'b64': ...})."
     )
     segments: list[Segment] | None = Field(
         default=None,

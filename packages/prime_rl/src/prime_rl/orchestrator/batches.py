@@ -24,6 +24,7 @@ ack), a different one a 409.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
+import pydantic_core
 
 from prime_rl.api.errors import ApiFailure
 from prime_rl.api.protocol import (
@@ -38,7 +40,6 @@ from prime_rl.api.protocol import (
     PendingBatch,
     PendingResponse,
     RolloutBatch,
-    RolloutSample,
     SubmitResponse,
     ValidatorLeaseResponse,
     Verdict,
@@ -48,10 +49,10 @@ from prime_rl.api.protocol import (
 from prime_rl.config import RunConfig
 from prime_rl.metrics import MetricsWriter
 from prime_rl.orchestrator.batch_claims import ClaimsAndCounts
-from prime_rl.orchestrator.claims import select_claim
+from prime_rl.orchestrator.claims import available_samples
 from prime_rl.orchestrator.payloads import PayloadCache
 from prime_rl.orchestrator.record import RecordFile, compact, stamp
-from prime_rl.orchestrator.records import batch_rows, rollout_samples
+from prime_rl.orchestrator.records import batch_rows, rollout_samples, sample_documents
 from prime_rl.orchestrator.store import BatchMeta, RolloutStore, StoredRow, StoreError
 from prime_rl.orchestrator.store_schema import EXPIRED, StoredBatch, counter_delta, sample_counts
 
@@ -65,15 +66,15 @@ Listing = TypeVar("Listing", PendingResponse, ValidatorLeaseResponse)
 
 class UnreadSamples:
     """The samples of a validator's listing, chosen under the ledger's lock and read after it
-    (``into``): from the payload files and their cache only, never the store's database, so on any
-    thread while the ledger serves. A listing of 8 batches builds 64 samples with their token
+    (``into``; ``json``, the answer's body): from the payload files and their cache only, never the
+    store's database, so on any thread while the ledger serves. A listing of 8 batches builds 64 samples with their token
     lists: 14-15 ms at the median in the closed loop of 256 identities, which every other ledger
     call waited behind when it ran there (``benchmarks/results/closed_loop.md``, run 22). A batch
     settled meanwhile (its payload file deleted once it is compacted into the record) is no longer
     pending, and is left out of the answer."""
 
-    def __init__(self, sources: list[Path | list[RolloutSample]], payloads: PayloadCache) -> None:
-        self._sources = sources  # per batch of the listing: its payload file, or its samples read already
+    def __init__(self, sources: list[Path | pa.Table], payloads: PayloadCache) -> None:
+        self._sources = sources  # per batch of the listing: its payload file, or its table read already
         self._payloads = payloads
 
     def into(self, answer: Listing) -> Listing:
@@ -81,15 +82,42 @@ class UnreadSamples:
         without a batch settled meanwhile."""
         batches = []
         for batch, source in zip(answer.batches, self._sources, strict=True):
-            if isinstance(source, Path):
-                try:
-                    table = self._payloads.read(source)
-                except (OSError, pa.ArrowException) as error:  # settled and compacted since it was listed
-                    log.info("batch %s left out of a validator's listing: %s", batch.batch_id, error)
-                    continue
-                source = rollout_samples(table)
-            batches.append(batch.model_copy(update={"samples": source}))
+            table = self._read(batch, source)
+            if table is not None:
+                batches.append(batch.model_copy(update={"samples": rollout_samples(table)}))
         return answer.model_copy(update={"batches": batches})
+
+    def json(self, answer: Listing, *, packed: bool = False) -> bytes:
+        """``into(answer).model_dump_json()``, byte for byte, built from the payload tables without
+        the sample models (``records.sample_documents``): what a route sends. ``packed``: the samples'
+        token and log-prob lists in their packed form (``api.fields.packed_array``)."""
+        document = answer.model_dump(mode="json")
+        batches, tables = [], []
+        for batch, source, listed in zip(document["batches"], self._sources, answer.batches, strict=True):
+            table = self._read(listed, source)
+            if table is not None:
+                batches.append(batch)
+                tables.append(table)
+        # One conversion for the whole listing: per batch, its fixed costs outweighed its 8 samples.
+        try:
+            whole = [pa.concat_tables(tables, promote_options="permissive")] if tables else []
+        except pa.ArrowException:  # payloads of layouts no promotion unites: one conversion each
+            whole = tables
+        samples = itertools.chain.from_iterable(sample_documents(table, packed=packed) for table in whole)
+        for batch, table in zip(batches, tables, strict=True):
+            batch["samples"] = list(itertools.islice(samples, table.num_rows))
+        document["batches"] = batches
+        return pydantic_core.to_json(document)
+
+    def _read(self, batch: PendingBatch, source: Path | pa.Table) -> pa.Table | None:
+        """The payload table of a batch of the listing; None when it was settled meanwhile."""
+        if not isinstance(source, Path):
+            return source
+        try:
+            return self._payloads.read(source)
+        except (OSError, pa.ArrowException) as error:  # settled and compacted since it was listed
+            log.info("batch %s left out of a validator's listing: %s", batch.batch_id, error)
+            return None
 
 
 FRESH_TURN = 4
@@ -278,27 +306,31 @@ class BatchBook(ClaimsAndCounts, Mapping[str, StoredBatch]):
     # ------------------------------------------------------------------ validation
 
     def buffered(
-        self, min_policy_version: int, usable: Callable[[StoredBatch], bool], filter_zero_advantage: bool
-    ) -> int:
+        self,
+        min_policy_version: int,
+        usable: Callable[[StoredBatch], bool],
+        filter_zero_advantage: bool,
+        established: Callable[[str], bool],
+    ) -> tuple[int, int]:
         """Samples that may still reach the trainer: fresh batches awaiting validation and accepted
         samples the next claim could take (fresh, unclaimed, informative if the trainer filters
-        zero-advantage groups), of the batches ``usable`` admits (not banned, not held). Rejected, stale and
-        uninformative samples do not count, so a full buffer always drains (pitfall: counting them
-        deadlocked backpressure); nor do open leases (pitfall: counting them let a few identities
-        that take leases and never answer starve every honest worker)."""
-        fresh = [
-            b
-            for b in self._live.values()
-            if b.policy_version >= min_policy_version and usable(b)
-        ]
-        pending = sum(len(b.task_ids) for b in fresh if b.verdicts is None)
-        claimable = select_claim(
-            fresh,
-            min_policy_version=min_policy_version,
-            min_samples=1 << 62,
-            filter_zero_advantage=filter_zero_advantage,
+        zero-advantage groups), of the batches ``usable`` admits (not banned, not held); and, of them,
+        the samples awaiting validation of workers not ``established`` (unproven work). One walk of
+        the open batches. Rejected, stale and uninformative samples do not count, so a full buffer
+        always drains (pitfall: counting them deadlocked backpressure); nor do open leases (pitfall:
+        counting them let a few identities that take leases and never answer starve every honest
+        worker)."""
+        fresh = [b for b in self._live.values() if b.policy_version >= min_policy_version and usable(b)]
+        pending = unproven = 0
+        for batch in fresh:
+            if batch.verdicts is None:
+                pending += len(batch.task_ids)
+                if not established(batch.worker_id):
+                    unproven += len(batch.task_ids)
+        available = available_samples(
+            fresh, min_policy_version=min_policy_version, filter_zero_advantage=filter_zero_advantage
         )
-        return pending + claimable.available
+        return pending + available, unproven
 
     def waiting(self) -> list[StoredBatch]:
         """Batches awaiting verdicts, in submission order."""
@@ -395,7 +427,7 @@ class BatchBook(ClaimsAndCounts, Mapping[str, StoredBatch]):
                 )
             )
             path = self._store.payload_path(meta.batch_id)
-            sources.append(path if path is not None else rollout_samples(self._store.read_batch(meta.batch_id)))
+            sources.append(path if path is not None else self._store.read_batch(meta.batch_id))
         listing = PendingResponse(batches=answer, pending_batches=len(waiting), policy_version=step, step=step)
         return listing, UnreadSamples(sources, self._store.payloads)
 

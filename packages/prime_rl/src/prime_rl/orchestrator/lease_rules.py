@@ -118,8 +118,8 @@ class LeaseRules:
     """The lease rules of the module docstring over the ledger's books.
 
     ``has_history(worker_id)``: whether the validator accepted any of the worker's tokens.
-    ``buffered(worker_id | None, unproven=...)``: usable answered samples buffered (of that worker;
-    None = all), with or without fresh identities' batches awaiting verdicts.
+    ``buffered()``: usable answered samples buffered, fresh identities' batches awaiting verdicts
+    included, and those batches' samples (``BatchBook.buffered``).
     ``clock``: the ledger's seconds (the first-come queue's staleness).
     ``lease_samples``: the samples one lease asks for (``prompts_per_batch * group_size``).
     ``capacity`` / ``step`` / ``samples_per_step``: the moving estimates, the current step and the
@@ -148,7 +148,7 @@ class LeaseRules:
         workers: WorkerRegistry,
         *,
         has_history: Callable[[str], bool],
-        buffered: Callable[..., int],
+        buffered: Callable[[], tuple[int, int]],
         clock: Callable[[], float],
         lease_samples: int = 1,
         capacity: JudgeCapacity | None = None,
@@ -275,8 +275,7 @@ class LeaseRules:
         """(all, fresh identities') admitted samples: usable answered samples buffered plus the samples
         of open leases. Costs one walk of the buffered batches and of the workers holding leases."""
         per_lease = self._lease_samples
-        everything = self._buffered(None, unproven=True)
-        fresh_buffered = everything - self._buffered(None, unproven=False)
+        everything, fresh_buffered = self._buffered()
         fresh_open = sum(n for w, n in self._leases.open_by_worker().items() if not self._has_history(w))
         return everything + self._leases.open_total() * per_lease, fresh_buffered + fresh_open * per_lease
 

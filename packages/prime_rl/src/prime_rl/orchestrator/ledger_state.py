@@ -102,7 +102,7 @@ class LedgerState:
             self.leases,
             self.workers,
             has_history=self._has_history,
-            buffered=self._buffered_of,
+            buffered=self._buffered,
             clock=clock,
             lease_samples=self.orch.prompts_per_batch * config.sampling.group_size,
             capacity=self.capacity,
@@ -161,20 +161,17 @@ class LedgerState:
         Batches of identities without accepted work that await verdicts (unproven work) count only
         with ``unproven``: the backpressure of fresh identities, never of established workers (a
         flood of it from fresh identities would otherwise refuse established workers their leases)."""
-        return self._buffered_of(None, unproven=unproven)
+        everything, of_unproven = self._buffered()
+        return everything if unproven else everything - of_unproven
 
-    def _buffered_of(self, worker_id: str | None, *, unproven: bool = False) -> int:
-        """``buffered_samples`` of one worker (None: of all)."""
-        usable = self._usable(self.banned_workers())
-
-        def counted(batch: StoredBatch) -> bool:
-            if worker_id is not None and batch.worker_id != worker_id:
-                return False
-            if not unproven and batch.verdicts is None and not self._has_history(batch.worker_id):
-                return False
-            return usable(batch)
-
-        return self.batches.buffered(self.min_policy_version, counted, self.config.trainer.filter_zero_advantage)
+    def _buffered(self) -> tuple[int, int]:
+        """``buffered_samples(unproven=True)``, and the unproven work in it: in one walk."""
+        return self.batches.buffered(
+            self.min_policy_version,
+            self._usable(self.banned_workers()),
+            self.config.trainer.filter_zero_advantage,
+            self._has_history,
+        )
 
     def _unjudged_samples(self) -> tuple[int, int | None]:
         """Samples awaiting verdicts that a claim may still take, and their oldest policy version (None:

@@ -8,11 +8,16 @@ the store (base64 exists only on the wire, in ``api.fields.ProofBytes``). Round 
 
 from __future__ import annotations
 
+import base64
+import itertools
 from collections.abc import Collection, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from prime_rl.api.fields import PACKED_FLOAT64, PACKED_INT32, packed_array
 from prime_rl.api.protocol import (
     RolloutBatch,
     RolloutSample,
@@ -24,7 +29,7 @@ from prime_rl.api.protocol import (
 )
 from prime_rl.orchestrator.store import BatchMeta
 
-__all__ = ["batch_rows", "rollout_samples", "train_samples"]
+__all__ = ["batch_rows", "rollout_samples", "sample_documents", "train_samples"]
 
 _SAMPLE_FIELDS = (
     "task_id",
@@ -75,6 +80,40 @@ def rollout_samples(table: pa.Table) -> list[RolloutSample]:
         )
         for row in table.to_pylist()
     ]
+
+
+def sample_documents(table: pa.Table, *, packed: bool = False) -> list[dict[str, Any]]:
+    """The stored samples as the JSON documents of their ``RolloutSample`` (the plain values its
+    ``model_dump(mode="json")`` gives: proofs in base64, segments and spans as objects or null), read
+    straight from the payload table without building the models: ``pydantic_core.to_json`` of them
+    is byte for byte the models' ``model_dump_json`` (``tests/test_validator_leases.py``).
+
+    ``packed``: the token and log-prob lists in their packed form (``api.fields.packed_array``),
+    taken from the table's buffers; a listing of 64 samples is mostly those lists
+    (``batches.UnreadSamples.json``)."""
+    names = [*_SAMPLE_FIELDS, *(name for name in ("segments", "spans") if name in table.column_names)]
+    lists = _PER_TOKEN_LISTS if packed else ()
+    documents = table.select([name for name in names if name not in lists]).to_pylist()
+    for name in lists:
+        dtype = PACKED_FLOAT64 if name == "inference_logprobs" else PACKED_INT32
+        for document, values in zip(documents, _row_arrays(table.column(name), dtype), strict=True):
+            document[name] = packed_array(values, dtype)
+    for document in documents:
+        document["proofs"] = base64.b64encode(document["proofs"]).decode("ascii")
+        document.setdefault("segments", None)  # a batch stored before episodes or in-flight updates
+        document.setdefault("spans", None)
+    return [{name: document[name] for name in (*_SAMPLE_FIELDS, "segments", "spans")} for document in documents]
+
+
+_PER_TOKEN_LISTS = ("prompt_tokens", "completion_tokens", "inference_logprobs")
+
+
+def _row_arrays(column: pa.ChunkedArray, dtype: str) -> list[np.ndarray]:
+    """Each row of a list column as a NumPy view of its values as ``dtype`` (no Python number is made)."""
+    lists = column.combine_chunks()
+    values = lists.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    bounds = np.concatenate(([0], np.cumsum(pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False))))
+    return [values[start:end] for start, end in itertools.pairwise(bounds)]
 
 
 _TRAIN_COLUMNS = (

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from prime_rl.api.fields import printable
 from prime_rl.api.protocol import (
     BanRequest,
     ClaimRequest,
@@ -103,8 +104,17 @@ TRUSTED_ROUTES: dict[tuple[str, str], Route] = {
 """What the trusted listener serves (``orchestrator.trusted_port``, server.py): the admin-token endpoints,
 and ``/status`` and ``/health`` that the trusted roles read too."""
 
-CAPABILITIES = ("noise_profile", "validator_leases")
+CAPABILITIES = ("noise_profile", "validator_leases", "packed_arrays")
 """Optional features announced in ``GET /status`` (``StatusResponse.capabilities``)."""
+
+
+def packed_arrays(request: web.Request) -> bool:
+    """A listing's query ``arrays``: ``packed`` (the samples' token and log-prob lists in their packed
+    form, ``api.fields.packed_array``) or ``json`` (JSON lists, the default); 400 otherwise."""
+    arrays = request.query.get("arrays", "json")
+    if arrays not in ("json", "packed"):
+        raise ApiFailure(400, "bad_request", f"query parameter arrays must be 'json' or 'packed', got {printable(arrays)!r}")
+    return arrays == "packed"
 
 
 class ApiHandlers:
@@ -283,19 +293,23 @@ class ApiHandlers:
         limit = query_int(request, "limit", default=8)
         if limit is None or not 1 <= limit <= 256:
             raise ApiFailure(400, "bad_request", "limit must be in 1..256")
-        return await self._with_samples(*await self.call(self.ledger.pending_unread, limit, trusted=True))
+        packed = packed_arrays(request)
+        answer, unread = await self.call(self.ledger.pending_unread, limit, trusted=True)
+        return await self._with_samples(answer, unread, packed)
 
     async def validator_leases(self, request: web.Request) -> web.Response:
         self.require_admin(request)
+        packed = packed_arrays(request)
         body = await self.body(request, ValidatorLeaseRequest)
-        return await self._with_samples(*await self.call(self.ledger.take_batches_unread, body, trusted=True))
+        answer, unread = await self.call(self.ledger.take_batches_unread, body, trusted=True)
+        return await self._with_samples(answer, unread, packed)
 
-    async def _with_samples(self, answer: Listing, unread: UnreadSamples) -> web.Response:
+    async def _with_samples(self, answer: Listing, unread: UnreadSamples, packed: bool) -> web.Response:
         """A validator's listing with its samples, read and serialized on a thread of ``listings``:
         neither the ledger's thread nor the event loop waits for it (``batches.UnreadSamples``)."""
 
         def read() -> bytes:
-            return unread.into(answer).model_dump_json().encode()
+            return unread.json(answer, packed=packed)
 
         body = await asyncio.get_running_loop().run_in_executor(self.listings, read)
         return web.Response(body=body, content_type="application/json")
