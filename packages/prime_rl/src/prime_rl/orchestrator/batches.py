@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
-import pydantic_core
+from pydantic import TypeAdapter
 
 from prime_rl.api.errors import ApiFailure
 from prime_rl.api.protocol import (
@@ -59,6 +59,8 @@ from prime_rl.orchestrator.store_schema import EXPIRED, StoredBatch, counter_del
 __all__ = ["EXPIRED", "BatchBook", "Listing", "StoredBatch", "UnreadSamples"]
 
 log = logging.getLogger(__name__)
+
+_DOCUMENT: TypeAdapter[Any] = TypeAdapter(Any)  # plain JSON values, serialized as the models serialize theirs
 
 Listing = TypeVar("Listing", PendingResponse, ValidatorLeaseResponse)
 """A validator's listing: ``GET /validator/pending``'s answer or ``POST /validator/leases``'."""
@@ -107,7 +109,7 @@ class UnreadSamples:
         for batch, table in zip(batches, tables, strict=True):
             batch["samples"] = list(itertools.islice(samples, table.num_rows))
         document["batches"] = batches
-        return pydantic_core.to_json(document)
+        return _DOCUMENT.dump_json(document)
 
     def _read(self, batch: PendingBatch, source: Path | pa.Table) -> pa.Table | None:
         """The payload table of a batch of the listing; None when it was settled meanwhile."""

@@ -85,7 +85,7 @@ def rollout_samples(table: pa.Table) -> list[RolloutSample]:
 def sample_documents(table: pa.Table, *, packed: bool = False) -> list[dict[str, Any]]:
     """The stored samples as the JSON documents of their ``RolloutSample`` (the plain values its
     ``model_dump(mode="json")`` gives: proofs in base64, segments and spans as objects or null), read
-    straight from the payload table without building the models: ``pydantic_core.to_json`` of them
+    straight from the payload table without building the models: ``TypeAdapter(Any).dump_json`` of them
     is byte for byte the models' ``model_dump_json`` (``tests/test_validator_leases.py``).
 
     ``packed``: the token and log-prob lists in their packed form (``api.fields.packed_array``),
