@@ -54,7 +54,13 @@ from prime_rl.orchestrator.payloads import PayloadCache
 from prime_rl.orchestrator.record import RecordFile, compact, stamp
 from prime_rl.orchestrator.records import batch_rows, rollout_samples, sample_documents
 from prime_rl.orchestrator.store import BatchMeta, RolloutStore, StoredRow, StoreError
-from prime_rl.orchestrator.store_schema import EXPIRED, StoredBatch, counter_delta, sample_counts
+from prime_rl.orchestrator.store_schema import (
+    EXPIRED,
+    StoredBatch,
+    conform_batch,
+    counter_delta,
+    sample_counts,
+)
 
 __all__ = ["EXPIRED", "BatchBook", "Listing", "StoredBatch", "UnreadSamples"]
 
@@ -101,11 +107,8 @@ class UnreadSamples:
                 batches.append(batch)
                 tables.append(table)
         # One conversion for the whole listing: per batch, its fixed costs outweighed its 8 samples.
-        try:
-            whole = [pa.concat_tables(tables, promote_options="permissive")] if tables else []
-        except pa.ArrowException:  # payloads of layouts no promotion unites: one conversion each
-            whole = tables
-        samples = itertools.chain.from_iterable(sample_documents(table, packed=packed) for table in whole)
+        whole = pa.concat_tables([conform_batch(table) for table in tables]) if tables else None
+        samples = iter(sample_documents(whole, packed=packed) if whole is not None else [])
         for batch, table in zip(batches, tables, strict=True):
             batch["samples"] = list(itertools.islice(samples, table.num_rows))
         document["batches"] = batches

@@ -59,6 +59,7 @@ from prime_rl.orchestrator.store_schema import (
     BatchMeta,
     StoredRow,
     StoreError,
+    conform_batch,
     verdict_rows,
 )
 from prime_rl.statedb import StateDB
@@ -201,7 +202,7 @@ def _batch_columns(
         "received_at": [meta.received_at] * n, "sha256": [meta.sha256] * n,
         "lease": [None if meta.lease is None else meta.lease.model_dump_json()] * n,
     }  # fmt: skip
-    columns[_PAYLOAD] = _conformed(payload)
+    columns[_PAYLOAD] = conform_batch(payload)
     columns[_KEPT] = [keep or index not in claimed for index in indices]
     columns["claim_step"] = [claim_steps.get((batch_id, index)) for index in indices]
     judged = [verdicts.get(index) for index in indices]
@@ -221,17 +222,6 @@ def _batch_columns(
 
 
 _PAYLOAD, _KEPT = "_payload", "_kept"
-
-
-def _conformed(payload: pa.Table) -> pa.Table:
-    """``payload`` with ``BATCH_SCHEMA``'s columns and types (a payload stored before a column
-    existed has it null)."""
-    if payload.schema.equals(BATCH_SCHEMA, check_metadata=False):
-        return payload
-    present = set(payload.column_names)
-    columns = [payload.column(f.name).cast(f.type) if f.name in present else pa.nulls(payload.num_rows, f.type)
-               for f in BATCH_SCHEMA]  # fmt: skip
-    return pa.Table.from_arrays(columns, schema=BATCH_SCHEMA)
 
 
 def _step_table(batches: Sequence[dict[str, Any]]) -> pa.Table:

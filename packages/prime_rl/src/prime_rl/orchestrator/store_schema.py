@@ -64,6 +64,19 @@ BATCH_SCHEMA = pa.schema(
 ``segments`` is null for single-turn samples (and absent from batches stored before episodes);
 ``spans`` is null for samples of one version (and absent from batches stored before in-flight updates)."""
 
+
+
+def conform_batch(table: pa.Table) -> pa.Table:
+    """A stored batch's table with ``BATCH_SCHEMA``'s columns, in its order and types (a column absent
+    from a batch stored before it existed is null): what a payload of any layout is concatenated as."""
+    if table.schema.equals(BATCH_SCHEMA, check_metadata=False):
+        return table
+    present = set(table.column_names)
+    columns = [table.column(f.name).cast(f.type) if f.name in present else pa.nulls(table.num_rows, f.type)
+               for f in BATCH_SCHEMA]  # fmt: skip
+    return pa.Table.from_arrays(columns, schema=BATCH_SCHEMA)
+
+
 VERDICT_SCHEMA = pa.schema(
     [
         ("sample_index", pa.int32()),
