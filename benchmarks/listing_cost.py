@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from prime_rl.api.protocol import PendingBatch, PendingResponse
-    from prime_rl.orchestrator.batches import UnreadSamples
+    from prime_rl.orchestrator.batch_verdicts import UnreadSamples
 
     tables = _tables(args.batches, seed=7)
     listed = [PendingBatch(batch_id=f"w{i}-s3-b{i}", worker_id=f"w{i}", step=3, batch_index=i, policy_version=3,

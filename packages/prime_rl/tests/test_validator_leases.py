@@ -208,21 +208,21 @@ def test_the_validators_lease_keeper_renews_while_a_long_batch_is_judged(served:
 @pytest.mark.parametrize("endpoint", ["pending", "take_batches"])
 def test_a_listing_reads_its_samples_off_the_ledger_thread(served: Any, endpoint: str, monkeypatch: Any) -> None:
     """Through the real server: the listing's batches are chosen on the ledger's thread, and their
-    samples read and built on another (``batches.UnreadSamples``), so no ledger call waits for them;
+    samples read and built on another (``batch_verdicts.UnreadSamples``), so no ledger call waits for them;
     they are the samples submitted."""
-    import prime_rl.orchestrator.batches as batches
+    import prime_rl.orchestrator.batch_verdicts as batch_verdicts
 
     server, _ = served
     submitted = _submit(server, workers=3, batches_each=1)
     threads: list[str] = []
-    built = batches.sample_documents
+    built = batch_verdicts.sample_documents
 
     def noting(table: Any, **options: Any) -> Any:
         threads.append(threading.current_thread().name)
         return built(table, **options)
 
     stored = {b.batch_id: b.samples for b in server.ledger.pending(8).batches}  # read in one call (nothing held)
-    monkeypatch.setattr(batches, "sample_documents", noting)
+    monkeypatch.setattr(batch_verdicts, "sample_documents", noting)
     with _client(server) as admin:
         answer = admin.pending(8) if endpoint == "pending" else admin.take_batches("v1", limit=8)
     assert sorted(b.batch_id for b in answer.batches) == sorted(submitted)
@@ -281,7 +281,7 @@ def test_a_listings_samples_are_written_as_their_models_would_be() -> None:
     assert as_json(sample_documents(older)) == as_models(rollout_samples(older))
     assert b'"segments":null,"spans":null' in as_json(sample_documents(older))
     # A listing of both (one conversion for all its batches): the models' JSON, each batch its own samples.
-    from prime_rl.orchestrator.batches import UnreadSamples
+    from prime_rl.orchestrator.batch_verdicts import UnreadSamples
 
     # A layout of other types too (group_index as int64): conformed to the store's schema, the same samples.
     wider = older.set_column(older.schema.get_field_index("group_index"), "group_index", older.column("group_index").cast(pa.int64()))

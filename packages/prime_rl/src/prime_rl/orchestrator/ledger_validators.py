@@ -21,7 +21,7 @@ from prime_rl.api.protocol import (
     VerdictRequest,
     VerdictResponse,
 )
-from prime_rl.orchestrator.batches import UnreadSamples
+from prime_rl.orchestrator.batch_verdicts import UnreadSamples
 from prime_rl.orchestrator.lease_rules import machine_caused
 from prime_rl.orchestrator.ledger_state import LedgerState, rejected_batch
 from prime_rl.orchestrator.release import withheld

@@ -90,7 +90,7 @@ def sample_documents(table: pa.Table, *, packed: bool = False) -> list[dict[str,
 
     ``packed``: the token and log-prob lists in their packed form (``api.fields.packed_array``),
     taken from the table's buffers; a listing of 64 samples is mostly those lists
-    (``batches.UnreadSamples.json``)."""
+    (``batch_verdicts.UnreadSamples.json``)."""
     names = [*_SAMPLE_FIELDS, *(name for name in ("segments", "spans") if name in table.column_names)]
     lists = _PER_TOKEN_LISTS if packed else ()
     documents = table.select([name for name in names if name not in lists]).to_pylist()

@@ -47,7 +47,7 @@ from prime_rl.api.protocol import (
 )
 from prime_rl.config import RunConfig
 from prime_rl.orchestrator.admission import load_admission
-from prime_rl.orchestrator.batches import Listing, UnreadSamples
+from prime_rl.orchestrator.batch_verdicts import Listing, UnreadSamples
 from prime_rl.orchestrator.delivery import LeaseAsk, LedgerCalls
 from prime_rl.orchestrator.http import (
     bearer,
@@ -306,7 +306,7 @@ class ApiHandlers:
 
     async def _with_samples(self, answer: Listing, unread: UnreadSamples, packed: bool) -> web.Response:
         """A validator's listing with its samples, read and serialized on a thread of ``listings``:
-        neither the ledger's thread nor the event loop waits for it (``batches.UnreadSamples``)."""
+        neither the ledger's thread nor the event loop waits for it (``batch_verdicts.UnreadSamples``)."""
 
         def read() -> bytes:
             return unread.json(answer, packed=packed)
