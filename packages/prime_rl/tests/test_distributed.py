@@ -78,7 +78,10 @@ def run_torchrun(tmp_path: Path, nproc: int, micro_tokens: int, checkpointing: b
     support = str(Path(__file__).resolve().parents[3] / "tests" / "support")
     script.write_text(SCRIPT.format(support=support, micro_tokens=micro_tokens, checkpointing=checkpointing))
     out = tmp_path / f"result_{nproc}{'_checkpointed' if checkpointing else ''}.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
+    # PYTHONFAULTHANDLER: a rank that aborts (SIGABRT, "terminate called without an active exception",
+    # 2 of about 8 full-suite runs, never alone) prints every thread's Python stack, so the next one
+    # shows which thread and what it was doing.
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", PYTHONFAULTHANDLER="1")
     argv = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
         f"--master_port={free_port()}", "--master_addr=127.0.0.1", str(script), str(out),
