@@ -28,7 +28,6 @@ ack), a different one a 409.
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -47,8 +46,6 @@ from prime_rl.orchestrator.store import BatchMeta, RolloutStore, StoredRow, Stor
 from prime_rl.orchestrator.store_schema import EXPIRED, StoredBatch
 
 __all__ = ["EXPIRED", "BatchBook", "StoredBatch"]
-
-log = logging.getLogger(__name__)
 
 
 def _from_row(row: StoredRow) -> StoredBatch:
