@@ -303,39 +303,46 @@ def _trainer(url: str, token: str, stop: threading.Event, times: dict[str, list[
         step += 1
 
 
-def _start_orchestrator(label: str, config: Path, env: dict[str, str], core: int, root: Path, url: str) -> tuple[subprocess.Popen[bytes], float]:
-    """Start the orchestrator on ``core``; return it and the seconds until ``/status`` answered."""
+def start_pinned(argv: list[str], env: dict[str, str] | None, core: int, out: Path, probe_url: str,
+                 label: str) -> tuple[subprocess.Popen[bytes], float]:  # fmt: skip
+    """Start the server ``argv`` on ``core`` in a session of its own (its output appended to ``out``);
+    return it and the seconds until ``probe_url`` answered 200."""
     import requests
 
     began = time.time()
-    orchestrator = subprocess.Popen(
-        [sys.executable, "-m", "prime_rl.cli", "orchestrator", "--config", str(config)],
-        stdout=(root / "orchestrator.out").open("ab"), stderr=subprocess.STDOUT, env=env,
+    server = subprocess.Popen(
+        argv, stdout=out.open("ab"), stderr=subprocess.STDOUT, env=env,
         preexec_fn=lambda: os.sched_setaffinity(0, {core}), start_new_session=True,
     )  # fmt: skip
     deadline = time.time() + 180
     while True:
         try:
-            if requests.get(f"{url}/status", timeout=2).status_code == 200:
-                return orchestrator, time.time() - began
+            if requests.get(probe_url, timeout=2).status_code == 200:
+                return server, time.time() - began
         except requests.RequestException:
             pass
-        if time.time() > deadline or orchestrator.poll() is not None:
-            _stop_orchestrator(orchestrator)
-            raise RuntimeError(f"{label}: orchestrator did not start: {(root / 'orchestrator.out').read_text()[-2000:]}")
+        if time.time() > deadline or server.poll() is not None:
+            stop_pinned(server)
+            raise RuntimeError(f"{label}: server did not start: {out.read_text()[-2000:]}")
         time.sleep(0.05)
 
 
-def _stop_orchestrator(orchestrator: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the orchestrator's own process group (it was started in a session of its own)."""
-    if orchestrator.poll() is not None:
+def stop_pinned(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's own process group (``start_pinned`` started it in a session of its own)."""
+    if server.poll() is not None:
         return
-    os.killpg(orchestrator.pid, signal.SIGTERM)
+    os.killpg(server.pid, signal.SIGTERM)
     try:
-        orchestrator.wait(30)
+        server.wait(30)
     except subprocess.TimeoutExpired:
-        os.killpg(orchestrator.pid, signal.SIGKILL)
-        orchestrator.wait(10)
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(10)
+
+
+def _start_orchestrator(label: str, config: Path, env: dict[str, str], core: int, root: Path, url: str) -> tuple[subprocess.Popen[bytes], float]:
+    """Start the orchestrator on ``core``; return it and the seconds until ``/status`` answered."""
+    argv = [sys.executable, "-m", "prime_rl.cli", "orchestrator", "--config", str(config)]
+    return start_pinned(argv, env, core, root / "orchestrator.out", f"{url}/status", f"{label}: orchestrator")
 
 
 def _restart_check(label: str, config: Path, env: dict[str, str], core: int, root: Path, url: str, acknowledged: list[str]) -> dict[str, Any]:
@@ -348,7 +355,7 @@ def _restart_check(label: str, config: Path, env: dict[str, str], core: int, roo
     try:
         rss = rss_mb(orchestrator.pid)
     finally:
-        _stop_orchestrator(orchestrator)
+        stop_pinned(orchestrator)
     connection = sqlite3.connect(f"file:{root / 'run' / 'orchestrator' / 'state.sqlite'}?mode=ro", uri=True)
     try:
         stored = {row[0] for row in connection.execute("SELECT batch_id FROM batches UNION SELECT batch_id FROM compacted")}
@@ -426,7 +433,7 @@ def run_one(label: str, pythonpath: str, args: argparse.Namespace, core: int, ar
                 role.join(70)
             loaded = json.loads(load_out.read_text())
         finally:
-            _stop_orchestrator(orchestrator)
+            stop_pinned(orchestrator)
         acknowledged = loaded.pop("acknowledged")
         result = {
             "label": label, "identities": args.identities, "seconds": args.seconds, "trusted_listener": trusted_port is not None,

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from closed_loop import _start_orchestrator, _stop_orchestrator, write_config  # benchmarks/
+from closed_loop import _start_orchestrator, start_pinned, stop_pinned, write_config  # benchmarks/
 from closed_loop_windows import cpu_seconds  # benchmarks/
 
 from prime_rl.launch.local import free_port
@@ -69,22 +69,9 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print
 """
 
 
-def _start_bare(port: int, core: int) -> subprocess.Popen[bytes]:
-    import requests
-
-    server = subprocess.Popen(
-        [sys.executable, "-c", BARE_SERVER, str(port)], preexec_fn=lambda: os.sched_setaffinity(0, {core}),
-        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.time() + 60
-    while time.time() < deadline and server.poll() is None:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/null", timeout=2).status_code == 200:
-                return server
-        except requests.RequestException:
-            time.sleep(0.05)
-    _stop_orchestrator(server)
-    raise RuntimeError("the bare aiohttp server did not start")
+def _start_bare(port: int, core: int, out: Path) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-c", BARE_SERVER, str(port)]
+    return start_pinned(argv, None, core, out, f"http://127.0.0.1:{port}/null", "bare aiohttp")[0]
 
 
 async def _drive(method: str, url: str, body: bytes | None, connections: int, window: tuple[float, float]) -> int:
@@ -173,12 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for repeat in range(args.repeats):
             port = free_port()
-            bare = _start_bare(port, core)
+            bare = _start_bare(port, core, root / "bare.out")
             try:
                 runs.append(measure("bare GET", bare.pid, "GET", f"http://127.0.0.1:{port}/null", None, args))
                 runs.append(measure("bare POST 59 KB", bare.pid, "POST", f"http://127.0.0.1:{port}/sink", body, args))
             finally:
-                _stop_orchestrator(bare)
+                stop_pinned(bare)
             run_root = root / f"orchestrator{repeat}"
             run_root.mkdir()
             port = free_port()
@@ -188,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 runs.append(measure("orchestrator GET /health", orchestrator.pid, "GET", f"{url}/health", None, args))
             finally:
-                _stop_orchestrator(orchestrator)
+                stop_pinned(orchestrator)
             for line in runs[-3:]:
                 print(json.dumps(line), flush=True)
     finally:

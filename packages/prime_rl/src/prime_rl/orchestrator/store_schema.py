@@ -65,7 +65,6 @@ BATCH_SCHEMA = pa.schema(
 ``spans`` is null for samples of one version (and absent from batches stored before in-flight updates)."""
 
 
-
 def conform_batch(table: pa.Table) -> pa.Table:
     """A stored batch's table with ``BATCH_SCHEMA``'s columns, in its order and types (a column absent
     from a batch stored before it existed is null): what a payload of any layout is concatenated as."""
